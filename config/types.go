@@ -1,0 +1,156 @@
+package config
+
+import "regexp"
+
+// Config is a parsed, validated plugin configuration. Build one with Parse;
+// the zero value is not useful. A Config is immutable after Parse and safe for
+// concurrent reads.
+type Config struct {
+	// Rules in the order they are evaluated.
+	Rules []Rule
+	// XFFNumTrustedHops is how many proxies in front of Envoy append to
+	// X-Forwarded-For. 0 (the default) ignores the header for ip:address.
+	XFFNumTrustedHops int
+	// TrustUnverifiedJWT lets jwt:<claim> read the payload of a bearer token
+	// that no jwt_authn filter verified. Default false.
+	TrustUnverifiedJWT bool
+	// JWTMetadataNamespace and JWTPayloadKey locate the claims jwt_authn wrote
+	// with payload_in_metadata (defaults "envoy.filters.http.jwt_authn" and
+	// "jwt_payload").
+	JWTMetadataNamespace string
+	JWTPayloadKey        string
+	// Headers selects which RateLimit response headers are sent.
+	Headers HeaderStyle
+	// MaxKeys bounds the number of local buckets kept in shared data.
+	MaxKeys int
+	// Service is the top-level default limit service for cluster rules (nil
+	// when none is configured).
+	Service *Service
+}
+
+// Rule is one entry of "rules".
+type Rule struct {
+	Name      string
+	Action    Action   // limit (default) or allow
+	Mode      Mode     // enforce or shadow (default: top-level "mode", else enforce)
+	Group     string   // tier group: among rules sharing a non-empty group only the first that matches applies
+	LimitKeys []Source // composite identity; empty means one bucket for every matching request
+	Match     []Condition
+	// MissingKey says what happens when a request has no value for one of the
+	// rule's limit keys.
+	MissingKey MissingKey
+	Limit      Limit
+	Cost       Cost
+	// Response to a rejection.
+	Status          int
+	Body            string       // empty: the default JSON body
+	ResponseHeaders []HeaderPair // extra headers on a rejection
+	// Scope is local (shared data in this Envoy) or cluster (the limit service).
+	Scope   Scope
+	Service *Service // for cluster scope: the rule's own, or the top-level one
+}
+
+// Limit is a token bucket's parameters.
+type Limit struct {
+	TokensPerSecond float64
+	Burst           float64
+}
+
+// Cost says how many tokens a request takes.
+type Cost struct {
+	Source  Source // Kind SourceFixed, SourceHeader or SourceQuery
+	Fixed   float64
+	Default float64
+}
+
+// SourceKind names where a value comes from.
+type SourceKind int
+
+const (
+	SourceFixed SourceKind = iota // only for cost_source
+	SourceHeader
+	SourceQuery
+	SourceIP
+	SourcePath
+	SourceMethod
+	SourceAuthority
+	SourceJWT
+	SourceCookie
+)
+
+// Source is a parsed "kind:name" reference such as header:x-api-key.
+// Name is lower-cased for headers; for jwt it is the dotted claim path.
+type Source struct {
+	Kind SourceKind
+	Name string
+}
+
+// Condition is one entry of a rule's "match" object. All set operators must
+// hold for the condition to hold.
+type Condition struct {
+	Source  Source
+	Present *bool          // "present": true/false
+	Equals  *string        // "equals"
+	In      []string       // "in"
+	Prefix  *string        // "prefix"
+	Regex   *regexp.Regexp // "regex", compiled at load
+}
+
+// HeaderPair is one extra response header.
+type HeaderPair struct{ Name, Value string }
+
+// Service locates the limit service through an Envoy cluster.
+type Service struct {
+	Cluster     string
+	Authority   string
+	Path        string // default /v1/decide
+	TimeoutMS   int    // default 25
+	FailureMode FailureMode
+	Token       string // bearer token (from "token"; empty when none or when TokenFile is set)
+	// TokenFile is the "token_file" path, stored as written: Parse does not
+	// read it (a proxy-wasm plugin cannot read files). Whoever renders the
+	// plugin configuration may read it and pass "token" instead.
+	TokenFile string
+}
+
+type (
+	Action      int
+	Mode        int
+	MissingKey  int
+	Scope       int
+	FailureMode int
+	HeaderStyle int
+)
+
+const (
+	ActionLimit Action = iota
+	ActionAllow
+)
+
+const (
+	ModeEnforce Mode = iota
+	ModeShadow
+)
+
+const (
+	MissingSkip MissingKey = iota
+	MissingShared
+	MissingDeny
+)
+
+const (
+	ScopeLocal Scope = iota
+	ScopeCluster
+)
+
+const (
+	FailAllow FailureMode = iota
+	FailDeny
+)
+
+const (
+	HeadersBoth HeaderStyle = iota
+	HeadersDraft
+	HeadersLegacy
+	HeadersNone
+)

@@ -1,0 +1,34 @@
+package plugin
+
+import (
+	"errors"
+	"time"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/ratelimit-wasm/tokenbucket/store"
+)
+
+// sharedData is store.SharedData on the host's shared data.
+type sharedData struct{}
+
+func (sharedData) Get(key string) ([]byte, uint32, error) {
+	v, cas, err := proxywasm.GetSharedData(key)
+	if errors.Is(err, types.ErrorStatusNotFound) {
+		return nil, 0, store.ErrNotFound
+	}
+	return v, cas, err
+}
+
+func (sharedData) Set(key string, value []byte, cas uint32) error {
+	err := proxywasm.SetSharedData(key, value, cas)
+	if errors.Is(err, types.ErrorStatusCasMismatch) {
+		return store.ErrCASMismatch
+	}
+	return err
+}
+
+// wallClock is the host's clock in Unix nanoseconds. Every worker of one
+// Envoy reads the same clock, so their buckets agree.
+func wallClock() int64 { return time.Now().UnixNano() }

@@ -1,0 +1,148 @@
+// Package plugin is the proxy-wasm side of the rate limiter: a VM context, a
+// plugin context that parses the configuration in OnPluginStart and keeps the
+// parsed rules, and an HTTP context per request that decides and answers.
+//
+// Host facilities sit behind small seams: buckets go through store.Table
+// over shared data (sharedData), the clock is a func, request values are read
+// through the headers interface. Configuration errors fail OnPluginStart
+// after a critical log (Envoy refuses the plugin); errors on a request fail
+// open and are counted per rule in /stats.
+package plugin
+
+import (
+	"math"
+	"strconv"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/store"
+)
+
+// Name prefixes the plugin's shared-data keys, metrics and logs.
+const Name = "tokenbucket"
+
+// NewVMContext returns the VM context to hand to proxywasm.SetVMContext.
+func NewVMContext() types.VMContext { return &vmContext{now: wallClock} }
+
+type vmContext struct {
+	types.DefaultVMContext
+	now func() int64 // the clock, Unix ns (tests substitute theirs)
+}
+
+// NewPluginContext implements types.VMContext.
+func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
+	return &pluginContext{now: v.now, sd: sharedData{}}
+}
+
+// pluginContext holds one configuration's compiled rules.
+type pluginContext struct {
+	types.DefaultPluginContext
+	now func() int64
+	sd  store.SharedData
+
+	cfg     *config.Config
+	rules   []*rule
+	table   *store.Table
+	metrics globalMetrics
+
+	// per-request scratch, reused (a VM runs one callback at a time)
+	reqs    []store.Request
+	applied []*rule
+	out     []bucket.Decision
+}
+
+// rule is a config.Rule with what the request path needs precomputed.
+type rule struct {
+	*config.Rule
+	limit      bucket.Limit
+	policy     string // RateLimit-Policy value
+	identity   hasher // hash of the rule name and its limit-key sources
+	allowed    proxywasm.MetricCounter
+	rejected   proxywasm.MetricCounter
+	failedOpen proxywasm.MetricCounter
+	shadowRej  proxywasm.MetricCounter
+	lastLog    int64 // last shadow log line, Unix ns
+}
+
+type globalMetrics struct {
+	evictions, retries, refunds proxywasm.MetricCounter
+}
+
+// OnPluginStart implements types.PluginContext.
+func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
+	data, err := proxywasm.GetPluginConfiguration()
+	if err != nil && err != types.ErrorStatusNotFound {
+		proxywasm.LogCriticalf("%s: reading the plugin configuration: %v", Name, err)
+		return types.OnPluginStartStatusFailed
+	}
+	rootID := ""
+	if v, err := proxywasm.GetProperty([]string{"plugin_root_id"}); err == nil {
+		rootID = string(v)
+	}
+	if err := p.configure(data, rootID); err != nil {
+		proxywasm.LogCriticalf("%s: invalid configuration, refusing to start: %v", Name, err)
+		return types.OnPluginStartStatusFailed
+	}
+	proxywasm.LogInfof("%s: started with %d rules, max_keys %d", Name, len(p.rules), p.cfg.MaxKeys)
+	return types.OnPluginStartStatusOK
+}
+
+// configure parses and compiles a configuration. Buckets live in shared data
+// under a prefix of the root id, so a new configuration (or another worker)
+// finds the same buckets for rules whose name and limit keys are unchanged.
+func (p *pluginContext) configure(data []byte, rootID string) error {
+	cfg, err := config.Parse(data)
+	if err != nil {
+		return err
+	}
+	table, err := store.New(p.sd, Name+":v1:"+rootID+":", cfg.MaxKeys)
+	if err != nil {
+		return err
+	}
+	p.cfg, p.table = cfg, table
+	p.rules = make([]*rule, len(cfg.Rules))
+	for i := range cfg.Rules {
+		p.rules[i] = compile(&cfg.Rules[i])
+	}
+	p.metrics = globalMetrics{
+		evictions: proxywasm.DefineCounterMetric(Name + ".evictions"),
+		retries:   proxywasm.DefineCounterMetric(Name + ".cas_retries"),
+		refunds:   proxywasm.DefineCounterMetric(Name + ".refunds"),
+	}
+	return nil
+}
+
+func compile(cr *config.Rule) *rule {
+	r := &rule{Rule: cr, limit: bucket.Limit{Rate: cr.Limit.TokensPerSecond, Burst: cr.Limit.Burst}}
+	h := newHasher().field(cr.Name)
+	for _, k := range cr.LimitKeys {
+		h = h.uvarint(int(k.Kind)).field(k.Name)
+	}
+	r.identity = h
+	if cr.Action == config.ActionLimit {
+		window := int64(math.Ceil(cr.Limit.Burst / cr.Limit.TokensPerSecond))
+		r.policy = `"` + cr.Name + `";q=` + formatNumber(cr.Limit.Burst) + ";w=" + strconv.FormatInt(window, 10)
+	}
+	m := Name + ".rule." + cr.Name + "."
+	r.allowed = proxywasm.DefineCounterMetric(m + "allowed")
+	r.rejected = proxywasm.DefineCounterMetric(m + "rejected")
+	r.failedOpen = proxywasm.DefineCounterMetric(m + "failed_open")
+	r.shadowRej = proxywasm.DefineCounterMetric(m + "shadow_rejected")
+	return r
+}
+
+// formatNumber prints an integral float without a fraction.
+func formatNumber(f float64) string {
+	if f == math.Trunc(f) && math.Abs(f) < 1e15 {
+		return strconv.FormatInt(int64(f), 10)
+	}
+	return strconv.FormatFloat(f, 'f', -1, 64)
+}
+
+// NewHttpContext implements types.PluginContext.
+func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
+	return &httpContext{plugin: p}
+}

@@ -1,0 +1,146 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+//go:build wasip1 && sdkglue
+
+// Exports of the proxy-wasm ABI 0.2.0 for the standard Go compiler: each one
+// converts the ABI's 32-bit arguments and calls the SDK's own (unexported)
+// callback. See hostcalls.go for how this file reaches the SDK.
+
+package internal
+
+import (
+	"unsafe"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+)
+
+// pinned keeps buffers handed to the host alive until the host call that
+// asked for them returns (see unpinned in hostcalls.go).
+var pinned [][]byte
+
+func unpinAll() {
+	for i := range pinned {
+		pinned[i] = nil
+	}
+	pinned = pinned[:0]
+}
+
+func b2u(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+//go:wasmexport proxy_abi_version_0_2_0
+func exportABIVersion() {}
+
+//go:wasmexport proxy_on_memory_allocate
+func exportOnMemoryAllocate(size uint32) uint32 {
+	if size == 0 {
+		size = 1
+	}
+	buf := make([]byte, size)
+	pinned = append(pinned, buf)
+	return uint32(uintptr(unsafe.Pointer(&buf[0])))
+}
+
+//go:wasmexport proxy_on_vm_start
+func exportOnVMStart(rootContextID, vmConfigurationSize uint32) uint32 {
+	return b2u(bool(proxyOnVMStart(rootContextID, int(vmConfigurationSize))))
+}
+
+//go:wasmexport proxy_on_configure
+func exportOnConfigure(pluginContextID, pluginConfigurationSize uint32) uint32 {
+	return b2u(bool(proxyOnConfigure(pluginContextID, int(pluginConfigurationSize))))
+}
+
+//go:wasmexport proxy_on_context_create
+func exportOnContextCreate(contextID, parentContextID uint32) {
+	proxyOnContextCreate(contextID, parentContextID)
+}
+
+//go:wasmexport proxy_on_new_connection
+func exportOnNewConnection(contextID uint32) uint32 {
+	return uint32(proxyOnNewConnection(contextID))
+}
+
+//go:wasmexport proxy_on_downstream_data
+func exportOnDownstreamData(contextID, dataSize, endOfStream uint32) uint32 {
+	return uint32(proxyOnDownstreamData(contextID, int(dataSize), endOfStream != 0))
+}
+
+//go:wasmexport proxy_on_downstream_connection_close
+func exportOnDownstreamConnectionClose(contextID, peerType uint32) {
+	proxyOnDownstreamConnectionClose(contextID, types.PeerType(peerType))
+}
+
+//go:wasmexport proxy_on_upstream_data
+func exportOnUpstreamData(contextID, dataSize, endOfStream uint32) uint32 {
+	return uint32(proxyOnUpstreamData(contextID, int(dataSize), endOfStream != 0))
+}
+
+//go:wasmexport proxy_on_upstream_connection_close
+func exportOnUpstreamConnectionClose(contextID, peerType uint32) {
+	proxyOnUpstreamConnectionClose(contextID, types.PeerType(peerType))
+}
+
+//go:wasmexport proxy_on_request_headers
+func exportOnRequestHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
+	return uint32(proxyOnRequestHeaders(contextID, int(numHeaders), endOfStream != 0))
+}
+
+//go:wasmexport proxy_on_request_body
+func exportOnRequestBody(contextID, bodySize, endOfStream uint32) uint32 {
+	return uint32(proxyOnRequestBody(contextID, int(bodySize), endOfStream != 0))
+}
+
+//go:wasmexport proxy_on_request_trailers
+func exportOnRequestTrailers(contextID, numTrailers uint32) uint32 {
+	return uint32(proxyOnRequestTrailers(contextID, int(numTrailers)))
+}
+
+//go:wasmexport proxy_on_response_headers
+func exportOnResponseHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
+	return uint32(proxyOnResponseHeaders(contextID, int(numHeaders), endOfStream != 0))
+}
+
+//go:wasmexport proxy_on_response_body
+func exportOnResponseBody(contextID, bodySize, endOfStream uint32) uint32 {
+	return uint32(proxyOnResponseBody(contextID, int(bodySize), endOfStream != 0))
+}
+
+//go:wasmexport proxy_on_response_trailers
+func exportOnResponseTrailers(contextID, numTrailers uint32) uint32 {
+	return uint32(proxyOnResponseTrailers(contextID, int(numTrailers)))
+}
+
+//go:wasmexport proxy_on_http_call_response
+func exportOnHttpCallResponse(pluginContextID, calloutID, numHeaders, bodySize, numTrailers uint32) {
+	proxyOnHttpCallResponse(pluginContextID, calloutID, int(numHeaders), int(bodySize), int(numTrailers))
+}
+
+//go:wasmexport proxy_on_queue_ready
+func exportOnQueueReady(contextID, queueID uint32) {
+	proxyOnQueueReady(contextID, queueID)
+}
+
+//go:wasmexport proxy_on_tick
+func exportOnTick(pluginContextID uint32) {
+	proxyOnTick(pluginContextID)
+}
+
+//go:wasmexport proxy_on_log
+func exportOnLog(contextID uint32) {
+	proxyOnLog(contextID)
+}
+
+//go:wasmexport proxy_on_done
+func exportOnDone(contextID uint32) uint32 {
+	return b2u(proxyOnDone(contextID))
+}
+
+//go:wasmexport proxy_on_delete
+func exportOnDelete(contextID uint32) {
+	proxyOnDelete(contextID)
+}

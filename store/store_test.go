@@ -1,0 +1,300 @@
+package store
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+)
+
+const sec = int64(1e9)
+
+func take(t *testing.T, tb *Table, now int64, reqs ...Request) bool {
+	t.Helper()
+	out := make([]bucket.Decision, len(reqs))
+	ok, _, err := tb.Decide(now, reqs, out)
+	if err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	return ok
+}
+
+func mustNew(t testing.TB, sd SharedData, maxKeys int) *Table {
+	t.Helper()
+	tb, err := New(sd, "test:", maxKeys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+func TestTimeline(t *testing.T) {
+	tb := mustNew(t, newEnvoyData(), 100)
+	lim := bucket.Limit{Rate: 1, Burst: 2}
+	t0 := 1000 * sec
+	steps := []struct {
+		at     int64
+		id     uint64
+		wantOK bool
+	}{
+		{t0, 7, true},
+		{t0, 7, true},
+		{t0, 7, false},
+		{t0, 8, true}, // another key is isolated
+		{t0 + sec, 7, true},
+		{t0 + sec, 7, false},
+		{t0 + 10*sec, 7, true},
+		{t0 + 10*sec, 7, true},
+		{t0 + 10*sec, 7, false},
+	}
+	for i, s := range steps {
+		if got := take(t, tb, s.at, Request{ID: s.id, Limit: lim, Cost: 1}); got != s.wantOK {
+			t.Errorf("step %d: Decide(%v, id %d) = %v, want %v", i, s.at, s.id, got, s.wantOK)
+		}
+	}
+}
+
+// TestCreateRace replays the host's gap: two workers read a new key as
+// missing, one creates it and takes the only token, then the other writes.
+// A set on a missing key ignores the CAS, so a naive design admits both.
+func TestCreateRace(t *testing.T) {
+	for _, warm := range []bool{false, true} {
+		sd := newEnvoyData()
+		a, b := mustNew(t, sd, 100), mustNew(t, sd, 100)
+		lim := bucket.Limit{Rate: 1, Burst: 1}
+		now := 5 * sec
+		if warm { // a has read other values before: its creation CAS is a real one
+			take(t, a, now, Request{ID: 1000003, Limit: lim, Cost: 1})
+			take(t, a, now, Request{ID: 1000003, Limit: lim, Cost: 1})
+		}
+		raced := false
+		sd.beforeSet = func(string) {
+			if raced {
+				return
+			}
+			raced = true
+			if !take(t, b, now, Request{ID: 42, Limit: lim, Cost: 1}) {
+				t.Errorf("warm=%v: b rejected on a new bucket", warm)
+			}
+		}
+		if take(t, a, now, Request{ID: 42, Limit: lim, Cost: 1}) {
+			t.Errorf("warm=%v: a and b both admitted on a bucket of burst 1", warm)
+		}
+		if !raced {
+			t.Fatal("the race was not played")
+		}
+	}
+}
+
+// TestHammer runs several workers (one Table each, as Envoy's VMs) on one key
+// and demands exactly burst admissions at a fixed moment.
+func TestHammer(t *testing.T) {
+	sd := newEnvoyData()
+	const workers, perWorker, burst = 4, 200, 50
+	lim := bucket.Limit{Rate: 1, Burst: burst}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		tb := mustNew(t, sd, 1000)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out := make([]bucket.Decision, 1)
+			for i := 0; i < perWorker; i++ {
+				ok, _, err := tb.Decide(100*sec, []Request{{ID: 99, Limit: lim, Cost: 1}}, out)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if ok {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != burst {
+		t.Fatalf("admitted %d, want exactly %d", got, burst)
+	}
+}
+
+// TestStackAtomic: per-key buckets of burst 5 under a global bucket of
+// burst 12, hammered by several workers. Every admitted request consumed
+// from both buckets and no rejected one kept a token: the global bucket's
+// consumption equals the sum over the per-key buckets.
+func TestStackAtomic(t *testing.T) {
+	sd := newEnvoyData()
+	const workers = 4
+	perKey := bucket.Limit{Rate: 1e-9, Burst: 5}
+	global := bucket.Limit{Rate: 1e-9, Burst: 12}
+	now := 50 * sec
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		tb := mustNew(t, sd, 64)
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			out := make([]bucket.Decision, 2)
+			for i := 0; i < 100; i++ {
+				key := uint64(1 + (i+w)%4)
+				ok, _, err := tb.Decide(now, []Request{{ID: key, Limit: perKey, Cost: 1}, {ID: 1 << 40, Limit: global, Cost: 1}}, out)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if ok {
+					admitted.Add(1)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != 12 {
+		t.Fatalf("admitted %d, want 12 (the global burst)", got)
+	}
+	tb := mustNew(t, sd, 64)
+	sum := 0.0
+	for key := uint64(1); key <= 4; key++ {
+		sum += 5 - tokensOf(t, tb, key, perKey, now)
+	}
+	if g := 12 - tokensOf(t, tb, 1<<40, global, now); sum != g {
+		t.Fatalf("per-key buckets consumed %v, global %v: a rejected request kept tokens", sum, g)
+	}
+}
+
+func tokensOf(t *testing.T, tb *Table, id uint64, lim bucket.Limit, now int64) float64 {
+	t.Helper()
+	var ref slotRef
+	if err := tb.load(&ref, id, now); err != nil {
+		t.Fatal(err)
+	}
+	if !ref.found {
+		return lim.Burst
+	}
+	return lim.Tokens(ref.before, now)
+}
+
+// TestStackRollback: the second bucket loses a race and then rejects; the
+// first, already written, is refunded.
+func TestStackRollback(t *testing.T) {
+	sd := newEnvoyData()
+	a, b := mustNew(t, sd, 64), mustNew(t, sd, 64)
+	perKey := bucket.Limit{Rate: 1, Burst: 5}
+	global := bucket.Limit{Rate: 1, Burst: 1}
+	now := 9 * sec
+	globalKey := "test:16:0" // 1<<40 % 16 groups
+	raced := false
+	sd.beforeSet = func(key string) {
+		if key == globalKey && !raced {
+			raced = true
+			if !take(t, b, now, Request{ID: 1 << 40, Limit: global, Cost: 1}) {
+				t.Error("b rejected on a fresh global bucket")
+			}
+		}
+	}
+	out := make([]bucket.Decision, 2)
+	ok, o, err := a.Decide(now, []Request{{ID: 3, Limit: perKey, Cost: 1}, {ID: 1 << 40, Limit: global, Cost: 1}}, out)
+	if err != nil || ok {
+		t.Fatalf("Decide = %v, %v; want rejected after the race", ok, err)
+	}
+	if !raced || o.Refunds != 1 || out[1].Allowed {
+		t.Fatalf("raced=%v outcome=%+v decisions=%+v", raced, o, out)
+	}
+	if got := tokensOf(t, a, 3, perKey, now); got != 5 {
+		t.Fatalf("per-key bucket has %v tokens after rollback, want 5", got)
+	}
+}
+
+func TestBounded(t *testing.T) {
+	sd := newEnvoyData()
+	tb := mustNew(t, sd, 1000)
+	lim := bucket.Limit{Rate: 10, Burst: 10}
+	for i := uint64(1); i <= 100000; i++ {
+		take(t, tb, int64(i)*sec/1000, Request{ID: i * 0x9E3779B97F4A7C15, Limit: lim, Cost: 1})
+	}
+	if n := sd.len(); n > tb.Groups() || tb.Groups() != 250 {
+		t.Fatalf("%d keys for %d groups", n, tb.Groups())
+	}
+}
+
+// TestReclaimFull: a slot whose bucket is full again is reused without an
+// eviction; a group of buckets not yet full evicts the one closest to full.
+func TestReclaimAndEvict(t *testing.T) {
+	sd := newEnvoyData()
+	tb := mustNew(t, sd, SlotsPerGroup) // one group
+	lim := bucket.Limit{Rate: 1, Burst: 10}
+	out := make([]bucket.Decision, 1)
+	decide := func(now int64, id uint64, cost float64) Outcome {
+		t.Helper()
+		_, o, err := tb.Decide(now, []Request{{ID: id, Limit: lim, Cost: cost}}, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	now := 100 * sec
+	for id := uint64(1); id <= SlotsPerGroup; id++ {
+		decide(now, id, float64(id)) // bucket id is full again after id seconds
+	}
+	if o := decide(now, 99, 1); o.Evictions != 1 {
+		t.Fatalf("full group: evictions = %d, want 1", o.Evictions)
+	}
+	// id 1 was closest to full: it was evicted and starts full again.
+	if got := tokensOf(t, tb, 1, lim, now); got != 10 {
+		t.Fatalf("evicted bucket 1 has %v tokens, want a fresh 10", got)
+	}
+	if got := tokensOf(t, tb, 4, lim, now); got != 6 {
+		t.Fatalf("bucket 4 has %v tokens, want 6 (kept)", got)
+	}
+	later := now + 20*sec // everything is full: reclaimed, no eviction
+	if o := decide(later, 1234, 1); o.Evictions != 0 {
+		t.Fatalf("reclaiming a full bucket counted %d evictions", o.Evictions)
+	}
+}
+
+type failingData struct{ err error }
+
+func (f failingData) Get(string) ([]byte, uint32, error) { return nil, 0, f.err }
+func (f failingData) Set(string, []byte, uint32) error   { return f.err }
+
+func TestHostError(t *testing.T) {
+	boom := errors.New("boom")
+	tb := mustNew(t, failingData{boom}, 10)
+	_, _, err := tb.Decide(sec, []Request{{ID: 1, Limit: bucket.Limit{Rate: 1, Burst: 1}, Cost: 1}}, make([]bucket.Decision, 1))
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want boom", err)
+	}
+}
+
+// alwaysMismatch loses every write: the decision ends with ErrContention
+// after MaxAttempts and writes nothing.
+type alwaysMismatch struct{ *envoyData }
+
+func (a alwaysMismatch) Set(string, []byte, uint32) error { return ErrCASMismatch }
+
+func TestContentionBounded(t *testing.T) {
+	sd := alwaysMismatch{newEnvoyData()}
+	tb := mustNew(t, sd, 10)
+	_, o, err := tb.Decide(sec, []Request{{ID: 1, Limit: bucket.Limit{Rate: 1, Burst: 1}, Cost: 1}}, make([]bucket.Decision, 1))
+	if !errors.Is(err, ErrContention) || o.Retries != MaxAttempts {
+		t.Fatalf("err = %v, retries = %d; want ErrContention after %d", err, o.Retries, MaxAttempts)
+	}
+	if sd.len() != 0 {
+		t.Fatal("a failed decision wrote")
+	}
+}
+
+func BenchmarkDecide(b *testing.B) {
+	tb := mustNew(b, newEnvoyData(), 100000)
+	reqs := []Request{{ID: 12345, Limit: bucket.Limit{Rate: 1e9, Burst: 1e9}, Cost: 1}}
+	out := make([]bucket.Decision, 1)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, _, err := tb.Decide(int64(i)+sec, reqs, out); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
