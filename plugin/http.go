@@ -27,6 +27,7 @@ type httpContext struct {
 	// What the response headers report: the enforced rule closest to its
 	// limit, or none.
 	shown      *rule
+	shownLeft  float64
 	decision   bucket.Decision
 	localReply bool
 }
@@ -51,6 +52,7 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	now := p.now()
 	p.reqs, p.applied = p.reqs[:0], p.applied[:0]
 	var groups []string
+	var call *clusterCall
 	for _, ru := range p.rules {
 		if ru.Group != "" && contains(groups, ru.Group) {
 			continue
@@ -88,17 +90,32 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 			return c.reject(ru, ru.Status, reasonCostTooHigh, bucket.Decision{}, 0)
 		}
 		req := store.Request{ID: id, Limit: ru.limit, Cost: cost}
-		if ru.Mode == config.ModeShadow {
+		switch {
+		case ru.Mode == config.ModeShadow:
 			c.shadow(ru, req, now)
-			continue
+		case ru.Scope == config.ScopeCluster:
+			if call == nil {
+				call = &clusterCall{now: now, service: ru.Service}
+			}
+			key, _ := clusterKey(ru, &r)
+			call.rules = append(call.rules, ru)
+			call.keys = append(call.keys, key)
+			call.costs = append(call.costs, cost)
+		default:
+			p.reqs = append(p.reqs, req)
+			p.applied = append(p.applied, ru)
 		}
-		p.reqs = append(p.reqs, req)
-		p.applied = append(p.applied, ru)
 	}
-	if len(p.reqs) == 0 {
+	if len(p.reqs) > 0 {
+		if action := c.enforce(now); action != types.ActionContinue || c.localReply {
+			return action
+		}
+	}
+	if call == nil {
 		return types.ActionContinue
 	}
-	return c.enforce(now)
+	call.local = append([]store.Request(nil), p.reqs...) // p.reqs is reused by the next request
+	return c.dispatch(call)
 }
 
 // enforce decides the enforced local rules as one atomic stack.
@@ -125,14 +142,20 @@ func (c *httpContext) enforce(now int64) types.Action {
 			}
 		}
 	}
-	closest := -1.0
 	for i, ru := range p.applied {
 		ru.allowed.Increment(1)
-		if f := float64(out[i].Remaining) / ru.limit.Burst; closest < 0 || f < closest {
-			closest, c.shown, c.decision = f, ru, out[i]
-		}
+		c.show(ru, out[i])
 	}
 	return types.ActionContinue
+}
+
+// show makes ru's decision the one the response headers report if ru is the
+// closest to its limit so far (the smallest fraction of its burst left).
+func (c *httpContext) show(ru *rule, d bucket.Decision) {
+	f := float64(d.Remaining) / ru.limit.Burst
+	if c.shown == nil || f < c.shownLeft {
+		c.shown, c.decision, c.shownLeft = ru, d, f
+	}
 }
 
 // shadow runs a shadow rule's bucket on its own: it consumes like an

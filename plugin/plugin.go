@@ -10,6 +10,7 @@
 package plugin
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 
@@ -25,16 +26,17 @@ import (
 const Name = "tokenbucket"
 
 // NewVMContext returns the VM context to hand to proxywasm.SetVMContext.
-func NewVMContext() types.VMContext { return &vmContext{now: wallClock} }
+func NewVMContext() types.VMContext { return &vmContext{now: wallClock, sd: sharedData{}} }
 
 type vmContext struct {
 	types.DefaultVMContext
-	now func() int64 // the clock, Unix ns (tests substitute theirs)
+	now func() int64 // the clock, Unix ns
+	sd  store.SharedData
 }
 
 // NewPluginContext implements types.VMContext.
 func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
-	return &pluginContext{now: v.now, sd: sharedData{}}
+	return &pluginContext{now: v.now, sd: v.sd}
 }
 
 // pluginContext holds one configuration's compiled rules.
@@ -68,7 +70,7 @@ type rule struct {
 }
 
 type globalMetrics struct {
-	evictions, retries, refunds proxywasm.MetricCounter
+	evictions, retries, refunds, serviceErrors proxywasm.MetricCounter
 }
 
 // OnPluginStart implements types.PluginContext.
@@ -104,13 +106,27 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 	}
 	p.cfg, p.table = cfg, table
 	p.rules = make([]*rule, len(cfg.Rules))
+	var service *config.Service
 	for i := range cfg.Rules {
-		p.rules[i] = compile(&cfg.Rules[i])
+		cr := &cfg.Rules[i]
+		if cr.Scope == config.ScopeCluster && cr.Mode == config.ModeEnforce {
+			// One callout per request carries all its cluster buckets.
+			if service != nil && *cr.Service != *service {
+				return fmt.Errorf("config: rules[%d].service: every enforced cluster rule must use the same service (one callout per request), got %q and %q", i, service.Cluster, cr.Service.Cluster)
+			}
+			service = cr.Service
+		}
+		if cr.Service != nil && cr.Service.TokenFile != "" {
+			return fmt.Errorf("config: rules[%d].service.token_file: a Wasm plugin cannot read files inside Envoy; give the token with \"token\"", i)
+		}
+		p.rules[i] = compile(cr)
 	}
 	p.metrics = globalMetrics{
 		evictions: proxywasm.DefineCounterMetric(Name + ".evictions"),
 		retries:   proxywasm.DefineCounterMetric(Name + ".cas_retries"),
 		refunds:   proxywasm.DefineCounterMetric(Name + ".refunds"),
+		// calls to the limit service that failed: timeout, connection, status, body
+		serviceErrors: proxywasm.DefineCounterMetric(Name + ".service_errors"),
 	}
 	return nil
 }

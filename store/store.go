@@ -175,6 +175,16 @@ func (t *Table) commit(ref *slotRef, req *Request, now int64, d *bucket.Decision
 	}
 }
 
+// Refund gives back the cost of requests that an earlier Decide admitted
+// (for a request that a later check, such as the limit service, rejected).
+// It returns how many buckets it refunded; see refund.
+func (t *Table) Refund(now int64, reqs []Request) int {
+	if cap(t.slots) < len(reqs) {
+		t.slots = make([]slotRef, len(reqs))
+	}
+	return t.refund(t.slots[:len(reqs)], reqs, now)
+}
+
 // refund gives back the cost of buckets already written. It returns how many
 // it refunded; a refund that cannot be written within MaxAttempts is dropped
 // (the bucket keeps the token: under-admission, never over-admission).

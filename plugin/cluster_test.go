@@ -1,0 +1,126 @@
+package plugin
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+)
+
+const mixed = `{"service": {"cluster": "limit_service", "timeout_ms": 30, "token": "s3cret"},
+ "rules": [
+  {"name": "local", "limit_keys": ["header:k"], "algorithm": "token_bucket",
+   "algorithm_config": {"tokens_per_second": 1, "burst": 3}},
+  {"name": "fleet", "scope": "cluster", "limit_keys": ["header:k"], "algorithm": "token_bucket",
+   "algorithm_config": {"tokens_per_second": 5, "burst": 10}}]}`
+
+// callout starts a request that must pause on a callout and returns the
+// context and the callout.
+func (e *emulator) callout(headers ...string) (uint32, bool) {
+	e.t.Helper()
+	hs := [][2]string{{":method", "GET"}, {":path", "/"}, {":authority", "example"}}
+	for i := 0; i+1 < len(headers); i += 2 {
+		hs = append(hs, [2]string{headers[i], headers[i+1]})
+	}
+	id := e.host.InitializeHttpContext()
+	action := e.host.CallOnRequestHeaders(id, hs, false)
+	return id, action == types.ActionPause
+}
+
+func TestClusterCallout(t *testing.T) {
+	e := start(t, mixed)
+	id, paused := e.callout("k", "a")
+	if !paused {
+		t.Fatal("a cluster rule did not pause the request")
+	}
+	calls := e.host.GetCalloutAttributesFromContext(id)
+	if len(calls) != 1 {
+		t.Fatalf("%d callouts, want 1", len(calls))
+	}
+	c := calls[0]
+	hdr := map[string]string{}
+	for _, h := range c.Headers {
+		hdr[h[0]] = h[1]
+	}
+	if c.Upstream != "limit_service" || hdr[":method"] != "POST" || hdr[":path"] != "/v1/decide" ||
+		hdr[":authority"] != "limit_service" || hdr["authorization"] != "Bearer s3cret" {
+		t.Fatalf("callout %s %v", c.Upstream, hdr)
+	}
+	if !strings.HasPrefix(string(c.Body), `{"buckets":[{"key":"fleet:`) || !strings.Contains(string(c.Body), `"tokens_per_second":5,"burst":10,"cost":1}]}`) {
+		t.Fatalf("callout body %s", c.Body)
+	}
+	e.host.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil,
+		[]byte(`{"allowed":true,"buckets":[{"allowed":true,"remaining":9,"retry_after_ms":0,"reset_ms":200}]}`))
+	if a := e.host.GetCurrentHttpStreamAction(id); a != types.ActionContinue {
+		t.Fatalf("after an allowing answer the stream is %v, want continued", a)
+	}
+	e.host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	got := map[string]string{}
+	for _, h := range e.host.GetCurrentResponseHeaders(id) {
+		got[h[0]] = h[1]
+	}
+	// local has 2 of 3 left (0.67), fleet 9 of 10: local is closest to its limit
+	if got["ratelimit"] != `"local";r=2;t=1` {
+		t.Fatalf("ratelimit header %q", got["ratelimit"])
+	}
+}
+
+func TestClusterRejectRefundsLocal(t *testing.T) {
+	e := start(t, mixed)
+	id, _ := e.callout("k", "a")
+	c := e.host.GetCalloutAttributesFromContext(id)[0]
+	e.host.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil,
+		[]byte(`{"allowed":false,"buckets":[{"allowed":false,"remaining":0,"retry_after_ms":1500,"reset_ms":2000}]}`))
+	lr := e.host.GetSentLocalResponse(id)
+	if lr == nil || lr.StatusCode != 429 {
+		t.Fatalf("local reply %+v, want 429", lr)
+	}
+	hdr := map[string]string{}
+	for _, h := range lr.Headers {
+		hdr[h[0]] = h[1]
+	}
+	if hdr["retry-after"] < "2" || hdr["retry-after"] > "3" || hdr["ratelimit"] != `"fleet";r=0;t=2` {
+		t.Fatalf("rejection headers %v", hdr)
+	}
+	// The local bucket got its token back: three more requests fit.
+	for i := 0; i < 3; i++ {
+		id, paused := e.callout("k", "a")
+		if !paused {
+			t.Fatalf("request %d: rejected locally, the refund was lost", i)
+		}
+		e.host.CompleteHttpContext(id)
+	}
+}
+
+func TestClusterFailureModes(t *testing.T) {
+	bodies := map[string]struct {
+		headers [][2]string
+		body    string
+	}{
+		"timeout":   {nil, ""},
+		"status":    {[][2]string{{":status", "503"}}, "oops"},
+		"not json":  {[][2]string{{":status", "200"}}, "{nope"},
+		"too short": {[][2]string{{":status", "200"}}, `{"allowed":true,"buckets":[]}`},
+	}
+	for _, mode := range []string{"allow", "deny"} {
+		cfg := strings.Replace(mixed, `"timeout_ms": 30`, `"timeout_ms": 30, "failure_mode": "`+mode+`"`, 1)
+		for name, b := range bodies {
+			t.Run(mode+"/"+name, func(t *testing.T) { // one emulator at a time: proxytest holds a lock
+				e := start(t, cfg)
+				id, _ := e.callout("k", "a")
+				c := e.host.GetCalloutAttributesFromContext(id)[0]
+				e.host.CallOnHttpCallResponse(c.CalloutID, b.headers, nil, []byte(b.body))
+				lr := e.host.GetSentLocalResponse(id)
+				switch {
+				case mode == "allow" && (lr != nil || e.host.GetCurrentHttpStreamAction(id) != types.ActionContinue):
+					t.Errorf("%s, allow: request not resumed", name)
+				case mode == "deny" && (lr == nil || lr.StatusCode != 429):
+					t.Errorf("%s, deny: local reply %+v, want 429", name, lr)
+				}
+				if e.counter("service_errors") != 1 {
+					t.Errorf("%s, %s: service_errors = %d, want 1", name, mode, e.counter("service_errors"))
+				}
+			})
+		}
+	}
+}
