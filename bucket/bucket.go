@@ -1,0 +1,278 @@
+// Package bucket is the token-bucket arithmetic of the rate limiter: pure
+// functions of a bucket's state, a limit, a cost and the current time.
+//
+// # Model
+//
+// A bucket holds up to Limit.Burst tokens and refills continuously at
+// Limit.Rate tokens per second. Refill is lazy: a State records the tokens
+// left at one moment (State.At, Unix nanoseconds), and the tokens at a later
+// moment are computed from it, clamped to Burst. A request of a given cost (any
+// positive number, fractions allowed) is admitted when the bucket holds at
+// least that many tokens, and then takes them. Time is always a parameter:
+// nothing here reads a clock.
+//
+// Guarantees:
+//   - Over any interval [t0, t1] of the bucket's own time (State.At, which
+//     only moves forward), the total cost admitted never exceeds
+//     Burst + Rate × (t1 − t0), up to the slack described below.
+//   - A client that paces itself at exactly the rate (cost c every c/Rate
+//     seconds, on integer-nanosecond timestamps) is never rejected.
+//   - A rejected Take returns its input state unchanged, so a caller has
+//     nothing to write.
+//   - A cost greater than Burst is always rejected.
+//   - When the clock goes backwards, elapsed time counts as zero and State.At
+//     never moves back, so a clock that jumps back and forth earns no extra
+//     tokens (the bucket refills again once the clock passes State.At).
+//
+// Slack: elapsed times are whole nanoseconds, so a client pacing exactly at the
+// rate can arrive up to one nanosecond "early", and float64 arithmetic drifts by
+// a few units in the last place. So admission, Remaining and RetryAfter count a
+// shortfall of at most one nanosecond of refill plus 1e-12 × Burst as none, and
+// a bucket within 1e-12 × Burst of Burst counts as full (which also keeps
+// ResetAfter and FullAt from gaining a second or a nanosecond through drift).
+// Such shortfalls are forgiven, not carried: each admitted request may take up
+// to one nanosecond of refill plus 2e-12 × Burst more than the exact model
+// allows, far below one token for any sensible limit.
+//
+// # Zero values
+//
+// The zero State (At == 0) is a full bucket that has never been used, so a
+// missing entry in storage needs no initialisation (any At <= 0 reads as full). Times at or below 0 are
+// treated as 1 ns after the epoch, so Take never produces a state with At == 0.
+// A Limit needs a finite Rate > 0 and Burst > 0; with other values the
+// functions do not panic and never produce NaN or negative tokens, but admit
+// nothing of positive cost (Burst not finite and positive) or never refill
+// (Rate not finite and positive).
+//
+// # Concurrency
+//
+// Limit, State and Decision are plain values; the functions share no state and
+// are safe to call from any number of goroutines. Making a read-decide-write on
+// one stored bucket atomic is the caller's job (package store does it with
+// compare-and-swap).
+//
+// # Encoding
+//
+// State.AppendBinary writes EncodedLen (16) bytes, little-endian: the IEEE 754
+// bits of Tokens as a uint64, then At as an int64. DecodeState reads them back
+// and rejects what no valid state encodes to: a wrong length, NaN, infinite or
+// negative tokens, a negative At, or tokens with At == 0. Sixteen zero bytes
+// encode the zero State. The tokens are stored rather than derived from a timestamp
+// alone, so a bucket keeps its tokens (clamped to the new burst) when a rule's
+// rate or burst changes.
+package bucket
+
+import "math"
+
+// Never is returned by FullAt, and as a number of seconds in a Decision, when
+// the bucket cannot refill (Rate not finite and positive) or the wait does not
+// fit an int64.
+const Never = math.MaxInt64
+
+const (
+	nsPerSecond = 1_000_000_000
+	// relSlack is the float-drift part of the slack, relative to Burst.
+	relSlack = 1e-12
+)
+
+// Limit is the shape of a token bucket: it refills at Rate tokens per second
+// up to a capacity of Burst tokens. Both must be finite and positive.
+type Limit struct {
+	Rate  float64 // tokens per second
+	Burst float64 // capacity in tokens
+}
+
+// State is a bucket's content: Tokens left at time At (Unix nanoseconds). The
+// zero value is a full bucket that has never been used.
+type State struct {
+	Tokens float64
+	At     int64
+}
+
+// Decision is the outcome of Take, in the units response headers need. The
+// second counts are rounded up and measured from the now given to Take; if the
+// clock went backwards they include the time until it is back at the state's
+// time, since no tokens accrue before then. They are Never when the bucket
+// cannot refill.
+type Decision struct {
+	// Allowed reports whether the request was admitted.
+	Allowed bool
+	// Remaining is floor(tokens after the decision): the largest whole cost
+	// that would be admitted right now.
+	Remaining int64
+	// RetryAfter is 0 when allowed; otherwise the whole seconds until the same
+	// request would be admitted, ceil((cost − tokens) / rate), at least 1 (for
+	// a cost above Burst, when it would be if Burst allowed it).
+	RetryAfter int64
+	// ResetAfter is the whole seconds until the bucket is full again,
+	// ceil((burst − tokens after) / rate).
+	ResetAfter int64
+}
+
+// capacity is Burst when it is finite and positive, else 0.
+func (l Limit) capacity() float64 {
+	if l.Burst > 0 && l.Burst <= math.MaxFloat64 {
+		return l.Burst
+	}
+	return 0
+}
+
+// rate is Rate when it is finite and positive, else 0.
+func (l Limit) rate() float64 {
+	if l.Rate > 0 && l.Rate <= math.MaxFloat64 {
+		return l.Rate
+	}
+	return 0
+}
+
+// slack is the amount of tokens by which a threshold may be missed and still
+// count as reached: one nanosecond of refill plus relSlack × Burst.
+func (l Limit) slack() float64 {
+	return l.rate()*1e-9 + relSlack*l.capacity()
+}
+
+// clock maps times at or below 0 to 1, keeping At == 0 for the unused bucket.
+func clock(now int64) int64 {
+	if now < 1 {
+		return 1
+	}
+	return now
+}
+
+// level clamps stored tokens into [0, capacity]; NaN counts as 0.
+func (l Limit) level(tokens float64) float64 {
+	if !(tokens > 0) {
+		return 0
+	}
+	return min(tokens, l.capacity())
+}
+
+// fullIn is the nanoseconds of refill that take tokens (already clamped) to
+// within relSlack × capacity of capacity: 0 when already there, Never when it
+// cannot refill. Only the float-drift part of the slack applies here: being
+// full does not depend on nanosecond rounding.
+func (l Limit) fullIn(tokens float64) int64 {
+	c := l.capacity()
+	return refillIn(c-tokens-relSlack*c, l.rate())
+}
+
+// refillIn is the whole nanoseconds (rounded up) it takes to refill tokens at
+// rate: 0 when tokens <= 0 or NaN, Never when rate is 0 or the time too long.
+func refillIn(tokens, rate float64) int64 {
+	if !(tokens > 0) {
+		return 0
+	}
+	if rate == 0 {
+		return Never
+	}
+	ns := math.Ceil(tokens / rate * nsPerSecond)
+	if !(ns < 0x1p63) {
+		return Never
+	}
+	return int64(ns)
+}
+
+// seconds is (gap + in) nanoseconds rounded up to whole seconds, Never when
+// in is Never or the sum overflows. Both arguments are >= 0.
+func seconds(in, gap int64) int64 {
+	wait := in + gap
+	if in == Never || wait < in {
+		return Never
+	}
+	return wait/nsPerSecond + min(wait%nsPerSecond, 1)
+}
+
+// Tokens returns the tokens in the bucket at time now: s refilled since s.At
+// and clamped to Burst. If now is before s.At (the clock went backwards),
+// no time has elapsed.
+func (l Limit) Tokens(s State, now int64) float64 {
+	return l.tokensAt(s, clock(now))
+}
+
+func (l Limit) tokensAt(s State, now int64) float64 {
+	c := l.capacity()
+	if s.At <= 0 {
+		return c
+	}
+	tokens := l.level(s.Tokens)
+	elapsed := now - s.At
+	if elapsed <= 0 {
+		return tokens
+	}
+	refilled := tokens + l.rate()*float64(elapsed)/nsPerSecond
+	// Clearly short of full: by then fullIn(tokens) > elapsed, whose float
+	// error is far below relSlack × c. Near full, the exact test decides, so
+	// that Tokens(s, FullAt(s)) is exactly Burst.
+	if refilled < c*(1-2*relSlack) {
+		return refilled
+	}
+	if elapsed >= l.fullIn(tokens) {
+		return c
+	}
+	return min(refilled, c)
+}
+
+// Take decides a request of the given cost at time now. If admitted, it
+// returns the state with the cost taken, at time max(now, s.At); if rejected,
+// it returns s unchanged.
+// A cost above Burst, or NaN, is always rejected; a cost at or below 0 takes
+// nothing and is admitted.
+func (l Limit) Take(s State, now int64, cost float64) (State, Decision) {
+	now = clock(now)
+	tokens := l.tokensAt(s, now)
+	slack := l.slack()
+	cost = max(cost, 0) // NaN stays NaN and fails the test below
+	if cost <= l.capacity() && tokens+slack >= cost {
+		next := State{Tokens: max(tokens-cost, 0), At: max(now, s.At)}
+		return next, Decision{
+			Allowed:    true,
+			Remaining:  l.whole(next.Tokens),
+			ResetAfter: seconds(l.fullIn(next.Tokens), next.At-now),
+		}
+	}
+	at := max(now, s.At)
+	return s, Decision{
+		Remaining:  l.whole(tokens),
+		RetryAfter: max(1, seconds(refillIn(cost-tokens-slack, l.rate()), at-now)),
+		ResetAfter: seconds(l.fullIn(tokens), at-now),
+	}
+}
+
+// Refund gives cost tokens back to the bucket at time now, clamped to Burst,
+// for a request that was admitted but should not count. A cost at or below 0
+// (or NaN) changes nothing; so does refunding to the unused zero State, which
+// is already full.
+func (l Limit) Refund(s State, now int64, cost float64) State {
+	if !(cost > 0) || s.At <= 0 {
+		return s
+	}
+	now = clock(now)
+	tokens := min(l.tokensAt(s, now)+cost, l.capacity())
+	return State{Tokens: tokens, At: max(now, s.At)}
+}
+
+// FullAt returns the time (Unix nanoseconds) from which s is a full bucket:
+// Tokens(s, t) == Burst for every t >= FullAt(s). It is s.At when s is already
+// full, 0 for the zero State, and Never when the bucket cannot refill. Once
+// the clock has passed FullAt(s), s reads as the zero State does, so storage
+// may forget it.
+func (l Limit) FullAt(s State) int64 {
+	if s.At <= 0 {
+		return 0
+	}
+	in := l.fullIn(l.level(s.Tokens))
+	if in > Never-s.At {
+		return Never
+	}
+	return s.At + in
+}
+
+// whole is floor(tokens), counting tokens within slack of the next integer as
+// reaching it, so it is the largest whole cost Take would admit.
+func (l Limit) whole(tokens float64) int64 {
+	w := math.Floor(min(tokens+l.slack(), l.capacity()))
+	if !(w < 0x1p63) {
+		return math.MaxInt64
+	}
+	return int64(max(w, 0))
+}

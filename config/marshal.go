@@ -1,0 +1,210 @@
+package config
+
+import (
+	"strconv"
+	"unicode/utf8"
+)
+
+// MarshalJSON returns the configuration as canonical JSON: compact, fields in
+// a fixed order, every default written out and inherited top-level values
+// (mode, scope, service) resolved into the rules, tokens_per_second rather
+// than rps, header names lower-cased. For a Config returned by Parse, Parse
+// accepts the result and returns an equal Config, and marshalling that again
+// gives the same bytes. The output holds service tokens as they were given:
+// treat it as a secret when a token is set.
+func (c *Config) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 256)
+	b = append(b, `{"rules":[`...)
+	for i := range c.Rules {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = c.appendRule(b, &c.Rules[i])
+	}
+	b = append(b, `],"xff_num_trusted_hops":`...)
+	b = strconv.AppendInt(b, int64(c.XFFNumTrustedHops), 10)
+	b = append(b, `,"trust_unverified_jwt":`...)
+	b = strconv.AppendBool(b, c.TrustUnverifiedJWT)
+	b = appendField(b, "jwt_metadata_namespace", c.JWTMetadataNamespace)
+	b = appendField(b, "jwt_payload_key", c.JWTPayloadKey)
+	b = appendField(b, "headers", c.Headers.String())
+	b = append(b, `,"max_keys":`...)
+	b = strconv.AppendInt(b, int64(c.MaxKeys), 10)
+	if c.Service != nil {
+		b = append(b, `,"service":`...)
+		b = appendService(b, c.Service)
+	}
+	return append(b, '}'), nil
+}
+
+func (c *Config) appendRule(b []byte, r *Rule) []byte {
+	b = append(b, `{"name":`...)
+	b = appendString(b, r.Name)
+	b = appendField(b, "action", r.Action.String())
+	if r.Action == ActionAllow {
+		b = appendGroupMatch(b, r)
+		return append(b, '}')
+	}
+	b = appendField(b, "mode", r.Mode.String())
+	b = appendGroupMatch(b, r)
+	b = append(b, `,"limit_keys":[`...)
+	for i, k := range r.LimitKeys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, k.String())
+	}
+	b = append(b, ']')
+	b = appendField(b, "missing_key", r.MissingKey.String())
+	b = append(b, `,"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":`...)
+	b = appendFloat(b, r.Limit.TokensPerSecond)
+	b = append(b, `,"burst":`...)
+	b = appendFloat(b, r.Limit.Burst)
+	b = appendField(b, "cost_source", r.Cost.Source.String())
+	b = append(b, `,"fixed_cost":`...)
+	b = appendFloat(b, r.Cost.Fixed)
+	b = append(b, `,"default_cost":`...)
+	b = appendFloat(b, r.Cost.Default)
+	b = append(b, `},"status":`...)
+	b = strconv.AppendInt(b, int64(r.Status), 10)
+	b = appendField(b, "body", r.Body)
+	if len(r.ResponseHeaders) > 0 {
+		b = append(b, `,"response_headers":{`...)
+		for i, h := range r.ResponseHeaders {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, h.Name)
+			b = append(b, ':')
+			b = appendString(b, h.Value)
+		}
+		b = append(b, '}')
+	}
+	b = appendField(b, "scope", r.Scope.String())
+	// A rule that uses the top-level service (the same pointer) inherits it
+	// again when parsed; only a rule's own service is written.
+	if r.Service != nil && r.Service != c.Service {
+		b = append(b, `,"service":`...)
+		b = appendService(b, r.Service)
+	}
+	return append(b, '}')
+}
+
+func appendGroupMatch(b []byte, r *Rule) []byte {
+	if r.Group != "" {
+		b = appendField(b, "group", r.Group)
+	}
+	if len(r.Match) == 0 {
+		return b
+	}
+	b = append(b, `,"match":{`...)
+	for i, m := range r.Match {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, m.Source.String())
+		b = append(b, ":{"...)
+		n := len(b)
+		if m.Present != nil {
+			b = append(b, `"present":`...)
+			b = strconv.AppendBool(b, *m.Present)
+		}
+		if m.Equals != nil {
+			b = appendSep(b, n)
+			b = append(b, `"equals":`...)
+			b = appendString(b, *m.Equals)
+		}
+		if m.In != nil {
+			b = appendSep(b, n)
+			b = append(b, `"in":[`...)
+			for j, s := range m.In {
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = appendString(b, s)
+			}
+			b = append(b, ']')
+		}
+		if m.Prefix != nil {
+			b = appendSep(b, n)
+			b = append(b, `"prefix":`...)
+			b = appendString(b, *m.Prefix)
+		}
+		if m.Regex != nil {
+			b = appendSep(b, n)
+			b = append(b, `"regex":`...)
+			b = appendString(b, m.Regex.String())
+		}
+		b = append(b, '}')
+	}
+	return append(b, '}')
+}
+
+// appendSep appends a comma unless b has not grown past n.
+func appendSep(b []byte, n int) []byte {
+	if len(b) > n {
+		b = append(b, ',')
+	}
+	return b
+}
+
+func appendService(b []byte, s *Service) []byte {
+	b = append(b, `{"cluster":`...)
+	b = appendString(b, s.Cluster)
+	b = appendField(b, "authority", s.Authority)
+	b = appendField(b, "path", s.Path)
+	b = append(b, `,"timeout_ms":`...)
+	b = strconv.AppendInt(b, int64(s.TimeoutMS), 10)
+	b = appendField(b, "failure_mode", s.FailureMode.String())
+	if s.Token != "" {
+		b = appendField(b, "token", s.Token)
+	}
+	if s.TokenFile != "" {
+		b = appendField(b, "token_file", s.TokenFile)
+	}
+	return append(b, '}')
+}
+
+// appendField appends ,"name":"value".
+func appendField(b []byte, name, value string) []byte {
+	b = append(b, ',', '"')
+	b = append(b, name...)
+	b = append(b, '"', ':')
+	return appendString(b, value)
+}
+
+// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD, as
+// encoding/json does; Parse never yields such strings.
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c == '\n':
+				b = append(b, '\\', 'n')
+			case c == '\r':
+				b = append(b, '\\', 'r')
+			case c == '\t':
+				b = append(b, '\\', 't')
+			case c < 0x20:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}

@@ -1,0 +1,795 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+)
+
+// Defaults and bounds of the configuration. docs/configuration.md and
+// schema.json repeat them; the tests keep the three in agreement.
+const (
+	DefaultJWTMetadataNamespace = "envoy.filters.http.jwt_authn"
+	DefaultJWTPayloadKey        = "jwt_payload"
+	DefaultMaxKeys              = 100000
+	MinMaxKeys                  = 16
+	MaxMaxKeys                  = 10000000
+	MaxXFFNumTrustedHops        = 16
+	DefaultStatus               = 429
+	DefaultServicePath          = "/v1/decide"
+	DefaultTimeoutMS            = 25
+	MaxTimeoutMS                = 60000
+
+	// MaxTokensPerSecond bounds tokens_per_second (and rps).
+	MaxTokensPerSecond = 1e9
+	// MaxBurst bounds burst, fixed_cost and default_cost.
+	MaxBurst = 1e12
+	// MaxFillSeconds bounds burst / tokens_per_second, the time an empty
+	// bucket takes to fill: one year (365 days). It keeps every wait the
+	// plugin computes, in seconds or in nanoseconds, far inside int64.
+	MaxFillSeconds = 365 * 24 * 3600
+)
+
+// Error is a configuration error: the JSON path of the offending value and
+// the reason. Its text is "config: <path>: <reason>", or "config: <reason>"
+// when the error concerns the document as a whole.
+type Error struct {
+	// Path is the JSON path of the value, e.g. rules[1].algorithm_config.burst
+	// or rules[0].match["header:x-plan"].regex; empty for the whole document.
+	Path string
+	Err  error
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	if e.Path == "" {
+		return "config: " + e.Err.Error()
+	}
+	return "config: " + e.Path + ": " + e.Err.Error()
+}
+
+// Unwrap returns the reason, for errors.Is and errors.As.
+func (e *Error) Unwrap() error { return e.Err }
+
+func errorf(path, format string, args ...any) error {
+	return &Error{Path: path, Err: fmt.Errorf(format, args...)}
+}
+
+// Parse parses and validates a configuration. It returns the first error
+// found, as an *Error naming the JSON path; a Config it returns is fully
+// valid, with every default filled in.
+func Parse(data []byte) (*Config, error) {
+	if !utf8.Valid(data) {
+		return nil, &Error{Err: errors.New("invalid JSON: not valid UTF-8")}
+	}
+	if !gjson.ValidBytes(data) {
+		return nil, &Error{Err: syntaxError(data)}
+	}
+	doc := gjson.ParseBytes(data)
+	if !doc.IsObject() {
+		return nil, &Error{Err: fmt.Errorf("the configuration must be a JSON object, got %s", typeName(doc))}
+	}
+	top, err := fields("", doc, "rules", "xff_num_trusted_hops", "trust_unverified_jwt",
+		"jwt_metadata_namespace", "jwt_payload_key", "mode", "headers", "max_keys", "scope", "service")
+	if err != nil {
+		return nil, err
+	}
+	c := &Config{
+		JWTMetadataNamespace: DefaultJWTMetadataNamespace,
+		JWTPayloadKey:        DefaultJWTPayloadKey,
+		Headers:              HeadersBoth,
+		MaxKeys:              DefaultMaxKeys,
+	}
+	if c.XFFNumTrustedHops, err = top.integer("xff_num_trusted_hops", 0, 0, MaxXFFNumTrustedHops); err != nil {
+		return nil, err
+	}
+	if c.TrustUnverifiedJWT, err = top.boolean("trust_unverified_jwt", false); err != nil {
+		return nil, err
+	}
+	if c.JWTMetadataNamespace, err = top.text("jwt_metadata_namespace", c.JWTMetadataNamespace); err != nil {
+		return nil, err
+	}
+	if c.JWTPayloadKey, err = top.text("jwt_payload_key", c.JWTPayloadKey); err != nil {
+		return nil, err
+	}
+	var d defaults
+	mode, err := top.enum("mode", modeNames, int(ModeEnforce))
+	if err != nil {
+		return nil, err
+	}
+	d.mode = Mode(mode)
+	headers, err := top.enum("headers", headerStyleNames, int(HeadersBoth))
+	if err != nil {
+		return nil, err
+	}
+	c.Headers = HeaderStyle(headers)
+	if c.MaxKeys, err = top.integer("max_keys", DefaultMaxKeys, MinMaxKeys, MaxMaxKeys); err != nil {
+		return nil, err
+	}
+	scope, err := top.enum("scope", scopeNames, int(ScopeLocal))
+	if err != nil {
+		return nil, err
+	}
+	d.scope = Scope(scope)
+	if v, ok := top.get("service"); ok {
+		if c.Service, err = parseService("service", v); err != nil {
+			return nil, err
+		}
+	}
+	d.service = c.Service
+
+	v, ok := top.get("rules")
+	if !ok {
+		return nil, errorf("rules", "required")
+	}
+	if !v.IsArray() {
+		return nil, typeError("rules", "an array", v)
+	}
+	names := make(map[string]int)
+	for i, rv := range v.Array() {
+		r, err := parseRule(fmt.Sprintf("rules[%d]", i), rv, d)
+		if err != nil {
+			return nil, err
+		}
+		if j, dup := names[r.Name]; dup {
+			return nil, errorf(fmt.Sprintf("rules[%d].name", i), "%q is already the name of rules[%d]", r.Name, j)
+		}
+		names[r.Name] = i
+		c.Rules = append(c.Rules, r)
+	}
+	if len(c.Rules) == 0 {
+		return nil, errorf("rules", "must hold at least one rule")
+	}
+	return c, nil
+}
+
+// defaults are the top-level values a rule inherits.
+type defaults struct {
+	mode    Mode
+	scope   Scope
+	service *Service
+}
+
+var ruleFields = []string{"name", "action", "mode", "group", "limit_keys", "match", "missing_key",
+	"algorithm", "algorithm_config", "status", "body", "response_headers", "scope", "service"}
+
+// allowRuleFields are the only fields a rule with action "allow" may have.
+var allowRuleFields = []string{"name", "action", "group", "match"}
+
+var ruleNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
+	var r Rule
+	o, err := fields(path, v, ruleFields...)
+	if err != nil {
+		return r, err
+	}
+	nv, ok := o.get("name")
+	if !ok {
+		return r, errorf(path+".name", "required")
+	}
+	if r.Name, err = str(path+".name", nv); err != nil {
+		return r, err
+	}
+	if !ruleNamePattern.MatchString(r.Name) {
+		return r, errorf(path+".name", "must be 1 to 64 of A-Z a-z 0-9 _ . -, got %q", r.Name)
+	}
+	action, err := o.enum("action", actionNames, int(ActionLimit))
+	if err != nil {
+		return r, err
+	}
+	r.Action = Action(action)
+	if v, ok := o.get("group"); ok {
+		if r.Group, err = str(path+".group", v); err != nil {
+			return r, err
+		}
+		if !ruleNamePattern.MatchString(r.Group) {
+			return r, errorf(path+".group", "must be 1 to 64 of A-Z a-z 0-9 _ . -, got %q", r.Group)
+		}
+	}
+	if v, ok := o.get("match"); ok {
+		if r.Match, err = parseMatch(path+".match", v); err != nil {
+			return r, err
+		}
+	}
+	if r.Action == ActionAllow {
+		for _, name := range o.order {
+			if !slices.Contains(allowRuleFields, name) {
+				return r, errorf(join(path, name), "not allowed with action \"allow\" (an allow rule takes only name, action, group and match)")
+			}
+		}
+		return r, nil
+	}
+
+	mode, err := o.enum("mode", modeNames, int(d.mode))
+	if err != nil {
+		return r, err
+	}
+	r.Mode = Mode(mode)
+	if v, ok := o.get("limit_keys"); ok {
+		if r.LimitKeys, err = parseLimitKeys(path+".limit_keys", v); err != nil {
+			return r, err
+		}
+	}
+	missing, err := o.enum("missing_key", missingKeyNames, int(MissingSkip))
+	if err != nil {
+		return r, err
+	}
+	r.MissingKey = MissingKey(missing)
+	av, ok := o.get("algorithm")
+	if !ok {
+		return r, errorf(path+".algorithm", "required for action \"limit\"")
+	}
+	algorithm, err := str(path+".algorithm", av)
+	if err != nil {
+		return r, err
+	}
+	if algorithm != "token_bucket" {
+		return r, errorf(path+".algorithm", "must be \"token_bucket\", got %q", algorithm)
+	}
+	cv, ok := o.get("algorithm_config")
+	if !ok {
+		return r, errorf(path+".algorithm_config", "required for action \"limit\"")
+	}
+	if r.Limit, r.Cost, err = parseAlgorithmConfig(path+".algorithm_config", cv); err != nil {
+		return r, err
+	}
+	if r.Status, err = o.integer("status", DefaultStatus, 400, 599); err != nil {
+		return r, err
+	}
+	if v, ok := o.get("body"); ok {
+		if r.Body, err = str(path+".body", v); err != nil {
+			return r, err
+		}
+	}
+	if v, ok := o.get("response_headers"); ok {
+		if r.ResponseHeaders, err = parseResponseHeaders(path+".response_headers", v); err != nil {
+			return r, err
+		}
+	}
+	scope, err := o.enum("scope", scopeNames, int(d.scope))
+	if err != nil {
+		return r, err
+	}
+	r.Scope = Scope(scope)
+	sv, hasService := o.get("service")
+	switch {
+	case hasService && r.Scope != ScopeCluster:
+		return r, errorf(path+".service", "only allowed with scope \"cluster\"")
+	case hasService:
+		if r.Service, err = parseService(path+".service", sv); err != nil {
+			return r, err
+		}
+	case r.Scope == ScopeCluster:
+		if d.service == nil {
+			return r, errorf(path+".service", "required with scope \"cluster\" (on the rule or at the top level)")
+		}
+		r.Service = d.service
+	}
+	return r, nil
+}
+
+func parseLimitKeys(path string, v gjson.Result) ([]Source, error) {
+	if !v.IsArray() {
+		return nil, typeError(path, "an array", v)
+	}
+	var keys []Source
+	seen := make(map[Source]int)
+	for i, kv := range v.Array() {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		s, err := str(p, kv)
+		if err != nil {
+			return nil, err
+		}
+		src, err := parseSource(s)
+		if err != nil {
+			return nil, &Error{Path: p, Err: err}
+		}
+		if j, dup := seen[src]; dup {
+			return nil, errorf(p, "%q repeats %s[%d]", src.String(), path, j)
+		}
+		seen[src] = i
+		keys = append(keys, src)
+	}
+	return keys, nil
+}
+
+var operators = []string{"present", "equals", "in", "prefix", "regex"}
+
+func parseMatch(path string, v gjson.Result) ([]Condition, error) {
+	ms, err := members(path, v)
+	if err != nil {
+		return nil, err
+	}
+	var conds []Condition
+	seen := make(map[Source]bool)
+	for _, m := range ms {
+		p := join(path, m.key)
+		src, err := parseSource(m.key)
+		if err != nil {
+			return nil, &Error{Path: p, Err: err}
+		}
+		if seen[src] {
+			return nil, errorf(p, "a second condition on %q", src.String())
+		}
+		seen[src] = true
+		ops, err := members(p, m.value)
+		if err != nil {
+			return nil, err
+		}
+		if len(ops) == 0 {
+			return nil, errorf(p, "needs at least one of present, equals, in, prefix, regex")
+		}
+		c := Condition{Source: src}
+		for _, op := range ops {
+			if !slices.Contains(operators, op.key) {
+				return nil, errorf(join(p, op.key), "unknown operator (want present, equals, in, prefix or regex)")
+			}
+		}
+		o := object{path: p, fields: make(map[string]gjson.Result)}
+		for _, op := range ops {
+			o.fields[op.key] = op.value
+			o.order = append(o.order, op.key)
+		}
+		if v, ok := o.get("present"); ok {
+			b, err := boolean(p+".present", v)
+			if err != nil {
+				return nil, err
+			}
+			c.Present = &b
+		}
+		if v, ok := o.get("equals"); ok {
+			s, err := str(p+".equals", v)
+			if err != nil {
+				return nil, err
+			}
+			c.Equals = &s
+		}
+		if v, ok := o.get("in"); ok {
+			if !v.IsArray() {
+				return nil, typeError(p+".in", "an array", v)
+			}
+			for i, e := range v.Array() {
+				s, err := str(fmt.Sprintf("%s.in[%d]", p, i), e)
+				if err != nil {
+					return nil, err
+				}
+				c.In = append(c.In, s)
+			}
+			if len(c.In) == 0 {
+				return nil, errorf(p+".in", "must hold at least one value")
+			}
+		}
+		if v, ok := o.get("prefix"); ok {
+			s, err := str(p+".prefix", v)
+			if err != nil {
+				return nil, err
+			}
+			c.Prefix = &s
+		}
+		if v, ok := o.get("regex"); ok {
+			s, err := str(p+".regex", v)
+			if err != nil {
+				return nil, err
+			}
+			if c.Regex, err = regexp.Compile(s); err != nil {
+				return nil, &Error{Path: p + ".regex", Err: err}
+			}
+		}
+		if c.Present != nil && !*c.Present && len(ops) > 1 {
+			return nil, errorf(p+".present", "false cannot be combined with equals, in, prefix or regex")
+		}
+		conds = append(conds, c)
+	}
+	return conds, nil
+}
+
+func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
+	var l Limit
+	c := Cost{Source: Source{Kind: SourceFixed}, Fixed: 1, Default: 1}
+	o, err := fields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost")
+	if err != nil {
+		return l, c, err
+	}
+	rateName := "tokens_per_second"
+	_, hasTPS := o.get("tokens_per_second")
+	_, hasRPS := o.get("rps")
+	switch {
+	case hasTPS && hasRPS:
+		return l, c, errorf(path+".rps", "cannot be combined with tokens_per_second (rps is its alias)")
+	case hasRPS:
+		rateName = "rps"
+	case !hasTPS:
+		return l, c, errorf(path+".tokens_per_second", "required (or its alias rps)")
+	}
+	if l.TokensPerSecond, err = o.positive(rateName, MaxTokensPerSecond); err != nil {
+		return l, c, err
+	}
+	if _, ok := o.get("burst"); !ok {
+		return l, c, errorf(path+".burst", "required")
+	}
+	if l.Burst, err = o.positive("burst", MaxBurst); err != nil {
+		return l, c, err
+	}
+	if l.Burst < l.TokensPerSecond {
+		return l, c, errorf(path+".burst", "must be >= %s (%s), got %s", rateName, fmtFloat(l.TokensPerSecond), fmtFloat(l.Burst))
+	}
+	if fill := l.Burst / l.TokensPerSecond; fill > MaxFillSeconds {
+		return l, c, errorf(path+".burst", "burst / %s is %s seconds to refill, more than one year (%d)", rateName, fmtFloat(fill), MaxFillSeconds)
+	}
+	if v, ok := o.get("cost_source"); ok {
+		s, err := str(path+".cost_source", v)
+		if err != nil {
+			return l, c, err
+		}
+		if c.Source, err = parseCostSource(s); err != nil {
+			return l, c, &Error{Path: path + ".cost_source", Err: err}
+		}
+	}
+	for _, f := range []struct {
+		name string
+		dst  *float64
+	}{{"fixed_cost", &c.Fixed}, {"default_cost", &c.Default}} {
+		if _, ok := o.get(f.name); !ok {
+			continue
+		}
+		if *f.dst, err = o.positive(f.name, MaxBurst); err != nil {
+			return l, c, err
+		}
+		if *f.dst > l.Burst {
+			return l, c, errorf(path+"."+f.name, "must be <= burst (%s), got %s: such a request could never pass", fmtFloat(l.Burst), fmtFloat(*f.dst))
+		}
+	}
+	return l, c, nil
+}
+
+// forbiddenResponseHeaders are headers a rule may not add to its rejection:
+// the length is Envoy's business, and the rest are connection-specific
+// headers that HTTP/2 and HTTP/3 forbid.
+var forbiddenResponseHeaders = []string{"content-length", "transfer-encoding", "connection",
+	"keep-alive", "proxy-connection", "upgrade"}
+
+func parseResponseHeaders(path string, v gjson.Result) ([]HeaderPair, error) {
+	ms, err := members(path, v)
+	if err != nil {
+		return nil, err
+	}
+	var hs []HeaderPair
+	seen := make(map[string]bool)
+	for _, m := range ms {
+		p := join(path, m.key)
+		if err := checkHeaderName(m.key); err != nil {
+			return nil, &Error{Path: p, Err: err}
+		}
+		name := strings.ToLower(m.key)
+		if slices.Contains(forbiddenResponseHeaders, name) {
+			return nil, errorf(p, "%s cannot be set by a rule", name)
+		}
+		if seen[name] {
+			return nil, errorf(p, "header %s is already set", name)
+		}
+		seen[name] = true
+		value, err := str(p, m.value)
+		if err != nil {
+			return nil, err
+		}
+		for i := 0; i < len(value); i++ {
+			if c := value[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+				return nil, errorf(p, "value must not hold control characters")
+			}
+		}
+		hs = append(hs, HeaderPair{Name: name, Value: value})
+	}
+	return hs, nil
+}
+
+func parseService(path string, v gjson.Result) (*Service, error) {
+	o, err := fields(path, v, "cluster", "authority", "path", "timeout_ms", "failure_mode", "token", "token_file")
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{Path: DefaultServicePath, TimeoutMS: DefaultTimeoutMS}
+	if _, ok := o.get("cluster"); !ok {
+		return nil, errorf(path+".cluster", "required")
+	}
+	if s.Cluster, err = o.text("cluster", ""); err != nil {
+		return nil, err
+	}
+	if strings.ContainsRune(s.Cluster, ' ') {
+		return nil, errorf(path+".cluster", "must not contain spaces")
+	}
+	if s.Authority, err = o.text("authority", s.Cluster); err != nil {
+		return nil, err
+	}
+	if strings.ContainsRune(s.Authority, ' ') {
+		return nil, errorf(path+".authority", "must not contain spaces")
+	}
+	if s.Path, err = o.text("path", s.Path); err != nil {
+		return nil, err
+	}
+	if !strings.HasPrefix(s.Path, "/") || strings.ContainsRune(s.Path, ' ') {
+		return nil, errorf(path+".path", "must start with / and contain no spaces, got %q", s.Path)
+	}
+	if s.TimeoutMS, err = o.integer("timeout_ms", DefaultTimeoutMS, 1, MaxTimeoutMS); err != nil {
+		return nil, err
+	}
+	fm, err := o.enum("failure_mode", failureModeNames, int(FailAllow))
+	if err != nil {
+		return nil, err
+	}
+	s.FailureMode = FailureMode(fm)
+	_, hasToken := o.get("token")
+	_, hasFile := o.get("token_file")
+	if hasToken && hasFile {
+		return nil, errorf(path+".token_file", "cannot be combined with token")
+	}
+	if s.Token, err = o.text("token", ""); err != nil {
+		return nil, err
+	}
+	if strings.ContainsRune(s.Token, ' ') {
+		return nil, errorf(path+".token", "must not contain spaces")
+	}
+	if s.TokenFile, err = o.text("token_file", ""); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// object is a JSON object whose field names were checked against a list.
+type object struct {
+	path   string
+	fields map[string]gjson.Result
+	order  []string // field names in document order
+}
+
+type member struct {
+	key   string
+	value gjson.Result
+}
+
+// members returns the fields of the object v in document order, rejecting
+// a name that appears twice.
+func members(path string, v gjson.Result) ([]member, error) {
+	if !v.IsObject() {
+		return nil, typeError(path, "an object", v)
+	}
+	var ms []member
+	seen := make(map[string]bool)
+	var err error
+	v.ForEach(func(k, val gjson.Result) bool {
+		if seen[k.Str] {
+			err = errorf(join(path, k.Str), "duplicate field")
+			return false
+		}
+		seen[k.Str] = true
+		ms = append(ms, member{key: k.Str, value: val})
+		return true
+	})
+	return ms, err
+}
+
+// fields returns the object v, rejecting unknown and duplicate fields.
+func fields(path string, v gjson.Result, known ...string) (object, error) {
+	ms, err := members(path, v)
+	if err != nil {
+		return object{}, err
+	}
+	o := object{path: path, fields: make(map[string]gjson.Result, len(ms))}
+	for _, m := range ms {
+		if !slices.Contains(known, m.key) {
+			return object{}, errorf(join(path, m.key), "unknown field")
+		}
+		o.fields[m.key] = m.value
+		o.order = append(o.order, m.key)
+	}
+	return o, nil
+}
+
+func (o object) get(name string) (gjson.Result, bool) {
+	v, ok := o.fields[name]
+	return v, ok
+}
+
+// text returns the string field name, def when absent; a present value must
+// be non-empty and free of control characters.
+func (o object) text(name, def string) (string, error) {
+	v, ok := o.get(name)
+	if !ok {
+		return def, nil
+	}
+	p := join(o.path, name)
+	s, err := str(p, v)
+	if err != nil {
+		return "", err
+	}
+	if s == "" {
+		return "", errorf(p, "must not be empty")
+	}
+	if hasControl(s) {
+		return "", errorf(p, "must not hold control characters")
+	}
+	return s, nil
+}
+
+func (o object) boolean(name string, def bool) (bool, error) {
+	v, ok := o.get(name)
+	if !ok {
+		return def, nil
+	}
+	return boolean(join(o.path, name), v)
+}
+
+// enum returns the index in names of the string field name, def when
+// absent.
+func (o object) enum(name string, names []string, def int) (int, error) {
+	v, ok := o.get(name)
+	if !ok {
+		return def, nil
+	}
+	p := join(o.path, name)
+	s, err := str(p, v)
+	if err != nil {
+		return 0, err
+	}
+	if i := slices.Index(names, s); i >= 0 {
+		return i, nil
+	}
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = strconv.Quote(n)
+	}
+	return 0, errorf(p, "must be one of %s, got %q", strings.Join(quoted, ", "), s)
+}
+
+// integer returns the integer field name, def when absent; a present value
+// must be a whole number in [lo, hi] (1.0 and 1e2 are whole numbers).
+func (o object) integer(name string, def, lo, hi int) (int, error) {
+	v, ok := o.get(name)
+	if !ok {
+		return def, nil
+	}
+	p := join(o.path, name)
+	if v.Type != gjson.Number {
+		return 0, typeError(p, "an integer", v)
+	}
+	if !integral(v.Raw) {
+		return 0, errorf(p, "must be an integer, got %s", shorten(v.Raw))
+	}
+	f, err := strconv.ParseFloat(v.Raw, 64)
+	if err != nil || f < float64(lo) || f > float64(hi) {
+		return 0, errorf(p, "must be between %d and %d, got %s", lo, hi, shorten(v.Raw))
+	}
+	return int(f), nil
+}
+
+// positive returns the number field name, which must be present, > 0 and
+// <= hi.
+func (o object) positive(name string, hi float64) (float64, error) {
+	v, _ := o.get(name)
+	p := join(o.path, name)
+	if v.Type != gjson.Number {
+		return 0, typeError(p, "a number", v)
+	}
+	f, err := strconv.ParseFloat(v.Raw, 64)
+	switch {
+	case f <= 0: // also -Inf from a huge negative number
+		return 0, errorf(p, "must be > 0, got %s", shorten(v.Raw))
+	case err != nil || f > hi:
+		return 0, errorf(p, "must be at most %s, got %s", fmtFloat(hi), shorten(v.Raw))
+	}
+	return f, nil
+}
+
+func str(path string, v gjson.Result) (string, error) {
+	if v.Type != gjson.String {
+		return "", typeError(path, "a string", v)
+	}
+	return v.Str, nil
+}
+
+func boolean(path string, v gjson.Result) (bool, error) {
+	if v.Type != gjson.True && v.Type != gjson.False {
+		return false, typeError(path, "a boolean", v)
+	}
+	return v.Type == gjson.True, nil
+}
+
+func typeError(path, want string, v gjson.Result) error {
+	return errorf(path, "must be %s, got %s", want, typeName(v))
+}
+
+func typeName(v gjson.Result) string {
+	switch v.Type {
+	case gjson.Null:
+		return "null"
+	case gjson.False, gjson.True:
+		return "boolean"
+	case gjson.Number:
+		return "number"
+	case gjson.String:
+		return "string"
+	}
+	if v.IsArray() {
+		return "array"
+	}
+	return "object"
+}
+
+var simpleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// join appends a field name to a JSON path: a.b for plain names,
+// a["header:x-plan"] for any other.
+func join(path, name string) string {
+	if simpleName.MatchString(name) {
+		if path == "" {
+			return name
+		}
+		return path + "." + name
+	}
+	return path + "[" + strconv.Quote(name) + "]"
+}
+
+// integral reports whether the JSON number raw is a whole number, exactly
+// (not after rounding to float64): 10, 1.0, 1e2 and 1500e-2 are; 1.5 is not.
+func integral(raw string) bool {
+	s := strings.TrimPrefix(raw, "-")
+	mant, exp := s, 0
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		mant = s[:i]
+		e, err := strconv.Atoi(s[i+1:])
+		switch {
+		case err == nil:
+			exp = max(min(e, 1<<30), -1<<30)
+		case strings.HasPrefix(s[i+1:], "-"):
+			exp = -1 << 30
+		default:
+			exp = 1 << 30
+		}
+	}
+	whole, frac, _ := strings.Cut(mant, ".")
+	digits := strings.TrimLeft(whole+frac, "0")
+	if digits == "" {
+		return true // zero
+	}
+	trimmed := strings.TrimRight(digits, "0")
+	// The value is trimmed × 10^(exp − len(frac) + trailing zeros).
+	return exp-len(frac)+len(digits)-len(trimmed) >= 0
+}
+
+// shorten keeps a number's text short enough for an error message.
+func shorten(raw string) string {
+	if len(raw) > 40 {
+		return raw[:37] + "..."
+	}
+	return raw
+}
+
+// fmtFloat formats f as briefly as it round-trips, in positional notation
+// unless that would be long (as JavaScript prints numbers).
+func fmtFloat(f float64) string { return string(appendFloat(nil, f)) }
+
+func appendFloat(b []byte, f float64) []byte {
+	if a := math.Abs(f); a == 0 || (a >= 1e-6 && a < 1e21) {
+		return strconv.AppendFloat(b, f, 'f', -1, 64)
+	}
+	return strconv.AppendFloat(b, f, 'g', -1, 64)
+}
+
+// syntaxError describes why data is not JSON, with the byte offset when
+// encoding/json can tell it.
+func syntaxError(data []byte) error {
+	var v any
+	var se *json.SyntaxError
+	if err := json.Unmarshal(data, &v); errors.As(err, &se) {
+		return fmt.Errorf("invalid JSON: %s (at byte %d)", se.Error(), se.Offset)
+	}
+	return errors.New("invalid JSON")
+}

@@ -1,0 +1,177 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// ParseSource parses a request-value reference as written in "limit_keys"
+// and as a key of "match": header:<name>, query:<name>, ip:address, path,
+// method, authority, jwt:<claim> (dots for nesting) or cookie:<name>. Header
+// names are lower-cased; every other name is kept as written. "fixed" is not a
+// source of request values: it is accepted only as a cost_source, by Parse.
+func ParseSource(s string) (Source, error) {
+	src, err := parseSource(s)
+	if err != nil {
+		return Source{}, &Error{Err: err}
+	}
+	return src, nil
+}
+
+// parseSource is ParseSource with a bare reason for Parse to put a path on.
+func parseSource(s string) (Source, error) {
+	kind, name, hasName := strings.Cut(s, ":")
+	switch kind {
+	case "path", "method", "authority":
+		if hasName {
+			return Source{}, fmt.Errorf("source %q: %s takes no name", s, kind)
+		}
+		k := map[string]SourceKind{"path": SourcePath, "method": SourceMethod, "authority": SourceAuthority}[kind]
+		return Source{Kind: k}, nil
+	case "ip":
+		if name != "address" {
+			return Source{}, fmt.Errorf("source %q: the only ip source is ip:address", s)
+		}
+		return Source{Kind: SourceIP, Name: name}, nil
+	case "header":
+		if err := checkHeaderName(name); err != nil {
+			return Source{}, fmt.Errorf("source %q: %w", s, err)
+		}
+		return Source{Kind: SourceHeader, Name: strings.ToLower(name)}, nil
+	case "cookie":
+		if !isToken(name) {
+			return Source{}, fmt.Errorf("source %q: cookie name must be a non-empty HTTP token", s)
+		}
+		return Source{Kind: SourceCookie, Name: name}, nil
+	case "query":
+		if name == "" || hasControl(name) {
+			return Source{}, fmt.Errorf("source %q: query parameter name must be non-empty, without control characters", s)
+		}
+		return Source{Kind: SourceQuery, Name: name}, nil
+	case "jwt":
+		if name == "" || hasControl(name) || strings.HasPrefix(name, ".") ||
+			strings.HasSuffix(name, ".") || strings.Contains(name, "..") {
+			return Source{}, fmt.Errorf("source %q: claim must be non-empty dot-separated names, without control characters", s)
+		}
+		return Source{Kind: SourceJWT, Name: name}, nil
+	}
+	if s == "" {
+		return Source{}, errors.New("empty source")
+	}
+	return Source{}, fmt.Errorf("unknown source %q (want header:<name>, query:<name>, ip:address, path, method, authority, jwt:<claim> or cookie:<name>)", s)
+}
+
+// parseCostSource parses a cost_source: "fixed", header:<name> or
+// query:<name>.
+func parseCostSource(s string) (Source, error) {
+	if s == "fixed" {
+		return Source{Kind: SourceFixed}, nil
+	}
+	if kind, _, _ := strings.Cut(s, ":"); kind != "header" && kind != "query" {
+		return Source{}, fmt.Errorf(`must be "fixed", header:<name> or query:<name>, got %q`, s)
+	}
+	return parseSource(s)
+}
+
+// String returns the source as the configuration writes it, for example
+// "header:x-api-key", "ip:address" or "fixed".
+func (s Source) String() string {
+	switch s.Kind {
+	case SourceFixed:
+		return "fixed"
+	case SourceHeader:
+		return "header:" + s.Name
+	case SourceQuery:
+		return "query:" + s.Name
+	case SourceIP:
+		return "ip:address"
+	case SourcePath:
+		return "path"
+	case SourceMethod:
+		return "method"
+	case SourceAuthority:
+		return "authority"
+	case SourceJWT:
+		return "jwt:" + s.Name
+	case SourceCookie:
+		return "cookie:" + s.Name
+	}
+	return "SourceKind(" + strconv.Itoa(int(s.Kind)) + ")"
+}
+
+// checkHeaderName reports whether name is usable as an HTTP header name: a
+// non-empty token (RFC 9110), which excludes pseudo-headers such as :path.
+func checkHeaderName(name string) error {
+	if strings.HasPrefix(name, ":") {
+		return errors.New("pseudo-headers are not allowed (use path, method or authority)")
+	}
+	if !isToken(name) {
+		return errors.New("header name must be a non-empty HTTP token (letters, digits and !#$%&'*+-.^_`|~)")
+	}
+	return nil
+}
+
+// isToken reports whether s is a non-empty RFC 9110 token.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// hasControl reports whether s holds an ASCII control character (including
+// DEL).
+func hasControl(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// Enumerations as the configuration spells them; the index is the Go value.
+var (
+	actionNames      = []string{"limit", "allow"}
+	modeNames        = []string{"enforce", "shadow"}
+	missingKeyNames  = []string{"skip", "shared", "deny"}
+	scopeNames       = []string{"local", "cluster"}
+	failureModeNames = []string{"allow", "deny"}
+	headerStyleNames = []string{"both", "draft", "legacy", "none"}
+)
+
+func enumName(names []string, v int, typ string) string {
+	if v >= 0 && v < len(names) {
+		return names[v]
+	}
+	return typ + "(" + strconv.Itoa(v) + ")"
+}
+
+// String returns "limit" or "allow".
+func (a Action) String() string { return enumName(actionNames, int(a), "Action") }
+
+// String returns "enforce" or "shadow".
+func (m Mode) String() string { return enumName(modeNames, int(m), "Mode") }
+
+// String returns "skip", "shared" or "deny".
+func (m MissingKey) String() string { return enumName(missingKeyNames, int(m), "MissingKey") }
+
+// String returns "local" or "cluster".
+func (s Scope) String() string { return enumName(scopeNames, int(s), "Scope") }
+
+// String returns "allow" or "deny".
+func (f FailureMode) String() string { return enumName(failureModeNames, int(f), "FailureMode") }
+
+// String returns "both", "draft", "legacy" or "none".
+func (h HeaderStyle) String() string { return enumName(headerStyleNames, int(h), "HeaderStyle") }
