@@ -12,6 +12,7 @@ package plugin
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"strconv"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
@@ -71,6 +72,7 @@ type rule struct {
 
 type globalMetrics struct {
 	evictions, retries, refunds, serviceErrors proxywasm.MetricCounter
+	heapBytes, sysBytes, gcCycles              proxywasm.MetricGauge
 }
 
 // OnPluginStart implements types.PluginContext.
@@ -88,9 +90,26 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 		proxywasm.LogCriticalf("%s: invalid configuration, refusing to start: %v", Name, err)
 		return types.OnPluginStartStatusFailed
 	}
+	if err := proxywasm.SetTickPeriodMilliSeconds(1000); err != nil {
+		proxywasm.LogWarnf("%s: no ticks, memory gauges stay at 0: %v", Name, err)
+	}
 	proxywasm.LogInfof("%s: started with %d rules, max_keys %d", Name, len(p.rules), p.cfg.MaxKeys)
 	return types.OnPluginStartStatusOK
 }
+
+// OnTick implements types.PluginContext: it records the Go runtime's memory
+// figures of this VM (the last worker to tick wins; each worker's heap is
+// its own).
+func (p *pluginContext) OnTick() {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	setGauge(p.metrics.heapBytes, ms.HeapAlloc)
+	setGauge(p.metrics.sysBytes, ms.Sys)
+	setGauge(p.metrics.gcCycles, uint64(ms.NumGC))
+}
+
+// setGauge sets g to v (the ABI offers only an add).
+func setGauge(g proxywasm.MetricGauge, v uint64) { g.Add(int64(v) - g.Value()) }
 
 // configure parses and compiles a configuration. Buckets live in shared data
 // under a prefix of the root id, so a new configuration (or another worker)
@@ -127,6 +146,9 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 		refunds:   proxywasm.DefineCounterMetric(Name + ".refunds"),
 		// calls to the limit service that failed: timeout, connection, status, body
 		serviceErrors: proxywasm.DefineCounterMetric(Name + ".service_errors"),
+		heapBytes:     proxywasm.DefineGaugeMetric(Name + ".memory.heap_bytes"),
+		sysBytes:      proxywasm.DefineGaugeMetric(Name + ".memory.sys_bytes"),
+		gcCycles:      proxywasm.DefineGaugeMetric(Name + ".memory.gc_cycles"),
 	}
 	return nil
 }
