@@ -18,12 +18,8 @@ const mixed = `{"service": {"cluster": "limit_service", "timeout_ms": 30, "token
 // context and the callout.
 func (e *emulator) callout(headers ...string) (uint32, bool) {
 	e.t.Helper()
-	hs := [][2]string{{":method", "GET"}, {":path", "/"}, {":authority", "example"}}
-	for i := 0; i+1 < len(headers); i += 2 {
-		hs = append(hs, [2]string{headers[i], headers[i+1]})
-	}
 	id := e.host.InitializeHttpContext()
-	action := e.host.CallOnRequestHeaders(id, hs, false)
+	action := e.host.CallOnRequestHeaders(id, requestHeaders(headers), false)
 	return id, action == types.ActionPause
 }
 

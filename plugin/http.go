@@ -131,7 +131,10 @@ func (c *httpContext) enforce(now int64) types.Action {
 		for _, ru := range p.applied {
 			ru.failedOpen.Increment(1)
 		}
-		proxywasm.LogWarnf("%s: failing open: %v", Name, err)
+		if now-p.lastFailLog >= 1e9 { // at most once a second: an outage must not flood the log
+			p.lastFailLog = now
+			proxywasm.LogWarnf("%s: failing open (counted in rule.<name>.failed_open): %v", Name, err)
+		}
 		return types.ActionContinue
 	}
 	if !ok {

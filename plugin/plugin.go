@@ -50,6 +50,8 @@ type pluginContext struct {
 	rules   []*rule
 	table   *store.Table
 	metrics globalMetrics
+	// lastFailLog is when the last fail-open warning was logged, Unix ns.
+	lastFailLog int64
 
 	// per-request scratch, reused (a VM runs one callback at a time)
 	reqs    []store.Request

@@ -54,12 +54,8 @@ type response struct {
 // upstream 200.
 func (e *emulator) do(headers ...string) response {
 	e.t.Helper()
-	hs := [][2]string{{":method", "GET"}, {":path", "/"}, {":authority", "example"}}
-	for i := 0; i+1 < len(headers); i += 2 {
-		hs = append(hs, [2]string{headers[i], headers[i+1]})
-	}
 	id := e.host.InitializeHttpContext()
-	action := e.host.CallOnRequestHeaders(id, hs, false)
+	action := e.host.CallOnRequestHeaders(id, requestHeaders(headers), false)
 	var r response
 	if lr := e.host.GetSentLocalResponse(id); lr != nil {
 		if action != types.ActionPause {
@@ -76,7 +72,7 @@ func (e *emulator) do(headers ...string) response {
 	} else {
 		e.host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
 		r = response{status: 200, headers: map[string]string{}}
-		for _, h := range e.host.GetCurrentResponseHeaders(id) {
+		for _, h := range e.host.GetCurrentResponseHeaders(id)[1:] { // after :status
 			if _, dup := r.headers[h[0]]; dup {
 				e.t.Fatalf("header %s added twice", h[0])
 			}
@@ -85,6 +81,23 @@ func (e *emulator) do(headers ...string) response {
 	}
 	e.host.CompleteHttpContext(id)
 	return r
+}
+
+// requestHeaders are a GET / with the given name/value pairs added; a
+// pseudo-header given replaces the default.
+func requestHeaders(kv []string) [][2]string {
+	hs := [][2]string{{":method", "GET"}, {":path", "/"}, {":authority", "example"}}
+next:
+	for i := 0; i+1 < len(kv); i += 2 {
+		for j := range hs {
+			if hs[j][0] == kv[i] {
+				hs[j][1] = kv[i+1]
+				continue next
+			}
+		}
+		hs = append(hs, [2]string{kv[i], kv[i+1]})
+	}
+	return hs
 }
 
 func (e *emulator) counter(name string) uint64 {
