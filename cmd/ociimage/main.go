@@ -1,0 +1,246 @@
+// Command ociimage packages build/plugin.wasm as an OCI image that Istio's
+// WasmPlugin loads (package oci: the Wasm image specification's compat
+// variant), without a Docker daemon. It writes an OCI image layout directory
+// and a tar archive of it, reads both back and verifies them, prints the
+// digests a WasmPlugin needs, can push the image to a registry, and can fill
+// the url and sha256 of WasmPlugin manifests in for the image.
+//
+//	go run ./cmd/ociimage -wasm build/plugin.wasm -layout build/oci \
+//	    -archive build/plugin-oci.tar -ref ghcr.io/acme/ratelimit:0.1.0 \
+//	    [-summary build/plugin-oci.json] [-render examples/istio -render-out build/istio] [-push]
+//
+// The creation time recorded in the image is $SOURCE_DATE_EPOCH, or the Unix
+// epoch when unset, so the image digest depends on plugin.wasm alone.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/ratelimit-wasm/tokenbucket/oci"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "ociimage:", err)
+		os.Exit(1)
+	}
+}
+
+// Summary is what -summary writes: the image's identities as JSON.
+type Summary struct {
+	Ref    string `json:"ref"`
+	Layout string `json:"layout,omitempty"`
+	// Archive is the tar of the layout.
+	Archive string `json:"archive,omitempty"`
+	// ImageDigest is sha256:<hex> of the manifest; ImageSHA256 its hex part,
+	// the WasmPlugin spec.sha256 for an oci:// url.
+	ImageDigest string `json:"image_digest"`
+	ImageSHA256 string `json:"image_sha256"`
+	// WasmSHA256 is sha256(plugin.wasm), the spec.sha256 for an http(s)://
+	// url.
+	WasmSHA256  string `json:"wasm_sha256"`
+	WasmSize    int64  `json:"wasm_size"`
+	LayerDigest string `json:"layer_digest"`
+	LayerSize   int64  `json:"layer_size"`
+	Pushed      bool   `json:"pushed"`
+	// Manifests are the WasmPlugin manifests written by -render.
+	Manifests []string `json:"manifests,omitempty"`
+}
+
+func run(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("ociimage", flag.ContinueOnError)
+	wasmPath := fs.String("wasm", "build/plugin.wasm", "the compiled plugin")
+	layoutDir := fs.String("layout", "build/oci", "OCI image layout directory to write (replaced if it is a layout)")
+	archivePath := fs.String("archive", "build/plugin-oci.tar", "tar archive of the layout to write (empty: none)")
+	ref := fs.String("ref", "localhost/ratelimit-wasm/tokenbucket:dev", "image reference recorded in the layout and used by -push")
+	summaryPath := fs.String("summary", "", "write the digests as JSON to this file")
+	push := fs.Bool("push", false, "push the image to -ref (credentials from ~/.docker/config.json), then pull it back and verify it")
+	renderSrc := fs.String("render", "", "directory of WasmPlugin manifests to fill in with -ref and the image digest (empty: none)")
+	renderDst := fs.String("render-out", "build/istio", "where -render writes the filled-in manifests")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	created, err := sourceDateEpoch(os.Getenv("SOURCE_DATE_EPOCH"))
+	if err != nil {
+		return err
+	}
+
+	wasm, err := os.ReadFile(*wasmPath)
+	if err != nil {
+		return err
+	}
+	built, err := oci.Build(wasm, created)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *wasmPath, err)
+	}
+	img, err := built.V1()
+	if err != nil {
+		return err
+	}
+	d := built.Digests()
+
+	// Write, then read back from disk and verify what was written.
+	if err := oci.WriteLayout(*layoutDir, img, *ref); err != nil {
+		return err
+	}
+	fromLayout, err := oci.ReadLayout(*layoutDir)
+	if err != nil {
+		return err
+	}
+	if err := verify("layout "+*layoutDir, fromLayout, wasm, d); err != nil {
+		return err
+	}
+	if *archivePath != "" {
+		if err := writeArchive(*archivePath, *layoutDir, created); err != nil {
+			return err
+		}
+		f, err := os.Open(*archivePath)
+		if err != nil {
+			return err
+		}
+		fromArchive, err := oci.ReadArchive(f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		if err := verify("archive "+*archivePath, fromArchive, wasm, d); err != nil {
+			return err
+		}
+	}
+
+	if *push {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		defer stop()
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		if err := oci.Push(ctx, img, *ref); err != nil {
+			return err
+		}
+		pulled, err := oci.Pull(ctx, *ref)
+		if err != nil {
+			return err
+		}
+		if err := verify("registry "+*ref, pulled, wasm, d); err != nil {
+			return err
+		}
+	}
+
+	var rendered []string
+	if *renderSrc != "" {
+		if rendered, err = renderManifests(*renderSrc, *renderDst, *ref, d.Image.Hex); err != nil {
+			return err
+		}
+	}
+
+	s := Summary{
+		Ref:         *ref,
+		Layout:      *layoutDir,
+		Archive:     *archivePath,
+		ImageDigest: d.Image.String(),
+		ImageSHA256: d.Image.Hex,
+		WasmSHA256:  d.Wasm.Hex,
+		WasmSize:    d.WasmSize,
+		LayerDigest: d.Layer.String(),
+		LayerSize:   d.LayerSize,
+		Pushed:      *push,
+		Manifests:   rendered,
+	}
+	if *summaryPath != "" {
+		b, err := json.MarshalIndent(s, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*summaryPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	printSummary(stdout, s)
+	return nil
+}
+
+// sourceDateEpoch parses $SOURCE_DATE_EPOCH (reproducible-builds.org): Unix
+// seconds, the epoch when empty.
+func sourceDateEpoch(v string) (time.Time, error) {
+	if v == "" {
+		return time.Unix(0, 0).UTC(), nil
+	}
+	sec, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || sec < 0 {
+		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH: want Unix seconds >= 0, got %q", v)
+	}
+	return time.Unix(sec, 0).UTC(), nil
+}
+
+// verify checks an image read back from somewhere against the built one.
+func verify(where string, img v1.Image, wasm []byte, want oci.Digests) error {
+	got, err := oci.Verify(img, wasm)
+	if err != nil {
+		return fmt.Errorf("verify %s: %w", where, err)
+	}
+	if got != want.Image {
+		return fmt.Errorf("verify %s: image digest %s, built %s", where, got, want.Image)
+	}
+	return nil
+}
+
+// writeArchive writes the tar next to its final name and renames it, so an
+// interrupted run never leaves a truncated archive behind.
+func writeArchive(path, layoutDir string, modTime time.Time) error {
+	var buf bytes.Buffer
+	if err := oci.WriteArchive(&buf, layoutDir, modTime); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".plugin-oci-*.tar")
+	if err != nil {
+		return err
+	}
+	_, werr := tmp.Write(buf.Bytes())
+	cerr := tmp.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func printSummary(w io.Writer, s Summary) {
+	fmt.Fprintf(w, "OCI image (Wasm image spec, compat variant) of %d-byte plugin.wasm, verified as Istio reads it:\n", s.WasmSize)
+	fmt.Fprintf(w, "  layout   %s\n", s.Layout)
+	if s.Archive != "" {
+		fmt.Fprintf(w, "  archive  %s (oci-archive; docker load accepts it too)\n", s.Archive)
+	}
+	fmt.Fprintf(w, "  ref      %s", s.Ref)
+	if s.Pushed {
+		fmt.Fprint(w, " (pushed, pulled back, verified)")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "  image    %s\n", s.ImageDigest)
+	fmt.Fprintf(w, "  wasm     sha256:%s\n", s.WasmSHA256)
+	fmt.Fprintf(w, "WasmPlugin with url oci://<repo>:<tag> or oci://<repo>@%s:\n", s.ImageDigest)
+	fmt.Fprintf(w, "  sha256: %s\n", s.ImageSHA256)
+	fmt.Fprintf(w, "WasmPlugin with url https://.../plugin.wasm:\n")
+	fmt.Fprintf(w, "  sha256: %s\n", s.WasmSHA256)
+	for _, m := range s.Manifests {
+		fmt.Fprintf(w, "wrote %s (url oci://%s, sha256 of the image)\n", m, s.Ref)
+	}
+}

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ratelimit-wasm/tokenbucket/oci"
+)
+
+func fakeWasm(payload string) []byte {
+	body := append([]byte{4}, "fake"+payload...)
+	return append([]byte{0x00, 'a', 's', 'm', 0x01, 0x00, 0x00, 0x00, 0x00, byte(len(body))}, body...)
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+type paths struct{ dir, wasm, layout, archive, summary, rendered string }
+
+func setup(t *testing.T, wasm []byte) paths {
+	t.Helper()
+	dir := t.TempDir()
+	p := paths{
+		dir: dir, wasm: filepath.Join(dir, "plugin.wasm"), layout: filepath.Join(dir, "oci"),
+		archive: filepath.Join(dir, "plugin-oci.tar"), summary: filepath.Join(dir, "plugin-oci.json"),
+		rendered: filepath.Join(dir, "istio"),
+	}
+	if err := os.WriteFile(p.wasm, wasm, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (p paths) args(ref string, extra ...string) []string {
+	return append([]string{"-wasm", p.wasm, "-layout", p.layout, "-archive", p.archive,
+		"-summary", p.summary, "-ref", ref}, extra...)
+}
+
+func readSummary(t *testing.T, path string) Summary {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestRunPrintsTheDigestsIstioChecks builds an image from a fake module the
+// way make oci does and checks that what it prints and records for the
+// WasmPlugin's sha256 is the digest of the manifest written to disk (oci://
+// urls), and that the other printed digest is sha256(plugin.wasm) (https://
+// urls), in the summary, on stdout and in the rendered manifests.
+func TestRunPrintsTheDigestsIstioChecks(t *testing.T) {
+	t.Setenv("SOURCE_DATE_EPOCH", "")
+	wasm := fakeWasm("cmd")
+	p := setup(t, wasm)
+	const ref = "registry.example/team/ratelimit:1.2.3"
+	var out bytes.Buffer
+	if err := run(p.args(ref, "-render", "../../examples/istio", "-render-out", p.rendered), &out); err != nil {
+		t.Fatal(err)
+	}
+	s := readSummary(t, p.summary)
+
+	// The manifest the layout's index.json points at, read from disk.
+	var idx struct {
+		Manifests []struct{ Digest string } `json:"manifests"`
+	}
+	b, err := os.ReadFile(filepath.Join(p.layout, "index.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &idx); err != nil || len(idx.Manifests) != 1 {
+		t.Fatalf("index.json: %v %s", err, b)
+	}
+	hexDigest := strings.TrimPrefix(idx.Manifests[0].Digest, "sha256:")
+	manifest, err := os.ReadFile(filepath.Join(p.layout, "blobs", "sha256", hexDigest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sha(manifest) != hexDigest {
+		t.Fatalf("manifest blob %s has sha256 %s", hexDigest, sha(manifest))
+	}
+	if s.ImageSHA256 != hexDigest || s.ImageDigest != "sha256:"+hexDigest {
+		t.Errorf("summary image digest %s / %s, the written manifest's is %s", s.ImageSHA256, s.ImageDigest, hexDigest)
+	}
+	if s.WasmSHA256 != sha(wasm) || s.WasmSize != int64(len(wasm)) {
+		t.Errorf("summary wasm %s (%d bytes), want sha256(plugin.wasm) %s (%d bytes)", s.WasmSHA256, s.WasmSize, sha(wasm), len(wasm))
+	}
+	text := out.String()
+	for _, want := range []string{
+		"WasmPlugin with url oci://<repo>:<tag> or oci://<repo>@sha256:" + hexDigest + ":\n  sha256: " + hexDigest + "\n",
+		"WasmPlugin with url https://.../plugin.wasm:\n  sha256: " + sha(wasm) + "\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, text)
+		}
+	}
+
+	// The archive holds the same image.
+	f, err := os.Open(p.archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := oci.ReadArchive(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := oci.Verify(img, wasm); err != nil || d.Hex != hexDigest {
+		t.Errorf("archive: %s, %v; want %s", d, err, hexDigest)
+	}
+
+	// The rendered WasmPlugins point at ref with the image digest.
+	if len(s.Manifests) != 2 {
+		t.Fatalf("rendered %v, want the two WasmPlugin manifests", s.Manifests)
+	}
+	for _, m := range s.Manifests {
+		y, err := os.ReadFile(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs := strings.Split(string(y), "\n---\n")
+		var wp struct {
+			Kind string
+			Spec struct{ URL, Sha256 string }
+		}
+		if err := yaml.Unmarshal([]byte(docs[0]), &wp); err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		if wp.Kind != "WasmPlugin" || wp.Spec.URL != "oci://"+ref || wp.Spec.Sha256 != hexDigest {
+			t.Errorf("%s: kind %s url %s sha256 %s, want WasmPlugin oci://%s %s", m, wp.Kind, wp.Spec.URL, wp.Spec.Sha256, ref, hexDigest)
+		}
+	}
+}
+
+func TestRunIsReproducible(t *testing.T) {
+	wasm := fakeWasm("repro")
+	var digests []string
+	for _, epoch := range []string{"1700000000", "1700000000", "1700000001"} {
+		t.Setenv("SOURCE_DATE_EPOCH", epoch)
+		p := setup(t, wasm)
+		if err := run(p.args("x/y:z"), io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		digests = append(digests, readSummary(t, p.summary).ImageSHA256)
+	}
+	if digests[0] != digests[1] || digests[0] == digests[2] {
+		t.Errorf("digests %v: want the same for the same SOURCE_DATE_EPOCH, different otherwise", digests)
+	}
+}
+
+func TestRunPushesToARegistry(t *testing.T) {
+	t.Setenv("SOURCE_DATE_EPOCH", "")
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	wasm := fakeWasm("push")
+	p := setup(t, wasm)
+	ref := strings.TrimPrefix(srv.URL, "http://") + "/ratelimit/plugin:e2e"
+	if err := run(p.args(ref, "-push"), io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	s := readSummary(t, p.summary)
+	if !s.Pushed {
+		t.Error("summary says not pushed")
+	}
+	img, err := oci.Pull(t.Context(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := oci.Verify(img, wasm); err != nil || d.Hex != s.ImageSHA256 {
+		t.Errorf("registry serves %s, %v; make oci printed %s", d, err, s.ImageSHA256)
+	}
+}
+
+func TestRunRefuses(t *testing.T) {
+	t.Setenv("SOURCE_DATE_EPOCH", "")
+	p := setup(t, []byte("not wasm"))
+	tests := []struct {
+		name    string
+		args    []string
+		epoch   string
+		wantErr string
+	}{
+		{"not a module", p.args("x/y:z"), "", "not a WebAssembly module"},
+		{"bad ref", setup(t, fakeWasm("r")).args("UPPER/case:x"), "", "ref"},
+		{"bad SOURCE_DATE_EPOCH", setup(t, fakeWasm("e")).args("x/y:z"), "yesterday", "SOURCE_DATE_EPOCH"},
+		{"stray argument", append(setup(t, fakeWasm("s")).args("x/y:z"), "extra"), "", "unexpected arguments"},
+		{"render without WasmPlugins", setup(t, fakeWasm("n")).args("x/y:z", "-render", t.TempDir()), "", "no WasmPlugin"},
+	}
+	for _, tt := range tests {
+		t.Setenv("SOURCE_DATE_EPOCH", tt.epoch)
+		err := run(tt.args, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%s: error %v, want one containing %q", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+func TestRenderNeedsURLAndSHA256(t *testing.T) {
+	src := t.TempDir()
+	m := "apiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\nspec:\n  url: oci://a/b:c\n"
+	if err := os.WriteFile(filepath.Join(src, "wp.yaml"), []byte(m), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := renderManifests(src, t.TempDir(), "x/y:z", strings.Repeat("a", 64))
+	if err == nil || !strings.Contains(err.Error(), "0 sha256 line") {
+		t.Errorf("render of a WasmPlugin without sha256: %v", err)
+	}
+}
+
+func TestSourceDateEpoch(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    time.Time
+		wantErr bool
+	}{
+		{"", time.Unix(0, 0).UTC(), false},
+		{"1700000000", time.Unix(1700000000, 0).UTC(), false},
+		{"-1", time.Time{}, true},
+		{"1.5", time.Time{}, true},
+	}
+	for _, tt := range tests {
+		got, err := sourceDateEpoch(tt.in)
+		if (err != nil) != tt.wantErr || !got.Equal(tt.want) {
+			t.Errorf("sourceDateEpoch(%q) = %v, %v; want %v, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+// TestDocsNameTheSummaryFields keeps docs/istio.md and the examples' comments
+// in step with the summary: they tell users to copy image_sha256 (oci://) and
+// wasm_sha256 (https://) from build/plugin-oci.json.
+func TestDocsNameTheSummaryFields(t *testing.T) {
+	b, err := json.Marshal(Summary{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range []string{"image_sha256", "wasm_sha256"} {
+		if !bytes.Contains(b, []byte(`"`+field+`"`)) {
+			t.Fatalf("Summary has no field %s: %s", field, b)
+		}
+		for _, doc := range []string{"../../docs/istio.md", "../../examples/istio/wasmplugin-gateway.yaml"} {
+			text, err := os.ReadFile(doc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Contains(text, []byte(field)) {
+				t.Errorf("%s does not name %s", doc, field)
+			}
+		}
+	}
+}

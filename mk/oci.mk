@@ -1,0 +1,23 @@
+# The plugin as an OCI image for Istio's WasmPlugin (docs/istio.md): the Wasm
+# image specification's compat variant (one gzip tar layer holding
+# plugin.wasm), built by cmd/ociimage with go-containerregistry, no Docker
+# daemon. It writes, and reads back to verify:
+#   build/oci/             OCI image layout (crane push build/oci <ref>, skopeo copy oci:build/oci ...)
+#   build/plugin-oci.tar   the same as one archive (skopeo oci-archive:, podman load, docker load)
+#   build/plugin-oci.json  the digests: image_sha256 is WasmPlugin spec.sha256 for an oci:// url
+#   build/istio/*.yaml     examples/istio's WasmPlugins with url oci://$(OCI_REF) and that sha256
+# The image digest depends only on plugin.wasm (and $SOURCE_DATE_EPOCH, if set).
+#
+#   make oci OCI_REF=ghcr.io/acme/ratelimit:0.1.0
+#   make oci-push OCI_REF=ghcr.io/acme/ratelimit:0.1.0   # also push (docker login credentials), pull back, verify
+OCI_REF ?= localhost/ratelimit-wasm/tokenbucket:dev
+OCI_ARGS = -wasm $(BUILD)/plugin.wasm -layout $(BUILD)/oci -archive $(BUILD)/plugin-oci.tar \
+	-summary $(BUILD)/plugin-oci.json -ref $(OCI_REF) -render examples/istio -render-out $(BUILD)/istio
+
+.PHONY: oci oci-push
+
+oci: build
+	$(GO) run ./cmd/ociimage $(OCI_ARGS)
+
+oci-push: build
+	$(GO) run ./cmd/ociimage $(OCI_ARGS) -push
