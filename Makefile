@@ -10,7 +10,7 @@ ENVOY := $(VENV)/bin/envoy
 export ENVOY_BIN ?= $(abspath $(ENVOY))
 export PLUGIN_WASM ?= $(abspath $(BUILD)/plugin.wasm)
 
-.PHONY: all build sdk setup setup-redis run test unit e2e check fuzz clean
+.PHONY: all build sdk setup setup-redis run run-cluster test unit e2e check fuzz clean
 
 all: build
 
@@ -63,6 +63,10 @@ run: setup build
 	@echo "Envoy on http://localhost:10000 (admin http://localhost:9901). Try:"
 	@echo "  curl -i localhost:10000/ -H 'x-api-key: a'"
 	$(ENVOY) -c envoy.yaml --concurrency 2 --log-level info
+
+# Redis (when installed), the limit service and Envoy: see examples/cluster-wide.
+run-cluster: setup build build-service
+	examples/cluster-wide/run.sh
 
 unit: build setup-redis
 	$(GO) test -race -count=1 $(UNIT_PKGS)
