@@ -14,7 +14,7 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// Defaults and bounds of the configuration. docs/configuration.md and
+// Defaults and bounds of the configuration. README.md (Configuration reference) and
 // schema.json repeat them; the tests keep the three in agreement.
 const (
 	DefaultJWTMetadataNamespace = "envoy.filters.http.jwt_authn"

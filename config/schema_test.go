@@ -89,9 +89,9 @@ func TestReferenceExamples(t *testing.T) {
 	}
 }
 
-// referenceExamples returns the ```json blocks of docs/configuration.md.
+// referenceExamples returns the ```json blocks of README.md.
 func referenceExamples() []string {
-	data, err := os.ReadFile("../docs/configuration.md")
+	data, err := os.ReadFile("../README.md")
 	if err != nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-# The plugin as an OCI image for Istio's WasmPlugin (docs/istio.md): the Wasm
+# The plugin as an OCI image for Istio's WasmPlugin (README.md, Istio): the Wasm
 # image specification's compat variant (one gzip tar layer holding
 # plugin.wasm), built by cmd/ociimage with go-containerregistry, no Docker
 # daemon. It writes, and reads back to verify:
