@@ -1,8 +1,6 @@
 package plugin
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"math"
 	"strconv"
 
@@ -31,27 +29,32 @@ type clusterCall struct {
 }
 
 // clusterKey names ru's bucket for this request in the limit service: the
-// rule name and a 128-bit digest of its length-prefixed key values, so key
-// length is bounded (a 1 MB header is 32 hex digits) and no client value
-// reaches Redis as is.
-func clusterKey(ru *rule, r *request) (string, bool) {
-	h := sha256.New()
-	var n [20]byte
+// rule name and a 128-bit hash of its length-prefixed key values (two
+// independent 64-bit hashes), so key length is bounded (a 1 MB header
+// becomes 32 hex digits) and no client value reaches Redis as it is.
+func clusterKey(ru *rule, r *request) string {
+	lo, hi := ru.identity, ru.identity.byte(0x5c)
 	for _, k := range ru.LimitKeys {
 		v, ok := r.value(k)
-		if !ok {
-			if ru.MissingKey != config.MissingShared {
-				return "", false
-			}
-			h.Write([]byte{0xff})
+		if !ok { // only missing_key "shared" gets here
+			lo, hi = lo.byte(0xff), hi.byte(0xff)
 			break
 		}
-		h.Write(strconv.AppendInt(n[:0], int64(len(v)), 10))
-		h.Write([]byte{':'})
-		h.Write([]byte(v))
+		lo, hi = lo.field(v), hi.field(v)
 	}
-	sum := h.Sum(nil)
-	return ru.Name + ":" + hex.EncodeToString(sum[:16]), true
+	b := make([]byte, 0, len(ru.Name)+33)
+	b = append(append(b, ru.Name...), ':')
+	b = appendHex(b, lo.sum())
+	b = appendHex(b, mix(hi.sum()^0x9e3779b97f4a7c15))
+	return string(b)
+}
+
+func appendHex(b []byte, v uint64) []byte {
+	const digits = "0123456789abcdef"
+	for shift := 60; shift >= 0; shift -= 4 {
+		b = append(b, digits[v>>uint(shift)&0xf])
+	}
+	return b
 }
 
 // dispatch sends the cluster buckets of this request to the limit service

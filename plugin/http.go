@@ -97,7 +97,7 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 			if call == nil {
 				call = &clusterCall{now: now, service: ru.Service}
 			}
-			key, _ := clusterKey(ru, &r)
+			key := clusterKey(ru, &r)
 			call.rules = append(call.rules, ru)
 			call.keys = append(call.keys, key)
 			call.costs = append(call.costs, cost)

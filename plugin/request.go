@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"encoding/base64"
-	"net/url"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -158,17 +157,49 @@ func queryParam(path, name string) (string, bool) {
 			if !strings.ContainsAny(k, "%+") {
 				continue
 			}
-			if uk, err := url.QueryUnescape(k); err != nil || uk != name {
+			if uk, ok := unescape(k); !ok || uk != name {
 				continue
 			}
 		}
-		uv, err := url.QueryUnescape(v)
-		if err != nil {
-			return "", false
-		}
-		return uv, true
+		return unescape(v)
 	}
 	return "", false
+}
+
+// unescape decodes a query component: "+" is a space, "%XX" a byte. A
+// malformed escape makes ok false.
+func unescape(s string) (string, bool) {
+	if !strings.ContainsAny(s, "%+") {
+		return s, true
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '+':
+			b = append(b, ' ')
+		case '%':
+			if i+2 >= len(s) || unhex(s[i+1]) < 0 || unhex(s[i+2]) < 0 {
+				return "", false
+			}
+			b = append(b, byte(unhex(s[i+1])<<4|unhex(s[i+2])))
+			i += 2
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(b), true
+}
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c - 'a' + 10)
+	case 'A' <= c && c <= 'F':
+		return int(c - 'A' + 10)
+	}
+	return -1
 }
 
 // cookieValue returns the value of the named cookie in a Cookie header.
