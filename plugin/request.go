@@ -66,10 +66,14 @@ func (r *request) path() string {
 	return r.rawPath
 }
 
-// clientIP is the downstream address Envoy reports, or with
-// xff_num_trusted_hops N > 0 the Nth address from the right of
-// X-Forwarded-For (falling back to the downstream address when the header
-// has fewer than N addresses).
+// clientIP is the downstream address Envoy reports (source.address), or
+// with xff_num_trusted_hops N > 0 the address Envoy's own
+// xff_num_trusted_hops N would trust: the Nth from the right of
+// X-Forwarded-For as the client's proxies sent it. An edge Envoy
+// (use_remote_address: true, which ip:address requires: see the README)
+// appends the peer's address to the header before any filter runs, so that
+// entry is skipped: the plugin counts N+1 from the right. With fewer
+// addresses than that it falls back to the downstream address.
 func (r *request) clientIP() (string, bool) {
 	if r.ipDone {
 		return r.ip, r.ipOK
@@ -77,7 +81,7 @@ func (r *request) clientIP() (string, bool) {
 	r.ipDone = true
 	if n := r.cfg.XFFNumTrustedHops; n > 0 {
 		if xff, ok := r.h.header("x-forwarded-for"); ok {
-			if ip, ok := xffClient(xff, n); ok {
+			if ip, ok := xffClient(xff, n+1); ok {
 				r.ip, r.ipOK = ip, true
 				return r.ip, true
 			}

@@ -201,7 +201,8 @@ func TestIdentitySources(t *testing.T) {
 		{name: "method", key: "method", same: []string{":method", "PUT"}, other: []string{":method", "GET"}},
 		{name: "path", key: "path", same: []string{":path", "/a?x=1"}, other: []string{":path", "/b"}},
 		{name: "xff hop", key: "ip:address", top: `"xff_num_trusted_hops": 1, `,
-			same: []string{"x-forwarded-for", "1.1.1.1, 9.9.9.9"}, other: []string{"x-forwarded-for", "1.1.1.1, 8.8.8.8"}},
+			// the rightmost entry is the peer Envoy appended (use_remote_address)
+			same: []string{"x-forwarded-for", "6.6.6.6, 1.1.1.1, 10.0.0.9"}, other: []string{"x-forwarded-for", "1.1.1.1, 8.8.8.8, 10.0.0.9"}},
 		{name: "unverified jwt", key: "jwt:org.id", top: `"trust_unverified_jwt": true, `,
 			same: []string{"authorization", jwt(`{"org":{"id":"acme"}}`)}, other: []string{"authorization", jwt(`{"org":{"id":"other"}}`)}},
 		{name: "verified jwt", key: "jwt:sub",

@@ -35,6 +35,7 @@ static_resources:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: ingress
+          use_remote_address: true
           route_config:
             name: local
             virtual_hosts:
