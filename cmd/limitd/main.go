@@ -1,0 +1,313 @@
+// Command limitd is the cluster-wide limit service: an HTTP API (package
+// service) over token buckets kept in Redis, a Redis Sentinel group or a Redis
+// Cluster, so every gateway shares one limit. Without --redis it keeps the
+// buckets in memory, limiting per process, and says so at start.
+//
+//	limitd --listen 127.0.0.1:8081 --redis redis://127.0.0.1:6379/0
+//	limitd --redis 10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379      (Redis Cluster)
+//	limitd --redis 10.0.0.1:26379,10.0.0.2:26379 --redis-master mymaster   (Sentinel)
+//
+// It binds loopback by default. Bound to any other address it refuses to
+// start without a bearer token (--token-file, or the environment variable
+// LIMITD_TOKEN), which every /v1 request must then carry. SIGTERM or SIGINT
+// stops it gracefully: no new connections, requests in flight are answered.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimit-wasm/tokenbucket/service"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "limitd:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the command-line flags.
+type options struct {
+	listen          string
+	redis           string
+	redisMaster     string
+	redisCluster    bool
+	redisPoolSize   int
+	keyPrefix       string
+	tokenFile       string
+	batchMax        int
+	batchWindow     time.Duration
+	batchWorkers    int
+	timeout         time.Duration
+	shutdownTimeout time.Duration
+	limits          service.Limits
+	memoryMaxKeys   int
+	logLevel        string
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("limitd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "address to serve HTTP on; a non-loopback address requires a token")
+	fs.StringVar(&o.redis, "redis", "", "Redis: a URL (redis://[user:pass@]host:port/db, rediss://...), or host:port[,host:port...] (several = Redis Cluster, or Sentinels with --redis-master); empty = in-memory store")
+	fs.StringVar(&o.redisMaster, "redis-master", "", "Sentinel master name: --redis lists the Sentinels")
+	fs.BoolVar(&o.redisCluster, "redis-cluster", false, "treat a single --redis address as a Redis Cluster seed")
+	fs.IntVar(&o.redisPoolSize, "redis-pool-size", 0, "connections per Redis node (0 = go-redis default, 10 per CPU)")
+	fs.StringVar(&o.keyPrefix, "key-prefix", service.DefaultKeyPrefix, "prefix of every Redis key")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token /v1 requests must carry (else env LIMITD_TOKEN)")
+	fs.IntVar(&o.batchMax, "batch-max", 64, "most decisions per Redis pipeline; 0 or 1 = no batching")
+	fs.DurationVar(&o.batchWindow, "batch-window", 0, "how long to wait for more decisions before sending a pipeline (0 = send what is queued)")
+	fs.IntVar(&o.batchWorkers, "batch-workers", 4, "pipelines in flight at once")
+	fs.DurationVar(&o.timeout, "timeout", service.DefaultTimeout, "bound of one decision, Redis included")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown waits for requests in flight")
+	fs.Int64Var(&o.limits.MaxBodyBytes, "max-body-bytes", service.DefaultMaxBodyBytes, "largest request body")
+	fs.IntVar(&o.limits.MaxKeyBytes, "max-key-bytes", service.DefaultMaxKeyBytes, "longest key or hash tag, in bytes")
+	fs.IntVar(&o.limits.MaxBuckets, "max-buckets", service.DefaultMaxBuckets, "most buckets per request")
+	fs.DurationVar(&o.limits.MaxFill, "max-fill", service.DefaultMaxFill, "longest refill time (burst / tokens_per_second) accepted; bounds key lifetime")
+	fs.IntVar(&o.memoryMaxKeys, "memory-max-keys", service.DefaultMemoryMaxKeys, "most buckets the in-memory store holds")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return o, nil
+}
+
+// run starts the service and blocks until ctx is done (then shuts down
+// gracefully) or serving fails. ready, when set, is told the address bound.
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, ready func(addr string)) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	token, err := loadToken(o.tokenFile, getenv)
+	if err != nil {
+		return err
+	}
+	loopback, err := isLoopback(o.listen)
+	if err != nil {
+		return err
+	}
+	if !loopback && token == "" {
+		return fmt.Errorf("--listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.listen)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var store service.Store
+	var client redis.UniversalClient
+	storeName := "memory"
+	if o.redis == "" {
+		store = service.NewMemoryStore(service.MemoryOptions{MaxKeys: o.memoryMaxKeys})
+		log.Warn("no --redis: buckets are kept in memory, so limits hold per limitd process, not cluster-wide",
+			"store", "memory", "max_keys", o.memoryMaxKeys)
+	} else {
+		uopts, err := redisOptions(o, getenv)
+		if err != nil {
+			return err
+		}
+		redis.SetLogger(&redisLogger{log: log})
+		client = redis.NewUniversalClient(uopts)
+		defer client.Close()
+		rs, err := service.NewRedisStore(client, service.RedisOptions{
+			KeyPrefix:  o.keyPrefix,
+			Registerer: reg,
+			Batch: service.BatchOptions{
+				MaxSize: o.batchMax, Window: o.batchWindow, Workers: o.batchWorkers, Timeout: o.timeout,
+			},
+		})
+		if err != nil {
+			return err
+		}
+		store, storeName = rs, "redis"
+		kind := fmt.Sprintf("%T", client)
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		sha, err := rs.Load(lctx)
+		cancel()
+		if err != nil {
+			// Not fatal: decisions fail (503) until Redis answers, then
+			// EVALSHA falls back to EVAL, which loads the script.
+			log.Warn("redis unreachable at start; will retry on every decision", "err", err, "client", kind)
+		} else {
+			log.Info("redis store ready", "client", kind, "addrs", uopts.Addrs, "script_sha", sha,
+				"batching", rs.Batching(), "batch_max", o.batchMax)
+		}
+	}
+	defer store.Close()
+
+	srv, err := service.NewServer(service.Config{
+		Store: store, StoreName: storeName, Token: token, Limits: o.limits,
+		Timeout: o.timeout, Logger: log, Registry: reg,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	httpSrv := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- httpSrv.Serve(ln) }()
+	log.Info("limitd listening", "addr", ln.Addr().String(), "store", storeName, "auth", token != "")
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: finishing requests in flight", "timeout", o.shutdownTimeout.String())
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	defer cancel()
+	if err := httpSrv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// loadToken reads the bearer token from file, else the environment variable
+// LIMITD_TOKEN; surrounding white space is dropped. A named file that is
+// missing or empty is an error.
+func loadToken(file string, getenv func(string) string) (string, error) {
+	if file == "" {
+		return strings.TrimSpace(getenv("LIMITD_TOKEN")), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("--token-file %s: empty", file)
+	}
+	return tok, nil
+}
+
+// isLoopback reports whether a listen address binds only loopback interfaces:
+// "localhost" or a loopback IP. An empty host (all interfaces) or any other
+// name is not.
+func isLoopback(listen string) (bool, error) {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false, fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
+
+// redisOptions turns --redis and its companions into go-redis options: a URL
+// is parsed by redis.ParseURL (one node, or a Cluster seed with
+// --redis-cluster); a comma-separated list is a Cluster when it has several
+// addresses, Sentinels when --redis-master is set, else one node, with the
+// password from LIMITD_REDIS_PASSWORD. Retries are off: a script whose reply
+// was lost may have consumed tokens, and retrying would consume them twice.
+func redisOptions(o *options, getenv func(string) string) (*redis.UniversalOptions, error) {
+	u := &redis.UniversalOptions{
+		MasterName:            o.redisMaster,
+		IsClusterMode:         o.redisCluster,
+		PoolSize:              o.redisPoolSize,
+		MaxRetries:            -1,
+		DialerRetries:         1, // fail fast while Redis is down; the next decision dials again
+		DialTimeout:           time.Second,
+		ReadTimeout:           o.timeout,
+		WriteTimeout:          o.timeout,
+		PoolTimeout:           o.timeout,
+		ContextTimeoutEnabled: true,
+		ClientName:            "limitd",
+	}
+	if strings.Contains(o.redis, "://") {
+		p, err := redis.ParseURL(o.redis)
+		if err != nil {
+			return nil, fmt.Errorf("--redis: %w", err)
+		}
+		u.Addrs = []string{p.Addr}
+		u.Username, u.Password, u.DB, u.TLSConfig = p.Username, p.Password, p.DB, p.TLSConfig
+		return u, nil
+	}
+	for _, a := range strings.Split(o.redis, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("--redis: address %q: %w", a, err)
+		}
+		u.Addrs = append(u.Addrs, a)
+	}
+	if len(u.Addrs) == 0 {
+		return nil, fmt.Errorf("--redis %q: no address", o.redis)
+	}
+	u.Password = getenv("LIMITD_REDIS_PASSWORD")
+	return u, nil
+}
+
+// redisLogger passes go-redis's own log lines (failed dials and the like) to
+// the structured log, at most one a second, with a count of those dropped.
+type redisLogger struct {
+	log        *slog.Logger
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// Printf implements go-redis's internal.Logging.
+func (l *redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.mu.Lock()
+	now := time.Now()
+	if now.Sub(l.last) < time.Second {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	n := l.suppressed
+	l.last, l.suppressed = now, 0
+	l.mu.Unlock()
+	l.log.WarnContext(ctx, "go-redis", "detail", fmt.Sprintf(format, v...), "suppressed", n)
+}

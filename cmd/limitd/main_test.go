@@ -1,0 +1,283 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+)
+
+func env(kv ...string) func(string) string {
+	return func(k string) string {
+		for i := 0; i+1 < len(kv); i += 2 {
+			if kv[i] == k {
+				return kv[i+1]
+			}
+		}
+		return ""
+	}
+}
+
+func TestIsLoopback(t *testing.T) {
+	tests := []struct {
+		listen string
+		want   bool
+	}{
+		{"127.0.0.1:8081", true},
+		{"127.0.0.2:8081", true},
+		{"[::1]:8081", true},
+		{"localhost:8081", true},
+		{":8081", false},
+		{"0.0.0.0:8081", false},
+		{"[::]:8081", false},
+		{"10.0.0.1:8081", false},
+		{"example.com:8081", false},
+	}
+	for _, tt := range tests {
+		got, err := isLoopback(tt.listen)
+		if err != nil || got != tt.want {
+			t.Errorf("isLoopback(%q) = %v, %v; want %v", tt.listen, got, err, tt.want)
+		}
+	}
+	if _, err := isLoopback("nonsense"); err == nil {
+		t.Error("isLoopback(nonsense): want an error")
+	}
+}
+
+func TestLoadToken(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "token")
+	if err := os.WriteFile(file, []byte("  s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := loadToken(file, env("LIMITD_TOKEN", "other")); err != nil || tok != "s3cret" {
+		t.Errorf("from file: %q, %v", tok, err)
+	}
+	if tok, err := loadToken("", env("LIMITD_TOKEN", " fromenv ")); err != nil || tok != "fromenv" {
+		t.Errorf("from env: %q, %v", tok, err)
+	}
+	if _, err := loadToken(empty, env()); err == nil {
+		t.Error("empty token file: want an error")
+	}
+	if _, err := loadToken(filepath.Join(dir, "missing"), env()); err == nil {
+		t.Error("missing token file: want an error")
+	}
+}
+
+func TestRedisOptions(t *testing.T) {
+	tests := []struct {
+		redis, master string
+		cluster       bool
+		wantAddrs     []string
+		wantKind      string
+		wantPass      string
+		wantDB        int
+	}{
+		{"redis://:pw@127.0.0.1:6380/2", "", false, []string{"127.0.0.1:6380"}, "single", "pw", 2},
+		{"127.0.0.1:6379", "", false, []string{"127.0.0.1:6379"}, "single", "envpw", 0},
+		{"127.0.0.1:7000, 127.0.0.1:7001,127.0.0.1:7002", "", false, []string{"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"}, "cluster", "envpw", 0},
+		{"127.0.0.1:7000", "", true, []string{"127.0.0.1:7000"}, "cluster", "envpw", 0},
+		{"127.0.0.1:26379,127.0.0.1:26380", "mymaster", false, []string{"127.0.0.1:26379", "127.0.0.1:26380"}, "sentinel", "envpw", 0},
+	}
+	for _, tt := range tests {
+		o := &options{redis: tt.redis, redisMaster: tt.master, redisCluster: tt.cluster, timeout: time.Second}
+		u, err := redisOptions(o, env("LIMITD_REDIS_PASSWORD", "envpw"))
+		if err != nil {
+			t.Errorf("%q: %v", tt.redis, err)
+			continue
+		}
+		kind := "single"
+		switch {
+		case u.MasterName != "":
+			kind = "sentinel"
+		case len(u.Addrs) > 1 || u.IsClusterMode:
+			kind = "cluster"
+		}
+		if strings.Join(u.Addrs, ",") != strings.Join(tt.wantAddrs, ",") || kind != tt.wantKind ||
+			u.Password != tt.wantPass || u.DB != tt.wantDB || u.MaxRetries != -1 {
+			t.Errorf("%q: addrs %v kind %s password %q db %d retries %d; want %v %s %q %d -1",
+				tt.redis, u.Addrs, kind, u.Password, u.DB, u.MaxRetries, tt.wantAddrs, tt.wantKind, tt.wantPass, tt.wantDB)
+		}
+	}
+	for _, bad := range []string{"redis://[bad", "nohostport", " , "} {
+		if _, err := redisOptions(&options{redis: bad}, env()); err == nil {
+			t.Errorf("redisOptions(%q): want an error", bad)
+		}
+	}
+}
+
+func TestRunRefusesPublicWithoutToken(t *testing.T) {
+	err := run(context.Background(), []string{"--listen", "0.0.0.0:0"}, env(), io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "bearer token is required") {
+		t.Fatalf("run on 0.0.0.0 without a token = %v, want a refusal", err)
+	}
+}
+
+func TestRunFlagErrors(t *testing.T) {
+	for _, args := range [][]string{{"--nope"}, {"extra"}, {"--log-level", "loud"}, {"--listen", "nonsense"}, {"--key-prefix", "a{", "--redis", "127.0.0.1:1"}} {
+		if err := run(context.Background(), args, env(), io.Discard, nil); err == nil {
+			t.Errorf("run(%q): want an error", args)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger and the test at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start runs limitd with args until the returned cancel; it returns the
+// address, the log and a channel with run's result.
+func start(t *testing.T, args []string, getenv func(string) string) (string, *syncBuffer, context.CancelFunc, chan error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &syncBuffer{}
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, getenv, logs, func(a string) { addr <- a }) }()
+	select {
+	case a := <-addr:
+		t.Cleanup(cancel)
+		return a, logs, cancel, done
+	case err := <-done:
+		cancel()
+		t.Fatalf("run: %v\n%s", err, logs)
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatalf("run did not start:\n%s", logs)
+	}
+	return "", nil, nil, nil
+}
+
+// TestRunMemoryGracefulShutdown starts limitd without Redis (it must say
+// so), then cancels it while a request is half sent: the request is still
+// answered, and run returns nil.
+func TestRunMemoryGracefulShutdown(t *testing.T) {
+	addr, logs, cancel, done := start(t, []string{"--listen", "127.0.0.1:0"}, env())
+	if !strings.Contains(logs.String(), "buckets are kept in memory") {
+		t.Fatalf("no in-memory warning at start:\n%s", logs)
+	}
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1}]}`
+	// Expect: 100-continue makes the server say when the handler starts
+	// reading the body: from then on the request is in flight.
+	head := "POST /v1/decide HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n"
+	if _, err := io.WriteString(conn, head); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(conn)
+	if line, err := br.ReadString('\n'); err != nil || !strings.Contains(line, "100 Continue") {
+		t.Fatalf("no 100 Continue: %q, %v", line, err)
+	}
+	if _, err := br.ReadString('\n'); err != nil { // the blank line ending it
+		t.Fatal(err)
+	}
+	cancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "shutting down") && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond) // bounded wait for the shutdown to begin
+	}
+	if _, err := io.WriteString(conn, body); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("in-flight request not answered: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"allowed":true`) {
+		t.Fatalf("in-flight request: %d %s", resp.StatusCode, b)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run returned %v after a graceful shutdown", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return after shutdown")
+	}
+	if !strings.Contains(logs.String(), `"msg":"stopped"`) {
+		t.Fatalf("no stop log:\n%s", logs)
+	}
+}
+
+// TestRunRedisWithToken runs limitd on a real Redis, bound publicly with a
+// token from the environment.
+func TestRunRedisWithToken(t *testing.T) {
+	srv := redistest.Start(t)
+	addr, logs, _, _ := start(t, []string{"--listen", "127.0.0.1:0", "--redis", srv.Addr()}, env("LIMITD_TOKEN", "tok"))
+	if !strings.Contains(logs.String(), "redis store ready") {
+		t.Fatalf("no redis start log:\n%s", logs)
+	}
+	url := "http://" + addr + "/v1/decide"
+	body := `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1}]}`
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Fatalf("without token: %d, want 401", resp.StatusCode)
+	}
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"allowed":true`) {
+		t.Fatalf("with token: %d %s", resp.StatusCode, b)
+	}
+	resp, err = http.Get("http://" + addr + "/readyz")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("readyz: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	resp, err = http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"limitd_decisions_total", "go_goroutines", "limitd_redis_batch_size"} {
+		if !strings.Contains(string(m), name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}

@@ -1,0 +1,356 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+)
+
+// Integration tests against real redis-server processes (package
+// redistest): they skip when redis-server is missing, and fail then if
+// CI=true.
+
+func realClient(t *testing.T, addrs ...string) redis.UniversalClient {
+	t.Helper()
+	c := redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs: addrs, MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second,
+		ReadTimeout: time.Second, WriteTimeout: time.Second, ContextTimeoutEnabled: true,
+	})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func realStore(t *testing.T, c redis.UniversalClient, batch int) *RedisStore {
+	t.Helper()
+	s, err := NewRedisStore(c, RedisOptions{Batch: BatchOptions{MaxSize: batch}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := s.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// admitConcurrently runs n concurrent single-cost decisions on one bucket
+// and returns how many were admitted.
+func admitConcurrently(t *testing.T, s Store, n int, req *Request) int {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			d, err := s.Decide(ctx, req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d.Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return int(admitted.Load())
+}
+
+func TestIntegrationRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	c := realClient(t, srv.Addr())
+	for _, batch := range []int{0, 64} {
+		t.Run("batch"+strconv.Itoa(batch), func(t *testing.T) {
+			s := realStore(t, c, batch)
+			ctx := context.Background()
+			key := "exact-" + strconv.Itoa(batch)
+			if got := admitConcurrently(t, s, 300, one(key, 0.01, 40, 1)); got != 40 {
+				t.Fatalf("admitted %d of 300 with burst 40, want exactly 40", got)
+			}
+			// Expiry: the time to be full again, +1ms.
+			d, err := s.Decide(ctx, one("ttl-"+key, 10, 10, 10))
+			if err != nil || !d.Allowed {
+				t.Fatalf("Decide = %+v, %v", d, err)
+			}
+			pttl := c.PTTL(ctx, storageKey(DefaultKeyPrefix, "", "ttl-"+key)).Val()
+			if pttl < 990*time.Millisecond || pttl > 1001*time.Millisecond {
+				t.Fatalf("PTTL = %v, want just under 1001ms", pttl)
+			}
+			// NOSCRIPT: the script cache flushed, decisions go on.
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Decide(ctx, one("after-flush", 1, 1, 1)); err != nil {
+				t.Fatalf("Decide after SCRIPT FLUSH: %v", err)
+			}
+			if ok, _ := c.ScriptExists(ctx, s.ScriptSHA()).Result(); len(ok) != 1 || !ok[0] {
+				t.Fatal("script not loaded again after NOSCRIPT")
+			}
+		})
+	}
+}
+
+// TestIntegrationRedisArithmetic checks real Redis's Lua (5.1, C doubles)
+// against package bucket: for every admitted decision, the state read
+// before it, taken at the time the script stored, must give the tokens the
+// script stored, to the bit.
+func TestIntegrationRedisArithmetic(t *testing.T) {
+	srv := redistest.Start(t)
+	c := realClient(t, srv.Addr())
+	s := realStore(t, c, 0)
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(3, 4))
+	checked := 0
+	for round := range 20 {
+		lim := bucket.Limit{Rate: 1e3 * math.Pow(1e3, r.Float64()), Burst: 0}
+		lim.Burst = lim.Rate * (0.001 + r.Float64()/10) // full within 0.1s: every branch of the refill
+		key := "arith-" + strconv.Itoa(round)
+		skey := storageKey(DefaultKeyPrefix, "", key)
+		for range 50 {
+			cost := float64(1+r.IntN(int(lim.Burst/4)+1)) + r.Float64()
+			before, err := c.Get(ctx, skey).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				t.Fatal(err)
+			}
+			d, err := s.Decide(ctx, one(key, lim.Rate, lim.Burst, cost))
+			if err != nil {
+				t.Fatal(err)
+			}
+			after, err := c.Get(ctx, skey).Result()
+			if !d.Allowed || errors.Is(err, redis.Nil) || before == "" {
+				continue
+			}
+			old, err1 := parseStored(before)
+			cur, err2 := parseStored(after)
+			if err1 != nil || err2 != nil {
+				t.Fatal(err1, err2)
+			}
+			next, dec := lim.Take(old, cur.At, cost)
+			if !dec.Allowed || math.Float64bits(next.Tokens) != math.Float64bits(cur.Tokens) ||
+				math.Float64bits(d.Buckets[0].Tokens) != math.Float64bits(cur.Tokens) || dec.Remaining != d.Buckets[0].Remaining {
+				t.Fatalf("limit %+v, %q -> %q, cost %g: bucket says %+v %+v, script %+v", lim, before, after, cost, next, dec, d.Buckets[0])
+			}
+			checked++
+		}
+	}
+	if checked < 100 {
+		t.Fatalf("only %d decisions checked", checked)
+	}
+}
+
+// parseStored reads a stored bucket "<tokens> <at µs>".
+func parseStored(v string) (bucket.State, error) {
+	tok, at, ok := strings.Cut(v, " ")
+	f, err1 := strconv.ParseFloat(tok, 64)
+	us, err2 := strconv.ParseInt(at, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return bucket.State{}, fmt.Errorf("stored value %q", v)
+	}
+	return bucket.State{Tokens: f, At: us * 1000}, nil
+}
+
+// TestIntegrationRedisRestart kills Redis under a store: decisions fail fast
+// (no hang), and succeed again soon after it is back, script reloaded.
+func TestIntegrationRedisRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	c := realClient(t, srv.Addr())
+	for _, batch := range []int{0, 16} {
+		t.Run("batch"+strconv.Itoa(batch), func(t *testing.T) {
+			s := realStore(t, c, batch)
+			req := one("restart", 1, 5, 1)
+			if _, err := s.Decide(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+			srv.Kill()
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			start := time.Now()
+			_, err := s.Decide(ctx, req)
+			cancel()
+			if err == nil {
+				t.Fatal("Decide with Redis killed succeeded")
+			}
+			if d := time.Since(start); d > 500*time.Millisecond {
+				t.Fatalf("Decide with Redis killed took %v", d)
+			}
+			if err := srv.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			back := time.Now()
+			for {
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+				d, err := s.Decide(ctx, req)
+				cancel()
+				if err == nil {
+					if !d.Allowed || d.Buckets[0].Remaining != 4 {
+						t.Fatalf("first decision after restart = %+v, want a fresh bucket", d)
+					}
+					break
+				}
+				if time.Since(back) > time.Second {
+					t.Fatalf("still failing 1s after Redis came back: %v", err)
+				}
+				time.Sleep(10 * time.Millisecond) // polling a recovering server, bounded above
+			}
+		})
+	}
+}
+
+func TestIntegrationCluster(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	c := realClient(t, cl.Addrs()...)
+	if _, ok := c.(*redis.ClusterClient); !ok {
+		t.Fatalf("client is %T, want a cluster client", c)
+	}
+	for _, batch := range []int{0, 64} {
+		t.Run("batch"+strconv.Itoa(batch), func(t *testing.T) {
+			s := realStore(t, c, batch)
+			ctx := context.Background()
+			prefix := "b" + strconv.Itoa(batch) + "-"
+			// Keys spread over the three primaries.
+			var wg sync.WaitGroup
+			for i := range 60 {
+				wg.Go(func() {
+					if _, err := s.Decide(ctx, one(prefix+strconv.Itoa(i), 1, 5, 1)); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			for _, addr := range cl.Addrs() {
+				n, err := redistest.Do(addr, "DBSIZE")
+				if err != nil || n == "0" {
+					t.Errorf("node %s holds %s keys (%v): want keys on every primary", addr, n, err)
+				}
+			}
+			// Exact under concurrency.
+			if got := admitConcurrently(t, s, 200, one(prefix+"hot", 0.01, 40, 1)); got != 40 {
+				t.Fatalf("admitted %d, want 40", got)
+			}
+			// Several buckets with one hash tag: one slot, atomic.
+			multi := &Request{HashTag: prefix + "user", Buckets: []Bucket{
+				{Key: "second", Rate: 1, Burst: 1, Cost: 1},
+				{Key: "minute", Rate: 0.1, Burst: 5, Cost: 1},
+			}}
+			if d, err := s.Decide(ctx, multi); err != nil || !d.Allowed {
+				t.Fatalf("multi = %+v, %v", d, err)
+			}
+			d, err := s.Decide(ctx, multi)
+			if err != nil || d.Allowed || d.Buckets[1].Remaining != 4 {
+				t.Fatalf("second multi = %+v, %v; want refused, minute untouched at 4", d, err)
+			}
+			// Without a hash tag, buckets in different slots are refused.
+			cross := &Request{Buckets: []Bucket{{Key: "a", Rate: 1, Burst: 1, Cost: 1}, {Key: "b", Rate: 1, Burst: 1, Cost: 1}}}
+			var verr *ValidationError
+			if _, err := s.Decide(ctx, cross); !errors.As(err, &verr) {
+				t.Fatalf("cross-slot request: %v, want a *ValidationError", err)
+			}
+			// The script cache flushed on every primary: decisions go on.
+			for _, addr := range cl.Addrs() {
+				if _, err := redistest.Do(addr, "SCRIPT", "FLUSH"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 10 {
+				if _, err := s.Decide(ctx, one(prefix+"flushed"+strconv.Itoa(i), 1, 1, 1)); err != nil {
+					t.Fatalf("after SCRIPT FLUSH: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestIntegrationHTTP drives the HTTP API over a real Redis: 300 concurrent
+// requests on one key with burst 40 admit exactly 40.
+func TestIntegrationHTTP(t *testing.T) {
+	srv := redistest.Start(t)
+	c := realClient(t, srv.Addr())
+	s := realStore(t, c, 64)
+	api, err := NewServer(Config{Store: s, StoreName: "redis", Token: "tok", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(api)
+	defer hs.Close()
+	var admitted, refused atomic.Int64
+	var wg sync.WaitGroup
+	body := `{"buckets":[{"key":"http","tokens_per_second":0.01,"burst":40}]}`
+	for range 300 {
+		wg.Go(func() {
+			req, _ := http.NewRequest("POST", hs.URL+"/v1/decide", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer tok")
+			resp, err := hs.Client().Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode != 200:
+				t.Errorf("%d %s", resp.StatusCode, b)
+			case strings.HasPrefix(string(b), `{"allowed":true`):
+				admitted.Add(1)
+			default:
+				refused.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if admitted.Load() != 40 || refused.Load() != 260 {
+		t.Fatalf("admitted %d, refused %d; want 40 and 260", admitted.Load(), refused.Load())
+	}
+	resp, err := hs.Client().Get(hs.URL + "/readyz")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("readyz: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
+
+// BenchmarkRedisDecide measures RedisStore against a real redis-server,
+// one decision per op from parallel goroutines, with and without batching.
+func BenchmarkRedisDecide(b *testing.B) {
+	srv := redistest.Start(b)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, PoolSize: 64})
+	defer c.Close()
+	for _, batch := range []int{0, 64} {
+		b.Run("batch"+strconv.Itoa(batch), func(b *testing.B) {
+			s, err := NewRedisStore(c, RedisOptions{Batch: BatchOptions{MaxSize: batch}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			b.SetParallelism(16)
+			b.ReportAllocs()
+			var next atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				req := one("bench-"+strconv.FormatInt(next.Add(1), 10), 1e6, 1e6, 1)
+				for pb.Next() {
+					if _, err := s.Decide(context.Background(), req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}

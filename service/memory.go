@@ -1,0 +1,189 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+)
+
+// Store decides requests. Implementations are safe for concurrent use.
+type Store interface {
+	// Decide takes req atomically: every bucket is consumed or none is. An
+	// error means nothing is known about the decision (it may have been taken
+	// in Redis before a connection broke); a *ValidationError means the store
+	// cannot take this request as sent.
+	Decide(ctx context.Context, req *Request) (Decision, error)
+	// Ping reports whether the store can take decisions.
+	Ping(ctx context.Context) error
+	// Close releases the store; calls in flight finish first.
+	Close() error
+}
+
+// ErrMemoryFull is returned by MemoryStore when a decision needs a new key
+// while the store holds MaxKeys buckets that are all still refilling.
+var ErrMemoryFull = errors.New("service: memory store: full")
+
+// MemoryOptions configure a MemoryStore. Zero fields mean the defaults.
+type MemoryOptions struct {
+	// MaxKeys bounds the buckets held at once (default DefaultMemoryMaxKeys).
+	MaxKeys int
+	// Now is the clock, Unix nanoseconds (default time.Now).
+	Now func() int64
+}
+
+// DefaultMemoryMaxKeys is the default bound of a MemoryStore.
+const DefaultMemoryMaxKeys = 1 << 20
+
+// minSweep is the table size below which a MemoryStore never sweeps, and
+// sweepEvery the least time between two sweeps, so a table full of buckets
+// that are all refilling is not scanned on every decision.
+const (
+	minSweep   = 1024
+	sweepEvery = int64(100 * time.Millisecond)
+)
+
+// MemoryStore keeps buckets in this process, with the semantics of the Redis
+// store: the arithmetic is package bucket's, a request's buckets are decided
+// under one mutex (all consumed or none), keys are named as in Redis, and a
+// bucket is forgotten once it is full again (at once when a decision leaves it
+// full, else by a sweep that runs whenever the table has doubled since the
+// last one, at most every 100ms). It never holds more than MaxKeys buckets: a decision that needs
+// a new key beyond that fails with ErrMemoryFull. It is for running without
+// Redis; limits are then per process, not cluster-wide.
+type MemoryStore struct {
+	now     func() int64
+	maxKeys int
+
+	mu        sync.Mutex
+	buckets   map[string]memoryEntry
+	nextSweep int
+	lastSweep int64
+}
+
+type memoryEntry struct {
+	state  bucket.State
+	fullAt int64 // Unix ns from which the bucket is full and can be forgotten
+}
+
+// NewMemoryStore returns an empty MemoryStore.
+func NewMemoryStore(opts MemoryOptions) *MemoryStore {
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = DefaultMemoryMaxKeys
+	}
+	if opts.Now == nil {
+		opts.Now = func() int64 { return time.Now().UnixNano() }
+	}
+	return &MemoryStore{
+		now:       opts.Now,
+		maxKeys:   opts.MaxKeys,
+		buckets:   make(map[string]memoryEntry),
+		nextSweep: min(minSweep, opts.MaxKeys),
+	}
+}
+
+// Decide implements Store.
+func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	n := len(req.Buckets)
+	keys := make([]string, n)
+	for i := range req.Buckets {
+		keys[i] = storageKey(DefaultKeyPrefix, req.HashTag, req.Buckets[i].Key)
+	}
+	type step struct {
+		limit bucket.Limit
+		old   bucket.State
+		next  bucket.State
+		ok    bool
+	}
+	steps := make([]step, n)
+	d := Decision{Buckets: make([]BucketDecision, n)}
+
+	m.mu.Lock()
+	now := m.now()
+	all, added := true, 0
+	for i := range req.Buckets {
+		b := &req.Buckets[i]
+		st := &steps[i]
+		st.limit = bucket.Limit{Rate: b.Rate, Burst: b.Burst}
+		e, found := m.buckets[keys[i]]
+		if found && e.fullAt <= now {
+			e = memoryEntry{} // full since: forgotten, as an expired Redis key
+		}
+		st.old = e.state
+		var dec bucket.Decision
+		st.next, dec = st.limit.Take(e.state, now, b.Cost)
+		st.ok = dec.Allowed
+		all = all && st.ok
+		if !found && st.limit.FullAt(st.next) > now {
+			added++ // a new key to store
+		}
+	}
+	if all && added > 0 && len(m.buckets)+added > m.maxKeys {
+		m.maybeSweep(now, true)
+		if len(m.buckets)+added > m.maxKeys {
+			m.mu.Unlock()
+			return Decision{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
+		}
+	}
+	if all {
+		for i := range steps {
+			st := &steps[i]
+			if fullAt := st.limit.FullAt(st.next); fullAt > now {
+				m.buckets[keys[i]] = memoryEntry{state: st.next, fullAt: fullAt}
+			} else {
+				delete(m.buckets, keys[i])
+			}
+		}
+		m.maybeSweep(now, false)
+	}
+	m.mu.Unlock()
+
+	for i := range req.Buckets {
+		st := &steps[i]
+		tokens, at := st.next.Tokens, st.next.At
+		if !all {
+			tokens, at = st.limit.Tokens(st.old, now), max(st.old.At, now)
+		}
+		d.Buckets[i] = report(&req.Buckets[i], st.ok, tokens, at-now)
+	}
+	d.finish()
+	return d, nil
+}
+
+// maybeSweep forgets every bucket that is full at now, when the table has
+// reached the size of the next sweep (or force is set) and the last sweep is
+// at least sweepEvery ago. Called with m.mu held.
+func (m *MemoryStore) maybeSweep(now int64, force bool) {
+	if !force && len(m.buckets) < m.nextSweep {
+		return
+	}
+	if m.lastSweep != 0 && now-m.lastSweep < sweepEvery && now >= m.lastSweep {
+		return
+	}
+	m.lastSweep = now
+	for k, e := range m.buckets {
+		if e.fullAt <= now {
+			delete(m.buckets, k)
+		}
+	}
+	m.nextSweep = min(max(minSweep, 2*len(m.buckets)), m.maxKeys)
+}
+
+// Len returns the number of buckets held.
+func (m *MemoryStore) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.buckets)
+}
+
+// Ping implements Store; a MemoryStore is always ready.
+func (m *MemoryStore) Ping(context.Context) error { return nil }
+
+// Close implements Store.
+func (m *MemoryStore) Close() error { return nil }

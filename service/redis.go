@@ -1,0 +1,194 @@
+package service
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed decide.lua
+var decideLua string
+
+// DecideScript is the Lua source run for every decision (decide.lua).
+func DecideScript() string { return decideLua }
+
+// redisClient is what RedisStore needs from go-redis: scripts, pipelines and
+// PING. redis.UniversalClient (a single node, Sentinel or Cluster) has it.
+type redisClient interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+	Ping(ctx context.Context) *redis.StatusCmd
+}
+
+// RedisOptions configure a RedisStore. Zero fields mean the defaults.
+type RedisOptions struct {
+	// KeyPrefix starts every stored key (default DefaultKeyPrefix). It may
+	// not contain "{" or "}".
+	KeyPrefix string
+	// Batch groups concurrent decisions into pipelines; see BatchOptions.
+	Batch BatchOptions
+	// Registerer, when set, receives the store's own metrics
+	// (limitd_redis_batch_size, when batching).
+	Registerer prometheus.Registerer
+}
+
+// RedisStore decides requests with one Lua script (decide.lua) per request,
+// run by SHA (EVALSHA, falling back to EVAL once when Redis answers NOSCRIPT,
+// which also loads it again). The script reads Redis's TIME, so the clocks of
+// the service and the gateways never matter. With batching enabled,
+// concurrent decisions share a pipeline; each is still its own script call,
+// atomic on its own.
+type RedisStore struct {
+	client  redisClient
+	script  *redis.Script
+	prefix  string
+	cluster bool
+	batch   *batcher
+}
+
+// NewRedisStore returns a store on client, typically a redis.UniversalClient.
+// It does not contact Redis; call Load to load the script ahead of the first
+// decision.
+func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore, error) {
+	if opts.KeyPrefix == "" {
+		opts.KeyPrefix = DefaultKeyPrefix
+	}
+	if strings.ContainsAny(opts.KeyPrefix, "{}") {
+		return nil, fmt.Errorf("service: key prefix: must not contain { or }, got %q", opts.KeyPrefix)
+	}
+	_, cluster := client.(*redis.ClusterClient)
+	s := &RedisStore{
+		client:  client,
+		script:  redis.NewScript(decideLua),
+		prefix:  opts.KeyPrefix,
+		cluster: cluster,
+	}
+	if opts.Batch.MaxSize > 1 {
+		var onBatch func(int)
+		if opts.Registerer != nil {
+			h := prometheus.NewHistogram(prometheus.HistogramOpts{
+				Name:    "limitd_redis_batch_size",
+				Help:    "Decisions per Redis pipeline.",
+				Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+			})
+			if err := opts.Registerer.Register(h); err != nil {
+				return nil, fmt.Errorf("service: redis: metrics: %w", err)
+			}
+			onBatch = func(n int) { h.Observe(float64(n)) }
+		}
+		s.batch = newBatcher(client, s.script, opts.Batch, onBatch)
+	}
+	return s, nil
+}
+
+// Load loads the script into Redis (every primary of a cluster) and returns
+// its SHA1.
+func (s *RedisStore) Load(ctx context.Context) (string, error) {
+	sha, err := s.script.Load(ctx, s.client).Result()
+	if err != nil {
+		return "", fmt.Errorf("service: redis: script load: %w", err)
+	}
+	return sha, nil
+}
+
+// ScriptSHA returns the SHA1 of the decision script.
+func (s *RedisStore) ScriptSHA() string { return s.script.Hash() }
+
+// Batching reports whether decisions are pipelined.
+func (s *RedisStore) Batching() bool { return s.batch != nil }
+
+// Decide implements Store.
+func (s *RedisStore) Decide(ctx context.Context, req *Request) (Decision, error) {
+	keys, args := s.scriptArgs(req)
+	if s.cluster && req.HashTag == "" && len(keys) > 1 {
+		slot := keySlot(keys[0])
+		for _, k := range keys[1:] {
+			if keySlot(k) != slot {
+				return Decision{}, &ValidationError{Field: "hash_tag",
+					Msg: "required: the buckets fall in different Redis Cluster slots"}
+			}
+		}
+	}
+	var res any
+	var err error
+	if s.batch != nil {
+		res, err = s.batch.run(ctx, keys, args)
+	} else {
+		res, err = s.script.Run(ctx, s.client, keys, args...).Result()
+	}
+	if err != nil {
+		return Decision{}, fmt.Errorf("service: redis: %w", err)
+	}
+	return parseResult(req, res)
+}
+
+// scriptArgs returns the KEYS and ARGV of decide.lua for req.
+func (s *RedisStore) scriptArgs(req *Request) ([]string, []any) {
+	keys := make([]string, len(req.Buckets))
+	args := make([]any, 0, 3*len(req.Buckets))
+	for i := range req.Buckets {
+		b := &req.Buckets[i]
+		keys[i] = storageKey(s.prefix, req.HashTag, b.Key)
+		args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost))
+	}
+	return keys, args
+}
+
+// formatFloat writes x so that Lua's tonumber reads back the same float64.
+func formatFloat(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+
+// parseResult turns the script's reply into a Decision.
+func parseResult(req *Request, res any) (Decision, error) {
+	vals, ok := res.([]any)
+	if !ok || len(vals) != 1+3*len(req.Buckets) {
+		return Decision{}, fmt.Errorf("service: redis: script reply: want %d values, got %T of %v", 1+3*len(req.Buckets), res, res)
+	}
+	d := Decision{Buckets: make([]BucketDecision, len(req.Buckets))}
+	for i := range req.Buckets {
+		okv, ok1 := vals[1+3*i].(int64)
+		str, ok2 := vals[2+3*i].(string)
+		gap, ok3 := vals[3+3*i].(int64)
+		if !ok1 || !ok2 || !ok3 {
+			return Decision{}, fmt.Errorf("service: redis: script reply: bucket %d: malformed %v", i, vals[1+3*i:4+3*i])
+		}
+		tokens, err := strconv.ParseFloat(str, 64)
+		if err != nil {
+			return Decision{}, fmt.Errorf("service: redis: script reply: bucket %d: tokens: %w", i, err)
+		}
+		d.Buckets[i] = report(&req.Buckets[i], okv == 1, tokens, gap)
+	}
+	d.finish()
+	if all, _ := vals[0].(int64); (all == 1) != d.Allowed {
+		return Decision{}, fmt.Errorf("service: redis: script reply: admitted %d disagrees with its buckets", all)
+	}
+	return d, nil
+}
+
+// Ping implements Store with Redis PING.
+func (s *RedisStore) Ping(ctx context.Context) error {
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("service: redis: ping: %w", err)
+	}
+	return nil
+}
+
+// Close implements Store: it stops the batcher after the calls in flight.
+// The client stays open; its owner closes it.
+func (s *RedisStore) Close() error {
+	if s.batch != nil {
+		s.batch.close()
+	}
+	return nil
+}
+
+// isNoScript reports whether err is Redis's NOSCRIPT reply.
+func isNoScript(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "NOSCRIPT")
+}

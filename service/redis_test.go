@@ -1,0 +1,447 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+)
+
+// t0 is the base of the test timelines: a Unix time in whole microseconds
+// (Redis TIME's resolution).
+var t0 = time.Unix(1_700_000_000, 123_456_000)
+
+// newMini returns a miniredis whose clock (TIME, and key expiry) is set by the
+// test, a client on it and a store with opts.
+func newMini(t *testing.T, opts RedisOptions) (*miniredis.Miniredis, *redis.Client, *RedisStore) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.SetTime(t0)
+	m.ClockTTL(true)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { c.Close() })
+	s, err := NewRedisStore(c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return m, c, s
+}
+
+func one(key string, rate, burst, cost float64) *Request {
+	return &Request{Buckets: []Bucket{{Key: key, Rate: rate, Burst: burst, Cost: cost}}}
+}
+
+func TestRedisTimeline(t *testing.T) {
+	m, c, s := newMini(t, RedisOptions{})
+	ctx := context.Background()
+	ms := time.Millisecond
+	// rate 2/s, burst 4
+	steps := []struct {
+		at                          time.Duration
+		cost                        float64
+		allowed                     bool
+		remaining, retryMs, resetMs int64
+		wantPTTL                    time.Duration // 0: don't check; -1: key absent
+	}{
+		{0, 1, true, 3, 0, 500, 501 * ms},
+		{0, 3, true, 0, 0, 2000, 2001 * ms},
+		{0, 1, false, 0, 500, 2000, 2001 * ms},
+		{250 * ms, 1, false, 0, 250, 1750, 0},
+		{500 * ms, 1, true, 0, 0, 2000, 2001 * ms},
+		{10 * time.Second, 0, true, 4, 0, 0, -1}, // full again: forgotten
+		{10 * time.Second, 5, false, 4, 500, 0, -1},
+		{10 * time.Second, 0.25, true, 3, 0, 125, 126 * ms},
+	}
+	key := storageKey(DefaultKeyPrefix, "", "k")
+	for i, st := range steps {
+		m.SetTime(t0.Add(st.at))
+		d, err := s.Decide(ctx, one("k", 2, 4, st.cost))
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		b := d.Buckets[0]
+		if d.Allowed != st.allowed || b.Allowed != st.allowed || b.Remaining != st.remaining ||
+			b.RetryAfterMs != st.retryMs || d.RetryAfterMs != st.retryMs || b.ResetMs != st.resetMs {
+			t.Errorf("step %d: Decide(at %v, cost %g) = %+v, want allowed %v remaining %d retry %dms reset %dms",
+				i, st.at, st.cost, d, st.allowed, st.remaining, st.retryMs, st.resetMs)
+		}
+		switch pttl := c.PTTL(ctx, key).Val(); {
+		case st.wantPTTL == -1 && pttl != -2*time.Nanosecond && pttl != -2*time.Millisecond:
+			t.Errorf("step %d: PTTL = %v, want the key gone", i, pttl)
+		case st.wantPTTL > 0 && pttl != st.wantPTTL:
+			t.Errorf("step %d: PTTL = %v, want %v", i, pttl, st.wantPTTL)
+		}
+	}
+}
+
+func TestRedisKeyExpiresWhenFull(t *testing.T) {
+	m, c, s := newMini(t, RedisOptions{})
+	ctx := context.Background()
+	if _, err := s.Decide(ctx, one("k", 10, 10, 10)); err != nil {
+		t.Fatal(err)
+	}
+	key := storageKey(DefaultKeyPrefix, "", "k")
+	m.SetTime(t0.Add(time.Second - time.Microsecond))
+	if c.Exists(ctx, key).Val() != 1 {
+		t.Fatal("key gone before the bucket is full")
+	}
+	m.SetTime(t0.Add(time.Second + time.Millisecond))
+	if c.Exists(ctx, key).Val() != 0 {
+		t.Fatal("key still there a millisecond after the bucket is full")
+	}
+}
+
+// takeAll is the reference for a multi-bucket decision: package bucket on
+// each, all or nothing.
+func takeAll(lims []bucket.Limit, states []bucket.State, now int64, costs []float64) (bool, []bucket.State, []bucket.Decision) {
+	all := true
+	nexts := make([]bucket.State, len(lims))
+	decs := make([]bucket.Decision, len(lims))
+	for i := range lims {
+		nexts[i], decs[i] = lims[i].Take(states[i], now, costs[i])
+		all = all && decs[i].Allowed
+	}
+	return all, nexts, decs
+}
+
+// checkAgainstBucket compares a store's decision with package bucket's.
+func checkAgainstBucket(got Decision, lims []bucket.Limit, states []bucket.State, now int64, costs []float64) error {
+	all, nexts, decs := takeAll(lims, states, now, costs)
+	if got.Allowed != all {
+		return fmt.Errorf("allowed = %v, bucket says %v", got.Allowed, all)
+	}
+	secs := func(ms int64) int64 { return (ms + 999) / 1000 }
+	for i, gb := range got.Buckets {
+		want := decs[i]
+		wantTokens := nexts[i].Tokens
+		if !all {
+			wantTokens = lims[i].Tokens(states[i], now)
+			if want.Allowed { // this bucket admitted, another refused: untouched
+				_, want = lims[i].Take(states[i], now, 0)
+			}
+		}
+		if gb.Allowed != decs[i].Allowed || gb.Remaining != want.Remaining ||
+			secs(gb.RetryAfterMs) != want.RetryAfter || secs(gb.ResetMs) != want.ResetAfter ||
+			math.Float64bits(gb.Tokens) != math.Float64bits(wantTokens) {
+			return fmt.Errorf("bucket %d (limit %+v, state %+v, cost %g): got %+v, bucket says %+v with tokens %v",
+				i, lims[i], states[i], costs[i], gb, want, wantTokens)
+		}
+		if gb.RetryAfterMs > 0 && (gb.RetryAfterMs+999)/1000 != want.RetryAfter {
+			return fmt.Errorf("bucket %d: retry %dms does not round to %ds", i, gb.RetryAfterMs, want.RetryAfter)
+		}
+	}
+	return nil
+}
+
+// randomLimit draws a limit: rates log-uniform in [0.5, 10^4], bursts 1 to
+// 30 times the rate, half of them whole numbers.
+func randomLimit(r *rand.Rand) bucket.Limit {
+	rate := 0.5 * math.Pow(2e4, r.Float64())
+	burst := rate * (1 + 29*r.Float64())
+	if r.IntN(2) == 0 {
+		burst = math.Ceil(burst)
+	}
+	if r.IntN(4) == 0 {
+		rate = math.Round(rate*100) / 100
+	}
+	return bucket.Limit{Rate: max(rate, 0.5), Burst: burst}
+}
+
+func randomCost(r *rand.Rand, l bucket.Limit) float64 {
+	switch p := r.IntN(20); {
+	case p == 0:
+		return 0
+	case p == 1:
+		return math.Floor(l.Burst) + 1 + float64(r.IntN(3)) // above burst
+	case p < 6:
+		return math.Round(r.Float64()*l.Burst*100) / 100 // fractional
+	}
+	return float64(1 + r.IntN(3))
+}
+
+// randomStep is the time to the next decision, in microseconds: mostly
+// around the time the cost takes to refill, sometimes nothing, sometimes a
+// long idle, and (when backwards) sometimes a jump back.
+func randomStep(r *rand.Rand, l bucket.Limit, cost float64, backwards bool) int64 {
+	refill := max(cost, 1) / l.Rate * 1e6
+	switch p := r.IntN(20); {
+	case p < 2:
+		return 0
+	case p == 2:
+		return int64(r.Float64() * 2 * l.Burst / l.Rate * 1e6)
+	case p == 3 && backwards:
+		return -int64(r.Float64() * 1e6)
+	}
+	return int64(r.Float64() * 1.5 * refill)
+}
+
+// TestRedisDifferential feeds the same times and costs to package bucket and
+// to the Lua script (on miniredis, whose TIME the test sets) and demands the
+// same decisions, remaining tokens and waits, and bit-identical tokens.
+//
+// With the expiring clock on, times only move forward, and every stored key
+// must live until the bucket package calls it full and vanish within 2ms
+// after; a key that expired reads as a full bucket, which the reference
+// follows (it matters when a rule's limit changed since the key was written).
+// With it off, the clock also jumps backwards.
+func TestRedisDifferential(t *testing.T) {
+	for _, mode := range []struct {
+		name      string
+		backwards bool
+	}{{"forward-with-expiry", false}, {"backwards-clock", true}} {
+		seeds := uint64(16)
+		if testing.Short() {
+			seeds = 4
+		}
+		for seed := uint64(1); seed <= seeds; seed++ {
+			t.Run(fmt.Sprintf("%s/seed%d", mode.name, seed), func(t *testing.T) {
+				t.Parallel()
+				runDifferential(t, seed, mode.backwards)
+			})
+		}
+	}
+}
+
+func runDifferential(t *testing.T, seed uint64, backwards bool) {
+	r := rand.New(rand.NewPCG(seed, 42))
+	m, c, s := newMini(t, RedisOptions{})
+	m.ClockTTL(!backwards) // miniredis expiry counts down; it cannot follow a clock jumping back
+	ctx := context.Background()
+	n := 1 + int(seed%3)
+	req := &Request{Buckets: make([]Bucket, n)}
+	if seed%2 == 0 {
+		req.HashTag = "diff"
+	}
+	lims := make([]bucket.Limit, n)
+	states := make([]bucket.State, n)
+	expireAt := make([]int64, n) // Unix ns at which the stored key expires; 0: none stored
+	keys := make([]string, n)
+	for i := range n {
+		lims[i] = randomLimit(r)
+		req.Buckets[i].Key = "k" + strconv.Itoa(i)
+		keys[i] = storageKey(DefaultKeyPrefix, req.HashTag, req.Buckets[i].Key)
+	}
+	nowUs := t0.UnixMicro()
+	costs := make([]float64, n)
+	for step := range 250 {
+		for i := range n {
+			if r.IntN(10) == 0 {
+				lims[i] = randomLimit(r) // the rule changed: tokens carry over, clamped
+			}
+			costs[i] = randomCost(r, lims[i])
+			req.Buckets[i].Rate, req.Buckets[i].Burst, req.Buckets[i].Cost = lims[i].Rate, lims[i].Burst, costs[i]
+		}
+		nowUs += randomStep(r, lims[0], costs[0], backwards)
+		now := nowUs * 1000
+		for i := range n {
+			if expireAt[i] != 0 && now >= expireAt[i] {
+				states[i], expireAt[i] = bucket.State{}, 0 // Redis forgot it
+			}
+		}
+		m.SetTime(time.UnixMicro(nowUs))
+		if testing.Verbose() {
+			for i := range n {
+				v, _ := c.Get(ctx, keys[i]).Result()
+				t.Logf("step %d +%dus: %s = %q, state %+v, cost %g, limit %+v", step, nowUs-t0.UnixMicro(), keys[i], v, states[i], costs[i], lims[i])
+			}
+		}
+		got, err := s.Decide(ctx, req)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if err := checkAgainstBucket(got, lims, states, now, costs); err != nil {
+			t.Fatalf("step %d at +%dus: %v", step, nowUs-t0.UnixMicro(), err)
+		}
+		all, nexts, _ := takeAll(lims, states, now, costs)
+		if !all {
+			continue
+		}
+		copy(states, nexts)
+		for i := range n {
+			full := lims[i].FullAt(states[i])
+			if full <= now {
+				states[i] = bucket.State{} // full: storage forgets it
+			}
+			v, err := c.Get(ctx, keys[i]).Result()
+			if err == redis.Nil {
+				if full > now {
+					t.Fatalf("step %d: bucket %d deleted, but it is full only at +%v", step, i, time.Duration(full-now))
+				}
+				expireAt[i] = 0
+				continue
+			}
+			tok, at, _ := strings.Cut(v, " ")
+			if f, _ := strconv.ParseFloat(tok, 64); f != states[i].Tokens || at != strconv.FormatInt(states[i].At/1000, 10) {
+				t.Fatalf("step %d: bucket %d stored %q, want tokens %v at %dus", step, i, v, states[i].Tokens, states[i].At/1000)
+			}
+			pttl := c.PTTL(ctx, keys[i]).Val()
+			if backwards {
+				continue // keys do not expire in this mode
+			}
+			expireAt[i] = now + int64(pttl)
+			if expireAt[i] < full || expireAt[i] > full+2*int64(time.Millisecond) {
+				t.Fatalf("step %d: bucket %d expires in %v, full in %v: want at most 2ms later", step, i, pttl, time.Duration(full-now))
+			}
+		}
+	}
+}
+
+func TestRedisMultiBucketAtomic(t *testing.T) {
+	_, c, s := newMini(t, RedisOptions{})
+	ctx := context.Background()
+	req := &Request{HashTag: "user-1", Buckets: []Bucket{
+		{Key: "per-second", Rate: 1, Burst: 1, Cost: 1},
+		{Key: "per-minute", Rate: 0.05, Burst: 3, Cost: 1},
+	}}
+	d, err := s.Decide(ctx, req)
+	if err != nil || !d.Allowed || d.Buckets[0].Remaining != 0 || d.Buckets[1].Remaining != 2 {
+		t.Fatalf("first Decide = %+v, %v; want allowed, remaining 0 and 2", d, err)
+	}
+	before := c.Get(ctx, "rl:{user-1}:per-minute").Val()
+	d, err = s.Decide(ctx, req) // per-second refuses: per-minute must not be consumed
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Buckets[0].Allowed || !d.Buckets[1].Allowed || d.Buckets[1].Remaining != 2 ||
+		d.Buckets[1].RetryAfterMs != 0 || d.RetryAfterMs != 1000 {
+		t.Fatalf("second Decide = %+v; want refused by bucket 0 only, bucket 1 untouched at 2", d)
+	}
+	if after := c.Get(ctx, "rl:{user-1}:per-minute").Val(); after != before {
+		t.Fatalf("refused request changed per-minute: %q -> %q", before, after)
+	}
+}
+
+func TestRedisNoScript(t *testing.T) {
+	for _, batch := range []int{0, 8} {
+		t.Run(fmt.Sprintf("batch%d", batch), func(t *testing.T) {
+			_, c, s := newMini(t, RedisOptions{Batch: BatchOptions{MaxSize: batch}})
+			ctx := context.Background()
+			for i := range 3 {
+				if err := c.ScriptFlush(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if d, err := s.Decide(ctx, one("k", 1, 5, 1)); err != nil || !d.Allowed {
+					t.Fatalf("round %d after SCRIPT FLUSH: %+v, %v", i, d, err)
+				}
+			}
+		})
+	}
+}
+
+func TestRedisMalformedValue(t *testing.T) {
+	m, _, s := newMini(t, RedisOptions{})
+	if err := m.Set(storageKey(DefaultKeyPrefix, "", "k"), "garbage"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Decide(context.Background(), one("k", 1, 5, 1)); err == nil || !strings.Contains(err.Error(), "malformed") {
+		t.Fatalf("Decide on a malformed value: %v, want a malformed-value error", err)
+	}
+}
+
+func TestRedisCrossSlotNeedsHashTag(t *testing.T) {
+	m := miniredis.RunT(t)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{m.Addr()}})
+	defer cc.Close()
+	s, err := NewRedisStore(cc, RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &Request{Buckets: []Bucket{{Key: "a", Rate: 1, Burst: 1, Cost: 1}, {Key: "b", Rate: 1, Burst: 1, Cost: 1}}}
+	if keySlot(storageKey(DefaultKeyPrefix, "", "a")) == keySlot(storageKey(DefaultKeyPrefix, "", "b")) {
+		t.Skip("keys a and b happen to share a slot")
+	}
+	_, err = s.Decide(context.Background(), req)
+	verr, ok := err.(*ValidationError)
+	if !ok || verr.Field != "hash_tag" {
+		t.Fatalf("Decide = %v, want a hash_tag *ValidationError", err)
+	}
+}
+
+func TestNewRedisStoreRejectsBracePrefix(t *testing.T) {
+	if _, err := NewRedisStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), RedisOptions{KeyPrefix: "a{"}); err == nil {
+		t.Fatal("NewRedisStore accepted a prefix with a brace")
+	}
+}
+
+// TestRedisBatchHammer runs many concurrent decisions on one bucket through
+// the batcher with the clock stopped: exactly burst of them are admitted,
+// and pipelines do carry several decisions.
+func TestRedisBatchHammer(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	_, _, s := newMini(t, RedisOptions{Registerer: reg, Batch: BatchOptions{MaxSize: 32, Workers: 2, Timeout: 30 * time.Second}})
+	const workers, each, burst = 32, 12, 100
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				d, err := s.Decide(context.Background(), one("hot", 0.01, burst, 1))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					mu.Lock()
+					admitted++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if admitted != burst {
+		t.Fatalf("admitted %d of %d, want exactly %d", admitted, workers*each, burst)
+	}
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 {
+		t.Fatalf("gather: %v, %d families", err, len(mfs))
+	}
+	h := mfs[0].GetMetric()[0].GetHistogram()
+	if h.GetSampleCount() == 0 || float64(h.GetSampleSum())/float64(h.GetSampleCount()) <= 1 {
+		t.Fatalf("pipelines: %d carrying %v decisions: want batches above 1 on average", h.GetSampleCount(), h.GetSampleSum())
+	}
+	t.Logf("%d pipelines, %.1f decisions each on average", h.GetSampleCount(), h.GetSampleSum()/float64(h.GetSampleCount()))
+}
+
+func TestRedisBatchCanceledCallSkipped(t *testing.T) {
+	_, _, s := newMini(t, RedisOptions{Batch: BatchOptions{MaxSize: 8}})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Decide(ctx, one("k", 1, 1, 1)); err == nil {
+		t.Fatal("Decide with a canceled context succeeded")
+	}
+	d, err := s.Decide(context.Background(), one("k", 1, 1, 1))
+	if err != nil || !d.Allowed {
+		t.Fatalf("Decide after a canceled call = %+v, %v; want allowed (nothing consumed)", d, err)
+	}
+	s.Close()
+	if _, err := s.Decide(context.Background(), one("k", 1, 1, 1)); err == nil {
+		t.Fatal("Decide after Close succeeded")
+	}
+}
+
+func TestRedisErrorWhenDown(t *testing.T) {
+	m, _, s := newMini(t, RedisOptions{})
+	m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := s.Decide(ctx, one("k", 1, 1, 1)); err == nil {
+		t.Fatal("Decide with Redis down succeeded")
+	}
+	if err := s.Ping(ctx); err == nil {
+		t.Fatal("Ping with Redis down succeeded")
+	}
+}

@@ -1,0 +1,182 @@
+package service
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDecodeRequest(t *testing.T) {
+	long := strings.Repeat("k", DefaultMaxKeyBytes+1)
+	tests := []struct {
+		name, body, wantErr string
+	}{
+		{"ok", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":20}]}`, ""},
+		{"ok with tag and cost", `{"hash_tag":"t","buckets":[{"key":"a","tokens_per_second":1,"burst":1,"cost":0.5},{"key":"b","tokens_per_second":2,"burst":3,"cost":0}]}`, ""},
+		{"empty body", ``, "body: truncated or empty JSON"},
+		{"not an object", `[1]`, "body: must be an object, got array"},
+		{"syntax", `{"buckets":[}`, "body: invalid JSON at byte 13: invalid character '}' looking for beginning of value"},
+		{"truncated", `{"buckets":[`, "body: truncated or empty JSON"},
+		{"trailing", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1}]} {}`, "body: unexpected data after the JSON value"},
+		{"unknown top", `{"bucket":[]}`, "bucket: unknown field"},
+		{"unknown in bucket", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1,"rate":3}]}`, "buckets[0].rate: unknown field"},
+		{"no buckets", `{}`, "buckets: required"},
+		{"zero buckets", `{"buckets":[]}`, "buckets: must hold 1 to 16 buckets, got 0"},
+		{"too many buckets", `{"buckets":[` + strings.Repeat(`{},`, 16) + `{}]}`, "buckets: must hold 1 to 16 buckets, got 17"},
+		{"bucket not object", `{"buckets":[3]}`, "buckets[0]: must be an object, got number"},
+		{"key missing", `{"buckets":[{"tokens_per_second":1,"burst":1}]}`, "buckets[0].key: required"},
+		{"key empty", `{"buckets":[{"key":"","tokens_per_second":1,"burst":1}]}`, "buckets[0].key: must not be empty"},
+		{"key long", `{"buckets":[{"key":"` + long + `","tokens_per_second":1,"burst":1}]}`, "buckets[0].key: longer than 512 bytes"},
+		{"key number", `{"buckets":[{"key":5,"tokens_per_second":1,"burst":1}]}`, "buckets[0].key: must be a string, got number"},
+		{"duplicate key", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1},{"key":"a","tokens_per_second":1,"burst":1}]}`, "buckets[1].key: duplicate of buckets[0].key"},
+		{"rate missing", `{"buckets":[{"key":"a","burst":1}]}`, "buckets[0].tokens_per_second: required"},
+		{"rate zero", `{"buckets":[{"key":"a","tokens_per_second":0,"burst":1}]}`, "buckets[0].tokens_per_second: must be > 0 and <= 1e+09, got 0"},
+		{"rate huge", `{"buckets":[{"key":"a","tokens_per_second":2e9,"burst":3e9}]}`, "buckets[0].tokens_per_second: must be > 0 and <= 1e+09, got 2e+09"},
+		{"rate string", `{"buckets":[{"key":"a","tokens_per_second":"1","burst":1}]}`, "buckets[0].tokens_per_second: must be a number, got string"},
+		{"rate overflow", `{"buckets":[{"key":"a","tokens_per_second":1e999,"burst":1}]}`, "buckets[0].tokens_per_second: must be a number, got number 1e999"},
+		{"burst missing", `{"buckets":[{"key":"a","tokens_per_second":1}]}`, "buckets[0].burst: required"},
+		{"burst below rate", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":5}]}`, "buckets[0].burst: must be >= tokens_per_second (10), got 5"},
+		{"burst huge", `{"buckets":[{"key":"a","tokens_per_second":1e9,"burst":1e10}]}`, "buckets[0].burst: must be <= 1e+09, got 1e+10"},
+		{"burst slow", `{"buckets":[{"key":"a","tokens_per_second":0.001,"burst":1000}]}`, "buckets[0].burst: must refill within 168h0m0s: burst / tokens_per_second is 1e+06s"},
+		{"cost negative", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1,"cost":-1}]}`, "buckets[0].cost: must be >= 0 and <= 1e+09, got -1"},
+		{"null cost", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1,"cost":null}]}`, ""},
+		{"tag empty", `{"hash_tag":"","buckets":[{"key":"a","tokens_per_second":1,"burst":1}]}`, "hash_tag: must not be empty (leave it out instead)"},
+		{"tag brace", `{"hash_tag":"a}b","buckets":[{"key":"a","tokens_per_second":1,"burst":1}]}`, "hash_tag: must not contain { or }"},
+		{"tag number", `{"hash_tag":1,"buckets":[]}`, "hash_tag: must be a string, got number"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := DecodeRequest([]byte(tt.body), Limits{})
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("DecodeRequest: %v", err)
+				}
+				if msg := checkRequest(req, Limits{}.withDefaults()); msg != "" {
+					t.Fatalf("accepted an invalid request: %s", msg)
+				}
+				return
+			}
+			verr, ok := err.(*ValidationError)
+			if !ok {
+				t.Fatalf("DecodeRequest error = %v (%T), want *ValidationError %q", err, err, tt.wantErr)
+			}
+			if verr.Detail() != tt.wantErr {
+				t.Errorf("DecodeRequest error = %q\nwant %q", verr.Detail(), tt.wantErr)
+			}
+			if !strings.HasPrefix(verr.Error(), "service: request: ") {
+				t.Errorf("Error() = %q, want the package prefix", verr.Error())
+			}
+		})
+	}
+}
+
+func TestDecodeRequestDefaults(t *testing.T) {
+	req, err := DecodeRequest([]byte(`{"buckets":[{"key":"a","tokens_per_second":2,"burst":4}]}`), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Bucket{Key: "a", Rate: 2, Burst: 4, Cost: 1}
+	if req.HashTag != "" || len(req.Buckets) != 1 || req.Buckets[0] != want {
+		t.Fatalf("DecodeRequest = %+v, want one bucket %+v and no hash tag", req, want)
+	}
+}
+
+func TestDecodeRequestLimits(t *testing.T) {
+	lim := Limits{MaxBodyBytes: 100, MaxKeyBytes: 3, MaxBuckets: 1, MaxFill: time.Second}
+	tests := []struct{ body, wantErr string }{
+		{`{"buckets":[{"key":"abcd","tokens_per_second":1,"burst":1}]}`, "buckets[0].key: longer than 3 bytes"},
+		{`{"buckets":[{"key":"a","tokens_per_second":1,"burst":2}]}`, "buckets[0].burst: must refill within 1s: burst / tokens_per_second is 2s"},
+		{`{"buckets":[{"key":"a","tokens_per_second":1,"burst":1},{"key":"b","tokens_per_second":1,"burst":1}]}`, "body: larger than 100 bytes"},
+		{`{"buckets":[{"key":"a","tokens_per_second":1,"burst":1},{"key":"b"}]}`, "buckets: must hold 1 to 1 buckets, got 2"},
+	}
+	for _, tt := range tests {
+		_, err := DecodeRequest([]byte(tt.body), lim)
+		verr, ok := err.(*ValidationError)
+		if !ok || verr.Detail() != tt.wantErr {
+			t.Errorf("DecodeRequest(%s) = %v, want %q", tt.body, err, tt.wantErr)
+		}
+	}
+}
+
+// checkRequest returns what is wrong with an accepted request, or "".
+func checkRequest(req *Request, lim Limits) string {
+	if n := len(req.Buckets); n < 1 || n > lim.MaxBuckets {
+		return "bucket count"
+	}
+	if req.HashTag != "" && (len(req.HashTag) > lim.MaxKeyBytes || strings.ContainsAny(req.HashTag, "{}")) {
+		return "hash tag"
+	}
+	seen := map[string]bool{}
+	for _, b := range req.Buckets {
+		switch {
+		case b.Key == "" || len(b.Key) > lim.MaxKeyBytes || seen[b.Key]:
+			return "key " + b.Key
+		case !(b.Rate > 0 && b.Rate <= MaxAmount):
+			return "rate"
+		case !(b.Burst >= b.Rate && b.Burst <= MaxAmount) || b.Burst/b.Rate > lim.MaxFill.Seconds():
+			return "burst"
+		case !(b.Cost >= 0 && b.Cost <= MaxAmount):
+			return "cost"
+		}
+		seen[b.Key] = true
+	}
+	return ""
+}
+
+// encodeRequest writes req back as a JSON body.
+func encodeRequest(req *Request) []byte {
+	type wb struct {
+		Key   string  `json:"key"`
+		Rate  float64 `json:"tokens_per_second"`
+		Burst float64 `json:"burst"`
+		Cost  float64 `json:"cost"`
+	}
+	w := struct {
+		HashTag string `json:"hash_tag,omitempty"`
+		Buckets []wb   `json:"buckets"`
+	}{HashTag: req.HashTag}
+	for _, b := range req.Buckets {
+		w.Buckets = append(w.Buckets, wb(b))
+	}
+	out, _ := json.Marshal(w)
+	return out
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, s := range []string{
+		`{"buckets":[{"key":"a","tokens_per_second":10,"burst":20}]}`,
+		`{"hash_tag":"t","buckets":[{"key":"a","tokens_per_second":1,"burst":1,"cost":0.5},{"key":"b","tokens_per_second":2,"burst":3,"cost":0}]}`,
+		`{"buckets":[{"key":"a","tokens_per_second":1e9,"burst":1e9,"cost":1e9}]}`,
+		`{"buckets":[{"key":"\u0000\ud800","tokens_per_second":1,"burst":1}]}`,
+		`{"buckets":[{"key":"a","tokens_per_second":1,"burst":1}]} x`,
+		`{"buckets":null}`, `[]`, `{`, ``, `{"buckets":[{"KEY":"a","Burst":1,"TOKENS_PER_SECOND":1}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	lim := Limits{}.withDefaults()
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := DecodeRequest(body, Limits{})
+		if err != nil {
+			if _, ok := err.(*ValidationError); !ok {
+				t.Fatalf("error %v is %T, want *ValidationError", err, err)
+			}
+			return
+		}
+		if msg := checkRequest(req, lim); msg != "" {
+			t.Fatalf("accepted an invalid request (%s): %+v", msg, req)
+		}
+		again, err := DecodeRequest(encodeRequest(req), Limits{})
+		if err != nil {
+			t.Fatalf("re-encoded request refused: %v", err)
+		}
+		if again.HashTag != req.HashTag || len(again.Buckets) != len(req.Buckets) {
+			t.Fatalf("round trip changed the request: %+v != %+v", again, req)
+		}
+		for i := range req.Buckets {
+			if again.Buckets[i] != req.Buckets[i] {
+				t.Fatalf("round trip changed bucket %d: %+v != %+v", i, again.Buckets[i], req.Buckets[i])
+			}
+		}
+	})
+}

@@ -1,0 +1,291 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config configures a Server. Store is required; zero fields of the others
+// mean their defaults.
+type Config struct {
+	// Store takes the decisions.
+	Store Store
+	// StoreName labels the store in metrics and logs ("redis", "memory").
+	StoreName string
+	// Token, when set, is the bearer token every /v1 request must carry.
+	Token string
+	// Limits bound request bodies, keys and bucket counts.
+	Limits Limits
+	// Timeout bounds each decision, Redis round trip included (default 1s).
+	Timeout time.Duration
+	// Logger receives structured logs (default slog.Default()).
+	Logger *slog.Logger
+	// Registry receives the metrics (default a new registry, served alone).
+	Registry *prometheus.Registry
+}
+
+// DefaultTimeout is the default bound of one decision.
+const DefaultTimeout = time.Second
+
+// Server is the HTTP API:
+//
+//	POST /v1/decide   take a decision (JSON in and out; see openapi.yaml)
+//	GET  /healthz     200 while the process runs
+//	GET  /readyz      200 when the store answers (Redis PING), else 503
+//	GET  /metrics     Prometheus metrics
+//
+// Errors are JSON {"error": "<field>: <message>"}: 400 for an invalid
+// request, 401 without the bearer token, 405 for a wrong method, 413 for a
+// body over the limit, 503 when the store fails or times out.
+type Server struct {
+	store   Store
+	token   [sha256.Size]byte
+	hasTok  bool
+	limits  Limits
+	timeout time.Duration
+	log     *slog.Logger
+	metrics *metrics
+	errLog  throttle
+	mux     *http.ServeMux
+}
+
+// NewServer returns a Server for cfg.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("service: config: store: required")
+	}
+	if cfg.StoreName == "" {
+		cfg.StoreName = "store"
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{
+		store:   cfg.Store,
+		limits:  cfg.Limits.withDefaults(),
+		timeout: cfg.Timeout,
+		log:     cfg.Logger,
+		metrics: newMetrics(cfg.Registry, cfg.StoreName),
+		mux:     http.NewServeMux(),
+	}
+	if cfg.Token != "" {
+		s.token, s.hasTok = sha256.Sum256([]byte(cfg.Token)), true
+	}
+	s.mux.HandleFunc("/v1/decide", s.decide)
+	s.mux.HandleFunc("/healthz", s.healthz)
+	s.mux.HandleFunc("/readyz", s.readyz)
+	s.mux.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		s.fail(w, http.StatusMethodNotAllowed, "method: must be POST")
+		return
+	}
+	if !s.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="limitd"`)
+		s.fail(w, http.StatusUnauthorized, "authorization: missing or wrong bearer token")
+		return
+	}
+	buf := bodyPool.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= int(s.limits.MaxBodyBytes)+bytes.MinRead {
+			buf.Reset()
+			bodyPool.Put(buf)
+		}
+	}()
+	buf.Reset()
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.limits.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			s.fail(w, http.StatusRequestEntityTooLarge, "body: larger than "+strconv.FormatInt(tooBig.Limit, 10)+" bytes")
+			return
+		}
+		s.fail(w, http.StatusBadRequest, "body: "+err.Error())
+		return
+	}
+	req, err := DecodeRequest(buf.Bytes(), s.limits)
+	if err != nil {
+		s.failInvalid(w, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
+	d, err := s.store.Decide(ctx, req)
+	cancel()
+	if err != nil {
+		var verr *ValidationError
+		if errors.As(err, &verr) {
+			s.failInvalid(w, err)
+			return
+		}
+		s.metrics.storeErrors.Inc()
+		if n, ok := s.errLog.allow(time.Now()); ok {
+			s.log.Warn("decision failed", "err", err, "suppressed", n)
+		}
+		s.fail(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	s.metrics.decisions.Inc()
+	if !d.Allowed {
+		s.metrics.rejections.Inc()
+	}
+	out := d.AppendJSON(buf.AvailableBuffer())
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(out)
+	s.metrics.latency.Observe(time.Since(start).Seconds())
+}
+
+// authorized reports whether r carries the bearer token (or none is needed).
+func (s *Server) authorized(r *http.Request) bool {
+	if !s.hasTok {
+		return true
+	}
+	const scheme = "Bearer "
+	h := r.Header.Get("Authorization")
+	if len(h) <= len(scheme) || !equalFoldASCII(h[:len(scheme)], scheme) {
+		return false
+	}
+	sum := sha256.Sum256([]byte(h[len(scheme):]))
+	return subtle.ConstantTimeCompare(sum[:], s.token[:]) == 1
+}
+
+func equalFoldASCII(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i]|0x20, b[i]|0x20
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		s.fail(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(w, "ready\n")
+}
+
+// failInvalid answers 400 for a *ValidationError (or any other error).
+func (s *Server) failInvalid(w http.ResponseWriter, err error) {
+	msg := err.Error()
+	var verr *ValidationError
+	if errors.As(err, &verr) {
+		msg = verr.Detail()
+	}
+	s.fail(w, http.StatusBadRequest, msg)
+}
+
+// fail answers {"error": msg} with status.
+func (s *Server) fail(w http.ResponseWriter, status int, msg string) {
+	if status < 500 {
+		s.metrics.refused.WithLabelValues(strconv.Itoa(status)).Inc()
+	}
+	var body bytes.Buffer
+	enc := json.NewEncoder(&body) // ends the value with a newline
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(struct {
+		Error string `json:"error"`
+	}{msg})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(body.Bytes())
+}
+
+// metrics are the Prometheus series of a Server.
+type metrics struct {
+	decisions   prometheus.Counter
+	rejections  prometheus.Counter
+	storeErrors prometheus.Counter
+	refused     *prometheus.CounterVec
+	latency     prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer, store string) *metrics {
+	labels := prometheus.Labels{"store": store}
+	m := &metrics{
+		decisions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitd_decisions_total", ConstLabels: labels,
+			Help: "Decisions answered (admitted or refused).",
+		}),
+		rejections: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitd_rejections_total", ConstLabels: labels,
+			Help: "Decisions that refused the request.",
+		}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitd_store_errors_total", ConstLabels: labels,
+			Help: "Decisions that failed in the store (Redis errors and timeouts, a full memory store); answered 503.",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitd_invalid_requests_total",
+			Help: "Requests refused before a decision, by HTTP status (400, 401, 405, 413).",
+		}, []string{"code"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "limitd_decide_duration_seconds", ConstLabels: labels,
+			Help:    "Time to answer POST /v1/decide with a decision, from request to response.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}),
+	}
+	reg.MustRegister(m.decisions, m.rejections, m.storeErrors, m.refused, m.latency)
+	return m
+}
+
+// throttle lets one event through per second and counts the others.
+type throttle struct {
+	last       atomic.Int64
+	suppressed atomic.Int64
+}
+
+// allow reports whether an event at now may be logged, and how many were
+// suppressed since the last one that was.
+func (t *throttle) allow(now time.Time) (int64, bool) {
+	ns := now.UnixNano()
+	last := t.last.Load()
+	if ns-last < int64(time.Second) || !t.last.CompareAndSwap(last, ns) {
+		t.suppressed.Add(1)
+		return 0, false
+	}
+	return t.suppressed.Swap(0), true
+}

@@ -1,0 +1,280 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// failingStore fails every decision and ping.
+type failingStore struct{ err error }
+
+func (f failingStore) Decide(context.Context, *Request) (Decision, error) { return Decision{}, f.err }
+func (f failingStore) Ping(context.Context) error                         { return f.err }
+func (f failingStore) Close() error                                       { return nil }
+
+func newTestServer(t *testing.T, store Store, token string) (*Server, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	s, err := NewServer(Config{
+		Store: store, StoreName: "memory", Token: token, Registry: reg,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, reg
+}
+
+func do(h http.Handler, method, path, body string, header ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, path, strings.NewReader(body))
+	for i := 0; i+1 < len(header); i += 2 {
+		r.Header.Set(header[i], header[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func errorOf(t *testing.T, w *httptest.ResponseRecorder) string {
+	t.Helper()
+	var body struct{ Error string }
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatalf("error body %q: %v", w.Body.String(), err)
+	}
+	return body.Error
+}
+
+const okBody = `{"buckets":[{"key":"a","tokens_per_second":1,"burst":2}]}`
+
+func TestServerDecide(t *testing.T) {
+	clk := &fakeClock{now: t0.UnixNano()}
+	s, reg := newTestServer(t, NewMemoryStore(MemoryOptions{Now: clk.Now}), "")
+	want := []string{
+		`{"allowed":true,"retry_after_ms":0,"buckets":[{"allowed":true,"remaining":1,"retry_after_ms":0,"reset_ms":1000}]}`,
+		`{"allowed":true,"retry_after_ms":0,"buckets":[{"allowed":true,"remaining":0,"retry_after_ms":0,"reset_ms":2000}]}`,
+		`{"allowed":false,"retry_after_ms":1000,"buckets":[{"allowed":false,"remaining":0,"retry_after_ms":1000,"reset_ms":2000}]}`,
+	}
+	for i, w := range want {
+		rec := do(s, "POST", "/v1/decide", okBody)
+		if rec.Code != 200 || strings.TrimSpace(rec.Body.String()) != w {
+			t.Fatalf("call %d: %d %s\nwant 200 %s", i, rec.Code, rec.Body, w)
+		}
+		if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+			t.Errorf("Content-Type = %q", ct)
+		}
+	}
+	if got := counterValue(s.metrics.decisions); got != 3 {
+		t.Errorf("decisions = %v, want 3", got)
+	}
+	if got := counterValue(s.metrics.rejections); got != 1 {
+		t.Errorf("rejections = %v, want 1", got)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var observed uint64
+	for _, mf := range mfs {
+		if mf.GetName() == "limitd_decide_duration_seconds" {
+			observed = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	if observed != 3 {
+		t.Errorf("latency histogram holds %d observations, want 3", observed)
+	}
+}
+
+func TestServerErrors(t *testing.T) {
+	s, _ := newTestServer(t, NewMemoryStore(MemoryOptions{}), "")
+	big := `{"buckets":[{"key":"` + strings.Repeat("x", DefaultMaxBodyBytes) + `"}]}`
+	tests := []struct {
+		name, method, body string
+		code               int
+		msg                string
+	}{
+		{"validation", "POST", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":5}]}`, 400, "buckets[0].burst: must be >= tokens_per_second (10), got 5"},
+		{"bad json", "POST", `{"buckets":`, 400, "body: truncated or empty JSON"},
+		{"too big", "POST", big, 413, "body: larger than 65536 bytes"},
+		{"method", "GET", "", 405, "method: must be POST"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := do(s, tt.method, "/v1/decide", tt.body)
+			if w.Code != tt.code || errorOf(t, w) != tt.msg {
+				t.Fatalf("%d %s, want %d %q", w.Code, w.Body, tt.code, tt.msg)
+			}
+		})
+	}
+	if got := counterValue(s.metrics.refused.WithLabelValues("400")); got != 2 {
+		t.Errorf("invalid requests (400) = %v, want 2", got)
+	}
+}
+
+func TestServerAuth(t *testing.T) {
+	s, _ := newTestServer(t, NewMemoryStore(MemoryOptions{}), "s3cret")
+	tests := []struct {
+		header []string
+		code   int
+	}{
+		{nil, 401},
+		{[]string{"Authorization", "Bearer wrong"}, 401},
+		{[]string{"Authorization", "Basic s3cret"}, 401},
+		{[]string{"Authorization", "Bearer "}, 401},
+		{[]string{"Authorization", "Bearer s3cret"}, 200},
+		{[]string{"Authorization", "bearer s3cret"}, 200},
+	}
+	for _, tt := range tests {
+		w := do(s, "POST", "/v1/decide", okBody, tt.header...)
+		if w.Code != tt.code {
+			t.Errorf("%v: %d %s, want %d", tt.header, w.Code, w.Body, tt.code)
+		}
+		if tt.code == 401 && (w.Header().Get("WWW-Authenticate") == "" || errorOf(t, w) != "authorization: missing or wrong bearer token") {
+			t.Errorf("%v: 401 without the challenge or message: %v %s", tt.header, w.Header(), w.Body)
+		}
+	}
+	// Health and metrics stay open.
+	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		if w := do(s, "GET", p, ""); w.Code != 200 {
+			t.Errorf("GET %s = %d without token, want 200", p, w.Code)
+		}
+	}
+}
+
+func TestServerStoreFailure(t *testing.T) {
+	s, _ := newTestServer(t, failingStore{errors.New("service: redis: dial tcp: connection refused")}, "")
+	w := do(s, "POST", "/v1/decide", okBody)
+	if w.Code != 503 || !strings.Contains(errorOf(t, w), "connection refused") {
+		t.Fatalf("decide with a failing store: %d %s, want 503", w.Code, w.Body)
+	}
+	if w := do(s, "GET", "/readyz", ""); w.Code != 503 {
+		t.Fatalf("readyz with a failing store: %d, want 503", w.Code)
+	}
+	if w := do(s, "GET", "/healthz", ""); w.Code != 200 {
+		t.Fatalf("healthz: %d, want 200", w.Code)
+	}
+	if got := counterValue(s.metrics.storeErrors); got != 1 {
+		t.Errorf("store errors = %v, want 1", got)
+	}
+}
+
+func TestServerStoreValidation(t *testing.T) {
+	verr := &ValidationError{Field: "hash_tag", Msg: "required: the buckets fall in different Redis Cluster slots"}
+	s, _ := newTestServer(t, failingStore{verr}, "")
+	w := do(s, "POST", "/v1/decide", okBody)
+	if w.Code != 400 || errorOf(t, w) != verr.Detail() {
+		t.Fatalf("%d %s, want 400 %q", w.Code, w.Body, verr.Detail())
+	}
+}
+
+func TestServerMetricsEndpoint(t *testing.T) {
+	s, _ := newTestServer(t, NewMemoryStore(MemoryOptions{}), "")
+	do(s, "POST", "/v1/decide", okBody)
+	w := do(s, "GET", "/metrics", "")
+	for _, name := range []string{"limitd_decisions_total", "limitd_rejections_total", "limitd_store_errors_total", "limitd_decide_duration_seconds_bucket"} {
+		if !strings.Contains(w.Body.String(), name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+func TestNewServerNeedsStore(t *testing.T) {
+	if _, err := NewServer(Config{}); err == nil {
+		t.Fatal("NewServer without a store succeeded")
+	}
+}
+
+func TestThrottle(t *testing.T) {
+	var th throttle
+	base := time.Unix(100, 0)
+	if _, ok := th.allow(base); !ok {
+		t.Fatal("first event throttled")
+	}
+	for range 3 {
+		if _, ok := th.allow(base.Add(time.Millisecond)); ok {
+			t.Fatal("event within a second let through")
+		}
+	}
+	if n, ok := th.allow(base.Add(time.Second)); !ok || n != 3 {
+		t.Fatalf("allow after a second = %d, %v; want 3 suppressed, true", n, ok)
+	}
+}
+
+// counterValue reads a counter.
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}
+
+func BenchmarkServerDecide(b *testing.B) {
+	s, err := NewServer(Config{Store: NewMemoryStore(MemoryOptions{}), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := []byte(`{"buckets":[{"key":"a","tokens_per_second":1e9,"burst":1e9}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequest("POST", "/v1/decide", bytes.NewReader(body))
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, r)
+		if w.Code != 200 {
+			b.Fatal(w.Code)
+		}
+	}
+}
+
+func BenchmarkDecodeRequest(b *testing.B) {
+	body := []byte(`{"hash_tag":"t","buckets":[{"key":"rule-a:client=1.2.3.4","tokens_per_second":100,"burst":200,"cost":1},{"key":"rule-b:global","tokens_per_second":1000,"burst":1000}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeRequest(body, Limits{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkMemoryDecide(b *testing.B) {
+	s := NewMemoryStore(MemoryOptions{})
+	req := one("k", 1e9, 1e9, 1)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Decide(context.Background(), req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestOpenAPIDocumentsTheWire keeps openapi.yaml in step with the JSON the
+// service reads and writes.
+func TestOpenAPIDocumentsTheWire(t *testing.T) {
+	spec, err := os.ReadFile("openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range []string{
+		"/v1/decide", "/healthz", "/readyz", "/metrics",
+		"hash_tag:", "buckets:", "key:", "tokens_per_second:", "burst:", "cost:",
+		"allowed:", "remaining:", "retry_after_ms:", "reset_ms:", "error:",
+		"maxItems: " + strconv.Itoa(DefaultMaxBuckets), "maxLength: " + strconv.Itoa(DefaultMaxKeyBytes),
+	} {
+		if !bytes.Contains(spec, []byte(field)) {
+			t.Errorf("openapi.yaml lacks %q", field)
+		}
+	}
+}
