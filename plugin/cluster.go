@@ -62,7 +62,13 @@ func appendHex(b []byte, v uint64) []byte {
 func (c *httpContext) dispatch(call *clusterCall) types.Action {
 	s := call.service
 	body := make([]byte, 0, 64+96*len(call.keys))
-	body = append(body, `{"buckets":[`...)
+	body = append(body, '{')
+	if tag := c.plugin.hashTag; tag != "" {
+		body = append(body, `"hash_tag":"`...)
+		body = append(body, tag...) // a constant: nothing to escape
+		body = append(body, `",`...)
+	}
+	body = append(body, `"buckets":[`...)
 	for i, ru := range call.rules {
 		if i > 0 {
 			body = append(body, ',')

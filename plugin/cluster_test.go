@@ -42,6 +42,7 @@ func TestClusterCallout(t *testing.T) {
 		hdr[":authority"] != "limit_service" || hdr["authorization"] != "Bearer s3cret" {
 		t.Fatalf("callout %s %v", c.Upstream, hdr)
 	}
+	// one cluster rule: no hash tag
 	if !strings.HasPrefix(string(c.Body), `{"buckets":[{"key":"fleet:`) || !strings.Contains(string(c.Body), `"tokens_per_second":5,"burst":10,"cost":1}]}`) {
 		t.Fatalf("callout body %s", c.Body)
 	}
@@ -118,5 +119,15 @@ func TestClusterFailureModes(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+func TestClusterHashTag(t *testing.T) {
+	two := strings.Replace(mixed, `{"name": "local", "limit_keys"`, `{"name": "local", "scope": "cluster", "limit_keys"`, 1)
+	e := start(t, two)
+	id, _ := e.callout("k", "a")
+	body := string(e.host.GetCalloutAttributesFromContext(id)[0].Body)
+	if !strings.HasPrefix(body, `{"hash_tag":"tokenbucket","buckets":[{"key":"local:`) || strings.Count(body, `"key"`) != 2 {
+		t.Fatalf("two cluster rules: body %s, want one call with both buckets under one hash tag", body)
 	}
 }

@@ -48,6 +48,7 @@ type pluginContext struct {
 
 	cfg     *config.Config
 	rules   []*rule
+	hashTag string // sent to the limit service: see configure
 	table   *store.Table
 	metrics globalMetrics
 	// lastFailLog is when the last fail-open warning was logged, Unix ns.
@@ -128,6 +129,7 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 	p.cfg, p.table = cfg, table
 	p.rules = make([]*rule, len(cfg.Rules))
 	var service *config.Service
+	clusterRules := 0
 	for i := range cfg.Rules {
 		cr := &cfg.Rules[i]
 		if cr.Scope == config.ScopeCluster && cr.Mode == config.ModeEnforce {
@@ -136,11 +138,22 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 				return fmt.Errorf("config: rules[%d].service: every enforced cluster rule must use the same service (one callout per request), got %q and %q", i, service.Cluster, cr.Service.Cluster)
 			}
 			service = cr.Service
+			clusterRules++
 		}
 		if cr.Service != nil && cr.Service.TokenFile != "" {
 			return fmt.Errorf("config: rules[%d].service.token_file: a Wasm plugin cannot read files inside Envoy; give the token with \"token\"", i)
 		}
 		p.rules[i] = compile(cr)
+	}
+	// Buckets of one request are decided atomically in one Lua call, which
+	// Redis Cluster allows only within one slot. With two or more cluster
+	// rules every request names the same hash tag, so a bucket lives in the
+	// same slot whichever rules accompany it (its identity in the service
+	// is the tag and the key); with one, no tag: buckets spread over the
+	// cluster.
+	p.hashTag = ""
+	if clusterRules > 1 {
+		p.hashTag = Name
 	}
 	p.metrics = globalMetrics{
 		evictions: proxywasm.DefineCounterMetric(Name + ".evictions"),
