@@ -1,0 +1,289 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseCheckpoints(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    []int
+		wantErr string
+	}{
+		{"1000", []int{1000}, ""},
+		{"1000, 10000,100000", []int{1000, 10000, 100000}, ""},
+		{"", nil, "-keys[0]: not an integer"},
+		{"10,x", nil, "-keys[1]: not an integer"},
+		{"0", nil, "-keys[0]: must be 1..10000000, got 0"},
+		{"20000000", nil, "-keys[0]: must be 1..10000000"},
+		{"10,10", nil, "-keys[1]: must be greater than 10, got 10"},
+		{"10,5", nil, "-keys[1]: must be greater than 10, got 5"},
+	}
+	for _, tt := range tests {
+		got, err := parseCheckpoints(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("parseCheckpoints(%q) error = %v, want one containing %q", tt.in, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("parseCheckpoints(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	if err := os.WriteFile(bin, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ok := []string{"-envoy", bin, "-plugin", bin, "-perkey", bin}
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"defaults", ok, ""},
+		{"no envoy", []string{"-envoy", "", "-plugin", bin, "-perkey", bin}, "-envoy: no Envoy binary"},
+		{"missing plugin", []string{"-envoy", bin, "-plugin", filepath.Join(dir, "nope"), "-perkey", bin}, "-plugin:"},
+		{"max keys", append(ok, "-max-keys", "15"), "-max-keys: must be >= 16, got 15"},
+		{"conns", append(ok, "-conns", "0"), "-conns: must be 1..1024, got 0"},
+		{"concurrency", append(ok, "-concurrency", "65"), "-concurrency: must be 1..64, got 65"},
+		{"checkpoint within the warm-up", append(ok, "-keys", "100,1000"), "-keys[0]: must be greater than the 100 warm-up keys"},
+		{"settle", append(ok, "-settle", "2m"), "-settle: must be 0..1m"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseFlags(tt.args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("parseFlags() error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !filepath.IsAbs(o.plugin) || o.maxKeys != 100000 || o.keys[len(o.keys)-1] != 1_000_000 {
+				t.Fatalf("parseFlags() = %+v: want absolute paths, max_keys 100000, keys up to 1M", o)
+			}
+		})
+	}
+}
+
+func TestParseVmRSS(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    uint64
+		wantErr bool
+	}{
+		{"Name:\tenvoy\nVmPeak:\t  1 kB\nVmRSS:\t  190232 kB\nRssAnon: 1 kB\n", 190232 << 10, false},
+		{"Name:\tenvoy\n", 0, true},
+		{"VmRSS:\t12 MB\n", 0, true},
+		{"VmRSS:\tx kB\n", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := parseVmRSS(tt.in)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("parseVmRSS(%q) = %d, %v; want %d, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestParseAllocator(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    allocator
+		wantErr bool
+	}{
+		{`{"allocated": "5837568", "heap_size": "10485760", "pageheap_free": "3997696"}`, allocator{5837568, 3997696}, false},
+		{`{"heap_size": "1", "pageheap_free": "1"}`, allocator{}, true},
+		{`{"allocated": "1"}`, allocator{}, true},
+		{`{"allocated": 12, "pageheap_free": "1"}`, allocator{}, true},
+		{`not json`, allocator{}, true},
+	}
+	for _, tt := range tests {
+		got, err := parseAllocator([]byte(tt.in))
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("parseAllocator(%q) = %+v, %v; want %+v, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestGlyphs(t *testing.T) {
+	for r, g := range glyphs {
+		for i, row := range g {
+			if len(row) != glyphW || strings.Trim(row, "#.") != "" {
+				t.Errorf("glyph %q row %d = %q: want %d of '#' and '.'", r, i, row, glyphW)
+			}
+		}
+	}
+	// Every character the plot writes has a glyph.
+	res := sampleResults()
+	text := "ENVOY MEMORY GROWTH AGAINST DISTINCT CLIENT KEYS DISTINCT KEYS GROWTH SINCE THE WARM-UP (MIB) 0123456789 1K 1M"
+	for _, r := range res {
+		text += r.title + ": RSS: ALLOCATED"
+	}
+	for _, r := range strings.ToUpper(text) {
+		if _, ok := glyphs[r]; !ok {
+			t.Errorf("no glyph for %q", r)
+		}
+	}
+}
+
+func TestNiceStep(t *testing.T) {
+	tests := []struct{ raw, want float64 }{
+		{0.7, 1}, {1, 1}, {1.1, 2}, {3, 5}, {7, 10}, {12, 20}, {45, 50}, {0.013, 0.02}, {0, 1}, {math.NaN(), 1},
+	}
+	for _, tt := range tests {
+		if got := niceStep(tt.raw); math.Abs(got-tt.want) > 1e-12 {
+			t.Errorf("niceStep(%v) = %v, want %v", tt.raw, got, tt.want)
+		}
+	}
+}
+
+func TestHumanCount(t *testing.T) {
+	tests := []struct {
+		in   float64
+		want string
+	}{{100, "100"}, {1000, "1K"}, {10000, "10K"}, {1e6, "1M"}, {2.5e6, "2.5M"}}
+	for _, tt := range tests {
+		if got := humanCount(tt.in); got != tt.want {
+			t.Errorf("humanCount(%v) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestGroupDigits(t *testing.T) {
+	tests := []struct {
+		in   int
+		want string
+	}{{0, "0"}, {999, "999"}, {1000, "1 000"}, {100000, "100 000"}, {1000000, "1 000 000"}, {-12345, "-12 345"}}
+	for _, tt := range tests {
+		if got := groupDigits(tt.in); got != tt.want {
+			t.Errorf("groupDigits(%d) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+// sampleResults is a run where the bounded table levels off at +8 MiB and
+// one key per client grows by 100 bytes a key.
+func sampleResults() []result {
+	const base, allocBase = 200 << 20, 40 << 20
+	bounded := result{design: design{name: "tokenbucket", title: "bounded table (max_keys 100000)"},
+		baseline: base, allocBaseline: allocBase, freeBaseline: 20 << 20}
+	perKey := result{design: design{name: "perkey", title: "one key per client"}, baseline: base - 40<<20, allocBaseline: allocBase}
+	for _, k := range []int{1000, 10000, 100000, 500000, 1000000} {
+		b := uint64(min(k, 80000)) * 100
+		bounded.samples = append(bounded.samples, sample{keys: k, rss: base + b, alloc: allocBase + b,
+			stats: map[string]uint64{"wasmcustom.tokenbucket.evictions": 3}, rate: 5000})
+		p := uint64(k) * 100
+		perKey.samples = append(perKey.samples, sample{keys: k, rss: base - 40<<20 + p, alloc: allocBase + p, rate: 8000})
+	}
+	bounded.statuses = map[int]int{200: 999900}
+	perKey.statuses = map[int]int{200: 999900}
+	return []result{bounded, perKey}
+}
+
+func TestReport(t *testing.T) {
+	rep := report{
+		when: time.Date(2026, 11, 21, 20, 0, 0, 0, time.UTC), envoy: "1.40.0", concurrency: 2, cpus: 2,
+		maxKeys: 100000, conns: 64, results: sampleResults(), png: "docs/memory.png",
+	}
+	md := rep.markdown()
+	for _, want := range []string{
+		"| 100 (baseline, after the warm-up) | 200.0 | | | 160.0 | | |",
+		"| 1 000 000 | 207.6 | +7.6 | +7.6 | 255.4 | +95.4 | +95.4 |",
+		"25 000 shared-data keys of 4 buckets",
+		"320 bytes per shared-data key, 80 bytes per bucket slot",
+		"from 500 000 to 1 000 000 distinct keys (every table key exists): RSS +0.0 MiB, allocated +0.0 MiB",
+		"100 bytes per key, growing without bound",
+		"has allocated 12 times what the bounded table allocated",
+		"`tokenbucket.evictions` 3",
+		"statuses 200 × 999 900",
+		"![Envoy RSS against distinct keys](memory.png)",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	tab := rep.table()
+	if !strings.Contains(tab, "1 000 000") || !strings.Contains(tab, "207.6 (+7.6), +7.6") {
+		t.Errorf("table:\n%s", tab)
+	}
+}
+
+// TestReportFreePages: when the bounded table's RSS grows less than its
+// allocations, the report says where the memory came from.
+func TestReportFreePages(t *testing.T) {
+	res := sampleResults()
+	for i := range res[0].samples {
+		res[0].samples[i].rss = res[0].baseline + 1<<20
+	}
+	md := report{maxKeys: 100000, results: res}.markdown()
+	if want := "held 20.0 MiB of free pages after start-up"; !strings.Contains(md, want) {
+		t.Errorf("markdown lacks %q:\n%s", want, md)
+	}
+}
+
+func TestDrawPlot(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "memory.png")
+	if err := writePlot(path, sampleResults()); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := img.Bounds().Size(); got.X != plotW || got.Y != plotH {
+		t.Fatalf("plot is %v, want %dx%d", got, plotW, plotH)
+	}
+	// Both series' colors are drawn.
+	seen := map[[3]uint32]int{}
+	for y := 0; y < plotH; y++ {
+		for x := 0; x < plotW; x++ {
+			r, g, b, _ := img.At(x, y).RGBA()
+			seen[[3]uint32{r >> 8, g >> 8, b >> 8}]++
+		}
+	}
+	for i, c := range seriesColors[:2] {
+		if seen[[3]uint32{uint32(c.R), uint32(c.G), uint32(c.B)}] < 100 {
+			t.Errorf("series %d's color is (almost) absent", i)
+		}
+	}
+}
+
+func TestDrawPlotRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		ss   []series
+	}{
+		{"no series", nil},
+		{"empty series", []series{{label: "a"}}},
+		{"length mismatch", []series{{label: "a", x: []float64{1, 2}, y: []float64{1}}}},
+		{"x not positive", []series{{label: "a", x: []float64{0}, y: []float64{1}}}},
+		{"y not finite", []series{{label: "a", x: []float64{1}, y: []float64{math.Inf(1)}}}},
+		{"bad color", []series{{label: "a", x: []float64{1}, y: []float64{1}, color: 9}}},
+	}
+	for _, tt := range tests {
+		if _, err := drawPlot("t", "x", "y", tt.ss); err == nil {
+			t.Errorf("%s: drawPlot() succeeded, want an error", tt.name)
+		}
+	}
+}
