@@ -10,13 +10,16 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
 )
 
-// mainConfig has a per-key rule (burst 50, 10/s, cost by header), a slow
-// rule for Retry-After jitter and a generous one for the soak.
+// mainConfig has a per-key rule (burst 50, 10/s, cost by header), one that
+// barely refills (for exact counts under concurrency), a slow rule for
+// Retry-After jitter and a generous one for the soak.
 const mainConfig = `{"rules": [
  {"name": "slow", "match": {"path": {"prefix": "/slow"}}, "limit_keys": ["header:x-api-key"],
   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.1, "burst": 1}},
  {"name": "soak", "match": {"path": {"prefix": "/soak"}}, "limit_keys": ["header:x-api-key"],
   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1000000, "burst": 1000000}},
+ {"name": "exact", "match": {"path": {"prefix": "/exact"}}, "limit_keys": ["header:x-api-key"],
+  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 50}},
  {"name": "per-key", "match": {"path": {"prefix": "/api"}}, "limit_keys": ["header:x-api-key"],
   "algorithm": "token_bucket",
   "algorithm_config": {"tokens_per_second": 10, "burst": 50, "cost_source": "header:x-cost", "default_cost": 1}}]}`
@@ -48,17 +51,18 @@ func TestPlugin(t *testing.T) {
 	t.Run("concurrent burst admits exactly burst", func(t *testing.T) {
 		for round, key := range []string{"burst-1", "burst-2", "burst-3"} {
 			res := c.Burst(200, func(int) *http.Request {
-				return c.NewRequest("GET", "/api/x", map[string]string{"x-api-key": key})
+				return c.NewRequest("GET", "/exact", map[string]string{"x-api-key": key})
 			})
 			st := envoytest.Statuses(res)
-			// 10 tokens/s may add a token or two while the burst is in flight.
-			elapsed := maxElapsed(res)
-			refill := int(10*elapsed.Seconds()) + 1
-			if st[200] < 50 || st[200] > 50+refill || st[200]+st[429] != 200 {
-				t.Fatalf("round %d: statuses %v over %v, want exactly 50 (+ at most %d refilled) 200s and the rest 429", round, st, elapsed, refill)
+			if st[200] != 50 || st[429] != 150 {
+				t.Fatalf("round %d: statuses %v, want exactly 50 admitted and 150 rejected", round, st)
 			}
-			t.Logf("round %d: %v in %v", round, st, elapsed)
+			t.Logf("round %d: %v in %v", round, st, maxElapsed(res))
 		}
+		if n := stat("rule.exact.failed_open"); n != 0 {
+			t.Fatalf("%d requests failed open during the bursts", n)
+		}
+		t.Logf("CAS retries so far: %d", stat("cas_retries"))
 	})
 
 	t.Run("keys are isolated", func(t *testing.T) {
