@@ -82,7 +82,7 @@ check: sdk
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue . ./plugin/
 	@# the glue lives in the SDK's package, whose own code trips unsafeptr
-	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue -unsafeptr=false $(SDK_MOD)/proxywasm/internal
+	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue,sdkglue_full -unsafeptr=false $(SDK_MOD)/proxywasm/internal
 	@cp go.mod $(BUILD)/tidy.mod; cp go.sum $(BUILD)/tidy.sum; \
 	$(GO) mod tidy -modfile=$(BUILD)/tidy.mod >/dev/null 2>&1; \
 	diff -q go.mod $(BUILD)/tidy.mod >/dev/null || (echo 'go mod tidy would change go.mod'; exit 1)

@@ -200,10 +200,10 @@ func soak(t *testing.T, e *envoytest.Envoy, c *envoytest.Client) {
 	time.Sleep(1100 * time.Millisecond)
 	heapLate, rssLate := e.Stat("wasmcustom.tokenbucket.memory.sys_bytes"), e.RSS()
 	gcs := e.Stat("wasmcustom.tokenbucket.memory.gc_cycles") - gc0
-	t.Logf("soak: %d requests; plugin GC cycles (one worker) +%d; plugin sys %d -> %d KiB; Envoy RSS %d -> %d MiB",
+	t.Logf("soak: %d requests; plugin GC cycles (all workers) +%d; plugin sys (all workers) %d -> %d KiB; Envoy RSS %d -> %d MiB",
 		sent, gcs, heapEarly>>10, heapLate>>10, rssEarly>>20, rssLate>>20)
 	if gcs < 10 {
-		t.Errorf("only %d garbage collections in one worker: the soak did not exercise the GC", gcs)
+		t.Errorf("only %d garbage collections: the soak did not exercise the GC", gcs)
 	}
 	if heapLate > heapEarly+heapEarly/2 {
 		t.Errorf("plugin memory grew from %d to %d bytes", heapEarly, heapLate)

@@ -74,8 +74,8 @@ type rule struct {
 }
 
 type globalMetrics struct {
-	evictions, retries, refunds, serviceErrors proxywasm.MetricCounter
-	heapBytes, sysBytes, gcCycles              proxywasm.MetricGauge
+	evictions, retries, refunds, serviceErrors, gcCycles proxywasm.MetricCounter
+	heapBytes, sysBytes                                  proxywasm.MetricGauge
 }
 
 // OnPluginStart implements types.PluginContext.
@@ -100,19 +100,24 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	return types.OnPluginStartStatusOK
 }
 
-// OnTick implements types.PluginContext: it records the Go runtime's memory
-// figures of this VM (the last worker to tick wins; each worker's heap is
-// its own).
+// OnTick implements types.PluginContext: it reports the Go runtime's memory
+// figures. Every worker's VM adds the change since its own last report, so
+// the gauges are sums over Envoy's workers and gc_cycles counts all their
+// collections.
 func (p *pluginContext) OnTick() {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	setGauge(p.metrics.heapBytes, ms.HeapAlloc)
-	setGauge(p.metrics.sysBytes, ms.Sys)
-	setGauge(p.metrics.gcCycles, uint64(ms.NumGC))
+	p.metrics.heapBytes.Add(int64(ms.HeapAlloc) - int64(reported.heap))
+	p.metrics.sysBytes.Add(int64(ms.Sys) - int64(reported.sys))
+	if gc := uint64(ms.NumGC); gc > reported.gc {
+		p.metrics.gcCycles.Increment(gc - reported.gc)
+	}
+	reported.heap, reported.sys, reported.gc = ms.HeapAlloc, ms.Sys, uint64(ms.NumGC)
 }
 
-// setGauge sets g to v (the ABI offers only an add).
-func setGauge(g proxywasm.MetricGauge, v uint64) { g.Add(int64(v) - g.Value()) }
+// reported is what this VM has added to the memory metrics so far. It is
+// per VM, not per plugin context, so a reconfiguration carries on from it.
+var reported struct{ heap, sys, gc uint64 }
 
 // configure parses and compiles a configuration. Buckets live in shared data
 // under a prefix of the root id, so a new configuration (or another worker)
@@ -163,7 +168,7 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 		serviceErrors: proxywasm.DefineCounterMetric(Name + ".service_errors"),
 		heapBytes:     proxywasm.DefineGaugeMetric(Name + ".memory.heap_bytes"),
 		sysBytes:      proxywasm.DefineGaugeMetric(Name + ".memory.sys_bytes"),
-		gcCycles:      proxywasm.DefineGaugeMetric(Name + ".memory.gc_cycles"),
+		gcCycles:      proxywasm.DefineCounterMetric(Name + ".memory.gc_cycles"),
 	}
 	return nil
 }

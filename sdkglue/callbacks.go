@@ -5,14 +5,20 @@
 // Exports of the proxy-wasm ABI 0.2.0 for the standard Go compiler: each one
 // converts the ABI's 32-bit arguments and calls the SDK's own (unexported)
 // callback. See hostcalls.go for how this file reaches the SDK.
+//
+// Only the callbacks this plugin implements are exported. The host skips a
+// callback the module does not export (proxy-wasm-cpp-host treats a missing
+// proxy_on_done as "done", a missing body or trailers callback as
+// "continue", a missing proxy_on_log as nothing to do), and every call into a
+// Go module costs several microseconds of runtime entry and exit, so each
+// export left out saves that on every request: proxy_on_log and proxy_on_done
+// always, proxy_on_response_body whenever a response has a body. The plugin
+// implements neither OnHttpStreamDone nor OnPluginDone nor any body, trailer,
+// L4 or queue callback; export one here when it starts to.
 
 package internal
 
-import (
-	"unsafe"
-
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
-)
+import "unsafe"
 
 // pinned keeps buffers handed to the host alive until the host call that
 // asked for them returns (see unpinned in hostcalls.go).
@@ -60,44 +66,9 @@ func exportOnContextCreate(contextID, parentContextID uint32) {
 	proxyOnContextCreate(contextID, parentContextID)
 }
 
-//go:wasmexport proxy_on_new_connection
-func exportOnNewConnection(contextID uint32) uint32 {
-	return uint32(proxyOnNewConnection(contextID))
-}
-
-//go:wasmexport proxy_on_downstream_data
-func exportOnDownstreamData(contextID, dataSize, endOfStream uint32) uint32 {
-	return uint32(proxyOnDownstreamData(contextID, int(dataSize), endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_downstream_connection_close
-func exportOnDownstreamConnectionClose(contextID, peerType uint32) {
-	proxyOnDownstreamConnectionClose(contextID, types.PeerType(peerType))
-}
-
-//go:wasmexport proxy_on_upstream_data
-func exportOnUpstreamData(contextID, dataSize, endOfStream uint32) uint32 {
-	return uint32(proxyOnUpstreamData(contextID, int(dataSize), endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_upstream_connection_close
-func exportOnUpstreamConnectionClose(contextID, peerType uint32) {
-	proxyOnUpstreamConnectionClose(contextID, types.PeerType(peerType))
-}
-
 //go:wasmexport proxy_on_request_headers
 func exportOnRequestHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
 	return uint32(proxyOnRequestHeaders(contextID, int(numHeaders), endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_request_body
-func exportOnRequestBody(contextID, bodySize, endOfStream uint32) uint32 {
-	return uint32(proxyOnRequestBody(contextID, int(bodySize), endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_request_trailers
-func exportOnRequestTrailers(contextID, numTrailers uint32) uint32 {
-	return uint32(proxyOnRequestTrailers(contextID, int(numTrailers)))
 }
 
 //go:wasmexport proxy_on_response_headers
@@ -105,39 +76,14 @@ func exportOnResponseHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
 	return uint32(proxyOnResponseHeaders(contextID, int(numHeaders), endOfStream != 0))
 }
 
-//go:wasmexport proxy_on_response_body
-func exportOnResponseBody(contextID, bodySize, endOfStream uint32) uint32 {
-	return uint32(proxyOnResponseBody(contextID, int(bodySize), endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_response_trailers
-func exportOnResponseTrailers(contextID, numTrailers uint32) uint32 {
-	return uint32(proxyOnResponseTrailers(contextID, int(numTrailers)))
-}
-
 //go:wasmexport proxy_on_http_call_response
 func exportOnHttpCallResponse(pluginContextID, calloutID, numHeaders, bodySize, numTrailers uint32) {
 	proxyOnHttpCallResponse(pluginContextID, calloutID, int(numHeaders), int(bodySize), int(numTrailers))
 }
 
-//go:wasmexport proxy_on_queue_ready
-func exportOnQueueReady(contextID, queueID uint32) {
-	proxyOnQueueReady(contextID, queueID)
-}
-
 //go:wasmexport proxy_on_tick
 func exportOnTick(pluginContextID uint32) {
 	proxyOnTick(pluginContextID)
-}
-
-//go:wasmexport proxy_on_log
-func exportOnLog(contextID uint32) {
-	proxyOnLog(contextID)
-}
-
-//go:wasmexport proxy_on_done
-func exportOnDone(contextID uint32) uint32 {
-	return b2u(proxyOnDone(contextID))
 }
 
 //go:wasmexport proxy_on_delete

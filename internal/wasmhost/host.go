@@ -590,13 +590,14 @@ func wazeroVersion() string {
 	return v
 }
 
-// requiredExports are the guest functions the host calls.
+// requiredExports are the guest functions the host needs. The other
+// callbacks (proxy_on_response_body, proxy_on_http_call_response,
+// proxy_on_tick, proxy_on_log, proxy_on_done) are optional, as in
+// proxy-wasm-cpp-host: a missing one is skipped (see VM.call).
 var requiredExports = []string{
 	"_initialize", "proxy_abi_version_0_2_0", "proxy_on_memory_allocate",
 	"proxy_on_context_create", "proxy_on_vm_start", "proxy_on_configure",
-	"proxy_on_request_headers", "proxy_on_response_headers", "proxy_on_response_body",
-	"proxy_on_http_call_response", "proxy_on_tick", "proxy_on_log", "proxy_on_done",
-	"proxy_on_delete",
+	"proxy_on_request_headers", "proxy_on_response_headers", "proxy_on_delete",
 }
 
 func checkModule(c wazero.CompiledModule) error {

@@ -293,10 +293,18 @@ func (vm *VM) Close() error {
 }
 
 // call runs the guest export f for context ctxID: the effective context is
-// ctxID for the duration. A trap marks the VM failed.
+// ctxID for the duration. A trap marks the VM failed. A callback the module
+// does not export is skipped, as proxy-wasm-cpp-host does: it returns what
+// the host assumes then (proxy_on_done: true; a body callback: Continue).
 func (vm *VM) call(f api.Function, name string, ctxID uint32, args ...uint64) (uint64, error) {
 	if vm.failed != nil {
 		return 0, vm.failed
+	}
+	if f == nil {
+		if name == "proxy_on_done" {
+			return 1, nil
+		}
+		return 0, nil
 	}
 	prev := vm.effective
 	vm.effective = ctxID

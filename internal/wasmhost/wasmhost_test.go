@@ -57,7 +57,7 @@ func buildGuest() ([]byte, error) {
 		return nil, err
 	}
 	if err := run([]string{"GOOS=wasip1", "GOARCH=wasm"}, "go", "build",
-		"-modfile="+filepath.Join(root, "build", "go.wasm.mod"), "-tags", "sdkglue",
+		"-modfile="+filepath.Join(root, "build", "go.wasm.mod"), "-tags", "sdkglue,sdkglue_full",
 		"-buildmode=c-shared", "-o", out, "./internal/wasmhost/testdata/guest"); err != nil {
 		return nil, err
 	}
