@@ -1,0 +1,220 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+)
+
+// kind is what sits in Envoy's HTTP filter chain before the router.
+type kind int
+
+const (
+	kindNone    kind = iota // the router alone
+	kindNative              // envoy.filters.http.local_ratelimit
+	kindPlugin              // this plugin, a local rule
+	kindCluster             // this plugin, a cluster rule through limitd
+)
+
+// setup is one benchmarked configuration.
+type setup struct {
+	ID        int    // 1..6, as in issue 7
+	Name      string // short name for files and flags
+	Label     string // name in the table
+	Plot      string // name in the plots, lines split by '\n'
+	Kind      kind
+	Rejecting bool // limited to reject about half the requests
+	// Plugin is the plugin configuration of a diagnostic setup (nil: the
+	// standard rule). Diagnostic setups run only when asked for (-diag or
+	// -only) and split the plugin's cost into parts.
+	Plugin func(limit) string
+}
+
+var setups = []setup{
+	{1, "none", "no filter", "no filter", kindNone, false, nil},
+	{2, "native", "native local_ratelimit", "native", kindNative, false, nil},
+	{3, "plugin", "plugin", "plugin", kindPlugin, false, nil},
+	{4, "plugin-reject", "plugin, ~50% rejected", "plugin\n~50% rej.", kindPlugin, true, nil},
+	{5, "native-reject", "native, ~50% rejected", "native\n~50% rej.", kindNative, true, nil},
+	{6, "cluster", "plugin, cluster rule (limitd)", "plugin\ncluster", kindCluster, false, nil},
+	// Diagnostics: the cost of a Go Wasm filter that does nothing but read
+	// one header, and of the plugin without its response headers.
+	{7, "plugin-idle", "plugin, rule never applies", "plugin\nidle", kindPlugin, false, idleRule},
+	{8, "plugin-noheaders", "plugin, no response headers", "plugin\nno hdrs", kindPlugin, false, noHeadersRule},
+	// The same Wasm filter running a module whose callbacks do nothing
+	// (nullFilterWasm): what Envoy and V8 cost per request before any
+	// guest code runs.
+	{9, "null-wasm", "no-op Wasm module", "no-op\nWasm", kindPlugin, false, idleRule},
+	// The no-op module calling the host nullHostCalls times per request:
+	// (10) − (9) is the cost of that many calls from a module into Envoy.
+	{10, "null-wasm-calls", "no-op Wasm module, 10 host calls", "no-op +10\nhost calls", kindPlugin, false, idleRule},
+}
+
+// nullHostCalls is how many host calls configuration 10 makes per request.
+const nullHostCalls = 10
+
+// isDiag reports whether s is a diagnostic setup.
+func (s setup) isDiag() bool { return s.Plugin != nil }
+
+// idleRule is the standard rule behind a condition no request meets: the
+// plugin reads one request header per request and decides nothing.
+func idleRule(l limit) string {
+	return `{"rules":[{"name":"per-key","match":{"header:x-bench-never":{"present":true}},"limit_keys":["header:x-api-key"],"algorithm":"token_bucket",` +
+		`"algorithm_config":{"tokens_per_second":` + strconv.FormatInt(l.Rate, 10) +
+		`,"burst":` + strconv.FormatInt(l.Burst, 10) + `}}]}`
+}
+
+// noHeadersRule is the standard rule with "headers": "none": no RateLimit
+// headers on allowed responses.
+func noHeadersRule(l limit) string {
+	return `{"headers":"none",` + strings.TrimPrefix(pluginRule(l), "{")
+}
+
+// neverLimit is a per-key rate and burst no benchmark can exhaust.
+const neverLimit = 1e9
+
+// limit is a per-key token bucket: tokens per second and capacity. The
+// native filter takes integers, so both are whole numbers.
+type limit struct{ Rate, Burst int64 }
+
+var unlimited = limit{neverLimit, neverLimit}
+
+// nativeStatPrefix is the stat_prefix of the native filter: its statistics
+// are <prefix>.http_local_rate_limit.{enabled,ok,rate_limited,enforced}.
+const nativeStatPrefix = "bench_native"
+
+// nativeFilterYAML is Envoy's local rate limit filter with one token bucket
+// per x-api-key value: the filter's own rate_limits turn the header into the
+// descriptor entry x-api-key=<value>, and the descriptor whose entry has no
+// value is the wildcard that gives every distinct value its own bucket (an
+// LRU of at most max_dynamic_descriptors). The filter is enabled and
+// enforced for every request (both default to 0%). The default bucket must
+// be set but is never consumed when a descriptor matches.
+const nativeFilterYAML = `          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: ` + nativeStatPrefix + `
+              filter_enabled:
+                runtime_key: bench_native_enabled
+                default_value: {numerator: 100, denominator: HUNDRED}
+              filter_enforced:
+                runtime_key: bench_native_enforced
+                default_value: {numerator: 100, denominator: HUNDRED}
+              token_bucket: {max_tokens: 4000000000, tokens_per_fill: 4000000000, fill_interval: 1s}
+              always_consume_default_token_bucket: false
+              max_dynamic_descriptors: {{.Data.maxDescriptors}}
+              rate_limits:
+              - actions:
+                - request_headers: {header_name: x-api-key, descriptor_key: x-api-key}
+              descriptors:
+              - entries:
+                - key: x-api-key
+                token_bucket: {max_tokens: {{.Data.burst}}, tokens_per_fill: {{.Data.rate}}, fill_interval: 1s}
+`
+
+// nativeConfigYAML is envoytest.PlainConfigYAML with the native filter
+// before the router: the same listener, route and upstream cluster.
+var nativeConfigYAML = func() string {
+	const anchor = "          http_filters:\n"
+	if strings.Count(envoytest.PlainConfigYAML, anchor) != 1 {
+		return "" // caught by checkTemplates
+	}
+	return strings.Replace(envoytest.PlainConfigYAML, anchor, anchor+nativeFilterYAML, 1)
+}()
+
+func checkTemplates() error {
+	if nativeConfigYAML == "" {
+		return fmt.Errorf("bench: envoytest.PlainConfigYAML has changed: no single http_filters line to insert the native filter at")
+	}
+	return nil
+}
+
+// pluginRule is the plugin's configuration: one local rule giving every
+// x-api-key value its own bucket.
+func pluginRule(l limit) string {
+	return `{"rules":[{"name":"per-key","limit_keys":["header:x-api-key"],"algorithm":"token_bucket",` +
+		`"algorithm_config":{"tokens_per_second":` + strconv.FormatInt(l.Rate, 10) +
+		`,"burst":` + strconv.FormatInt(l.Burst, 10) + `}}]}`
+}
+
+// clusterRule is the plugin's configuration for setup 6: one cluster rule
+// per x-api-key value decided by the limit service behind the Envoy cluster
+// limit_service. The timeout is generous so that a busy loopback service
+// does not turn into fail-open decisions (counted in service_errors).
+func clusterRule(l limit) string {
+	return `{"service":{"cluster":"limit_service","timeout_ms":1000},` +
+		`"rules":[{"name":"fleet","scope":"cluster","limit_keys":["header:x-api-key"],"algorithm":"token_bucket",` +
+		`"algorithm_config":{"tokens_per_second":` + strconv.FormatInt(l.Rate, 10) +
+		`,"burst":` + strconv.FormatInt(l.Burst, 10) + `}}]}`
+}
+
+// options builds Envoy's options for s with the per-key limit l.
+func (s setup) options(upstreamPort, servicePort, keys int, l limit) envoytest.Options {
+	o := envoytest.Options{
+		UpstreamPort:  upstreamPort,
+		Concurrency:   1,
+		LogLevel:      "warn",
+		FailurePolicy: "FAIL_CLOSED",
+	}
+	switch s.Kind {
+	case kindNone:
+		o.Config = envoytest.PlainConfigYAML
+	case kindNative:
+		o.Config = nativeConfigYAML
+		o.Data = map[string]any{
+			"rate":           l.Rate,
+			"burst":          l.Burst,
+			"maxDescriptors": maxDescriptors(keys),
+		}
+	case kindPlugin:
+		o.Config = envoytest.DemoConfigYAML
+		o.PluginConfig = pluginRule(l)
+		if s.Plugin != nil {
+			o.PluginConfig = s.Plugin(l)
+		}
+	case kindCluster:
+		o.Config = envoytest.DemoConfigYAML
+		o.PluginConfig = clusterRule(l)
+		o.ServicePort = servicePort
+	}
+	return o
+}
+
+// maxDescriptors is the native filter's max_dynamic_descriptors: room for
+// every key with a margin, so that no bucket is ever evicted.
+func maxDescriptors(keys int) int { return max(keys*2, 1000) }
+
+// decides reports whether s's filter counts decisions in /stats.
+func (s setup) decides() bool {
+	return s.Kind != kindNone && s.Name != "plugin-idle" && s.Name != "null-wasm" && s.Name != "null-wasm-calls"
+}
+
+// allowedStat and rejectedStat name the statistics that prove the limiter
+// ran: every request it saw is counted in one of them.
+func (s setup) allowedStat() string {
+	switch s.Kind {
+	case kindNative:
+		return nativeStatPrefix + ".http_local_rate_limit.ok"
+	case kindPlugin:
+		return "wasmcustom.tokenbucket.rule.per-key.allowed"
+	case kindCluster:
+		return "wasmcustom.tokenbucket.rule.fleet.allowed"
+	}
+	return ""
+}
+
+func (s setup) rejectedStat() string {
+	switch s.Kind {
+	case kindNative:
+		return nativeStatPrefix + ".http_local_rate_limit.rate_limited"
+	case kindPlugin:
+		return "wasmcustom.tokenbucket.rule.per-key.rejected"
+	case kindCluster:
+		return "wasmcustom.tokenbucket.rule.fleet.rejected"
+	}
+	return ""
+}

@@ -1,0 +1,238 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+// Command bench measures what rate limiting costs in Envoy: the same Envoy
+// binary, listener, upstream and --concurrency with (1) no filter, (2)
+// Envoy's native local_ratelimit per x-api-key value, never rejecting, (3)
+// this plugin with one rule on x-api-key, never rejecting, (4) the plugin and
+// (5) the native filter limited to reject about half the requests, and (6) a
+// cluster rule through the limit service (build/limitd), when it is built.
+// Three diagnostic configurations split the plugin's cost (-diag, on by
+// default): (7) the plugin whose rule never applies, (8) the plugin without
+// response headers, (9) the Wasm filter running a module that does nothing,
+// (10) that module calling the host 10 times per request.
+//
+// The model:
+//
+//   - Envoy runs with --concurrency 1 pinned to CPU 0; this process (load
+//     generator, upstream, orchestration) and limitd are pinned to CPU 1.
+//     All six Envoys run side by side for the whole benchmark; only the one
+//     under load uses CPU.
+//   - The load generator is in-process: HTTP/1.1 keep-alive on loopback,
+//     with requests cycling through -keys x-api-key values. A saturation run
+//     is a closed loop (-conns connections, each sending as soon as the
+//     previous answer arrived); a latency run is an open loop at a fixed
+//     rate on -open-conns connections: -load times the no-filter saturated
+//     throughput measured in a calibration pass.
+//   - Each of -rounds rounds runs every configuration once, the order
+//     reversed every other round (A B … B A …) so that drift cancels.
+//     Results are medians across rounds, with the minimum and maximum.
+//   - Envoy's CPU per request comes from utime + stime in /proc/<pid>/stat
+//     over the measuring window (10 ms ticks); its memory is VmRSS.
+//   - The rejecting configurations get the per-key limit that rejects half
+//     of a closed loop's requests when Envoy has its core to itself:
+//     1 / (CPU of an allowed request + CPU of a rejected one), the first
+//     from the non-rejecting twin, the second measured (full runs) in a
+//     first try. Their fixed-rate runs use as many keys as make the offered
+//     rate per key twice the per-key limit.
+//
+// Every run is bounded in time; nothing leaves loopback. Output: README.md
+// (tables, method, machine, versions), results.json and PNG plots in -out.
+//
+//	bench                        full run into docs/benchmarks
+//	bench -smoke -out build/bench-smoke   a few seconds per configuration
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// params are the command-line settings.
+type params struct {
+	rounds       int
+	warmup       time.Duration
+	satWindow    time.Duration
+	latWindow    time.Duration
+	calWindow    time.Duration
+	prime        time.Duration
+	conns        int
+	openConns    int
+	keys         int
+	load         float64
+	out          string
+	limitd       string
+	only         string
+	smoke        bool
+	diag         bool
+	render       string
+	correct      bool
+	verbose      bool
+	envoyCPU     int
+	loadCPU      int
+	noPin        bool
+	startTimeout time.Duration
+}
+
+func parseParams(args []string) (*params, error) {
+	p := &params{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.IntVar(&p.rounds, "rounds", 4, "rounds; each runs every configuration once")
+	fs.DurationVar(&p.warmup, "warmup", time.Second, "load before each measuring window")
+	fs.DurationVar(&p.satWindow, "sat", 3*time.Second, "measuring window of a saturation run")
+	fs.DurationVar(&p.latWindow, "lat", 3*time.Second, "measuring window of a fixed-rate latency run")
+	fs.DurationVar(&p.calWindow, "cal", 3*time.Second, "measuring window of a calibration run")
+	fs.DurationVar(&p.prime, "prime", 2*time.Second, "unmeasured load right after each Envoy starts (V8 tiers up)")
+	fs.IntVar(&p.conns, "conns", 32, "connections of the closed loop")
+	fs.IntVar(&p.openConns, "open-conns", 32, "connections of the open loop")
+	fs.IntVar(&p.keys, "keys", 100, "distinct x-api-key values, used in turn")
+	fs.Float64Var(&p.load, "load", 0.5, "latency runs: offered rate as a fraction of the no-filter saturation throughput")
+	fs.StringVar(&p.out, "out", "docs/benchmarks", "directory for README.md, results.json and the plots")
+	fs.StringVar(&p.limitd, "limitd", "build/limitd", "limit service binary for configuration 6 (skipped when absent)")
+	fs.StringVar(&p.only, "only", "", "comma-separated configuration numbers to run (default 1-6, and 7-9 with -diag)")
+	fs.BoolVar(&p.diag, "diag", true, "also run the diagnostic configurations 7 (plugin whose rule never applies), 8 (plugin without response headers), 9 (a no-op Wasm module) and 10 (the same with 10 host calls per request)")
+	fs.StringVar(&p.render, "render", "", "only rewrite README.md and the plots in -out from this results.json (no measuring)")
+	fs.BoolVar(&p.smoke, "smoke", false, "short run: 1 round, short windows, no rate correction")
+	fs.BoolVar(&p.correct, "correct", true, "re-calibrate the rejecting configurations once for ~50% rejections")
+	fs.BoolVar(&p.verbose, "v", false, "log harness messages")
+	fs.IntVar(&p.envoyCPU, "envoy-cpu", 0, "CPU Envoy is pinned to")
+	fs.IntVar(&p.loadCPU, "load-cpu", 1, "CPU this process (generator, upstream) and limitd are pinned to")
+	fs.BoolVar(&p.noPin, "no-pin", false, "do not pin processes to CPUs")
+	fs.DurationVar(&p.startTimeout, "start-timeout", 3*time.Minute, "bound on each Envoy start")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
+	}
+	if p.smoke {
+		p.rounds = 1
+		p.warmup = 500 * time.Millisecond
+		p.satWindow = 1500 * time.Millisecond
+		p.latWindow = 1500 * time.Millisecond
+		p.calWindow = time.Second
+		p.prime = time.Second
+		p.correct = false
+		p.diag = false
+	}
+	switch {
+	case p.rounds < 1 || p.rounds > 50:
+		return nil, fmt.Errorf("bench: -rounds: want 1..50, got %d", p.rounds)
+	case p.conns < 1 || p.conns > 1000:
+		return nil, fmt.Errorf("bench: -conns: want 1..1000, got %d", p.conns)
+	case p.openConns < 1 || p.openConns > 1000:
+		return nil, fmt.Errorf("bench: -open-conns: want 1..1000, got %d", p.openConns)
+	case p.keys < 1 || p.keys > 100000:
+		return nil, fmt.Errorf("bench: -keys: want 1..100000, got %d", p.keys)
+	case p.load <= 0 || p.load > 1:
+		return nil, fmt.Errorf("bench: -load: want (0, 1], got %v", p.load)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"warmup", p.warmup}, {"sat", p.satWindow}, {"lat", p.latWindow}, {"cal", p.calWindow}, {"prime", p.prime}} {
+		if d.v <= 0 || d.v > time.Minute {
+			return nil, fmt.Errorf("bench: -%s: want (0, 1m], got %v", d.name, d.v)
+		}
+	}
+	return p, nil
+}
+
+// selected returns the configurations -only names, in order.
+func (p *params) selected() ([]setup, error) {
+	if p.only == "" {
+		var out []setup
+		for _, s := range setups {
+			if p.diag || !s.isDiag() {
+				out = append(out, s)
+			}
+		}
+		return out, nil
+	}
+	want := map[int]bool{}
+	for _, f := range strings.Split(p.only, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > len(setups) {
+			return nil, fmt.Errorf("bench: -only: %q is not a configuration number 1..%d", f, len(setups))
+		}
+		want[n] = true
+	}
+	var out []setup
+	for _, s := range setups {
+		if want[s.ID] {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+func main() {
+	p, err := parseParams(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(2)
+	}
+	if err == nil {
+		err = run(p)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func run(p *params) error {
+	if p.render != "" {
+		rep, err := readReport(p.render)
+		if err != nil {
+			return err
+		}
+		return rep.write(p.out)
+	}
+	if err := checkTemplates(); err != nil {
+		return err
+	}
+	sel, err := p.selected()
+	if err != nil {
+		return err
+	}
+	b := &bench{p: p, tb: &harnessTB{verbose: p.verbose}, started: time.Now()}
+	defer b.tb.close()
+	// SIGINT or SIGTERM: stop the Envoys and limitd before exiting.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		fmt.Fprintln(os.Stderr, "bench: interrupted, stopping")
+		b.tb.close()
+		os.Exit(1)
+	}()
+	if err := b.prepare(); err != nil {
+		return err
+	}
+	if err := b.startAll(sel); err != nil {
+		return err
+	}
+	if err := b.calibrate(); err != nil {
+		return err
+	}
+	if err := b.rounds(); err != nil {
+		return err
+	}
+	if err := b.verify(); err != nil {
+		return err
+	}
+	b.info.Machine.LoadEnd = loadAvg()
+	b.info.Duration = time.Since(b.started).Round(time.Second).String()
+	rep := b.report()
+	if err := rep.write(p.out); err != nil {
+		return err
+	}
+	fmt.Printf("\n%s\nwrote %s (%s)\n", rep.summary(), p.out, b.info.Duration)
+	return nil
+}

@@ -1,0 +1,32 @@
+# The overhead benchmark (issue 7): cmd/bench runs the real Envoy with no
+# filter, Envoy's native local_ratelimit, the plugin, and a cluster rule
+# through the limit service (build/limitd, in-memory), and writes the
+# results to docs/benchmarks/ (README.md, results.json, PNG plots).
+#
+#   make bench           full run, about 7 minutes; rewrites docs/benchmarks/
+#   make bench-smoke     a few seconds per configuration (CI), into build/bench-smoke/
+#   make bench-profile   host calls and guest allocations per request, in wazero
+#
+# BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
+# (see `go run ./cmd/bench -h`).
+
+.PHONY: bench bench-smoke bench-profile
+
+BENCH_FLAGS ?=
+BENCH_BIN := $(BUILD)/bench
+
+$(BENCH_BIN): $(shell find cmd/bench internal/envoytest -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
+	@mkdir -p $(BUILD)
+	$(GO) build -o $@ ./cmd/bench
+
+bench: build setup build-service $(BENCH_BIN)
+	$(BENCH_BIN) -out docs/benchmarks -limitd $(BUILD)/limitd $(BENCH_FLAGS)
+
+bench-smoke: build setup build-service $(BENCH_BIN)
+	$(BENCH_BIN) -smoke -out $(BUILD)/bench-smoke -limitd $(BUILD)/limitd $(BENCH_FLAGS)
+
+# Builds its own unstripped copy of the plugin (build/plugin-profile.wasm)
+# so that the guest's runtime.mallocgc can be found by name.
+bench-profile: build
+	set -o pipefail; \
+	$(GO) test -v -count=1 -run XXX -bench 'PluginRequest' -benchtime 20000x ./cmd/bench/ | grep -v '^=== '
