@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"github.com/ratelimit-wasm/tokenbucket/internal/pngfont"
 	"image"
 	"image/color"
 	"image/png"
@@ -79,7 +80,7 @@ func textWidth(s string, scale int) int { return len([]rune(s)) * 6 * scale }
 // text draws s with its top-left corner at (x, y).
 func (c *canvas) text(x, y int, s string, scale int, col color.RGBA) {
 	for _, r := range s {
-		g := glyph(r)
+		g := pngfont.Glyph(r)
 		for row, line := range g {
 			for colIdx, ch := range line {
 				if ch == '#' {

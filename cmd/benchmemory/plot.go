@@ -5,13 +5,13 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"github.com/ratelimit-wasm/tokenbucket/internal/pngfont"
 	"image"
 	"image/color"
 	"image/png"
 	"math"
 	"os"
 	"strconv"
-	"unicode"
 )
 
 // The plot's geometry, in image pixels.
@@ -147,7 +147,7 @@ func drawPlot(title, xLabel, yLabel string, ss []series) (*image.RGBA, error) {
 		y := y0 + float64(k)*step
 		fill(img, image.Rect(left, py(y), right, py(y)+1), gridColor)
 		label := strconv.FormatFloat(y, 'f', decimals, 64)
-		drawText(img, left-10-textWidth(label), py(y)-glyphH*textScale/2, label, black)
+		drawText(img, left-10-textWidth(label), py(y)-pngfont.H*textScale/2, label, black)
 	}
 	// Axes, labels and title.
 	fill(img, image.Rect(left, top, left+2, bottom+1), black)
@@ -264,22 +264,20 @@ func textWidth(s string) int {
 	if n == 0 {
 		return 0
 	}
-	return (n*(glyphW+1) - 1) * textScale
+	return (n*(pngfont.W+1) - 1) * textScale
 }
 
 // drawText draws s with its top-left corner at (x, y).
 func drawText(img *image.RGBA, x, y int, s string, c color.RGBA) {
 	for _, r := range s {
-		g, ok := glyphs[unicode.ToUpper(r)]
-		if ok {
-			for row := 0; row < glyphH; row++ {
-				for col := 0; col < glyphW; col++ {
-					if g[row][col] == '#' {
-						fill(img, image.Rect(x+col*textScale, y+row*textScale, x+(col+1)*textScale, y+(row+1)*textScale), c)
-					}
+		g := pngfont.Glyph(r)
+		for row := 0; row < pngfont.H; row++ {
+			for col := 0; col < pngfont.W; col++ {
+				if g[row][col] == '#' {
+					fill(img, image.Rect(x+col*textScale, y+row*textScale, x+(col+1)*textScale, y+(row+1)*textScale), c)
 				}
 			}
 		}
-		x += (glyphW + 1) * textScale
+		x += (pngfont.W + 1) * textScale
 	}
 }
