@@ -3,6 +3,7 @@ package plugin
 import (
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -242,23 +243,25 @@ func (c *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 	if c.localReply || c.shown == nil {
 		return types.ActionContinue
 	}
-	for _, h := range c.rateLimitHeaders(c.shown, c.decision, nil) {
-		if err := proxywasm.AddHttpResponseHeader(h[0], h[1]); err != nil {
-			proxywasm.LogWarnf("%s: adding response header %s: %v", Name, h[0], err)
+	c.rateLimitHeaders(c.shown, c.decision, func(name, value string) {
+		if err := proxywasm.AddHttpResponseHeader(name, value); err != nil {
+			proxywasm.LogWarnf("%s: adding response header %s: %v", Name, name, err)
 		}
-	}
+	})
 	return types.ActionContinue
 }
 
 // reject sends the local reply for a rejection by ru.
 func (c *httpContext) reject(ru *rule, status int, reason string, d bucket.Decision, id uint64) types.Action {
 	c.localReply = true
-	var hs [][2]string
+	hs := make([][2]string, 0, 8+len(ru.ResponseHeaders))
 	retry := int64(0)
 	if reason == reasonExceeded { // the others never succeed by waiting
 		retry = jitter(d.RetryAfter, id)
 		hs = append(hs, [2]string{"retry-after", strconv.FormatInt(retry, 10)})
-		hs = c.rateLimitHeaders(ru, d, hs)
+		c.rateLimitHeaders(ru, d, func(name, value string) {
+			hs = append(hs, [2]string{name, strings.Clone(value)}) // value aliases a scratch buffer
+		})
 	}
 	hs = append(hs, [2]string{"x-ratelimit-reason", reason})
 	for _, h := range ru.ResponseHeaders {
@@ -276,35 +279,38 @@ func (c *httpContext) reject(ru *rule, status int, reason string, d bucket.Decis
 	return types.ActionPause
 }
 
-// rateLimitHeaders appends the headers the configuration's style asks for.
-// On a rejection, t is the wait before a retry can succeed; otherwise the
-// time until the bucket is full again.
-func (c *httpContext) rateLimitHeaders(ru *rule, d bucket.Decision, hs [][2]string) [][2]string {
+// rateLimitHeaders passes add the headers the configuration's style asks
+// for. On a rejection, t is the wait before a retry can succeed; otherwise the
+// time until the bucket is full again. The values it formats alias the
+// plugin's scratch buffer and are valid only during the call to add (see
+// hostString), so the allowed path allocates nothing here.
+func (c *httpContext) rateLimitHeaders(ru *rule, d bucket.Decision, add func(name, value string)) {
 	style := c.plugin.cfg.Headers
 	if style == config.HeadersNone {
-		return hs
+		return
 	}
 	t := d.ResetAfter
 	if !d.Allowed {
 		t = d.RetryAfter
 	}
-	remaining := d.Remaining
-	if remaining < 0 {
-		remaining = 0
-	}
-	r, ts := strconv.FormatInt(remaining, 10), strconv.FormatInt(t, 10)
+	remaining := max(d.Remaining, 0)
+	b := &c.plugin.scratch
 	if style == config.HeadersBoth || style == config.HeadersDraft {
-		hs = append(hs,
-			[2]string{"ratelimit-policy", ru.policy},
-			[2]string{"ratelimit", `"` + ru.Name + `";r=` + r + ";t=" + ts})
+		add("ratelimit-policy", ru.policy)
+		*b = append((*b)[:0], ru.quotedName...)
+		*b = append(*b, ";r="...)
+		*b = strconv.AppendInt(*b, remaining, 10)
+		*b = append(*b, ";t="...)
+		*b = strconv.AppendInt(*b, t, 10)
+		add("ratelimit", hostString(*b))
 	}
 	if style == config.HeadersBoth || style == config.HeadersLegacy {
-		hs = append(hs,
-			[2]string{"ratelimit-limit", formatNumber(ru.limit.Burst)},
-			[2]string{"ratelimit-remaining", r},
-			[2]string{"ratelimit-reset", ts})
+		add("ratelimit-limit", ru.burst)
+		*b = strconv.AppendInt((*b)[:0], remaining, 10)
+		add("ratelimit-remaining", hostString(*b))
+		*b = strconv.AppendInt((*b)[:0], t, 10)
+		add("ratelimit-reset", hostString(*b))
 	}
-	return hs
 }
 
 // jitter spreads Retry-After per client: the base wait plus up to 50% more,

@@ -58,6 +58,7 @@ type pluginContext struct {
 	reqs    []store.Request
 	applied []*rule
 	out     []bucket.Decision
+	scratch []byte // header values being formatted
 }
 
 // rule is a config.Rule with what the request path needs precomputed.
@@ -65,6 +66,8 @@ type rule struct {
 	*config.Rule
 	limit      bucket.Limit
 	policy     string // RateLimit-Policy value
+	quotedName string // the name as a structured-field string: "name"
+	burst      string // RateLimit-Limit value
 	identity   hasher // hash of the rule name and its limit-key sources
 	allowed    proxywasm.MetricCounter
 	rejected   proxywasm.MetricCounter
@@ -182,7 +185,9 @@ func compile(cr *config.Rule) *rule {
 	r.identity = h
 	if cr.Action == config.ActionLimit {
 		window := int64(math.Ceil(cr.Limit.Burst / cr.Limit.TokensPerSecond))
-		r.policy = `"` + cr.Name + `";q=` + formatNumber(cr.Limit.Burst) + ";w=" + strconv.FormatInt(window, 10)
+		r.quotedName = `"` + cr.Name + `"`
+		r.burst = formatNumber(cr.Limit.Burst)
+		r.policy = r.quotedName + ";q=" + r.burst + ";w=" + strconv.FormatInt(window, 10)
 	}
 	m := Name + ".rule." + cr.Name + "."
 	r.allowed = proxywasm.DefineCounterMetric(m + "allowed")
