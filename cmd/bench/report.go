@@ -394,7 +394,7 @@ func (r *report) breakdown(w func(string, ...any)) {
 		return spreadOf(xs)
 	}
 	w("\n### Where the plugin's CPU goes\n\n")
-	w("Differences of Envoy CPU per request at saturation between configurations, within each round (µs, median and range):\n\n")
+	w("Differences of Envoy CPU per request at saturation between configurations, within each round (µs, median and range). Each part is the difference of two noisy measurements: on a shared machine a part's range spans tens of µs and parts move between runs; the total is the steady figure. The request path's exact counts (host calls, allocations, Go calls) are in [profile.md](profile.md).\n\n")
 	w("| part | from | µs per request |\n|---|---|---|\n")
 	rows := []struct {
 		part, from string
