@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -218,27 +217,7 @@ func profileWasm(tb testing.TB) []byte {
 			profileBuild.err = err
 			return
 		}
-		out := filepath.Join(root, "build", "plugin-profile.wasm")
-		run := func(env []string, name string, args ...string) error {
-			cmd := exec.Command(name, args...)
-			cmd.Dir = root
-			cmd.Env = append(os.Environ(), env...)
-			if b, err := cmd.CombinedOutput(); err != nil {
-				return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, b)
-			}
-			return nil
-		}
-		if err := run(nil, "make", "-s", "sdk"); err != nil {
-			profileBuild.err = err
-			return
-		}
-		if err := run([]string{"GOOS=wasip1", "GOARCH=wasm"}, "go", "build",
-			"-modfile="+filepath.Join(root, "build", "go.wasm.mod"), "-tags", "sdkglue",
-			"-buildmode=c-shared", "-trimpath", "-o", out, "."); err != nil {
-			profileBuild.err = err
-			return
-		}
-		profileBuild.wasm, profileBuild.err = os.ReadFile(out)
+		profileBuild.wasm, profileBuild.err = wasmhost.BuildModule(root, ".", "plugin-profile.wasm", "sdkglue")
 	})
 	if profileBuild.err != nil {
 		if os.Getenv("CI") == "true" {

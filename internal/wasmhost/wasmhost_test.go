@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -43,25 +42,7 @@ func buildGuest() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := filepath.Join(root, "build", "testguest.wasm")
-	run := func(env []string, name string, args ...string) error {
-		cmd := exec.Command(name, args...)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), env...)
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, b)
-		}
-		return nil
-	}
-	if err := run(nil, "make", "-s", "sdk"); err != nil {
-		return nil, err
-	}
-	if err := run([]string{"GOOS=wasip1", "GOARCH=wasm"}, "go", "build",
-		"-modfile="+filepath.Join(root, "build", "go.wasm.mod"), "-tags", "sdkglue,sdkglue_full",
-		"-buildmode=c-shared", "-o", out, "./internal/wasmhost/testdata/guest"); err != nil {
-		return nil, err
-	}
-	return os.ReadFile(out)
+	return BuildModule(root, "./internal/wasmhost/testdata/guest", "testguest.wasm", "sdkglue,sdkglue_full")
 }
 
 // newHost returns a host for the guest; its log is printed if the test fails.
