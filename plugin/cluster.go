@@ -28,24 +28,15 @@ type clusterCall struct {
 	service *config.Service
 }
 
-// clusterKey names ru's bucket for this request in the limit service: the
-// rule name and a 128-bit hash of its length-prefixed key values (two
-// independent 64-bit hashes), so key length is bounded (a 1 MB header
+// clusterKey names a bucket in the limit service: the rule name and a
+// 128-bit hash of its length-prefixed key values (two independent 64-bit
+// hashes, computed by identity), so key length is bounded (a 1 MB header
 // becomes 32 hex digits) and no client value reaches Redis as it is.
-func clusterKey(ru *rule, r *request) string {
-	lo, hi := ru.identity, ru.identity.byte(0x5c)
-	for _, k := range ru.LimitKeys {
-		v, ok := r.value(k)
-		if !ok { // only missing_key "shared" gets here
-			lo, hi = lo.byte(0xff), hi.byte(0xff)
-			break
-		}
-		lo, hi = lo.field(v), hi.field(v)
-	}
-	b := make([]byte, 0, len(ru.Name)+33)
-	b = append(append(b, ru.Name...), ':')
-	b = appendHex(b, lo.sum())
-	b = appendHex(b, mix(hi.sum()^0x9e3779b97f4a7c15))
+func clusterKey(rule string, lo, hi uint64) string {
+	b := make([]byte, 0, len(rule)+33)
+	b = append(append(b, rule...), ':')
+	b = appendHex(b, lo)
+	b = appendHex(b, mix(hi^0x9e3779b97f4a7c15))
 	return string(b)
 }
 

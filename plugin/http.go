@@ -67,7 +67,7 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 		if ru.Action == config.ActionAllow {
 			break // exempt from every later rule
 		}
-		id, ok := identity(ru, &r)
+		id, key, ok := identity(ru, &r)
 		if !ok {
 			switch ru.MissingKey {
 			case config.MissingSkip:
@@ -98,7 +98,6 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 			if call == nil {
 				call = &clusterCall{now: now, service: ru.Service}
 			}
-			key := clusterKey(ru, &r)
 			call.rules = append(call.rules, ru)
 			call.keys = append(call.keys, key)
 			call.costs = append(call.costs, cost)
@@ -202,21 +201,32 @@ func (p *pluginContext) count(o store.Outcome) {
 }
 
 // identity is the bucket of ru for this request: the hash of the rule and
-// its key values. ok is false when a key has no value; a rule with
-// missing_key "shared" then gets one bucket for all such requests.
-func identity(ru *rule, r *request) (id uint64, ok bool) {
-	h := ru.identity
+// its key values, and for an enforced cluster rule also the bucket's name in
+// the limit service (see clusterKey), both from one read of each value. ok
+// is false when a key has no value; a rule with missing_key "shared" then
+// gets one bucket for all such requests.
+func identity(ru *rule, r *request) (id uint64, key string, ok bool) {
+	cluster := ru.Scope == config.ScopeCluster && ru.Mode == config.ModeEnforce
+	lo, hi := ru.identity, ru.identity.byte(0x5c)
+	ok = true
 	for _, k := range ru.LimitKeys {
 		v, has := r.value(k)
 		if !has {
-			if ru.MissingKey == config.MissingShared {
-				return ru.identity.byte(0xff).sum(), false
+			if ru.MissingKey != config.MissingShared {
+				return 0, "", false
 			}
-			return 0, false
+			lo, hi, ok = ru.identity.byte(0xff), ru.identity.byte(0x5c).byte(0xff), false
+			break
 		}
-		h = h.field(v)
+		lo = lo.field(v)
+		if cluster {
+			hi = hi.field(v)
+		}
 	}
-	return h.sum(), true
+	if cluster {
+		key = clusterKey(ru.Name, lo.sum(), hi.sum())
+	}
+	return lo.sum(), key, ok
 }
 
 // requestCost is the tokens a request takes: the fixed cost, or the header
