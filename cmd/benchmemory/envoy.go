@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 	"io"
 	"net"
 	"net/http"
@@ -91,7 +92,7 @@ type envoy struct {
 func startEnvoy(bin, wasm, name, pluginConfig string, concurrency int) (*envoy, error) {
 	ports := make([]int, 2)
 	for i := range ports {
-		p, err := freePort()
+		p, err := loopback.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -138,19 +139,6 @@ func startEnvoy(bin, wasm, name, pluginConfig string, concurrency int) (*envoy, 
 		return nil, fmt.Errorf("%w\n%s", err, tail)
 	}
 	return e, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	a, ok := l.Addr().(*net.TCPAddr)
-	if !ok {
-		return 0, fmt.Errorf("benchmemory: listener address %v is not TCP", l.Addr())
-	}
-	return a.Port, nil
 }
 
 var errExited = errors.New("benchmemory: envoy exited")

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 	"io"
 	"math"
 	"net"
@@ -211,7 +212,7 @@ func spawn(t testing.TB, bin string, opts Options) (*Envoy, error) {
 			continue
 		}
 		var err error
-		if *p, err = freePort(); err != nil {
+		if *p, err = loopback.FreePort(); err != nil {
 			return nil, fmt.Errorf("free port: %w", err)
 		}
 	}

@@ -33,8 +33,7 @@
 package envoytest
 
 import (
-	"fmt"
-	"net"
+	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 	"os"
 	"strconv"
 	"testing"
@@ -93,22 +92,9 @@ func inCI() bool {
 // fails to bind a port it chose.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	p, err := freePort()
+	p, err := loopback.FreePort()
 	if err != nil {
 		t.Fatalf("envoytest: free port: %v", err)
 	}
 	return p
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	a, ok := l.Addr().(*net.TCPAddr)
-	if !ok {
-		return 0, fmt.Errorf("envoytest: listener address %v is not TCP", l.Addr())
-	}
-	return a.Port, nil
 }

@@ -18,6 +18,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 	"io"
 	"net"
 	"os"
@@ -85,11 +86,11 @@ func StartServer(opts Options) (*Server, error) {
 	for range 3 { // a free port can be taken between probing and binding
 		s := &Server{dir: dir, args: opts.Args, ownDir: ownDir}
 		var err error
-		if s.port, err = FreePort(); err != nil {
+		if s.port, err = loopback.FreePort(); err != nil {
 			return nil, err
 		}
 		if opts.Cluster {
-			if s.busPort, err = FreePort(); err != nil {
+			if s.busPort, err = loopback.FreePort(); err != nil {
 				return nil, err
 			}
 		}
@@ -101,16 +102,6 @@ func StartServer(opts Options) (*Server, error) {
 		os.RemoveAll(dir)
 	}
 	return nil, lastErr
-}
-
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("redistest: free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Addr returns the server's address, "127.0.0.1:<port>".
