@@ -346,12 +346,8 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 			}
 			c.Present = &b
 		}
-		if v, ok := o.get("equals"); ok {
-			s, err := str(p+".equals", v)
-			if err != nil {
-				return nil, err
-			}
-			c.Equals = &s
+		if c.Equals, err = o.optString("equals"); err != nil {
+			return nil, err
 		}
 		if v, ok := o.get("in"); ok {
 			if !v.IsArray() {
@@ -368,19 +364,15 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 				return nil, errorf(p+".in", "must hold at least one value")
 			}
 		}
-		if v, ok := o.get("prefix"); ok {
-			s, err := str(p+".prefix", v)
-			if err != nil {
-				return nil, err
-			}
-			c.Prefix = &s
+		if c.Prefix, err = o.optString("prefix"); err != nil {
+			return nil, err
 		}
-		if v, ok := o.get("regex"); ok {
-			s, err := str(p+".regex", v)
-			if err != nil {
-				return nil, err
-			}
-			if c.Regex, err = regexp.Compile(s); err != nil {
+		re, err := o.optString("regex")
+		if err != nil {
+			return nil, err
+		}
+		if re != nil {
+			if c.Regex, err = regexp.Compile(*re); err != nil {
 				return nil, &Error{Path: p + ".regex", Err: err}
 			}
 		}
@@ -600,6 +592,20 @@ func (o object) get(name string) (gjson.Result, bool) {
 
 // text returns the string field name, def when absent; a present value must
 // be non-empty and free of control characters.
+// optString returns the string field name, or nil when it is absent. Unlike
+// text, any string is accepted, the empty one included.
+func (o object) optString(name string) (*string, error) {
+	v, ok := o.get(name)
+	if !ok {
+		return nil, nil
+	}
+	s, err := str(join(o.path, name), v)
+	if err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
 func (o object) text(name, def string) (string, error) {
 	v, ok := o.get(name)
 	if !ok {
