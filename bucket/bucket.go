@@ -62,11 +62,14 @@
 // rate or burst changes.
 package bucket
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
-// Never is returned by FullAt, and as a number of seconds in a Decision, when
-// the bucket cannot refill (Rate not finite and positive) or the wait does not
-// fit an int64.
+// Never is returned by FullAt, and as a wait in a Decision, when the bucket
+// cannot refill (Rate not finite and positive) or the wait does not fit an
+// int64 of nanoseconds.
 const Never = math.MaxInt64
 
 const (
@@ -89,24 +92,25 @@ type State struct {
 	At     int64
 }
 
-// Decision is the outcome of Take, in the units response headers need. The
-// second counts are rounded up and measured from the now given to Take; if the
-// clock went backwards they include the time until it is back at the state's
-// time, since no tokens accrue before then. They are Never when the bucket
-// cannot refill.
+// Decision is the outcome of Take. The waits are exact: whole nanoseconds,
+// rounded up, measured from the now given to Take; if the clock went
+// backwards they include the time until it is back at the state's time, since
+// no tokens accrue before then. They are Never when the bucket cannot refill.
+// Rounding to the units of an answer (seconds in headers, milliseconds on the
+// wire) is the caller's, done once at the edge.
 type Decision struct {
 	// Allowed reports whether the request was admitted.
 	Allowed bool
 	// Remaining is floor(tokens after the decision): the largest whole cost
 	// that would be admitted right now.
 	Remaining int64
-	// RetryAfter is 0 when allowed; otherwise the whole seconds until the same
-	// request would be admitted, ceil((cost − tokens) / rate), at least 1 (for
-	// a cost above Burst, when it would be if Burst allowed it).
-	RetryAfter int64
-	// ResetAfter is the whole seconds until the bucket is full again,
-	// ceil((burst − tokens after) / rate).
-	ResetAfter int64
+	// RetryAfter is 0 when allowed; otherwise the wait until the same request
+	// would be admitted, (cost − tokens) / rate, at least 1 ns (for a cost
+	// above Burst, when it would be if Burst allowed it).
+	RetryAfter time.Duration
+	// ResetAfter is the wait until the bucket is full again,
+	// (burst − tokens after) / rate.
+	ResetAfter time.Duration
 }
 
 // capacity is Burst when it is finite and positive, else 0.
@@ -172,14 +176,14 @@ func refillIn(tokens, rate float64) int64 {
 	return int64(ns)
 }
 
-// seconds is (gap + in) nanoseconds rounded up to whole seconds, Never when
-// in is Never or the sum overflows. Both arguments are >= 0.
-func seconds(in, gap int64) int64 {
-	wait := in + gap
-	if in == Never || wait < in {
+// wait is in + gap nanoseconds, Never when in is Never or the sum
+// overflows. Both arguments are >= 0.
+func wait(in, gap int64) time.Duration {
+	w := in + gap
+	if in == Never || w < in {
 		return Never
 	}
-	return wait/nsPerSecond + min(wait%nsPerSecond, 1)
+	return time.Duration(w)
 }
 
 // Tokens returns the tokens in the bucket at time now: s refilled since s.At
@@ -220,22 +224,38 @@ func (l Limit) tokensAt(s State, now int64) float64 {
 func (l Limit) Take(s State, now int64, cost float64) (State, Decision) {
 	now = clock(now)
 	tokens := l.tokensAt(s, now)
-	slack := l.slack()
 	cost = max(cost, 0) // NaN stays NaN and fails the test below
-	if cost <= l.capacity() && tokens+slack >= cost {
-		next := State{Tokens: max(tokens-cost, 0), At: max(now, s.At)}
-		return next, Decision{
-			Allowed:    true,
-			Remaining:  l.whole(next.Tokens),
-			ResetAfter: seconds(l.fullIn(next.Tokens), next.At-now),
-		}
-	}
 	at := max(now, s.At)
-	return s, Decision{
-		Remaining:  l.whole(tokens),
-		RetryAfter: max(1, seconds(refillIn(cost-tokens-slack, l.rate()), at-now)),
-		ResetAfter: seconds(l.fullIn(tokens), at-now),
+	if cost <= l.capacity() && tokens+l.slack() >= cost {
+		next := State{Tokens: max(tokens-cost, 0), At: at}
+		return next, l.Report(next.Tokens, at-now, cost, true)
 	}
+	d := l.Report(tokens, at-now, cost, false)
+	if full := l.FullAt(s); full != Never {
+		// The same moment FullAt reports, not one recomputed from the refilled
+		// tokens, which float rounding could put a nanosecond apart.
+		d.ResetAfter = time.Duration(max(full-now, 0))
+	}
+	return s, d
+}
+
+// Report is the Decision for a bucket that holds tokens after a decision on
+// a request of the given cost, whose own time is gap nanoseconds ahead of the
+// decision's now (gap > 0 only when the clock went backwards). Take uses it;
+// so does a store that decides elsewhere (the limit service's Lua script)
+// and knows only the tokens it left, so both report the same waits.
+func (l Limit) Report(tokens float64, gap int64, cost float64, allowed bool) Decision {
+	tokens = l.level(tokens)
+	gap = max(gap, 0)
+	d := Decision{
+		Allowed:    allowed,
+		Remaining:  l.whole(tokens),
+		ResetAfter: wait(l.fullIn(tokens), gap),
+	}
+	if !allowed {
+		d.RetryAfter = max(1, wait(refillIn(cost-tokens-l.slack(), l.rate()), gap))
+	}
+	return d
 }
 
 // Refund gives cost tokens back to the bucket at time now, clamped to Burst,

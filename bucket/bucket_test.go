@@ -39,14 +39,22 @@ type step struct {
 	wantReset     int64
 }
 
+// ceilSec is d in whole seconds, rounded up, as response headers show it.
+func ceilSec(d time.Duration) int64 {
+	if d == Never {
+		return Never
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
 // run takes each step in turn from state s, checking the decision and that a
 // rejection leaves the state unchanged. It returns the final state.
 func run(t *testing.T, lim Limit, s State, steps []step) State {
 	t.Helper()
 	for i, st := range steps {
 		next, d := lim.Take(s, st.at, st.cost)
-		want := Decision{Allowed: st.wantOK, Remaining: st.wantRemaining, RetryAfter: st.wantRetry, ResetAfter: st.wantReset}
-		if d != want {
+		want := step{st.at, st.cost, st.wantOK, st.wantRemaining, st.wantRetry, st.wantReset}
+		if got := (step{st.at, st.cost, d.Allowed, d.Remaining, ceilSec(d.RetryAfter), ceilSec(d.ResetAfter)}); got != want {
 			t.Errorf("step %d: Take(%v, %v) = %+v, want %+v", i, at(st.at), st.cost, d, want)
 		}
 		if !d.Allowed && next != s {
@@ -161,7 +169,7 @@ func TestFractionalCostsDoNotDrift(t *testing.T) {
 			t.Fatalf("take %d of 0.1: %+v, want allowed with Remaining %d", i, d, want)
 		}
 	}
-	if _, d := lim.Take(s, t0, 0.1); d.Allowed || d.RetryAfter != 1 || d.ResetAfter != 10 {
+	if _, d := lim.Take(s, t0, 0.1); d.Allowed || ceilSec(d.RetryAfter) != 1 || ceilSec(d.ResetAfter) != 10 {
 		t.Errorf("take 101 of 0.1: %+v, want rejected, RetryAfter 1, ResetAfter 10", d)
 	}
 }
@@ -229,9 +237,9 @@ func TestInvalidLimits(t *testing.T) {
 		{Limit{Rate: 0, Burst: 5}, 2, Decision{Remaining: 1, RetryAfter: Never, ResetAfter: Never}},
 		{Limit{Rate: -1, Burst: 5}, 2, Decision{Remaining: 1, RetryAfter: Never, ResetAfter: Never}},
 		{Limit{Rate: math.NaN(), Burst: 5}, 2, Decision{Remaining: 1, RetryAfter: Never, ResetAfter: Never}},
-		{Limit{Rate: 1, Burst: 0}, 1, Decision{RetryAfter: 1}},
-		{Limit{Rate: 1, Burst: math.NaN()}, 1, Decision{RetryAfter: 1}},
-		{Limit{Rate: 1, Burst: math.Inf(1)}, 1, Decision{RetryAfter: 1}},
+		{Limit{Rate: 1, Burst: 0}, 1, Decision{RetryAfter: time.Duration(sec - 1)}}, // 1 − 1 ns of refill of slack
+		{Limit{Rate: 1, Burst: math.NaN()}, 1, Decision{RetryAfter: time.Duration(sec - 1)}},
+		{Limit{Rate: 1, Burst: math.Inf(1)}, 1, Decision{RetryAfter: time.Duration(sec - 1)}},
 		{Limit{Rate: 1, Burst: 5}, math.NaN(), Decision{Remaining: 5, RetryAfter: 1}},
 		{Limit{Rate: 1, Burst: 5}, math.Inf(1), Decision{Remaining: 5, RetryAfter: Never}},
 	}

@@ -5,6 +5,7 @@ import (
 	"math/big"
 	"math/rand"
 	"testing"
+	"time"
 )
 
 // randomLimit draws rates over nine orders of magnitude and bursts from a
@@ -74,12 +75,12 @@ func earliest(lim Limit, s State, from int64, cost float64) int64 {
 	return hi
 }
 
-// later returns now + n seconds, and false if that overflows.
-func later(now, n int64) (int64, bool) {
-	if n > (math.MaxInt64-now)/sec {
+// later returns now + d, and false if that overflows.
+func later(now int64, d time.Duration) (int64, bool) {
+	if int64(d) > math.MaxInt64-now {
 		return 0, false
 	}
-	return now + n*sec, true
+	return now + int64(d), true
 }
 
 // pacer yields the times of a client sending cost c every c/rate seconds,
@@ -222,9 +223,10 @@ func TestPropertyPacedClientNeverRejected(t *testing.T) {
 }
 
 func TestPropertyWaitsAreHonest(t *testing.T) {
-	// After a rejection, the same request is admitted RetryAfter seconds
-	// later, and not a second sooner; after any decision the bucket is full
-	// ResetAfter seconds later, and not a second sooner; FullAt is exact;
+	// After a rejection, the same request is admitted RetryAfter later (give
+	// or take a microsecond of float64 rounding in the tokens), and not
+	// sooner than the slack's one nanosecond of refill allows; after any decision the bucket is full
+	// ResetAfter later, and not a nanosecond sooner; FullAt is exact;
 	// Remaining is the largest whole cost admitted now.
 	for seed := int64(1); seed <= 300; seed++ {
 		r := rand.New(rand.NewSource(seed))
@@ -235,24 +237,24 @@ func TestPropertyWaitsAreHonest(t *testing.T) {
 			now += randomGap(r, lim, cost)
 			next, d := lim.Take(s, now, cost)
 			if retry, ok := later(now, d.RetryAfter); ok && !d.Allowed && cost <= lim.Burst {
-				if _, d2 := lim.Take(s, retry, cost); !d2.Allowed {
-					t.Fatalf("seed %d, %+v: Take(%+v, %d, %v) said retry after %ds, but then: %+v",
+				if _, d2 := lim.Take(s, retry+int64(time.Microsecond), cost); !d2.Allowed {
+					t.Fatalf("seed %d, %+v: Take(%+v, %d, %v) said retry after %v, but then: %+v",
 						seed, lim, s, now, cost, d.RetryAfter, d2)
 				}
-				if d.RetryAfter > 1 {
-					if _, d2 := lim.Take(s, retry-sec, cost); d2.Allowed {
-						t.Fatalf("seed %d, %+v: Take(%+v, %d, %v) said retry after %ds, but admitted a second sooner",
+				if d.RetryAfter > 2 {
+					if _, d2 := lim.Take(s, retry-2, cost); d2.Allowed {
+						t.Fatalf("seed %d, %+v: Take(%+v, %d, %v) said retry after %v, but admitted two nanoseconds sooner",
 							seed, lim, s, now, cost, d.RetryAfter)
 					}
 				}
 			}
 			if reset, ok := later(now, d.ResetAfter); ok {
 				if got := lim.Tokens(next, reset); got != lim.Burst {
-					t.Fatalf("seed %d, %+v: %+v said reset after %ds, but then tokens = %v", seed, lim, d, d.ResetAfter, got)
+					t.Fatalf("seed %d, %+v: %+v said reset after %v, but then tokens = %v", seed, lim, d, d.ResetAfter, got)
 				}
 				if d.ResetAfter > 0 {
-					if got := lim.Tokens(next, reset-sec); got == lim.Burst {
-						t.Fatalf("seed %d, %+v: %+v said reset after %ds, but full a second sooner", seed, lim, d, d.ResetAfter)
+					if got := lim.Tokens(next, reset-1); got == lim.Burst {
+						t.Fatalf("seed %d, %+v: %+v said reset after %v, but full a nanosecond sooner", seed, lim, d, d.ResetAfter)
 					}
 				}
 			}

@@ -16,7 +16,7 @@ type Store interface {
 	// error means nothing is known about the decision (it may have been taken
 	// in Redis before a connection broke); a *ValidationError means the store
 	// cannot take this request as sent.
-	Decide(ctx context.Context, req *Request) (Decision, error)
+	Decide(ctx context.Context, req *Request) (Answer, error)
 	// Ping reports whether the store can take decisions.
 	Ping(ctx context.Context) error
 	// Close releases the store; calls in flight finish first.
@@ -86,9 +86,9 @@ func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 }
 
 // Decide implements Store.
-func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Decision, error) {
+func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) {
 	if err := ctx.Err(); err != nil {
-		return Decision{}, err
+		return Answer{}, err
 	}
 	n := len(req.Buckets)
 	keys := make([]string, n)
@@ -102,7 +102,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Decision, error
 		ok    bool
 	}
 	steps := make([]step, n)
-	d := Decision{Buckets: make([]BucketDecision, n)}
+	d := Answer{Buckets: make([]BucketAnswer, n)}
 
 	m.mu.Lock()
 	now := m.now()
@@ -128,7 +128,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Decision, error
 		m.maybeSweep(now, true)
 		if len(m.buckets)+added > m.maxKeys {
 			m.mu.Unlock()
-			return Decision{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
+			return Answer{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
 		}
 	}
 	if all {
@@ -152,7 +152,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Decision, error
 		}
 		d.Buckets[i] = report(&req.Buckets[i], st.ok, tokens, at-now)
 	}
-	d.finish()
+	d.finish(req)
 	return d, nil
 }
 
@@ -175,12 +175,6 @@ func (m *MemoryStore) maybeSweep(now int64, force bool) {
 	m.nextSweep = min(max(minSweep, 2*len(m.buckets)), m.maxKeys)
 }
 
-// Len returns the number of buckets held.
-func (m *MemoryStore) Len() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.buckets)
-}
 
 // Ping implements Store; a MemoryStore is always ready.
 func (m *MemoryStore) Ping(context.Context) error { return nil }

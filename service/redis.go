@@ -97,20 +97,17 @@ func (s *RedisStore) Load(ctx context.Context) (string, error) {
 	return sha, nil
 }
 
-// ScriptSHA returns the SHA1 of the decision script.
-func (s *RedisStore) ScriptSHA() string { return s.script.Hash() }
-
 // Batching reports whether decisions are pipelined.
 func (s *RedisStore) Batching() bool { return s.batch != nil }
 
 // Decide implements Store.
-func (s *RedisStore) Decide(ctx context.Context, req *Request) (Decision, error) {
+func (s *RedisStore) Decide(ctx context.Context, req *Request) (Answer, error) {
 	keys, args := s.scriptArgs(req)
 	if s.cluster && req.HashTag == "" && len(keys) > 1 {
 		slot := keySlot(keys[0])
 		for _, k := range keys[1:] {
 			if keySlot(k) != slot {
-				return Decision{}, &ValidationError{Field: "hash_tag",
+				return Answer{}, &ValidationError{Field: "hash_tag",
 					Msg: "required: the buckets fall in different Redis Cluster slots"}
 			}
 		}
@@ -123,7 +120,7 @@ func (s *RedisStore) Decide(ctx context.Context, req *Request) (Decision, error)
 		res, err = s.script.Run(ctx, s.client, keys, args...).Result()
 	}
 	if err != nil {
-		return Decision{}, fmt.Errorf("service: redis: %w", err)
+		return Answer{}, fmt.Errorf("service: redis: %w", err)
 	}
 	return parseResult(req, res)
 }
@@ -143,29 +140,29 @@ func (s *RedisStore) scriptArgs(req *Request) ([]string, []any) {
 // formatFloat writes x so that Lua's tonumber reads back the same float64.
 func formatFloat(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 
-// parseResult turns the script's reply into a Decision.
-func parseResult(req *Request, res any) (Decision, error) {
+// parseResult turns the script's reply into an Answer.
+func parseResult(req *Request, res any) (Answer, error) {
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 1+3*len(req.Buckets) {
-		return Decision{}, fmt.Errorf("service: redis: script reply: want %d values, got %T of %v", 1+3*len(req.Buckets), res, res)
+		return Answer{}, fmt.Errorf("service: redis: script reply: want %d values, got %T of %v", 1+3*len(req.Buckets), res, res)
 	}
-	d := Decision{Buckets: make([]BucketDecision, len(req.Buckets))}
+	d := Answer{Buckets: make([]BucketAnswer, len(req.Buckets))}
 	for i := range req.Buckets {
 		okv, ok1 := vals[1+3*i].(int64)
 		str, ok2 := vals[2+3*i].(string)
 		gap, ok3 := vals[3+3*i].(int64)
 		if !ok1 || !ok2 || !ok3 {
-			return Decision{}, fmt.Errorf("service: redis: script reply: bucket %d: malformed %v", i, vals[1+3*i:4+3*i])
+			return Answer{}, fmt.Errorf("service: redis: script reply: bucket %d: malformed %v", i, vals[1+3*i:4+3*i])
 		}
 		tokens, err := strconv.ParseFloat(str, 64)
 		if err != nil {
-			return Decision{}, fmt.Errorf("service: redis: script reply: bucket %d: tokens: %w", i, err)
+			return Answer{}, fmt.Errorf("service: redis: script reply: bucket %d: tokens: %w", i, err)
 		}
 		d.Buckets[i] = report(&req.Buckets[i], okv == 1, tokens, gap)
 	}
-	d.finish()
+	d.finish(req)
 	if all, _ := vals[0].(int64); (all == 1) != d.Allowed {
-		return Decision{}, fmt.Errorf("service: redis: script reply: admitted %d disagrees with its buckets", all)
+		return Answer{}, fmt.Errorf("service: redis: script reply: admitted %d disagrees with its buckets", all)
 	}
 	return d, nil
 }

@@ -12,12 +12,16 @@ import (
 )
 
 // Bucket is one token bucket of a request: the bucket stored under Key, with
-// the limit Rate (tokens per second) and Burst, asked for Cost tokens.
+// the limit Rate (tokens per second) and Burst, asked for Cost tokens. A
+// Shadow bucket is decided on its own, outside the request's atomic
+// decision, and never refuses the request: it measures what a rule in
+// shadow mode would do.
 type Bucket struct {
-	Key   string
-	Rate  float64
-	Burst float64
-	Cost  float64
+	Key    string
+	Rate   float64
+	Burst  float64
+	Cost   float64
+	Shadow bool
 }
 
 // Request is one decision over one or more buckets, taken atomically: either
@@ -96,17 +100,19 @@ type wireRequest struct {
 }
 
 type wireBucket struct {
-	Key   *string  `json:"key"`
-	Rate  *float64 `json:"tokens_per_second"`
-	Burst *float64 `json:"burst"`
-	Cost  *float64 `json:"cost"`
+	Key    *string  `json:"key"`
+	Rate   *float64 `json:"tokens_per_second"`
+	Burst  *float64 `json:"burst"`
+	Cost   *float64 `json:"cost"`
+	Shadow bool     `json:"shadow"`
 }
 
 // DecodeRequest parses and validates a JSON body of POST /v1/decide:
 //
-//	{"hash_tag": "...", "buckets": [{"key": "...", "tokens_per_second": 10, "burst": 20, "cost": 1}]}
+//	{"hash_tag": "...", "buckets": [{"key": "...", "tokens_per_second": 10, "burst": 20, "cost": 1, "shadow": false}]}
 //
-// hash_tag and cost are optional (cost defaults to 1). Unknown fields,
+// hash_tag, cost and shadow are optional (cost defaults to 1, shadow to
+// false). Unknown fields,
 // trailing data and anything out of bounds are refused with a
 // *ValidationError naming the field. A returned Request always satisfies
 // lim.
@@ -218,6 +224,7 @@ func (wb *wireBucket) bucket(field string, lim Limits) (Bucket, error) {
 	case b.Burst/b.Rate > lim.MaxFill.Seconds():
 		return b, invalid(field+".burst", "must refill within %v: burst / tokens_per_second is %gs", lim.MaxFill, b.Burst/b.Rate)
 	}
+	b.Shadow = wb.Shadow
 	b.Cost = 1
 	if wb.Cost != nil {
 		b.Cost = *wb.Cost

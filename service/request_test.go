@@ -127,10 +127,11 @@ func checkRequest(req *Request, lim Limits) string {
 // encodeRequest writes req back as a JSON body.
 func encodeRequest(req *Request) []byte {
 	type wb struct {
-		Key   string  `json:"key"`
-		Rate  float64 `json:"tokens_per_second"`
-		Burst float64 `json:"burst"`
-		Cost  float64 `json:"cost"`
+		Key    string  `json:"key"`
+		Rate   float64 `json:"tokens_per_second"`
+		Burst  float64 `json:"burst"`
+		Cost   float64 `json:"cost"`
+		Shadow bool    `json:"shadow,omitempty"`
 	}
 	w := struct {
 		HashTag string `json:"hash_tag,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -80,12 +81,16 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
+	m, err := newMetrics(cfg.Registry, cfg.StoreName)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
 		store:   cfg.Store,
 		limits:  cfg.Limits.withDefaults(),
 		timeout: cfg.Timeout,
 		log:     cfg.Logger,
-		metrics: newMetrics(cfg.Registry, cfg.StoreName),
+		metrics: m,
 		mux:     http.NewServeMux(),
 	}
 	if cfg.Token != "" {
@@ -139,7 +144,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
-	d, err := s.store.Decide(ctx, req)
+	d, err := decide(ctx, s.store, req)
 	cancel()
 	if err != nil {
 		var verr *ValidationError
@@ -243,7 +248,9 @@ type metrics struct {
 	latency     prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer, store string) *metrics {
+// newMetrics registers a Server's series with reg; it fails when reg already
+// has them (one registry per Server).
+func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 	labels := prometheus.Labels{"store": store}
 	m := &metrics{
 		decisions: prometheus.NewCounter(prometheus.CounterOpts{
@@ -268,8 +275,12 @@ func newMetrics(reg prometheus.Registerer, store string) *metrics {
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}),
 	}
-	reg.MustRegister(m.decisions, m.rejections, m.storeErrors, m.refused, m.latency)
-	return m
+	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.refused, m.latency} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("service: config: registry: %w", err)
+		}
+	}
+	return m, nil
 }
 
 // throttle lets one event through per second and counts the others.

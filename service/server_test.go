@@ -22,9 +22,9 @@ import (
 // failingStore fails every decision and ping.
 type failingStore struct{ err error }
 
-func (f failingStore) Decide(context.Context, *Request) (Decision, error) { return Decision{}, f.err }
-func (f failingStore) Ping(context.Context) error                         { return f.err }
-func (f failingStore) Close() error                                       { return nil }
+func (f failingStore) Decide(context.Context, *Request) (Answer, error) { return Answer{}, f.err }
+func (f failingStore) Ping(context.Context) error                       { return f.err }
+func (f failingStore) Close() error                                     { return nil }
 
 func newTestServer(t *testing.T, store Store, token string) (*Server, *prometheus.Registry) {
 	t.Helper()

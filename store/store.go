@@ -97,9 +97,6 @@ func New(sd SharedData, prefix string, maxKeys int) (*Table, error) {
 	}, nil
 }
 
-// Groups is the number of shared-data keys the table may create.
-func (t *Table) Groups() int { return int(t.groups) }
-
 // Decide takes each request's cost from its bucket, all or nothing, at time
 // now (Unix ns). out must have len(reqs) elements; out[i] receives the
 // decision for reqs[i]. When any bucket rejects, ok is false, no bucket keeps

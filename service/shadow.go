@@ -1,0 +1,63 @@
+package service
+
+import (
+	"context"
+	"sync"
+)
+
+// decide asks st for req's answer. The enforced buckets are one atomic
+// decision, as a Store makes it; each shadow bucket is a decision of its own,
+// run beside it, so that a shadow bucket never changes what happens to the
+// enforced ones (nor they to it), exactly as a shadow rule is decided in the
+// plugin. A request without shadow buckets is one call of st.Decide.
+func decide(ctx context.Context, st Store, req *Request) (Answer, error) {
+	shadows := 0
+	for i := range req.Buckets {
+		if req.Buckets[i].Shadow {
+			shadows++
+		}
+	}
+	if shadows == 0 {
+		return st.Decide(ctx, req)
+	}
+	enforced := &Request{HashTag: req.HashTag, Buckets: make([]Bucket, 0, len(req.Buckets)-shadows)}
+	for _, b := range req.Buckets {
+		if !b.Shadow {
+			enforced.Buckets = append(enforced.Buckets, b)
+		}
+	}
+	a := Answer{Buckets: make([]BucketAnswer, len(req.Buckets))}
+	errs := make([]error, len(req.Buckets)+1)
+	var wg sync.WaitGroup
+	for i := range req.Buckets {
+		if !req.Buckets[i].Shadow {
+			continue
+		}
+		wg.Go(func() {
+			one := &Request{HashTag: req.HashTag, Buckets: req.Buckets[i : i+1]}
+			var sa Answer
+			if sa, errs[i] = st.Decide(ctx, one); errs[i] == nil {
+				a.Buckets[i] = sa.Buckets[0]
+			}
+		})
+	}
+	var ea Answer
+	if len(enforced.Buckets) > 0 {
+		ea, errs[len(req.Buckets)] = st.Decide(ctx, enforced)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return Answer{}, err
+		}
+	}
+	j := 0
+	for i := range req.Buckets {
+		if !req.Buckets[i].Shadow {
+			a.Buckets[i] = ea.Buckets[j]
+			j++
+		}
+	}
+	a.finish(req)
+	return a, nil
+}
