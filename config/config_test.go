@@ -53,9 +53,33 @@ const (
 	gapRelation  = "relations between numbers are not expressible"
 	gapUnique    = "uniqueness of a field across array items is not expressible"
 	gapRegex     = "the schema does not assert format regex (and RE2 is not ECMA 262)"
+	gapCount     = "counting items across rules is not expressible"
 )
 
+const svc = `"service":{"cluster":"c"}`
+
+func manyRules(n int, extra string) []string {
+	rs := make([]string, n)
+	for i := range rs {
+		rs[i] = `{"name":"r` + strings.Repeat("x", i) + `",` + extra + okAlg + `}`
+	}
+	return rs
+}
+
 var badCases = []badCase{
+	// Hostile input: bounded before any recursive parser sees it.
+	{name: "nested 100000 deep", in: doc(`"x":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000)), want: `config: x[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]: nested deeper than 32 levels`},
+	{name: "regex too large", in: doc("", rule(`"match":{"header:x":{"regex":"[a-z]{1000}"}}`)), want: `config: rules[0].match["header:x"].regex: compiles to 1002 instructions, more than 256: it could read only 32 bytes of a value (see RegexBudget); use a shorter pattern or a prefix/in condition`, gap: gapRegex},
+	{name: "too many regexes", in: doc("", manyRules(17, `"match":{"header:x":{"regex":"a"}},`)...), want: `config: rules[16].match["header:x"].regex: at most 16 regex conditions in a configuration (each costs a request up to 32768 steps)`, gap: gapCount},
+	{name: "fixed_cost below MinCost", in: doc("", alg(`"tokens_per_second":1,"burst":1,"fixed_cost":1e-300`)), want: `config: rules[0].algorithm_config.fixed_cost: must be at least 0.001 (MinCost), got 1e-300`},
+	{name: "default_cost below MinCost", in: doc("", alg(`"tokens_per_second":1,"burst":1,"default_cost":0.0005`)), want: `config: rules[0].algorithm_config.default_cost: must be at least 0.001 (MinCost), got 0.0005`},
+	// Cluster rules: what the limit service accepts, one service for all.
+	{name: "cluster burst above the service's bound", in: doc(svc, `{"name":"r","scope":"cluster","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1e6,"burst":1e12}}`), want: `config: rules[0].algorithm_config.burst: must be at most 1000000000 for a cluster rule (the limit service's bound), got 1000000000000`, gap: gapRelation},
+	{name: "cluster refill above the service's bound", in: doc(svc, `{"name":"r","scope":"cluster","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":0.001,"burst":31536}}`), want: `config: rules[0].algorithm_config.burst: burst / tokens_per_second is 31536000 seconds to refill, more than the limit service accepts for a cluster rule (604800 seconds)`, gap: gapRelation},
+	{name: "cluster rules with two services", in: doc(svc, rule(`"scope":"cluster"`), `{"name":"s","scope":"cluster","service":{"cluster":"d"},`+okAlg+`}`), want: `config: rules[1].service: every cluster rule must use the same service (one callout per request carries them all), got "c" and "d"`, gap: gapUnique},
+	{name: "shadow cluster rule with another service", in: doc(svc, rule(`"scope":"cluster"`), `{"name":"s","mode":"shadow","scope":"cluster","service":{"cluster":"c","timeout_ms":5},`+okAlg+`}`), want: `config: rules[1].service: every cluster rule must use the same service (one callout per request carries them all), got "c" and "c"`, gap: gapUnique},
+	{name: "17 cluster rules", in: doc(svc, manyRules(17, `"scope":"cluster",`)...), want: `config: rules[16].scope: at most 16 cluster rules (the buckets one limit-service decision takes)`, gap: gapCount},
+
 	// The document.
 	{name: "empty input", in: ``, want: `config: invalid JSON: unexpected end of JSON input (at byte 0)`},
 	{name: "truncated", in: `{"rules":`, want: `config: invalid JSON: unexpected end of JSON input (at byte 9)`},
@@ -102,9 +126,8 @@ var badCases = []badCase{
 	{name: "service timeout zero", in: doc(`"service":{"cluster":"c","timeout_ms":0}`, rule("")), want: `config: service.timeout_ms: must be between 1 and 60000, got 0`},
 	{name: "service timeout large", in: doc(`"service":{"cluster":"c","timeout_ms":60001}`, rule("")), want: `config: service.timeout_ms: must be between 1 and 60000, got 60001`},
 	{name: "service failure mode", in: doc(`"service":{"cluster":"c","failure_mode":"open"}`, rule("")), want: `config: service.failure_mode: must be one of "allow", "deny", got "open"`},
-	{name: "service token and file", in: doc(`"service":{"cluster":"c","token":"t","token_file":"/f"}`, rule("")), want: `config: service.token_file: cannot be combined with token`},
+	{name: "service token_file", in: doc(`"service":{"cluster":"c","token":"t","token_file":"/f"}`, rule("")), want: `config: service.token_file: unknown field`},
 	{name: "service token space", in: doc(`"service":{"cluster":"c","token":"a b"}`, rule("")), want: `config: service.token: must not contain spaces`},
-	{name: "service token_file empty", in: doc(`"service":{"cluster":"c","token_file":""}`, rule("")), want: `config: service.token_file: must not be empty`},
 
 	// Rules.
 	{name: "rule not an object", in: `{"rules":[1]}`, want: `config: rules[0]: must be an object, got number`},
@@ -320,10 +343,10 @@ var goodCases = []goodCase{
 		name: "every top-level field",
 		in: `{"xff_num_trusted_hops":16,"trust_unverified_jwt":true,"jwt_metadata_namespace":"ns","jwt_payload_key":"claims",
 			"mode":"shadow","headers":"none","max_keys":16,"scope":"cluster",
-			"service":{"cluster":"limitd","authority":"limitd.internal","path":"/decide","timeout_ms":60000,"failure_mode":"deny","token_file":"/etc/limitd/token"},
+			"service":{"cluster":"limitd","authority":"limitd.internal","path":"/decide","timeout_ms":60000,"failure_mode":"deny","token":"s3cret"},
 			"rules":[` + rule("") + `]}`,
 		want: func() *Config {
-			s := &Service{Cluster: "limitd", Authority: "limitd.internal", Path: "/decide", TimeoutMS: 60000, FailureMode: FailDeny, TokenFile: "/etc/limitd/token"}
+			s := &Service{Cluster: "limitd", Authority: "limitd.internal", Path: "/decide", TimeoutMS: 60000, FailureMode: FailDeny, Token: "s3cret"}
 			r := wantRule("r")
 			r.Mode, r.Scope, r.Service = ModeShadow, ScopeCluster, s
 			return &Config{Rules: []Rule{r}, XFFNumTrustedHops: 16, TrustUnverifiedJWT: true, JWTMetadataNamespace: "ns",
@@ -355,7 +378,7 @@ var goodCases = []goodCase{
 					{Source: Source{Kind: SourcePath}, Prefix: ptr("/api/")},
 					{Source: Source{Kind: SourceMethod}, In: []string{"POST", "PUT"}},
 					{Source: Source{SourceHeader, "x-plan"}, Equals: ptr("enterprise"), Present: ptr(true)},
-					{Source: Source{SourceJWT, "plan"}, Regex: regexp.MustCompile("^(gold|silver)$")},
+					{Source: Source{SourceJWT, "plan"}, Regex: regexp.MustCompile("^(gold|silver)$"), RegexMaxInput: 1927},
 					{Source: Source{SourceHeader, "x-debug"}, Present: ptr(false)},
 				},
 				MissingKey:      MissingShared,
@@ -443,7 +466,7 @@ var goodCases = []goodCase{
 	{
 		name: "largest bounds",
 		in: doc(`"max_keys":10000000`, alg(`"tokens_per_second":1000000000,"burst":1000000000000,"fixed_cost":1e12,"default_cost":1e12`),
-			`{"name":"slow","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1e-6,"burst":31.5,"fixed_cost":1e-6}}`),
+			`{"name":"slow","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1e-6,"burst":31.5,"fixed_cost":0.001}}`),
 		also: func(t *testing.T, c *Config) {
 			if c.Rules[0].Limit.Burst != 1e12 || c.Rules[1].Limit.TokensPerSecond != 1e-6 {
 				t.Errorf("rules = %+v", c.Rules)
@@ -636,7 +659,7 @@ func checkValid(t *testing.T, c *Config) {
 	}
 	checkService := func(s *Service) {
 		if s.Cluster == "" || s.Authority == "" || !strings.HasPrefix(s.Path, "/") || s.TimeoutMS < 1 ||
-			s.TimeoutMS > MaxTimeoutMS || s.FailureMode > FailDeny || (s.Token != "" && s.TokenFile != "") {
+			s.TimeoutMS > MaxTimeoutMS || s.FailureMode > FailDeny {
 			fail("service %+v", s)
 		}
 	}
@@ -694,9 +717,11 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(data)
-		// gjson and encoding/json must agree on what is JSON.
+		// gjson and encoding/json must agree on what is JSON (for documents
+		// shallow enough to reach the parser).
 		notJSON := err != nil && strings.HasPrefix(err.Error(), "config: invalid JSON")
-		if utf8.Valid(data) && notJSON == json.Valid(data) {
+		tooDeep := err != nil && strings.HasSuffix(err.Error(), "nested deeper than 32 levels")
+		if utf8.Valid(data) && !tooDeep && notJSON == json.Valid(data) {
 			t.Fatalf("Parse(%q) = %v, but json.Valid = %v", data, err, json.Valid(data))
 		}
 		if err != nil {

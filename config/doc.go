@@ -15,8 +15,13 @@
 // number of tokens, or a number read from a header or query parameter. A rule
 // with action "allow" takes only name, group and match: when it matches, the
 // rules after it do not apply. Rules sharing a group form a tier: only the
-// first of them that matches applies. Every other applicable rule is stacked:
-// all must allow. Scope "local" keeps buckets in this Envoy's shared data;
+// first of them that applies counts. A member applies when it matches and
+// either is an allow rule, or yields a bucket (its limit keys are all
+// present, or missing_key is "shared"), or rejects for missing_key "deny"; a
+// member that matches but lacks a limit key with missing_key "skip" does not
+// apply, and the next member is tried (so a client cannot leave a tier by
+// leaving out a key). Every other applicable rule is stacked: all must
+// allow. Scope "local" keeps buckets in this Envoy's shared data;
 // scope "cluster" asks a limit service through an Envoy cluster.
 //
 // Top-level "mode", "scope" and "service" are defaults that Parse resolves
@@ -45,16 +50,21 @@
 //
 //	config: rules[1].algorithm_config.burst: must be >= tokens_per_second (10), got 5
 //
-// and Parse reports the first one in a fixed order. A Config that Parse
+// and Parse reports the first one in a fixed order. Before any recursive
+// parser sees the document, its nesting is bounded (MaxDepth): a deeper one
+// is refused with the path of the first value too deep. A Config that Parse
 // returned is fully valid: every default is filled in, every enumeration
 // holds a defined value, every rate, burst and cost is finite and positive,
 // burst >= tokens_per_second, fixed_cost and default_cost <= burst, an empty
 // bucket refills within a year, rule names are unique and safe in stats names
 // and headers, every cluster rule has a Service and every local rule has
-// none, every Condition has at least one operator and compiled regex. Users
-// need not validate it again.
+// none, every Condition has at least one operator and compiled regex, every
+// regex compiles to at most MaxRegexInstructions and reads at most
+// RegexMaxInput bytes of a value (at most MaxRegexConditions of them), every
+// fixed and default cost is at least MinCost, and every cluster rule uses the
+// one service of all cluster rules, within the limit service's bounds
+// (package wire). Whatever the plugin would refuse, Parse refuses. Users need
+// not validate it again.
 //
-// MarshalJSON writes a canonical form that Parse accepts and turns into an
-// equal Config (FuzzParse checks this). A Config is immutable after Parse and
-// safe for concurrent reads.
+// A Config is immutable after Parse and safe for concurrent reads.
 package config

@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"regexp/syntax"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonlimit"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // Defaults and bounds of the configuration. README.md (Configuration reference) and
@@ -35,7 +39,34 @@ const (
 	// MaxFillSeconds bounds burst / tokens_per_second, the time an empty
 	// bucket takes to fill: one year (365 days). It keeps every wait the
 	// plugin computes, in seconds or in nanoseconds, far inside int64.
+	// Cluster rules are bounded by the limit service's tighter wire bounds
+	// (wire.MaxAmount, wire.MaxFill).
 	MaxFillSeconds = 365 * 24 * 3600
+	// MinCost is the smallest cost a request can take: fixed_cost and
+	// default_cost below it are refused, and a cost header or parameter
+	// below it (zero, negative, or a tiny value such as 1e-300) is not a
+	// cost, so default_cost applies, as for any malformed value.
+	MinCost = 0.001
+
+	// MaxDepth bounds the nesting of the configuration document (a real
+	// one needs 6 levels); deeper documents are refused before any
+	// recursive parser sees them.
+	MaxDepth = 32
+	// RegexBudget bounds the work of one regex condition on one request:
+	// the value bytes it reads times the instructions of its compiled
+	// program (Go's regexp runs in time proportional to that product). A
+	// regex reads at most min(MaxRegexInput, RegexBudget / instructions)
+	// bytes of a value (Condition.RegexMaxInput); a longer value does not
+	// match, and the plugin counts it.
+	RegexBudget = 32768
+	// MaxRegexInput is the most bytes of a value any regex reads.
+	MaxRegexInput = 4096
+	// MaxRegexInstructions bounds a regex's compiled program, so that it
+	// reads at least RegexBudget / MaxRegexInstructions (128) bytes.
+	MaxRegexInstructions = 256
+	// MaxRegexConditions bounds the regex conditions of a configuration:
+	// with RegexBudget, it bounds the regex work of one request.
+	MaxRegexConditions = 16
 )
 
 // Error is a configuration error: the JSON path of the offending value and
@@ -69,6 +100,10 @@ func errorf(path, format string, args ...any) error {
 func Parse(data []byte) (*Config, error) {
 	if !utf8.Valid(data) {
 		return nil, &Error{Err: errors.New("invalid JSON: not valid UTF-8")}
+	}
+	// gjson's validator recurses once per level: bound the nesting first.
+	if path, ok := jsonlimit.Check(data, MaxDepth); !ok {
+		return nil, &Error{Path: path, Err: fmt.Errorf("nested deeper than %d levels", MaxDepth)}
 	}
 	if !gjson.ValidBytes(data) {
 		return nil, &Error{Err: syntaxError(data)}
@@ -148,7 +183,60 @@ func Parse(data []byte) (*Config, error) {
 	if len(c.Rules) == 0 {
 		return nil, errorf("rules", "must hold at least one rule")
 	}
+	if err := checkClusterRules(c.Rules); err != nil {
+		return nil, err
+	}
+	if err := checkRegexes(c.Rules); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// checkClusterRules enforces what one request's callout needs: every
+// cluster rule (enforced or shadow) names the same service, since one
+// callout carries all of a request's cluster buckets, and there are no more
+// of them than the service takes in one decision.
+func checkClusterRules(rules []Rule) error {
+	var first *Rule
+	n := 0
+	for i := range rules {
+		r := &rules[i]
+		if r.Scope != ScopeCluster || r.Action != ActionLimit {
+			continue
+		}
+		n++
+		if n > wire.MaxBuckets {
+			return errorf(fmt.Sprintf("rules[%d].scope", i), "at most %d cluster rules (the buckets one limit-service decision takes)", wire.MaxBuckets)
+		}
+		if first == nil {
+			first = r
+			continue
+		}
+		if *r.Service != *first.Service {
+			return errorf(fmt.Sprintf("rules[%d].service", i), "every cluster rule must use the same service (one callout per request carries them all), got %q and %q", first.Service.Cluster, r.Service.Cluster)
+		}
+	}
+	return nil
+}
+
+// checkRegexes bounds what the regexes of a configuration may cost a
+// request: each regex condition sees at most Condition.RegexMaxInput bytes
+// of a value (RegexBudget NFA steps), and there are at most
+// MaxRegexConditions of them.
+func checkRegexes(rules []Rule) error {
+	n := 0
+	for i := range rules {
+		for j := range rules[i].Match {
+			if rules[i].Match[j].Regex == nil {
+				continue
+			}
+			if n++; n > MaxRegexConditions {
+				return errorf(jsonlimit.Join(fmt.Sprintf("rules[%d].match", i), rules[i].Match[j].Source.String())+".regex",
+					"at most %d regex conditions in a configuration (each costs a request up to %d steps)", MaxRegexConditions, RegexBudget)
+			}
+		}
+	}
+	return nil
 }
 
 // defaults are the top-level values a rule inherits.
@@ -203,7 +291,7 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 	if r.Action == ActionAllow {
 		for _, name := range o.order {
 			if !slices.Contains(allowRuleFields, name) {
-				return r, errorf(join(path, name), "not allowed with action \"allow\" (an allow rule takes only name, action, group and match)")
+				return r, errorf(jsonlimit.Join(path, name), "not allowed with action \"allow\" (an allow rule takes only name, action, group and match)")
 			}
 		}
 		return r, nil
@@ -274,7 +362,24 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 		}
 		r.Service = d.service
 	}
+	if r.Scope == ScopeCluster {
+		if err := checkWireBounds(path+".algorithm_config", r.Limit); err != nil {
+			return r, err
+		}
+	}
 	return r, nil
+}
+
+// checkWireBounds refuses a cluster rule's limit that the limit service
+// would refuse on every request (package wire holds the bounds both use).
+func checkWireBounds(path string, l Limit) error {
+	if l.Burst > wire.MaxAmount {
+		return errorf(path+".burst", "must be at most %s for a cluster rule (the limit service's bound), got %s", fmtFloat(wire.MaxAmount), fmtFloat(l.Burst))
+	}
+	if fill := l.Burst / l.TokensPerSecond; fill > wire.MaxFill.Seconds() {
+		return errorf(path+".burst", "burst / tokens_per_second is %s seconds to refill, more than the limit service accepts for a cluster rule (%s seconds)", fmtFloat(fill), fmtFloat(wire.MaxFill.Seconds()))
+	}
+	return nil
 }
 
 func parseLimitKeys(path string, v gjson.Result) ([]Source, error) {
@@ -312,7 +417,7 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 	var conds []Condition
 	seen := make(map[Source]bool)
 	for _, m := range ms {
-		p := join(path, m.key)
+		p := jsonlimit.Join(path, m.key)
 		src, err := parseSource(m.key)
 		if err != nil {
 			return nil, &Error{Path: p, Err: err}
@@ -331,7 +436,7 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 		c := Condition{Source: src}
 		for _, op := range ops {
 			if !slices.Contains(operators, op.key) {
-				return nil, errorf(join(p, op.key), "unknown operator (want present, equals, in, prefix or regex)")
+				return nil, errorf(jsonlimit.Join(p, op.key), "unknown operator (want present, equals, in, prefix or regex)")
 			}
 		}
 		o := object{path: p, fields: make(map[string]gjson.Result)}
@@ -375,6 +480,14 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 			if c.Regex, err = regexp.Compile(*re); err != nil {
 				return nil, &Error{Path: p + ".regex", Err: err}
 			}
+			insts, err := regexInstructions(*re)
+			if err != nil {
+				return nil, &Error{Path: p + ".regex", Err: err}
+			}
+			if insts > MaxRegexInstructions {
+				return nil, errorf(p+".regex", "compiles to %d instructions, more than %d: it could read only %d bytes of a value (see RegexBudget); use a shorter pattern or a prefix/in condition", insts, MaxRegexInstructions, RegexBudget/insts)
+			}
+			c.RegexMaxInput = min(MaxRegexInput, RegexBudget/insts)
 		}
 		if c.Present != nil && !*c.Present && len(ops) > 1 {
 			return nil, errorf(p+".present", "false cannot be combined with equals, in, prefix or regex")
@@ -382,6 +495,19 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 		conds = append(conds, c)
 	}
 	return conds, nil
+}
+
+// regexInstructions is the size of the program Go's regexp runs for re.
+func regexInstructions(re string) (int, error) {
+	tree, err := syntax.Parse(re, syntax.Perl)
+	if err != nil {
+		return 0, err
+	}
+	prog, err := syntax.Compile(tree.Simplify())
+	if err != nil {
+		return 0, err
+	}
+	return len(prog.Inst), nil
 }
 
 func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
@@ -436,6 +562,9 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 		if *f.dst, err = o.positive(f.name, MaxBurst); err != nil {
 			return l, c, err
 		}
+		if *f.dst < MinCost {
+			return l, c, errorf(path+"."+f.name, "must be at least %s (MinCost), got %s", fmtFloat(MinCost), fmtFloat(*f.dst))
+		}
 		if *f.dst > l.Burst {
 			return l, c, errorf(path+"."+f.name, "must be <= burst (%s), got %s: such a request could never pass", fmtFloat(l.Burst), fmtFloat(*f.dst))
 		}
@@ -457,7 +586,7 @@ func parseResponseHeaders(path string, v gjson.Result) ([]HeaderPair, error) {
 	var hs []HeaderPair
 	seen := make(map[string]bool)
 	for _, m := range ms {
-		p := join(path, m.key)
+		p := jsonlimit.Join(path, m.key)
 		if err := checkHeaderName(m.key); err != nil {
 			return nil, &Error{Path: p, Err: err}
 		}
@@ -484,7 +613,7 @@ func parseResponseHeaders(path string, v gjson.Result) ([]HeaderPair, error) {
 }
 
 func parseService(path string, v gjson.Result) (*Service, error) {
-	o, err := fields(path, v, "cluster", "authority", "path", "timeout_ms", "failure_mode", "token", "token_file")
+	o, err := fields(path, v, "cluster", "authority", "path", "timeout_ms", "failure_mode", "token")
 	if err != nil {
 		return nil, err
 	}
@@ -518,19 +647,11 @@ func parseService(path string, v gjson.Result) (*Service, error) {
 		return nil, err
 	}
 	s.FailureMode = FailureMode(fm)
-	_, hasToken := o.get("token")
-	_, hasFile := o.get("token_file")
-	if hasToken && hasFile {
-		return nil, errorf(path+".token_file", "cannot be combined with token")
-	}
 	if s.Token, err = o.text("token", ""); err != nil {
 		return nil, err
 	}
 	if strings.ContainsRune(s.Token, ' ') {
 		return nil, errorf(path+".token", "must not contain spaces")
-	}
-	if s.TokenFile, err = o.text("token_file", ""); err != nil {
-		return nil, err
 	}
 	return s, nil
 }
@@ -558,7 +679,7 @@ func members(path string, v gjson.Result) ([]member, error) {
 	var err error
 	v.ForEach(func(k, val gjson.Result) bool {
 		if seen[k.Str] {
-			err = errorf(join(path, k.Str), "duplicate field")
+			err = errorf(jsonlimit.Join(path, k.Str), "duplicate field")
 			return false
 		}
 		seen[k.Str] = true
@@ -577,7 +698,7 @@ func fields(path string, v gjson.Result, known ...string) (object, error) {
 	o := object{path: path, fields: make(map[string]gjson.Result, len(ms))}
 	for _, m := range ms {
 		if !slices.Contains(known, m.key) {
-			return object{}, errorf(join(path, m.key), "unknown field")
+			return object{}, errorf(jsonlimit.Join(path, m.key), "unknown field")
 		}
 		o.fields[m.key] = m.value
 		o.order = append(o.order, m.key)
@@ -590,8 +711,6 @@ func (o object) get(name string) (gjson.Result, bool) {
 	return v, ok
 }
 
-// text returns the string field name, def when absent; a present value must
-// be non-empty and free of control characters.
 // optString returns the string field name, or nil when it is absent. Unlike
 // text, any string is accepted, the empty one included.
 func (o object) optString(name string) (*string, error) {
@@ -599,19 +718,21 @@ func (o object) optString(name string) (*string, error) {
 	if !ok {
 		return nil, nil
 	}
-	s, err := str(join(o.path, name), v)
+	s, err := str(jsonlimit.Join(o.path, name), v)
 	if err != nil {
 		return nil, err
 	}
 	return &s, nil
 }
 
+// text returns the string field name, def when absent; a present value must
+// be non-empty and free of control characters.
 func (o object) text(name, def string) (string, error) {
 	v, ok := o.get(name)
 	if !ok {
 		return def, nil
 	}
-	p := join(o.path, name)
+	p := jsonlimit.Join(o.path, name)
 	s, err := str(p, v)
 	if err != nil {
 		return "", err
@@ -630,7 +751,7 @@ func (o object) boolean(name string, def bool) (bool, error) {
 	if !ok {
 		return def, nil
 	}
-	return boolean(join(o.path, name), v)
+	return boolean(jsonlimit.Join(o.path, name), v)
 }
 
 // enum returns the index in names of the string field name, def when
@@ -640,7 +761,7 @@ func (o object) enum(name string, names []string, def int) (int, error) {
 	if !ok {
 		return def, nil
 	}
-	p := join(o.path, name)
+	p := jsonlimit.Join(o.path, name)
 	s, err := str(p, v)
 	if err != nil {
 		return 0, err
@@ -662,7 +783,7 @@ func (o object) integer(name string, def, lo, hi int) (int, error) {
 	if !ok {
 		return def, nil
 	}
-	p := join(o.path, name)
+	p := jsonlimit.Join(o.path, name)
 	if v.Type != gjson.Number {
 		return 0, typeError(p, "an integer", v)
 	}
@@ -680,7 +801,7 @@ func (o object) integer(name string, def, lo, hi int) (int, error) {
 // <= hi.
 func (o object) positive(name string, hi float64) (float64, error) {
 	v, _ := o.get(name)
-	p := join(o.path, name)
+	p := jsonlimit.Join(o.path, name)
 	if v.Type != gjson.Number {
 		return 0, typeError(p, "a number", v)
 	}
@@ -727,20 +848,6 @@ func typeName(v gjson.Result) string {
 		return "array"
 	}
 	return "object"
-}
-
-var simpleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// join appends a field name to a JSON path: a.b for plain names,
-// a["header:x-plan"] for any other.
-func join(path, name string) string {
-	if simpleName.MatchString(name) {
-		if path == "" {
-			return name
-		}
-		return path + "." + name
-	}
-	return path + "[" + strconv.Quote(name) + "]"
 }
 
 // integral reports whether the JSON number raw is a whole number, exactly

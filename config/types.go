@@ -33,7 +33,7 @@ type Rule struct {
 	Name      string
 	Action    Action   // limit (default) or allow
 	Mode      Mode     // enforce or shadow (default: top-level "mode", else enforce)
-	Group     string   // tier group: among rules sharing a non-empty group only the first that matches applies
+	Group     string   // tier group: among rules sharing a non-empty group only the first that applies counts (see the package doc)
 	LimitKeys []Source // composite identity; empty means one bucket for every matching request
 	Match     []Condition
 	// MissingKey says what happens when a request has no value for one of the
@@ -94,6 +94,9 @@ type Condition struct {
 	In      []string       // "in"
 	Prefix  *string        // "prefix"
 	Regex   *regexp.Regexp // "regex", compiled at load
+	// RegexMaxInput is the most bytes of a value Regex reads (see
+	// RegexBudget); a longer value does not match.
+	RegexMaxInput int
 }
 
 // HeaderPair is one extra response header.
@@ -106,11 +109,7 @@ type Service struct {
 	Path        string // default /v1/decide
 	TimeoutMS   int    // default 25
 	FailureMode FailureMode
-	Token       string // bearer token (from "token"; empty when none or when TokenFile is set)
-	// TokenFile is the "token_file" path, stored as written: Parse does not
-	// read it (a proxy-wasm plugin cannot read files). Whoever renders the
-	// plugin configuration may read it and pass "token" instead.
-	TokenFile string
+	Token       string // bearer token ("token"; empty when none)
 }
 
 type (

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // Bucket is one token bucket of a request: the bucket stored under Key, with
@@ -47,15 +49,15 @@ type Limits struct {
 	MaxFill time.Duration
 }
 
-// Defaults of Limits, and the bound on rates, bursts and costs.
+// Defaults of Limits, and the bound on rates, bursts and costs: the wire
+// contract's, which the plugin's configuration parser checks cluster rules
+// against.
 const (
 	DefaultMaxBodyBytes = 64 << 10
-	DefaultMaxKeyBytes  = 512
-	DefaultMaxBuckets   = 16
-	DefaultMaxFill      = 7 * 24 * time.Hour
-	// MaxAmount bounds tokens_per_second, burst and cost, keeping every
-	// time and amount well inside float64's exact range.
-	MaxAmount = 1e9
+	DefaultMaxKeyBytes  = wire.MaxKeyBytes
+	DefaultMaxBuckets   = wire.MaxBuckets
+	DefaultMaxFill      = wire.MaxFill
+	MaxAmount           = wire.MaxAmount
 )
 
 // withDefaults returns l with every zero field set to its default.

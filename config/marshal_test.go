@@ -159,9 +159,6 @@ func appendService(b []byte, s *Service) []byte {
 	if s.Token != "" {
 		b = appendField(b, "token", s.Token)
 	}
-	if s.TokenFile != "" {
-		b = appendField(b, "token_file", s.TokenFile)
-	}
 	return append(b, '}')
 }
 
