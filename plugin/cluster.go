@@ -3,6 +3,7 @@ package plugin
 import (
 	"math"
 	"strconv"
+	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -10,23 +11,13 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonlimit"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
-// reasonServiceDown names a rejection by failure_mode "deny".
-const reasonServiceDown = "limit_service_unavailable"
-
-// clusterCall is the cluster-scope part of one request: its rules and
-// buckets, sent to the limit service in one callout.
-type clusterCall struct {
-	rules []*rule
-	keys  []string
-	costs []float64
-	// The local stack already consumed; refunded if the service rejects.
-	local   []store.Request
-	now     int64
-	service *config.Service
-}
+// maxAnswerDepth bounds the nesting of the limit service's answer before
+// gjson sees it (a real answer has 3 levels).
+const maxAnswerDepth = 8
 
 // clusterKey names a bucket in the limit service: the rule name and a
 // 128-bit hash of its length-prefixed key values (two independent 64-bit
@@ -48,30 +39,68 @@ func appendHex(b []byte, v uint64) []byte {
 	return b
 }
 
-// dispatch sends the cluster buckets of this request to the limit service
-// and pauses the request until the answer (or Envoy's timeout) arrives.
-func (c *httpContext) dispatch(call *clusterCall) types.Action {
-	s := call.service
-	body := make([]byte, 0, 64+96*len(call.keys))
+// dispatch sends the request's enforced cluster buckets, with its shadow
+// cluster buckets riding along, to the limit service in one callout, and
+// pauses the request until the answer (or Envoy's timeout) arrives.
+func (c *httpContext) dispatch() types.Action {
+	takes := append(append([]take(nil), c.plan.cluster...), c.plan.shadowC...)
+	err := c.call(takes, func(numHeaders, bodySize, _ int) { c.onAnswer(takes, numHeaders, bodySize) })
+	if err != nil {
+		rej := c.serviceFailed(takes, "dispatching the call: "+err.Error())
+		if rej != nil {
+			return c.reject(*rej)
+		}
+		return types.ActionContinue
+	}
+	return types.ActionPause
+}
+
+// dispatchShadow sends the request's shadow cluster buckets on their own,
+// without pausing the request. The plugin context owns the call, so the
+// answer is counted even when it arrives after the request has ended.
+func (c *httpContext) dispatchShadow() {
+	p := c.plugin
+	takes := c.plan.shadowC
+	if err := proxywasm.SetEffectiveContext(p.id); err != nil {
+		p.warn(&p.serviceLog, "shadow call: "+err.Error())
+		return
+	}
+	err := c.call(takes, func(numHeaders, bodySize, _ int) { p.onShadowAnswer(takes, numHeaders, bodySize) })
+	if err := proxywasm.SetEffectiveContext(c.id); err != nil {
+		p.warn(&p.serviceLog, "shadow call: back to the request: "+err.Error())
+	}
+	if err != nil {
+		p.serviceFailed(takes, "dispatching the shadow call: "+err.Error())
+	}
+}
+
+// call sends one decision over takes to the limit service.
+func (c *httpContext) call(takes []take, answer func(numHeaders, bodySize, numTrailers int)) error {
+	p := c.plugin
+	s := takes[0].rule.Service // config.Parse: one service for all cluster rules
+	body := make([]byte, 0, 64+112*len(takes))
 	body = append(body, '{')
-	if tag := c.plugin.hashTag; tag != "" {
+	if tag := p.hashTag; tag != "" {
 		body = append(body, `"hash_tag":"`...)
 		body = append(body, tag...) // a constant: nothing to escape
 		body = append(body, `",`...)
 	}
 	body = append(body, `"buckets":[`...)
-	for i, ru := range call.rules {
+	for i, t := range takes {
 		if i > 0 {
 			body = append(body, ',')
 		}
-		body = append(body, `{"key":`...)
-		body = strconv.AppendQuote(body, call.keys[i]) // rule names and hex need no JSON escaping
-		body = append(body, `,"tokens_per_second":`...)
-		body = strconv.AppendFloat(body, ru.limit.Rate, 'g', -1, 64)
+		body = append(body, `{"key":"`...)
+		body = append(body, t.key...) // a rule name and hex: nothing to escape
+		body = append(body, `","tokens_per_second":`...)
+		body = strconv.AppendFloat(body, t.rule.limit.Rate, 'g', -1, 64)
 		body = append(body, `,"burst":`...)
-		body = strconv.AppendFloat(body, ru.limit.Burst, 'g', -1, 64)
+		body = strconv.AppendFloat(body, t.rule.limit.Burst, 'g', -1, 64)
 		body = append(body, `,"cost":`...)
-		body = strconv.AppendFloat(body, call.costs[i], 'g', -1, 64)
+		body = strconv.AppendFloat(body, t.cost, 'g', -1, 64)
+		if t.rule.Mode == config.ModeShadow {
+			body = append(body, `,"shadow":true`...)
+		}
 		body = append(body, '}')
 	}
 	body = append(body, "]}"...)
@@ -82,19 +111,70 @@ func (c *httpContext) dispatch(call *clusterCall) types.Action {
 	if s.Token != "" {
 		hs = append(hs, [2]string{"authorization", "Bearer " + s.Token})
 	}
-	_, err := proxywasm.DispatchHttpCall(s.Cluster, hs, body, nil, uint32(s.TimeoutMS),
-		func(numHeaders, bodySize, _ int) { c.onServiceAnswer(call, numHeaders, bodySize) })
-	if err != nil {
-		return c.serviceFailed(call, "dispatching the call: "+err.Error(), false)
-	}
-	return types.ActionPause
+	_, err := proxywasm.DispatchHttpCall(s.Cluster, hs, body, nil, uint32(s.TimeoutMS), answer)
+	return err
 }
 
-// onServiceAnswer applies the limit service's decision to the paused request.
-func (c *httpContext) onServiceAnswer(call *clusterCall, numHeaders, bodySize int) {
-	if numHeaders == 0 { // Envoy's sign of a failed call: reset, timeout, no cluster
-		c.serviceFailed(call, "no response (timeout or connection failure)", true)
+// onAnswer applies the limit service's answer to the paused request.
+func (c *httpContext) onAnswer(takes []take, numHeaders, bodySize int) {
+	ds, why := readAnswer(takes, numHeaders, bodySize)
+	if why != "" {
+		if rej := c.serviceFailed(takes, why); rej != nil {
+			c.rejectPaused(*rej)
+			return
+		}
+		resume(c.plugin)
 		return
+	}
+	countShadows(c.plugin, takes, ds)
+	n := len(c.plan.cluster)
+	if rej := rejecting(takes[:n], ds[:n]); rej != nil {
+		c.refundLocal()
+		c.rejectPaused(*rej)
+		return
+	}
+	for i, t := range takes[:n] {
+		t.rule.allowed.Increment(1)
+		c.show(t.rule, ds[i])
+	}
+	resume(c.plugin)
+}
+
+// onShadowAnswer counts what a shadow-only call's buckets decided.
+func (p *pluginContext) onShadowAnswer(takes []take, numHeaders, bodySize int) {
+	ds, why := readAnswer(takes, numHeaders, bodySize)
+	if why != "" {
+		p.serviceFailed(takes, why)
+		return
+	}
+	countShadows(p, takes, ds)
+}
+
+// countShadows counts the shadow buckets' decisions of an answer.
+func countShadows(p *pluginContext, takes []take, ds []bucket.Decision) {
+	for i, t := range takes {
+		if t.rule.Mode != config.ModeShadow {
+			continue
+		}
+		if ds[i].Allowed {
+			t.rule.allowed.Increment(1)
+			continue
+		}
+		t.rule.shadowRej.Increment(1)
+		if n, ok := t.rule.shadowLog.allow(p.now()); ok {
+			proxywasm.LogInfof("%s: shadow rule %q would have rejected a request (%d similar lines suppressed)", Name, t.rule.Name, n)
+		}
+	}
+}
+
+// readAnswer reads the limit service's answer to a call over takes: one
+// decision per take, or why the answer is unusable. The answer is untrusted
+// input: its size and nesting are bounded before gjson sees it, and an
+// answer whose verdict disagrees with its buckets (refused, but no enforced
+// bucket refused; or the reverse) is malformed.
+func readAnswer(takes []take, numHeaders, bodySize int) ([]bucket.Decision, string) {
+	if numHeaders == 0 { // Envoy's sign of a failed call: reset, timeout, no cluster
+		return nil, "no response (timeout or connection failure)"
 	}
 	status := ""
 	if hs, err := proxywasm.GetHttpCallResponseHeaders(); err == nil {
@@ -105,87 +185,76 @@ func (c *httpContext) onServiceAnswer(call *clusterCall, numHeaders, bodySize in
 		}
 	}
 	if status != "200" {
-		c.serviceFailed(call, "status "+status, true)
-		return
+		return nil, "status " + status
+	}
+	if bodySize > wire.MaxAnswerBytes {
+		return nil, "malformed response body: larger than " + strconv.Itoa(wire.MaxAnswerBytes) + " bytes"
 	}
 	raw, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
-	if err != nil || !gjson.ValidBytes(raw) {
-		c.serviceFailed(call, "malformed response body", true)
-		return
+	if err != nil {
+		return nil, "reading the response body: " + err.Error()
+	}
+	if _, ok := jsonlimit.Check(raw, maxAnswerDepth); !ok || !gjson.ValidBytes(raw) {
+		return nil, "malformed response body"
 	}
 	answer := gjson.ParseBytes(raw)
 	buckets := answer.Get("buckets").Array()
 	allowed := answer.Get("allowed")
-	if len(buckets) != len(call.rules) || (allowed.Type != gjson.True && allowed.Type != gjson.False) {
-		c.serviceFailed(call, "malformed response body", true)
-		return
+	if len(buckets) != len(takes) || (allowed.Type != gjson.True && allowed.Type != gjson.False) {
+		return nil, "malformed response body"
 	}
-	decisions := make([]bucket.Decision, len(buckets))
+	ds := make([]bucket.Decision, len(buckets))
+	refused := false
 	for i, b := range buckets {
-		decisions[i] = bucket.Decision{
-			Allowed:    b.Get("allowed").Bool(),
-			Remaining:  b.Get("remaining").Int(),
-			RetryAfter: seconds(b.Get("retry_after_ms").Float()),
-			ResetAfter: seconds(b.Get("reset_ms").Float()),
+		ds[i] = bucket.Decision{
+			Allowed:    b.Get("allowed").Type == gjson.True,
+			Remaining:  max(b.Get("remaining").Int(), 0),
+			RetryAfter: millis(b.Get("retry_after_ms").Float()),
+			ResetAfter: millis(b.Get("reset_ms").Float()),
+		}
+		if !ds[i].Allowed && takes[i].rule.Mode == config.ModeEnforce {
+			ds[i].RetryAfter = max(ds[i].RetryAfter, time.Millisecond)
+			refused = true
 		}
 	}
-	if !allowed.Bool() {
-		c.refundLocal(call)
-		for i, ru := range call.rules {
-			if !decisions[i].Allowed {
-				if decisions[i].RetryAfter < 1 {
-					decisions[i].RetryAfter = 1
-				}
-				ru.rejected.Increment(1)
-				c.reject(ru, ru.Status, reasonExceeded, decisions[i], hashString(call.keys[i]))
-				return
-			}
-		}
+	if refused == allowed.Bool() {
+		return nil, "malformed response body: allowed disagrees with its buckets"
 	}
-	for i, ru := range call.rules {
-		ru.allowed.Increment(1)
-		c.show(ru, decisions[i])
-	}
-	proxywasm.ResumeHttpRequest()
+	return ds, ""
 }
 
-// serviceFailed applies failure_mode after a failed call; resume says
-// whether the request is paused (a callback) or still in its headers
-// callback.
-func (c *httpContext) serviceFailed(call *clusterCall, why string, resume bool) types.Action {
-	p := c.plugin
+// serviceFailed counts and logs a failed call and applies failure_mode: for
+// "deny" it returns the rejection (after refunding what the local rules
+// took), for "allow" the cluster rules count a fail-open and it returns nil.
+// Shadow buckets never reject: they count nothing more.
+func (c *httpContext) serviceFailed(takes []take, why string) *rejection {
+	c.plugin.serviceFailed(takes, why)
+	first := takes[0].rule
+	if first.Mode == config.ModeShadow {
+		return nil
+	}
+	if first.Service.FailureMode == config.FailDeny {
+		c.refundLocal()
+		return &rejection{rule: first, reason: reasonServiceDown}
+	}
+	for _, t := range c.plan.cluster {
+		t.rule.failedOpen.Increment(1)
+	}
+	return nil
+}
+
+// serviceFailed counts and logs (rate-limited) a failed limit-service call.
+func (p *pluginContext) serviceFailed(takes []take, why string) {
 	p.metrics.serviceErrors.Increment(1)
-	deny := call.service.FailureMode == config.FailDeny
-	proxywasm.LogWarnf("%s: limit service %s: %s (failure_mode deny: %v)", Name, call.service.Cluster, why, deny)
-	if deny {
-		c.refundLocal(call)
-		ru := call.rules[0]
-		ru.rejected.Increment(1)
-		return c.reject(ru, ru.Status, reasonServiceDown, bucket.Decision{}, 0)
-	}
-	for _, ru := range call.rules {
-		ru.failedOpen.Increment(1)
-	}
-	if resume {
-		proxywasm.ResumeHttpRequest()
-	}
-	return types.ActionContinue
+	s := takes[0].rule.Service
+	p.warn(&p.serviceLog, "limit service "+s.Cluster+": "+why+" (failure_mode "+s.FailureMode.String()+")")
 }
 
-// refundLocal gives back what the request's local rules consumed before the
-// cluster rules rejected it.
-func (c *httpContext) refundLocal(call *clusterCall) {
-	if len(call.local) > 0 {
-		c.plugin.metrics.refunds.Increment(uint64(c.plugin.table.Refund(call.now, call.local)))
-	}
-}
-
-// seconds turns milliseconds into whole seconds, rounded up.
-func seconds(ms float64) int64 {
-	if ms <= 0 || math.IsNaN(ms) {
+// millis turns the wire's milliseconds into a wait, clamped to what a
+// validated limit can report.
+func millis(ms float64) time.Duration {
+	if !(ms > 0) {
 		return 0
 	}
-	return int64(math.Ceil(ms / 1000))
+	return time.Duration(math.Min(ms, float64(wire.MaxFill.Milliseconds())) * float64(time.Millisecond))
 }
-
-func hashString(s string) uint64 { return newHasher().field(s).sum() }

@@ -1,16 +1,24 @@
 // Package plugin is the proxy-wasm side of the rate limiter: a VM context, a
 // plugin context that parses the configuration in OnPluginStart and keeps the
-// parsed rules, and an HTTP context per request that decides and answers.
+// compiled rules, and an HTTP context per request that decides and answers.
+//
+// One request, read top to bottom (http.go): its values are read from the
+// host at most once each (request.go); the rules are walked once into a plan
+// (the buckets the request takes, per rule); local shadow rules are decided
+// alone; the enforced local rules are decided as one atomic stack in shared
+// data; the cluster rules, if any, go to the limit service in one callout
+// (cluster.go); the request is answered once, by continuing it or by one
+// local reply. What was actually consumed is recorded in the plan, so a
+// refund can only give back what was taken.
 //
 // Host facilities sit behind small seams: buckets go through store.Table
-// over shared data (sharedData), the clock is a func, request values are read
-// through the headers interface. Configuration errors fail OnPluginStart
-// after a critical log (Envoy refuses the plugin); errors on a request fail
-// open and are counted per rule in /stats.
+// over shared data (sharedData), the clock is a func. Configuration errors
+// fail OnPluginStart after a critical log (Envoy refuses the plugin); errors
+// on a request fail open and are counted per rule in /stats; every log line
+// a request can trigger is rate-limited (at most one a second per kind).
 package plugin
 
 import (
-	"fmt"
 	"math"
 	"runtime"
 	"strconv"
@@ -37,12 +45,13 @@ type vmContext struct {
 
 // NewPluginContext implements types.VMContext.
 func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
-	return &pluginContext{now: v.now, sd: v.sd}
+	return &pluginContext{id: contextID, now: v.now, sd: v.sd}
 }
 
 // pluginContext holds one configuration's compiled rules.
 type pluginContext struct {
 	types.DefaultPluginContext
+	id  uint32
 	now func() int64
 	sd  store.SharedData
 
@@ -51,12 +60,12 @@ type pluginContext struct {
 	hashTag string // sent to the limit service: see configure
 	table   *store.Table
 	metrics globalMetrics
-	// lastFailLog is when the last fail-open warning was logged, Unix ns.
-	lastFailLog int64
+	// One rate limit per kind of log line a request can trigger.
+	failLog, serviceLog, replyLog, headerLog throttle
 
-	// per-request scratch, reused (a VM runs one callback at a time)
+	// Per-callback scratch, reused (a VM runs one callback at a time, and
+	// nothing here outlives the callback).
 	reqs    []store.Request
-	applied []*rule
 	out     []bucket.Decision
 	scratch []byte // header values being formatted
 }
@@ -73,12 +82,12 @@ type rule struct {
 	rejected   proxywasm.MetricCounter
 	failedOpen proxywasm.MetricCounter
 	shadowRej  proxywasm.MetricCounter
-	lastLog    int64 // last shadow log line, Unix ns
+	shadowLog  throttle
 }
 
 type globalMetrics struct {
-	evictions, retries, refunds, serviceErrors, gcCycles proxywasm.MetricCounter
-	heapBytes, sysBytes                                  proxywasm.MetricGauge
+	evictions, retries, refunds, serviceErrors, longValues, gcCycles proxywasm.MetricCounter
+	heapBytes, sysBytes                                              proxywasm.MetricGauge
 }
 
 // OnPluginStart implements types.PluginContext.
@@ -122,9 +131,10 @@ func (p *pluginContext) OnTick() {
 // per VM, not per plugin context, so a reconfiguration carries on from it.
 var reported struct{ heap, sys, gc uint64 }
 
-// configure parses and compiles a configuration. Buckets live in shared data
-// under a prefix of the root id, so a new configuration (or another worker)
-// finds the same buckets for rules whose name and limit keys are unchanged.
+// configure parses and compiles a configuration (config.Parse is the only
+// validator). Buckets live in shared data under a prefix of the root id, so
+// a new configuration (or another worker) finds the same buckets for rules
+// whose name and limit keys are unchanged.
 func (p *pluginContext) configure(data []byte, rootID string) error {
 	cfg, err := config.Parse(data)
 	if err != nil {
@@ -136,22 +146,12 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 	}
 	p.cfg, p.table = cfg, table
 	p.rules = make([]*rule, len(cfg.Rules))
-	var service *config.Service
 	clusterRules := 0
 	for i := range cfg.Rules {
-		cr := &cfg.Rules[i]
-		if cr.Scope == config.ScopeCluster && cr.Mode == config.ModeEnforce {
-			// One callout per request carries all its cluster buckets.
-			if service != nil && *cr.Service != *service {
-				return fmt.Errorf("config: rules[%d].service: every enforced cluster rule must use the same service (one callout per request), got %q and %q", i, service.Cluster, cr.Service.Cluster)
-			}
-			service = cr.Service
+		if cfg.Rules[i].Scope == config.ScopeCluster && cfg.Rules[i].Action == config.ActionLimit {
 			clusterRules++
 		}
-		if cr.Service != nil && cr.Service.TokenFile != "" {
-			return fmt.Errorf("config: rules[%d].service.token_file: a Wasm plugin cannot read files inside Envoy; give the token with \"token\"", i)
-		}
-		p.rules[i] = compile(cr)
+		p.rules[i] = compile(&cfg.Rules[i])
 	}
 	// Buckets of one request are decided atomically in one Lua call, which
 	// Redis Cluster allows only within one slot. With two or more cluster
@@ -169,9 +169,11 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 		refunds:   proxywasm.DefineCounterMetric(Name + ".refunds"),
 		// calls to the limit service that failed: timeout, connection, status, body
 		serviceErrors: proxywasm.DefineCounterMetric(Name + ".service_errors"),
-		heapBytes:     proxywasm.DefineGaugeMetric(Name + ".memory.heap_bytes"),
-		sysBytes:      proxywasm.DefineGaugeMetric(Name + ".memory.sys_bytes"),
-		gcCycles:      proxywasm.DefineCounterMetric(Name + ".memory.gc_cycles"),
+		// values longer than a regex condition reads (config.RegexBudget)
+		longValues: proxywasm.DefineCounterMetric(Name + ".regex_value_too_long"),
+		heapBytes:  proxywasm.DefineGaugeMetric(Name + ".memory.heap_bytes"),
+		sysBytes:   proxywasm.DefineGaugeMetric(Name + ".memory.sys_bytes"),
+		gcCycles:   proxywasm.DefineCounterMetric(Name + ".memory.gc_cycles"),
 	}
 	return nil
 }
@@ -207,5 +209,46 @@ func formatNumber(f float64) string {
 
 // NewHttpContext implements types.PluginContext.
 func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
-	return &httpContext{plugin: p}
+	return &httpContext{plugin: p, id: contextID}
+}
+
+// count adds what a shared-data decision did besides deciding.
+func (p *pluginContext) count(o store.Outcome) {
+	if o.Evictions > 0 {
+		p.metrics.evictions.Increment(uint64(o.Evictions))
+	}
+	if o.Retries > 0 {
+		p.metrics.retries.Increment(uint64(o.Retries))
+	}
+	if o.Refunds > 0 {
+		p.metrics.refunds.Increment(uint64(o.Refunds))
+	}
+}
+
+// throttle lets one log line a second through and counts the others, so no
+// request, however many arrive, can flood Envoy's log.
+type throttle struct {
+	last       int64 // Unix ns of the last line let through
+	suppressed int
+}
+
+// allow reports whether a line may be logged at now, and how many were
+// suppressed since the last one.
+func (t *throttle) allow(now int64) (suppressed int, ok bool) {
+	if t.last != 0 && now-t.last < 1e9 {
+		t.suppressed++
+		return 0, false
+	}
+	suppressed, t.last, t.suppressed = t.suppressed, now, 0
+	return suppressed, true
+}
+
+// warn logs a warning through t: at most one line a second.
+func (p *pluginContext) warn(t *throttle, msg string) {
+	if n, ok := t.allow(p.now()); ok {
+		if n > 0 {
+			msg += " (" + strconv.Itoa(n) + " similar lines suppressed)"
+		}
+		proxywasm.LogWarn(Name + ": " + msg)
+	}
 }

@@ -4,52 +4,79 @@ import (
 	"encoding/base64"
 	"strings"
 
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tidwall/gjson"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonlimit"
 )
 
-// headers is how a request's values are read from the host; tests can
-// substitute it.
-type headers interface {
-	header(name string) (string, bool)
-	property(path ...string) ([]byte, bool)
-}
+// maxJWTPayload bounds the unverified bearer token payload the plugin
+// decodes (base64url text), and maxJWTDepth its nesting, before gjson (whose
+// validator recurses once per level) sees it: a client controls both.
+const (
+	maxJWTPayload = 8 << 10
+	maxJWTDepth   = 16
+)
 
 // request reads the values a request offers to limit keys, match conditions
-// and costs, each at most once from the host.
+// and costs, each at most once from the host: a value read for a match
+// condition is the value a limit key then uses. It lives for one
+// OnHttpRequestHeaders.
 type request struct {
-	h   headers
-	cfg *config.Config
+	cfg    *config.Config
+	values []cachedValue
+}
 
-	pathDone, ipDone bool
-	rawPath, ip      string
-	ipOK             bool
+type cachedValue struct {
+	src config.Source
+	v   string
+	ok  bool
+}
+
+// header reads a request header from the host.
+func header(name string) (string, bool) {
+	v, err := proxywasm.GetHttpRequestHeader(name)
+	return v, err == nil
+}
+
+// property reads a property from the host.
+func property(path ...string) ([]byte, bool) {
+	v, err := proxywasm.GetProperty(path)
+	return v, err == nil
 }
 
 // value returns the value of src for this request and whether it has one.
 func (r *request) value(src config.Source) (string, bool) {
+	for i := range r.values {
+		if r.values[i].src == src {
+			return r.values[i].v, r.values[i].ok
+		}
+	}
+	v, ok := r.read(src)
+	r.values = append(r.values, cachedValue{src, v, ok})
+	return v, ok
+}
+
+// read reads the value of src from the host.
+func (r *request) read(src config.Source) (string, bool) {
 	switch src.Kind {
 	case config.SourceHeader:
-		return r.h.header(src.Name)
+		return header(src.Name)
 	case config.SourceMethod:
-		return r.h.header(":method")
+		return header(":method")
 	case config.SourceAuthority:
-		return r.h.header(":authority")
+		return header(":authority")
 	case config.SourcePath:
-		p := r.path()
+		p := r.rawPath()
 		if i := strings.IndexByte(p, '?'); i >= 0 {
 			p = p[:i]
 		}
 		return p, p != ""
 	case config.SourceQuery:
-		return queryParam(r.path(), src.Name)
+		return queryParam(r.rawPath(), src.Name)
 	case config.SourceCookie:
-		c, ok := r.h.header("cookie")
-		if !ok {
-			return "", false
-		}
-		return cookieValue(c, src.Name)
+		return r.cookie(src.Name)
 	case config.SourceIP:
 		return r.clientIP()
 	case config.SourceJWT:
@@ -58,12 +85,31 @@ func (r *request) value(src config.Source) (string, bool) {
 	return "", false
 }
 
-func (r *request) path() string {
-	if !r.pathDone {
-		r.pathDone = true
-		r.rawPath, _ = r.h.header(":path")
+// rawPath is :path, query included (read once, as a source of its own).
+func (r *request) rawPath() string {
+	v, _ := r.value(config.Source{Kind: config.SourceHeader, Name: ":path"})
+	return v
+}
+
+// cookie is the first cookie called name over every Cookie header, as Go's
+// net/http and most upstreams read them: a client that splits its cookies
+// over two headers, or writes "name =v", still names its own bucket. A
+// request sends Cookie headers rarely enough that reading all its headers
+// for them costs nothing the others pay.
+func (r *request) cookie(name string) (string, bool) {
+	hs, err := proxywasm.GetHttpRequestHeaders()
+	if err != nil {
+		return "", false
 	}
-	return r.rawPath
+	for _, h := range hs {
+		if h[0] != "cookie" {
+			continue
+		}
+		if v, ok := cookieValue(h[1], name); ok {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 // clientIP is the downstream address Envoy reports (source.address), or
@@ -75,22 +121,15 @@ func (r *request) path() string {
 // entry is skipped: the plugin counts N+1 from the right. With fewer
 // addresses than that it falls back to the downstream address.
 func (r *request) clientIP() (string, bool) {
-	if r.ipDone {
-		return r.ip, r.ipOK
-	}
-	r.ipDone = true
 	if n := r.cfg.XFFNumTrustedHops; n > 0 {
-		if xff, ok := r.h.header("x-forwarded-for"); ok {
+		if xff, ok := header("x-forwarded-for"); ok {
 			if ip, ok := xffClient(xff, n+1); ok {
-				r.ip, r.ipOK = ip, true
-				return r.ip, true
+				return ip, true
 			}
 		}
 	}
-	if a, ok := r.h.property("source", "address"); ok {
-		r.ip, r.ipOK = stripPort(string(a)), len(a) > 0
-	}
-	return r.ip, r.ipOK
+	a, ok := property("source", "address")
+	return stripPort(string(a)), ok && len(a) > 0
 }
 
 // jwtClaim reads a claim (dots for nesting) of the token jwt_authn verified,
@@ -99,13 +138,13 @@ func (r *request) clientIP() (string, bool) {
 func (r *request) jwtClaim(claim string) (string, bool) {
 	path := []string{"metadata", "filter_metadata", r.cfg.JWTMetadataNamespace, r.cfg.JWTPayloadKey}
 	path = append(path, strings.Split(claim, ".")...)
-	if v, ok := r.h.property(path...); ok && len(v) > 0 {
+	if v, ok := property(path...); ok && len(v) > 0 {
 		return string(v), true
 	}
 	if !r.cfg.TrustUnverifiedJWT {
 		return "", false
 	}
-	auth, ok := r.h.header("authorization")
+	auth, ok := header("authorization")
 	if !ok {
 		return "", false
 	}
@@ -206,14 +245,21 @@ func unhex(c byte) int {
 	return -1
 }
 
-// cookieValue returns the value of the named cookie in a Cookie header.
+// cookieValue returns the value of the first cookie called name in one
+// Cookie header value. Names are compared after trimming spaces and tabs
+// ("sid =v" is the cookie sid, as net/http reads it); a value loses the
+// double quotes around it, and never holds a ';'.
 func cookieValue(header, name string) (string, bool) {
 	for header != "" {
 		var part string
 		part, header, _ = strings.Cut(header, ";")
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if ok && k == name {
-			return strings.Trim(v, `"`), true
+		if ok && strings.TrimRight(k, " \t") == name {
+			v = strings.TrimLeft(v, " \t")
+			if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+				v = v[1 : len(v)-1]
+			}
+			return v, true
 		}
 	}
 	return "", false
@@ -227,11 +273,14 @@ func unverifiedClaim(auth, claim string) (string, bool) {
 		return "", false
 	}
 	parts := strings.Split(tok, ".")
-	if len(parts) != 3 {
+	if len(parts) != 3 || len(parts[1]) > maxJWTPayload {
 		return "", false
 	}
 	payload, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
-	if err != nil || !gjson.ValidBytes(payload) {
+	if err != nil {
+		return "", false
+	}
+	if _, ok := jsonlimit.Check(payload, maxJWTDepth); !ok || !gjson.ValidBytes(payload) {
 		return "", false
 	}
 	v := gjson.GetBytes(payload, escapeClaimPath(claim))
@@ -260,8 +309,10 @@ func escapeClaimPath(p string) string {
 	return b.String()
 }
 
-// matches reports whether every condition holds for the request.
-func (r *request) matches(conds []config.Condition) bool {
+// matches reports whether every condition holds for the request. A regex
+// reads at most the condition's RegexMaxInput bytes: a longer value does not
+// match, and is counted in long.
+func (r *request) matches(conds []config.Condition, long proxywasm.MetricCounter) bool {
 	for i := range conds {
 		c := &conds[i]
 		v, ok := r.value(c.Source)
@@ -283,8 +334,14 @@ func (r *request) matches(conds []config.Condition) bool {
 		if c.In != nil && !contains(c.In, v) {
 			return false
 		}
-		if c.Regex != nil && !c.Regex.MatchString(v) {
-			return false
+		if c.Regex != nil {
+			if len(v) > c.RegexMaxInput {
+				long.Increment(1)
+				return false
+			}
+			if !c.Regex.MatchString(v) {
+				return false
+			}
 		}
 	}
 	return true

@@ -1,14 +1,13 @@
 package plugin_test
 
-// These tests run the compiled build/plugin.wasm in internal/wasmhost, a
-// proxy-wasm host on wazero with Envoy's shared-data semantics, a clock the
-// test sets, and several VMs playing Envoy's workers. They skip when the
-// module is missing, except under CI=true.
+// These tests run the plugin compiled from this tree (built once per test
+// binary, as the Makefile builds it, into build/plugin-test.wasm: never a
+// build/plugin.wasm that may be stale) in internal/wasmhost, a proxy-wasm
+// host on wazero with Envoy's shared-data semantics, a clock the test sets,
+// and several VMs playing Envoy's workers.
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -19,9 +18,9 @@ import (
 )
 
 var (
-	compiled     *wasmhost.Host
 	compiledOnce sync.Once
 	wasmBytes    []byte
+	wasmErr      error
 )
 
 // newHost returns a fresh host (its own shared data and clock) for the
@@ -29,17 +28,10 @@ var (
 func newHost(t *testing.T) *wasmhost.Host {
 	t.Helper()
 	compiledOnce.Do(func() {
-		path := os.Getenv("PLUGIN_WASM")
-		if path == "" {
-			path = filepath.Join("..", "build", "plugin.wasm")
-		}
-		wasmBytes, _ = os.ReadFile(path)
+		wasmBytes, wasmErr = wasmhost.BuildModule("..", ".", "plugin-test.wasm", "sdkglue")
 	})
-	if wasmBytes == nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("build/plugin.wasm is missing (run make build)")
-		}
-		t.Skip("build/plugin.wasm is missing (run make build)")
+	if wasmErr != nil {
+		t.Fatal(wasmErr)
 	}
 	h, err := wasmhost.NewHost(context.Background(), wasmBytes,
 		wasmhost.WithStartTime(time.Unix(1_800_000_000, 0)))

@@ -227,8 +227,18 @@ func (wasmHost) ProxySetTickPeriodMilliseconds(period uint32) Status {
 	return Status(hostSetTickPeriodMilliseconds(period))
 }
 
+// ProxySetEffectiveContext makes contextID the context of the host calls
+// that follow, and the SDK's active context too: an HTTP call dispatched next
+// is then registered to that context, as the host registers it. This is how a
+// stream hands a callout to its plugin context, so that the answer is still
+// delivered after the stream has ended (the SDK drops answers whose caller
+// context is gone; Envoy owns every callout by the root context anyway).
 func (wasmHost) ProxySetEffectiveContext(contextID uint32) Status {
-	return Status(hostSetEffectiveContext(contextID))
+	st := Status(hostSetEffectiveContext(contextID))
+	if st == StatusOK {
+		currentState.setActiveContextID(contextID)
+	}
+	return st
 }
 
 func (wasmHost) ProxyDone() Status { return Status(hostDone()) }

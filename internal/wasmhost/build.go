@@ -16,6 +16,10 @@ import (
 // a rebuild cheap, so callers rebuild rather than trust a file that may be
 // stale.
 func BuildModule(root, pkg, out, tags string) ([]byte, error) {
+	root, err := filepath.Abs(root)
+	if err != nil {
+		return nil, err
+	}
 	out = filepath.Join(root, "build", out)
 	run := func(env []string, name string, args ...string) error {
 		cmd := exec.Command(name, args...)

@@ -76,6 +76,7 @@ type Host struct {
 	nextVM    int
 	onGet     func(key string) (value []byte, cas uint32, st Status, override bool)
 	onSet     func(key string, value []byte, cas uint32) (st Status, override bool)
+	onReply   func(status int) Status
 }
 
 // LogEntry is one line the guest logged with proxy_log, or wrote to stdout
@@ -278,6 +279,26 @@ func (h *Host) OnSetSharedData(f func(key string, value []byte, cas uint32) (st 
 	h.mu.Lock()
 	h.onSet = f
 	h.mu.Unlock()
+}
+
+// OnSendLocalResponse installs f to run before each of the guest's
+// proxy_send_local_response calls (nil removes it). If f returns a status
+// other than StatusOK, the reply is not sent and the guest gets that status,
+// as from a host that cannot send it.
+func (h *Host) OnSendLocalResponse(f func(status int) Status) {
+	h.mu.Lock()
+	h.onReply = f
+	h.mu.Unlock()
+}
+
+func (h *Host) guestReply(status int) Status {
+	h.mu.Lock()
+	hook := h.onReply
+	h.mu.Unlock()
+	if hook == nil {
+		return StatusOK
+	}
+	return hook(status)
 }
 
 func (h *Host) guestGetShared(key string) ([]byte, uint32, Status) {

@@ -254,6 +254,9 @@ func hostSendLocalResponse(vm *VM, mem api.Memory, a []uint64) Status {
 	if err != nil {
 		return StatusBadArgument
 	}
+	if st := vm.h.guestReply(int(uint32(a[0]))); st != StatusOK {
+		return st
+	}
 	s := vm.effectiveStream()
 	if s == nil || s.phase == phaseDone {
 		return StatusOK // Envoy: no decoder callbacks, nothing happens

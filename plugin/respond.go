@@ -1,0 +1,177 @@
+package plugin
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/config"
+)
+
+// requestCost is the tokens a request takes: the fixed cost, or the header
+// or query value. A value that is absent, not a number, infinite or below
+// config.MinCost (zero, negative, or as tiny as 1e-300) is not a cost:
+// default_cost applies.
+func requestCost(ru *rule, r *request) float64 {
+	if ru.Cost.Source.Kind == config.SourceFixed {
+		return ru.Cost.Fixed
+	}
+	v, ok := r.value(ru.Cost.Source)
+	if !ok {
+		return ru.Cost.Default
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsInf(f, 0) || !(f >= config.MinCost) {
+		return ru.Cost.Default
+	}
+	return f
+}
+
+// reject answers the request with rej's local reply, from its headers
+// callback. If the host cannot send the reply, the request goes on (fail
+// open, counted).
+func (c *httpContext) reject(rej rejection) types.Action {
+	if c.sendReply(rej) {
+		return types.ActionPause
+	}
+	return types.ActionContinue
+}
+
+// rejectPaused answers a request paused for a callout. If the host cannot
+// send the reply, the request is resumed rather than left hanging.
+func (c *httpContext) rejectPaused(rej rejection) {
+	if !c.sendReply(rej) {
+		resume(c.plugin)
+	}
+}
+
+// resume continues the paused request.
+func resume(p *pluginContext) {
+	if err := proxywasm.ResumeHttpRequest(); err != nil {
+		p.warn(&p.replyLog, "resuming the request: "+err.Error())
+	}
+}
+
+// sendReply sends the local reply for rej and reports whether it was sent.
+//
+// A missing limit key answers 400 whatever the rule's status: the request
+// is malformed for the rule, not over a limit, and a client must be able to
+// tell the two apart. Every other reason answers the rule's status (429 by
+// default). Only token_bucket_exceeded carries RateLimit headers and a
+// jittered Retry-After (the wait, in whole seconds); limit_service_unavailable
+// carries "Retry-After: 1" (the outage is the service's, its end unknown);
+// cost_exceeds_burst and missing_limit_key never pass by waiting and carry
+// neither.
+func (c *httpContext) sendReply(rej rejection) bool {
+	ru := rej.rule
+	status, errName := ru.Status, "rate_limited"
+	if rej.reason == reasonMissingKey {
+		status, errName = 400, "bad_request"
+	}
+	hs := make([][2]string, 0, 8+len(ru.ResponseHeaders))
+	retry := int64(0)
+	switch rej.reason {
+	case reasonExceeded:
+		retry = jitter(wholeSeconds(rej.d.RetryAfter), rej.id)
+		hs = append(hs, [2]string{"retry-after", strconv.FormatInt(retry, 10)})
+		c.rateLimitHeaders(ru, rej.d, func(name, value string) {
+			hs = append(hs, [2]string{name, strings.Clone(value)}) // value aliases a scratch buffer
+		})
+	case reasonServiceDown:
+		retry = 1
+		hs = append(hs, [2]string{"retry-after", "1"})
+	}
+	hs = append(hs, [2]string{"x-ratelimit-reason", rej.reason})
+	for _, h := range ru.ResponseHeaders {
+		hs = append(hs, [2]string{h.Name, h.Value})
+	}
+	body := ru.Body
+	if body == "" {
+		hs = append(hs, [2]string{"content-type", "application/json"})
+		body = defaultBody(errName, ru.Name, rej.reason, retry)
+	}
+	if err := proxywasm.SendHttpResponse(uint32(status), hs, []byte(body), -1); err != nil {
+		ru.failedOpen.Increment(1)
+		p := c.plugin
+		p.warn(&p.replyLog, "sending the "+strconv.Itoa(status)+" reply failed, the request goes on (counted in rule."+ru.Name+".failed_open): "+err.Error())
+		return false
+	}
+	ru.rejected.Increment(1)
+	c.localReply = true
+	return true
+}
+
+// wholeSeconds rounds a wait up to the whole seconds headers carry.
+func wholeSeconds(d time.Duration) int64 {
+	if d >= bucket.Never-time.Second {
+		return int64(d / time.Second)
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// rateLimitHeaders passes add the headers the configuration's style asks
+// for. On a rejection, t is the wait before a retry can succeed; otherwise the
+// time until the bucket is full again. The values it formats alias the
+// plugin's scratch buffer and are valid only during the call to add (see
+// hostString), so the allowed path allocates nothing here.
+func (c *httpContext) rateLimitHeaders(ru *rule, d bucket.Decision, add func(name, value string)) {
+	style := c.plugin.cfg.Headers
+	if style == config.HeadersNone {
+		return
+	}
+	wait := d.ResetAfter
+	if !d.Allowed {
+		wait = d.RetryAfter
+	}
+	t := wholeSeconds(wait)
+	remaining := max(d.Remaining, 0)
+	b := &c.plugin.scratch
+	if style == config.HeadersBoth || style == config.HeadersDraft {
+		add("ratelimit-policy", ru.policy)
+		*b = append((*b)[:0], ru.quotedName...)
+		*b = append(*b, ";r="...)
+		*b = strconv.AppendInt(*b, remaining, 10)
+		*b = append(*b, ";t="...)
+		*b = strconv.AppendInt(*b, t, 10)
+		add("ratelimit", hostString(*b))
+	}
+	if style == config.HeadersBoth || style == config.HeadersLegacy {
+		add("ratelimit-limit", ru.burst)
+		*b = strconv.AppendInt((*b)[:0], remaining, 10)
+		add("ratelimit-remaining", hostString(*b))
+		*b = strconv.AppendInt((*b)[:0], t, 10)
+		add("ratelimit-reset", hostString(*b))
+	}
+}
+
+// jitter spreads Retry-After per client: the base wait plus up to 50% more,
+// the same for the same bucket, never below the base, so that clients
+// rejected together do not all come back at the same second.
+func jitter(base int64, id uint64) int64 {
+	if base < 1 {
+		base = 1
+	}
+	f := float64(mix(id^0x5851f42d4c957f2d)>>11) / (1 << 53) // [0, 1)
+	return base + int64(math.Floor(float64(base)*0.5*f))
+}
+
+func defaultBody(errName, rule, reason string, retry int64) string {
+	b := make([]byte, 0, 96)
+	b = append(b, `{"error":"`...)
+	b = append(b, errName...)
+	b = append(b, `","rule":"`...)
+	b = append(b, rule...) // rule names are [A-Za-z0-9_.-]: nothing to escape
+	b = append(b, `","reason":"`...)
+	b = append(b, reason...)
+	b = append(b, '"')
+	if retry > 0 {
+		b = append(b, `,"retry_after":`...)
+		b = strconv.AppendInt(b, retry, 10)
+	}
+	return string(append(b, '}'))
+}
