@@ -175,7 +175,6 @@ func (m *MemoryStore) maybeSweep(now int64, force bool) {
 	m.nextSweep = min(max(minSweep, 2*len(m.buckets)), m.maxKeys)
 }
 
-
 // Ping implements Store; a MemoryStore is always ready.
 func (m *MemoryStore) Ping(context.Context) error { return nil }
 
