@@ -34,7 +34,9 @@ func decide(ctx context.Context, st Store, req *Request) (Answer, error) {
 			continue
 		}
 		wg.Go(func() {
-			one := &Request{HashTag: req.HashTag, Buckets: req.Buckets[i : i+1]}
+			b := req.Buckets[i]
+			b.Shadow = false // to the store, a decision of its own like any other
+			one := &Request{HashTag: req.HashTag, Buckets: []Bucket{b}}
 			var sa Answer
 			if sa, errs[i] = st.Decide(ctx, one); errs[i] == nil {
 				a.Buckets[i] = sa.Buckets[0]

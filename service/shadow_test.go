@@ -11,7 +11,16 @@ import (
 // (nor it an enforced admission).
 func TestShadowBucketsDecidedAlone(t *testing.T) {
 	now := int64(1_800_000_000_000_000_000)
-	st := NewMemoryStore(MemoryOptions{Now: func() int64 { return now }})
+	t.Run("memory", func(t *testing.T) {
+		testShadowBuckets(t, NewMemoryStore(MemoryOptions{Now: func() int64 { return now }}))
+	})
+	t.Run("redis", func(t *testing.T) {
+		_, _, st := newMini(t, RedisOptions{})
+		testShadowBuckets(t, st)
+	})
+}
+
+func testShadowBuckets(t *testing.T, st Store) {
 	req := &Request{Buckets: []Bucket{
 		{Key: "enforced", Rate: 0.001, Burst: 2, Cost: 1},
 		{Key: "trial", Rate: 0.001, Burst: 1, Cost: 1, Shadow: true},
