@@ -77,9 +77,11 @@ e2e: setup setup-redis build build-service
 # The README's test command: every test, e2e included.
 test: unit e2e
 
+# gofmt, go vet (native and wasip1), import groups (internal/lint), go mod tidy.
 check: sdk
 	@test -z "$$(gofmt -l $$(git ls-files '*.go') sdkglue)" || (gofmt -l $$(git ls-files '*.go') sdkglue; echo 'gofmt would change the files above'; exit 1)
 	$(GO) vet ./...
+	$(GO) test -count=1 ./internal/lint/
 	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue . ./plugin/
 	@# the glue lives in the SDK's package, whose own code trips unsafeptr
 	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue,sdkglue_full -unsafeptr=false $(SDK_MOD)/proxywasm/internal
@@ -92,6 +94,7 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecodeState -fuzztime $(FUZZTIME) ./bucket/
 	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./config/
 	$(GO) test -run XXX -fuzz FuzzRequestValues -fuzztime $(FUZZTIME) ./plugin/
+	$(GO) test -run XXX -fuzz FuzzCheck -fuzztime $(FUZZTIME) ./internal/jsonlimit/
 
 clean:
 	rm -rf $(BUILD)

@@ -103,9 +103,6 @@ func New(sd SharedData, prefix string, maxKeys int) (*Table, error) {
 // a consumed token, and the rejecting buckets' decisions say so (the others'
 // report their tokens as they are). On an error every bucket is left as it was.
 func (t *Table) Decide(now int64, reqs []Request, out []bucket.Decision) (ok bool, o Outcome, err error) {
-	if len(out) != len(reqs) {
-		return false, o, fmt.Errorf("store: %d requests but %d decisions", len(reqs), len(out))
-	}
 	if cap(t.slots) < len(reqs) {
 		t.slots = make([]slotRef, len(reqs))
 	}

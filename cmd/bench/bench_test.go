@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"github.com/ratelimit-wasm/tokenbucket/internal/pngfont"
 	"image/png"
 	"math"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"github.com/tetratelabs/wazero"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/pngfont"
 )
 
 func TestParseStatTicks(t *testing.T) {

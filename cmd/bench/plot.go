@@ -4,13 +4,14 @@ package main
 
 import (
 	"bytes"
-	"github.com/ratelimit-wasm/tokenbucket/internal/pngfont"
 	"image"
 	"image/color"
 	"image/png"
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/pngfont"
 )
 
 // A small bar-chart renderer: grouped bars with min–max whiskers, axis

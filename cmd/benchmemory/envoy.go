@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 	"io"
 	"net"
 	"net/http"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 )
 
 // Bounds on starting and stopping Envoy.

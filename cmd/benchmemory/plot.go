@@ -5,13 +5,14 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"github.com/ratelimit-wasm/tokenbucket/internal/pngfont"
 	"image"
 	"image/color"
 	"image/png"
 	"math"
 	"os"
 	"strconv"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/pngfont"
 )
 
 // The plot's geometry, in image pixels.

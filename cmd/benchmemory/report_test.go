@@ -4,7 +4,6 @@ package main
 
 import (
 	"bytes"
-	"github.com/ratelimit-wasm/tokenbucket/internal/pngfont"
 	"image/png"
 	"math"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/pngfont"
 )
 
 func TestParseCheckpoints(t *testing.T) {

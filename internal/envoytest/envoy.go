@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 	"io"
 	"math"
 	"net"
@@ -25,6 +24,8 @@ import (
 	"testing"
 	"text/template"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 )
 
 // Bounds on the time spent starting, polling and stopping Envoy.

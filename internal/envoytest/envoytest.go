@@ -33,10 +33,11 @@
 package envoytest
 
 import (
-	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 	"os"
 	"strconv"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 )
 
 // EnvoyBin returns the path of the Envoy binary named by the environment

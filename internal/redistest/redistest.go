@@ -18,7 +18,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 	"io"
 	"net"
 	"os"
@@ -29,6 +28,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 )
 
 // StartTimeout bounds the wait for a server (or a cluster) to answer.

@@ -1,0 +1,4 @@
+// Package lint holds the repository's own style checks that gofmt and go vet
+// do not make, as tests (make check runs them): imports grouped standard
+// library, third party, this module, in that order, one blank line apart.
+package lint
