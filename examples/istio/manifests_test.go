@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -206,16 +207,8 @@ func TestPluginConfigSurvivesIstio(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", file, err)
 		}
-		ja, err := a.MarshalJSON()
-		if err != nil {
-			t.Fatal(err)
-		}
-		jb, err := b.MarshalJSON()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(ja, jb) {
-			t.Errorf("%s: the manifest's configuration\n%s\nbecomes, through Istio,\n%s", file, ja, jb)
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("%s: the manifest's configuration\n%+v\nbecomes, through Istio,\n%+v", file, a, b)
 		}
 	}
 }
