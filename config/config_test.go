@@ -69,8 +69,8 @@ func manyRules(n int, extra string) []string {
 var badCases = []badCase{
 	// Hostile input: bounded before any recursive parser sees it.
 	{name: "nested 100000 deep", in: doc(`"x":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000)), want: `config: x[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]: nested deeper than 32 levels`},
-	{name: "regex too large", in: doc("", rule(`"match":{"header:x":{"regex":"[a-z]{1000}"}}`)), want: `config: rules[0].match["header:x"].regex: compiles to 1002 instructions, more than 256: it could read only 32 bytes of a value (see RegexBudget); use a shorter pattern or a prefix/in condition`, gap: gapRegex},
-	{name: "too many regexes", in: doc("", manyRules(17, `"match":{"header:x":{"regex":"a"}},`)...), want: `config: rules[16].match["header:x"].regex: at most 16 regex conditions in a configuration (each costs a request up to 32768 steps)`, gap: gapCount},
+	{name: "regex too large", in: doc("", rule(`"match":{"header:x":{"regex":"[a-z]{1000}"}}`)), want: `config: rules[0].match["header:x"].regex: compiles to 1002 instructions, more than 100: it could read only 16 bytes of a value (see RegexBudget); use a shorter pattern or a prefix/in condition`, gap: gapRegex},
+	{name: "too many regexes", in: doc("", manyRules(9, `"match":{"header:x":{"regex":"a"}},`)...), want: `config: rules[8].match["header:x"].regex: at most 8 regex conditions in a configuration (each costs a request up to 16384 steps)`, gap: gapCount},
 	{name: "fixed_cost below MinCost", in: doc("", alg(`"tokens_per_second":1,"burst":1,"fixed_cost":1e-300`)), want: `config: rules[0].algorithm_config.fixed_cost: must be at least 0.001 (MinCost), got 1e-300`},
 	{name: "default_cost below MinCost", in: doc("", alg(`"tokens_per_second":1,"burst":1,"default_cost":0.0005`)), want: `config: rules[0].algorithm_config.default_cost: must be at least 0.001 (MinCost), got 0.0005`},
 	// Cluster rules: what the limit service accepts, one service for all.
@@ -378,7 +378,7 @@ var goodCases = []goodCase{
 					{Source: Source{Kind: SourcePath}, Prefix: ptr("/api/")},
 					{Source: Source{Kind: SourceMethod}, In: []string{"POST", "PUT"}},
 					{Source: Source{SourceHeader, "x-plan"}, Equals: ptr("enterprise"), Present: ptr(true)},
-					{Source: Source{SourceJWT, "plan"}, Regex: regexp.MustCompile("^(gold|silver)$"), RegexMaxInput: 1927},
+					{Source: Source{SourceJWT, "plan"}, Regex: regexp.MustCompile("^(gold|silver)$"), RegexMaxInput: 963},
 					{Source: Source{SourceHeader, "x-debug"}, Present: ptr(false)},
 				},
 				MissingKey:      MissingShared,

@@ -58,15 +58,15 @@ const (
 	// regex reads at most min(MaxRegexInput, RegexBudget / instructions)
 	// bytes of a value (Condition.RegexMaxInput); a longer value does not
 	// match, and the plugin counts it.
-	RegexBudget = 32768
+	RegexBudget = 16384
 	// MaxRegexInput is the most bytes of a value any regex reads.
 	MaxRegexInput = 4096
 	// MaxRegexInstructions bounds a regex's compiled program, so that it
-	// reads at least RegexBudget / MaxRegexInstructions (128) bytes.
-	MaxRegexInstructions = 256
+	// reads at least RegexBudget / MaxRegexInstructions (163) bytes.
+	MaxRegexInstructions = 100
 	// MaxRegexConditions bounds the regex conditions of a configuration:
 	// with RegexBudget, it bounds the regex work of one request.
-	MaxRegexConditions = 16
+	MaxRegexConditions = 8
 )
 
 // Error is a configuration error: the JSON path of the offending value and
