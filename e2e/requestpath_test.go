@@ -106,3 +106,30 @@ func TestShadowClusterRule(t *testing.T) {
 		}
 	}
 }
+
+// TestCookieAsUpstreamsSeeIt (issue 10, defect 8) on real Envoy: an
+// exhausted session stays limited when the client writes "sid =victim" or
+// splits its cookies over two Cookie headers.
+func TestCookieAsUpstreamsSeeIt(t *testing.T) {
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	e := envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(), Concurrency: 2,
+		PluginConfig: `{"rules": [{"name": "session", "limit_keys": ["cookie:sid"],
+		  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.01, "burst": 2}}]}`})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	for range 2 {
+		c.Get("/", map[string]string{"cookie": "sid=victim"})
+	}
+	for name, cookies := range map[string][]string{
+		"space before =":       {"sid =victim"},
+		"second Cookie header": {"theme=dark", "sid=victim"},
+	} {
+		req := c.NewRequest("GET", "/", nil)
+		for _, v := range cookies {
+			req.Header.Add("Cookie", v)
+		}
+		if r := c.DoRequest(req); r.Status != 429 {
+			t.Errorf("%s: %d, want 429 (the upstream reads sid=victim; upstream saw Cookie %q)", name, r.Status, up.LastHeader().Values("Cookie"))
+		}
+	}
+}
