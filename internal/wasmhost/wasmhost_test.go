@@ -490,6 +490,9 @@ func TestConcurrentWorkers(t *testing.T) {
 	for i := range vms {
 		vms[i] = newVM(t, h, "")
 	}
+	// The key exists before the race: a set on a missing key ignores the CAS
+	// (as in Envoy), so two workers creating it at once would both win.
+	h.SetSharedData("count", []byte("0"), 0)
 	var mu sync.Mutex
 	seen := make(map[string]bool)
 	failures := 0
