@@ -26,6 +26,10 @@ const (
 type request struct {
 	cfg    *config.Config
 	values []cachedValue
+	// cookies are the values of every Cookie header, read once for all
+	// cookie sources.
+	cookies     []string
+	cookiesRead bool
 }
 
 type cachedValue struct {
@@ -97,15 +101,18 @@ func (r *request) rawPath() string {
 // request sends Cookie headers rarely enough that reading all its headers
 // for them costs nothing the others pay.
 func (r *request) cookie(name string) (string, bool) {
-	hs, err := proxywasm.GetHttpRequestHeaders()
-	if err != nil {
-		return "", false
-	}
-	for _, h := range hs {
-		if h[0] != "cookie" {
-			continue
+	if !r.cookiesRead {
+		r.cookiesRead = true
+		if hs, err := proxywasm.GetHttpRequestHeaders(); err == nil {
+			for _, h := range hs {
+				if h[0] == "cookie" {
+					r.cookies = append(r.cookies, h[1])
+				}
+			}
 		}
-		if v, ok := cookieValue(h[1], name); ok {
+	}
+	for _, c := range r.cookies {
+		if v, ok := cookieValue(c, name); ok {
 			return v, true
 		}
 	}
