@@ -48,4 +48,3 @@ func TestPrometheusNames(t *testing.T) {
 		t.Error("/stats/prometheus names a metric envoy_wasmcustom_…: the README's names are wrong")
 	}
 }
-
