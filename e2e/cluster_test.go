@@ -102,7 +102,7 @@ func TestClusterWide(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if t.Failed() {
+	if t.Failed() || t.Skipped() {
 		return
 	}
 	a, b := envoys[0].Client(), envoys[1].Client()
