@@ -1,3 +1,5 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
 package e2e
 
 import (
