@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/elftest"
+	k8smanifest "github.com/ratelimit-wasm/tokenbucket/internal/manifest"
 	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 
@@ -150,6 +151,14 @@ func TestRunPrintsTheDigestsIstioChecks(t *testing.T) {
 		}
 		if wp.Kind != "WasmPlugin" || wp.Spec.URL != "oci://"+ref || wp.Spec.Sha256 != hexDigest {
 			t.Errorf("%s: kind %s url %s sha256 %s, want WasmPlugin oci://%s %s", m, wp.Kind, wp.Spec.URL, wp.Spec.Sha256, ref, hexDigest)
+		}
+		// And they are still valid manifests, as make validate-istio checks.
+		decoded, err := k8smanifest.DecodeFile(m)
+		if err != nil {
+			t.Fatalf("rendered %s: %v", m, err)
+		}
+		if r := k8smanifest.Validate(decoded, k8smanifest.Options{}); len(r.Errors) > 0 || r.Plugins != 1 {
+			t.Errorf("rendered %s: %d WasmPlugins, errors %v", m, r.Plugins, r.Errors)
 		}
 	}
 }
