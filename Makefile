@@ -29,16 +29,24 @@ $(BUILD)/sdk.stamp: sdkglue/*.go go.mod go.sum
 	cp sdkglue/*.go $(BUILD)/sdk/proxywasm/internal/
 	cp go.mod $(BUILD)/go.wasm.mod
 	cp go.sum $(BUILD)/go.wasm.sum
-	echo 'replace $(SDK_MOD) => $(abspath $(BUILD))/sdk' >> $(BUILD)/go.wasm.mod
+	@# Relative to the module root, so that the build info the binary embeds
+	@# (=> ./build/sdk) is the same from any checkout path.
+	echo 'replace $(SDK_MOD) => ./$(BUILD)/sdk' >> $(BUILD)/go.wasm.mod
 	touch $@
 
 sdk: $(BUILD)/sdk.stamp
+
+# Reproducible: no file system paths (-trimpath), no VCS stamp (a copy without
+# .git or with local changes would differ), no symbol tables. The same sources
+# give the same plugin.wasm, hence the same `make oci` digests, from any
+# checkout path: internal/reprotest builds a copy elsewhere and compares.
+REPRO_FLAGS := -trimpath -buildvcs=false -ldflags='-s -w'
 
 WASM_SRC := $(shell find . -name '*.go' -not -path './build/*' -not -name '*_test.go' 2>/dev/null)
 
 $(BUILD)/plugin.wasm: $(BUILD)/sdk.stamp $(WASM_SRC)
 	GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue \
-		-buildmode=c-shared -trimpath -ldflags='-s -w' -o $@ .
+		-buildmode=c-shared $(REPRO_FLAGS) -o $@ .
 	@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
 
 build: $(BUILD)/plugin.wasm
