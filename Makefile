@@ -39,7 +39,7 @@ sdk: $(BUILD)/sdk.stamp
 # Reproducible: no file system paths (-trimpath), no VCS stamp (a copy without
 # .git or with local changes would differ), no symbol tables. The same sources
 # give the same plugin.wasm, hence the same `make oci` digests, from any
-# checkout path: internal/reprotest builds a copy elsewhere and compares.
+# checkout path: internal/repotest builds a copy elsewhere and compares.
 REPRO_FLAGS := -trimpath -buildvcs=false -ldflags='-s -w'
 
 WASM_SRC := $(shell find . -name '*.go' -not -path './build/*' -not -name '*_test.go' 2>/dev/null)

@@ -1,6 +1,6 @@
 // Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
 
-package reprotest
+package repotest
 
 import (
 	"bytes"
