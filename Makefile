@@ -104,4 +104,10 @@ fuzz:
 clean:
 	rm -rf $(BUILD)
 
+# More targets, each described in its file under mk/:
+#   bench.mk    bench, bench-smoke (CI), bench-profile
+#   memory.mk   bench-memory
+#   oci.mk      oci, oci-push, validate-istio [MANIFESTS=...]
+#   service.mk  build-service, test-service, test-service-redis, bench-service, fuzz-service, oci-limitd
+#   soak.mk     soak-versions (the Envoy version floor, measured; not in CI)
 -include mk/*.mk
