@@ -4,6 +4,7 @@ package repotest
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,10 +16,11 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 
-// TestPluginWasmIsReproducible runs `make build` in this checkout and in a
-// copy of its files at another path (longer, under the temporary
-// directory), then demands byte-identical plugin.wasm files, neither of
-// which names its checkout's path, and so identical image digests.
+// TestPluginWasmIsReproducible runs `make build oci oci-limitd` in this
+// checkout and in a copy of its files at another path (longer, under the
+// temporary directory), then demands byte-identical plugin.wasm files,
+// neither of which names its checkout's path, and the same image digests for
+// the plugin and for limitd.
 func TestPluginWasmIsReproducible(t *testing.T) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
@@ -56,9 +58,12 @@ func TestPluginWasmIsReproducible(t *testing.T) {
 	}
 
 	wasm := map[string][]byte{}
+	digests := map[string][2]string{}
 	for _, dir := range []string{root, copyDir} {
 		start := time.Now()
 		makeBuild(t, dir)
+		digests[dir] = [2]string{imageDigest(t, filepath.Join(dir, "build", "plugin-oci.json")),
+			imageDigest(t, filepath.Join(dir, "build", "limitd-oci.json"))}
 		b, err := os.ReadFile(filepath.Join(dir, "build", "plugin.wasm"))
 		if err != nil {
 			t.Fatal(err)
@@ -67,7 +72,7 @@ func TestPluginWasmIsReproducible(t *testing.T) {
 			t.Errorf("%s/build/plugin.wasm contains its checkout path %s", dir, dir)
 		}
 		wasm[dir] = b
-		t.Logf("make build in %s: %v", dir, time.Since(start).Round(time.Millisecond))
+		t.Logf("make build oci oci-limitd in %s: %v", dir, time.Since(start).Round(time.Millisecond))
 	}
 	a, b := wasm[root], wasm[copyDir]
 	if !bytes.Equal(a, b) {
@@ -84,20 +89,44 @@ func TestPluginWasmIsReproducible(t *testing.T) {
 	if ia.Digests() != ib.Digests() {
 		t.Fatalf("image digests differ: %v, %v", ia.Digests().Image, ib.Digests().Image)
 	}
-	t.Logf("identical: plugin.wasm sha256:%s, image %s", ia.Digests().Wasm.Hex, ia.Digests().Image)
+	if digests[root] != digests[copyDir] {
+		t.Fatalf("make oci / oci-limitd digests differ: %v in %s, %v in %s", digests[root], root, digests[copyDir], copyDir)
+	}
+	t.Logf("identical: plugin.wasm sha256:%s, image %s; make oci %s, make oci-limitd %s",
+		ia.Digests().Wasm.Hex, ia.Digests().Image, digests[root][0], digests[root][1])
 }
 
-// makeBuild runs `make build` in dir, outside any make that runs this test.
+// imageDigest returns image_digest from a summary that cmd/ociimage wrote.
+func imageDigest(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		ImageDigest string `json:"image_digest"`
+	}
+	if err := json.Unmarshal(b, &s); err != nil || s.ImageDigest == "" {
+		t.Fatalf("%s: no image_digest (%v)", path, err)
+	}
+	return s.ImageDigest
+}
+
+// makeBuild runs `make build oci oci-limitd` in dir, outside any make that
+// runs this test, with the default image references.
 func makeBuild(t *testing.T, dir string) {
 	t.Helper()
-	cmd := exec.Command("make", "--no-print-directory", "build")
+	cmd := exec.Command("make", "--no-print-directory", "build", "oci", "oci-limitd")
 	cmd.Dir = dir
 	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); k != "MAKEFLAGS" && k != "MFLAGS" && k != "MAKELEVEL" {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "OCI_REF", "OCI_LIMITD_REF", "SOURCE_DATE_EPOCH":
+		default:
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("make build in %s: %v\n%s", dir, err, out)
+		t.Fatalf("make build oci oci-limitd in %s: %v\n%s", dir, err, out)
 	}
 }
