@@ -16,11 +16,12 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 
-// TestPluginWasmIsReproducible runs `make build oci oci-limitd` in this
-// checkout and in a copy of its files at another path (longer, under the
-// temporary directory), then demands byte-identical plugin.wasm files,
-// neither of which names its checkout's path, and the same image digests for
-// the plugin and for limitd.
+// TestPluginWasmIsReproducible copies this checkout's files to two paths of
+// different lengths and runs `make build oci oci-limitd` in each (with the
+// shared Go build cache, as two CI runs on one machine would; outside this
+// checkout, so that nothing reads a build/ file while it is rewritten), then
+// demands byte-identical plugin.wasm files, neither of which names its
+// checkout's path, and the same image digests for the plugin and for limitd.
 func TestPluginWasmIsReproducible(t *testing.T) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
@@ -35,7 +36,8 @@ func TestPluginWasmIsReproducible(t *testing.T) {
 		}
 		t.Skipf("not a git checkout (%v); CI=true makes this a failure", err)
 	}
-	copyDir := filepath.Join(t.TempDir(), "another", "checkout", "of-this-repository")
+	tmp := t.TempDir()
+	dirs := []string{filepath.Join(tmp, "a"), filepath.Join(tmp, "another", "checkout", "of-this-repository")}
 	for _, name := range strings.Split(strings.TrimRight(string(list), "\x00"), "\x00") {
 		b, err := os.ReadFile(filepath.Join(root, name))
 		if os.IsNotExist(err) {
@@ -48,18 +50,20 @@ func TestPluginWasmIsReproducible(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dst := filepath.Join(copyDir, name)
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(dst, b, st.Mode().Perm()); err != nil {
-			t.Fatal(err)
+		for _, dir := range dirs {
+			dst := filepath.Join(dir, name)
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dst, b, st.Mode().Perm()); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 
 	wasm := map[string][]byte{}
 	digests := map[string][2]string{}
-	for _, dir := range []string{root, copyDir} {
+	for _, dir := range dirs {
 		start := time.Now()
 		makeBuild(t, dir)
 		digests[dir] = [2]string{imageDigest(t, filepath.Join(dir, "build", "plugin-oci.json")),
@@ -74,9 +78,9 @@ func TestPluginWasmIsReproducible(t *testing.T) {
 		wasm[dir] = b
 		t.Logf("make build oci oci-limitd in %s: %v", dir, time.Since(start).Round(time.Millisecond))
 	}
-	a, b := wasm[root], wasm[copyDir]
+	a, b := wasm[dirs[0]], wasm[dirs[1]]
 	if !bytes.Equal(a, b) {
-		t.Fatalf("plugin.wasm differs between %s (%d bytes) and %s (%d bytes)", root, len(a), copyDir, len(b))
+		t.Fatalf("plugin.wasm differs between %s (%d bytes) and %s (%d bytes)", dirs[0], len(a), dirs[1], len(b))
 	}
 	ia, err := oci.Build(a, time.Unix(0, 0))
 	if err != nil {
@@ -89,11 +93,11 @@ func TestPluginWasmIsReproducible(t *testing.T) {
 	if ia.Digests() != ib.Digests() {
 		t.Fatalf("image digests differ: %v, %v", ia.Digests().Image, ib.Digests().Image)
 	}
-	if digests[root] != digests[copyDir] {
-		t.Fatalf("make oci / oci-limitd digests differ: %v in %s, %v in %s", digests[root], root, digests[copyDir], copyDir)
+	if digests[dirs[0]] != digests[dirs[1]] {
+		t.Fatalf("make oci / oci-limitd digests differ: %v in %s, %v in %s", digests[dirs[0]], dirs[0], digests[dirs[1]], dirs[1])
 	}
 	t.Logf("identical: plugin.wasm sha256:%s, image %s; make oci %s, make oci-limitd %s",
-		ia.Digests().Wasm.Hex, ia.Digests().Image, digests[root][0], digests[root][1])
+		ia.Digests().Wasm.Hex, ia.Digests().Image, digests[dirs[0]][0], digests[dirs[0]][1])
 }
 
 // imageDigest returns image_digest from a summary that cmd/ociimage wrote.
