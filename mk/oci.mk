@@ -14,10 +14,23 @@ OCI_REF ?= localhost/ratelimit-wasm/tokenbucket:dev
 OCI_ARGS = -wasm $(BUILD)/plugin.wasm -layout $(BUILD)/oci -archive $(BUILD)/plugin-oci.tar \
 	-summary $(BUILD)/plugin-oci.json -ref $(OCI_REF) -render examples/istio -render-out $(BUILD)/istio
 
-.PHONY: oci oci-push
+# Strict checks of Istio manifests before applying them (cmd/validateistio,
+# package internal/manifest): every document decoded into Istio's or
+# Kubernetes' API type of its kind (unknown fields fail), every WasmPlugin's
+# pluginConfig through the plugin's parser as Istio hands it over. The
+# manifests' own choices (failStrategy, phase, limits) are not judged.
+#
+#   make validate-istio                                  build/istio/*.yaml, after make oci
+#   make validate-istio MANIFESTS='my/wasmplugin.yaml my/limitd.yaml'
+MANIFESTS ?=
+
+.PHONY: oci oci-push validate-istio
 
 oci: build
 	$(GO) run ./cmd/ociimage $(OCI_ARGS)
 
 oci-push: build
 	$(GO) run ./cmd/ociimage $(OCI_ARGS) -push
+
+validate-istio: $(if $(MANIFESTS),,oci)
+	$(GO) run ./cmd/validateistio $(or $(MANIFESTS),$(BUILD)/istio/*.yaml)

@@ -9,10 +9,16 @@
 #   make bench-service        decisions/s and p50/p99 against a real Redis, with and
 #                             without batching, beside redis-benchmark EVALSHA
 #   make fuzz-service         fuzz the request decoder for FUZZTIME
+#   make oci-limitd           limitd as a container image, no Docker daemon (cmd/ociimage -exe):
+#                             a static linux binary FROM scratch, /etc/passwd with user nonroot
+#                             (65532), run as 65532:65532, port 8081; written as build/limitd-oci/
+#                             (OCI layout) and build/limitd-oci.tar, both read back and verified,
+#                             digests in build/limitd-oci.json. Same binary, same digest.
+#                             OCI_LIMITD_REF names it; LIMITD_OCI_ARCH picks amd64 or arm64.
 #
 # BENCH_SERVICE_FLAGS passes options, e.g. BENCH_SERVICE_FLAGS='-duration 5s -c 100'.
 
-.PHONY: build-service test-service test-service-redis bench-service fuzz-service
+.PHONY: build-service test-service test-service-redis bench-service fuzz-service oci-limitd
 
 GO ?= go
 BUILD ?= build
@@ -39,3 +45,17 @@ bench-service:
 
 fuzz-service:
 	$(GO) test -run XXX -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./service/
+
+# The image's binary: always linux, static, no VCS stamp, so that the same
+# commit gives the same bytes (and image digest) from any checkout.
+OCI_LIMITD_REF ?= localhost/ratelimit-wasm/limitd:dev
+LIMITD_OCI_ARCH ?= $(shell $(GO) env GOARCH)
+LIMITD_OCI_BIN := $(BUILD)/limitd-linux-$(LIMITD_OCI_ARCH)
+
+$(LIMITD_OCI_BIN): $(LIMITD_SRC) go.mod go.sum
+	@mkdir -p $(BUILD)
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(LIMITD_OCI_ARCH) $(GO) build -trimpath -buildvcs=false -ldflags='-s -w' -o $@ ./cmd/limitd
+
+oci-limitd: $(LIMITD_OCI_BIN)
+	$(GO) run ./cmd/ociimage -exe $(LIMITD_OCI_BIN) -exe-name limitd -exe-port 8081 -exe-cmd '--listen=:8081' \
+		-layout $(BUILD)/limitd-oci -archive $(BUILD)/limitd-oci.tar -summary $(BUILD)/limitd-oci.json -ref $(OCI_LIMITD_REF)

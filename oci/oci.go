@@ -120,6 +120,27 @@ func Build(wasm []byte, created time.Time) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg := v1.ConfigFile{
+		Architecture: Architecture,
+		OS:           OS,
+		History: []v1.History{{
+			CreatedBy: "ratelimit-wasm oci.Build",
+			Comment:   WasmFileName,
+		}},
+	}
+	im, err := assemble(rawTar, cfg, created, map[string]string{VariantAnnotation: VariantCompat})
+	if err != nil {
+		return nil, err
+	}
+	im.digests.Wasm = sha256Hash(wasm)
+	im.digests.WasmSize = int64(len(wasm))
+	return im, nil
+}
+
+// assemble makes an image of one layer, the uncompressed tarball rawTar, and
+// cfg, to which it adds the creation time (also of every history entry) and
+// the layer's diff ID. Only the Wasm digests are left for the caller.
+func assemble(rawTar []byte, cfg v1.ConfigFile, created time.Time, annotations map[string]string) (*Image, error) {
 	layer, err := gzipBytes(rawTar)
 	if err != nil {
 		return nil, err
@@ -127,16 +148,10 @@ func Build(wasm []byte, created time.Time) (*Image, error) {
 	diffID := sha256Hash(rawTar)
 	layerDigest := sha256Hash(layer)
 
-	cfg := v1.ConfigFile{
-		Architecture: Architecture,
-		OS:           OS,
-		Created:      v1.Time{Time: created},
-		RootFS:       v1.RootFS{Type: "layers", DiffIDs: []v1.Hash{diffID}},
-		History: []v1.History{{
-			Created:   v1.Time{Time: created},
-			CreatedBy: "ratelimit-wasm oci.Build",
-			Comment:   WasmFileName,
-		}},
+	cfg.Created = v1.Time{Time: created}
+	cfg.RootFS = v1.RootFS{Type: "layers", DiffIDs: []v1.Hash{diffID}}
+	for i := range cfg.History {
+		cfg.History[i].Created = v1.Time{Time: created}
 	}
 	config, err := json.Marshal(cfg)
 	if err != nil {
@@ -157,7 +172,7 @@ func Build(wasm []byte, created time.Time) (*Image, error) {
 			Size:      int64(len(layer)),
 			Digest:    layerDigest,
 		}},
-		Annotations: map[string]string{VariantAnnotation: VariantCompat},
+		Annotations: annotations,
 	}
 	manifest, err := json.Marshal(m)
 	if err != nil {
@@ -170,11 +185,9 @@ func Build(wasm []byte, created time.Time) (*Image, error) {
 		layer:    layer,
 		digests: Digests{
 			Image:       sha256Hash(manifest),
-			Wasm:        sha256Hash(wasm),
 			Config:      configDigest,
 			Layer:       layerDigest,
 			LayerDiffID: diffID,
-			WasmSize:    int64(len(wasm)),
 			LayerSize:   int64(len(layer)),
 		},
 	}, nil

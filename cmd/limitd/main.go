@@ -1,7 +1,10 @@
 // Command limitd is the cluster-wide limit service: an HTTP API (package
 // service) over token buckets kept in Redis, a Redis Sentinel group or a Redis
 // Cluster, so every gateway shares one limit. Without --redis it keeps the
-// buckets in memory, limiting per process, and says so at start.
+// buckets in memory, limiting per process, and says so at start. With
+// --redis it serves at once and waits for Redis, retrying with a backoff of
+// 100 ms doubling up to 5 s; /readyz answers 503 until Redis has answered
+// (and loaded the decision script) once, then whenever Redis does not answer.
 //
 //	limitd --listen 127.0.0.1:8081 --redis redis://127.0.0.1:6379/0
 //	limitd --redis 10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379      (Redis Cluster)
@@ -26,6 +29,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -148,19 +152,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		if err != nil {
 			return err
 		}
-		store, storeName = rs, "redis"
+		gate := &readyGate{Store: rs}
+		store, storeName = gate, "redis"
 		kind := fmt.Sprintf("%T", client)
-		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		sha, err := rs.Load(lctx)
-		cancel()
-		if err != nil {
-			// Not fatal: decisions fail (503) until Redis answers, then
-			// EVALSHA falls back to EVAL, which loads the script.
-			log.Warn("redis unreachable at start; will retry on every decision", "err", err, "client", kind)
-		} else {
+		wctx, stopWaiting := context.WithCancel(ctx)
+		waited := make(chan struct{})
+		defer func() { stopWaiting(); <-waited }() // before the client closes
+		go func() {
+			defer close(waited)
+			sha, attempts, err := waitForRedis(wctx, rs.Load, redisBackoff, log)
+			if err != nil {
+				return // limitd is stopping
+			}
+			gate.ready.Store(true)
 			log.Info("redis store ready", "client", kind, "addrs", uopts.Addrs, "script_sha", sha,
-				"batching", rs.Batching(), "batch_max", o.batchMax)
-		}
+				"batching", rs.Batching(), "batch_max", o.batchMax, "attempts", attempts)
+		}()
 	}
 	defer store.Close()
 
@@ -207,6 +214,70 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// readyGate is the Redis store as the server sees it: /readyz (Ping) fails
+// until waitForRedis has loaded the decision script once, then asks Redis.
+// Decisions go to Redis from the start (EVALSHA falls back to EVAL).
+type readyGate struct {
+	service.Store
+	ready atomic.Bool
+}
+
+// errWaitingForRedis is what /readyz reports before Redis first answered.
+var errWaitingForRedis = errors.New("waiting for redis: the decision script is not loaded yet")
+
+// Ping implements service.Store.
+func (g *readyGate) Ping(ctx context.Context) error {
+	if !g.ready.Load() {
+		return errWaitingForRedis
+	}
+	return g.Store.Ping(ctx)
+}
+
+// backoff is a bounded exponential delay: First, doubled after every failed
+// attempt, never more than Max.
+type backoff struct {
+	First, Max time.Duration
+	// Attempt bounds one attempt.
+	Attempt time.Duration
+}
+
+// redisBackoff is how limitd waits for Redis at start: 100 ms, 200 ms, ...
+// up to one attempt every 5 s, each attempt bounded by 2 s.
+var redisBackoff = backoff{First: 100 * time.Millisecond, Max: 5 * time.Second, Attempt: 2 * time.Second}
+
+// delay returns the wait after the n-th failed attempt (n >= 1).
+func (b backoff) delay(n int) time.Duration {
+	d := b.First
+	for i := 1; i < n && d < b.Max; i++ {
+		d *= 2
+	}
+	return min(d, b.Max)
+}
+
+// waitForRedis calls load until it succeeds or ctx is done, waiting
+// b.delay(n) after the n-th failure and logging each one. It returns what
+// load returned and the number of attempts, or ctx's error.
+func waitForRedis(ctx context.Context, load func(context.Context) (string, error), b backoff, log *slog.Logger) (string, int, error) {
+	for n := 1; ; n++ {
+		actx, cancel := context.WithTimeout(ctx, b.Attempt)
+		sha, err := load(actx)
+		cancel()
+		if err == nil {
+			return sha, n, nil
+		}
+		if ctx.Err() != nil {
+			return "", n, ctx.Err()
+		}
+		wait := b.delay(n)
+		log.Warn("waiting for redis: /readyz answers 503 until it answers", "attempt", n, "retry_in", wait.String(), "err", err)
+		select {
+		case <-ctx.Done():
+			return "", n, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // loadToken reads the bearer token from file, else the environment variable

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -240,6 +242,10 @@ func TestRunMemoryGracefulShutdown(t *testing.T) {
 func TestRunRedisWithToken(t *testing.T) {
 	srv := redistest.Start(t)
 	addr, logs, _, _ := start(t, []string{"--listen", "127.0.0.1:0", "--redis", srv.Addr()}, env("LIMITD_TOKEN", "tok"))
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "redis store ready") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // bounded wait for the first script load
+	}
 	if !strings.Contains(logs.String(), "redis store ready") {
 		t.Fatalf("no redis start log:\n%s", logs)
 	}
@@ -279,5 +285,95 @@ func TestRunRedisWithToken(t *testing.T) {
 		if !strings.Contains(string(m), name) {
 			t.Errorf("/metrics lacks %s", name)
 		}
+	}
+}
+
+func TestBackoffDelay(t *testing.T) {
+	b := backoff{First: 100 * time.Millisecond, Max: time.Second}
+	for _, tt := range []struct {
+		n    int
+		want time.Duration
+	}{{1, 100 * time.Millisecond}, {2, 200 * time.Millisecond}, {4, 800 * time.Millisecond}, {5, time.Second}, {60, time.Second}} {
+		if got := b.delay(tt.n); got != tt.want {
+			t.Errorf("delay(%d) = %v, want %v", tt.n, got, tt.want)
+		}
+	}
+}
+
+// TestWaitForRedis: failures are retried until load succeeds; a cancelled
+// context ends the wait.
+func TestWaitForRedis(t *testing.T) {
+	b := backoff{First: time.Microsecond, Max: time.Microsecond, Attempt: time.Second}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	calls := 0
+	load := func(context.Context) (string, error) {
+		calls++
+		if calls < 3 {
+			return "", errors.New("connection refused")
+		}
+		return "sha", nil
+	}
+	sha, n, err := waitForRedis(context.Background(), load, b, log)
+	if sha != "sha" || n != 3 || err != nil {
+		t.Fatalf("waitForRedis = %q, %d, %v; want sha, 3, nil", sha, n, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	never := func(context.Context) (string, error) {
+		cancel()
+		return "", errors.New("connection refused")
+	}
+	if _, _, err := waitForRedis(ctx, never, b, log); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v, want context.Canceled", err)
+	}
+}
+
+// getStatus returns the status and body of GET url.
+func getStatus(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestRunWaitsForRedis starts limitd while its Redis is down: it serves, says
+// it is waiting, answers /readyz 503 and /healthz 200; once Redis is back,
+// /readyz turns 200 without a restart.
+func TestRunWaitsForRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Kill()
+	addr, logs, _, _ := start(t, []string{"--listen", "127.0.0.1:0", "--redis", srv.Addr()}, env())
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), `"attempt":2`) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // bounded wait for two failed attempts
+	}
+	if !strings.Contains(logs.String(), "waiting for redis") {
+		t.Fatalf("no waiting log:\n%s", logs)
+	}
+	if code, body := getStatus(t, "http://"+addr+"/readyz"); code != 503 || !strings.Contains(body, "waiting for redis") {
+		t.Fatalf("readyz while Redis is down: %d %s, want 503 waiting for redis", code, body)
+	}
+	if code, _ := getStatus(t, "http://"+addr+"/healthz"); code != 200 {
+		t.Fatalf("healthz while Redis is down: %d, want 200", code)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		code, body := getStatus(t, "http://"+addr+"/readyz")
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz %d %s 15 s after Redis came back:\n%s", code, body, logs)
+		}
+		time.Sleep(20 * time.Millisecond) // polling readiness with a deadline
+	}
+	if !strings.Contains(logs.String(), "redis store ready") {
+		t.Fatalf("no ready log:\n%s", logs)
 	}
 }

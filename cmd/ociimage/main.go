@@ -9,13 +9,24 @@
 //	    -archive build/plugin-oci.tar -ref ghcr.io/acme/ratelimit:0.1.0 \
 //	    [-summary build/plugin-oci.json] [-render examples/istio -render-out build/istio] [-push]
 //
+// With -exe it packages a static Linux executable instead (the limit service:
+// `make oci-limitd`), as a container image FROM scratch that runs as a
+// non-root user (oci.BuildExecutable), written, read back and verified the
+// same way:
+//
+//	go run ./cmd/ociimage -exe build/limitd -exe-port 8081 -exe-cmd '--listen=:8081' \
+//	    -layout build/limitd-oci -archive build/limitd-oci.tar -ref localhost/ratelimit-wasm/limitd:dev
+//
 // The creation time recorded in the image is $SOURCE_DATE_EPOCH, or the Unix
-// epoch when unset, so the image digest depends on plugin.wasm alone.
+// epoch when unset, so the image digest depends on plugin.wasm (or the
+// executable) alone.
 package main
 
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -25,6 +36,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -58,6 +70,12 @@ type Summary struct {
 	Pushed      bool   `json:"pushed"`
 	// Manifests are the WasmPlugin manifests written by -render.
 	Manifests []string `json:"manifests,omitempty"`
+	// Executable is /usr/local/bin/<name> in an -exe image, and
+	// ExecutableSHA256 the sha256 of its bytes (empty for the plugin).
+	Executable       string `json:"executable,omitempty"`
+	ExecutableSHA256 string `json:"executable_sha256,omitempty"`
+	// User is the uid:gid an -exe image runs as.
+	User string `json:"user,omitempty"`
 }
 
 func run(args []string, stdout io.Writer) error {
@@ -70,6 +88,10 @@ func run(args []string, stdout io.Writer) error {
 	push := fs.Bool("push", false, "push the image to -ref (credentials from ~/.docker/config.json), then pull it back and verify it")
 	renderSrc := fs.String("render", "", "directory of WasmPlugin manifests to fill in with -ref and the image digest (empty: none)")
 	renderDst := fs.String("render-out", "build/istio", "where -render writes the filled-in manifests")
+	exePath := fs.String("exe", "", "package this static Linux executable as a container image instead of -wasm")
+	exeName := fs.String("exe-name", "", "the executable's name under /usr/local/bin (default: the base name of -exe)")
+	exeCmd := fs.String("exe-cmd", "", "default arguments of an -exe image, separated by spaces")
+	exePort := fs.Int("exe-port", 0, "TCP port an -exe image exposes (0: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -81,19 +103,52 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 
-	wasm, err := os.ReadFile(*wasmPath)
-	if err != nil {
-		return err
-	}
-	built, err := oci.Build(wasm, created)
-	if err != nil {
-		return fmt.Errorf("%s: %w", *wasmPath, err)
+	var (
+		built *oci.Image
+		check func(v1.Image) (v1.Hash, error) // verifies an image read back
+		exe   oci.Executable
+	)
+	if *exePath != "" {
+		bin, err := os.ReadFile(*exePath)
+		if err != nil {
+			return err
+		}
+		exe = oci.Executable{Name: *exeName, Binary: bin, Cmd: strings.Fields(*exeCmd)}
+		if exe.Name == "" {
+			exe.Name = filepath.Base(*exePath)
+		}
+		if *exePort != 0 {
+			exe.Ports = []int{*exePort}
+		}
+		if built, err = oci.BuildExecutable(exe, created); err != nil {
+			return fmt.Errorf("%s: %w", *exePath, err)
+		}
+		check = func(img v1.Image) (v1.Hash, error) { return oci.VerifyExecutable(img, exe) }
+	} else {
+		wasm, err := os.ReadFile(*wasmPath)
+		if err != nil {
+			return err
+		}
+		if built, err = oci.Build(wasm, created); err != nil {
+			return fmt.Errorf("%s: %w", *wasmPath, err)
+		}
+		check = func(img v1.Image) (v1.Hash, error) { return oci.Verify(img, wasm) }
 	}
 	img, err := built.V1()
 	if err != nil {
 		return err
 	}
 	d := built.Digests()
+	verify := func(where string, img v1.Image) error {
+		got, err := check(img)
+		if err != nil {
+			return fmt.Errorf("verify %s: %w", where, err)
+		}
+		if got != d.Image {
+			return fmt.Errorf("verify %s: image digest %s, built %s", where, got, d.Image)
+		}
+		return nil
+	}
 
 	// Write, then read back from disk and verify what was written.
 	if err := oci.WriteLayout(*layoutDir, img, *ref); err != nil {
@@ -103,7 +158,7 @@ func run(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := verify("layout "+*layoutDir, fromLayout, wasm, d); err != nil {
+	if err := verify("layout "+*layoutDir, fromLayout); err != nil {
 		return err
 	}
 	if *archivePath != "" {
@@ -119,7 +174,7 @@ func run(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := verify("archive "+*archivePath, fromArchive, wasm, d); err != nil {
+		if err := verify("archive "+*archivePath, fromArchive); err != nil {
 			return err
 		}
 	}
@@ -136,12 +191,15 @@ func run(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := verify("registry "+*ref, pulled, wasm, d); err != nil {
+		if err := verify("registry "+*ref, pulled); err != nil {
 			return err
 		}
 	}
 
 	var rendered []string
+	if *renderSrc != "" && *exePath != "" {
+		return errors.New("-render fills in WasmPlugins: not with -exe")
+	}
 	if *renderSrc != "" {
 		if rendered, err = renderManifests(*renderSrc, *renderDst, *ref, d.Image.Hex); err != nil {
 			return err
@@ -160,6 +218,12 @@ func run(args []string, stdout io.Writer) error {
 		LayerSize:   d.LayerSize,
 		Pushed:      *push,
 		Manifests:   rendered,
+	}
+	if *exePath != "" {
+		s.WasmSHA256, s.WasmSize = "", 0
+		s.Executable = oci.ExecutablePath(exe.Name)
+		s.ExecutableSHA256 = sha256Hex(exe.Binary)
+		s.User = strconv.Itoa(oci.NonRootUID) + ":" + strconv.Itoa(oci.NonRootUID)
 	}
 	if *summaryPath != "" {
 		b, err := json.MarshalIndent(s, "", "  ")
@@ -187,18 +251,6 @@ func sourceDateEpoch(v string) (time.Time, error) {
 	return time.Unix(sec, 0).UTC(), nil
 }
 
-// verify checks an image read back from somewhere against the built one.
-func verify(where string, img v1.Image, wasm []byte, want oci.Digests) error {
-	got, err := oci.Verify(img, wasm)
-	if err != nil {
-		return fmt.Errorf("verify %s: %w", where, err)
-	}
-	if got != want.Image {
-		return fmt.Errorf("verify %s: image digest %s, built %s", where, got, want.Image)
-	}
-	return nil
-}
-
 // writeArchive writes the tar next to its final name and renames it, so an
 // interrupted run never leaves a truncated archive behind.
 func writeArchive(path, layoutDir string, modTime time.Time) error {
@@ -223,7 +275,27 @@ func writeArchive(path, layoutDir string, modTime time.Time) error {
 	return os.Rename(tmp.Name(), path)
 }
 
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
 func printSummary(w io.Writer, s Summary) {
+	if s.Executable != "" {
+		fmt.Fprintf(w, "Container image of %s (static, runs as %s), read back and verified:\n", s.Executable, s.User)
+		fmt.Fprintf(w, "  layout      %s\n", s.Layout)
+		if s.Archive != "" {
+			fmt.Fprintf(w, "  archive     %s (oci-archive; docker load accepts it too)\n", s.Archive)
+		}
+		fmt.Fprintf(w, "  ref         %s", s.Ref)
+		if s.Pushed {
+			fmt.Fprint(w, " (pushed, pulled back, verified)")
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "  image       %s\n", s.ImageDigest)
+		fmt.Fprintf(w, "  executable  sha256:%s\n", s.ExecutableSHA256)
+		return
+	}
 	fmt.Fprintf(w, "OCI image (Wasm image spec, compat variant) of %d-byte plugin.wasm, verified as Istio reads it:\n", s.WasmSize)
 	fmt.Fprintf(w, "  layout   %s\n", s.Layout)
 	if s.Archive != "" {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -17,6 +18,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	"sigs.k8s.io/yaml"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/elftest"
+	k8smanifest "github.com/ratelimit-wasm/tokenbucket/internal/manifest"
 	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 
@@ -149,6 +152,14 @@ func TestRunPrintsTheDigestsIstioChecks(t *testing.T) {
 		if wp.Kind != "WasmPlugin" || wp.Spec.URL != "oci://"+ref || wp.Spec.Sha256 != hexDigest {
 			t.Errorf("%s: kind %s url %s sha256 %s, want WasmPlugin oci://%s %s", m, wp.Kind, wp.Spec.URL, wp.Spec.Sha256, ref, hexDigest)
 		}
+		// And they are still valid manifests, as make validate-istio checks.
+		decoded, err := k8smanifest.DecodeFile(m)
+		if err != nil {
+			t.Fatalf("rendered %s: %v", m, err)
+		}
+		if r := k8smanifest.Validate(decoded, k8smanifest.Options{}); len(r.Errors) > 0 || r.Plugins != 1 {
+			t.Errorf("rendered %s: %d WasmPlugins, errors %v", m, r.Plugins, r.Errors)
+		}
 	}
 }
 
@@ -267,5 +278,59 @@ func TestDocsNameTheSummaryFields(t *testing.T) {
 				t.Errorf("%s does not name %s", doc, field)
 			}
 		}
+	}
+}
+
+// TestRunExecutable builds a container image of a static executable as make
+// oci-limitd does: written as a layout and an archive, both read back and
+// verified, the same digest for the same binary, a summary naming the
+// non-root user.
+func TestRunExecutable(t *testing.T) {
+	t.Setenv("SOURCE_DATE_EPOCH", "")
+	var digests []string
+	for _, payload := range []string{"a", "a", "b"} {
+		dir := t.TempDir()
+		exe := filepath.Join(dir, "limitd")
+		if err := os.WriteFile(exe, elftest.Fake(elf.EM_X86_64, false, payload), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		layout, archive, summary := filepath.Join(dir, "limitd-oci"), filepath.Join(dir, "limitd-oci.tar"), filepath.Join(dir, "limitd-oci.json")
+		var out bytes.Buffer
+		err := run([]string{"-exe", exe, "-exe-port", "8081", "-exe-cmd", "--listen=:8081", "-layout", layout,
+			"-archive", archive, "-summary", summary, "-ref", "localhost/ratelimit-wasm/limitd:dev"}, &out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := readSummary(t, summary)
+		if s.Executable != "/usr/local/bin/limitd" || s.User != "65532:65532" || s.WasmSHA256 != "" ||
+			!strings.Contains(out.String(), s.ImageDigest) {
+			t.Errorf("summary %+v\nprinted:\n%s", s, out.String())
+		}
+		f, err := os.Open(archive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := oci.ReadArchive(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cf, err := img.ConfigFile()
+		if err != nil || strings.Join(cf.Config.Cmd, " ") != "--listen=:8081" {
+			t.Errorf("config %+v, %v", cf, err)
+		}
+		digests = append(digests, s.ImageDigest)
+	}
+	if digests[0] != digests[1] || digests[0] == digests[2] {
+		t.Errorf("digests %v: want the same for the same binary, different otherwise", digests)
+	}
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "limitd")
+	if err := os.WriteFile(exe, elftest.Fake(elf.EM_X86_64, true, ""), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := run([]string{"-exe", exe, "-layout", filepath.Join(dir, "o"), "-archive", ""}, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "dynamically linked") {
+		t.Errorf("a dynamic executable: %v, want a refusal", err)
 	}
 }

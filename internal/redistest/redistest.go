@@ -354,6 +354,13 @@ func StartCluster(t testing.TB) *Cluster {
 	return c
 }
 
+// Require skips t when redis-server is missing, or fails it if CI=true: for
+// tests that start redis-server their own way.
+func Require(t testing.TB) {
+	t.Helper()
+	need(t)
+}
+
 func need(t testing.TB) {
 	t.Helper()
 	if Installed() {

@@ -1,0 +1,126 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// examples returns the manifests of examples/istio (the Envoy bootstrap
+// template aside).
+func examples(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("../../examples/istio/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, f := range files {
+		if filepath.Base(f) != "envoy-istio.yaml" {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("no manifests in examples/istio")
+	}
+	return out
+}
+
+func runValidate(args ...string) (int, string) {
+	var out, errOut bytes.Buffer
+	code := run(args, &out, &errOut)
+	return code, out.String() + errOut.String()
+}
+
+func TestExamplesAreValid(t *testing.T) {
+	code, out := runValidate(append([]string{"-require-clusters"}, examples(t)...)...)
+	if code != 0 || !strings.Contains(out, "2 WasmPlugin(s)") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
+
+// edited writes the gateway example with old replaced by new and returns
+// its path.
+func edited(t *testing.T, old, new string) string {
+	t.Helper()
+	b, err := os.ReadFile("../../examples/istio/wasmplugin-gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte(old)) {
+		t.Fatalf("wasmplugin-gateway.yaml has no %q", old)
+	}
+	p := filepath.Join(t.TempDir(), "wasmplugin-gateway.yaml")
+	if err := os.WriteFile(p, bytes.Replace(b, []byte(old), []byte(new), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestOwnChoicesAreNotJudged: edits a user may legitimately make to the
+// example pass; a Service for the limit service may live elsewhere (a note,
+// not a failure, without -require-clusters).
+func TestOwnChoicesAreNotJudged(t *testing.T) {
+	for _, e := range [][2]string{
+		{"failStrategy: FAIL_OPEN", "failStrategy: FAIL_CLOSE"},
+		{"phase: AUTHZ", "phase: STATS"},
+		{"istio: ingressgateway", "app: my-gateway"},
+		{"failure_mode: allow", "failure_mode: deny"},
+		{"imagePullPolicy: IfNotPresent", "imagePullPolicy: Always"},
+		{`sha256: "0000000000000000000000000000000000000000000000000000000000000000"`, ""},
+		{"url: oci://ghcr.io/ratelimit-wasm/tokenbucket:0.1.0", "url: https://example.com/plugin.wasm"},
+	} {
+		code, out := runValidate(edited(t, e[0], e[1]))
+		if code != 0 || !strings.Contains(out, "note ") {
+			t.Errorf("%q -> %q: exit %d, want 0 with a note on the cluster:\n%s", e[0], e[1], code, out)
+		}
+	}
+}
+
+// TestInvalidManifestsFail: what Istio's API server or the plugin would
+// refuse fails, naming the cause.
+func TestInvalidManifestsFail(t *testing.T) {
+	for _, e := range []struct{ old, new, want string }{
+		{"failStrategy: FAIL_OPEN", "failStrategyy: FAIL_OPEN", "failStrategyy"},
+		{"failStrategy: FAIL_OPEN", "failStrategy: FAIL_SOMETIMES", "FAIL_SOMETIMES"},
+		{"pluginName: ratelimit-gateway", "plugin_name: ratelimit-gateway", "camelCase"},
+		{"max_keys: 100000", "max_key: 100000", "max_key"},
+		{"max_keys: 100000", "max_keys: 3", "max_keys"},
+		{"timeout_ms: 50", "timeout_ms: 0", "timeout_ms"},
+		{"url: oci://ghcr.io/ratelimit-wasm/tokenbucket:0.1.0", "url: ghcr.io/ratelimit-wasm/tokenbucket:0.1.0", "spec.url"},
+		{`sha256: "0000000000000000000000000000000000000000000000000000000000000000"`, `sha256: "sha256:00"`, "spec.sha256"},
+		{"cluster: outbound|8081||limitd.ratelimit.svc.cluster.local", "cluster: limitd", "not a cluster Istio builds"},
+	} {
+		code, out := runValidate(edited(t, e.old, e.new))
+		if code != 1 || !strings.Contains(out, e.want) {
+			t.Errorf("%q -> %q: exit %d, want 1 naming %q:\n%s", e.old, e.new, code, e.want, out)
+		}
+	}
+	// A cluster the given manifests do not create fails with -require-clusters.
+	if code, out := runValidate("-require-clusters", edited(t, "phase: AUTHZ", "phase: AUTHZ")); code != 1 ||
+		!strings.Contains(out, "no Service or ServiceEntry") {
+		t.Errorf("-require-clusters without the Service: exit %d\n%s", code, out)
+	}
+	if code, _ := runValidate(); code != 2 {
+		t.Errorf("no arguments: exit %d, want 2", code)
+	}
+	if code, out := runValidate(filepath.Join(t.TempDir(), "missing.yaml")); code != 1 || !strings.Contains(out, "FAIL") {
+		t.Errorf("missing file: exit %d\n%s", code, out)
+	}
+}
+
+// TestRenderedManifests validates what `make oci` rendered into build/istio,
+// when it exists (make validate-istio runs make oci first).
+func TestRenderedManifests(t *testing.T) {
+	files, _ := filepath.Glob("../../build/istio/*.yaml")
+	if len(files) == 0 {
+		t.Skip("no build/istio/*.yaml (make oci renders them)")
+	}
+	if code, out := runValidate(files...); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}

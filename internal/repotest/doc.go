@@ -1,0 +1,8 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+// Package repotest holds tests of the repository as a whole: the build is
+// reproducible (the same sources build a byte-identical build/plugin.wasm,
+// and so the same `make oci` image digest, from any checkout path), the
+// license is the one the source files name, and the changelog keeps its
+// form. It has no code of its own.
+package repotest

@@ -1,0 +1,136 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+package repotest
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/oci"
+)
+
+// TestPluginWasmIsReproducible copies this checkout's files to two paths of
+// different lengths and runs `make build oci oci-limitd` in each (with the
+// shared Go build cache, as two CI runs on one machine would; outside this
+// checkout, so that nothing reads a build/ file while it is rewritten), then
+// demands byte-identical plugin.wasm files, neither of which names its
+// checkout's path, and the same image digests for the plugin and for limitd.
+func TestPluginWasmIsReproducible(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The files of the checkout as they are: tracked ones and new ones
+	// that are not ignored (build/ is).
+	list, err := exec.Command("git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").Output()
+	if err != nil {
+		if ci, _ := strconv.ParseBool(os.Getenv("CI")); ci {
+			t.Fatalf("git ls-files: %v", err)
+		}
+		t.Skipf("not a git checkout (%v); CI=true makes this a failure", err)
+	}
+	tmp := t.TempDir()
+	dirs := []string{filepath.Join(tmp, "a"), filepath.Join(tmp, "another", "checkout", "of-this-repository")}
+	for _, name := range strings.Split(strings.TrimRight(string(list), "\x00"), "\x00") {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if os.IsNotExist(err) {
+			continue // deleted in the work tree
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(filepath.Join(root, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, dir := range dirs {
+			dst := filepath.Join(dir, name)
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dst, b, st.Mode().Perm()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	wasm := map[string][]byte{}
+	digests := map[string][2]string{}
+	for _, dir := range dirs {
+		start := time.Now()
+		makeBuild(t, dir)
+		digests[dir] = [2]string{imageDigest(t, filepath.Join(dir, "build", "plugin-oci.json")),
+			imageDigest(t, filepath.Join(dir, "build", "limitd-oci.json"))}
+		b, err := os.ReadFile(filepath.Join(dir, "build", "plugin.wasm"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte(dir)) {
+			t.Errorf("%s/build/plugin.wasm contains its checkout path %s", dir, dir)
+		}
+		wasm[dir] = b
+		t.Logf("make build oci oci-limitd in %s: %v", dir, time.Since(start).Round(time.Millisecond))
+	}
+	a, b := wasm[dirs[0]], wasm[dirs[1]]
+	if !bytes.Equal(a, b) {
+		t.Fatalf("plugin.wasm differs between %s (%d bytes) and %s (%d bytes)", dirs[0], len(a), dirs[1], len(b))
+	}
+	ia, err := oci.Build(a, time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := oci.Build(b, time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ia.Digests() != ib.Digests() {
+		t.Fatalf("image digests differ: %v, %v", ia.Digests().Image, ib.Digests().Image)
+	}
+	if digests[dirs[0]] != digests[dirs[1]] {
+		t.Fatalf("make oci / oci-limitd digests differ: %v in %s, %v in %s", digests[dirs[0]], dirs[0], digests[dirs[1]], dirs[1])
+	}
+	t.Logf("identical: plugin.wasm sha256:%s, image %s; make oci %s, make oci-limitd %s",
+		ia.Digests().Wasm.Hex, ia.Digests().Image, digests[dirs[0]][0], digests[dirs[0]][1])
+}
+
+// imageDigest returns image_digest from a summary that cmd/ociimage wrote.
+func imageDigest(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		ImageDigest string `json:"image_digest"`
+	}
+	if err := json.Unmarshal(b, &s); err != nil || s.ImageDigest == "" {
+		t.Fatalf("%s: no image_digest (%v)", path, err)
+	}
+	return s.ImageDigest
+}
+
+// makeBuild runs `make build oci oci-limitd` in dir, outside any make that
+// runs this test, with the default image references.
+func makeBuild(t *testing.T, dir string) {
+	t.Helper()
+	cmd := exec.Command("make", "--no-print-directory", "build", "oci", "oci-limitd")
+	cmd.Dir = dir
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "OCI_REF", "OCI_LIMITD_REF", "SOURCE_DATE_EPOCH":
+		default:
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make build oci oci-limitd in %s: %v\n%s", dir, err, out)
+	}
+}
