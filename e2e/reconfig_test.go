@@ -1,89 +1,12 @@
 package e2e
 
 import (
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
 )
-
-// reconfigBootstrap is the bootstrap of TestReconfigure: admin on
-// {{.AdminPort}}, the cluster "upstream", and listeners from a file
-// ({{.Data.ldsPath}}) that Envoy re-reads whenever a file is moved into its
-// directory ({{.Data.ldsDir}}), the atomic-rename update Envoy documents for
-// path_config_source.watched_directory.
-const reconfigBootstrap = `node: {id: reconfig, cluster: reconfig} # required by dynamic_resources
-admin:
-  address:
-    socket_address: {address: 127.0.0.1, port_value: {{.AdminPort}}}
-dynamic_resources:
-  lds_config:
-    resource_api_version: V3
-    path_config_source:
-      path: {{yamlstr .Data.ldsPath}}
-      watched_directory: {path: {{yamlstr .Data.ldsDir}}}
-static_resources:
-  clusters:
-  - name: upstream
-    connect_timeout: 2s
-    type: STATIC
-    load_assignment:
-      cluster_name: upstream
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address:
-              socket_address: {address: 127.0.0.1, port_value: {{.UpstreamPort}}}
-`
-
-// reconfigListener is the listener file: a DiscoveryResponse with one
-// listener on {{.ListenerPort}} running the plugin with {{.PluginConfig}}.
-// Only the plugin configuration changes between versions; the Wasm VM
-// configuration (vm_id, runtime, code) stays the same, so Envoy keeps the VM
-// and starts a new plugin context in it.
-const reconfigListener = `version_info: {{yamlstr .Data.version}}
-resources:
-- "@type": type.googleapis.com/envoy.config.listener.v3.Listener
-  name: main
-  address:
-    socket_address: {address: 127.0.0.1, port_value: {{.ListenerPort}}}
-  filter_chains:
-  - filters:
-    - name: envoy.filters.network.http_connection_manager
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-        stat_prefix: ingress
-        route_config:
-          virtual_hosts:
-          - name: all
-            domains: ["*"]
-            routes:
-            - match: {prefix: "/"}
-              route: {cluster: upstream, timeout: 15s}
-        http_filters:
-        - name: envoy.filters.http.wasm
-          typed_config:
-            "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-            config:
-              name: tokenbucket
-              root_id: tokenbucket
-              vm_config:
-                runtime: envoy.wasm.runtime.v8
-                vm_id: tokenbucket
-                code:
-                  local:
-                    filename: {{yamlstr .PluginWasm}}
-              configuration:
-                "@type": type.googleapis.com/google.protobuf.StringValue
-                value: {{yamlstr .PluginConfig}}
-              failure_policy: FAIL_CLOSED
-        - name: envoy.filters.http.router
-          typed_config:
-            "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-`
 
 // Three versions of one configuration. Every rule applies to its own path,
 // is keyed by x-user and refills 0.001 or 0.002 tokens a second (nothing
@@ -129,35 +52,18 @@ const (
   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 3}}]}`
 )
 
-// reconfigEnv is an Envoy whose listener file the test rewrites.
+// reconfigEnv is an Envoy whose listener file (Options.LDS) the test rewrites.
 type reconfigEnv struct {
 	t       *testing.T
 	e       *envoytest.Envoy
-	dir     string // the watched directory
-	staging string // where new versions are written before the rename
-	data    envoytest.TemplateData
 	version int
 }
 
-// write renders the listener file with pluginConfig and moves it into the
-// watched directory in one rename.
+// write installs the listener file's next version, with pluginConfig.
 func (r *reconfigEnv) write(pluginConfig string) {
 	r.t.Helper()
 	r.version++
-	d := r.data
-	d.PluginConfig = pluginConfig
-	d.Data = map[string]any{"version": strconv.Itoa(r.version)}
-	text, err := envoytest.RenderConfig(reconfigListener, d)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	tmp := filepath.Join(r.staging, "lds.yaml")
-	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
-		r.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(r.dir, "lds.yaml")); err != nil {
-		r.t.Fatal(err)
-	}
+	r.e.WriteLDS(strconv.Itoa(r.version), pluginConfig)
 }
 
 // update installs pluginConfig and waits until Envoy accepted it and the
@@ -202,22 +108,8 @@ func (r *reconfigEnv) update(pluginConfig, marker string) {
 func TestReconfigure(t *testing.T) {
 	t.Parallel()
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	base := t.TempDir()
-	r := &reconfigEnv{t: t, dir: filepath.Join(base, "config"), staging: filepath.Join(base, "staging")}
-	for _, d := range []string{r.dir, r.staging} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r.data = envoytest.TemplateData{
-		ListenerPort: envoytest.FreePort(t), UpstreamPort: up.Port(), PluginWasm: envoytest.PluginWasm(t),
-	}
-	r.write(reconfigV1)
-	r.e = envoytest.Start(t, envoytest.Options{
-		Config: reconfigBootstrap, UpstreamPort: up.Port(), Concurrency: 2,
-		ListenerPort: r.data.ListenerPort, // the port of the listener file, for r.e.Client
-		Data:         map[string]any{"ldsPath": filepath.Join(r.dir, "lds.yaml"), "ldsDir": r.dir},
-	})
+	r := &reconfigEnv{t: t, version: 1}
+	r.e = envoytest.Start(t, envoytest.Options{LDS: true, PluginConfig: reconfigV1, UpstreamPort: up.Port(), Concurrency: 2})
 	r.e.WaitStat("listener_manager.total_listeners_active", 1, 60*time.Second)
 	t.Logf("started: Wasm VMs created %d, active %d", r.e.Stat("wasm.envoy.wasm.runtime.v8.created"), r.e.Stat("wasm.envoy.wasm.runtime.v8.active"))
 

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
 	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
 )
@@ -43,7 +44,7 @@ var runClusterBlockRE = regexp.MustCompile("(?m)^```console run-cluster[ \t]*$")
 // wrote its log where run.sh says, and that stopping the script stops
 // everything it started.
 func TestRunCluster(t *testing.T) {
-	envoy := envoytest.EnvoyBin(t)
+	envoyBin := envoytest.EnvoyBin(t)
 	redistest.Require(t)
 	root, err := filepath.Abs("..")
 	if err != nil {
@@ -52,6 +53,7 @@ func TestRunCluster(t *testing.T) {
 	for _, f := range []struct{ path, hint string }{
 		{"build/plugin.wasm", "make build"},
 		{"build/limitd", "make build-service"},
+		{"build/bin/func-e", "make setup"},
 	} {
 		needFile(t, filepath.Join(root, f.path), f.hint)
 	}
@@ -70,7 +72,7 @@ func TestRunCluster(t *testing.T) {
 	}
 	cmd := exec.Command(filepath.Join(root, "examples", "cluster-wide", "run.sh"))
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "ENVOY_BIN="+envoy)
+	cmd.Env = append(os.Environ(), "ENVOY_BIN="+envoyBin)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group, so that stopping it reaches every child even
 	// if the script cannot; SIGTERM (which the script traps) if the test dies.
@@ -146,7 +148,7 @@ func ownRunClusterPorts(t *testing.T) {
 
 // awaitRunCluster waits until Envoy's admin says LIVE and limitd's /readyz
 // says 200, failing if the script exits first or after
-// envoytest.DefaultStartTimeout.
+// envoy.DefaultStartTimeout.
 func awaitRunCluster(t *testing.T, exited chan error, logPath string) {
 	t.Helper()
 	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{Proxy: nil}}
@@ -160,7 +162,7 @@ func awaitRunCluster(t *testing.T, exited chan error, logPath string) {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
 		return resp.StatusCode == 200 && strings.Contains(string(b), want)
 	}
-	deadline := time.Now().Add(envoytest.DefaultStartTimeout)
+	deadline := time.Now().Add(envoy.DefaultStartTimeout)
 	for !ready("http://127.0.0.1:9901/ready", "LIVE") || !ready("http://127.0.0.1:8081/readyz", "ready") {
 		select {
 		case err := <-exited:
@@ -169,7 +171,7 @@ func awaitRunCluster(t *testing.T, exited chan error, logPath string) {
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not ready after %v:\n%s", envoytest.DefaultStartTimeout, tail(readFile(logPath), 40))
+			t.Fatalf("not ready after %v:\n%s", envoy.DefaultStartTimeout, tail(readFile(logPath), 40))
 		}
 		time.Sleep(100 * time.Millisecond) // polling readiness with a deadline
 	}
@@ -177,16 +179,16 @@ func awaitRunCluster(t *testing.T, exited chan error, logPath string) {
 
 // stopRunCluster stops the script as Ctrl-C would (SIGINT to its process
 // group), then SIGKILLs whatever is left of the group after
-// envoytest.StopGrace, and fails t if a fixed port is still bound.
+// envoy.StopGrace, and fails t if a fixed port is still bound.
 func stopRunCluster(t *testing.T, pid int, exited chan error, logPath string) {
 	_ = syscall.Kill(-pid, syscall.SIGINT)
 	select {
 	case <-exited:
-	case <-time.After(envoytest.StopGrace):
-		t.Errorf("run.sh did not stop within %v of SIGINT:\n%s", envoytest.StopGrace, tail(readFile(logPath), 20))
+	case <-time.After(envoy.StopGrace):
+		t.Errorf("run.sh did not stop within %v of SIGINT:\n%s", envoy.StopGrace, tail(readFile(logPath), 20))
 	}
 	_ = syscall.Kill(-pid, syscall.SIGKILL) // the group is empty unless something ignored SIGINT
-	deadline := time.Now().Add(envoytest.StopGrace)
+	deadline := time.Now().Add(envoy.StopGrace)
 	for _, p := range runClusterPorts {
 		for {
 			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))

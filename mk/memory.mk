@@ -9,11 +9,9 @@ PERKEY_SRC := $(wildcard cmd/benchmemory/perkeyplugin/*.go)
 
 # The comparison plugin, built like the real one (see $(BUILD)/plugin.wasm).
 $(BUILD)/perkey.wasm: $(BUILD)/sdk.stamp $(PERKEY_SRC)
-	GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue \
-		-buildmode=c-shared -trimpath -ldflags='-s -w' -o $@ ./cmd/benchmemory/perkeyplugin
-	@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
+	$(call build_wasm,./cmd/benchmemory/perkeyplugin)
 
 # BENCH_MEMORY_FLAGS passes options, e.g. BENCH_MEMORY_FLAGS='-keys 1000,10000'.
 bench-memory: setup build $(BUILD)/perkey.wasm
-	$(GO) run ./cmd/benchmemory -envoy $(ENVOY_BIN) -plugin $(PLUGIN_WASM) -perkey $(BUILD)/perkey.wasm \
+	$(GO) run ./cmd/benchmemory -plugin $(PLUGIN_WASM) -perkey $(BUILD)/perkey.wasm \
 		-md docs/memory.md -png docs/memory.png $(BENCH_MEMORY_FLAGS)

@@ -20,9 +20,6 @@
 
 .PHONY: build-service test-service test-service-redis bench-service fuzz-service oci-limitd
 
-GO ?= go
-BUILD ?= build
-FUZZTIME ?= 20s
 BENCH_SERVICE_FLAGS ?=
 SERVICE_PKGS := ./service/... ./cmd/limitd/... ./cmd/benchservice/... ./internal/redistest/...
 LIMITD_SRC := $(shell find service cmd/limitd -name '*.go' -not -name '*_test.go' 2>/dev/null) service/decide.lua

@@ -18,21 +18,26 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"golang.org/x/sys/unix"
+
+	"github.com/ratelimit-wasm/tokenbucket/cmd/bench/nullwasm"
+	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/loadgen"
 )
 
 // bench is one benchmark run.
 type bench struct {
-	p       *params
-	tb      *harnessTB
-	started time.Time
-	info    info
-	reqs    [][]byte
-	up      *upstream
-	svcPort int
-	svcPID  int
-	pinned  bool
-	// nullWasm and nullCalls are the paths of nullFilterWasm's modules for
+	p *params
+	// cleanups run, newest first, in close.
+	cleanups []func()
+	started  time.Time
+	info     info
+	reqs     [][]byte
+	up       *loadgen.Upstream
+	svcPort  int
+	svcPID   int
+	pinned   bool
+	// nullWasm and nullCalls are the paths of package nullwasm's modules for
 	// setups 9 and 10.
 	nullWasm, nullCalls string
 
@@ -45,7 +50,7 @@ type bench struct {
 type target struct {
 	s     setup
 	limit limit
-	envoy *envoytest.Envoy
+	envoy *envoy.Process
 	sat   []satResult
 	lat   []latResult
 	rss   []uint64
@@ -91,9 +96,10 @@ func (b *bench) logf(format string, args ...any) {
 // and, when built, limitd.
 func (b *bench) prepare() error {
 	p := b.p
-	envoyBin, wasm := os.Getenv("ENVOY_BIN"), os.Getenv("PLUGIN_WASM")
+	envoyBin := envoy.DefaultBinary()
+	wasm := os.Getenv("PLUGIN_WASM")
 	if !fileExists(envoyBin) {
-		return fmt.Errorf("bench: ENVOY_BIN %q: no such file (run `make setup`, or set ENVOY_BIN)", envoyBin)
+		return fmt.Errorf("bench: %s: no such file (run `make setup`, or set FUNC_E_DATA_HOME)", envoyBin)
 	}
 	if !fileExists(wasm) {
 		return fmt.Errorf("bench: PLUGIN_WASM %q: no such file (run `make build`, or set PLUGIN_WASM)", wasm)
@@ -101,7 +107,7 @@ func (b *bench) prepare() error {
 	b.info = info{
 		Machine:   readMachine(),
 		Go:        runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH,
-		Envoy:     envoyVersion(envoyBin),
+		Envoy:     envoy.BinaryVersion(envoyBin),
 		Plugin:    pluginVersion(wasm),
 		Date:      time.Now().UTC().Format("2006-01-02 15:04 MST"),
 		Rounds:    p.rounds,
@@ -114,43 +120,46 @@ func (b *bench) prepare() error {
 		LatWindow: p.latWindow.String(),
 		Smoke:     p.smoke,
 	}
-	b.info.Machine.CPUs = runtime.NumCPU()
 	b.reqs = keyRequests(p.keys)
 	b.pin()
 
-	up, err := startUpstream()
+	up, err := loadgen.StartUpstream()
 	if err != nil {
 		return fmt.Errorf("bench: upstream: %w", err)
 	}
 	b.up = up
-	b.tb.Cleanup(up.close)
+	b.cleanup(up.Close)
 	plugin, err := os.ReadFile(wasm)
 	if err != nil {
 		return err
 	}
-	exports, err := wasmExports(plugin)
-	if err != nil {
+	if err := nullwasm.CheckLike(plugin); err != nil {
 		return fmt.Errorf("bench: %s: %w", wasm, err)
 	}
-	dir := b.tb.TempDir()
-	b.nullWasm = filepath.Join(dir, "null-filter.wasm")
-	b.nullCalls = filepath.Join(dir, "null-filter-calls.wasm")
-	if err := os.WriteFile(b.nullWasm, nullFilterWasm(exports, 0), 0o644); err != nil {
+	dir, err := os.MkdirTemp("", "bench-")
+	if err != nil {
 		return err
 	}
-	return os.WriteFile(b.nullCalls, nullFilterWasm(exports, nullHostCalls), 0o644)
+	b.cleanup(func() { os.RemoveAll(dir) })
+	b.nullWasm = filepath.Join(dir, "null.wasm")
+	b.nullCalls = filepath.Join(dir, "null-calls.wasm")
+	if err := os.WriteFile(b.nullWasm, nullwasm.Module, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(b.nullCalls, nullwasm.ModuleCalls, 0o644)
 }
 
 // pin puts this process on -load-cpu; Envoys go to -envoy-cpu as they start.
 func (b *bench) pin() {
 	p := b.p
-	allowed, err := schedGetaffinity(0)
+	var allowed unix.CPUSet
+	err := unix.SchedGetaffinity(0, &allowed)
 	switch {
 	case p.noPin:
 		b.info.Pinning = "none (-no-pin)"
 	case err != nil:
 		b.info.Pinning = "none (sched_getaffinity: " + err.Error() + ")"
-	case p.envoyCPU == p.loadCPU || !allowed.has(p.envoyCPU) || !allowed.has(p.loadCPU):
+	case p.envoyCPU == p.loadCPU || !allowed.IsSet(p.envoyCPU) || !allowed.IsSet(p.loadCPU):
 		b.info.Pinning = fmt.Sprintf("none (CPUs %d and %d are not both available)", p.envoyCPU, p.loadCPU)
 	default:
 		if err := pinProcess(os.Getpid(), p.loadCPU); err != nil {
@@ -160,18 +169,6 @@ func (b *bench) pin() {
 		b.pinned = true
 		b.info.Pinning = fmt.Sprintf("Envoy (all threads, --concurrency 1) on CPU %d; load generator, upstream, limitd and this program on CPU %d (sched_setaffinity)", p.envoyCPU, p.loadCPU)
 	}
-}
-
-func envoyVersion(bin string) string {
-	out, err := exec.Command(bin, "--version").Output()
-	if err != nil {
-		return "unknown (" + err.Error() + ")"
-	}
-	s := strings.TrimSpace(string(out))
-	if _, v, ok := strings.Cut(s, "version: "); ok {
-		s = v
-	}
-	return s
 }
 
 // pluginVersion names the plugin binary by the source tree's commit and its
@@ -215,7 +212,7 @@ func (b *bench) startLimitd() error {
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	b.tb.Cleanup(func() {
+	b.cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
@@ -256,7 +253,7 @@ func (b *bench) startLimitd() error {
 // startEnvoy starts t's Envoy with limit l and pins it.
 func (b *bench) startEnvoy(t *target, l limit) error {
 	t.limit = l
-	opts := t.s.options(b.up.port(), b.svcPort, b.p.keys, l)
+	opts := t.s.options(b.up.Port(), b.svcPort, b.p.keys, l)
 	opts.StartTimeout = b.p.startTimeout
 	switch t.s.Name {
 	case "null-wasm":
@@ -264,26 +261,44 @@ func (b *bench) startEnvoy(t *target, l limit) error {
 	case "null-wasm-calls":
 		opts.PluginWasm = b.nullCalls
 	}
-	var e *envoytest.Envoy
 	t0 := time.Now()
-	if err := b.tb.call(func() { e = envoytest.Start(b.tb, opts) }); err != nil {
+	e, err := envoy.Start(opts)
+	if err != nil {
 		return fmt.Errorf("bench: (%d) %s: starting Envoy: %w", t.s.ID, t.s.Label, err)
 	}
+	t.envoy = e
+	b.cleanup(func() { _, _ = e.Stop() })
+	pid, err := e.PID()
+	if err != nil {
+		return err
+	}
 	if b.pinned {
-		if err := pinProcess(e.PID(), b.p.envoyCPU); err != nil {
+		if err := pinProcess(pid, b.p.envoyCPU); err != nil {
 			return err
 		}
 	}
-	t.envoy = e
-	b.logf("(%d) %s: Envoy pid %d up in %.1fs", t.s.ID, t.s.Label, e.PID(), time.Since(t0).Seconds())
+	b.logf("(%d) %s: Envoy pid %d up in %.1fs", t.s.ID, t.s.Label, pid, time.Since(t0).Seconds())
 	// Prime: V8 compiles the plugin lazily and tiers up under load, so the
 	// first seconds of traffic are slower than the rest. Not measured.
-	cs := make([]counts, b.p.conns)
-	closedLoop(b.addr(t), b.reqs, b.p.conns, time.Now().Add(b.p.prime), cs, func() { time.Sleep(b.p.prime) })
-	if n := sum(cs); n.total() == 0 {
-		return fmt.Errorf("bench: (%d) %s: no answer while priming (%d transport errors)", t.s.ID, t.s.Label, n.errors)
+	cs := make([]loadgen.Counts, b.p.conns)
+	end := time.Now().Add(b.p.prime)
+	do, closeConns := loadgen.HTTP(b.addr(t), b.p.conns, end, loadgen.Cycle(b.reqs, b.p.conns))
+	loadgen.Closed(do, cs, time.Time{}, end, nil)
+	closeConns()
+	if n := loadgen.Sum(cs); n.Total() == 0 {
+		return fmt.Errorf("bench: (%d) %s: no answer while priming (%d transport errors)", t.s.ID, t.s.Label, n.Errors)
 	}
 	return nil
+}
+
+func (b *bench) cleanup(f func()) { b.cleanups = append(b.cleanups, f) }
+
+// close stops every process and removes every file the run started or made.
+func (b *bench) close() {
+	for i := len(b.cleanups) - 1; i >= 0; i-- {
+		b.cleanups[i]()
+	}
+	b.cleanups = nil
 }
 
 func (b *bench) stopEnvoy(t *target) {
@@ -328,7 +343,8 @@ func (b *bench) target(id int) *target {
 func (b *bench) addr(t *target) string { return "127.0.0.1:" + strconv.Itoa(t.envoy.ListenerPort()) }
 
 func (b *bench) probe(t *target) probe {
-	pr := probe{envoyPID: t.envoy.PID(), envoyCPU: b.p.envoyCPU, loadCPU: b.p.loadCPU, ours: []int{os.Getpid()}}
+	pid, _ := t.envoy.PID() // known since startEnvoy
+	pr := probe{envoyPID: pid, envoyCPU: b.p.envoyCPU, loadCPU: b.p.loadCPU, ours: []int{os.Getpid()}}
 	if b.svcPID != 0 {
 		pr.ours = append(pr.ours, b.svcPID)
 	}
@@ -482,28 +498,28 @@ func (b *bench) calibrationRun(t *target) (satResult, error) {
 // checkPerKey proves that t limits per x-api-key value: one key sent well
 // past its burst gets rejections, and a fresh key right after is allowed.
 func (b *bench) checkPerKey(t *target) error {
-	c := &conn{addr: b.addr(t)}
-	defer c.close()
-	deadline := time.Now().Add(10 * time.Second)
 	n := int(2*t.limit.Burst + 5)
 	if n > 5000 {
 		return nil
 	}
-	hot := []byte("GET /probe HTTP/1.1\r\nHost: bench\r\nx-api-key: probe-hot\r\n\r\n")
-	fresh := []byte("GET /probe HTTP/1.1\r\nHost: bench\r\nx-api-key: probe-fresh\r\n\r\n")
-	rejected := 0
-	for range n {
-		status, _, err := c.do(hot, deadline)
-		if err != nil {
+	hot := loadgen.Request("GET", "/probe", "Host: bench", "x-api-key: probe-hot")
+	fresh := loadgen.Request("GET", "/probe", "Host: bench", "x-api-key: probe-fresh")
+	do, closeConns := loadgen.HTTP(b.addr(t), 1, time.Now().Add(5*time.Second), func(_ int, i int64) []byte {
+		if i < int64(n) {
+			return hot
+		}
+		return fresh
+	})
+	defer closeConns()
+	rejected, status := 0, 0
+	for i := range n + 1 {
+		var err error
+		if status, err = do(0, int64(i)); err != nil {
 			return fmt.Errorf("bench: (%d) per-key check: %w", t.s.ID, err)
 		}
-		if status == 429 {
+		if status == 429 && i < n {
 			rejected++
 		}
-	}
-	status, _, err := c.do(fresh, deadline)
-	if err != nil {
-		return fmt.Errorf("bench: (%d) per-key check: %w", t.s.ID, err)
 	}
 	if rejected == 0 || status != 200 {
 		return fmt.Errorf("bench: (%d) %s does not limit per key: %d requests on one key (burst %d) gave %d rejections, then a new key got %d",
@@ -561,8 +577,8 @@ func (b *bench) measure(t *target) error {
 	if err != nil {
 		return err
 	}
-	var rss uint64
-	if err := b.tb.call(func() { rss = t.envoy.RSS() }); err != nil {
+	rss, err := t.envoy.RSS()
+	if err != nil {
 		return err
 	}
 	t.sat = append(t.sat, s)
@@ -576,8 +592,8 @@ func (b *bench) measure(t *target) error {
 func (b *bench) verify() error {
 	var problems []string
 	for _, t := range b.targets {
-		var st map[string]uint64
-		if err := b.tb.call(func() { st = t.envoy.Stats() }); err != nil {
+		st, err := t.envoy.Stats("")
+		if err != nil {
 			return err
 		}
 		t.stats = map[string]uint64{}

@@ -7,7 +7,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
+
+	"github.com/ratelimit-wasm/tokenbucket/cmd/bench/nullwasm"
+	"github.com/ratelimit-wasm/tokenbucket/internal/loadgen"
 )
 
 // kind is what sits in Envoy's HTTP filter chain before the router.
@@ -46,7 +49,7 @@ var setups = []setup{
 	{7, "plugin-idle", "plugin, rule never applies", "plugin\nidle", kindPlugin, false, idleRule},
 	{8, "plugin-noheaders", "plugin, no response headers", "plugin\nno hdrs", kindPlugin, false, noHeadersRule},
 	// The same Wasm filter running a module whose callbacks do nothing
-	// (nullFilterWasm): what Envoy and V8 cost per request before any
+	// (package nullwasm): what Envoy and V8 cost per request before any
 	// guest code runs.
 	{9, "null-wasm", "no-op Wasm module", "no-op\nWasm", kindPlugin, false, idleRule},
 	// The no-op module calling the host nullHostCalls times per request:
@@ -55,7 +58,7 @@ var setups = []setup{
 }
 
 // nullHostCalls is how many host calls configuration 10 makes per request.
-const nullHostCalls = 10
+const nullHostCalls = nullwasm.HostCalls
 
 // isDiag reports whether s is a diagnostic setup.
 func (s setup) isDiag() bool { return s.Plugin != nil }
@@ -87,50 +90,35 @@ var unlimited = limit{neverLimit, neverLimit}
 // are <prefix>.http_local_rate_limit.{enabled,ok,rate_limited,enforced}.
 const nativeStatPrefix = "bench_native"
 
-// nativeFilterYAML is Envoy's local rate limit filter with one token bucket
-// per x-api-key value: the filter's own rate_limits turn the header into the
+// nativeFilter is Envoy's local rate limit filter with one token bucket
+// per x-api-key value (rate and burst per second, at most maxDescriptors
+// buckets): the filter's own rate_limits turn the header into the
 // descriptor entry x-api-key=<value>, and the descriptor whose entry has no
 // value is the wildcard that gives every distinct value its own bucket (an
 // LRU of at most max_dynamic_descriptors). The filter is enabled and
 // enforced for every request (both default to 0%). The default bucket must
 // be set but is never consumed when a descriptor matches.
-const nativeFilterYAML = `          - name: envoy.filters.http.local_ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
-              stat_prefix: ` + nativeStatPrefix + `
-              filter_enabled:
-                runtime_key: bench_native_enabled
-                default_value: {numerator: 100, denominator: HUNDRED}
-              filter_enforced:
-                runtime_key: bench_native_enforced
-                default_value: {numerator: 100, denominator: HUNDRED}
-              token_bucket: {max_tokens: 4000000000, tokens_per_fill: 4000000000, fill_interval: 1s}
-              always_consume_default_token_bucket: false
-              max_dynamic_descriptors: {{.Data.maxDescriptors}}
-              rate_limits:
-              - actions:
-                - request_headers: {header_name: x-api-key, descriptor_key: x-api-key}
-              descriptors:
-              - entries:
-                - key: x-api-key
-                token_bucket: {max_tokens: {{.Data.burst}}, tokens_per_fill: {{.Data.rate}}, fill_interval: 1s}
-`
-
-// nativeConfigYAML is envoytest.PlainConfigYAML with the native filter
-// before the router: the same listener, route and upstream cluster.
-var nativeConfigYAML = func() string {
-	const anchor = "          http_filters:\n"
-	if strings.Count(envoytest.PlainConfigYAML, anchor) != 1 {
-		return "" // caught by checkTemplates
-	}
-	return strings.Replace(envoytest.PlainConfigYAML, anchor, anchor+nativeFilterYAML, 1)
-}()
-
-func checkTemplates() error {
-	if nativeConfigYAML == "" {
-		return fmt.Errorf("bench: envoytest.PlainConfigYAML has changed: no single http_filters line to insert the native filter at")
-	}
-	return nil
+func nativeFilter(rate, burst int64, maxDescriptors int) string {
+	return fmt.Sprintf(`- name: envoy.filters.http.local_ratelimit
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+    stat_prefix: %s
+    filter_enabled:
+      runtime_key: bench_native_enabled
+      default_value: {numerator: 100, denominator: HUNDRED}
+    filter_enforced:
+      runtime_key: bench_native_enforced
+      default_value: {numerator: 100, denominator: HUNDRED}
+    token_bucket: {max_tokens: 4000000000, tokens_per_fill: 4000000000, fill_interval: 1s}
+    always_consume_default_token_bucket: false
+    max_dynamic_descriptors: %d
+    rate_limits:
+    - actions:
+      - request_headers: {header_name: x-api-key, descriptor_key: x-api-key}
+    descriptors:
+    - entries:
+      - key: x-api-key
+      token_bucket: {max_tokens: %d, tokens_per_fill: %d, fill_interval: 1s}`, nativeStatPrefix, maxDescriptors, burst, rate)
 }
 
 // pluginRule is the plugin's configuration: one local rule giving every
@@ -152,9 +140,11 @@ func clusterRule(l limit) string {
 		`,"burst":` + strconv.FormatInt(l.Burst, 10) + `}}]}`
 }
 
-// options builds Envoy's options for s with the per-key limit l.
-func (s setup) options(upstreamPort, servicePort, keys int, l limit) envoytest.Options {
-	o := envoytest.Options{
+// options builds Envoy's options for s with the per-key limit l: the one
+// bootstrap, with or without the plugin, the native filter or the limit
+// service's cluster.
+func (s setup) options(upstreamPort, servicePort, keys int, l limit) envoy.Options {
+	o := envoy.Options{
 		UpstreamPort:  upstreamPort,
 		Concurrency:   1,
 		LogLevel:      "warn",
@@ -162,22 +152,16 @@ func (s setup) options(upstreamPort, servicePort, keys int, l limit) envoytest.O
 	}
 	switch s.Kind {
 	case kindNone:
-		o.Config = envoytest.PlainConfigYAML
+		o.NoWasm = true
 	case kindNative:
-		o.Config = nativeConfigYAML
-		o.Data = map[string]any{
-			"rate":           l.Rate,
-			"burst":          l.Burst,
-			"maxDescriptors": maxDescriptors(keys),
-		}
+		o.NoWasm = true
+		o.Filters = nativeFilter(l.Rate, l.Burst, maxDescriptors(keys))
 	case kindPlugin:
-		o.Config = envoytest.DemoConfigYAML
 		o.PluginConfig = pluginRule(l)
 		if s.Plugin != nil {
 			o.PluginConfig = s.Plugin(l)
 		}
 	case kindCluster:
-		o.Config = envoytest.DemoConfigYAML
 		o.PluginConfig = clusterRule(l)
 		o.ServicePort = servicePort
 	}
@@ -217,4 +201,13 @@ func (s setup) rejectedStat() string {
 		return "wasmcustom.tokenbucket.rule.fleet.rejected"
 	}
 	return ""
+}
+
+// keyRequests returns one prebuilt request per x-api-key value k0..k(n-1).
+func keyRequests(n int) [][]byte {
+	reqs := make([][]byte, n)
+	for i := range reqs {
+		reqs[i] = loadgen.Request("GET", "/bench", "Host: bench", "x-api-key: k"+strconv.Itoa(i))
+	}
+	return reqs
 }

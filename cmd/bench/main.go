@@ -73,7 +73,6 @@ type params struct {
 	diag         bool
 	render       string
 	correct      bool
-	verbose      bool
 	envoyCPU     int
 	loadCPU      int
 	noPin        bool
@@ -100,7 +99,6 @@ func parseParams(args []string) (*params, error) {
 	fs.StringVar(&p.render, "render", "", "only rewrite README.md and the plots in -out from this results.json (no measuring)")
 	fs.BoolVar(&p.smoke, "smoke", false, "short run: 1 round, short windows, no rate correction")
 	fs.BoolVar(&p.correct, "correct", true, "re-calibrate the rejecting configurations once for ~50% rejections")
-	fs.BoolVar(&p.verbose, "v", false, "log harness messages")
 	fs.IntVar(&p.envoyCPU, "envoy-cpu", 0, "CPU Envoy is pinned to")
 	fs.IntVar(&p.loadCPU, "load-cpu", 1, "CPU this process (generator, upstream) and limitd are pinned to")
 	fs.BoolVar(&p.noPin, "no-pin", false, "do not pin processes to CPUs")
@@ -194,22 +192,19 @@ func run(p *params) error {
 		}
 		return rep.write(p.out)
 	}
-	if err := checkTemplates(); err != nil {
-		return err
-	}
 	sel, err := p.selected()
 	if err != nil {
 		return err
 	}
-	b := &bench{p: p, tb: &harnessTB{verbose: p.verbose}, started: time.Now()}
-	defer b.tb.close()
+	b := &bench{p: p, started: time.Now()}
+	defer b.close()
 	// SIGINT or SIGTERM: stop the Envoys and limitd before exiting.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-sig
 		fmt.Fprintln(os.Stderr, "bench: interrupted, stopping")
-		b.tb.close()
+		b.close()
 		os.Exit(1)
 	}()
 	if err := b.prepare(); err != nil {

@@ -3,44 +3,25 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
-	"strings"
-	"syscall"
-	"unsafe"
+
+	"github.com/shirou/gopsutil/v4/cpu"
+	"github.com/shirou/gopsutil/v4/host"
+	"github.com/shirou/gopsutil/v4/load"
+	"github.com/shirou/gopsutil/v4/mem"
+	"github.com/shirou/gopsutil/v4/process"
+	"golang.org/x/sys/unix"
 )
-
-// cpuSet is a Linux CPU affinity mask for CPUs 0..1023.
-type cpuSet [16]uint64
-
-func (s *cpuSet) set(cpu int)      { s[cpu/64] |= 1 << (cpu % 64) }
-func (s *cpuSet) has(cpu int) bool { return s[cpu/64]&(1<<(cpu%64)) != 0 }
-
-func schedSetaffinity(tid int, s *cpuSet) error {
-	_, _, e := syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, uintptr(tid), unsafe.Sizeof(*s), uintptr(unsafe.Pointer(s)))
-	if e != 0 {
-		return e
-	}
-	return nil
-}
-
-func schedGetaffinity(tid int) (cpuSet, error) {
-	var s cpuSet
-	_, _, e := syscall.RawSyscall(syscall.SYS_SCHED_GETAFFINITY, uintptr(tid), unsafe.Sizeof(s), uintptr(unsafe.Pointer(&s)))
-	if e != 0 {
-		return s, e
-	}
-	return s, nil
-}
 
 // pinProcess sets the affinity of every thread of process pid to cpu.
 // Threads the process creates later inherit it from their creator.
 func pinProcess(pid, cpu int) error {
-	var s cpuSet
-	s.set(cpu)
+	var s unix.CPUSet
+	s.Set(cpu)
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
 		return fmt.Errorf("bench: pin pid %d: %w", pid, err)
@@ -50,46 +31,54 @@ func pinProcess(pid, cpu int) error {
 		if err != nil {
 			continue
 		}
-		if err := schedSetaffinity(tid, &s); err != nil && err != syscall.ESRCH {
+		if err := unix.SchedSetaffinity(tid, &s); err != nil && err != unix.ESRCH {
 			return fmt.Errorf("bench: pin pid %d thread %d to cpu %d: %w", pid, tid, cpu, err)
 		}
 	}
 	return nil
 }
 
-// clockTick is USER_HZ, the unit of utime and stime in /proc/<pid>/stat: 100
-// on every Linux architecture Go supports.
-const clockTick = 100
-
-// cpuTicks returns utime + stime of process pid (all its threads), in
-// clock ticks.
-func cpuTicks(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+// cpuSeconds returns the user + system time of process pid (all its
+// threads), read from /proc/<pid>/stat in 10 ms ticks.
+func cpuSeconds(pid int) (float64, error) {
+	p, err := process.NewProcess(int32(pid))
 	if err != nil {
 		return 0, err
 	}
-	return parseStatTicks(b)
+	t, err := p.Times()
+	if err != nil {
+		return 0, err
+	}
+	return t.User + t.System, nil
 }
 
-// parseStatTicks reads fields 14 (utime) and 15 (stime) of a
-// /proc/<pid>/stat line. The command name (field 2) is in parentheses and
-// may contain spaces, so fields are counted from the last ')'.
-func parseStatTicks(b []byte) (int64, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("bench: /proc stat: no ')' in %.80q", b)
+// coreTimes are one CPU's busy and total seconds since boot (/proc/stat):
+// busy is all but idle and iowait.
+type coreTimes struct{ busy, total float64 }
+
+func readCoreTimes(n int) (coreTimes, error) {
+	ts, err := cpu.Times(true)
+	if err != nil {
+		return coreTimes{}, err
 	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state): utime is field 14, stime field 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("bench: /proc stat: %d fields after the name, want >= 13", len(f))
+	for _, t := range ts {
+		if t.CPU == "cpu"+strconv.Itoa(n) {
+			busy := t.User + t.Nice + t.System + t.Irq + t.Softirq + t.Steal
+			return coreTimes{busy: busy, total: busy + t.Idle + t.Iowait}, nil
+		}
 	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("bench: /proc stat: utime %q stime %q", f[11], f[12])
+	return coreTimes{}, fmt.Errorf("bench: /proc/stat: no cpu%d", n)
+}
+
+// otherLoad is the fraction of a core's time in the window that went to
+// processes other than ours (ourCPU seconds, spent on that core since ours
+// are pinned to it): how much the shared machine disturbed the run.
+func otherLoad(a, b coreTimes, ourCPU float64) float64 {
+	total := b.total - a.total
+	if total <= 0 {
+		return 0
 	}
-	return ut + st, nil
+	return max(0, (b.busy-a.busy-ourCPU)/total)
 }
 
 // machine describes the host for the report.
@@ -103,47 +92,25 @@ type machine struct {
 }
 
 func readMachine() machine {
-	m := machine{CPUModel: "unknown", Kernel: "unknown"}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			k, v, ok := strings.Cut(line, ":")
-			if !ok {
-				continue
-			}
-			switch strings.TrimSpace(k) {
-			case "processor":
-				m.CPUs++
-			case "model name":
-				if m.CPUModel == "unknown" {
-					m.CPUModel = strings.TrimSpace(v)
-				}
-			}
-		}
+	m := machine{CPUs: runtime.NumCPU(), CPUModel: "unknown", Kernel: "unknown", LoadAvg: loadAvg()}
+	if info, err := cpu.Info(); err == nil && len(info) > 0 {
+		m.CPUModel = info[0].ModelName
 	}
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		m.Kernel = strings.TrimSpace(string(b))
+	if k, err := host.KernelVersion(); err == nil {
+		m.Kernel = k
 	}
-	m.LoadAvg = loadAvg()
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-				m.MemTotal = strings.TrimSpace(v)
-			}
-		}
+	if v, err := mem.VirtualMemory(); err == nil {
+		m.MemTotal = strconv.FormatUint(v.Total>>10, 10) + " kB"
 	}
 	return m
 }
 
 func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
+	a, err := load.Avg()
 	if err != nil {
 		return "unknown"
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
+	return fmt.Sprintf("%.2f %.2f %.2f", a.Load1, a.Load5, a.Load15)
 }
 
 // fileExists reports whether path names a regular file.

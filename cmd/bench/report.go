@@ -363,7 +363,7 @@ func (r *report) markdown() string {
 	w("- Load generator: cmd/bench, %s\n", in.Go)
 
 	w("\n## Method\n\n")
-	w("- Load: an in-process HTTP/1.1 keep-alive generator on loopback (cmd/bench/load.go) sending `GET /bench` with `x-api-key` cycling through %d values; the upstream is a minimal in-process HTTP/1.1 server answering 200 `ok`. Both do little per request, so the generator's CPU is not the limit.\n", in.Keys)
+	w("- Load: an in-process HTTP/1.1 keep-alive generator on loopback (internal/loadgen) sending `GET /bench` with `x-api-key` cycling through %d values; the upstream is a minimal in-process HTTP/1.1 server answering 200 `ok`. Both do little per request, so the generator's CPU is not the limit.\n", in.Keys)
 	w("- Each round runs every configuration once: a saturation run (%s warm-up, %s measured), then a fixed-rate run (%s warm-up, %s measured). The order is reversed every other round so that drift cancels.\n", in.Warmup, in.SatWindow, in.Warmup, in.LatWindow)
 	w("- All Envoys run side by side for the whole benchmark (idle ones cost nothing measurable) and are checked at the end through `/stats`: every limiter counted its decisions, the never-rejecting ones rejected nothing, no request failed.\n")
 	w("- Calibration, before the rounds: %s.\n", strings.Join(in.Calibration, "; "))

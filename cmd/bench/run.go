@@ -3,12 +3,9 @@
 package main
 
 import (
-	"fmt"
-	"os"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/loadgen"
 )
 
 // satResult is one closed-loop saturation run.
@@ -54,22 +51,22 @@ type probe struct {
 // snapshot is what is read at the edges of a measuring window.
 type snapshot struct {
 	at        time.Time
-	t         tally
-	ticks     int64 // Envoy's
-	oursTicks int64
+	t         loadgen.Tally
+	cpu       float64 // Envoy's CPU seconds
+	oursCPU   float64
 	envoyCore coreTimes
 	loadCore  coreTimes
 }
 
-func take(pr probe, cs []counts) (snapshot, error) {
-	s := snapshot{at: time.Now(), t: sum(cs)}
+func take(pr probe, cs []loadgen.Counts) (snapshot, error) {
+	s := snapshot{at: time.Now(), t: loadgen.Sum(cs)}
 	var err error
-	if s.ticks, err = cpuTicks(pr.envoyPID); err != nil {
+	if s.cpu, err = cpuSeconds(pr.envoyPID); err != nil {
 		return s, err
 	}
 	for _, pid := range pr.ours {
-		if n, err := cpuTicks(pid); err == nil {
-			s.oursTicks += n
+		if c, err := cpuSeconds(pid); err == nil {
+			s.oursCPU += c
 		}
 	}
 	s.envoyCore, _ = readCoreTimes(pr.envoyCPU)
@@ -80,11 +77,13 @@ func take(pr probe, cs []counts) (snapshot, error) {
 // saturate runs the closed loop against addr for warmup + window and
 // measures the window.
 func saturate(addr string, pr probe, reqs [][]byte, conns int, warmup, window time.Duration) (satResult, error) {
-	cs := make([]counts, conns)
+	cs := make([]loadgen.Counts, conns)
 	end := time.Now().Add(warmup + window)
 	var a, b snapshot
 	var err error
-	closedLoop(addr, reqs, conns, end, cs, func() {
+	do, closeConns := loadgen.HTTP(addr, conns, end, loadgen.Cycle(reqs, conns))
+	defer closeConns()
+	loadgen.Closed(do, cs, time.Time{}, end, func() {
 		time.Sleep(warmup)
 		if a, err = take(pr, cs); err != nil {
 			return
@@ -95,22 +94,22 @@ func saturate(addr string, pr probe, reqs [][]byte, conns int, warmup, window ti
 	if err != nil {
 		return satResult{}, err
 	}
-	d := b.t.sub(a.t)
+	d := b.t.Sub(a.t)
 	el := b.at.Sub(a.at).Seconds()
-	cpu := float64(b.ticks-a.ticks) / clockTick
+	cpu := b.cpu - a.cpu
 	r := satResult{
-		Throughput: float64(d.total()) / el,
+		Throughput: float64(d.Total()) / el,
 		EnvoyCPU:   cpu / el,
 		CPUSeconds: cpu,
-		Requests:   d.total(),
-		Errors:     d.errors + d.other,
+		Requests:   d.Total(),
+		Errors:     d.Errors + d.Other,
 		Core0Other: otherLoad(a.envoyCore, b.envoyCore, cpu),
-		Core1Other: otherLoad(a.loadCore, b.loadCore, float64(b.oursTicks-a.oursTicks)/clockTick),
+		Core1Other: otherLoad(a.loadCore, b.loadCore, b.oursCPU-a.oursCPU),
 		Core1Busy:  otherLoad(a.loadCore, b.loadCore, 0),
 	}
-	if d.total() > 0 {
-		r.CPUPerReqUS = cpu / float64(d.total()) * 1e6
-		r.Rejected = float64(d.rejected) / float64(d.total())
+	if d.Total() > 0 {
+		r.CPUPerReqUS = cpu / float64(d.Total()) * 1e6
+		r.Rejected = float64(d.Rejected) / float64(d.Total())
 	}
 	return r, nil
 }
@@ -118,12 +117,14 @@ func saturate(addr string, pr probe, reqs [][]byte, conns int, warmup, window ti
 // fixedRate runs the open loop at rate for warmup + window and measures the
 // window.
 func fixedRate(addr string, pr probe, reqs [][]byte, conns int, rate float64, warmup, window time.Duration) (latResult, error) {
-	cs := make([]counts, conns)
+	cs := make([]loadgen.Counts, conns)
 	start := time.Now().Add(50 * time.Millisecond)
 	record := start.Add(warmup)
 	end := record.Add(window)
-	done := make(chan []latencies, 1)
-	go func() { done <- openLoop(addr, reqs, conns, rate, start, record, end, cs) }()
+	do, closeConns := loadgen.HTTP(addr, conns, end, loadgen.Cycle(reqs, conns))
+	defer closeConns()
+	done := make(chan []loadgen.Latencies, 1)
+	go func() { done <- loadgen.Open(do, cs, rate, start, record, end) }()
 	time.Sleep(time.Until(record))
 	a, err := take(pr, cs)
 	if err != nil {
@@ -136,31 +137,25 @@ func fixedRate(addr string, pr probe, reqs [][]byte, conns int, rate float64, wa
 	if err != nil {
 		return latResult{}, err
 	}
-	var all []int64
-	var late, dropped int64
-	for _, l := range lats {
-		all = append(all, l.ns...)
-		late += l.late
-		dropped += l.dropped
-	}
-	slices.Sort(all)
-	d := b.t.sub(a.t)
-	cpu := float64(b.ticks-a.ticks) / clockTick
+	m := loadgen.Merge(lats)
+	all, late, dropped := m.NS, m.Late, m.Dropped
+	d := b.t.Sub(a.t)
+	cpu := b.cpu - a.cpu
 	r := latResult{
 		Rate:       rate,
-		Achieved:   float64(d.total()) / b.at.Sub(a.at).Seconds(),
-		P50US:      percentile(all, 0.50) / 1e3,
-		P90US:      percentile(all, 0.90) / 1e3,
-		P99US:      percentile(all, 0.99) / 1e3,
+		Achieved:   float64(d.Total()) / b.at.Sub(a.at).Seconds(),
+		P50US:      loadgen.Percentile(all, 0.50) / 1e3,
+		P90US:      loadgen.Percentile(all, 0.90) / 1e3,
+		P99US:      loadgen.Percentile(all, 0.99) / 1e3,
 		Samples:    len(all),
-		Errors:     d.errors + d.other,
+		Errors:     d.Errors + d.Other,
 		Core0Other: otherLoad(a.envoyCore, b.envoyCore, cpu),
-		Core1Other: otherLoad(a.loadCore, b.loadCore, float64(b.oursTicks-a.oursTicks)/clockTick),
+		Core1Other: otherLoad(a.loadCore, b.loadCore, b.oursCPU-a.oursCPU),
 		Core1Busy:  otherLoad(a.loadCore, b.loadCore, 0),
 	}
-	if d.total() > 0 {
-		r.CPUPerReqUS = cpu / float64(d.total()) * 1e6
-		r.Rejected = float64(d.rejected) / float64(d.total())
+	if d.Total() > 0 {
+		r.CPUPerReqUS = cpu / float64(d.Total()) * 1e6
+		r.Rejected = float64(d.Rejected) / float64(d.Total())
 	}
 	if len(all) > 0 {
 		r.Late = float64(late) / float64(len(all))
@@ -169,58 +164,4 @@ func fixedRate(addr string, pr probe, reqs [][]byte, conns int, rate float64, wa
 		r.Dropped = float64(dropped) / float64(n)
 	}
 	return r, nil
-}
-
-// percentile is the nearest-rank q-quantile of sorted, in its unit.
-func percentile(sorted []int64, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(float64(len(sorted))*q+0.999999) - 1
-	i = max(0, min(i, len(sorted)-1))
-	return float64(sorted[i])
-}
-
-// coreTimes are one CPU's counters from /proc/stat, in clock ticks.
-type coreTimes struct{ busy, total int64 }
-
-func readCoreTimes(cpu int) (coreTimes, error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return coreTimes{}, err
-	}
-	prefix := "cpu" + strconv.Itoa(cpu) + " "
-	for _, line := range strings.Split(string(b), "\n") {
-		if !strings.HasPrefix(line, prefix) {
-			continue
-		}
-		var t coreTimes
-		for i, f := range strings.Fields(line)[1:] {
-			v, err := strconv.ParseInt(f, 10, 64)
-			if err != nil {
-				return coreTimes{}, err
-			}
-			if i >= 8 { // guest and guest_nice are already in user and nice
-				break
-			}
-			t.total += v
-			if i != 3 && i != 4 { // idle, iowait
-				t.busy += v
-			}
-		}
-		return t, nil
-	}
-	return coreTimes{}, fmt.Errorf("bench: /proc/stat: no %q line", prefix)
-}
-
-// otherLoad is the fraction of a core's time in the window that went to
-// processes other than ours (ourCPU seconds, spent on that core since ours
-// are pinned to it): how much the shared machine disturbed the run.
-func otherLoad(a, b coreTimes, ourCPU float64) float64 {
-	total := float64(b.total - a.total)
-	if total <= 0 {
-		return 0
-	}
-	busy := float64(b.busy-a.busy) / clockTick
-	return max(0, (busy-ourCPU)/(total/clockTick))
 }

@@ -3,87 +3,13 @@
 package main
 
 import (
-	"bufio"
-	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 )
-
-func TestReadResponse(t *testing.T) {
-	tests := []struct {
-		name       string
-		in         string
-		wantStatus int
-		wantErr    error // errors.Is; nil: no error
-		wantRest   string
-	}{
-		{"body", "HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\nNEXT", 200, nil, "NEXT"},
-		{"no body", "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\nx: y\r\n\r\nNEXT", 429, nil, "NEXT"},
-		{"no length", "HTTP/1.1 204 No Content\r\n\r\nNEXT", 204, nil, "NEXT"},
-		{"http/1.0", "HTTP/1.0 503 Service Unavailable\r\nContent-Length: 1\r\n\r\nxNEXT", 503, nil, "NEXT"},
-		{"bad status line", "HTTP/2 200\r\n\r\n", 0, errMalformed, ""},
-		{"status not a number", "HTTP/1.1 2x0 OK\r\n\r\n", 0, errMalformed, ""},
-		{"header without colon", "HTTP/1.1 200 OK\r\nbroken\r\n\r\n", 0, errMalformed, ""},
-		{"negative length", "HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", 0, errMalformed, ""},
-		{"huge length", "HTTP/1.1 200 OK\r\ncontent-length: 99999999\r\n\r\n", 0, errMalformed, ""},
-		{"chunked", "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", 0, errMalformed, ""},
-		{"too many headers", "HTTP/1.1 200 OK\r\n" + strings.Repeat("a: b\r\n", maxHeaderLines) + "\r\n", 0, errMalformed, ""},
-		{"truncated body", "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nab", 0, nil, ""},
-		{"empty", "", 0, nil, ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := bufio.NewReader(strings.NewReader(tt.in))
-			status, err := readResponse(r)
-			switch {
-			case tt.wantErr != nil && !errors.Is(err, tt.wantErr):
-				t.Fatalf("readResponse() error = %v, want %v", err, tt.wantErr)
-			case tt.wantStatus == 0 && err == nil:
-				t.Fatalf("readResponse() = %d, want an error", status)
-			case tt.wantStatus != 0 && (err != nil || status != tt.wantStatus):
-				t.Fatalf("readResponse() = %d, %v; want %d", status, err, tt.wantStatus)
-			}
-			if tt.wantRest != "" {
-				rest, _ := r.ReadString(0)
-				if rest != tt.wantRest {
-					t.Fatalf("left %q unread, want %q", rest, tt.wantRest)
-				}
-			}
-		})
-	}
-}
-
-func FuzzReadResponse(f *testing.F) {
-	f.Add("HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
-	f.Add("HTTP/1.1 429 x\r\n\r\n")
-	f.Add("HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab")
-	f.Add("HTTP/1.1 999 \n\n")
-	f.Fuzz(func(t *testing.T, in string) {
-		status, err := readResponse(bufio.NewReader(strings.NewReader(in)))
-		if err == nil && (status < 0 || status > 999) {
-			t.Fatalf("readResponse(%q) = %d without an error", in, status)
-		}
-	})
-}
-
-func BenchmarkReadResponse(b *testing.B) {
-	const resp = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-type: text/plain\r\ndate: Sat, 21 Nov 2026 20:00:00 GMT\r\nserver: envoy\r\n\r\nok\n"
-	r := bufio.NewReader(strings.NewReader(""))
-	src := strings.NewReader(resp)
-	b.ReportAllocs()
-	for b.Loop() {
-		src.Reset(resp)
-		r.Reset(src)
-		if _, err := readResponse(r); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
 
 // keyServer answers 200 and records the x-api-key of every request.
 type keyServer struct {

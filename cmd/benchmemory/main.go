@@ -17,7 +17,7 @@
 //
 // Usage:
 //
-//	benchmemory [-envoy PATH] [-plugin PATH] [-perkey PATH] [-keys LIST]
+//	benchmemory [-func-e-home DIR] [-plugin PATH] [-perkey PATH] [-keys LIST]
 //	            [-max-keys N] [-conns N] [-concurrency N] [-md FILE] [-png FILE]
 package main
 
@@ -25,12 +25,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
 )
 
 func main() {
@@ -42,18 +43,18 @@ func main() {
 
 // options are the command-line flags.
 type options struct {
-	envoy, plugin, perkey string
-	keys                  []int
-	maxKeys               int
-	conns, concurrency    int
-	settle                time.Duration
-	md, png               string
+	home, plugin, perkey string
+	keys                 []int
+	maxKeys              int
+	conns, concurrency   int
+	settle               time.Duration
+	md, png              string
 }
 
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("benchmemory", flag.ContinueOnError)
-	fs.StringVar(&o.envoy, "envoy", os.Getenv("ENVOY_BIN"), "Envoy binary (default $ENVOY_BIN)")
+	fs.StringVar(&o.home, "func-e-home", os.Getenv("FUNC_E_DATA_HOME"), "func-e's data home with Envoy "+envoy.DefaultVersion+" (default $FUNC_E_DATA_HOME)")
 	fs.StringVar(&o.plugin, "plugin", envOr("PLUGIN_WASM", "build/plugin.wasm"), "the plugin (default $PLUGIN_WASM)")
 	fs.StringVar(&o.perkey, "perkey", "build/perkey.wasm", "the one-key-per-client comparison plugin")
 	keys := fs.String("keys", "1000,2000,5000,10000,20000,50000,100000,200000,500000,1000000",
@@ -72,8 +73,8 @@ func parseFlags(args []string) (options, error) {
 		return o, err
 	}
 	switch {
-	case o.envoy == "":
-		return o, fmt.Errorf("benchmemory: -envoy: no Envoy binary (set ENVOY_BIN or run `make setup`)")
+	case o.home == "":
+		return o, fmt.Errorf("benchmemory: -func-e-home: not set (run `make setup`, set FUNC_E_DATA_HOME)")
 	case o.maxKeys < 16:
 		return o, fmt.Errorf("benchmemory: -max-keys: must be >= 16, got %d", o.maxKeys)
 	case o.conns < 1 || o.conns > 1024:
@@ -88,7 +89,7 @@ func parseFlags(args []string) (options, error) {
 	for _, p := range []struct {
 		flag string
 		path *string
-	}{{"-envoy", &o.envoy}, {"-plugin", &o.plugin}, {"-perkey", &o.perkey}} {
+	}{{"-func-e-home", &o.home}, {"-plugin", &o.plugin}, {"-perkey", &o.perkey}} {
 		if _, err := os.Stat(*p.path); err != nil {
 			return o, fmt.Errorf("benchmemory: %s: %w", p.flag, err)
 		}
@@ -176,7 +177,7 @@ func run(args []string) error {
 			stats: `^wasmcustom\.perkey\..*$`,
 		},
 	}
-	version := envoyVersion(o.envoy)
+	version := envoy.BinaryVersion(envoy.BinaryIn(o.home, envoy.DefaultVersion))
 	var results []result
 	for _, d := range designs {
 		fmt.Printf("== %s (%s)\n", d.title, d.wasm)
@@ -219,27 +220,31 @@ const (
 // measure runs one design on its own Envoy.
 func measure(o options, d design) (result, error) {
 	r := result{design: d, statuses: map[int]int{}}
-	e, err := startEnvoy(o.envoy, d.wasm, d.name, d.config, o.concurrency)
+	// The plugin on every request, then Envoy answers 200 itself (a direct
+	// response): no upstream takes CPU from Envoy on a small machine.
+	e, err := envoy.Start(envoy.Options{Listeners: []envoy.Listener{{Wasm: d.wasm, RootID: d.name, VMID: d.name,
+		PluginConfig: d.config}}, Concurrency: o.concurrency, LogLevel: "warn", Home: o.home})
 	if err != nil {
 		return r, err
 	}
-	defer e.stop()
+	defer e.Stop()
+	addr := "127.0.0.1:" + strconv.Itoa(e.ListenerPort())
 	const prefix = "client-"
-	warm := flood{addr: e.addr, path: "/m", prefix: prefix, cycle: warmupKeys, conns: o.conns}
+	warm := flood{addr: addr, path: "/m", prefix: prefix, cycle: warmupKeys, conns: o.conns}
 	if _, err := warm.run(0, warmupRequests); err != nil {
 		return r, err
 	}
 	time.Sleep(o.settle)
-	if r.baseline, err = e.rss(); err != nil {
+	if r.baseline, err = e.RSS(); err != nil {
 		return r, err
 	}
-	a, err := e.allocator()
+	a, err := e.Memory()
 	if err != nil {
 		return r, err
 	}
-	r.allocBaseline, r.freeBaseline = a.allocated, a.pageheapFree
+	r.allocBaseline, r.freeBaseline = a.Allocated, a.PageheapFree
 	fmt.Printf("%10d keys  RSS %8.1f MiB  allocated %8.1f MiB (baseline)\n", warmupKeys, mb(r.baseline), mb(r.allocBaseline))
-	f := flood{addr: e.addr, path: "/m", prefix: prefix, conns: o.conns}
+	f := flood{addr: addr, path: "/m", prefix: prefix, conns: o.conns}
 	prev := warmupKeys
 	for _, k := range o.keys {
 		fr, err := f.run(prev, k)
@@ -251,19 +256,19 @@ func measure(o options, d design) (result, error) {
 		}
 		prev = k
 		time.Sleep(o.settle)
-		if !e.alive() {
-			return r, fmt.Errorf("benchmemory: %s: envoy exited\n%s", d.name, e.logTail())
+		if e.Exited() {
+			return r, fmt.Errorf("benchmemory: %s: envoy exited\n%s", d.name, envoy.Tail(e.Log(), 40))
 		}
 		s := sample{keys: k, elapsed: fr.Elapsed, rate: float64(fr.requests()) / fr.Elapsed.Seconds()}
-		if s.rss, err = e.rss(); err != nil {
+		if s.rss, err = e.RSS(); err != nil {
 			return r, err
 		}
-		a, err := e.allocator()
+		a, err := e.Memory()
 		if err != nil {
 			return r, err
 		}
-		s.alloc = a.allocated
-		if s.stats, err = e.stats(d.stats); err != nil {
+		s.alloc = a.Allocated
+		if s.stats, err = e.Stats(d.stats); err != nil {
 			return r, err
 		}
 		r.samples = append(r.samples, s)
@@ -274,16 +279,3 @@ func measure(o options, d design) (result, error) {
 }
 
 func mb(b uint64) float64 { return float64(b) / (1 << 20) }
-
-// envoyVersion returns the version line of bin, or "unknown".
-func envoyVersion(bin string) string {
-	out, err := exec.Command(bin, "--version").Output()
-	if err != nil {
-		return "unknown"
-	}
-	s := strings.TrimSpace(string(out))
-	if _, v, ok := strings.Cut(s, "version: "); ok {
-		s = v
-	}
-	return s
-}

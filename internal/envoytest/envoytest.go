@@ -1,96 +1,261 @@
 // Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
 
-// Package envoytest runs the real Envoy binary for end-to-end tests and
-// benchmarks of the plugin.
+// Package envoytest wraps package envoy (Envoy started by func-e) for tests:
+// [Start] fails the test instead of returning an error and stops Envoy in
+// t.Cleanup; [Envoy]'s Stat, Stats, WaitStat, WaitLog and RSS fail the test
+// on error. It also holds the tests' in-process HTTP upstream
+// ([StartUpstream]) and keep-alive [Client].
 //
-// The model: a test starts an in-process HTTP upstream ([StartUpstream]),
-// then an Envoy process ([Start]) whose bootstrap is a text/template rendered
-// with free loopback ports, the plugin's path and its JSON configuration
-// ([DemoConfigYAML] is the standard one). It talks to Envoy's listener with a
-// keep-alive [Client] and asserts on statuses, headers and the admin /stats
-// counters rather than on log lines.
-//
-// Guarantees:
-//   - Everything is bounded in time: start-up waits at most
-//     [Options.StartTimeout] ([DefaultStartTimeout] by default) for the admin /ready endpoint to
-//     say LIVE, each request times out after [RequestTimeout], and stopping
-//     sends SIGTERM, then SIGKILL after [StopGrace].
-//   - Every Envoy is stopped in t.Cleanup; one that died on its own during the
-//     test (a crash in the Wasm VM, say) fails the test with the tail of its
-//     log. The process also gets SIGKILL if the test binary dies.
-//   - Several Envoys can run at once: each runs with --disable-hot-restart, so
-//     none uses the shared memory or domain socket that --base-id names.
-//   - Only loopback addresses are used.
-//
-// The binaries come from the environment, as the Makefile exports them:
-// ENVOY_BIN (see [EnvoyBin]) and PLUGIN_WASM (see [PluginWasm]). When one is
-// missing the test is skipped, unless CI=true, where it fails.
-//
-// Methods that take no testing.TB but fail the test on error (Stats, Stat,
-// WaitStat, WaitLog, RSS) use the t given to [Start] and must be called from
-// the test's goroutine. [Client] never touches t and is safe for concurrent
-// use.
+// Locally a test whose Envoy or plugin is missing is skipped; under CI=true
+// it fails. Methods that fail the test must be called from its goroutine;
+// [Client] is safe for concurrent use.
 package envoytest
 
 import (
+	"cmp"
+	"errors"
 	"os"
-	"strconv"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
 	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 )
 
-// EnvoyBin returns the path of the Envoy binary named by the environment
-// variable ENVOY_BIN. When it is unset or names no file, the test is skipped,
-// or fails when the environment variable CI is true.
-func EnvoyBin(t testing.TB) string {
-	t.Helper()
-	return binFromEnv(t, "ENVOY_BIN", "run `make setup` to install Envoy 1.40.0")
+// Options and TemplateData are package envoy's; DemoConfigYAML is its one
+// bootstrap template.
+type (
+	Options      = envoy.Options
+	TemplateData = envoy.TemplateData
+	Listener     = envoy.Listener
+)
+
+// DemoConfigYAML is envoy.Bootstrap: a listener whose Wasm filter runs the
+// plugin (unless Options.NoWasm), the cluster "upstream" (Envoy answers
+// directly when Options.UpstreamPort is 0) and, when Options.ServicePort is
+// set, the cluster "limit_service". Plugin metrics read as
+// Stat("wasmcustom.<name>"), the listener's as "http.ingress.".
+var DemoConfigYAML = envoy.Bootstrap
+
+// RenderConfig is envoy.Render.
+func RenderConfig(tmpl string, d TemplateData) (string, error) { return envoy.Render(tmpl, d) }
+
+// Envoy is a running Envoy tied to a test.
+type Envoy struct {
+	*envoy.Process
+	t testing.TB
 }
 
-// PluginWasm returns the path of the compiled plugin named by the environment
-// variable PLUGIN_WASM. When it is unset or names no file, the test is
-// skipped, or fails when the environment variable CI is true.
+// Needs skips the test (fails it under CI=true) unless func-e's home has
+// Envoy and, when plugin is true, the plugin is built.
+func Needs(t testing.TB, plugin bool) {
+	t.Helper()
+	if _, err := os.Stat(envoy.DefaultBinary()); os.Getenv("FUNC_E_DATA_HOME") == "" || err != nil {
+		ci.Skip(t, "envoytest: no Envoy in func-e's home %q (run `make setup`)", os.Getenv("FUNC_E_DATA_HOME"))
+	}
+	if plugin {
+		PluginWasm(t)
+	}
+}
+
+// PluginWasm returns $PLUGIN_WASM, skipping the test (failing it under
+// CI=true) when it names no file.
 func PluginWasm(t testing.TB) string {
 	t.Helper()
-	return binFromEnv(t, "PLUGIN_WASM", "run `make build` to build the plugin")
+	p := os.Getenv("PLUGIN_WASM")
+	if st, err := os.Stat(p); p == "" || err != nil || st.IsDir() {
+		ci.Skip(t, "envoytest: PLUGIN_WASM=%q names no file (run `make build`)", p)
+	}
+	return p
 }
 
-func binFromEnv(t testing.TB, name, hint string) string {
+func usesPlugin(opts Options) bool {
+	if opts.Config != "" && opts.Config != envoy.Bootstrap {
+		return strings.Contains(opts.Config, ".PluginWasm") && opts.PluginWasm == ""
+	}
+	return !opts.NoWasm && opts.PluginWasm == "" && len(opts.Listeners) == 0
+}
+
+// Start starts Envoy and waits until it serves; see envoy.Start. Envoy is
+// stopped in t.Cleanup, and the test fails if it exited on its own before.
+func Start(t testing.TB, opts Options) *Envoy {
 	t.Helper()
-	p := os.Getenv(name)
-	var why string
-	switch {
-	case p == "":
-		why = name + " is not set"
-	default:
-		st, err := os.Stat(p)
-		switch {
-		case err != nil:
-			why = name + ": " + err.Error()
-		case st.IsDir():
-			why = name + ": " + p + " is a directory"
-		default:
-			return p
+	Needs(t, usesPlugin(opts))
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir() // kept after Stop, for the log
+	}
+	p, err := envoy.Start(opts)
+	if err != nil {
+		t.Fatalf("envoytest: %v", err)
+	}
+	e := &Envoy{Process: p, t: t}
+	t.Cleanup(func() {
+		if p.Exited() && !p.Stopped() {
+			t.Errorf("envoytest: envoy exited during the test (code %d)\n%s", p.ExitCode(), envoy.Tail(p.Log(), 40))
+		} else if t.Failed() {
+			t.Logf("envoytest: the test failed; envoy's log tail:\n%s", envoy.Tail(p.Log(), 40))
 		}
-	}
-	if inCI() {
-		t.Fatalf("envoytest: %s (%s)", why, hint)
-	}
-	t.Skipf("envoytest: %s (%s)", why, hint)
-	return ""
+		e.Stop()
+	})
+	return e
 }
 
-// inCI reports whether the environment variable CI holds a true value.
-func inCI() bool {
-	ci, err := strconv.ParseBool(os.Getenv("CI"))
-	return err == nil && ci
+// Stop stops Envoy (SIGTERM, then SIGKILL) and returns its exit code.
+func (e *Envoy) Stop() int {
+	code, err := e.Process.Stop()
+	if err != nil {
+		e.t.Errorf("envoytest: %v", err)
+	}
+	return code
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago: it
-// binds port 0, reads the port the kernel chose and closes the socket.
-// Another process may take it before it is used; [Start] retries when Envoy
-// fails to bind a port it chose.
+// PID is Envoy's process id.
+func (e *Envoy) PID() int {
+	e.t.Helper()
+	pid, err := e.Process.PID()
+	if err != nil {
+		e.t.Fatalf("envoytest: %v", err)
+	}
+	return pid
+}
+
+// Client returns a new keep-alive client for the listener.
+func (e *Envoy) Client() *Client { return NewClient(e.URL("")) }
+
+// Stats returns every counter and gauge of /stats.
+func (e *Envoy) Stats() map[string]uint64 {
+	e.t.Helper()
+	m, err := e.Process.Stats("")
+	if err != nil {
+		e.t.Fatalf("envoytest: %v", err)
+	}
+	return m
+}
+
+// Stat returns the counter or gauge name, 0 when Envoy has none.
+func (e *Envoy) Stat(name string) uint64 {
+	e.t.Helper()
+	v, _, err := e.Process.Stat(name)
+	if err != nil {
+		e.t.Fatalf("envoytest: %v", err)
+	}
+	return v
+}
+
+// WaitStat waits until the counter or gauge name equals want, at most timeout.
+func (e *Envoy) WaitStat(name string, want uint64, timeout time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		v, found, err := e.Process.Stat(name)
+		if err != nil {
+			e.t.Fatalf("envoytest: %v", err)
+		}
+		if v == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("envoytest: stat %s = %d (present: %v) after %v, want %d", name, v, found, timeout, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// WaitLog waits until a line of the log contains substr and returns it.
+func (e *Envoy) WaitLog(substr string, timeout time.Duration) string {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		exited := e.Exited()
+		if line := e.LogLine(substr); line != "" {
+			return line
+		}
+		if exited || time.Now().After(deadline) {
+			e.t.Fatalf("envoytest: no log line contains %q after %v (envoy exited: %v)\n%s",
+				substr, timeout, exited, envoy.Tail(e.Log(), 40))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// RSS is Envoy's resident memory in bytes.
+func (e *Envoy) RSS() uint64 {
+	e.t.Helper()
+	v, err := e.Process.RSS()
+	if err != nil {
+		e.t.Fatalf("envoytest: %v", err)
+	}
+	return v
+}
+
+// WriteLDS replaces the listener file (Options.LDS) with version and pluginConfig.
+func (e *Envoy) WriteLDS(version, pluginConfig string) {
+	e.t.Helper()
+	if err := e.Process.WriteLDS(version, &pluginConfig); err != nil {
+		e.t.Fatalf("envoytest: %v", err)
+	}
+}
+
+// Outcome says how Envoy refused to start.
+type Outcome int
+
+const (
+	// Exited: the process exited during start-up (Envoy 1.40 does, code 1,
+	// when a plugin on a static listener rejects its configuration).
+	Exited Outcome = iota + 1
+	// ListenerRefused: Envoy became LIVE but its listener refused connections.
+	ListenerRefused
+	// NeverReady: Envoy neither exited nor became LIVE within the timeout.
+	NeverReady
+)
+
+func (o Outcome) String() string {
+	return [...]string{"Outcome(0)", "exited", "listener refused", "never ready"}[min(int(o), 3)]
+}
+
+// StartFailure describes how Envoy refused a configuration.
+type StartFailure struct {
+	Outcome  Outcome
+	ExitCode int    // -1 when unknown: func-e's Run reports a failed /ready poll, not the code, for an exit before /ready
+	Log      string // the whole log
+}
+
+func (f StartFailure) String() string { return f.Outcome.String() }
+
+// ExpectStartFailure starts Envoy with a configuration it should refuse and
+// reports how; the test fails if Envoy serves its listener within 2 s of
+// becoming LIVE.
+func ExpectStartFailure(t testing.TB, opts Options) StartFailure {
+	t.Helper()
+	Needs(t, usesPlugin(opts))
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	p, err := envoy.Spawn(opts)
+	if err != nil {
+		t.Fatalf("envoytest: %v", err)
+	}
+	defer p.Stop()
+	failure := func(o Outcome) StartFailure {
+		p.Stop()
+		return StartFailure{Outcome: o, ExitCode: p.ExitCode(), Log: p.Log()}
+	}
+	timeout := cmp.Or(opts.StartTimeout, envoy.DefaultStartTimeout)
+	switch err := p.WaitReady(timeout); {
+	case errors.Is(err, envoy.ErrExited):
+		return failure(Exited)
+	case errors.Is(err, envoy.ErrNotLive):
+		return failure(NeverReady)
+	case err != nil:
+		return failure(ListenerRefused)
+	}
+	t.Fatalf("envoytest: envoy started and serves; want a refused configuration\n%s", envoy.Tail(p.Log(), 40))
+	return StartFailure{}
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	p, err := loopback.FreePort()
@@ -98,4 +263,12 @@ func FreePort(t testing.TB) int {
 		t.Fatalf("envoytest: free port: %v", err)
 	}
 	return p
+}
+
+// EnvoyBin is the Envoy binary in func-e's home (skipping the test, or
+// failing it under CI=true, when it is missing).
+func EnvoyBin(t testing.TB) string {
+	t.Helper()
+	Needs(t, false)
+	return envoy.DefaultBinary()
 }

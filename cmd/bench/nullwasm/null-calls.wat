@@ -1,0 +1,40 @@
+;; A proxy-wasm ABI 0.2.0 filter whose callbacks do nothing: every stream
+;; continues, nothing is read or written. It exports exactly the callbacks
+;; the plugin exports (TestNullWasmExportsLikePlugin checks), so Envoy makes
+;; the same calls per request into both. Run as a filter it measures what any
+;; Wasm filter costs in Envoy and V8 before the guest does anything.
+;;
+;; This one's proxy_on_request_headers calls the host 10 times (WASI
+;; clock_time_get, which the plugin also calls; the errno is dropped): its
+;; difference to null.wat is what 10 calls from a module into Envoy cost.
+;; Regenerate the .wasm with `go generate ./cmd/bench/nullwasm` (wabt's wat2wasm).
+(module
+  (import "wasi_snapshot_preview1" "clock_time_get"
+    (func $clock_time_get (param i32 i64 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_initialize"))
+  (func (export "proxy_abi_version_0_2_0"))
+  (func (export "proxy_on_memory_allocate") (param i32) (result i32)
+    i32.const 1024) ;; scratch memory nobody reads
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_vm_start") (param i32 i32) (result i32)
+    i32.const 1)
+  (func (export "proxy_on_configure") (param i32 i32) (result i32)
+    i32.const 1)
+  (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32)
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 16)))
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 16)))
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 16)))
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 16)))
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 16)))
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 16)))
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 16)))
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 16)))
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 16)))
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 16)))
+    i32.const 0) ;; Continue
+  (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32)
+    i32.const 0)
+  (func (export "proxy_on_delete") (param i32))
+  (func (export "proxy_on_tick") (param i32))
+  (func (export "proxy_on_http_call_response") (param i32 i32 i32 i32 i32)))

@@ -1,0 +1,100 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+package envoy
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// TestBootstrapSwitches renders every combination of the bootstrap's
+// switches and checks that the result is YAML with what each switch says.
+func TestBootstrapSwitches(t *testing.T) {
+	for _, lds := range []bool{false, true} {
+		for _, up := range []int{0, 3} {
+			for _, noWasm := range []bool{false, true} {
+				for _, svc := range []int{0, 4} {
+					d, err := Data(Options{LDS: lds, UpstreamPort: up, NoWasm: noWasm, ServicePort: svc,
+						PluginWasm: "/p/plugin.wasm", PluginConfig: `{"a":"b \" # c"}`, Filters: "- name: extra"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if lds {
+						d.LDSDir = "/lds"
+					}
+					got, err := Render(Bootstrap, d)
+					var doc map[string]any
+					if err == nil {
+						err = yaml.Unmarshal([]byte(got), &doc)
+					}
+					if err != nil {
+						t.Fatalf("lds %v upstream %d noWasm %v service %d: %v\n%s", lds, up, noWasm, svc, err, got)
+					}
+					for want, on := range map[string]bool{
+						"watched_directory": lds, "cluster_name: upstream": up != 0, "direct_response": up == 0 && !lds,
+						"cluster_name: limit_service": svc != 0, `value: "{\"a\":\"b \\\" # c\"}"`: !noWasm && !lds,
+						"- name: extra": !lds,
+					} {
+						if strings.Contains(got, want) != on {
+							t.Errorf("lds %v upstream %d noWasm %v service %d: contains %q = %v\n%s", lds, up, noWasm, svc, want, !on, got)
+						}
+					}
+					if lds {
+						d.Version = "7"
+						l, err := render(Bootstrap, "lds", d)
+						if err == nil {
+							err = yaml.Unmarshal([]byte(l), &doc)
+						}
+						if err != nil || !strings.Contains(l, `version_info: "7"`) || strings.Contains(l, "wasm") == noWasm {
+							t.Fatalf("lds file: %v\n%s", err, l)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestRenderFunctions(t *testing.T) {
+	for _, s := range []string{"", "quote \" backslash \\ newline\n tab\t <html> {{x}}", "\x00\u2028"} {
+		q, err := jsonText(s)
+		var back string
+		if err != nil || strings.ContainsAny(q, "\n\t") || json.Unmarshal([]byte(q), &back) != nil || back != s {
+			t.Errorf("yamlstr(%q) = %s (%v), reads back as %q", s, q, err, back)
+		}
+	}
+	if _, err := Render("{{.Data.nope}}", TemplateData{Data: map[string]any{}}); err == nil {
+		t.Errorf("a missing Data key rendered")
+	}
+	if got := indent(2, "a\nb\n"); got != "  a\n  b" {
+		t.Errorf("indent = %q", got)
+	}
+}
+
+func TestParseStatsJSON(t *testing.T) {
+	got, err := ParseStatsJSON([]byte(`{"stats":[{"name":"a.b","value":3},{"histograms":{}},` +
+		`{"name":"big","value":18446744073709551615},{"name":"f","value":1e3}]}`))
+	if err != nil || len(got) != 3 || got["a.b"] != 3 || got["big"] != 1<<64-1 || got["f"] != 1000 {
+		t.Errorf("ParseStatsJSON() = %v, %v", got, err)
+	}
+	for _, bad := range []string{`{"stats":[{"name":"n","value":-1}]}`, `{"stats":[{"name":"s","value":"x"}]}`, `a: 3`} {
+		if _, err := ParseStatsJSON([]byte(bad)); err == nil {
+			t.Errorf("ParseStatsJSON(%s) gave no error", bad)
+		}
+	}
+}
+
+func TestTail(t *testing.T) {
+	for _, tt := range []struct {
+		s    string
+		n    int
+		want string
+	}{{"a\nb\nc\n", 2, "b\nc"}, {"a\nb", 5, "a\nb"}, {"", 3, ""}, {strings.Repeat("y", 9000), 1, "..." + strings.Repeat("y", 8192)}} {
+		if got := Tail(tt.s, tt.n); got != tt.want {
+			t.Errorf("Tail(%.20q, %d) = %.20q, want %.20q", tt.s, tt.n, got, tt.want)
+		}
+	}
+}
