@@ -7,9 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
-
 	"github.com/ratelimit-wasm/tokenbucket/cmd/bench/nullwasm"
+	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
 	"github.com/ratelimit-wasm/tokenbucket/internal/loadgen"
 )
 

@@ -17,9 +17,8 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/wasmhost"
-
 	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/wasmhost"
 )
 
 // The request-path profile: BenchmarkPluginRequest runs the compiled plugin
