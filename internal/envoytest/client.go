@@ -68,9 +68,6 @@ func NewClient(base string) *Client {
 	return &Client{base: strings.TrimRight(base, "/"), hc: &http.Client{Transport: tr, Timeout: RequestTimeout}}
 }
 
-// HTTP is the underlying *http.Client, for requests Do does not cover.
-func (c *Client) HTTP() *http.Client { return c.hc }
-
 // Close closes the idle connections.
 func (c *Client) Close() { c.hc.CloseIdleConnections() }
 
