@@ -1,6 +1,6 @@
 // Package config parses, validates and marshals the plugin's JSON
 // configuration: the string given to the Wasm filter in Envoy (or to an Istio
-// WasmPlugin). README.md (Configuration reference) is the user's reference; schema.json is
+// WasmPlugin). docs/configuration.md is the user's reference; schema.json is
 // the same model as a JSON Schema (draft 2020-12), kept in agreement with
 // Parse by schema_test.go.
 //

@@ -18,7 +18,7 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
-// Defaults and bounds of the configuration. README.md (Configuration reference) and
+// Defaults and bounds of the configuration. docs/configuration.md and
 // schema.json repeat them; the tests keep the three in agreement.
 const (
 	DefaultJWTMetadataNamespace = "envoy.filters.http.jwt_authn"

@@ -89,15 +89,19 @@ func TestReferenceExamples(t *testing.T) {
 	}
 }
 
-// referenceExamples returns the ```json blocks of README.md.
+// referenceExamples returns the ```json blocks of the configuration
+// reference (docs/configuration.md) and of README.md.
 func referenceExamples() []string {
-	data, err := os.ReadFile("../README.md")
-	if err != nil {
-		return nil
-	}
-	blocks := strings.Split(string(data), "```json\n")[1:]
-	for i, b := range blocks {
-		blocks[i], _, _ = strings.Cut(b, "```")
+	var blocks []string
+	for _, doc := range []string{"../docs/configuration.md", "../README.md"} {
+		data, err := os.ReadFile(doc)
+		if err != nil {
+			continue
+		}
+		for _, b := range strings.Split(string(data), "```json\n")[1:] {
+			b, _, _ = strings.Cut(b, "```")
+			blocks = append(blocks, b)
+		}
 	}
 	return blocks
 }

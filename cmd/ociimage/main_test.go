@@ -257,7 +257,7 @@ func TestSourceDateEpoch(t *testing.T) {
 	}
 }
 
-// TestDocsNameTheSummaryFields keeps the README's Istio section and the examples' comments
+// TestDocsNameTheSummaryFields keeps the Istio guide (docs/istio.md) and the examples' comments
 // in step with the summary: they tell users to copy image_sha256 (oci://) and
 // wasm_sha256 (https://) from build/plugin-oci.json.
 func TestDocsNameTheSummaryFields(t *testing.T) {
@@ -269,7 +269,7 @@ func TestDocsNameTheSummaryFields(t *testing.T) {
 		if !bytes.Contains(b, []byte(`"`+field+`"`)) {
 			t.Fatalf("Summary has no field %s: %s", field, b)
 		}
-		for _, doc := range []string{"../../README.md", "../../examples/istio/wasmplugin-gateway.yaml"} {
+		for _, doc := range []string{"../../docs/istio.md", "../../examples/istio/wasmplugin-gateway.yaml"} {
 			text, err := os.ReadFile(doc)
 			if err != nil {
 				t.Fatal(err)
