@@ -1,7 +1,6 @@
 package config
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -894,15 +893,4 @@ func appendFloat(b []byte, f float64) []byte {
 		return strconv.AppendFloat(b, f, 'f', -1, 64)
 	}
 	return strconv.AppendFloat(b, f, 'g', -1, 64)
-}
-
-// syntaxError describes why data is not JSON, with the byte offset when
-// encoding/json can tell it.
-func syntaxError(data []byte) error {
-	var v any
-	var se *json.SyntaxError
-	if err := json.Unmarshal(data, &v); errors.As(err, &se) {
-		return fmt.Errorf("invalid JSON: %s (at byte %d)", se.Error(), se.Offset)
-	}
-	return errors.New("invalid JSON")
 }
