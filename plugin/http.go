@@ -1,6 +1,8 @@
 package plugin
 
 import (
+	"strconv"
+
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
@@ -251,7 +253,7 @@ func (c *httpContext) show(ru *rule, d bucket.Decision) {
 func (c *httpContext) shadowRejected(ru *rule) {
 	ru.shadowRej.Increment(1)
 	if n, ok := ru.shadowLog.allow(c.plugin.now()); ok {
-		proxywasm.LogInfof("%s: shadow rule %q would have rejected a request (%d similar lines suppressed)", Name, ru.Name, n)
+		proxywasm.LogInfo(Name + ": shadow rule " + strconv.Quote(ru.Name) + " would have rejected a request (" + strconv.Itoa(n) + " similar lines suppressed)")
 	}
 }
 

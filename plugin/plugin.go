@@ -78,23 +78,23 @@ type rule struct {
 	quotedName string // the name as a structured-field string: "name"
 	burst      string // RateLimit-Limit value
 	identity   hasher // hash of the rule name and its limit-key sources
-	allowed    proxywasm.MetricCounter
-	rejected   proxywasm.MetricCounter
-	failedOpen proxywasm.MetricCounter
-	shadowRej  proxywasm.MetricCounter
+	allowed    counter
+	rejected   counter
+	failedOpen counter
+	shadowRej  counter
 	shadowLog  throttle
 }
 
 type globalMetrics struct {
-	evictions, retries, refunds, serviceErrors, longValues, gcCycles proxywasm.MetricCounter
-	heapBytes, sysBytes                                              proxywasm.MetricGauge
+	evictions, retries, refunds, serviceErrors, longValues, gcCycles counter
+	heapBytes, sysBytes                                              gauge
 }
 
 // OnPluginStart implements types.PluginContext.
 func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	data, err := proxywasm.GetPluginConfiguration()
 	if err != nil && err != types.ErrorStatusNotFound {
-		proxywasm.LogCriticalf("%s: reading the plugin configuration: %v", Name, err)
+		proxywasm.LogCritical(Name + ": reading the plugin configuration: " + err.Error())
 		return types.OnPluginStartStatusFailed
 	}
 	rootID := ""
@@ -102,13 +102,13 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 		rootID = string(v)
 	}
 	if err := p.configure(data, rootID); err != nil {
-		proxywasm.LogCriticalf("%s: invalid configuration, refusing to start: %v", Name, err)
+		proxywasm.LogCritical(Name + ": invalid configuration, refusing to start: " + err.Error())
 		return types.OnPluginStartStatusFailed
 	}
 	if err := proxywasm.SetTickPeriodMilliSeconds(1000); err != nil {
-		proxywasm.LogWarnf("%s: no ticks, memory gauges stay at 0: %v", Name, err)
+		proxywasm.LogWarn(Name + ": no ticks, memory gauges stay at 0: " + err.Error())
 	}
-	proxywasm.LogInfof("%s: started with %d rules, max_keys %d", Name, len(p.rules), p.cfg.MaxKeys)
+	proxywasm.LogInfo(Name + ": started with " + strconv.Itoa(len(p.rules)) + " rules, max_keys " + strconv.Itoa(p.cfg.MaxKeys))
 	return types.OnPluginStartStatusOK
 }
 
@@ -164,16 +164,16 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 		p.hashTag = Name
 	}
 	p.metrics = globalMetrics{
-		evictions: proxywasm.DefineCounterMetric(Name + ".evictions"),
-		retries:   proxywasm.DefineCounterMetric(Name + ".cas_retries"),
-		refunds:   proxywasm.DefineCounterMetric(Name + ".refunds"),
+		evictions: defineCounter(Name + ".evictions"),
+		retries:   defineCounter(Name + ".cas_retries"),
+		refunds:   defineCounter(Name + ".refunds"),
 		// calls to the limit service that failed: timeout, connection, status, body
-		serviceErrors: proxywasm.DefineCounterMetric(Name + ".service_errors"),
+		serviceErrors: defineCounter(Name + ".service_errors"),
 		// values longer than a regex condition reads (config.RegexBudget)
-		longValues: proxywasm.DefineCounterMetric(Name + ".regex_value_too_long"),
-		heapBytes:  proxywasm.DefineGaugeMetric(Name + ".memory.heap_bytes"),
-		sysBytes:   proxywasm.DefineGaugeMetric(Name + ".memory.sys_bytes"),
-		gcCycles:   proxywasm.DefineCounterMetric(Name + ".memory.gc_cycles"),
+		longValues: defineCounter(Name + ".regex_value_too_long"),
+		heapBytes:  defineGauge(Name + ".memory.heap_bytes"),
+		sysBytes:   defineGauge(Name + ".memory.sys_bytes"),
+		gcCycles:   defineCounter(Name + ".memory.gc_cycles"),
 	}
 	return nil
 }
@@ -192,10 +192,10 @@ func compile(cr *config.Rule) *rule {
 		r.policy = r.quotedName + ";q=" + r.burst + ";w=" + strconv.FormatInt(window, 10)
 	}
 	m := Name + ".rule." + cr.Name + "."
-	r.allowed = proxywasm.DefineCounterMetric(m + "allowed")
-	r.rejected = proxywasm.DefineCounterMetric(m + "rejected")
-	r.failedOpen = proxywasm.DefineCounterMetric(m + "failed_open")
-	r.shadowRej = proxywasm.DefineCounterMetric(m + "shadow_rejected")
+	r.allowed = defineCounter(m + "allowed")
+	r.rejected = defineCounter(m + "rejected")
+	r.failedOpen = defineCounter(m + "failed_open")
+	r.shadowRej = defineCounter(m + "shadow_rejected")
 	return r
 }
 
