@@ -6,7 +6,8 @@
 #                      stripped sizes
 #   make bench-start   Envoy's CPU and wall time from start to the first 200,
 #                      --concurrency 1: no filter, the floor, the plugin
-#                      (START_FLAGS='-rounds 5' for more rounds)
+#                      (internal/footprint/startcost; START_FLAGS='-rounds 5',
+#                      START_MODULES='before=/tmp/old.wasm' adds modules)
 
 .PHONY: footprint bench-start
 
@@ -27,5 +28,8 @@ footprint: build $(FP)/floor.wasm
 	$(GO) run ./internal/wasmsize/cmd -top 30 $(FP)/plugin-full.wasm $(FP)/floor-full.wasm $(FP)/hello-full.wasm
 
 START_FLAGS ?=
+START_MODULES ?=
 bench-start: setup build $(FP)/floor.wasm
-	$(GO) test -count=1 -v -run TestStartCost -timeout 20m ./internal/footprint/ -args -start $(START_FLAGS)
+	@uptime
+	$(GO) run ./internal/footprint/startcost -envoy $(ENVOY) $(START_FLAGS) \
+		floor=$(FP)/floor.wasm $(START_MODULES) plugin=$(BUILD)/plugin.wasm

@@ -19,6 +19,7 @@ type Report struct {
 	Code     int            // the code section's size
 	Data     int            // the data section's size
 	Packages map[string]int // function body bytes per package
+	Funcs    map[string]int // body bytes per function name
 }
 
 // Package is one row of Report.Sorted.
@@ -91,7 +92,7 @@ func (r *reader) name() string { return string(r.bytes(r.u32())) }
 
 // Analyze reads a Wasm module.
 func Analyze(wasm []byte) (Report, error) {
-	rep := Report{Total: len(wasm), Packages: map[string]int{}}
+	rep := Report{Total: len(wasm), Packages: map[string]int{}, Funcs: map[string]int{}}
 	r := &reader{b: wasm}
 	if string(r.bytes(8)) != "\x00asm\x01\x00\x00\x00" {
 		return rep, errors.New("wasmsize: not a Wasm module (version 1)")
@@ -164,6 +165,7 @@ func Analyze(wasm []byte) (Report, error) {
 	}
 	for i, s := range bodies {
 		rep.Packages[PackageOf(names[imported+i])] += s
+		rep.Funcs[names[imported+i]] += s
 	}
 	return rep, nil
 }
