@@ -68,6 +68,8 @@ type pluginContext struct {
 	reqs    []store.Request
 	out     []bucket.Decision
 	scratch []byte // header values being formatted
+
+	free []*httpContext // contexts of finished streams, zeroed, for reuse
 }
 
 // rule is a config.Rule with what the request path needs precomputed.
@@ -207,8 +209,16 @@ func formatNumber(f float64) string {
 	return strconv.FormatFloat(f, 'f', -1, 64)
 }
 
-// NewHttpContext implements types.PluginContext.
+// NewHttpContext implements types.PluginContext. It reuses a context whose
+// stream is done (see OnHttpStreamDone), so a request allocates none.
 func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
+	if n := len(p.free); n > 0 {
+		c := p.free[n-1]
+		p.free[n-1] = nil
+		p.free = p.free[:n-1]
+		c.plugin, c.id = p, contextID
+		return c
+	}
 	return &httpContext{plugin: p, id: contextID}
 }
 
