@@ -20,7 +20,9 @@ package plugin
 
 import (
 	"math"
+	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
@@ -41,6 +43,48 @@ type vmContext struct {
 	types.DefaultVMContext
 	now func() int64 // the clock, Unix ns
 	sd  store.SharedData
+}
+
+// OnVMStart implements types.VMContext: it takes garbage collection off the
+// request path (see collectOnTick).
+func (v *vmContext) OnVMStart(int) types.OnVMStartStatus {
+	// Natively (tests) the process's collector is left alone; in a VM,
+	// vm_config's environment_variables decide when they set GOGC.
+	if runtime.GOOS == "wasip1" && os.Getenv("GOGC") == "" {
+		collectOnTicks = true
+		debug.SetGCPercent(-1)
+		debug.SetMemoryLimit(gcMemoryLimit)
+	}
+	return types.OnVMStartStatusOK
+}
+
+// Garbage collection. A collection inside a request callback stops that
+// request for the whole mark phase, so a VM collects on its 1 s tick
+// instead (collectOnTick), once its heap has doubled since the last
+// collection (as GOGC=100 would) and holds at least gcMinHeap. Between
+// ticks the heap only grows; gcMemoryLimit is the runtime's backstop (a
+// soft limit: the collector runs at a request when the VM's memory nears
+// it). Setting GOGC in vm_config.environment_variables restores the
+// runtime's own pacing.
+const (
+	gcMinHeap     uint64 = 4 << 20
+	gcMemoryLimit        = 64 << 20
+)
+
+var (
+	collectOnTicks bool        // set by OnVMStart unless GOGC is set
+	nextGC         = gcMinHeap // the heap size at which a tick collects
+)
+
+// collectOnTick collects when the heap has reached nextGC.
+func collectOnTick(heap uint64) {
+	if !collectOnTicks || heap < nextGC {
+		return
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	nextGC = max(2*ms.HeapAlloc, gcMinHeap)
 }
 
 // NewPluginContext implements types.VMContext.
@@ -127,6 +171,7 @@ func (p *pluginContext) OnTick() {
 		p.metrics.gcCycles.Increment(gc - reported.gc)
 	}
 	reported.heap, reported.sys, reported.gc = ms.HeapAlloc, ms.Sys, uint64(ms.NumGC)
+	collectOnTick(ms.HeapAlloc) // after the report: its collection shows at the next tick
 }
 
 // reported is what this VM has added to the memory metrics so far. It is
