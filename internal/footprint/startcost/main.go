@@ -1,5 +1,5 @@
 // Command startcost measures what Envoy spends from its start until its
-// listener first answers 200, with --concurrency 1: the process's CPU time
+// listener first answers 200, with --concurrency 1 (-concurrency): the process's CPU time
 // (utime + stime from /proc/<pid>/stat, all threads) and the wall time. It
 // runs each module given (and Envoy with no filter) in turn, round after
 // round, so that a change in the machine's load touches all of them alike.
@@ -31,6 +31,7 @@ func main() {
 	envoy := flag.String("envoy", "build/venv/bin/envoy", "the Envoy binary")
 	rounds := flag.Int("rounds", 3, "rounds (each runs every configuration once)")
 	timeout := flag.Duration("timeout", 60*time.Second, "give up on one start after this long")
+	concurrency := flag.Int("concurrency", 1, "Envoy's --concurrency (worker threads, one VM each)")
 	flag.Parse()
 	type run struct{ name, wasm string }
 	runs := []run{{"no filter", ""}}
@@ -54,7 +55,7 @@ func main() {
 	wall := map[string][]float64{}
 	for r := 0; r < *rounds; r++ {
 		for _, ru := range runs {
-			c, w, err := start(*envoy, dir, ru.wasm, *timeout)
+			c, w, err := start(*envoy, dir, ru.wasm, *concurrency, *timeout)
 			if err != nil {
 				fail(ru.name + ": " + err.Error())
 			}
@@ -78,7 +79,7 @@ func main() {
 
 // start runs Envoy once and returns its CPU and wall seconds until the
 // listener's first 200.
-func start(envoy, dir, wasm string, timeout time.Duration) (cpu, wall float64, err error) {
+func start(envoy, dir, wasm string, concurrency int, timeout time.Duration) (cpu, wall float64, err error) {
 	port, err := freePort()
 	if err != nil {
 		return 0, 0, err
@@ -87,7 +88,7 @@ func start(envoy, dir, wasm string, timeout time.Duration) (cpu, wall float64, e
 	if err := os.WriteFile(cfg, []byte(bootstrap(port, wasm)), 0o644); err != nil {
 		return 0, 0, err
 	}
-	cmd := exec.Command(envoy, "-c", cfg, "--concurrency", "1", "--disable-hot-restart", "--log-level", "error")
+	cmd := exec.Command(envoy, "-c", cfg, "--concurrency", strconv.Itoa(concurrency), "--disable-hot-restart", "--log-level", "error")
 	cmd.Stderr = os.Stderr
 	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
