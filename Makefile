@@ -101,6 +101,7 @@ run-cluster: setup build build-service
 
 unit: build setup-redis
 	$(GO) test -race -count=1 $(UNIT_PKGS)
+	cd third_party/pretty && $(GO) test -race -count=1 ./...
 
 e2e: setup setup-redis build build-service
 	$(GO) test -count=1 -timeout 20m -v ./e2e/... 2>&1 | tee $(BUILD)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
@@ -126,6 +127,8 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./config/
 	$(GO) test -run XXX -fuzz FuzzRequestValues -fuzztime $(FUZZTIME) ./plugin/
 	$(GO) test -run XXX -fuzz FuzzCheck -fuzztime $(FUZZTIME) ./internal/jsonlimit/
+	$(GO) test -run XXX -fuzz FuzzSyntaxError -fuzztime $(FUZZTIME) ./config/
+	cd third_party/pretty && $(GO) test -run XXX -fuzz FuzzUnescape -fuzztime $(FUZZTIME) .
 
 clean:
 	rm -rf $(BUILD)

@@ -78,3 +78,7 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.1 // indirect
 )
+
+// tidwall/pretty (gjson's @pretty modifier) without encoding/json: see
+// third_party/pretty/README.tokenbucket.md.
+replace github.com/tidwall/pretty => ./third_party/pretty

@@ -2,8 +2,9 @@ package bucket
 
 import (
 	"encoding/binary"
-	"fmt"
+	"errors"
 	"math"
+	"strconv"
 )
 
 // EncodedLen is the length in bytes of an encoded State.
@@ -24,7 +25,7 @@ func (s State) AppendBinary(b []byte) []byte {
 // Tokens above a limit's burst are accepted: the limit clamps them.
 func DecodeState(b []byte) (State, error) {
 	if len(b) != EncodedLen {
-		return State{}, fmt.Errorf("bucket: state: must be %d bytes, got %d", EncodedLen, len(b))
+		return State{}, errors.New("bucket: state: must be " + strconv.Itoa(EncodedLen) + " bytes, got " + strconv.Itoa(len(b)))
 	}
 	s := State{
 		Tokens: math.Float64frombits(binary.LittleEndian.Uint64(b)),
@@ -32,11 +33,11 @@ func DecodeState(b []byte) (State, error) {
 	}
 	switch {
 	case math.IsNaN(s.Tokens) || math.IsInf(s.Tokens, 0) || s.Tokens < 0:
-		return State{}, fmt.Errorf("bucket: state tokens: must be a finite number >= 0, got %v", s.Tokens)
+		return State{}, errors.New("bucket: state tokens: must be a finite number >= 0, got " + strconv.FormatFloat(s.Tokens, 'g', -1, 64))
 	case s.At < 0:
-		return State{}, fmt.Errorf("bucket: state at: must be >= 0, got %d", s.At)
+		return State{}, errors.New("bucket: state at: must be >= 0, got " + strconv.FormatInt(s.At, 10))
 	case s.At == 0 && s.Tokens != 0:
-		return State{}, fmt.Errorf("bucket: state tokens: must be 0 when at is 0 (the unused bucket), got %v", s.Tokens)
+		return State{}, errors.New("bucket: state tokens: must be 0 when at is 0 (the unused bucket), got " + strconv.FormatFloat(s.Tokens, 'g', -1, 64))
 	}
 	return s, nil
 }

@@ -669,7 +669,7 @@ func checkValid(t *testing.T, c *Config) {
 	names := make(map[string]bool)
 	finite := func(f float64) bool { return !math.IsInf(f, 0) && !math.IsNaN(f) }
 	for i, r := range c.Rules {
-		if !ruleNamePattern.MatchString(r.Name) || names[r.Name] || (r.Group != "" && !ruleNamePattern.MatchString(r.Group)) {
+		if !validName(r.Name) || names[r.Name] || (r.Group != "" && !validName(r.Group)) {
 			fail("rules[%d] name %q group %q", i, r.Name, r.Group)
 		}
 		names[r.Name] = true

@@ -1,9 +1,7 @@
 package config
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"regexp"
 	"regexp/syntax"
@@ -90,9 +88,21 @@ func (e *Error) Error() string {
 // Unwrap returns the reason, for errors.Is and errors.As.
 func (e *Error) Unwrap() error { return e.Err }
 
-func errorf(path, format string, args ...any) error {
-	return &Error{Path: path, Err: fmt.Errorf(format, args...)}
+// errorf is the error at path with the reason msg. Messages are built with
+// strconv rather than fmt, which the plugin's Wasm module would otherwise
+// carry for them alone (docs/benchmarks/footprint.md).
+func errorf(path, msg string) error {
+	return &Error{Path: path, Err: errors.New(msg)}
 }
+
+// wrapError is prefix + err's text, and unwraps to err (fmt.Errorf's %w).
+type wrapError struct {
+	prefix string
+	err    error
+}
+
+func (e *wrapError) Error() string { return e.prefix + e.err.Error() }
+func (e *wrapError) Unwrap() error { return e.err }
 
 // Parse parses and validates a configuration. It returns the first error
 // found, as an *Error naming the JSON path; a Config it returns is fully
@@ -103,14 +113,14 @@ func Parse(data []byte) (*Config, error) {
 	}
 	// gjson's validator recurses once per level: bound the nesting first.
 	if path, ok := jsonlimit.Check(data, MaxDepth); !ok {
-		return nil, &Error{Path: path, Err: fmt.Errorf("nested deeper than %d levels", MaxDepth)}
+		return nil, &Error{Path: path, Err: errors.New("nested deeper than " + strconv.Itoa(MaxDepth) + " levels")}
 	}
 	if !gjson.ValidBytes(data) {
 		return nil, &Error{Err: syntaxError(data)}
 	}
 	doc := gjson.ParseBytes(data)
 	if !doc.IsObject() {
-		return nil, &Error{Err: fmt.Errorf("the configuration must be a JSON object, got %s", typeName(doc))}
+		return nil, &Error{Err: errors.New("the configuration must be a JSON object, got " + typeName(doc))}
 	}
 	top, err := fields("", doc, "rules", "xff_num_trusted_hops", "trust_unverified_jwt",
 		"jwt_metadata_namespace", "jwt_payload_key", "mode", "headers", "max_keys", "scope", "service")
@@ -170,12 +180,12 @@ func Parse(data []byte) (*Config, error) {
 	}
 	names := make(map[string]int)
 	for i, rv := range v.Array() {
-		r, err := parseRule(fmt.Sprintf("rules[%d]", i), rv, d)
+		r, err := parseRule("rules["+strconv.Itoa(i)+"]", rv, d)
 		if err != nil {
 			return nil, err
 		}
 		if j, dup := names[r.Name]; dup {
-			return nil, errorf(fmt.Sprintf("rules[%d].name", i), "%q is already the name of rules[%d]", r.Name, j)
+			return nil, errorf("rules["+strconv.Itoa(i)+"].name", strconv.Quote(r.Name)+" is already the name of rules["+strconv.Itoa(j)+"]")
 		}
 		names[r.Name] = i
 		c.Rules = append(c.Rules, r)
@@ -206,14 +216,14 @@ func checkClusterRules(rules []Rule) error {
 		}
 		n++
 		if n > wire.MaxBuckets {
-			return errorf(fmt.Sprintf("rules[%d].scope", i), "at most %d cluster rules (the buckets one limit-service decision takes)", wire.MaxBuckets)
+			return errorf("rules["+strconv.Itoa(i)+"].scope", "at most "+strconv.Itoa(wire.MaxBuckets)+" cluster rules (the buckets one limit-service decision takes)")
 		}
 		if first == nil {
 			first = r
 			continue
 		}
 		if *r.Service != *first.Service {
-			return errorf(fmt.Sprintf("rules[%d].service", i), "every cluster rule must use the same service (one callout per request carries them all), got %q and %q", first.Service.Cluster, r.Service.Cluster)
+			return errorf("rules["+strconv.Itoa(i)+"].service", "every cluster rule must use the same service (one callout per request carries them all), got "+strconv.Quote(first.Service.Cluster)+" and "+strconv.Quote(r.Service.Cluster))
 		}
 	}
 	return nil
@@ -231,8 +241,7 @@ func checkRegexes(rules []Rule) error {
 				continue
 			}
 			if n++; n > MaxRegexConditions {
-				return errorf(jsonlimit.Join(fmt.Sprintf("rules[%d].match", i), rules[i].Match[j].Source.String())+".regex",
-					"at most %d regex conditions in a configuration (each costs a request up to %d steps)", MaxRegexConditions, RegexBudget)
+				return errorf(jsonlimit.Join("rules["+strconv.Itoa(i)+"].match", rules[i].Match[j].Source.String())+".regex", "at most "+strconv.Itoa(MaxRegexConditions)+" regex conditions in a configuration (each costs a request up to "+strconv.Itoa(RegexBudget)+" steps)")
 			}
 		}
 	}
@@ -252,7 +261,21 @@ var ruleFields = []string{"name", "action", "mode", "group", "limit_keys", "matc
 // allowRuleFields are the only fields a rule with action "allow" may have.
 var allowRuleFields = []string{"name", "action", "group", "match"}
 
-var ruleNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+// validName reports whether s is a valid rule or group name: 1 to 64 of
+// A-Z a-z 0-9 _ . - (the regexp ^[A-Za-z0-9_.-]{1,64}$, written out so
+// every VM does not compile it at start).
+func validName(s string) bool {
+	if len(s) < 1 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 	var r Rule
@@ -267,8 +290,8 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 	if r.Name, err = str(path+".name", nv); err != nil {
 		return r, err
 	}
-	if !ruleNamePattern.MatchString(r.Name) {
-		return r, errorf(path+".name", "must be 1 to 64 of A-Z a-z 0-9 _ . -, got %q", r.Name)
+	if !validName(r.Name) {
+		return r, errorf(path+".name", "must be 1 to 64 of A-Z a-z 0-9 _ . -, got "+strconv.Quote(r.Name))
 	}
 	action, err := o.enum("action", actionNames, int(ActionLimit))
 	if err != nil {
@@ -279,8 +302,8 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 		if r.Group, err = str(path+".group", v); err != nil {
 			return r, err
 		}
-		if !ruleNamePattern.MatchString(r.Group) {
-			return r, errorf(path+".group", "must be 1 to 64 of A-Z a-z 0-9 _ . -, got %q", r.Group)
+		if !validName(r.Group) {
+			return r, errorf(path+".group", "must be 1 to 64 of A-Z a-z 0-9 _ . -, got "+strconv.Quote(r.Group))
 		}
 	}
 	if v, ok := o.get("match"); ok {
@@ -321,7 +344,7 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 		return r, err
 	}
 	if algorithm != "token_bucket" {
-		return r, errorf(path+".algorithm", "must be \"token_bucket\", got %q", algorithm)
+		return r, errorf(path+".algorithm", "must be \"token_bucket\", got "+strconv.Quote(algorithm))
 	}
 	cv, ok := o.get("algorithm_config")
 	if !ok {
@@ -374,10 +397,10 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 // would refuse on every request (package wire holds the bounds both use).
 func checkWireBounds(path string, l Limit) error {
 	if l.Burst > wire.MaxAmount {
-		return errorf(path+".burst", "must be at most %s for a cluster rule (the limit service's bound), got %s", fmtFloat(wire.MaxAmount), fmtFloat(l.Burst))
+		return errorf(path+".burst", "must be at most "+fmtFloat(wire.MaxAmount)+" for a cluster rule (the limit service's bound), got "+fmtFloat(l.Burst))
 	}
 	if fill := l.Burst / l.TokensPerSecond; fill > wire.MaxFill.Seconds() {
-		return errorf(path+".burst", "burst / tokens_per_second is %s seconds to refill, more than the limit service accepts for a cluster rule (%s seconds)", fmtFloat(fill), fmtFloat(wire.MaxFill.Seconds()))
+		return errorf(path+".burst", "burst / tokens_per_second is "+fmtFloat(fill)+" seconds to refill, more than the limit service accepts for a cluster rule ("+fmtFloat(wire.MaxFill.Seconds())+" seconds)")
 	}
 	return nil
 }
@@ -389,7 +412,7 @@ func parseLimitKeys(path string, v gjson.Result) ([]Source, error) {
 	var keys []Source
 	seen := make(map[Source]int)
 	for i, kv := range v.Array() {
-		p := fmt.Sprintf("%s[%d]", path, i)
+		p := path + "[" + strconv.Itoa(i) + "]"
 		s, err := str(p, kv)
 		if err != nil {
 			return nil, err
@@ -399,7 +422,7 @@ func parseLimitKeys(path string, v gjson.Result) ([]Source, error) {
 			return nil, &Error{Path: p, Err: err}
 		}
 		if j, dup := seen[src]; dup {
-			return nil, errorf(p, "%q repeats %s[%d]", src.String(), path, j)
+			return nil, errorf(p, strconv.Quote(src.String())+" repeats "+path+"["+strconv.Itoa(j)+"]")
 		}
 		seen[src] = i
 		keys = append(keys, src)
@@ -423,7 +446,7 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 			return nil, &Error{Path: p, Err: err}
 		}
 		if seen[src] {
-			return nil, errorf(p, "a second condition on %q", src.String())
+			return nil, errorf(p, "a second condition on "+strconv.Quote(src.String()))
 		}
 		seen[src] = true
 		ops, err := members(p, m.value)
@@ -459,7 +482,7 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 				return nil, typeError(p+".in", "an array", v)
 			}
 			for i, e := range v.Array() {
-				s, err := str(fmt.Sprintf("%s.in[%d]", p, i), e)
+				s, err := str(p+".in["+strconv.Itoa(i)+"]", e)
 				if err != nil {
 					return nil, err
 				}
@@ -485,7 +508,7 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 				return nil, &Error{Path: p + ".regex", Err: err}
 			}
 			if insts > MaxRegexInstructions {
-				return nil, errorf(p+".regex", "compiles to %d instructions, more than %d: it could read only %d bytes of a value (see RegexBudget); use a shorter pattern or a prefix/in condition", insts, MaxRegexInstructions, RegexBudget/insts)
+				return nil, errorf(p+".regex", "compiles to "+strconv.Itoa(insts)+" instructions, more than "+strconv.Itoa(MaxRegexInstructions)+": it could read only "+strconv.Itoa(RegexBudget/insts)+" bytes of a value (see RegexBudget); use a shorter pattern or a prefix/in condition")
 			}
 			c.RegexMaxInput = min(MaxRegexInput, RegexBudget/insts)
 		}
@@ -538,10 +561,10 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 		return l, c, err
 	}
 	if l.Burst < l.TokensPerSecond {
-		return l, c, errorf(path+".burst", "must be >= %s (%s), got %s", rateName, fmtFloat(l.TokensPerSecond), fmtFloat(l.Burst))
+		return l, c, errorf(path+".burst", "must be >= "+rateName+" ("+fmtFloat(l.TokensPerSecond)+"), got "+fmtFloat(l.Burst))
 	}
 	if fill := l.Burst / l.TokensPerSecond; fill > MaxFillSeconds {
-		return l, c, errorf(path+".burst", "burst / %s is %s seconds to refill, more than one year (%d)", rateName, fmtFloat(fill), MaxFillSeconds)
+		return l, c, errorf(path+".burst", "burst / "+rateName+" is "+fmtFloat(fill)+" seconds to refill, more than one year ("+strconv.Itoa(MaxFillSeconds)+")")
 	}
 	if v, ok := o.get("cost_source"); ok {
 		s, err := str(path+".cost_source", v)
@@ -563,10 +586,10 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 			return l, c, err
 		}
 		if *f.dst < MinCost {
-			return l, c, errorf(path+"."+f.name, "must be at least %s (MinCost), got %s", fmtFloat(MinCost), fmtFloat(*f.dst))
+			return l, c, errorf(path+"."+f.name, "must be at least "+fmtFloat(MinCost)+" (MinCost), got "+fmtFloat(*f.dst))
 		}
 		if *f.dst > l.Burst {
-			return l, c, errorf(path+"."+f.name, "must be <= burst (%s), got %s: such a request could never pass", fmtFloat(l.Burst), fmtFloat(*f.dst))
+			return l, c, errorf(path+"."+f.name, "must be <= burst ("+fmtFloat(l.Burst)+"), got "+fmtFloat(*f.dst)+": such a request could never pass")
 		}
 	}
 	return l, c, nil
@@ -592,10 +615,10 @@ func parseResponseHeaders(path string, v gjson.Result) ([]HeaderPair, error) {
 		}
 		name := strings.ToLower(m.key)
 		if slices.Contains(forbiddenResponseHeaders, name) {
-			return nil, errorf(p, "%s cannot be set by a rule", name)
+			return nil, errorf(p, name+" cannot be set by a rule")
 		}
 		if seen[name] {
-			return nil, errorf(p, "header %s is already set", name)
+			return nil, errorf(p, "header "+name+" is already set")
 		}
 		seen[name] = true
 		value, err := str(p, m.value)
@@ -637,7 +660,7 @@ func parseService(path string, v gjson.Result) (*Service, error) {
 		return nil, err
 	}
 	if !strings.HasPrefix(s.Path, "/") || strings.ContainsRune(s.Path, ' ') {
-		return nil, errorf(path+".path", "must start with / and contain no spaces, got %q", s.Path)
+		return nil, errorf(path+".path", "must start with / and contain no spaces, got "+strconv.Quote(s.Path))
 	}
 	if s.TimeoutMS, err = o.integer("timeout_ms", DefaultTimeoutMS, 1, MaxTimeoutMS); err != nil {
 		return nil, err
@@ -773,7 +796,7 @@ func (o object) enum(name string, names []string, def int) (int, error) {
 	for i, n := range names {
 		quoted[i] = strconv.Quote(n)
 	}
-	return 0, errorf(p, "must be one of %s, got %q", strings.Join(quoted, ", "), s)
+	return 0, errorf(p, "must be one of "+strings.Join(quoted, ", ")+", got "+strconv.Quote(s))
 }
 
 // integer returns the integer field name, def when absent; a present value
@@ -788,11 +811,11 @@ func (o object) integer(name string, def, lo, hi int) (int, error) {
 		return 0, typeError(p, "an integer", v)
 	}
 	if !integral(v.Raw) {
-		return 0, errorf(p, "must be an integer, got %s", shorten(v.Raw))
+		return 0, errorf(p, "must be an integer, got "+shorten(v.Raw))
 	}
 	f, err := strconv.ParseFloat(v.Raw, 64)
 	if err != nil || f < float64(lo) || f > float64(hi) {
-		return 0, errorf(p, "must be between %d and %d, got %s", lo, hi, shorten(v.Raw))
+		return 0, errorf(p, "must be between "+strconv.Itoa(lo)+" and "+strconv.Itoa(hi)+", got "+shorten(v.Raw))
 	}
 	return int(f), nil
 }
@@ -808,9 +831,9 @@ func (o object) positive(name string, hi float64) (float64, error) {
 	f, err := strconv.ParseFloat(v.Raw, 64)
 	switch {
 	case f <= 0: // also -Inf from a huge negative number
-		return 0, errorf(p, "must be > 0, got %s", shorten(v.Raw))
+		return 0, errorf(p, "must be > 0, got "+shorten(v.Raw))
 	case err != nil || f > hi:
-		return 0, errorf(p, "must be at most %s, got %s", fmtFloat(hi), shorten(v.Raw))
+		return 0, errorf(p, "must be at most "+fmtFloat(hi)+", got "+shorten(v.Raw))
 	}
 	return f, nil
 }
@@ -830,7 +853,7 @@ func boolean(path string, v gjson.Result) (bool, error) {
 }
 
 func typeError(path, want string, v gjson.Result) error {
-	return errorf(path, "must be %s, got %s", want, typeName(v))
+	return errorf(path, "must be "+want+", got "+typeName(v))
 }
 
 func typeName(v gjson.Result) string {
@@ -894,15 +917,4 @@ func appendFloat(b []byte, f float64) []byte {
 		return strconv.AppendFloat(b, f, 'f', -1, 64)
 	}
 	return strconv.AppendFloat(b, f, 'g', -1, 64)
-}
-
-// syntaxError describes why data is not JSON, with the byte offset when
-// encoding/json can tell it.
-func syntaxError(data []byte) error {
-	var v any
-	var se *json.SyntaxError
-	if err := json.Unmarshal(data, &v); errors.As(err, &se) {
-		return fmt.Errorf("invalid JSON: %s (at byte %d)", se.Error(), se.Offset)
-	}
-	return errors.New("invalid JSON")
 }

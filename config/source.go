@@ -2,7 +2,6 @@ package config
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 )
@@ -26,41 +25,41 @@ func parseSource(s string) (Source, error) {
 	switch kind {
 	case "path", "method", "authority":
 		if hasName {
-			return Source{}, fmt.Errorf("source %q: %s takes no name", s, kind)
+			return Source{}, errors.New("source " + strconv.Quote(s) + ": " + kind + " takes no name")
 		}
 		k := map[string]SourceKind{"path": SourcePath, "method": SourceMethod, "authority": SourceAuthority}[kind]
 		return Source{Kind: k}, nil
 	case "ip":
 		if name != "address" {
-			return Source{}, fmt.Errorf("source %q: the only ip source is ip:address", s)
+			return Source{}, errors.New("source " + strconv.Quote(s) + ": the only ip source is ip:address")
 		}
 		return Source{Kind: SourceIP, Name: name}, nil
 	case "header":
 		if err := checkHeaderName(name); err != nil {
-			return Source{}, fmt.Errorf("source %q: %w", s, err)
+			return Source{}, &wrapError{"source " + strconv.Quote(s) + ": ", err}
 		}
 		return Source{Kind: SourceHeader, Name: strings.ToLower(name)}, nil
 	case "cookie":
 		if !isToken(name) {
-			return Source{}, fmt.Errorf("source %q: cookie name must be a non-empty HTTP token", s)
+			return Source{}, errors.New("source " + strconv.Quote(s) + ": cookie name must be a non-empty HTTP token")
 		}
 		return Source{Kind: SourceCookie, Name: name}, nil
 	case "query":
 		if name == "" || hasControl(name) {
-			return Source{}, fmt.Errorf("source %q: query parameter name must be non-empty, without control characters", s)
+			return Source{}, errors.New("source " + strconv.Quote(s) + ": query parameter name must be non-empty, without control characters")
 		}
 		return Source{Kind: SourceQuery, Name: name}, nil
 	case "jwt":
 		if name == "" || hasControl(name) || strings.HasPrefix(name, ".") ||
 			strings.HasSuffix(name, ".") || strings.Contains(name, "..") {
-			return Source{}, fmt.Errorf("source %q: claim must be non-empty dot-separated names, without control characters", s)
+			return Source{}, errors.New("source " + strconv.Quote(s) + ": claim must be non-empty dot-separated names, without control characters")
 		}
 		return Source{Kind: SourceJWT, Name: name}, nil
 	}
 	if s == "" {
 		return Source{}, errors.New("empty source")
 	}
-	return Source{}, fmt.Errorf("unknown source %q (want header:<name>, query:<name>, ip:address, path, method, authority, jwt:<claim> or cookie:<name>)", s)
+	return Source{}, errors.New("unknown source " + strconv.Quote(s) + " (want header:<name>, query:<name>, ip:address, path, method, authority, jwt:<claim> or cookie:<name>)")
 }
 
 // parseCostSource parses a cost_source: "fixed", header:<name> or
@@ -70,7 +69,7 @@ func parseCostSource(s string) (Source, error) {
 		return Source{Kind: SourceFixed}, nil
 	}
 	if kind, _, _ := strings.Cut(s, ":"); kind != "header" && kind != "query" {
-		return Source{}, fmt.Errorf(`must be "fixed", header:<name> or query:<name>, got %q`, s)
+		return Source{}, errors.New(`must be "fixed", header:<name> or query:<name>, got ` + strconv.Quote(s))
 	}
 	return parseSource(s)
 }

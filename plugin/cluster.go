@@ -162,7 +162,7 @@ func countShadows(p *pluginContext, takes []take, ds []bucket.Decision) {
 		}
 		t.rule.shadowRej.Increment(1)
 		if n, ok := t.rule.shadowLog.allow(p.now()); ok {
-			proxywasm.LogInfof("%s: shadow rule %q would have rejected a request (%d similar lines suppressed)", Name, t.rule.Name, n)
+			proxywasm.LogInfo(Name + ": shadow rule " + strconv.Quote(t.rule.Name) + " would have rejected a request (" + strconv.Itoa(n) + " similar lines suppressed)")
 		}
 	}
 }

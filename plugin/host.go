@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"errors"
-	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -28,7 +27,3 @@ func (sharedData) Set(key string, value []byte, cas uint32) error {
 	}
 	return err
 }
-
-// wallClock is the host's clock in Unix nanoseconds. Every worker of one
-// Envoy reads the same clock, so their buckets agree.
-func wallClock() int64 { return time.Now().UnixNano() }

@@ -1,6 +1,8 @@
 package plugin
 
 import (
+	"strconv"
+
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
@@ -22,6 +24,31 @@ type httpContext struct {
 	shownLeft  float64
 	decision   bucket.Decision
 	localReply bool
+	// Backing for the request's values (request.values): a request reads
+	// a handful, so none is allocated.
+	values [4]cachedValue
+}
+
+// maxFreeContexts bounds the contexts a plugin context keeps for reuse
+// (pluginContext.free): a burst of concurrent requests leaves at most that
+// many behind, about 700 bytes each.
+const maxFreeContexts = 128
+
+// OnHttpStreamDone implements types.HttpContext: the SDK forgets the
+// context after this (natively after proxy_on_log; on wasip1 our glue calls
+// it from proxy_on_delete, since proxy_on_log is not exported), so its
+// memory serves a later request. An answer to a callout of this request
+// that arrives later is dropped by the SDK (its context id is gone), and
+// shadow callouts keep their own takes, never the context's.
+func (c *httpContext) OnHttpStreamDone() {
+	p := c.plugin
+	if p == nil {
+		return // already free (a host calling both proxy_on_log and proxy_on_delete)
+	}
+	*c = httpContext{} // drop every reference: the free list holds nothing alive
+	if len(p.free) < maxFreeContexts {
+		p.free = append(p.free, c)
+	}
 }
 
 // take is one bucket a request asks of one rule.
@@ -66,7 +93,7 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	p := c.plugin
 	c.plan = plan{now: p.now()}
 	c.plan.local = c.plan.buf[:0]
-	rej := c.planRules(&request{cfg: p.cfg})
+	rej := c.planRules(&request{cfg: p.cfg, values: c.values[:0]})
 	c.decideShadows()
 	if rej == nil {
 		rej = c.enforceLocal()
@@ -96,7 +123,8 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 // apply, and the next member is tried.
 func (c *httpContext) planRules(r *request) *rejection {
 	p := c.plugin
-	var claimed []string // groups whose member applied
+	var claimedBuf [4]string
+	claimed := claimedBuf[:0] // groups whose member applied
 	for _, ru := range p.rules {
 		if ru.Group != "" && contains(claimed, ru.Group) {
 			continue
@@ -251,7 +279,7 @@ func (c *httpContext) show(ru *rule, d bucket.Decision) {
 func (c *httpContext) shadowRejected(ru *rule) {
 	ru.shadowRej.Increment(1)
 	if n, ok := ru.shadowLog.allow(c.plugin.now()); ok {
-		proxywasm.LogInfof("%s: shadow rule %q would have rejected a request (%d similar lines suppressed)", Name, ru.Name, n)
+		proxywasm.LogInfo(Name + ": shadow rule " + strconv.Quote(ru.Name) + " would have rejected a request (" + strconv.Itoa(n) + " similar lines suppressed)")
 	}
 }
 

@@ -20,7 +20,9 @@ package plugin
 
 import (
 	"math"
+	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
@@ -41,6 +43,48 @@ type vmContext struct {
 	types.DefaultVMContext
 	now func() int64 // the clock, Unix ns
 	sd  store.SharedData
+}
+
+// OnVMStart implements types.VMContext: it takes garbage collection off the
+// request path (see collectOnTick).
+func (v *vmContext) OnVMStart(int) types.OnVMStartStatus {
+	// Natively (tests) the process's collector is left alone; in a VM,
+	// vm_config's environment_variables decide when they set GOGC.
+	if runtime.GOOS == "wasip1" && os.Getenv("GOGC") == "" {
+		collectOnTicks = true
+		debug.SetGCPercent(-1)
+		debug.SetMemoryLimit(gcMemoryLimit)
+	}
+	return types.OnVMStartStatusOK
+}
+
+// Garbage collection. A collection inside a request callback stops that
+// request for the whole mark phase, so a VM collects on its 1 s tick
+// instead (collectOnTick), once its heap has doubled since the last
+// collection (as GOGC=100 would) and holds at least gcMinHeap. Between
+// ticks the heap only grows; gcMemoryLimit is the runtime's backstop (a
+// soft limit: the collector runs at a request when the VM's memory nears
+// it). Setting GOGC in vm_config.environment_variables restores the
+// runtime's own pacing.
+const (
+	gcMinHeap     uint64 = 4 << 20
+	gcMemoryLimit        = 64 << 20
+)
+
+var (
+	collectOnTicks bool        // set by OnVMStart unless GOGC is set
+	nextGC         = gcMinHeap // the heap size at which a tick collects
+)
+
+// collectOnTick collects when the heap has reached nextGC.
+func collectOnTick(heap uint64) {
+	if !collectOnTicks || heap < nextGC {
+		return
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	nextGC = max(2*ms.HeapAlloc, gcMinHeap)
 }
 
 // NewPluginContext implements types.VMContext.
@@ -68,6 +112,8 @@ type pluginContext struct {
 	reqs    []store.Request
 	out     []bucket.Decision
 	scratch []byte // header values being formatted
+
+	free []*httpContext // contexts of finished streams, zeroed, for reuse
 }
 
 // rule is a config.Rule with what the request path needs precomputed.
@@ -78,23 +124,23 @@ type rule struct {
 	quotedName string // the name as a structured-field string: "name"
 	burst      string // RateLimit-Limit value
 	identity   hasher // hash of the rule name and its limit-key sources
-	allowed    proxywasm.MetricCounter
-	rejected   proxywasm.MetricCounter
-	failedOpen proxywasm.MetricCounter
-	shadowRej  proxywasm.MetricCounter
+	allowed    counter
+	rejected   counter
+	failedOpen counter
+	shadowRej  counter
 	shadowLog  throttle
 }
 
 type globalMetrics struct {
-	evictions, retries, refunds, serviceErrors, longValues, gcCycles proxywasm.MetricCounter
-	heapBytes, sysBytes                                              proxywasm.MetricGauge
+	evictions, retries, refunds, serviceErrors, longValues, gcCycles counter
+	heapBytes, sysBytes                                              gauge
 }
 
 // OnPluginStart implements types.PluginContext.
 func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	data, err := proxywasm.GetPluginConfiguration()
 	if err != nil && err != types.ErrorStatusNotFound {
-		proxywasm.LogCriticalf("%s: reading the plugin configuration: %v", Name, err)
+		proxywasm.LogCritical(Name + ": reading the plugin configuration: " + err.Error())
 		return types.OnPluginStartStatusFailed
 	}
 	rootID := ""
@@ -102,13 +148,13 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 		rootID = string(v)
 	}
 	if err := p.configure(data, rootID); err != nil {
-		proxywasm.LogCriticalf("%s: invalid configuration, refusing to start: %v", Name, err)
+		proxywasm.LogCritical(Name + ": invalid configuration, refusing to start: " + err.Error())
 		return types.OnPluginStartStatusFailed
 	}
 	if err := proxywasm.SetTickPeriodMilliSeconds(1000); err != nil {
-		proxywasm.LogWarnf("%s: no ticks, memory gauges stay at 0: %v", Name, err)
+		proxywasm.LogWarn(Name + ": no ticks, memory gauges stay at 0: " + err.Error())
 	}
-	proxywasm.LogInfof("%s: started with %d rules, max_keys %d", Name, len(p.rules), p.cfg.MaxKeys)
+	proxywasm.LogInfo(Name + ": started with " + strconv.Itoa(len(p.rules)) + " rules, max_keys " + strconv.Itoa(p.cfg.MaxKeys))
 	return types.OnPluginStartStatusOK
 }
 
@@ -125,6 +171,7 @@ func (p *pluginContext) OnTick() {
 		p.metrics.gcCycles.Increment(gc - reported.gc)
 	}
 	reported.heap, reported.sys, reported.gc = ms.HeapAlloc, ms.Sys, uint64(ms.NumGC)
+	collectOnTick(ms.HeapAlloc) // after the report: its collection shows at the next tick
 }
 
 // reported is what this VM has added to the memory metrics so far. It is
@@ -164,16 +211,16 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 		p.hashTag = Name
 	}
 	p.metrics = globalMetrics{
-		evictions: proxywasm.DefineCounterMetric(Name + ".evictions"),
-		retries:   proxywasm.DefineCounterMetric(Name + ".cas_retries"),
-		refunds:   proxywasm.DefineCounterMetric(Name + ".refunds"),
+		evictions: defineCounter(Name + ".evictions"),
+		retries:   defineCounter(Name + ".cas_retries"),
+		refunds:   defineCounter(Name + ".refunds"),
 		// calls to the limit service that failed: timeout, connection, status, body
-		serviceErrors: proxywasm.DefineCounterMetric(Name + ".service_errors"),
+		serviceErrors: defineCounter(Name + ".service_errors"),
 		// values longer than a regex condition reads (config.RegexBudget)
-		longValues: proxywasm.DefineCounterMetric(Name + ".regex_value_too_long"),
-		heapBytes:  proxywasm.DefineGaugeMetric(Name + ".memory.heap_bytes"),
-		sysBytes:   proxywasm.DefineGaugeMetric(Name + ".memory.sys_bytes"),
-		gcCycles:   proxywasm.DefineCounterMetric(Name + ".memory.gc_cycles"),
+		longValues: defineCounter(Name + ".regex_value_too_long"),
+		heapBytes:  defineGauge(Name + ".memory.heap_bytes"),
+		sysBytes:   defineGauge(Name + ".memory.sys_bytes"),
+		gcCycles:   defineCounter(Name + ".memory.gc_cycles"),
 	}
 	return nil
 }
@@ -192,10 +239,10 @@ func compile(cr *config.Rule) *rule {
 		r.policy = r.quotedName + ";q=" + r.burst + ";w=" + strconv.FormatInt(window, 10)
 	}
 	m := Name + ".rule." + cr.Name + "."
-	r.allowed = proxywasm.DefineCounterMetric(m + "allowed")
-	r.rejected = proxywasm.DefineCounterMetric(m + "rejected")
-	r.failedOpen = proxywasm.DefineCounterMetric(m + "failed_open")
-	r.shadowRej = proxywasm.DefineCounterMetric(m + "shadow_rejected")
+	r.allowed = defineCounter(m + "allowed")
+	r.rejected = defineCounter(m + "rejected")
+	r.failedOpen = defineCounter(m + "failed_open")
+	r.shadowRej = defineCounter(m + "shadow_rejected")
 	return r
 }
 
@@ -207,8 +254,16 @@ func formatNumber(f float64) string {
 	return strconv.FormatFloat(f, 'f', -1, 64)
 }
 
-// NewHttpContext implements types.PluginContext.
+// NewHttpContext implements types.PluginContext. It reuses a context whose
+// stream is done (see OnHttpStreamDone), so a request allocates none.
 func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
+	if n := len(p.free); n > 0 {
+		c := p.free[n-1]
+		p.free[n-1] = nil
+		p.free = p.free[:n-1]
+		c.plugin, c.id = p, contextID
+		return c
+	}
 	return &httpContext{plugin: p, id: contextID}
 }
 

@@ -254,3 +254,23 @@ func TestIPIgnoresSpoofedXFF(t *testing.T) {
 		t.Fatalf("a spoofed X-Forwarded-For gave a fresh bucket: %d", r.status)
 	}
 }
+
+// TestReusedContextStartsClean: the HTTP context of a finished request is
+// reused by the next one (OnHttpStreamDone), which must see none of the
+// first one's values, plan or headers.
+func TestReusedContextStartsClean(t *testing.T) {
+	e := start(t, `{"rules": [{"name": "per-key", "limit_keys": ["header:x-api-key"], "missing_key": "skip",
+	  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 1}}]}`)
+	if r := e.do("x-api-key", "a"); r.status != 200 || r.headers["ratelimit-remaining"] != "0" {
+		t.Fatalf("first request: %d %v, want 200 with 0 remaining", r.status, r.headers)
+	}
+	if r := e.do(); r.status != 200 || len(r.headers) != 0 {
+		t.Fatalf("request without the key (no rule applies): %d %v, want 200 without headers", r.status, r.headers)
+	}
+	if r := e.do("x-api-key", "b"); r.status != 200 || r.headers["ratelimit-remaining"] != "0" {
+		t.Fatalf("another key: %d %v, want 200 with 0 remaining (its own bucket)", r.status, r.headers)
+	}
+	if r := e.do("x-api-key", "a"); r.status != 429 {
+		t.Fatalf("first key again: %d, want 429", r.status)
+	}
+}

@@ -319,7 +319,7 @@ func escapeClaimPath(p string) string {
 // matches reports whether every condition holds for the request. A regex
 // reads at most the condition's RegexMaxInput bytes: a longer value does not
 // match, and is counted in long.
-func (r *request) matches(conds []config.Condition, long proxywasm.MetricCounter) bool {
+func (r *request) matches(conds []config.Condition, long counter) bool {
 	for i := range conds {
 		c := &conds[i]
 		v, ok := r.value(c.Source)

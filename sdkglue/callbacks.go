@@ -13,8 +13,9 @@
 // Go module costs several microseconds of runtime entry and exit, so each
 // export left out saves that on every request: proxy_on_log and proxy_on_done
 // always, proxy_on_response_body whenever a response has a body. The plugin
-// implements neither OnHttpStreamDone nor OnPluginDone nor any body, trailer,
-// L4 or queue callback; export one here when it starts to.
+// implements neither OnPluginDone nor any body, trailer, L4 or queue
+// callback; export one here when it starts to. OnHttpStreamDone is called
+// from proxy_on_delete (see exportOnDelete).
 
 package internal
 
@@ -86,7 +87,17 @@ func exportOnTick(pluginContextID uint32) {
 	proxyOnTick(pluginContextID)
 }
 
+// exportOnDelete tells an HTTP context that its stream is done
+// (OnHttpStreamDone) before the SDK forgets it, as the SDK's proxyOnLog would:
+// proxy_on_log is not exported, and the plugin reuses a done context's memory.
+//
 //go:wasmexport proxy_on_delete
 func exportOnDelete(contextID uint32) {
+	if streamDoneOnDelete {
+		if ctx, ok := currentState.httpContexts[contextID]; ok {
+			currentState.setActiveContextID(contextID)
+			ctx.OnHttpStreamDone()
+		}
+	}
 	proxyOnDelete(contextID)
 }

@@ -10,6 +10,10 @@ package internal
 
 import "github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
+// streamDoneOnDelete is false: proxy_on_log (exported below) tells an HTTP
+// context its stream is done.
+const streamDoneOnDelete = false
+
 //go:wasmexport proxy_on_new_connection
 func exportOnNewConnection(contextID uint32) uint32 {
 	return uint32(proxyOnNewConnection(contextID))

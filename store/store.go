@@ -3,7 +3,6 @@ package store
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"strconv"
 	"unsafe"
@@ -86,7 +85,7 @@ type slotRef struct {
 // prefix and size see the same buckets.
 func New(sd SharedData, prefix string, maxKeys int) (*Table, error) {
 	if maxKeys < 1 {
-		return nil, fmt.Errorf("store: max keys must be >= 1, got %d", maxKeys)
+		return nil, errors.New("store: max keys must be >= 1, got " + strconv.Itoa(maxKeys))
 	}
 	groups := uint64((maxKeys + SlotsPerGroup - 1) / SlotsPerGroup)
 	return &Table{

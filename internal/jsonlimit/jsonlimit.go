@@ -6,7 +6,6 @@
 package jsonlimit
 
 import (
-	"regexp"
 	"strconv"
 )
 
@@ -82,12 +81,23 @@ func pathOf(stack []frame) string {
 	return path
 }
 
-var simpleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+// simpleName reports whether name is written a.name in a path: the regexp
+// ^[A-Za-z_][A-Za-z0-9_]*$, written out so every VM does not compile it at
+// start.
+func simpleName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || c == '_' || i > 0 && '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return name != ""
+}
 
 // Join appends a field name to a JSON path: a.b for plain names,
 // a["header:x-plan"] for any other.
 func Join(path, name string) string {
-	if simpleName.MatchString(name) {
+	if simpleName(name) {
 		if path == "" {
 			return name
 		}

@@ -1,0 +1,7 @@
+// Command hello is the Go wasip1 hello world of docs/benchmarks/footprint.md:
+// what any module built by the standard Go compiler carries.
+package main
+
+import "os"
+
+func main() { os.Stdout.WriteString("hello, world\n") }

@@ -1,0 +1,35 @@
+# Footprint and start cost (issue 11): see docs/benchmarks/footprint.md.
+#
+#   make footprint     code bytes per Go package and the data section of the
+#                      plugin, the Go floor module and a wasip1 hello world
+#                      (unstripped copies in build/footprint/), plus the
+#                      stripped sizes
+#   make bench-start   Envoy's CPU and wall time from start to the first 200,
+#                      --concurrency 1: no filter, the floor, the plugin
+#                      (internal/footprint/startcost; START_FLAGS='-rounds 5',
+#                      START_MODULES='before=/tmp/old.wasm' adds modules)
+
+.PHONY: footprint bench-start
+
+FP := $(BUILD)/footprint
+WASM_BUILD := GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue -trimpath
+
+$(FP)/floor.wasm: $(BUILD)/sdk.stamp internal/footprint/floor/*.go
+	@mkdir -p $(FP)
+	$(WASM_BUILD) -buildmode=c-shared -ldflags='-s -w' -o $@ ./internal/footprint/floor
+
+footprint: build $(FP)/floor.wasm
+	@mkdir -p $(FP)
+	$(WASM_BUILD) -buildmode=c-shared -o $(FP)/plugin-full.wasm .
+	$(WASM_BUILD) -buildmode=c-shared -o $(FP)/floor-full.wasm ./internal/footprint/floor
+	$(WASM_BUILD) -o $(FP)/hello-full.wasm ./internal/footprint/hello
+	$(WASM_BUILD) -ldflags='-s -w' -o $(FP)/hello.wasm ./internal/footprint/hello
+	@ls -l $(BUILD)/plugin.wasm $(FP)/floor.wasm $(FP)/hello.wasm | awk '{print "stripped " $$9 ": " $$5 " bytes"}'
+	$(GO) run ./internal/wasmsize/cmd -top 30 $(FP)/plugin-full.wasm $(FP)/floor-full.wasm $(FP)/hello-full.wasm
+
+START_FLAGS ?=
+START_MODULES ?=
+bench-start: setup build $(FP)/floor.wasm
+	@uptime
+	$(GO) run ./internal/footprint/startcost -envoy $(ENVOY) $(START_FLAGS) \
+		floor=$(FP)/floor.wasm $(START_MODULES) plugin=$(BUILD)/plugin.wasm
