@@ -54,7 +54,7 @@ func TestShadowClusterRule(t *testing.T) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 250},
+	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 1000},
 	  "rules": [{"name": "trial", "mode": "shadow", "scope": "cluster", "limit_keys": ["header:x-api-key"],
 	   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.01, "burst": 2}}]}`
 	var envoys [2]*envoytest.Envoy
