@@ -12,11 +12,12 @@
 .PHONY: footprint bench-start
 
 FP := $(BUILD)/footprint
+# Unstripped builds for the size tables (make build's recipe, build_wasm, strips).
 WASM_BUILD := GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue -trimpath
 
 $(FP)/floor.wasm: $(BUILD)/sdk.stamp internal/footprint/floor/*.go
 	@mkdir -p $(FP)
-	$(WASM_BUILD) -buildmode=c-shared -ldflags='-s -w' -o $@ ./internal/footprint/floor
+	$(call build_wasm,./internal/footprint/floor)
 
 footprint: build $(FP)/floor.wasm
 	@mkdir -p $(FP)
@@ -31,5 +32,5 @@ START_FLAGS ?=
 START_MODULES ?=
 bench-start: setup build $(FP)/floor.wasm
 	@uptime
-	$(GO) run ./internal/footprint/startcost -envoy $(ENVOY) $(START_FLAGS) \
+	$(GO) run ./internal/footprint/startcost $(START_FLAGS) \
 		floor=$(FP)/floor.wasm $(START_MODULES) plugin=$(BUILD)/plugin.wasm
