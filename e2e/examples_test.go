@@ -193,7 +193,7 @@ func TestExamples(t *testing.T) {
 				Config: ex.bootstrap, UpstreamPort: envoytest.FreePort(t), Concurrency: 1,
 			})
 			booted := time.Since(start)
-			runs := runSession(t, e, ex.session)
+			runs := runSession(t, envoyRoute(e), ex.session)
 			if check := exampleChecks[name]; check != nil && !t.Failed() {
 				check(t, e, runs)
 			}
@@ -687,9 +687,19 @@ func shellWords(s string, vars map[string]string) ([]string, error) {
 	return words, nil
 }
 
-// runSession replays the commands against e and reports every output that
+// route maps a URL as a README writes it (localhost:10000/..., the admin on
+// localhost:9901) to the URL the test sends to and the authority curl would
+// send.
+type route func(rawURL string) (u, authority string, err error)
+
+// envoyRoute sends the README's fixed ports to e's free ones.
+func envoyRoute(e *envoytest.Envoy) route {
+	return func(raw string) (string, string, error) { return exampleURL(raw, e.ListenerPort(), e.AdminPort()) }
+}
+
+// runSession replays the commands through to and reports every output that
 // differs from the README.
-func runSession(t *testing.T, e *envoytest.Envoy, cmds []sessionCmd) []sessionRun {
+func runSession(t *testing.T, to route, cmds []sessionCmd) []sessionRun {
 	t.Helper()
 	hc := &http.Client{Timeout: envoytest.RequestTimeout, Transport: &http.Transport{Proxy: nil}}
 	defer hc.CloseIdleConnections()
@@ -703,7 +713,7 @@ func runSession(t *testing.T, e *envoytest.Envoy, cmds []sessionCmd) []sessionRu
 		}
 		var out strings.Builder
 		for _, c := range parsed.calls {
-			run := doCurl(hc, e, c)
+			run := doCurl(hc, to, c)
 			if run.res.Err != nil {
 				t.Fatalf("README line %d: %s: %v", cmd.line, abbreviate(cmd.text), run.res.Err)
 			}
@@ -734,8 +744,8 @@ func runSession(t *testing.T, e *envoytest.Envoy, cmds []sessionCmd) []sessionRu
 
 // doCurl sends one curl call the way curl would: with the README's
 // authority as Host.
-func doCurl(hc *http.Client, e *envoytest.Envoy, c curlCall) sessionRun {
-	u, authority, err := exampleURL(c.rawURL, e.ListenerPort(), e.AdminPort())
+func doCurl(hc *http.Client, to route, c curlCall) sessionRun {
+	u, authority, err := to(c.rawURL)
 	if err != nil {
 		return sessionRun{res: envoytest.Result{Err: err}}
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,7 +86,7 @@ func TestRunCluster(t *testing.T) {
 	t.Cleanup(func() { stopRunCluster(t, cmd.Process.Pid, exited, logPath) })
 
 	awaitRunCluster(t, exited, logPath)
-	replayFixed(t, cmds)
+	runSession(t, fixedRoute, cmds)
 
 	if b, err := os.ReadFile(redisLog); err != nil || !strings.Contains(string(b), "Ready to accept connections") {
 		t.Errorf("Redis log %s: %v\n%s", redisLog, err, b)
@@ -230,80 +231,22 @@ func runClusterSession(t *testing.T, readme string) []sessionCmd {
 	return cmds
 }
 
-// replayFixed replays a session against the fixed ports (localhost:10000
-// and :9901 are the real ones here) and reports every output that differs
-// from the README, as runSession does for the examples on free ports.
-func replayFixed(t *testing.T, cmds []sessionCmd) {
-	t.Helper()
-	hc := &http.Client{Timeout: envoytest.RequestTimeout, Transport: &http.Transport{Proxy: nil}}
-	defer hc.CloseIdleConnections()
-	vars := map[string]string{}
-	for i := range cmds {
-		cmd := &cmds[i]
-		parsed, err := parseCommand(cmd.text, vars)
-		if err != nil {
-			t.Fatalf("README line %d: %v", cmd.line, err)
-		}
-		var out strings.Builder
-		for _, c := range parsed.calls {
-			run, err := curlFixed(hc, c)
-			if err != nil {
-				t.Fatalf("README line %d: %s: %v", cmd.line, abbreviate(cmd.text), err)
-			}
-			if c.include {
-				if err := matchInclude(cmd.want, run); err != nil {
-					t.Errorf("README line %d: $ %s\n%v", cmd.line, abbreviate(cmd.text), err)
-				}
-				continue
-			}
-			if !c.discard {
-				out.Write(run.res.Body)
-			}
-			out.WriteString(strings.NewReplacer(`%{http_code}`, strconv.Itoa(run.res.Status), `\n`, "\n").Replace(c.writeOut))
-		}
-		if len(parsed.calls) == 0 || parsed.calls[0].include {
-			continue
-		}
-		got := strings.TrimSuffix(out.String(), "\n")
-		if want := strings.Join(cmd.want, "\n"); got != want {
-			t.Errorf("README line %d: $ %s\nprints:\n%s\nREADME says:\n%s", cmd.line, abbreviate(cmd.text), got, want)
-		}
-	}
-}
-
-// curlFixed sends one curl call to the URL as written, with its authority
-// as Host.
-func curlFixed(hc *http.Client, c curlCall) (sessionRun, error) {
-	raw := c.rawURL
+// fixedRoute sends a README's URL where it says, to loopback only: the
+// ports run.sh fixes are the real ones here.
+func fixedRoute(raw string) (string, string, error) {
 	if !strings.Contains(raw, "://") {
 		raw = "http://" + raw
 	}
-	req, err := http.NewRequest(c.method, raw, nil)
+	u, err := url.Parse(raw)
 	if err != nil {
-		return sessionRun{}, err
+		return "", "", err
 	}
-	if h := req.URL.Hostname(); h != "localhost" && h != "127.0.0.1" {
-		return sessionRun{}, fmt.Errorf("URL %s: only loopback", raw)
+	if h := u.Hostname(); h != "localhost" && h != "127.0.0.1" {
+		return "", "", fmt.Errorf("URL %s: only loopback", raw)
 	}
-	req.Host = req.URL.Host                      // what curl sends
-	req.URL.Host = "127.0.0.1:" + req.URL.Port() // localhost may resolve to ::1 first
-	req.Header.Set("User-Agent", "curl/8")
-	req.Header.Set("Accept", "*/*")
-	for _, h := range c.headers {
-		req.Header.Add(h[0], h[1])
-	}
-	start := time.Now()
-	resp, err := hc.Do(req)
-	if err != nil {
-		return sessionRun{}, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	return sessionRun{
-		req:        req,
-		res:        envoytest.Result{Status: resp.StatusCode, Header: resp.Header, Body: body, Elapsed: time.Since(start), Err: err},
-		statusLine: resp.Proto + " " + resp.Status,
-	}, err
+	authority := u.Host              // what curl sends
+	u.Host = "127.0.0.1:" + u.Port() // localhost may resolve to ::1 first
+	return u.String(), authority, nil
 }
 
 func httpGet(t *testing.T, url string) (int, string) {
