@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -12,11 +11,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"sigs.k8s.io/yaml"
-
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
 )
 
 // failurePolicies are the values of the Wasm filter's failure_policy that
@@ -95,20 +91,4 @@ func wasmFilterConfigs(v any) []map[string]any {
 		}
 	}
 	return out
-}
-
-// TestDemoEnvoyYAMLValidates runs the README's envoy.yaml (which no other
-// test boots) through `envoy --mode validate`: Envoy 1.40 accepts its
-// failure_policy and the rest of it.
-func TestDemoEnvoyYAMLValidates(t *testing.T) {
-	envoy := envoytest.EnvoyBin(t)
-	needFile(t, filepath.Join("..", "build", "plugin.wasm"), "make build")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, envoy, "--mode", "validate", "-c", "envoy.yaml", "--disable-hot-restart", "--log-level", "warn")
-	cmd.Dir = ".."
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "OK") {
-		t.Fatalf("envoy --mode validate -c envoy.yaml: %v\n%s", err, tail(string(out), 20))
-	}
 }

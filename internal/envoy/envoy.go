@@ -364,6 +364,33 @@ func Spawn(opts Options) (*Process, error) {
 	return p, nil
 }
 
+// Validate runs `envoy --mode validate -c path` through func-e, as Start
+// runs Envoy, and returns what Envoy printed. Validate mode loads every
+// filter, the plugin's Wasm VM included, and exits: err is nil only when
+// Envoy said the configuration is OK.
+func Validate(path string) (string, error) {
+	home := os.Getenv("FUNC_E_DATA_HOME")
+	version := cmp.Or(os.Getenv("ENVOY_VERSION"), DefaultVersion)
+	if _, err := os.Stat(BinaryIn(home, version)); home == "" || err != nil {
+		return "", fmt.Errorf("envoy: no Envoy %s in func-e's home %q (run `make setup`)", version, home)
+	}
+	state, err := os.MkdirTemp("", "envoy-validate-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(state)
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultStartTimeout)
+	defer cancel()
+	runErr := funce.Run(ctx, []string{"--mode", "validate", "-c", path, "--log-level", "warn"},
+		api.DataHome(home), api.EnvoyVersion(version), api.ConfigHome(state), api.StateHome(state), api.RuntimeDir(state),
+		api.Out(&out), api.EnvoyOut(&out), api.EnvoyErr(&out))
+	if !strings.Contains(out.String(), "' OK") {
+		return out.String(), fmt.Errorf("envoy: --mode validate -c %s: not OK (%v)", path, runErr)
+	}
+	return out.String(), nil
+}
+
 // DefaultBinary is BinaryIn($FUNC_E_DATA_HOME, $ENVOY_VERSION or DefaultVersion):
 // the Envoy that Start runs by default.
 func DefaultBinary() string {
