@@ -6,11 +6,15 @@
 #   make bench           full run, about 7 minutes; rewrites docs/benchmarks/
 #   make bench-smoke     a few seconds per configuration (CI), into build/bench-smoke/
 #   make bench-profile   host calls and guest allocations per request, in wazero
+#   make bench-perf      where Envoy's CPU goes by DSO (envoy, kernel, JIT = the
+#                        Wasm guest) for no filter, the plugin and the no-op
+#                        module, with perf; writes docs/benchmarks/perf.md
+#                        (says so and writes nothing where perf is missing)
 #
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `go run ./cmd/bench -h`).
 
-.PHONY: bench bench-smoke bench-profile
+.PHONY: bench bench-smoke bench-profile bench-perf
 
 BENCH_FLAGS ?=
 BENCH_BIN := $(BUILD)/bench
@@ -24,6 +28,10 @@ bench: build setup build-service $(BENCH_BIN)
 
 bench-smoke: build setup build-service $(BENCH_BIN)
 	$(BENCH_BIN) -smoke -out $(BUILD)/bench-smoke -limitd $(BUILD)/limitd $(BENCH_FLAGS)
+
+PERF_FLAGS ?= -perf 5s -only 1,3,9
+bench-perf: build setup $(BENCH_BIN)
+	$(BENCH_BIN) -out docs/benchmarks $(PERF_FLAGS)
 
 # Builds its own unstripped copy of the plugin (build/plugin-profile.wasm)
 # so that the guest's runtime.mallocgc can be found by name.

@@ -167,3 +167,37 @@ func TestParams(t *testing.T) {
 		t.Errorf("default selection has %d configurations, want 10", len(sel))
 	}
 }
+
+func TestParsePerfDSO(t *testing.T) {
+	report := []byte(`# To display the perf.data header info, please use --header/--header-only options.
+#
+# Samples: 9K of event 'cpu-clock:ppp'
+# Event count (approx.): 4500000000
+#
+# Overhead  Shared Object
+# ........  .................
+#
+    72.10%  envoy
+            |
+            ---0x55d1
+    14.60%  [kernel.kallsyms]
+    10.44%  [JIT] tid 1823
+     2.53%  libc.so.6
+`)
+	shares, samples, err := parsePerfDSO(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []perfShare{{"envoy", 72.10}, {"[kernel.kallsyms]", 14.60}, {"[JIT] tid 1823", 10.44}, {"libc.so.6", 2.53}}
+	if samples != 9000 || len(shares) != len(want) {
+		t.Fatalf("samples %d, shares %v", samples, shares)
+	}
+	for i := range want {
+		if shares[i] != want[i] {
+			t.Fatalf("share %d: %v, want %v", i, shares[i], want[i])
+		}
+	}
+	if _, _, err := parsePerfDSO([]byte("# nothing\n")); err == nil {
+		t.Fatal("a report without DSO lines was accepted")
+	}
+}

@@ -77,6 +77,7 @@ type params struct {
 	loadCPU      int
 	noPin        bool
 	startTimeout time.Duration
+	perf         time.Duration
 }
 
 func parseParams(args []string) (*params, error) {
@@ -103,6 +104,7 @@ func parseParams(args []string) (*params, error) {
 	fs.IntVar(&p.loadCPU, "load-cpu", 1, "CPU this process (generator, upstream) and limitd are pinned to")
 	fs.BoolVar(&p.noPin, "no-pin", false, "do not pin processes to CPUs")
 	fs.DurationVar(&p.startTimeout, "start-timeout", 3*time.Minute, "bound on each Envoy start")
+	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -130,6 +132,8 @@ func parseParams(args []string) (*params, error) {
 		return nil, fmt.Errorf("bench: -keys: want 1..100000, got %d", p.keys)
 	case p.load <= 0 || p.load > 1:
 		return nil, fmt.Errorf("bench: -load: want (0, 1], got %v", p.load)
+	case p.perf < 0 || p.perf > time.Minute:
+		return nil, fmt.Errorf("bench: -perf: want [0, 1m], got %v", p.perf)
 	}
 	for _, d := range []struct {
 		name string
@@ -212,6 +216,9 @@ func run(p *params) error {
 	}
 	if err := b.startAll(sel); err != nil {
 		return err
+	}
+	if p.perf > 0 {
+		return b.perfRun()
 	}
 	if err := b.calibrate(); err != nil {
 		return err
