@@ -6,6 +6,10 @@
 #   make bench           full run, about 7 minutes; rewrites docs/benchmarks/
 #   make bench-smoke     a few seconds per configuration (CI), into build/bench-smoke/
 #   make bench-profile   host calls and guest allocations per request, in wazero
+#   make bench-attrib    a cost per host operation: the Go floor and the same
+#                        module making 100 of one operation per request
+#                        (internal/footprint/ops), with no filter and the no-op
+#                        module; writes docs/benchmarks/attribution.md
 #   make bench-perf      where Envoy's CPU goes by DSO (envoy, kernel, JIT = the
 #                        Wasm guest) for no filter, the plugin and the no-op
 #                        module, with perf; writes docs/benchmarks/perf.md
@@ -14,7 +18,7 @@
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `go run ./cmd/bench -h`).
 
-.PHONY: bench bench-smoke bench-profile bench-perf
+.PHONY: bench bench-smoke bench-profile bench-perf bench-attrib
 
 BENCH_FLAGS ?=
 BENCH_BIN := $(BUILD)/bench
@@ -28,6 +32,13 @@ bench: build setup build-service $(BENCH_BIN)
 
 bench-smoke: build setup build-service $(BENCH_BIN)
 	$(BENCH_BIN) -smoke -out $(BUILD)/bench-smoke -limitd $(BUILD)/limitd $(BENCH_FLAGS)
+
+$(BUILD)/bench-ops.wasm: $(BUILD)/sdk.stamp internal/footprint/ops/*.go
+	$(call build_wasm,./internal/footprint/ops)
+
+ATTRIB_FLAGS ?=
+bench-attrib: build setup $(BENCH_BIN) $(BUILD)/bench-ops.wasm
+	$(BENCH_BIN) -attrib -ops-wasm $(BUILD)/bench-ops.wasm -out docs/benchmarks $(ATTRIB_FLAGS)
 
 PERF_FLAGS ?= -perf 5s -only 1,3,9
 bench-perf: build setup $(BENCH_BIN)

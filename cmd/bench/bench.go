@@ -255,11 +255,13 @@ func (b *bench) startEnvoy(t *target, l limit) error {
 	t.limit = l
 	opts := t.s.options(b.up.Port(), b.svcPort, b.p.keys, l)
 	opts.StartTimeout = b.p.startTimeout
-	switch t.s.Name {
-	case "null-wasm":
+	switch {
+	case t.s.Name == "null-wasm":
 		opts.PluginWasm = b.nullWasm
-	case "null-wasm-calls":
+	case t.s.Name == "null-wasm-calls":
 		opts.PluginWasm = b.nullCalls
+	case t.s.isOps():
+		opts.PluginWasm = absPath(b.p.opsWasm)
 	}
 	t0 := time.Now()
 	e, err := envoy.Start(opts)

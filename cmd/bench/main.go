@@ -78,6 +78,8 @@ type params struct {
 	noPin        bool
 	startTimeout time.Duration
 	perf         time.Duration
+	attrib       bool
+	opsWasm      string
 }
 
 func parseParams(args []string) (*params, error) {
@@ -104,6 +106,8 @@ func parseParams(args []string) (*params, error) {
 	fs.IntVar(&p.loadCPU, "load-cpu", 1, "CPU this process (generator, upstream) and limitd are pinned to")
 	fs.BoolVar(&p.noPin, "no-pin", false, "do not pin processes to CPUs")
 	fs.DurationVar(&p.startTimeout, "start-timeout", 3*time.Minute, "bound on each Envoy start")
+	fs.BoolVar(&p.attrib, "attrib", false, "instead of the rounds: the attribution configurations (the Go floor and one host operation each, with (1) and (9)), saturation runs only, into attribution.md (make bench-attrib)")
+	fs.StringVar(&p.opsWasm, "ops-wasm", "build/bench-ops.wasm", "the attribution module (internal/footprint/ops), for -attrib")
 	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -148,6 +152,10 @@ func parseParams(args []string) (*params, error) {
 
 // selected returns the configurations -only names, in order.
 func (p *params) selected() ([]setup, error) {
+	if p.attrib {
+		out := []setup{setups[0], setups[8]} // (1) no filter, (9) the no-op module
+		return append(out, attribSetups...), nil
+	}
 	if p.only == "" {
 		var out []setup
 		for _, s := range setups {
@@ -219,6 +227,9 @@ func run(p *params) error {
 	}
 	if p.perf > 0 {
 		return b.perfRun()
+	}
+	if p.attrib {
+		return b.attribRun()
 	}
 	if err := b.calibrate(); err != nil {
 		return err
