@@ -303,7 +303,7 @@ func (r *report) markdown() string {
 	for _, g := range in.Gaps {
 		w("\n**Gap:** %s\n", g)
 	}
-	w("\n## Against the targets of issue 7\n\n")
+	w("\n## Against the targets (issues 11 and 7)\n\n")
 	for _, t := range r.targets() {
 		w("- %s\n", t)
 	}
