@@ -86,3 +86,40 @@ func TestWasmShadowAnswerAfterTheRequest(t *testing.T) {
 		t.Fatalf("shadow_rejected = %d, want 1: the answer was dropped", v)
 	}
 }
+
+// TestWasmLateAnswerToAnEndedRequest: a request paused on its callout ends
+// (the client goes away); its HTTP context is reused by the next request;
+// the first callout's answer then arrives. It must not touch the new
+// request, which waits for its own answer.
+func TestWasmLateAnswerToAnEndedRequest(t *testing.T) {
+	h := newHost(t)
+	vm := newVM(t, h, wasmCluster)
+	a := send(t, vm, "k", "a")
+	if !a.Paused || len(a.Callouts) != 1 {
+		t.Fatalf("first request: %+v, want paused on a callout", a)
+	}
+	if _, err := vm.ResetStream(a.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	b := send(t, vm, "k", "b")
+	if !b.Paused || len(b.Callouts) != 1 {
+		t.Fatalf("second request: %+v, want paused on its own callout", b)
+	}
+	late, err := vm.AnswerCallout(a.Callouts[0].ID, wasmhost.Headers{{":status", "200"}},
+		[]byte(`{"allowed":false,"buckets":[{"allowed":false,"remaining":0,"retry_after_ms":900,"reset_ms":1800}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late.LocalReply != nil {
+		t.Fatalf("the late answer sent a reply: %+v", late.LocalReply)
+	}
+	r, err := vm.AnswerCallout(b.Callouts[0].ID, wasmhost.Headers{{":status", "200"}},
+		[]byte(`{"allowed":true,"buckets":[{"allowed":true,"remaining":1,"retry_after_ms":0,"reset_ms":900}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Paused || r.Status != 200 || r.Headers.Get("ratelimit") != `"fleet";r=1;t=1` {
+		t.Fatalf("second request after its answer: %d paused %v ratelimit %q, want 200 with its own bucket's headers",
+			r.Status, r.Paused, r.Headers.Get("ratelimit"))
+	}
+}
