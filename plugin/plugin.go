@@ -16,6 +16,12 @@
 // fail OnPluginStart after a critical log (Envoy refuses the plugin); errors
 // on a request fail open and are counted per rule in /stats; every log line
 // a request can trigger is rate-limited (at most one a second per kind).
+//
+// Cost: an allowed request makes 10 host calls (one header read, one
+// shared-data read and one write, one counter, one clock read, five response
+// headers) and no allocation of its own: HTTP contexts are reused
+// (OnHttpStreamDone) and the Go collector runs on the plugin's 1 s tick, not
+// inside requests, unless GOGC is set for the VM.
 package plugin
 
 import (
