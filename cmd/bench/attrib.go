@@ -4,8 +4,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 )
 
@@ -59,13 +57,7 @@ func (b *bench) attribRun() error {
 	p := b.p
 	cpu := map[int][]float64{}
 	for r := range p.rounds {
-		order := append([]*target(nil), b.targets...)
-		if r%2 == 1 {
-			for i, j := 0, len(order)-1; i < j; i, j = i+1, j-1 {
-				order[i], order[j] = order[j], order[i]
-			}
-		}
-		for _, t := range order {
+		for _, t := range b.roundOrder(r) {
 			s, err := saturate(b.addr(t), b.probe(t), b.reqs, p.conns, p.warmup, p.satWindow)
 			if err != nil {
 				return fmt.Errorf("bench: round %d, (%d) %s: %w", r+1, t.s.ID, t.s.Label, err)
@@ -116,13 +108,5 @@ func (b *bench) attribRun() error {
 		d, n := m.Median-floor.Median, attribN[s.ID]
 		fmt.Fprintf(&md, "| (%d) %d × %s | %s | %+.1f over (11) | **%.2f µs** |\n", s.ID, n, s.Label, f(m, 1), d, d/float64(n))
 	}
-	if err := os.MkdirAll(p.out, 0o755); err != nil {
-		return err
-	}
-	path := filepath.Join(p.out, "attribution.md")
-	if err := os.WriteFile(path, []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	fmt.Printf("%s\nwrote %s\n", md.String(), path)
-	return nil
+	return b.writeDoc("attribution.md", md.String())
 }

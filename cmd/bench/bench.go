@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -538,19 +539,36 @@ func (b *bench) perKey(total float64) limit {
 	return limit{Rate: r, Burst: r}
 }
 
+// roundOrder is the order of the targets in round r: as started in even
+// rounds, reversed in odd ones, so that drift cancels.
+func (b *bench) roundOrder(r int) []*target {
+	order := slices.Clone(b.targets)
+	if r%2 == 1 {
+		slices.Reverse(order)
+	}
+	return order
+}
+
+// writeDoc writes a generated markdown page into -out and prints it.
+func (b *bench) writeDoc(name, text string) error {
+	if err := os.MkdirAll(b.p.out, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(b.p.out, name)
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("%s\nwrote %s\n", text, path)
+	return nil
+}
+
 // rounds runs every configuration once per round, alternating the order.
 func (b *bench) rounds() error {
 	p := b.p
 	per := p.warmup*2 + p.satWindow + p.latWindow
 	b.logf("%d rounds × %d configurations × %.0fs; latency runs at %.0f req/s", p.rounds, len(b.targets), per.Seconds(), b.rate)
 	for r := range p.rounds {
-		order := append([]*target(nil), b.targets...)
-		if r%2 == 1 {
-			for i, j := 0, len(order)-1; i < j; i, j = i+1, j-1 {
-				order[i], order[j] = order[j], order[i]
-			}
-		}
-		for _, t := range order {
+		for _, t := range b.roundOrder(r) {
 			if err := b.measure(t); err != nil {
 				return fmt.Errorf("bench: round %d, (%d) %s: %w", r+1, t.s.ID, t.s.Label, err)
 			}

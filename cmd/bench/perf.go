@@ -101,15 +101,7 @@ func (b *bench) perfRun() error {
 		fmt.Fprintf(&md, "| (%d) %s | %d | %.1f | %s | %s | %s | %s | %s |\n", t.s.ID, t.s.Label, samples, sat.CPUPerReqUS,
 			cell("envoy"), cell("kernel"), cell("jit"), cell("libc"), cell("other"))
 	}
-	if err := os.MkdirAll(p.out, 0o755); err != nil {
-		return err
-	}
-	path := filepath.Join(p.out, "perf.md")
-	if err := os.WriteFile(path, []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	fmt.Printf("%s\nwrote %s\n", md.String(), path)
-	return nil
+	return b.writeDoc("perf.md", md.String())
 }
 
 // perfDSOs reads a perf.data file's samples by DSO, largest first.
