@@ -20,6 +20,10 @@
 //   - A rejected Take returns its input state unchanged, so a caller has
 //     nothing to write.
 //   - A cost greater than Burst is always rejected.
+//   - Charge (a cost known only after admission) may take the bucket into
+//     debt, never below −Burst; admissions then wait the debt out. With
+//     charges, the bound above gains one overshoot of at most Burst (see
+//     Charge).
 //   - When the clock goes backwards, elapsed time counts as zero and State.At
 //     never moves back, so a clock that jumps back and forth earns no extra
 //     tokens (the bucket refills again once the clock passes State.At).
@@ -40,7 +44,7 @@
 // missing entry in storage needs no initialisation (any At <= 0 reads as full). Times at or below 0 are
 // treated as 1 ns after the epoch, so Take never produces a state with At == 0.
 // A Limit needs a finite Rate > 0 and Burst > 0; with other values the
-// functions do not panic and never produce NaN or negative tokens, but admit
+// functions do not panic and never produce NaN or a debt (negative tokens), but admit
 // nothing of positive cost (Burst not finite and positive) or never refill
 // (Rate not finite and positive).
 //
@@ -56,7 +60,8 @@
 // State.AppendBinary writes EncodedLen (16) bytes, little-endian: the IEEE 754
 // bits of Tokens as a uint64, then At as an int64. DecodeState reads them back
 // and rejects what no valid state encodes to: a wrong length, NaN, infinite or
-// negative tokens, a negative At, or tokens with At == 0. Sixteen zero bytes
+// tokens below −MaxDebt, a negative At, or tokens with At == 0. Negative
+// tokens are a debt left by Charge. Sixteen zero bytes
 // encode the zero State. The tokens are stored rather than derived from a timestamp
 // alone, so a bucket keeps its tokens (clamped to the new burst) when a rule's
 // rate or burst changes.
@@ -143,12 +148,14 @@ func clock(now int64) int64 {
 	return now
 }
 
-// level clamps stored tokens into [0, capacity]; NaN counts as 0.
+// level clamps stored tokens into [−capacity, capacity] (negative tokens
+// are a debt left by Charge); NaN counts as 0.
 func (l Limit) level(tokens float64) float64 {
-	if !(tokens > 0) {
+	if tokens != tokens {
 		return 0
 	}
-	return min(tokens, l.capacity())
+	c := l.capacity()
+	return max(min(tokens, c), -c)
 }
 
 // fullIn is the nanoseconds of refill that take tokens (already clamped) to
@@ -187,7 +194,7 @@ func wait(in, gap int64) time.Duration {
 }
 
 // Tokens returns the tokens in the bucket at time now: s refilled since s.At
-// and clamped to Burst. If now is before s.At (the clock went backwards),
+// and clamped to Burst; negative while the bucket is in debt (see Charge). If now is before s.At (the clock went backwards),
 // no time has elapsed.
 func (l Limit) Tokens(s State, now int64) float64 {
 	return l.tokensAt(s, clock(now))
@@ -268,6 +275,32 @@ func (l Limit) Refund(s State, now int64, cost float64) State {
 	}
 	now = clock(now)
 	tokens := min(l.tokensAt(s, now)+cost, l.capacity())
+	return State{Tokens: tokens, At: max(now, s.At)}
+}
+
+// Charge adjusts the bucket at time now by amount once a request's real
+// cost is known (it reserved an estimate with Take): a positive amount takes
+// more tokens, a negative one gives tokens back (clamped to Burst). Unlike
+// Take it cannot refuse: the bucket goes into debt, down to −Burst at most,
+// and later requests wait until the refill has paid it back (their
+// RetryAfter says how long). Whatever a charge would take below −Burst is
+// forgiven.
+//
+// The overshoot: over any interval [t0, t1] of the bucket's time, the total
+// taken (admitted costs plus charges, less refunds) is at most
+// Burst + Rate × (t1 − t0) + Burst: the bucket starts the interval with at
+// most Burst and ends it with at least −Burst. Since no request is
+// admitted while the bucket holds less than its cost, the debt comes from
+// requests admitted before it arose, and however many of them charge, the
+// overshoot never exceeds Burst. A NaN amount, or an amount of 0, changes
+// nothing; a refund to the unused zero State, already full, changes nothing.
+func (l Limit) Charge(s State, now int64, amount float64) State {
+	if !(amount > 0 || amount < 0) || (amount < 0 && s.At <= 0) {
+		return s
+	}
+	now = clock(now)
+	c := l.capacity()
+	tokens := max(min(l.tokensAt(s, now)-amount, c), -c)
 	return State{Tokens: tokens, At: max(now, s.At)}
 }
 

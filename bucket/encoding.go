@@ -19,10 +19,16 @@ func (s State) AppendBinary(b []byte) []byte {
 	return binary.LittleEndian.AppendUint64(b, uint64(s.At))
 }
 
+// MaxDebt bounds the debt (negative tokens, see Limit.Charge) a decoded
+// State may hold: the largest burst any configuration allows. A limit
+// clamps any debt to its own −Burst.
+const MaxDebt = 1e12
+
 // DecodeState decodes a State written by AppendBinary. It rejects input of the
-// wrong length, tokens that are NaN, infinite or negative, a negative time, and
-// non-zero tokens with a zero time (the zero time marks the unused bucket).
-// Tokens above a limit's burst are accepted: the limit clamps them.
+// wrong length, tokens that are NaN, infinite or below −MaxDebt, a negative
+// time, and non-zero tokens with a zero time (the zero time marks the unused
+// bucket). Tokens above a limit's burst, or below −burst, are accepted: the
+// limit clamps them.
 func DecodeState(b []byte) (State, error) {
 	if len(b) != EncodedLen {
 		return State{}, errors.New("bucket: state: must be " + strconv.Itoa(EncodedLen) + " bytes, got " + strconv.Itoa(len(b)))
@@ -32,8 +38,8 @@ func DecodeState(b []byte) (State, error) {
 		At:     int64(binary.LittleEndian.Uint64(b[8:])),
 	}
 	switch {
-	case math.IsNaN(s.Tokens) || math.IsInf(s.Tokens, 0) || s.Tokens < 0:
-		return State{}, errors.New("bucket: state tokens: must be a finite number >= 0, got " + strconv.FormatFloat(s.Tokens, 'g', -1, 64))
+	case math.IsNaN(s.Tokens) || math.IsInf(s.Tokens, 0) || s.Tokens < -MaxDebt:
+		return State{}, errors.New("bucket: state tokens: must be a finite number >= -1e12 (the largest debt), got " + strconv.FormatFloat(s.Tokens, 'g', -1, 64))
 	case s.At < 0:
 		return State{}, errors.New("bucket: state at: must be >= 0, got " + strconv.FormatInt(s.At, 10))
 	case s.At == 0 && s.Tokens != 0:

@@ -21,6 +21,8 @@ func TestEncodingRoundTrip(t *testing.T) {
 		{Tokens: 49.5, At: t0},
 		{Tokens: math.SmallestNonzeroFloat64, At: math.MaxInt64},
 		{Tokens: math.MaxFloat64, At: 1},
+		{Tokens: -70, At: t0},         // a debt left by Charge
+		{Tokens: -MaxDebt, At: t0},    // the largest debt
 	}
 	for _, s := range tests {
 		b := s.AppendBinary([]byte("prefix"))
@@ -50,9 +52,9 @@ func TestDecodeStateErrors(t *testing.T) {
 		{"empty", nil, "bucket: state: must be 16 bytes, got 0"},
 		{"short", make([]byte, 15), "bucket: state: must be 16 bytes, got 15"},
 		{"long", make([]byte, 17), "bucket: state: must be 16 bytes, got 17"},
-		{"NaN tokens", raw(math.Float64bits(math.NaN()), 1), "bucket: state tokens: must be a finite number >= 0, got NaN"},
-		{"infinite tokens", raw(math.Float64bits(math.Inf(1)), 1), "bucket: state tokens: must be a finite number >= 0, got +Inf"},
-		{"negative tokens", raw(math.Float64bits(-1), 1), "bucket: state tokens: must be a finite number >= 0, got -1"},
+		{"NaN tokens", raw(math.Float64bits(math.NaN()), 1), "bucket: state tokens: must be a finite number >= -1e12 (the largest debt), got NaN"},
+		{"infinite tokens", raw(math.Float64bits(math.Inf(1)), 1), "bucket: state tokens: must be a finite number >= -1e12 (the largest debt), got +Inf"},
+		{"debt beyond any burst", raw(math.Float64bits(-2e12), 1), "bucket: state tokens: must be a finite number >= -1e12 (the largest debt), got -2e+12"},
 		{"negative at", raw(0, uint64(1)<<63), "bucket: state at: must be >= 0, got -9223372036854775808"},
 		{"tokens without at", raw(math.Float64bits(3), 0), "bucket: state tokens: must be 0 when at is 0 (the unused bucket), got 3"},
 	}
@@ -126,8 +128,20 @@ func FuzzTake(f *testing.F) {
 		if d.Remaining < 0 || d.ResetAfter < 0 {
 			t.Fatalf("%+v.Take(%+v, %d, %v) = %+v: negative counts", lim, s, now, cost, d)
 		}
-		if got := lim.Refund(s, now, cost); !same(got, s) && !(got.Tokens >= 0 && got.At >= 1) {
+		if got := lim.Refund(s, now, cost); !same(got, s) && !(got.Tokens >= -lim.capacity() && got.At >= 1) {
 			t.Fatalf("%+v.Refund(%+v, %d, %v) = %+v, an invalid state", lim, s, now, cost, got)
+		}
+		for _, amount := range []float64{cost, -cost} {
+			got := lim.Charge(s, now, amount)
+			if same(got, s) {
+				continue
+			}
+			if !(got.Tokens >= -lim.capacity() && got.Tokens <= lim.capacity()) || got.At < 1 {
+				t.Fatalf("%+v.Charge(%+v, %d, %v) = %+v, outside [-burst, burst]", lim, s, now, amount, got)
+			}
+			if _, err := DecodeState(got.AppendBinary(nil)); err != nil && lim.capacity() <= MaxDebt {
+				t.Fatalf("%+v.Charge(%+v, %d, %v) = %+v, which does not decode: %v", lim, s, now, amount, got, err)
+			}
 		}
 		_ = lim.FullAt(s)
 	})

@@ -205,6 +205,66 @@ func (t *Table) refund(refs []slotRef, reqs []Request, now int64) int {
 	return n
 }
 
+// Charge applies each request's Cost to its bucket as a signed adjustment
+// (bucket.Limit.Charge): a positive cost takes more tokens, into debt down
+// to −Burst; a negative one gives tokens back. It is for costs known only
+// after the request was admitted (the response). A charge cannot be
+// refused, so each bucket is written on its own, in a CAS loop of at most
+// MaxAttempts. A debit of a bucket the table no longer holds (full and
+// reclaimed, or evicted) starts it from full; a refund of one is dropped
+// (a missing bucket is already full). It returns how many buckets it wrote
+// and the first error; a bucket whose write failed keeps its state (for a
+// refund, under-admission; for a debit, the charge is lost, counted by the
+// caller).
+func (t *Table) Charge(now int64, reqs []Request) (charged int, o Outcome, err error) {
+	if cap(t.slots) < 1 {
+		t.slots = make([]slotRef, 1)
+	}
+	ref := &t.slots[0]
+	for i := range reqs {
+		req := &reqs[i]
+		if !(req.Cost > 0 || req.Cost < 0) {
+			continue
+		}
+		for attempt := 1; ; attempt++ {
+			if e := t.load(ref, req.ID, now); e != nil {
+				err = firstErr(err, e)
+				break
+			}
+			if !ref.found && req.Cost < 0 {
+				break // nothing to give back
+			}
+			s := req.Limit.Charge(ref.before, now, req.Cost)
+			e := t.write(ref, s, req.Limit.FullAt(s))
+			if e == nil {
+				charged++
+				if ref.evicted {
+					o.Evictions++
+				}
+				break
+			}
+			if !errors.Is(e, ErrCASMismatch) {
+				err = firstErr(err, e)
+				break
+			}
+			o.Retries++
+			if attempt == MaxAttempts {
+				err = firstErr(err, ErrContention)
+				break
+			}
+		}
+	}
+	return charged, o, err
+}
+
+// firstErr returns the first non-nil error.
+func firstErr(first, next error) error {
+	if first != nil {
+		return first
+	}
+	return next
+}
+
 // groupKey returns the shared-data key of group g. The string aliases t.key
 // and is valid until the next call: hosts copy keys.
 func (t *Table) groupKey(g uint64) string {
