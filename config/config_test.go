@@ -7,6 +7,7 @@ import (
 	"math"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -54,6 +55,8 @@ const (
 	gapUnique    = "uniqueness of a field across array items is not expressible"
 	gapRegex     = "the schema does not assert format regex (and RE2 is not ECMA 262)"
 	gapCount     = "counting items across rules is not expressible"
+	gapClass     = "a status inside a class listed elsewhere in the array is not expressible"
+	gapLength    = "the length of a part of a string is not expressible"
 )
 
 const svc = `"service":{"cluster":"c"}`
@@ -73,6 +76,29 @@ var badCases = []badCase{
 	{name: "too many regexes", in: doc("", manyRules(9, `"match":{"header:x":{"regex":"a"}},`)...), want: `config: rules[8].match["header:x"].regex: at most 8 regex conditions in a configuration (each costs a request up to 16384 steps)`, gap: gapCount},
 	{name: "fixed_cost below MinCost", in: doc("", alg(`"tokens_per_second":1,"burst":1,"fixed_cost":1e-300`)), want: `config: rules[0].algorithm_config.fixed_cost: must be at least 0.001 (MinCost), got 1e-300`},
 	{name: "default_cost below MinCost", in: doc("", alg(`"tokens_per_second":1,"burst":1,"default_cost":0.0005`)), want: `config: rules[0].algorithm_config.default_cost: must be at least 0.001 (MinCost), got 0.0005`},
+	// Costs known from the response, and charge_on.
+	{name: "cost_source unknown kind", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"body:x"`)), want: `config: rules[0].algorithm_config.cost_source: must be "fixed", header:<name>, query:<name>, response_header:<name> or response_json:<path>, got "body:x"`},
+	{name: "response_header without a name", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_header:"`)), want: `config: rules[0].algorithm_config.cost_source: source "response_header:": header name must be a non-empty HTTP token (letters, digits and !#$%&'*+-.^_` + "`" + `|~)`},
+	{name: "response_header pseudo-header", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_header::status"`)), want: `config: rules[0].algorithm_config.cost_source: source "response_header::status": pseudo-headers are not allowed (use path, method or authority)`},
+	{name: "response_json empty path", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:"`)), want: `config: rules[0].algorithm_config.cost_source: source "response_json:": path must be 1 to 256 bytes`},
+	{name: "response_json empty name", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:usage..total"`)), want: `config: rules[0].algorithm_config.cost_source: source "response_json:usage..total": path must be dot-separated names of A-Z a-z 0-9 _ - (no empty name)`},
+	{name: "response_json wildcard", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:usage.*"`)), want: `config: rules[0].algorithm_config.cost_source: source "response_json:usage.*": path must be dot-separated names of A-Z a-z 0-9 _ - (no wildcards, queries, modifiers or escapes), got "*"`},
+	{name: "response_json modifier", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:@reverse"`)), want: `config: rules[0].algorithm_config.cost_source: source "response_json:@reverse": path must be dot-separated names of A-Z a-z 0-9 _ - (no wildcards, queries, modifiers or escapes), got "@"`},
+	{name: "response_json path too long", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:`+strings.Repeat("a", 257)+`"`)), want: `config: rules[0].algorithm_config.cost_source: source "response_json:` + strings.Repeat("a", 257) + `": path must be 1 to 256 bytes`, gap: gapLength},
+	{name: "max_body_bytes without response_json", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_header:x-usage","max_body_bytes":10`)), want: `config: rules[0].algorithm_config.max_body_bytes: only with cost_source response_json:<path> (the only cost read from a body)`},
+	{name: "max_body_bytes zero", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:u","max_body_bytes":0`)), want: `config: rules[0].algorithm_config.max_body_bytes: must be between 1 and 16777216, got 0`},
+	{name: "max_body_bytes too large", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:u","max_body_bytes":16777217`)), want: `config: rules[0].algorithm_config.max_body_bytes: must be between 1 and 16777216, got 16777217`},
+	{name: "max_body_bytes fraction", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:u","max_body_bytes":1.5`)), want: `config: rules[0].algorithm_config.max_body_bytes: must be an integer, got 1.5`},
+	{name: "charge_on not an array", in: doc("", rule(`"charge_on":"2xx"`)), want: `config: rules[0].charge_on: must be an array, got string`},
+	{name: "charge_on empty", in: doc("", rule(`"charge_on":[]`)), want: `config: rules[0].charge_on: must hold at least one status (absent: every response is charged)`},
+	{name: "charge_on number", in: doc("", rule(`"charge_on":[401]`)), want: `config: rules[0].charge_on[0]: must be a string, got number`},
+	{name: "charge_on unknown class", in: doc("", rule(`"charge_on":["2xx","6xx"]`)), want: `config: rules[0].charge_on[1]: must be a status class "1xx" to "5xx" or a status "100" to "599", got "6xx"`},
+	{name: "charge_on upper-case class", in: doc("", rule(`"charge_on":["2XX"]`)), want: `config: rules[0].charge_on[0]: must be a status class "1xx" to "5xx" or a status "100" to "599", got "2XX"`},
+	{name: "charge_on status out of range", in: doc("", rule(`"charge_on":["099"]`)), want: `config: rules[0].charge_on[0]: must be a status class "1xx" to "5xx" or a status "100" to "599", got "099"`},
+	{name: "charge_on repeated", in: doc("", rule(`"charge_on":["401","429","401"]`)), want: `config: rules[0].charge_on[2]: "401" repeats rules[0].charge_on[0]`},
+	{name: "charge_on status inside a listed class", in: doc("", rule(`"charge_on":["401","4xx"]`)), want: `config: rules[0].charge_on[0]: "401" is already in "4xx"`, gap: gapClass},
+	{name: "charge_on on an allow rule", in: doc("", `{"name":"a","action":"allow","charge_on":["2xx"]}`), want: `config: rules[0].charge_on: not allowed with action "allow" (an allow rule takes only name, action, group and match)`},
+
 	// Cluster rules: what the limit service accepts, one service for all.
 	{name: "cluster burst above the service's bound", in: doc(svc, `{"name":"r","scope":"cluster","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1e6,"burst":1e12}}`), want: `config: rules[0].algorithm_config.burst: must be at most 1000000000 for a cluster rule (the limit service's bound), got 1000000000000`, gap: gapRelation},
 	{name: "cluster refill above the service's bound", in: doc(svc, `{"name":"r","scope":"cluster","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":0.001,"burst":31536}}`), want: `config: rules[0].algorithm_config.burst: burst / tokens_per_second is 31536000 seconds to refill, more than the limit service accepts for a cluster rule (604800 seconds)`, gap: gapRelation},
@@ -181,8 +207,8 @@ var badCases = []badCase{
 	{name: "burst below rps", in: doc("", alg(`"rps":2.5,"burst":2`)), want: `config: rules[0].algorithm_config.burst: must be >= rps (2.5), got 2`, gap: gapRelation},
 	{name: "burst too high", in: doc("", alg(`"tokens_per_second":1e9,"burst":1e13`)), want: `config: rules[0].algorithm_config.burst: must be at most 1000000000000, got 1e13`},
 	{name: "refill longer than a year", in: doc("", alg(`"tokens_per_second":0.000001,"burst":100`)), want: `config: rules[0].algorithm_config.burst: burst / tokens_per_second is 100000000 seconds to refill, more than one year (31536000)`, gap: gapRelation},
-	{name: "cost_source jwt", in: doc("", alg(`"tokens_per_second":1,"burst":1,"cost_source":"jwt:cost"`)), want: `config: rules[0].algorithm_config.cost_source: must be "fixed", header:<name> or query:<name>, got "jwt:cost"`},
-	{name: "cost_source unknown", in: doc("", alg(`"tokens_per_second":1,"burst":1,"cost_source":"constant"`)), want: `config: rules[0].algorithm_config.cost_source: must be "fixed", header:<name> or query:<name>, got "constant"`},
+	{name: "cost_source jwt", in: doc("", alg(`"tokens_per_second":1,"burst":1,"cost_source":"jwt:cost"`)), want: `config: rules[0].algorithm_config.cost_source: must be "fixed", header:<name>, query:<name>, response_header:<name> or response_json:<path>, got "jwt:cost"`},
+	{name: "cost_source unknown", in: doc("", alg(`"tokens_per_second":1,"burst":1,"cost_source":"constant"`)), want: `config: rules[0].algorithm_config.cost_source: must be "fixed", header:<name>, query:<name>, response_header:<name> or response_json:<path>, got "constant"`},
 	{name: "cost_source empty header", in: doc("", alg(`"tokens_per_second":1,"burst":1,"cost_source":"header:"`)), want: "config: rules[0].algorithm_config.cost_source: source \"header:\": header name must be a non-empty HTTP token (letters, digits and !#$%&'*+-.^_`|~)"},
 	{name: "cost_source number", in: doc("", alg(`"tokens_per_second":1,"burst":1,"cost_source":1`)), want: `config: rules[0].algorithm_config.cost_source: must be a string, got number`},
 	{name: "fixed_cost zero", in: doc("", alg(`"tokens_per_second":1,"burst":1,"fixed_cost":0`)), want: `config: rules[0].algorithm_config.fixed_cost: must be > 0, got 0`},
@@ -309,6 +335,48 @@ type goodCase struct {
 }
 
 var goodCases = []goodCase{
+	{
+		name: "cost from a response header, charged on 2xx and 401",
+		in: doc("", `{"name":"r","charge_on":["2xx","401"],"algorithm":"token_bucket",
+			"algorithm_config":{"tokens_per_second":10,"burst":50,"cost_source":"response_header:X-Usage","default_cost":5}}`),
+		want: wantConfig(func() Rule {
+			r := wantRule("r")
+			r.Cost = Cost{Source: Source{Kind: SourceResponseHeader, Name: "x-usage"}, Fixed: 1, Default: 5}
+			r.ChargeOn = StatusSet{Listed: true, Classes: 1 << 2, Codes: []int{401}}
+			return r
+		}()),
+		also: func(t *testing.T, c *Config) {
+			cs := c.Rules[0].ChargeOn
+			for status, want := range map[int]bool{200: true, 204: true, 299: true, 401: true, 400: false, 429: false, 500: false, 199: false, 0: false} {
+				if cs.Has(status) != want {
+					t.Errorf("Has(%d) = %v, want %v", status, !want, want)
+				}
+			}
+			if !(StatusSet{}).Has(503) {
+				t.Error("the zero StatusSet does not hold 503")
+			}
+		},
+	},
+	{
+		name: "cost from a JSON body, default max_body_bytes",
+		in:   doc("", alg(`"tokens_per_second":10,"burst":50,"cost_source":"response_json:usage.total_tokens"`)),
+		want: wantConfig(func() Rule {
+			r := wantRule("r")
+			r.Cost = Cost{Source: Source{Kind: SourceResponseJSON, Name: "usage.total_tokens"}, Fixed: 1, Default: 1, MaxBodyBytes: 1 << 20}
+			return r
+		}()),
+	},
+	{
+		name: "cost from a JSON body, every class, shadow and cluster",
+		in: doc(svc, `{"name":"r","mode":"shadow","scope":"cluster","charge_on":["1xx","2xx","3xx","4xx","5xx"],"algorithm":"token_bucket",
+			"algorithm_config":{"tokens_per_second":10,"burst":50,"cost_source":"response_json:choices.0.usage-x.n_1","max_body_bytes":1}}`),
+		also: func(t *testing.T, c *Config) {
+			r := c.Rules[0]
+			if r.Cost.MaxBodyBytes != 1 || r.Cost.Source.Name != "choices.0.usage-x.n_1" || r.ChargeOn.Classes != 0b111110 || !r.Cost.FromResponse() {
+				t.Errorf("rule = %+v", r)
+			}
+		},
+	},
 	{
 		name: "issue example",
 		in: `{"rules": [{"name": "per-key",
@@ -692,9 +760,25 @@ func checkValid(t *testing.T, c *Config) {
 			fail("rules[%d] %+v", i, r)
 		}
 		switch k.Source.Kind {
-		case SourceFixed, SourceHeader, SourceQuery:
+		case SourceFixed, SourceHeader, SourceQuery, SourceResponseHeader:
+			if k.MaxBodyBytes != 0 {
+				fail("rules[%d] max_body_bytes %d with cost source %v", i, k.MaxBodyBytes, k.Source)
+			}
+		case SourceResponseJSON:
+			if k.MaxBodyBytes < 1 || k.MaxBodyBytes > MaxMaxBodyBytes || checkJSONPath(k.Source.Name) != nil {
+				fail("rules[%d] cost %+v", i, k)
+			}
 		default:
 			fail("rules[%d] cost source %v", i, k.Source)
+		}
+		if cs := r.ChargeOn; cs.Listed && (cs.Classes == 0 && len(cs.Codes) == 0 || cs.Classes&^0b111110 != 0) ||
+			!cs.Listed && (cs.Classes != 0 || cs.Codes != nil) {
+			fail("rules[%d] charge_on %+v", i, cs)
+		}
+		for _, code := range r.ChargeOn.Codes {
+			if code < 100 || code > 599 || r.ChargeOn.Classes&(1<<(code/100)) != 0 {
+				fail("rules[%d] charge_on code %d", i, code)
+			}
 		}
 		if (r.Scope == ScopeCluster) != (r.Service != nil) {
 			fail("rules[%d] scope %v with service %v", i, r.Scope, r.Service)
@@ -703,6 +787,56 @@ func checkValid(t *testing.T, c *Config) {
 			checkService(r.Service)
 		}
 	}
+}
+
+func TestParseStatus(t *testing.T) {
+	for in, want := range map[string][2]int{"1xx": {1, 0}, "5xx": {5, 0}, "100": {0, 100}, "401": {0, 401}, "599": {0, 599}} {
+		class, code, err := parseStatus(in)
+		if err != nil || [2]int{class, code} != want {
+			t.Errorf("parseStatus(%q) = %d, %d, %v; want %v", in, class, code, err, want)
+		}
+	}
+	for _, in := range []string{"", "2", "20", "2000", "0xx", "6xx", "600", "099", "2Xx", " 200", "x00", "4x1", "+20"} {
+		if _, _, err := parseStatus(in); err == nil {
+			t.Errorf("parseStatus(%q) accepted", in)
+		}
+	}
+}
+
+// FuzzParseStatus: whatever parseStatus accepts is exactly a class 1..5
+// written "nxx" or a status 100..599 written in three digits, and the
+// StatusSet built from it holds what it should.
+func FuzzParseStatus(f *testing.F) {
+	for _, s := range []string{"2xx", "401", "599", "6xx", "099", "", "2XX", "40１"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		class, code, err := parseStatus(s)
+		if err != nil {
+			if !strings.Contains(err.Error(), strconvQuote(s)) {
+				t.Fatalf("parseStatus(%q): error %q does not quote the input", s, err)
+			}
+			return
+		}
+		switch {
+		case class > 0:
+			if class > 5 || code != 0 || s != string(rune('0'+class))+"xx" {
+				t.Fatalf("parseStatus(%q) = class %d, code %d", s, class, code)
+			}
+			set := StatusSet{Listed: true, Classes: 1 << class}
+			if !set.Has(class*100) || !set.Has(class*100+99) || set.Has(class*100+100) || set.Has(class*100-1) {
+				t.Fatalf("class %d: Has is wrong", class)
+			}
+		default:
+			if code < 100 || code > 599 || s != itoa(code) {
+				t.Fatalf("parseStatus(%q) = class %d, code %d", s, class, code)
+			}
+			set := StatusSet{Listed: true, Codes: []int{code}}
+			if !set.Has(code) || set.Has(code+1) {
+				t.Fatalf("code %d: Has is wrong", code)
+			}
+		}
+	})
 }
 
 func FuzzParse(f *testing.F) {
@@ -752,3 +886,7 @@ func BenchmarkParse(b *testing.B) {
 		}
 	}
 }
+
+func strconvQuote(s string) string { return strconv.Quote(s) }
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -65,7 +65,27 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 	b = appendFloat(b, r.Cost.Fixed)
 	b = append(b, `,"default_cost":`...)
 	b = appendFloat(b, r.Cost.Default)
-	b = append(b, `},"status":`...)
+	if r.Cost.MaxBodyBytes > 0 {
+		b = append(b, `,"max_body_bytes":`...)
+		b = strconv.AppendInt(b, int64(r.Cost.MaxBodyBytes), 10)
+	}
+	b = append(b, '}')
+	if r.ChargeOn.Listed {
+		b = append(b, `,"charge_on":[`...)
+		n := len(b)
+		for c := 1; c <= 5; c++ {
+			if r.ChargeOn.Classes&(1<<c) != 0 {
+				b = appendSep(b, n)
+				b = appendString(b, strconv.Itoa(c)+"xx")
+			}
+		}
+		for _, code := range r.ChargeOn.Codes {
+			b = appendSep(b, n)
+			b = appendString(b, strconv.Itoa(code))
+		}
+		b = append(b, ']')
+	}
+	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(r.Status), 10)
 	b = appendField(b, "body", r.Body)
 	if len(r.ResponseHeaders) > 0 {

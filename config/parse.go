@@ -46,6 +46,12 @@ const (
 	// cost, so default_cost applies, as for any malformed value.
 	MinCost = 0.001
 
+	// DefaultMaxBodyBytes is max_body_bytes's default (1 MiB), and
+	// MaxMaxBodyBytes its bound (16 MiB): the most of a response body a
+	// response_json cost keeps in the plugin's memory per response.
+	DefaultMaxBodyBytes = 1 << 20
+	MaxMaxBodyBytes     = 16 << 20
+
 	// MaxDepth bounds the nesting of the configuration document (a real
 	// one needs 6 levels); deeper documents are refused before any
 	// recursive parser sees them.
@@ -256,7 +262,7 @@ type defaults struct {
 }
 
 var ruleFields = []string{"name", "action", "mode", "group", "limit_keys", "match", "missing_key",
-	"algorithm", "algorithm_config", "status", "body", "response_headers", "scope", "service"}
+	"algorithm", "algorithm_config", "charge_on", "status", "body", "response_headers", "scope", "service"}
 
 // allowRuleFields are the only fields a rule with action "allow" may have.
 var allowRuleFields = []string{"name", "action", "group", "match"}
@@ -352,6 +358,11 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 	}
 	if r.Limit, r.Cost, err = parseAlgorithmConfig(path+".algorithm_config", cv); err != nil {
 		return r, err
+	}
+	if v, ok := o.get("charge_on"); ok {
+		if r.ChargeOn, err = parseChargeOn(path+".charge_on", v); err != nil {
+			return r, err
+		}
 	}
 	if r.Status, err = o.integer("status", DefaultStatus, 400, 599); err != nil {
 		return r, err
@@ -536,7 +547,7 @@ func regexInstructions(re string) (int, error) {
 func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 	var l Limit
 	c := Cost{Source: Source{Kind: SourceFixed}, Fixed: 1, Default: 1}
-	o, err := fields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost")
+	o, err := fields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost", "max_body_bytes")
 	if err != nil {
 		return l, c, err
 	}
@@ -592,7 +603,56 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 			return l, c, errorf(path+"."+f.name, "must be <= burst ("+fmtFloat(l.Burst)+"), got "+fmtFloat(*f.dst)+": such a request could never pass")
 		}
 	}
+	if _, ok := o.get("max_body_bytes"); ok && c.Source.Kind != SourceResponseJSON {
+		return l, c, errorf(path+".max_body_bytes", "only with cost_source response_json:<path> (the only cost read from a body)")
+	}
+	if c.Source.Kind == SourceResponseJSON {
+		if c.MaxBodyBytes, err = o.integer("max_body_bytes", DefaultMaxBodyBytes, 1, MaxMaxBodyBytes); err != nil {
+			return l, c, err
+		}
+	}
 	return l, c, nil
+}
+
+// parseChargeOn parses a rule's charge_on: a non-empty array of status
+// classes ("2xx") and exact statuses ("401"), none repeated or inside a
+// class also listed.
+func parseChargeOn(path string, v gjson.Result) (StatusSet, error) {
+	s := StatusSet{Listed: true}
+	if !v.IsArray() {
+		return s, typeError(path, "an array", v)
+	}
+	items := v.Array()
+	if len(items) == 0 {
+		return s, errorf(path, "must hold at least one status (absent: every response is charged)")
+	}
+	seen := make(map[string]int)
+	for i, e := range items {
+		p := path + "[" + strconv.Itoa(i) + "]"
+		st, err := str(p, e)
+		if err != nil {
+			return s, err
+		}
+		class, code, err := parseStatus(st)
+		if err != nil {
+			return s, &Error{Path: p, Err: err}
+		}
+		if j, dup := seen[st]; dup {
+			return s, errorf(p, strconv.Quote(st)+" repeats "+path+"["+strconv.Itoa(j)+"]")
+		}
+		seen[st] = i
+		if class > 0 {
+			s.Classes |= 1 << class
+		} else {
+			s.Codes = append(s.Codes, code)
+		}
+	}
+	for i, e := range items {
+		if _, code, _ := parseStatus(e.String()); code > 0 && s.Classes&(1<<(code/100)) != 0 {
+			return s, errorf(path+"["+strconv.Itoa(i)+"]", strconv.Quote(e.String())+" is already in "+strconv.Quote(strconv.Itoa(code/100)+"xx"))
+		}
+	}
+	return s, nil
 }
 
 // forbiddenResponseHeaders are headers a rule may not add to its rejection:

@@ -62,16 +62,67 @@ func parseSource(s string) (Source, error) {
 	return Source{}, errors.New("unknown source " + strconv.Quote(s) + " (want header:<name>, query:<name>, ip:address, path, method, authority, jwt:<claim> or cookie:<name>)")
 }
 
-// parseCostSource parses a cost_source: "fixed", header:<name> or
-// query:<name>.
+// parseCostSource parses a cost_source: "fixed", header:<name>,
+// query:<name>, response_header:<name> or response_json:<path>.
 func parseCostSource(s string) (Source, error) {
 	if s == "fixed" {
 		return Source{Kind: SourceFixed}, nil
 	}
-	if kind, _, _ := strings.Cut(s, ":"); kind != "header" && kind != "query" {
-		return Source{}, errors.New(`must be "fixed", header:<name> or query:<name>, got ` + strconv.Quote(s))
+	kind, name, _ := strings.Cut(s, ":")
+	switch kind {
+	case "header", "query":
+		return parseSource(s)
+	case "response_header":
+		if err := checkHeaderName(name); err != nil {
+			return Source{}, &wrapError{"source " + strconv.Quote(s) + ": ", err}
+		}
+		return Source{Kind: SourceResponseHeader, Name: strings.ToLower(name)}, nil
+	case "response_json":
+		if err := checkJSONPath(name); err != nil {
+			return Source{}, &wrapError{"source " + strconv.Quote(s) + ": ", err}
+		}
+		return Source{Kind: SourceResponseJSON, Name: name}, nil
 	}
-	return parseSource(s)
+	return Source{}, errors.New(`must be "fixed", header:<name>, query:<name>, response_header:<name> or response_json:<path>, got ` + strconv.Quote(s))
+}
+
+// MaxJSONPath bounds the length of a response_json path.
+const MaxJSONPath = 256
+
+// checkJSONPath accepts a plain gjson path: dot-separated object keys and
+// array indexes, each of A-Z a-z 0-9 _ -, at most MaxJSONPath bytes. No
+// wildcards, queries, modifiers or escapes: the path is looked up in
+// untrusted bodies on every response, and a plain path costs one pass.
+func checkJSONPath(p string) error {
+	if p == "" || len(p) > MaxJSONPath {
+		return errors.New("path must be 1 to " + strconv.Itoa(MaxJSONPath) + " bytes")
+	}
+	for _, seg := range strings.Split(p, ".") {
+		if seg == "" {
+			return errors.New("path must be dot-separated names of A-Z a-z 0-9 _ - (no empty name)")
+		}
+		for i := 0; i < len(seg); i++ {
+			c := seg[i]
+			if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+				return errors.New("path must be dot-separated names of A-Z a-z 0-9 _ - (no wildcards, queries, modifiers or escapes), got " + strconv.Quote(string(c)))
+			}
+		}
+	}
+	return nil
+}
+
+// parseStatus parses one entry of charge_on: a class "1xx" to "5xx"
+// (class 1 to 5, code 0) or an exact status "100" to "599" (class 0).
+func parseStatus(s string) (class, code int, err error) {
+	if len(s) == 3 && s[0] >= '1' && s[0] <= '5' {
+		switch {
+		case s[1] == 'x' && s[2] == 'x':
+			return int(s[0] - '0'), 0, nil
+		case s[1] >= '0' && s[1] <= '9' && s[2] >= '0' && s[2] <= '9':
+			return 0, int(s[0]-'0')*100 + int(s[1]-'0')*10 + int(s[2]-'0'), nil
+		}
+	}
+	return 0, 0, errors.New(`must be a status class "1xx" to "5xx" or a status "100" to "599", got ` + strconv.Quote(s))
 }
 
 // String returns the source as the configuration writes it, for example
@@ -96,6 +147,10 @@ func (s Source) String() string {
 		return "jwt:" + s.Name
 	case SourceCookie:
 		return "cookie:" + s.Name
+	case SourceResponseHeader:
+		return "response_header:" + s.Name
+	case SourceResponseJSON:
+		return "response_json:" + s.Name
 	}
 	return "SourceKind(" + strconv.Itoa(int(s.Kind)) + ")"
 }

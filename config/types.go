@@ -41,6 +41,10 @@ type Rule struct {
 	MissingKey MissingKey
 	Limit      Limit
 	Cost       Cost
+	// ChargeOn is the response statuses whose requests keep their cost;
+	// the others are refunded. The zero value (charge_on absent) holds
+	// every status.
+	ChargeOn StatusSet
 	// Response to a rejection.
 	Status          int
 	Body            string       // empty: the default JSON body
@@ -58,9 +62,49 @@ type Limit struct {
 
 // Cost says how many tokens a request takes.
 type Cost struct {
-	Source  Source // Kind SourceFixed, SourceHeader or SourceQuery
+	// Source is SourceFixed, SourceHeader or SourceQuery (the cost is known
+	// at request time), or SourceResponseHeader or SourceResponseJSON (it is
+	// known from the response: the request reserves Default, and the
+	// bucket is charged the difference when the cost is known).
+	Source  Source
 	Fixed   float64
 	Default float64
+	// MaxBodyBytes bounds the response body read for SourceResponseJSON
+	// (a JSON body, or one event of a text/event-stream); 0 for the other
+	// sources.
+	MaxBodyBytes int
+}
+
+// FromResponse reports whether the cost is known only from the response.
+func (c Cost) FromResponse() bool {
+	return c.Source.Kind == SourceResponseHeader || c.Source.Kind == SourceResponseJSON
+}
+
+// StatusSet is a set of HTTP response statuses: whole classes (2xx) and
+// exact codes. The zero value, with Listed false, holds every status.
+type StatusSet struct {
+	// Listed is true when the set was given (charge_on present).
+	Listed bool
+	// Classes has bit n set (1 to 5) when every status nxx is in the set.
+	Classes uint8
+	// Codes are the exact statuses in the set, in the order given.
+	Codes []int
+}
+
+// Has reports whether status is in the set.
+func (s StatusSet) Has(status int) bool {
+	if !s.Listed {
+		return true
+	}
+	if c := status / 100; c >= 1 && c <= 5 && s.Classes&(1<<c) != 0 {
+		return true
+	}
+	for _, code := range s.Codes {
+		if code == status {
+			return true
+		}
+	}
+	return false
 }
 
 // SourceKind names where a value comes from.
@@ -76,6 +120,8 @@ const (
 	SourceAuthority
 	SourceJWT
 	SourceCookie
+	SourceResponseHeader // only for cost_source: a response header
+	SourceResponseJSON   // only for cost_source: a JSON path into the response body
 )
 
 // Source is a parsed "kind:name" reference such as header:x-api-key.
