@@ -21,8 +21,8 @@ func TestEncodingRoundTrip(t *testing.T) {
 		{Tokens: 49.5, At: t0},
 		{Tokens: math.SmallestNonzeroFloat64, At: math.MaxInt64},
 		{Tokens: math.MaxFloat64, At: 1},
-		{Tokens: -70, At: t0},         // a debt left by Charge
-		{Tokens: -MaxDebt, At: t0},    // the largest debt
+		{Tokens: -70, At: t0},      // a debt left by Charge
+		{Tokens: -MaxDebt, At: t0}, // the largest debt
 	}
 	for _, s := range tests {
 		b := s.AppendBinary([]byte("prefix"))

@@ -128,6 +128,9 @@ func (c *httpContext) onAnswer(takes []take, numHeaders, bodySize int) {
 	}
 	countShadows(c.plugin, takes, ds)
 	n := len(c.plan.cluster)
+	for i := range c.plan.shadowC {
+		c.plan.shadowC[i].held, c.plan.shadowC[i].d = ds[n+i].Allowed, ds[n+i]
+	}
 	if rej := rejecting(takes[:n], ds[:n]); rej != nil {
 		c.refundLocal()
 		c.rejectPaused(*rej)
@@ -135,6 +138,7 @@ func (c *httpContext) onAnswer(takes []take, numHeaders, bodySize int) {
 	}
 	for i, t := range takes[:n] {
 		t.rule.allowed.Increment(1)
+		c.plan.cluster[i].held, c.plan.cluster[i].d = true, ds[i]
 		c.show(t.rule, ds[i])
 	}
 	resume(c.plugin)
@@ -148,6 +152,12 @@ func (p *pluginContext) onShadowAnswer(takes []take, numHeaders, bodySize int) {
 		return
 	}
 	countShadows(p, takes, ds)
+	// The request's plan shares takes (dispatchShadow): an answer that
+	// comes before the response lets the response charge what the service
+	// took. One that comes later is not charged.
+	for i := range takes {
+		takes[i].held, takes[i].d = ds[i].Allowed, ds[i]
+	}
 }
 
 // countShadows counts the shadow buckets' decisions of an answer.

@@ -27,6 +27,9 @@ type httpContext struct {
 	// Backing for the request's values (request.values): a request reads
 	// a handful, so none is allocated.
 	values [4]cachedValue
+	// The response's part: costs known from the response and charge_on
+	// (response.go).
+	body bodyScan
 }
 
 // maxFreeContexts bounds the contexts a plugin context keeps for reuse
@@ -45,7 +48,12 @@ func (c *httpContext) OnHttpStreamDone() {
 	if p == nil {
 		return // already free (a host calling both proxy_on_log and proxy_on_delete)
 	}
+	if c.body.active {
+		c.finishBody() // trailers or a reset: charge from what arrived
+	}
+	buf := c.body.keep()
 	*c = httpContext{} // drop every reference: the free list holds nothing alive
+	c.body.buf = buf
 	if len(p.free) < maxFreeContexts {
 		p.free = append(p.free, c)
 	}
@@ -57,6 +65,13 @@ type take struct {
 	id   uint64 // the bucket in this Envoy (shared data), and the jitter's key
 	key  string // the bucket in the limit service (cluster rules)
 	cost float64
+	// held: the cost was taken from the bucket (the only takes a response
+	// may charge or refund); d is the decision that took it.
+	held bool
+	d    bucket.Decision
+	// amount is the adjustment the response asks for: the real cost less
+	// cost, or −cost for a status charge_on does not list.
+	amount float64
 }
 
 // plan is one request's decision in the making. It lives on the httpContext
@@ -68,7 +83,10 @@ type plan struct {
 	// consumed says the local takes were taken from their buckets: the only
 	// tokens a refund may give back.
 	consumed bool
-	buf      [4]take // backing for the usual handful of takes
+	// charges: some take's rule settles with the response (a cost known
+	// from the response, or charge_on).
+	charges bool
+	buf     [4]take // backing for the usual handful of takes
 }
 
 // rejection is why a request is answered by the plugin.
@@ -164,6 +182,7 @@ func (c *httpContext) planRules(r *request) *rejection {
 			return &rejection{rule: ru, reason: reasonCostTooHigh}
 		}
 		pl := &c.plan
+		pl.charges = pl.charges || ru.charges
 		switch cluster := ru.Scope == config.ScopeCluster; {
 		case ru.Mode == config.ModeShadow && cluster:
 			pl.shadowC = append(pl.shadowC, t)
@@ -181,12 +200,14 @@ func (c *httpContext) planRules(r *request) *rejection {
 // decideShadows runs each local shadow rule's bucket on its own: it consumes
 // as an enforced rule would, counts what it would reject, and never rejects.
 func (c *httpContext) decideShadows() {
-	for _, t := range c.plan.shadowLocal {
-		ok, err := c.plugin.decide(c.plan.now, []take{t})
+	for i := range c.plan.shadowLocal {
+		t := &c.plan.shadowLocal[i]
+		ok, err := c.plugin.decide(c.plan.now, c.plan.shadowLocal[i:i+1])
 		switch {
 		case err != nil:
 			t.rule.failedOpen.Increment(1)
 		case ok:
+			t.held = true
 			t.rule.allowed.Increment(1)
 		default:
 			c.shadowRejected(t.rule)
@@ -215,7 +236,9 @@ func (c *httpContext) enforceLocal() *rejection {
 		return rejecting(pl.local, out)
 	}
 	pl.consumed = true
-	for i, t := range pl.local {
+	for i := range pl.local {
+		t := &pl.local[i]
+		t.held, t.d = true, out[i]
 		t.rule.allowed.Increment(1)
 		c.show(t.rule, out[i])
 	}
@@ -246,6 +269,9 @@ func (c *httpContext) refundLocal() {
 		return
 	}
 	pl.consumed = false
+	for i := range pl.local {
+		pl.local[i].held = false
+	}
 	p := c.plugin
 	p.reqs = p.reqs[:0]
 	for _, t := range pl.local {
@@ -307,19 +333,4 @@ func identity(ru *rule, r *request) (id uint64, key string, present bool) {
 		key = clusterKey(ru.Name, lo.sum(), hi.sum())
 	}
 	return lo.sum(), key, present
-}
-
-// OnHttpResponseHeaders implements types.HttpContext. It adds the RateLimit
-// headers to allowed responses; a local reply of ours already has them.
-func (c *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
-	if c.localReply || c.shown == nil {
-		return types.ActionContinue
-	}
-	p := c.plugin
-	c.rateLimitHeaders(c.shown, c.decision, func(name, value string) {
-		if err := proxywasm.AddHttpResponseHeader(name, value); err != nil {
-			p.warn(&p.headerLog, "adding response header "+name+": "+err.Error())
-		}
-	})
-	return types.ActionContinue
 }

@@ -135,6 +135,12 @@ type rule struct {
 	failedOpen counter
 	shadowRej  counter
 	shadowLog  throttle
+	// charges: the rule settles with the response (cost_source
+	// response_header or response_json, or charge_on); costMissing counts
+	// responses whose cost could not be read (defined only for rules whose
+	// cost comes from the response).
+	charges     bool
+	costMissing counter
 }
 
 type globalMetrics struct {
@@ -249,6 +255,10 @@ func compile(cr *config.Rule) *rule {
 	r.rejected = defineCounter(m + "rejected")
 	r.failedOpen = defineCounter(m + "failed_open")
 	r.shadowRej = defineCounter(m + "shadow_rejected")
+	if cr.Cost.FromResponse() {
+		r.costMissing = defineCounter(m + "cost_missing")
+	}
+	r.charges = cr.Cost.FromResponse() || cr.ChargeOn.Listed
 	return r
 }
 

@@ -17,9 +17,15 @@ import (
 // or query value. A value that is absent, not a number, infinite or below
 // config.MinCost (zero, negative, or as tiny as 1e-300) is not a cost:
 // default_cost applies.
+//
+// A cost known only from the response reserves default_cost (response.go
+// charges the difference).
 func requestCost(ru *rule, r *request) float64 {
-	if ru.Cost.Source.Kind == config.SourceFixed {
+	switch {
+	case ru.Cost.Source.Kind == config.SourceFixed:
 		return ru.Cost.Fixed
+	case ru.Cost.FromResponse():
+		return ru.Cost.Default
 	}
 	v, ok := r.value(ru.Cost.Source)
 	if !ok {

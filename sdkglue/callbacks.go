@@ -12,9 +12,9 @@
 // "continue", a missing proxy_on_log as nothing to do), and every call into a
 // Go module costs several microseconds of runtime entry and exit, so each
 // export left out saves that on every request: proxy_on_log and proxy_on_done
-// always, proxy_on_response_body whenever a response has a body. The plugin
-// implements neither OnPluginDone nor any body, trailer, L4 or queue
-// callback; export one here when it starts to. OnHttpStreamDone is called
+// always. The plugin implements neither OnPluginDone nor any request body,
+// trailer, L4 or queue callback; export one here when it starts to. It
+// implements the response body callback (costs read from the body). OnHttpStreamDone is called
 // from proxy_on_delete (see exportOnDelete).
 
 package internal
@@ -75,6 +75,16 @@ func exportOnRequestHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
 //go:wasmexport proxy_on_response_headers
 func exportOnResponseHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
 	return uint32(proxyOnResponseHeaders(contextID, int(numHeaders), endOfStream != 0))
+}
+
+// exportOnResponseBody is exported since costs can come from the response
+// body (cost_source response_json). A response without such a cost returns
+// at once (plugin.httpContext.OnHttpResponseBody); what the call itself
+// costs per response is measured in docs/RATIONALE.md.
+//
+//go:wasmexport proxy_on_response_body
+func exportOnResponseBody(contextID, bodySize, endOfStream uint32) uint32 {
+	return uint32(proxyOnResponseBody(contextID, int(bodySize), endOfStream != 0))
 }
 
 //go:wasmexport proxy_on_http_call_response

@@ -49,11 +49,6 @@ func exportOnRequestTrailers(contextID, numTrailers uint32) uint32 {
 	return uint32(proxyOnRequestTrailers(contextID, int(numTrailers)))
 }
 
-//go:wasmexport proxy_on_response_body
-func exportOnResponseBody(contextID, bodySize, endOfStream uint32) uint32 {
-	return uint32(proxyOnResponseBody(contextID, int(bodySize), endOfStream != 0))
-}
-
 //go:wasmexport proxy_on_response_trailers
 func exportOnResponseTrailers(contextID, numTrailers uint32) uint32 {
 	return uint32(proxyOnResponseTrailers(contextID, int(numTrailers)))

@@ -215,14 +215,23 @@ func (t *Table) refund(refs []slotRef, reqs []Request, now int64) int {
 // (a missing bucket is already full). It returns how many buckets it wrote
 // and the first error; a bucket whose write failed keeps its state (for a
 // refund, under-admission; for a debit, the charge is lost, counted by the
-// caller).
-func (t *Table) Charge(now int64, reqs []Request) (charged int, o Outcome, err error) {
+// caller). When out is not nil (len(reqs) elements), out[i] receives what
+// reqs[i]'s bucket holds after the charge, as an admitted Decision of cost 0
+// (bucket.Limit.Report): the response headers of a charged request.
+func (t *Table) Charge(now int64, reqs []Request, out []bucket.Decision) (charged int, o Outcome, err error) {
 	if cap(t.slots) < 1 {
 		t.slots = make([]slotRef, 1)
 	}
 	ref := &t.slots[0]
 	for i := range reqs {
 		req := &reqs[i]
+		report := func(s bucket.State) {
+			if out != nil {
+				at := max(now, s.At)
+				out[i] = req.Limit.Report(req.Limit.Tokens(s, at), at-now, 0, true)
+			}
+		}
+		report(bucket.State{})
 		if !(req.Cost > 0 || req.Cost < 0) {
 			continue
 		}
@@ -231,12 +240,16 @@ func (t *Table) Charge(now int64, reqs []Request) (charged int, o Outcome, err e
 				err = firstErr(err, e)
 				break
 			}
+			if ref.found {
+				report(ref.before)
+			}
 			if !ref.found && req.Cost < 0 {
 				break // nothing to give back
 			}
 			s := req.Limit.Charge(ref.before, now, req.Cost)
 			e := t.write(ref, s, req.Limit.FullAt(s))
 			if e == nil {
+				report(s)
 				charged++
 				if ref.evicted {
 					o.Evictions++

@@ -327,7 +327,7 @@ func TestChargeHammer(t *testing.T) {
 					continue
 				}
 				admitted.Add(1)
-				if n, _, err := tb.Charge(now, []Request{{ID: 5, Limit: lim, Cost: 2}}); err != nil || n != 1 {
+				if n, _, err := tb.Charge(now, []Request{{ID: 5, Limit: lim, Cost: 2}}, nil); err != nil || n != 1 {
 					t.Errorf("Charge = %d, %v", n, err)
 					return
 				}
@@ -352,27 +352,31 @@ func TestChargeRefundAndMissing(t *testing.T) {
 	lim := bucket.Limit{Rate: 1, Burst: 10}
 	now := 100 * sec
 	// A refund of a bucket the table does not hold writes nothing.
-	if n, _, err := tb.Charge(now, []Request{{ID: 3, Limit: lim, Cost: -4}}); n != 0 || err != nil {
+	if n, _, err := tb.Charge(now, []Request{{ID: 3, Limit: lim, Cost: -4}}, nil); n != 0 || err != nil {
 		t.Fatalf("refund of a missing bucket = %d, %v", n, err)
 	}
 	// A debit of one starts it from full.
-	if n, _, err := tb.Charge(now, []Request{{ID: 3, Limit: lim, Cost: 4}}); n != 1 || err != nil {
+	out := make([]bucket.Decision, 1)
+	if n, _, err := tb.Charge(now, []Request{{ID: 3, Limit: lim, Cost: 4}}, out); n != 1 || err != nil {
 		t.Fatalf("debit = %d, %v", n, err)
+	}
+	if out[0].Remaining != 6 || !out[0].Allowed || out[0].ResetAfter != 4e9 {
+		t.Fatalf("decision after the debit = %+v, want 6 remaining, full in 4 s", out[0])
 	}
 	if got := tokensOf(t, tb, 3, lim, now); got != 6 {
 		t.Fatalf("tokens = %v, want 6", got)
 	}
-	if n, _, _ := tb.Charge(now, []Request{{ID: 3, Limit: lim, Cost: -3}, {ID: 3, Limit: lim, Cost: 0}}); n != 1 {
+	if n, _, _ := tb.Charge(now, []Request{{ID: 3, Limit: lim, Cost: -3}, {ID: 3, Limit: lim, Cost: 0}}, nil); n != 1 {
 		t.Fatalf("refund wrote %d buckets, want 1", n)
 	}
 	if got := tokensOf(t, tb, 3, lim, now); got != 9 {
 		t.Fatalf("tokens = %v, want 9", got)
 	}
-	if _, _, err := tb.Charge(now, []Request{{ID: 3, Limit: lim, Cost: 1}}); err != nil {
+	if _, _, err := tb.Charge(now, []Request{{ID: 3, Limit: lim, Cost: 1}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	tb2 := mustNew(t, alwaysMismatch{newEnvoyData()}, 100)
-	if n, o, err := tb2.Charge(now, []Request{{ID: 3, Limit: lim, Cost: 1}}); n != 0 || !errors.Is(err, ErrContention) || o.Retries != MaxAttempts {
+	if n, o, err := tb2.Charge(now, []Request{{ID: 3, Limit: lim, Cost: 1}}, nil); n != 0 || !errors.Is(err, ErrContention) || o.Retries != MaxAttempts {
 		t.Fatalf("under contention Charge = %d, %+v, %v", n, o, err)
 	}
 }

@@ -1,0 +1,281 @@
+package plugin
+
+import (
+	"strconv"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/store"
+)
+
+// The response's part of a request, one way and in order:
+//
+//  1. OnHttpResponseHeaders: when a rule of the request settles with the
+//     response (plan.charges), the takes that actually hold tokens are
+//     settled: a status that charge_on does not list refunds the
+//     reservation; a response_header cost charges the difference at once;
+//     a response_json cost waits for the body. Then the RateLimit headers
+//     go out, describing the buckets after what was settled.
+//  2. OnHttpResponseBody: only when a response_json cost waits
+//     (bodyScan.active). Every chunk continues at once: a JSON body is
+//     copied up to max_body_bytes, an event stream is scanned as it passes
+//     (eventStream keeps only the event being read). At the end of the
+//     stream the costs found are charged.
+//  3. OnHttpStreamDone: a body that never reached its end (trailers, a
+//     reset) is settled from what arrived.
+//
+// A missing or unusable cost keeps the reservation and counts in the rule's
+// cost_missing. Nothing here rejects or delays a response.
+
+// maxKeptBody is the largest body buffer a finished context keeps for the
+// next request (see OnHttpStreamDone): larger ones are left to the
+// collector, so the free list holds at most maxFreeContexts × maxKeptBody.
+const maxKeptBody = 64 << 10
+
+// bodyScan is the response_json costs waiting for the body.
+type bodyScan struct {
+	active  bool
+	stream  bool // text/event-stream: scanned by events
+	max     int  // the largest max_body_bytes of the targets
+	size    int  // body bytes seen
+	buf     []byte
+	events  eventStream
+	takes   []*take // the takes waiting, parallel to targets
+	targets []bodyTarget
+	// Backing for the usual one or two waiting takes.
+	takesBuf   [2]*take
+	targetsBuf [2]bodyTarget
+}
+
+// keep returns the buffer a reused context may keep.
+func (b *bodyScan) keep() []byte {
+	if cap(b.buf) > maxKeptBody {
+		return nil
+	}
+	return b.buf[:0]
+}
+
+// OnHttpResponseHeaders implements types.HttpContext: it settles what the
+// response decides (see above) and adds the RateLimit headers to allowed
+// responses; a local reply of ours already has them.
+func (c *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Action {
+	if c.localReply {
+		return types.ActionContinue
+	}
+	if c.plan.charges {
+		c.settleHeaders(endOfStream)
+	}
+	if c.shown == nil {
+		return types.ActionContinue
+	}
+	p := c.plugin
+	c.rateLimitHeaders(c.shown, c.decision, func(name, value string) {
+		if err := proxywasm.AddHttpResponseHeader(name, value); err != nil {
+			p.warn(&p.headerLog, "adding response header "+name+": "+err.Error())
+		}
+	})
+	return types.ActionContinue
+}
+
+// OnHttpResponseBody implements types.HttpContext. It never holds a chunk.
+func (c *httpContext) OnHttpResponseBody(size int, endOfStream bool) types.Action {
+	if !c.body.active {
+		return types.ActionContinue
+	}
+	b := &c.body
+	if size > 0 && b.size <= b.max {
+		chunk, err := proxywasm.GetHttpResponseBody(0, size)
+		if err != nil {
+			p := c.plugin
+			p.warn(&p.headerLog, "reading the response body: "+err.Error())
+			b.size = b.max + 1 // unusable: every target misses
+		} else {
+			b.write(chunk)
+		}
+	}
+	if endOfStream {
+		c.finishBody()
+	}
+	return types.ActionContinue
+}
+
+// write takes one chunk of the body.
+func (b *bodyScan) write(chunk []byte) {
+	if b.stream {
+		b.events.write(chunk, b.max, b.targets)
+		return
+	}
+	b.size += len(chunk)
+	if b.size > b.max {
+		b.buf = b.buf[:0] // past every target's bound
+		return
+	}
+	b.buf = append(b.buf, chunk...)
+}
+
+// finishBody charges the costs the body gave, and counts those it did not.
+func (c *httpContext) finishBody() {
+	b := &c.body
+	b.active = false
+	if b.stream {
+		b.events.end()
+	} else if b.size <= b.max {
+		for i := range b.targets {
+			b.targets[i].see(b.buf)
+		}
+	}
+	for i, t := range b.takes {
+		tg := &b.targets[i]
+		if !tg.found || !tg.ok || (!b.stream && b.size > tg.max) {
+			t.rule.costMissing.Increment(1)
+			continue
+		}
+		t.amount = tg.cost - t.cost
+	}
+	c.settle(b.takes, false)
+	b.buf = b.buf[:0]
+}
+
+// settleHeaders settles the takes that the response's headers decide, and
+// prepares the body scan for response_json costs.
+func (c *httpContext) settleHeaders(endOfStream bool) {
+	pl := &c.plan
+	status, statusRead := 0, false
+	var settledBuf [4]*take
+	settled := settledBuf[:0]
+	b := &c.body
+	b.takes, b.targets = b.takesBuf[:0], b.targetsBuf[:0]
+	for _, takes := range [...][]take{pl.local, pl.shadowLocal, pl.cluster, pl.shadowC} {
+		for i := range takes {
+			t := &takes[i]
+			ru := t.rule
+			if !t.held || !ru.charges {
+				continue
+			}
+			if ru.ChargeOn.Listed {
+				if !statusRead {
+					statusRead = true
+					if v, err := proxywasm.GetHttpResponseHeader(":status"); err == nil {
+						status, _ = strconv.Atoi(v)
+					}
+				}
+				if status != 0 && !ru.ChargeOn.Has(status) {
+					t.amount = -t.cost // not an outcome this rule counts
+					settled = append(settled, t)
+					continue
+				}
+			}
+			switch ru.Cost.Source.Kind {
+			case config.SourceResponseHeader:
+				v, err := proxywasm.GetHttpResponseHeader(ru.Cost.Source.Name)
+				cost, ok := parseResponseCost(v)
+				if err != nil || !ok {
+					ru.costMissing.Increment(1)
+					continue
+				}
+				t.amount = cost - t.cost
+				settled = append(settled, t)
+			case config.SourceResponseJSON:
+				if endOfStream {
+					ru.costMissing.Increment(1) // no body at all
+					continue
+				}
+				b.takes = append(b.takes, t)
+				b.targets = append(b.targets, bodyTarget{path: ru.Cost.Source.Name, max: ru.Cost.MaxBodyBytes})
+				b.max = max(b.max, ru.Cost.MaxBodyBytes)
+			}
+		}
+	}
+	if len(b.takes) > 0 {
+		b.active = true
+		if v, err := proxywasm.GetHttpResponseHeader("content-type"); err == nil && isEventStream(v) {
+			b.stream = true
+		}
+	}
+	c.settle(settled, true)
+}
+
+// isEventStream reports whether a content-type is text/event-stream.
+func isEventStream(ct string) bool {
+	const want = "text/event-stream"
+	if len(ct) < len(want) {
+		return false
+	}
+	for i := 0; i < len(want); i++ {
+		ch := ct[i]
+		if 'A' <= ch && ch <= 'Z' {
+			ch += 'a' - 'A'
+		}
+		if ch != want[i] {
+			return false
+		}
+	}
+	return len(ct) == len(want) || ct[len(want)] == ';' || ct[len(want)] == ' '
+}
+
+// settle applies the amounts of takes to their buckets: the local ones in
+// shared data now (each bucket on its own: a charge cannot be refused), the
+// cluster ones through the limit service, sent without holding the
+// response. With show, the response headers are still to be sent: they
+// report the enforced buckets after the charge (a cluster bucket's as
+// estimated from the service's answer less the amount).
+func (c *httpContext) settle(takes []*take, show bool) {
+	if len(takes) == 0 {
+		return
+	}
+	p := c.plugin
+	p.reqs = p.reqs[:0]
+	for _, t := range takes {
+		if t.rule.Scope == config.ScopeLocal {
+			p.reqs = append(p.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.amount})
+		}
+	}
+	if n := len(p.reqs); n > 0 {
+		if cap(p.out) < n {
+			p.out = make([]bucket.Decision, n)
+		}
+		out := p.out[:n]
+		_, o, err := p.table.Charge(p.now(), p.reqs, out)
+		p.count(o)
+		if err != nil {
+			p.warn(&p.failLog, "charging a cost known from the response: "+err.Error())
+		}
+		j := 0
+		for _, t := range takes {
+			if t.rule.Scope == config.ScopeLocal {
+				t.d = out[j]
+				j++
+			}
+		}
+	}
+	cluster := false
+	for _, t := range takes {
+		if t.rule.Scope != config.ScopeCluster {
+			continue
+		}
+		cluster = true
+		// What the service's bucket holds after the charge, as estimated
+		// from its answer: its remaining tokens less the amount.
+		t.d = t.rule.limit.Report(float64(t.d.Remaining)-t.amount, 0, 0, true)
+	}
+	if cluster {
+		c.chargeCluster(takes)
+	}
+	if !show {
+		return
+	}
+	c.shown = nil
+	for _, takes := range [...][]take{c.plan.local, c.plan.cluster} {
+		for i := range takes {
+			if takes[i].held {
+				c.show(takes[i].rule, takes[i].d)
+			}
+		}
+	}
+}
+
+// chargeCluster sends the cluster takes' amounts to the limit service.
+func (c *httpContext) chargeCluster(takes []*take) {}
