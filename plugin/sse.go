@@ -29,6 +29,7 @@ type eventStream struct {
 	hasData  bool   // the event has a data line
 	tooLong  bool   // the event (or its current line) went past max
 	lineLong bool   // the current line went past max
+	longData bool   // ... and it is a data line
 	cr       bool   // the previous byte was CR: an LF right after it ends nothing
 }
 
@@ -71,7 +72,9 @@ func (s *eventStream) write(chunk []byte, max int, targets []bodyTarget) {
 		}
 		if !s.lineLong {
 			if len(s.line)+i > max+len("data: ") {
+				// Only a data line past the bound spoils its event.
 				s.lineLong = true
+				s.longData = startsData(s.line, chunk[:i])
 				s.line = s.line[:0]
 			} else {
 				s.line = append(s.line, chunk[:i]...)
@@ -102,9 +105,9 @@ func (s *eventStream) endLine(max int, targets []bodyTarget) {
 		return
 	}
 	if long {
-		// Past the bound: if it was a data line the event is unusable;
-		// any other line is ignored anyway, so treat both alike.
-		s.tooLong = true
+		if s.longData {
+			s.tooLong = true // its data is past the bound: the event is skipped
+		}
 		return
 	}
 	field, value := line, []byte(nil)
@@ -178,4 +181,25 @@ func parseResponseCost(s string) (float64, bool) {
 		return 0, false
 	}
 	return f, true
+}
+
+// startsData reports whether the line a + b starts with the field name
+// "data" followed by a colon (a line past the bound is longer than that).
+func startsData(a, b []byte) bool {
+	const field = "data:"
+	for i := 0; i < len(field); i++ {
+		var c byte
+		switch {
+		case i < len(a):
+			c = a[i]
+		case i-len(a) < len(b):
+			c = b[i-len(a)]
+		default:
+			return false
+		}
+		if c != field[i] {
+			return false
+		}
+	}
+	return true
 }

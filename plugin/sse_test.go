@@ -1,0 +1,117 @@
+package plugin
+
+import (
+	"strings"
+	"testing"
+)
+
+// scan feeds stream to a fresh eventStream in chunks cut at the given
+// offsets and returns the target after the end, checking the memory bound
+// after every chunk.
+func scan(t *testing.T, stream string, cuts []int, max int) bodyTarget {
+	t.Helper()
+	var s eventStream
+	tg := []bodyTarget{{path: "n", max: max}}
+	prev := 0
+	for _, c := range append(cuts, len(stream)) {
+		if c < prev || c > len(stream) {
+			continue
+		}
+		s.write([]byte(stream[prev:c]), max, tg)
+		prev = c
+		if len(s.line) > max+len("data: ") || len(s.data) > max {
+			t.Fatalf("kept %d bytes of line and %d of data, bound %d", len(s.line), len(s.data), max)
+		}
+	}
+	s.end()
+	return tg[0]
+}
+
+// reference is the last complete event's value at "n", read by a plain
+// whole-stream reading of the event-stream format.
+func reference(stream string, max int) bodyTarget {
+	tg := bodyTarget{path: "n", max: max}
+	stream = strings.ReplaceAll(stream, "\r\n", "\n")
+	stream = strings.ReplaceAll(stream, "\r", "\n")
+	lines := strings.Split(stream, "\n")
+	lines = lines[:len(lines)-1] // the text after the last line end is no line
+	var data []string
+	has := false
+	for _, l := range lines {
+		if l == "" {
+			if has {
+				if d := strings.Join(data, "\n"); len(d) <= max {
+					tg.see([]byte(d))
+				}
+			}
+			data, has = nil, false
+			continue
+		}
+		field, value, found := strings.Cut(l, ":")
+		if !found {
+			field, value = l, ""
+		}
+		value = strings.TrimPrefix(value, " ")
+		if field == "data" {
+			data, has = append(data, value), true
+		}
+	}
+	return tg
+}
+
+func TestEventStream(t *testing.T) {
+	for _, tc := range []struct {
+		name, stream string
+		found, ok    bool
+		cost         float64
+	}{
+		{"last of several", "data: {\"n\":1}\n\ndata: {\"n\":7}\n\ndata: [DONE]\n\n", true, true, 7},
+		{"CRLF and CR", "data: {\"n\":1}\r\n\r\ndata: {\"n\":8}\r\rdata: {\"m\":1}\r\n\r\n", true, true, 8},
+		{"multi-line data", "data: {\"n\":\ndata: 9}\n\n", true, true, 9},
+		{"comments and fields", ": hi\nevent: usage\nid: 3\ndata:{\"n\":4}\n\n", true, true, 4},
+		{"a field named data-x is not data", "data-x: {\"n\":4}\n\n", false, false, 0},
+		{"unfinished event dropped", "data: {\"n\":1}\n\ndata: {\"n\":5}\n", true, true, 1},
+		{"last carrier malformed", "data: {\"n\":1}\n\ndata: {\"n\":\"x\"}\n\n", true, false, 0},
+		{"string number", "data: {\"n\":\"12\"}\n\n", true, true, 12},
+	} {
+		got := scan(t, tc.stream, nil, 1<<10)
+		if got.found != tc.found || got.ok != tc.ok || got.cost != tc.cost {
+			t.Errorf("%s: %+v, want found %v ok %v cost %v", tc.name, got, tc.found, tc.ok, tc.cost)
+		}
+	}
+	// An event larger than max is skipped; the one before stands.
+	got := scan(t, "data: {\"n\":1}\n\ndata: {\"n\":2,\"pad\":\""+strings.Repeat("x", 100)+"\"}\n\n", nil, 32)
+	if !got.found || got.cost != 1 {
+		t.Errorf("past max: %+v, want the earlier event's 1", got)
+	}
+}
+
+// FuzzEventStream: however a stream is cut into chunks, the scanner finds
+// what a whole-stream reading finds, within its memory bound.
+func FuzzEventStream(f *testing.F) {
+	f.Add("data: {\"n\":1}\n\ndata: {\"n\":7}\n\n", 3, 11, 64)
+	f.Add("data: {\"n\":\r\ndata: 9}\r\n\r\n: c\r\rdata:{\"n\":2}\n\n", 1, 20, 8)
+	f.Add("data: {\"n\":5,\"p\":\"xxxxxxxxxxxxxx\"}\n\n", 7, 8, 16)
+	f.Fuzz(func(t *testing.T, stream string, a, b, max int) {
+		if max < 1 || max > 1<<12 {
+			max = 1 + (max&0xfff+0x1000)%0x1000
+		}
+		cuts := []int{a % (len(stream) + 1), b % (len(stream) + 1)}
+		if cuts[0] < 0 {
+			cuts[0] = -cuts[0]
+		}
+		if cuts[1] < 0 {
+			cuts[1] = -cuts[1]
+		}
+		if cuts[0] > cuts[1] {
+			cuts[0], cuts[1] = cuts[1], cuts[0]
+		}
+		got, whole, want := scan(t, stream, cuts, max), scan(t, stream, nil, max), reference(stream, max)
+		if got != whole {
+			t.Fatalf("cut at %v: %+v; whole: %+v", cuts, got, whole)
+		}
+		if got != want {
+			t.Fatalf("scanner %+v, reference %+v", got, want)
+		}
+	})
+}
