@@ -116,7 +116,7 @@ func Parse(data []byte) (*Config, error) {
 		return nil, &Error{Path: path, Err: errors.New("nested deeper than " + strconv.Itoa(MaxDepth) + " levels")}
 	}
 	if !gjson.ValidBytes(data) {
-		return nil, &Error{Err: syntaxError(data)}
+		return nil, &Error{Err: jsonlimit.SyntaxError(data)}
 	}
 	doc := gjson.ParseBytes(data)
 	if !doc.IsObject() {

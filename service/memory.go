@@ -152,7 +152,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 		}
 		d.Buckets[i] = report(&req.Buckets[i], st.ok, tokens, at-now)
 	}
-	d.finish(req)
+	d.Settle(req)
 	return d, nil
 }
 

@@ -160,7 +160,7 @@ func parseResult(req *Request, res any) (Answer, error) {
 		}
 		d.Buckets[i] = report(&req.Buckets[i], okv == 1, tokens, gap)
 	}
-	d.finish(req)
+	d.Settle(req)
 	if all, _ := vals[0].(int64); (all == 1) != d.Allowed {
 		return Answer{}, fmt.Errorf("service: redis: script reply: admitted %d disagrees with its buckets", all)
 	}

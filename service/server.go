@@ -18,6 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // Config configures a Server. Store is required; zero fields of the others
@@ -87,7 +89,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		store:   cfg.Store,
-		limits:  cfg.Limits.withDefaults(),
+		limits:  cfg.Limits.WithDefaults(),
 		timeout: cfg.Timeout,
 		log:     cfg.Logger,
 		metrics: m,
@@ -163,7 +165,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	if !d.Allowed {
 		s.metrics.rejections.Inc()
 	}
-	out := d.AppendJSON(buf.AvailableBuffer())
+	out := wire.AppendAnswer(buf.AvailableBuffer(), &d)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(out)
 	s.metrics.latency.Observe(time.Since(start).Seconds())

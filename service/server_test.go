@@ -107,7 +107,7 @@ func TestServerErrors(t *testing.T) {
 		msg                string
 	}{
 		{"validation", "POST", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":5}]}`, 400, "buckets[0].burst: must be >= tokens_per_second (10), got 5"},
-		{"bad json", "POST", `{"buckets":`, 400, "body: truncated or empty JSON"},
+		{"bad json", "POST", `{"buckets":`, 400, "body: invalid JSON: unexpected end of JSON input (at byte 11)"},
 		{"too big", "POST", big, 413, "body: larger than 65536 bytes"},
 		{"method", "GET", "", 405, "method: must be POST"},
 	}
