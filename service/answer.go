@@ -39,4 +39,3 @@ func ceilMs(d time.Duration) int64 {
 	}
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
-
