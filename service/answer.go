@@ -32,6 +32,21 @@ func report(b *Bucket, ok bool, tokens float64, gap int64) BucketAnswer {
 	}
 }
 
+// LeaseAnswer and Grant are the answer to a lease call (wire.LeaseAnswer).
+type (
+	LeaseAnswer = wire.LeaseAnswer
+	Grant       = wire.Grant
+)
+
+// grant is the answer for lease bucket b that granted tokens (when the
+// whole call did) and holds left after the call, gap as in report: package
+// bucket's Report for a request of b.Min, rounded to the wire's units.
+func grant(b *LeaseBucket, all bool, granted, left float64, gap int64) Grant {
+	ok := all || left >= b.Min
+	d := bucket.Limit{Rate: b.Rate, Burst: b.Burst}.Report(left, gap, b.Min, ok)
+	return Grant{Tokens: granted, Remaining: d.Remaining, RetryAfterMs: ceilMs(d.RetryAfter), ResetMs: ceilMs(d.ResetAfter)}
+}
+
 // ceilMs is d rounded up to whole milliseconds.
 func ceilMs(d time.Duration) int64 {
 	if d >= bucket.Never-time.Millisecond {

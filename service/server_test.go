@@ -23,6 +23,9 @@ import (
 type failingStore struct{ err error }
 
 func (f failingStore) Decide(context.Context, *Request) (Answer, error) { return Answer{}, f.err }
+func (f failingStore) Lease(context.Context, *LeaseRequest) (LeaseAnswer, error) {
+	return LeaseAnswer{}, f.err
+}
 func (f failingStore) Ping(context.Context) error                       { return f.err }
 func (f failingStore) Close() error                                     { return nil }
 
