@@ -26,8 +26,8 @@ func (f failingStore) Decide(context.Context, *Request) (Answer, error) { return
 func (f failingStore) Lease(context.Context, *LeaseRequest) (LeaseAnswer, error) {
 	return LeaseAnswer{}, f.err
 }
-func (f failingStore) Ping(context.Context) error                       { return f.err }
-func (f failingStore) Close() error                                     { return nil }
+func (f failingStore) Ping(context.Context) error { return f.err }
+func (f failingStore) Close() error               { return nil }
 
 func newTestServer(t *testing.T, store Store, token string) (*Server, *prometheus.Registry) {
 	t.Helper()
