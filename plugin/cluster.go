@@ -54,14 +54,9 @@ func (c *httpContext) dispatch() types.Action {
 func (c *httpContext) dispatchShadow() {
 	p := c.plugin
 	takes := c.plan.shadowC
-	if err := proxywasm.SetEffectiveContext(p.id); err != nil {
-		p.warn(&p.serviceLog, "shadow call: "+err.Error())
-		return
-	}
-	err := c.call(takes, func(numHeaders, bodySize, _ int) { p.onShadowAnswer(takes, numHeaders, bodySize) })
-	if err := proxywasm.SetEffectiveContext(c.id); err != nil {
-		p.warn(&p.serviceLog, "shadow call: back to the request: "+err.Error())
-	}
+	err := p.asPlugin(c.id, func() error {
+		return c.call(takes, func(numHeaders, bodySize, _ int) { p.onShadowAnswer(takes, numHeaders, bodySize) })
+	})
 	if err != nil {
 		p.serviceFailed(takes, "dispatching the shadow call: "+err.Error())
 	}
@@ -109,7 +104,7 @@ func (c *httpContext) onAnswer(takes []take, numHeaders, bodySize int) {
 	countShadows(c.plugin, takes, ds)
 	n := len(c.plan.cluster)
 	if rej := rejecting(takes[:n], ds[:n]); rej != nil {
-		c.refundLocal()
+		c.refundTaken()
 		c.rejectPaused(*rej)
 		return
 	}
@@ -209,7 +204,7 @@ func (c *httpContext) serviceFailed(takes []take, why string) *rejection {
 		return nil
 	}
 	if first.Service.FailureMode == config.FailDeny {
-		c.refundLocal()
+		c.refundTaken()
 		return &rejection{rule: first, reason: reasonServiceDown}
 	}
 	for _, t := range c.plan.cluster {
