@@ -53,14 +53,15 @@ type Record struct {
 	// What the last answer of the limit service said of the global bucket.
 	Remaining float64 // its tokens
 	ResetAt   int64   // Unix ns at which it is full again
-	RetryAt   int64   // the bucket refused: no blocking call before this, requests that find no token are refused
-	DownUntil int64   // the call failed: no blocking call before this, failure_mode applies
+	RetryAt   int64   // the bucket refused: when it will hold the cost asked (Retry-After)
+	AskAt     int64   // the bucket refused: until then, a request that finds no token is refused without a call
+	DownUntil int64   // the call failed: until then, a request that finds no token gets failure_mode without a call
 }
 
 // Store layout: fingerprint, then the fields of Record in order.
 const (
 	SlotsPerGroup = 4
-	RecordLen     = 8 + 11*8
+	RecordLen     = 8 + 12*8
 	GroupLen      = SlotsPerGroup * RecordLen
 	// MaxAttempts bounds the read-modify-write attempts of one update.
 	MaxAttempts = store.MaxAttempts
@@ -314,6 +315,7 @@ func encode(b []byte, r *Record) {
 	le.PutUint64(b[64:], uint64(r.ResetAt))
 	le.PutUint64(b[72:], uint64(r.RetryAt))
 	le.PutUint64(b[80:], uint64(r.DownUntil))
+	le.PutUint64(b[88:], uint64(r.AskAt))
 }
 
 // decode reads a record; a damaged one (NaN, infinite or negative amounts)
@@ -325,7 +327,7 @@ func decode(b []byte) Record {
 		Tokens: f(0), Expires: int64(le.Uint64(b[8:])), Pending: int64(le.Uint64(b[16:])),
 		Size: f(24), Rate: f(32), Mark: int64(le.Uint64(b[40:])), Spent: f(48),
 		Remaining: f(56), ResetAt: int64(le.Uint64(b[64:])), RetryAt: int64(le.Uint64(b[72:])),
-		DownUntil: int64(le.Uint64(b[80:])),
+		DownUntil: int64(le.Uint64(b[80:])), AskAt: int64(le.Uint64(b[88:])),
 	}
 	for _, x := range []float64{r.Tokens, r.Size, r.Rate, r.Spent, r.Remaining} {
 		if !(x >= 0 && x <= math.MaxFloat64) {

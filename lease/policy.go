@@ -38,7 +38,7 @@ func (p Policy) Granted(r *Record, now int64, tokens, remaining float64, reset t
 		r.Expires = now + int64(p.TTL)
 	}
 	r.Remaining, r.ResetAt = remaining, now+int64(reset)
-	r.RetryAt, r.DownUntil = 0, 0
+	r.RetryAt, r.AskAt, r.DownUntil = 0, 0, 0
 	if claimed {
 		r.Pending = 0
 	}
@@ -59,10 +59,16 @@ func (p Policy) Granted(r *Record, now int64, tokens, remaining float64, reset t
 	}
 }
 
+// askAgain bounds how long a refused lease answers requests alone: tokens
+// may come back to the global bucket sooner than its refill (other Envoys
+// return theirs), so a lease asks again at least this often while refused.
+const askAgain = int64(time.Second)
+
 // Refused records an answer that refused at now: the global bucket lacked
 // the request's cost for retry more, and held remaining.
 func (p Policy) Refused(r *Record, now int64, remaining float64, retry, reset time.Duration, claimed bool) {
 	r.Remaining, r.ResetAt, r.RetryAt = remaining, now+int64(reset), now+int64(retry)
+	r.AskAt = now + min(int64(retry), askAgain)
 	if claimed {
 		r.Pending = 0
 	}

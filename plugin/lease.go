@@ -85,9 +85,9 @@ func (c *httpContext) spendLeases() (rej *rejection, paused bool) {
 		case !r.Lacked:
 		case rec.DownUntil > pl.now:
 			return c.leaseServiceDown(t.rule), false
-		case rec.RetryAt > pl.now:
+		case rec.AskAt > pl.now:
 			return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
-				RetryAfter: time.Duration(rec.RetryAt - pl.now), ResetAfter: time.Duration(max(rec.ResetAt-pl.now, 0))}}, false
+				RetryAfter: time.Duration(max(rec.RetryAt-pl.now, int64(time.Millisecond))), ResetAfter: time.Duration(max(rec.ResetAt-pl.now, 0))}}, false
 		}
 	}
 	var short []take
