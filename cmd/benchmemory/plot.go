@@ -5,7 +5,6 @@ package main
 import (
 	"fmt"
 	"image/color"
-	"math"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -39,7 +38,7 @@ func memoryPlot(results []result) (*plot.Plot, error) {
 		var rss, alloc plotter.XYs
 		for _, smp := range r.samples {
 			x := float64(smp.keys)
-			if !(x > 0) || math.IsInf(x, 0) {
+			if x <= 0 {
 				return nil, fmt.Errorf("benchmemory: plot: %s: %v keys cannot be drawn on a log scale", r.title, x)
 			}
 			rss = append(rss, plotter.XY{X: x, Y: diffMiB(smp.rss, r.baseline)})

@@ -37,7 +37,8 @@
 //
 // Not modelled: request bodies and trailers, shared queues, gRPC calls,
 // foreign functions, proxy_set_buffer_bytes (all answer Unimplemented, or
-// an empty buffer where Envoy has none). Status codes follow Envoy 1.40.
+// an empty buffer where Envoy has none), VM-wide properties, and unknown
+// upstream clusters (every name is accepted). Status codes follow Envoy 1.40.
 package wasmhost
 
 import (
@@ -71,7 +72,6 @@ type Host struct {
 	metrics   map[metricKey]*metric
 	metricIDs map[uint32]*metric
 	logs      []LogEntry
-	dropped   int
 	vms       []*VM
 	nextVM    int
 	onGet     func(key string) (value []byte, cas uint32, st Status, override bool)
@@ -104,9 +104,6 @@ type Option func(*options)
 type options struct {
 	vmConfig []byte
 	start    time.Time
-	sink     func(LogEntry)
-	maxLogs  int
-	clusters map[string]bool
 }
 
 // WithVMConfiguration sets the VM configuration (the buffer VM_CONFIGURATION
@@ -118,36 +115,13 @@ func WithVMConfiguration(b []byte) Option {
 // WithStartTime sets the clock's initial time. Default: 2026-01-01T00:00:00Z.
 func WithStartTime(t time.Time) Option { return func(o *options) { o.start = t } }
 
-// WithLogSink calls f with every log entry as it is logged (for example to
-// mirror the guest's log with t.Log). f must be safe for concurrent use.
-func WithLogSink(f func(LogEntry)) Option { return func(o *options) { o.sink = f } }
-
-// WithMaxLogs bounds the retained log to the newest n entries (default
-// 100000); older ones are dropped and counted.
-func WithMaxLogs(n int) Option { return func(o *options) { o.maxLogs = n } }
-
-// WithClusters restricts proxy_http_call to the named upstream clusters; a
-// call to any other cluster fails with BadArgument, as in Envoy. By default
-// every cluster name is accepted.
-func WithClusters(names ...string) Option {
-	return func(o *options) {
-		o.clusters = make(map[string]bool, len(names))
-		for _, n := range names {
-			o.clusters[n] = true
-		}
-	}
-}
-
-// DefaultStartTime is the clock's initial time unless WithStartTime is given.
-var DefaultStartTime = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-
 // NewHost prepares a host for the compiled module wasm. The module is compiled
 // once per process (by content) and reused by every Host, since compiling a
 // Go-built module takes seconds; the compiled code is also kept on disk
 // across processes (see CacheDirEnv). NewHost fails if the module is not a proxy-wasm
 // 0.2.0 WASI reactor or imports a function the host cannot provide.
 func NewHost(ctx context.Context, wasm []byte, opts ...Option) (*Host, error) {
-	o := options{start: DefaultStartTime, maxLogs: 100000}
+	o := options{start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -246,17 +220,6 @@ func (h *Host) SharedDataLen() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.shared)
-}
-
-// SharedDataBytes returns the total size of the shared-data keys and values.
-func (h *Host) SharedDataBytes() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for k, e := range h.shared {
-		n += len(k) + len(e.value)
-	}
-	return n
 }
 
 // OnGetSharedData installs f to run before each of the guest's
@@ -458,19 +421,16 @@ func (h *Host) Metrics() []string {
 	return names
 }
 
+// maxLogs bounds the retained log to its newest entries.
+const maxLogs = 100000
+
 func (h *Host) log(e LogEntry) {
 	h.mu.Lock()
-	if h.opts.maxLogs > 0 && len(h.logs) >= h.opts.maxLogs {
-		drop := len(h.logs) - h.opts.maxLogs + 1
-		h.dropped += drop
-		h.logs = append(h.logs[:0], h.logs[drop:]...)
+	defer h.mu.Unlock()
+	if len(h.logs) >= maxLogs {
+		h.logs = append(h.logs[:0], h.logs[len(h.logs)-maxLogs+1:]...)
 	}
 	h.logs = append(h.logs, e)
-	sink := h.opts.sink
-	h.mu.Unlock()
-	if sink != nil {
-		sink(e)
-	}
 }
 
 // Logs returns a copy of the retained log entries, oldest first.
@@ -491,21 +451,6 @@ func (h *Host) LogsAtLeast(min LogLevel) []LogEntry {
 		}
 	}
 	return out
-}
-
-// DroppedLogs returns how many entries were dropped by the WithMaxLogs bound.
-func (h *Host) DroppedLogs() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.dropped
-}
-
-// ResetLogs discards the retained log entries.
-func (h *Host) ResetLogs() {
-	h.mu.Lock()
-	h.logs = nil
-	h.dropped = 0
-	h.mu.Unlock()
 }
 
 // engine is a wazero runtime holding one compiled module, the WASI host

@@ -196,8 +196,7 @@ func hostGetProperty(vm *VM, mem api.Memory, a []uint64) Status {
 }
 
 // property looks path up: stream properties set by the guest, the request's
-// Properties, the stream's built-in properties, the VM's properties, then the
-// plugin's.
+// Properties, the stream's built-in properties, then the plugin's.
 func (vm *VM) property(path string) ([]byte, bool) {
 	if s := vm.effectiveStream(); s != nil {
 		if v, ok := s.props[path]; ok {
@@ -209,9 +208,6 @@ func (vm *VM) property(path string) ([]byte, bool) {
 		if v, ok := s.builtinProperty(path); ok {
 			return []byte(v), true
 		}
-	}
-	if v, ok := vm.props[path]; ok {
-		return v, true
 	}
 	switch path {
 	case "plugin_root_id", "plugin_name":
@@ -527,9 +523,6 @@ func hostHTTPCall(vm *VM, mem api.Memory, a []uint64) Status {
 	headers, err1 := decodePairs(rawHeaders)
 	trailers, err2 := decodePairs(rawTrailers)
 	if err1 != nil || err2 != nil || timeout < 0 {
-		return StatusBadArgument
-	}
-	if vm.h.opts.clusters != nil && !vm.h.opts.clusters[cluster] {
 		return StatusBadArgument
 	}
 	headers = headers.Clone()

@@ -37,7 +37,6 @@ type VM struct {
 	ended     map[uint32]Response // recently ended streams, for late callouts
 	callouts  map[uint32]*Callout
 	nextCall  uint32
-	props     map[string][]byte
 	stderr    *lineLog
 	stdout    *lineLog
 
@@ -88,7 +87,6 @@ func (h *Host) NewVM(pluginConfig []byte, rootID string) (*VM, error) {
 		roots:    make(map[uint32]*rootContext),
 		streams:  make(map[uint32]*stream),
 		callouts: make(map[uint32]*Callout),
-		props:    make(map[string][]byte),
 	}
 	vm.stdout = &lineLog{vm: vm, level: LogInfo}
 	vm.stderr = &lineLog{vm: vm, level: LogError, keepTail: true}
@@ -231,9 +229,6 @@ func (vm *VM) RootContextID() uint32 {
 	return vm.root.id
 }
 
-// Worker returns the VM's worker number (from 1), as in LogEntry.VM.
-func (vm *VM) Worker() int { return vm.id }
-
 // TickPeriod returns the tick period the root context in force asked for
 // with proxy_set_tick_period_milliseconds (0: none).
 func (vm *VM) TickPeriod() time.Duration {
@@ -254,14 +249,6 @@ func (vm *VM) Tick() error {
 		return err
 	}
 	return vm.settleTouched()
-}
-
-// SetProperty sets a VM-wide property (node metadata, for example) under the
-// path built with PropertyPath. Request.Properties take precedence.
-func (vm *VM) SetProperty(path string, value []byte) {
-	vm.mu.Lock()
-	vm.props[path] = append([]byte(nil), value...)
-	vm.mu.Unlock()
 }
 
 // Close retires the root contexts (proxy_on_done, proxy_on_delete) and closes
