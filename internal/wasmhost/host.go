@@ -35,10 +35,13 @@
 //     they continue downstream, both read-only in proxy_on_log, callout
 //     response headers and body during proxy_on_http_call_response.
 //
-// Not modelled: request bodies and trailers, shared queues, gRPC calls,
-// foreign functions, proxy_set_buffer_bytes (all answer Unimplemented, or
-// an empty buffer where Envoy has none), VM-wide properties, and unknown
-// upstream clusters (every name is accepted). Status codes follow Envoy 1.40.
+// Not modelled: request bodies and trailers, VM-wide properties, unknown
+// upstream clusters (every name is accepted), and the host functions neither
+// the plugin nor the test guest imports: shared queues, gRPC calls, foreign
+// functions, proxy_set_property, proxy_set_buffer_bytes,
+// proxy_set_header_map_pairs, proxy_close_stream, proxy_done and
+// proxy_get_metric all answer Unimplemented (a body buffer Envoy does not
+// have reads empty). Status codes follow Envoy 1.40.
 package wasmhost
 
 import (
@@ -325,9 +328,8 @@ func (h *Host) defineMetric(typ uint32, name string) (uint32, Status) {
 	return m.id, StatusOK
 }
 
-// incrementMetric, recordMetric and getMetric follow Envoy's rules: counters
-// only grow (an offset <= 0 is BadArgument), gauges add or subtract,
-// histograms record and cannot be read.
+// incrementMetric and recordMetric follow Envoy's rules: counters only grow
+// (an offset <= 0 is BadArgument), gauges add or subtract, histograms record.
 func (h *Host) incrementMetric(id uint32, offset int64) Status {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -370,19 +372,6 @@ func (h *Host) recordMetric(id uint32, value uint64) Status {
 		}
 	}
 	return StatusOK
-}
-
-func (h *Host) getMetric(id uint32) (uint64, Status) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	m, ok := h.metricIDs[id]
-	if !ok || m.typ == metricHistogram {
-		if id&3 == metricHistogram {
-			return 0, StatusBadArgument
-		}
-		return 0, StatusNotFound
-	}
-	return uint64(m.value), StatusOK
 }
 
 // Metric returns the value of the counter or gauge name (a counter first, if

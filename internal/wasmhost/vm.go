@@ -45,7 +45,6 @@ type VM struct {
 	configuring *rootContext  // PLUGIN_CONFIGURATION is readable
 	callResp    *callResponse // HTTP_CALL_RESPONSE_* are readable
 	touched     []*stream     // streams with actions to take after the callback
-	doneRoots   []uint32      // roots that called proxy_done
 }
 
 type exports struct {
@@ -59,7 +58,7 @@ type rootContext struct {
 	tickPeriod time.Duration
 	streams    int  // streams created under it and not yet deleted
 	retired    bool // replaced by Reconfigure: delete once streams == 0
-	awaitDone  bool // proxy_on_done returned false: delete on proxy_done
+	awaitDone  bool // proxy_on_done returned false: never deleted (no proxy_done)
 }
 
 type callResponse struct {
@@ -199,7 +198,7 @@ func (vm *VM) Reconfigure(pluginConfig []byte) error {
 }
 
 // retire runs proxy_on_done on a root context and, when it returns true,
-// proxy_on_delete; otherwise deletion waits for the guest's proxy_done.
+// proxy_on_delete; otherwise the root stays (the host has no proxy_done).
 func (vm *VM) retire(r *rootContext) {
 	for id, c := range vm.callouts {
 		if c.root == r.id {
@@ -304,24 +303,10 @@ func (vm *VM) call(f api.Function, name string, ctxID uint32, args ...uint64) (u
 	if vm.failed != nil {
 		return 0, vm.failed
 	}
-	vm.afterCall()
 	if len(res) == 0 {
 		return 0, nil
 	}
 	return res[0], nil
-}
-
-// afterCall deletes the root contexts that called proxy_done while waiting
-// for it.
-func (vm *VM) afterCall() {
-	for len(vm.doneRoots) > 0 {
-		id := vm.doneRoots[0]
-		vm.doneRoots = vm.doneRoots[1:]
-		if r, ok := vm.roots[id]; ok && r.awaitDone {
-			r.awaitDone = false
-			vm.deleteRoot(r)
-		}
-	}
 }
 
 // warnings returns the worker's last few log lines at warn or above, for an
