@@ -41,6 +41,7 @@
 //	bench                        full run into docs/benchmarks
 //	bench -smoke -out build/bench-smoke   a few seconds per configuration
 //	bench memory -h              memory against distinct keys (memory.go)
+//	bench start -h               Envoy's start cost per module (start.go)
 package main
 
 import (
@@ -184,8 +185,8 @@ func (p *params) selected() ([]setup, error) {
 }
 
 // modes are the other benchmarks, each with flags of its own: `bench
-// memory` (make bench-memory).
-var modes = map[string]func(args []string) error{"memory": runMemory}
+// memory` (make bench-memory) and `bench start` (make bench-start).
+var modes = map[string]func(args []string) error{"memory": runMemory, "start": runStart}
 
 func main() {
 	var err error
