@@ -3,10 +3,13 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"runtime"
-	"sort"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -181,7 +184,8 @@ func (r memReport) markdown() string {
 		}
 		last := res.samples[len(res.samples)-1]
 		fmt.Fprintf(&b, "- %s: %s; statuses %s; %.0f requests/s in the last flood.\n",
-			res.title, formatStats(last.stats), formatStatuses(res.statuses), last.rate)
+			res.title, formatCounts(last.stats, func(n string) string { return "`" + strings.TrimPrefix(n, "wasmcustom.") + "`" }),
+			formatCounts(res.statuses, func(c int) string { return strconv.Itoa(c) + " ×" }), last.rate)
 	}
 	if r.png != "" {
 		fmt.Fprintf(&b, "\n![Envoy RSS against distinct keys](%s)\n", filepath.Base(r.png))
@@ -191,31 +195,14 @@ func (r memReport) markdown() string {
 	return b.String()
 }
 
-func formatStats(m map[string]uint64) string {
-	if len(m) == 0 {
+// formatCounts lists m's entries by key as "<name(key)> <count>", or "none".
+func formatCounts[K cmp.Ordered, V int | uint64](m map[K]V, name func(K) string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, name(k)+" "+groupDigits(int(m[k])))
+	}
+	if len(parts) == 0 {
 		return "none"
-	}
-	names := make([]string, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	parts := make([]string, len(names))
-	for i, n := range names {
-		parts[i] = fmt.Sprintf("`%s` %s", strings.TrimPrefix(n, "wasmcustom."), groupDigits(int(m[n])))
-	}
-	return strings.Join(parts, ", ")
-}
-
-func formatStatuses(m map[int]int) string {
-	codes := make([]int, 0, len(m))
-	for c := range m {
-		codes = append(codes, c)
-	}
-	sort.Ints(codes)
-	parts := make([]string, len(codes))
-	for i, c := range codes {
-		parts[i] = fmt.Sprintf("%d × %s", c, groupDigits(m[c]))
 	}
 	return strings.Join(parts, ", ")
 }
