@@ -127,7 +127,11 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./config/
 	$(GO) test -run XXX -fuzz FuzzRequestValues -fuzztime $(FUZZTIME) ./plugin/
 	$(GO) test -run XXX -fuzz FuzzCheck -fuzztime $(FUZZTIME) ./internal/jsonlimit/
-	$(GO) test -run XXX -fuzz FuzzSyntaxError -fuzztime $(FUZZTIME) ./config/
+	$(GO) test -run XXX -fuzz FuzzSyntaxError -fuzztime $(FUZZTIME) ./internal/jsonlimit/
+	$(GO) test -run XXX -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run XXX -fuzz FuzzDecodeAnswer -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run XXX -fuzz FuzzDecodeLeaseAnswer -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run XXX -fuzz FuzzDecodeLease -fuzztime $(FUZZTIME) ./lease/
 	cd third_party/pretty && $(GO) test -run XXX -fuzz FuzzUnescape -fuzztime $(FUZZTIME) .
 
 clean:

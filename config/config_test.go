@@ -183,6 +183,15 @@ var badCases = []badCase{
 	{name: "cluster default without service", in: doc(`"scope":"cluster"`, rule("")), want: `config: rules[0].service: required with scope "cluster" (on the rule or at the top level)`},
 	{name: "service on local rule", in: doc("", rule(`"scope":"local","service":{"cluster":"c"}`)), want: `config: rules[0].service: only allowed with scope "cluster"`},
 	{name: "service on inherited local rule", in: doc("", rule(`"service":{"cluster":"c"}`)), want: `config: rules[0].service: only allowed with scope "cluster"`},
+	{name: "sync on local rule", in: doc("", rule(`"sync":"lease"`)), want: `config: rules[0].sync: only allowed with scope "cluster"`, gap: "a rule's scope may be inherited from the top level"},
+	{name: "sync unknown", in: doc(`"service":{"cluster":"c"}`, rule(`"scope":"cluster","sync":"batch"`)), want: `config: rules[0].sync: must be one of "per_request", "lease", got "batch"`},
+	{name: "lease without sync lease", in: doc(`"service":{"cluster":"c"}`, rule(`"scope":"cluster","lease":{"ttl_ms":500}`)), want: `config: rules[0].lease: only allowed with sync "lease"`},
+	{name: "lease on shadow rule", in: doc(`"service":{"cluster":"c"}`, rule(`"scope":"cluster","mode":"shadow","sync":"lease"`)), want: `config: rules[0].sync: "lease" is for enforced rules: a shadow rule is sent per request, to measure what it would do`, gap: "a rule's mode may be inherited from the top level"},
+	{name: "lease ttl too short", in: doc(`"service":{"cluster":"c"}`, rule(`"scope":"cluster","sync":"lease","lease":{"ttl_ms":50}`)), want: `config: rules[0].lease.ttl_ms: must be between 100 and 60000, got 50`},
+	{name: "lease share too big", in: doc(`"service":{"cluster":"c"}`, rule(`"scope":"cluster","sync":"lease","lease":{"max_share":0.75}`)), want: `config: rules[0].lease.max_share: must be at most 0.5, got 0.75`},
+	{name: "lease share zero", in: doc(`"service":{"cluster":"c"}`, rule(`"scope":"cluster","sync":"lease","lease":{"max_share":0}`)), want: `config: rules[0].lease.max_share: must be > 0, got 0`},
+	{name: "lease unknown field", in: doc(`"service":{"cluster":"c"}`, rule(`"scope":"cluster","sync":"lease","lease":{"size":5}`)), want: `config: rules[0].lease.size: unknown field`},
+	{name: "lease_path relative", in: doc(`"service":{"cluster":"c","lease_path":"v1/lease"}`, rule(`"scope":"cluster"`)), want: `config: service.lease_path: must start with / and contain no spaces, got "v1/lease"`},
 	{name: "rule service without cluster", in: doc("", rule(`"scope":"cluster","service":{"path":"/x"}`)), want: `config: rules[0].service.cluster: required`},
 
 	// The algorithm.
@@ -414,7 +423,7 @@ var goodCases = []goodCase{
 			"service":{"cluster":"limitd","authority":"limitd.internal","path":"/decide","timeout_ms":60000,"failure_mode":"deny","token":"s3cret"},
 			"rules":[` + rule("") + `]}`,
 		want: func() *Config {
-			s := &Service{Cluster: "limitd", Authority: "limitd.internal", Path: "/decide", TimeoutMS: 60000, FailureMode: FailDeny, Token: "s3cret"}
+			s := &Service{Cluster: "limitd", Authority: "limitd.internal", Path: "/decide", LeasePath: "/v1/lease", TimeoutMS: 60000, FailureMode: FailDeny, Token: "s3cret"}
 			r := wantRule("r")
 			r.Mode, r.Scope, r.Service = ModeShadow, ScopeCluster, s
 			return &Config{Rules: []Rule{r}, XFFNumTrustedHops: 16, TrustUnverifiedJWT: true, JWTMetadataNamespace: "ns",
@@ -456,7 +465,7 @@ var goodCases = []goodCase{
 				Body:            "{\"error\":\"slow down\"}\n",
 				ResponseHeaders: []HeaderPair{{"x-reason", "plan\tlimit"}, {"cache-control", "no-store"}},
 				Scope:           ScopeCluster,
-				Service:         &Service{Cluster: "limitd", Authority: "limitd", Path: "/v1/decide", TimeoutMS: 25, Token: "s3cr3t"},
+				Service:         &Service{Cluster: "limitd", Authority: "limitd", Path: "/v1/decide", LeasePath: "/v1/lease", TimeoutMS: 25, Token: "s3cr3t"},
 			})
 			c.Headers = HeadersDraft
 			return c
@@ -503,6 +512,21 @@ var goodCases = []goodCase{
 			}
 			if c.Rules[0].Status != 0 || c.Rules[0].Limit != (Limit{}) {
 				t.Errorf("allow rule has limit fields: %+v", c.Rules[0])
+			}
+		},
+	},
+	{
+		name: "cluster scope: sync lease with defaults and with tuning",
+		in: doc(`"service":{"cluster":"limitd","lease_path":"/rl/lease"}`,
+			`{"name":"fleet","scope":"cluster","sync":"lease",`+okAlg+`}`,
+			`{"name":"tuned","scope":"cluster","sync":"lease","lease":{"ttl_ms":500,"max_share":0.1},`+okAlg+`}`,
+			`{"name":"exact","scope":"cluster","sync":"per_request",`+okAlg+`}`),
+		also: func(t *testing.T, c *Config) {
+			r := c.Rules
+			if r[0].Sync != SyncLease || r[0].Lease != (Lease{TTLMS: DefaultLeaseTTLMS, MaxShare: DefaultLeaseShare}) ||
+				r[1].Lease != (Lease{TTLMS: 500, MaxShare: 0.1}) || r[2].Sync != SyncPerRequest ||
+				c.Service.LeasePath != "/rl/lease" {
+				t.Errorf("config = %+v", c)
 			}
 		},
 	},
@@ -579,7 +603,7 @@ func TestMarshalJSON(t *testing.T) {
 		`"fixed_cost":1,"default_cost":1},"status":429,"body":"","scope":"cluster"},{"name":"b","action":"allow","group":"g"}],` +
 		`"xff_num_trusted_hops":0,"trust_unverified_jwt":false,"jwt_metadata_namespace":"envoy.filters.http.jwt_authn",` +
 		`"jwt_payload_key":"jwt_payload","headers":"both","max_keys":100000,"service":{"cluster":"limitd","authority":"limitd",` +
-		`"path":"/v1/decide","timeout_ms":25,"failure_mode":"allow"}}`
+		`"path":"/v1/decide","lease_path":"/v1/lease","timeout_ms":25,"failure_mode":"allow"}}`
 	if string(got) != want {
 		t.Errorf("MarshalJSON:\n got %s\nwant %s", got, want)
 	}

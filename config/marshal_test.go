@@ -107,6 +107,14 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 		b = append(b, `,"service":`...)
 		b = appendService(b, r.Service)
 	}
+	if r.Sync == SyncLease {
+		b = appendField(b, "sync", r.Sync.String())
+		b = append(b, `,"lease":{"ttl_ms":`...)
+		b = strconv.AppendInt(b, int64(r.Lease.TTLMS), 10)
+		b = append(b, `,"max_share":`...)
+		b = appendFloat(b, r.Lease.MaxShare)
+		b = append(b, '}')
+	}
 	return append(b, '}')
 }
 
@@ -173,6 +181,7 @@ func appendService(b []byte, s *Service) []byte {
 	b = appendString(b, s.Cluster)
 	b = appendField(b, "authority", s.Authority)
 	b = appendField(b, "path", s.Path)
+	b = appendField(b, "lease_path", s.LeasePath)
 	b = append(b, `,"timeout_ms":`...)
 	b = strconv.AppendInt(b, int64(s.TimeoutMS), 10)
 	b = appendField(b, "failure_mode", s.FailureMode.String())

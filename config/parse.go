@@ -27,8 +27,19 @@ const (
 	MaxXFFNumTrustedHops        = 16
 	DefaultStatus               = 429
 	DefaultServicePath          = "/v1/decide"
+	DefaultLeasePath            = "/v1/lease"
 	DefaultTimeoutMS            = 25
 	MaxTimeoutMS                = 60000
+
+	// Lease tuning of a cluster rule with "sync": "lease" (its "lease"
+	// object): ttl_ms, how long leased tokens stay with this Envoy after
+	// the last grant before they go back to the limit service, and
+	// max_share, the largest fraction of the burst one lease may hold.
+	DefaultLeaseTTLMS  = 2000
+	MinLeaseTTLMS      = 100
+	MaxLeaseTTLMS      = 60000
+	DefaultLeaseShare  = 0.25
+	MaxLeaseShare      = 0.5
 
 	// MaxTokensPerSecond bounds tokens_per_second (and rps).
 	MaxTokensPerSecond = 1e9
@@ -122,7 +133,7 @@ func Parse(data []byte) (*Config, error) {
 		return nil, &Error{Path: path, Err: errors.New("nested deeper than " + strconv.Itoa(MaxDepth) + " levels")}
 	}
 	if !gjson.ValidBytes(data) {
-		return nil, &Error{Err: syntaxError(data)}
+		return nil, &Error{Err: jsonlimit.SyntaxError(data)}
 	}
 	doc := gjson.ParseBytes(data)
 	if !doc.IsObject() {
@@ -262,7 +273,7 @@ type defaults struct {
 }
 
 var ruleFields = []string{"name", "action", "mode", "group", "limit_keys", "match", "missing_key",
-	"algorithm", "algorithm_config", "charge_on", "status", "body", "response_headers", "scope", "service"}
+	"algorithm", "algorithm_config", "charge_on", "status", "body", "response_headers", "scope", "service", "sync", "lease"}
 
 // allowRuleFields are the only fields a rule with action "allow" may have.
 var allowRuleFields = []string{"name", "action", "group", "match"}
@@ -401,7 +412,46 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 			return r, err
 		}
 	}
-	return r, nil
+	return r, parseSync(path, o, &r)
+}
+
+// parseSync reads a cluster rule's "sync" and "lease".
+func parseSync(path string, o object, r *Rule) error {
+	_, hasSync := o.get("sync")
+	lv, hasLease := o.get("lease")
+	if hasSync && r.Scope != ScopeCluster {
+		return errorf(path+".sync", "only allowed with scope \"cluster\"")
+	}
+	sync, err := o.enum("sync", syncNames, int(SyncPerRequest))
+	if err != nil {
+		return err
+	}
+	r.Sync = Sync(sync)
+	switch {
+	case r.Sync == SyncLease && r.Mode == ModeShadow:
+		return errorf(path+".sync", "\"lease\" is for enforced rules: a shadow rule is sent per request, to measure what it would do")
+	case hasLease && r.Sync != SyncLease:
+		return errorf(path+".lease", "only allowed with sync \"lease\"")
+	case r.Sync != SyncLease:
+		return nil
+	}
+	r.Lease = Lease{TTLMS: DefaultLeaseTTLMS, MaxShare: DefaultLeaseShare}
+	if !hasLease {
+		return nil
+	}
+	lo, err := fields(path+".lease", lv, "ttl_ms", "max_share")
+	if err != nil {
+		return err
+	}
+	if r.Lease.TTLMS, err = lo.integer("ttl_ms", DefaultLeaseTTLMS, MinLeaseTTLMS, MaxLeaseTTLMS); err != nil {
+		return err
+	}
+	if _, ok := lo.get("max_share"); ok {
+		if r.Lease.MaxShare, err = lo.positive("max_share", MaxLeaseShare); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkWireBounds refuses a cluster rule's limit that the limit service
@@ -696,11 +746,11 @@ func parseResponseHeaders(path string, v gjson.Result) ([]HeaderPair, error) {
 }
 
 func parseService(path string, v gjson.Result) (*Service, error) {
-	o, err := fields(path, v, "cluster", "authority", "path", "timeout_ms", "failure_mode", "token")
+	o, err := fields(path, v, "cluster", "authority", "path", "lease_path", "timeout_ms", "failure_mode", "token")
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{Path: DefaultServicePath, TimeoutMS: DefaultTimeoutMS}
+	s := &Service{Path: DefaultServicePath, LeasePath: DefaultLeasePath, TimeoutMS: DefaultTimeoutMS}
 	if _, ok := o.get("cluster"); !ok {
 		return nil, errorf(path+".cluster", "required")
 	}
@@ -719,8 +769,13 @@ func parseService(path string, v gjson.Result) (*Service, error) {
 	if s.Path, err = o.text("path", s.Path); err != nil {
 		return nil, err
 	}
-	if !strings.HasPrefix(s.Path, "/") || strings.ContainsRune(s.Path, ' ') {
-		return nil, errorf(path+".path", "must start with / and contain no spaces, got "+strconv.Quote(s.Path))
+	if s.LeasePath, err = o.text("lease_path", s.LeasePath); err != nil {
+		return nil, err
+	}
+	for name, p := range map[string]string{"path": s.Path, "lease_path": s.LeasePath} {
+		if !strings.HasPrefix(p, "/") || strings.ContainsRune(p, ' ') {
+			return nil, errorf(path+"."+name, "must start with / and contain no spaces, got "+strconv.Quote(p))
+		}
 	}
 	if s.TimeoutMS, err = o.integer("timeout_ms", DefaultTimeoutMS, 1, MaxTimeoutMS); err != nil {
 		return nil, err

@@ -201,6 +201,7 @@ var (
 	modeNames        = []string{"enforce", "shadow"}
 	missingKeyNames  = []string{"skip", "shared", "deny"}
 	scopeNames       = []string{"local", "cluster"}
+	syncNames        = []string{"per_request", "lease"}
 	failureModeNames = []string{"allow", "deny"}
 	headerStyleNames = []string{"both", "draft", "legacy", "none"}
 )
@@ -225,6 +226,8 @@ func (m MissingKey) String() string { return enumName(missingKeyNames, int(m), "
 func (s Scope) String() string { return enumName(scopeNames, int(s), "Scope") }
 
 // String returns "allow" or "deny".
+func (s Sync) String() string { return enumName(syncNames, int(s), "Sync") }
+
 func (f FailureMode) String() string { return enumName(failureModeNames, int(f), "FailureMode") }
 
 // String returns "both", "draft", "legacy" or "none".

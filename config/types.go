@@ -52,6 +52,16 @@ type Rule struct {
 	// Scope is local (shared data in this Envoy) or cluster (the limit service).
 	Scope   Scope
 	Service *Service // for cluster scope: the rule's own, or the top-level one
+	// Sync is how a cluster rule reaches the limit service: one decision per
+	// request, or leases of tokens spent locally. Lease is its tuning.
+	Sync  Sync
+	Lease Lease
+}
+
+// Lease tunes a cluster rule with sync "lease".
+type Lease struct {
+	TTLMS    int     // how long leased tokens stay after the last grant
+	MaxShare float64 // the largest fraction of the burst one lease holds
 }
 
 // Limit is a token bucket's parameters.
@@ -153,6 +163,7 @@ type Service struct {
 	Cluster     string
 	Authority   string
 	Path        string // default /v1/decide
+	LeasePath   string // default /v1/lease
 	TimeoutMS   int    // default 25
 	FailureMode FailureMode
 	Token       string // bearer token ("token"; empty when none)
@@ -163,6 +174,7 @@ type (
 	Mode        int
 	MissingKey  int
 	Scope       int
+	Sync        int
 	FailureMode int
 	HeaderStyle int
 )
@@ -186,6 +198,11 @@ const (
 const (
 	ScopeLocal Scope = iota
 	ScopeCluster
+)
+
+const (
+	SyncPerRequest Sync = iota
+	SyncLease
 )
 
 const (

@@ -1,17 +1,17 @@
 # Memory benchmark (issue 5): Envoy's resident memory against distinct client
 # keys, for the plugin's bounded table and for a comparison plugin that keeps
 # one shared-data key per client. Writes docs/memory.md and docs/memory.png.
-# See cmd/benchmemory.
+# See `bench memory` (cmd/bench/memory.go).
 
 .PHONY: bench-memory
 
-PERKEY_SRC := $(wildcard cmd/benchmemory/perkeyplugin/*.go)
+PERKEY_SRC := $(wildcard cmd/bench/perkeyplugin/*.go)
 
 # The comparison plugin, built like the real one (see $(BUILD)/plugin.wasm).
 $(BUILD)/perkey.wasm: $(BUILD)/sdk.stamp $(PERKEY_SRC)
-	$(call build_wasm,./cmd/benchmemory/perkeyplugin)
+	$(call build_wasm,./cmd/bench/perkeyplugin)
 
 # BENCH_MEMORY_FLAGS passes options, e.g. BENCH_MEMORY_FLAGS='-keys 1000,10000'.
-bench-memory: setup build $(BUILD)/perkey.wasm
-	$(GO) run ./cmd/benchmemory -plugin $(PLUGIN_WASM) -perkey $(BUILD)/perkey.wasm \
+bench-memory: setup build $(BUILD)/perkey.wasm $(BENCH_BIN)
+	$(BENCH_BIN) memory -plugin $(PLUGIN_WASM) -perkey $(BUILD)/perkey.wasm \
 		-md docs/memory.md -png docs/memory.png $(BENCH_MEMORY_FLAGS)

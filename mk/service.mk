@@ -8,7 +8,7 @@
 #   make test-service-redis   the same with CI=true: a missing redis-server fails
 #   make bench-service        decisions/s and p50/p99 against a real Redis, with and
 #                             without batching, beside redis-benchmark EVALSHA
-#   make fuzz-service         fuzz the request decoder for FUZZTIME
+#   make fuzz-service         fuzz the request decoder (package wire) for FUZZTIME
 #   make oci-limitd           limitd as a container image, no Docker daemon (cmd/ociimage -exe):
 #                             a static linux binary FROM scratch, /etc/passwd with user nonroot
 #                             (65532), run as 65532:65532, port 8081; written as build/limitd-oci/
@@ -41,7 +41,7 @@ bench-service:
 	$(GO) run ./cmd/benchservice $(BENCH_SERVICE_FLAGS)
 
 fuzz-service:
-	$(GO) test -run XXX -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./service/
+	$(GO) test -run XXX -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./wire/
 
 # The image's binary: always linux, static, no VCS stamp, so that the same
 # commit gives the same bytes (and image digest) from any checkout.

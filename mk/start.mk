@@ -6,7 +6,7 @@
 #                      stripped sizes
 #   make bench-start   Envoy's CPU and wall time from start to the first 200,
 #                      --concurrency 1: no filter, the floor, the plugin
-#                      (internal/footprint/startcost; START_FLAGS='-rounds 5',
+#                      (`bench start`, cmd/bench/start.go; START_FLAGS='-rounds 5',
 #                      START_MODULES='before=/tmp/old.wasm' adds modules)
 
 .PHONY: footprint bench-start
@@ -30,7 +30,7 @@ footprint: build $(FP)/floor.wasm
 
 START_FLAGS ?=
 START_MODULES ?=
-bench-start: setup build $(FP)/floor.wasm
+bench-start: setup build $(FP)/floor.wasm $(BENCH_BIN)
 	@uptime
-	$(GO) run ./internal/footprint/startcost $(START_FLAGS) \
+	$(BENCH_BIN) start $(START_FLAGS) \
 		floor=$(FP)/floor.wasm $(START_MODULES) plugin=$(BUILD)/plugin.wasm

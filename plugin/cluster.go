@@ -1,23 +1,16 @@
 package plugin
 
 import (
-	"math"
 	"strconv"
 	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
-	"github.com/tidwall/gjson"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/internal/jsonlimit"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
-
-// maxAnswerDepth bounds the nesting of the limit service's answer before
-// gjson sees it (a real answer has 3 levels).
-const maxAnswerDepth = 8
 
 // clusterKey names a bucket in the limit service: the rule name and a
 // 128-bit hash of its length-prefixed key values (two independent 64-bit
@@ -61,14 +54,9 @@ func (c *httpContext) dispatch() types.Action {
 func (c *httpContext) dispatchShadow() {
 	p := c.plugin
 	takes := c.plan.shadowC
-	if err := proxywasm.SetEffectiveContext(p.id); err != nil {
-		p.warn(&p.serviceLog, "shadow call: "+err.Error())
-		return
-	}
-	err := c.call(takes, func(numHeaders, bodySize, _ int) { p.onShadowAnswer(takes, numHeaders, bodySize) })
-	if err := proxywasm.SetEffectiveContext(c.id); err != nil {
-		p.warn(&p.serviceLog, "shadow call: back to the request: "+err.Error())
-	}
+	err := p.asPlugin(c.id, func() error {
+		return c.call(takes, func(numHeaders, bodySize, _ int) { p.onShadowAnswer(takes, numHeaders, bodySize) })
+	})
 	if err != nil {
 		p.serviceFailed(takes, "dispatching the shadow call: "+err.Error())
 	}
@@ -77,35 +65,22 @@ func (c *httpContext) dispatchShadow() {
 // call sends one decision over takes to the limit service.
 func (c *httpContext) call(takes []take, answer func(numHeaders, bodySize, numTrailers int)) error {
 	p := c.plugin
-	s := takes[0].rule.Service // config.Parse: one service for all cluster rules
-	body := make([]byte, 0, 64+112*len(takes))
-	body = append(body, '{')
-	if tag := p.hashTag; tag != "" {
-		body = append(body, `"hash_tag":"`...)
-		body = append(body, tag...) // a constant: nothing to escape
-		body = append(body, `",`...)
-	}
-	body = append(body, `"buckets":[`...)
+	req := &wire.Request{HashTag: p.hashTag, Buckets: make([]wire.Bucket, len(takes))}
 	for i, t := range takes {
-		if i > 0 {
-			body = append(body, ',')
-		}
-		body = append(body, `{"key":"`...)
-		body = append(body, t.key...) // a rule name and hex: nothing to escape
-		body = append(body, `","tokens_per_second":`...)
-		body = strconv.AppendFloat(body, t.rule.limit.Rate, 'g', -1, 64)
-		body = append(body, `,"burst":`...)
-		body = strconv.AppendFloat(body, t.rule.limit.Burst, 'g', -1, 64)
-		body = append(body, `,"cost":`...)
-		body = strconv.AppendFloat(body, t.cost, 'g', -1, 64)
-		if t.rule.Mode == config.ModeShadow {
-			body = append(body, `,"shadow":true`...)
-		}
-		body = append(body, '}')
+		req.Buckets[i] = wire.Bucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst,
+			Cost: t.cost, Shadow: t.rule.Mode == config.ModeShadow}
 	}
-	body = append(body, "]}"...)
+	return post(takes[0].rule.Service, "", wire.AppendRequest(make([]byte, 0, 64+112*len(takes)), req), answer)
+}
+
+// post sends body to the limit service's path (the configured decide path
+// when path is ""), with the service's bearer token.
+func post(s *config.Service, path string, body []byte, answer func(numHeaders, bodySize, numTrailers int)) error {
+	if path == "" {
+		path = s.Path
+	}
 	hs := [][2]string{
-		{":method", "POST"}, {":path", s.Path}, {":authority", s.Authority},
+		{":method", "POST"}, {":path", path}, {":authority", s.Authority},
 		{"content-type", "application/json"},
 	}
 	if s.Token != "" {
@@ -132,7 +107,7 @@ func (c *httpContext) onAnswer(takes []take, numHeaders, bodySize int) {
 		c.plan.shadowC[i].held, c.plan.shadowC[i].d = ds[n+i].Allowed, ds[n+i]
 	}
 	if rej := rejecting(takes[:n], ds[:n]); rej != nil {
-		c.refundLocal()
+		c.refundTaken()
 		c.rejectPaused(*rej)
 		return
 	}
@@ -178,11 +153,32 @@ func countShadows(p *pluginContext, takes []take, ds []bucket.Decision) {
 }
 
 // readAnswer reads the limit service's answer to a call over takes: one
-// decision per take, or why the answer is unusable. The answer is untrusted
-// input: its size and nesting are bounded before gjson sees it, and an
-// answer whose verdict disagrees with its buckets (refused, but no enforced
-// bucket refused; or the reverse) is malformed.
+// decision per take, or why the answer is unusable (wire.DecodeAnswer
+// bounds and checks it: it is untrusted input).
 func readAnswer(takes []take, numHeaders, bodySize int) ([]bucket.Decision, string) {
+	raw, why := answerBody(numHeaders, bodySize)
+	if why != "" {
+		return nil, why
+	}
+	req := &wire.Request{Buckets: make([]wire.Bucket, len(takes))}
+	for i, t := range takes {
+		req.Buckets[i].Shadow = t.rule.Mode == config.ModeShadow
+	}
+	a, err := wire.DecodeAnswer(raw, req)
+	if err != nil {
+		return nil, "malformed response body: " + err.Error()
+	}
+	ds := make([]bucket.Decision, len(takes))
+	for i, b := range a.Buckets {
+		ds[i] = bucket.Decision{Allowed: b.Allowed, Remaining: b.Remaining,
+			RetryAfter: millis(b.RetryAfterMs), ResetAfter: millis(b.ResetMs)}
+	}
+	return ds, ""
+}
+
+// answerBody is the body of a 200 answer from the limit service, or why
+// there is none to read.
+func answerBody(numHeaders, bodySize int) ([]byte, string) {
 	if numHeaders == 0 { // Envoy's sign of a failed call: reset, timeout, no cluster
 		return nil, "no response (timeout or connection failure)"
 	}
@@ -204,33 +200,7 @@ func readAnswer(takes []take, numHeaders, bodySize int) ([]bucket.Decision, stri
 	if err != nil {
 		return nil, "reading the response body: " + err.Error()
 	}
-	if _, ok := jsonlimit.Check(raw, maxAnswerDepth); !ok || !gjson.ValidBytes(raw) {
-		return nil, "malformed response body"
-	}
-	answer := gjson.ParseBytes(raw)
-	buckets := answer.Get("buckets").Array()
-	allowed := answer.Get("allowed")
-	if len(buckets) != len(takes) || (allowed.Type != gjson.True && allowed.Type != gjson.False) {
-		return nil, "malformed response body"
-	}
-	ds := make([]bucket.Decision, len(buckets))
-	refused := false
-	for i, b := range buckets {
-		ds[i] = bucket.Decision{
-			Allowed:    b.Get("allowed").Type == gjson.True,
-			Remaining:  max(b.Get("remaining").Int(), 0),
-			RetryAfter: millis(b.Get("retry_after_ms").Float()),
-			ResetAfter: millis(b.Get("reset_ms").Float()),
-		}
-		if !ds[i].Allowed && takes[i].rule.Mode == config.ModeEnforce {
-			ds[i].RetryAfter = max(ds[i].RetryAfter, time.Millisecond)
-			refused = true
-		}
-	}
-	if refused == allowed.Bool() {
-		return nil, "malformed response body: allowed disagrees with its buckets"
-	}
-	return ds, ""
+	return raw, ""
 }
 
 // serviceFailed counts and logs a failed call and applies failure_mode: for
@@ -244,7 +214,7 @@ func (c *httpContext) serviceFailed(takes []take, why string) *rejection {
 		return nil
 	}
 	if first.Service.FailureMode == config.FailDeny {
-		c.refundLocal()
+		c.refundTaken()
 		return &rejection{rule: first, reason: reasonServiceDown}
 	}
 	for _, t := range c.plan.cluster {
@@ -260,11 +230,6 @@ func (p *pluginContext) serviceFailed(takes []take, why string) {
 	p.warn(&p.serviceLog, "limit service "+s.Cluster+": "+why+" (failure_mode "+s.FailureMode.String()+")")
 }
 
-// millis turns the wire's milliseconds into a wait, clamped to what a
-// validated limit can report.
-func millis(ms float64) time.Duration {
-	if !(ms > 0) {
-		return 0
-	}
-	return time.Duration(math.Min(ms, float64(wire.MaxFill.Milliseconds())) * float64(time.Millisecond))
-}
+// millis turns the wire's milliseconds (clamped by package wire) into a
+// wait.
+func millis(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

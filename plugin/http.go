@@ -8,6 +8,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/lease"
 	"github.com/ratelimit-wasm/tokenbucket/store"
 )
 
@@ -78,11 +79,15 @@ type take struct {
 // because a cluster rule's answer arrives in a later callback.
 type plan struct {
 	now                  int64
-	local, cluster       []take // enforced rules
+	local, cluster       []take // enforced rules (cluster: sync per_request)
+	leased               []take // enforced cluster rules with sync lease
 	shadowLocal, shadowC []take // shadow rules, decided on their own
-	// consumed says the local takes were taken from their buckets: the only
-	// tokens a refund may give back.
-	consumed bool
+	// consumed says the local takes were taken from their buckets, and
+	// leaseSpent that spends were taken from the leases: the only tokens a
+	// refund may give back.
+	consumed   bool
+	leaseSpent bool
+	spends     []lease.Spend
 	// charges: some take's rule settles with the response (a cost known
 	// from the response, or charge_on).
 	charges bool
@@ -115,6 +120,12 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	c.decideShadows()
 	if rej == nil {
 		rej = c.enforceLocal()
+	}
+	if rej == nil && len(c.plan.leased) > 0 {
+		var paused bool
+		if rej, paused = c.spendLeases(); paused {
+			return types.ActionPause // onLeaseAnswer goes on
+		}
 	}
 	if rej != nil || len(c.plan.cluster) == 0 {
 		// No enforced callout to ride in: shadow cluster rules are sent on
@@ -188,6 +199,8 @@ func (c *httpContext) planRules(r *request) *rejection {
 			pl.shadowC = append(pl.shadowC, t)
 		case ru.Mode == config.ModeShadow:
 			pl.shadowLocal = append(pl.shadowLocal, t)
+		case cluster && ru.Sync == config.SyncLease:
+			pl.leased = append(pl.leased, t)
 		case cluster:
 			pl.cluster = append(pl.cluster, t)
 		default:
@@ -260,11 +273,16 @@ func (p *pluginContext) decide(now int64, takes []take) (bool, error) {
 	return ok, err
 }
 
-// refundLocal gives back what the request's local rules consumed, when a
-// later check (the limit service) rejects it. Nothing consumed, nothing
-// given back.
-func (c *httpContext) refundLocal() {
+// refundTaken gives back what the request's local rules consumed and what
+// it spent from leases, when a later check (the limit service) rejects it.
+// Nothing taken, nothing given back.
+func (c *httpContext) refundTaken() {
 	pl := &c.plan
+	p := c.plugin
+	if pl.leaseSpent {
+		pl.leaseSpent = false
+		p.leases.Refund(pl.now, pl.spends)
+	}
 	if !pl.consumed {
 		return
 	}
@@ -272,7 +290,6 @@ func (c *httpContext) refundLocal() {
 	for i := range pl.local {
 		pl.local[i].held = false
 	}
-	p := c.plugin
 	p.reqs = p.reqs[:0]
 	for _, t := range pl.local {
 		p.reqs = append(p.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})

@@ -36,6 +36,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/lease"
 	"github.com/ratelimit-wasm/tokenbucket/store"
 )
 
@@ -109,6 +110,8 @@ type pluginContext struct {
 	rules   []*rule
 	hashTag string // sent to the limit service: see configure
 	table   *store.Table
+	leases  *lease.Table
+	held    map[uint64]held // leases this worker called for (returnExpired)
 	metrics globalMetrics
 	// One rate limit per kind of log line a request can trigger.
 	failLog, serviceLog, replyLog, headerLog throttle
@@ -117,6 +120,7 @@ type pluginContext struct {
 	// nothing here outlives the callback).
 	reqs    []store.Request
 	out     []bucket.Decision
+	results []lease.Result
 	scratch []byte // header values being formatted
 
 	free []*httpContext // contexts of finished streams, zeroed, for reuse
@@ -126,10 +130,11 @@ type pluginContext struct {
 type rule struct {
 	*config.Rule
 	limit      bucket.Limit
-	policy     string // RateLimit-Policy value
-	quotedName string // the name as a structured-field string: "name"
-	burst      string // RateLimit-Limit value
-	identity   hasher // hash of the rule name and its limit-key sources
+	policy     string       // RateLimit-Policy value
+	quotedName string       // the name as a structured-field string: "name"
+	burst      string       // RateLimit-Limit value
+	identity   hasher       // hash of the rule name and its limit-key sources
+	lease      lease.Policy // sync "lease"
 	allowed    counter
 	rejected   counter
 	failedOpen counter
@@ -144,8 +149,8 @@ type rule struct {
 }
 
 type globalMetrics struct {
-	evictions, retries, refunds, serviceErrors, longValues, gcCycles counter
-	heapBytes, sysBytes                                              gauge
+	evictions, retries, refunds, serviceErrors, longValues, gcCycles, leaseCalls counter
+	heapBytes, sysBytes                                                          gauge
 }
 
 // OnPluginStart implements types.PluginContext.
@@ -184,6 +189,9 @@ func (p *pluginContext) OnTick() {
 	}
 	reported.heap, reported.sys, reported.gc = ms.HeapAlloc, ms.Sys, uint64(ms.NumGC)
 	collectOnTick(ms.HeapAlloc) // after the report: its collection shows at the next tick
+	if len(p.held) > 0 {
+		p.returnExpired()
+	}
 }
 
 // reported is what this VM has added to the memory metrics so far. It is
@@ -203,7 +211,11 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 	if err != nil {
 		return err
 	}
-	p.cfg, p.table = cfg, table
+	leases, err := lease.New(p.sd, Name+":lease:v1:"+rootID+":", cfg.MaxKeys)
+	if err != nil {
+		return err
+	}
+	p.cfg, p.table, p.leases, p.held = cfg, table, leases, map[uint64]held{}
 	p.rules = make([]*rule, len(cfg.Rules))
 	clusterRules := 0
 	for i := range cfg.Rules {
@@ -233,6 +245,8 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 		heapBytes:  defineGauge(Name + ".memory.heap_bytes"),
 		sysBytes:   defineGauge(Name + ".memory.sys_bytes"),
 		gcCycles:   defineCounter(Name + ".memory.gc_cycles"),
+		// lease calls sent: a request waiting, a refill, a return
+		leaseCalls: defineCounter(Name + ".lease_calls"),
 	}
 	return nil
 }
@@ -244,6 +258,9 @@ func compile(cr *config.Rule) *rule {
 		h = h.uvarint(int(k.Kind)).field(k.Name)
 	}
 	r.identity = h
+	if cr.Sync == config.SyncLease {
+		r.lease = leasePolicy(cr)
+	}
 	if cr.Action == config.ActionLimit {
 		window := int64(math.Ceil(cr.Limit.Burst / cr.Limit.TokensPerSecond))
 		r.quotedName = `"` + cr.Name + `"`

@@ -264,6 +264,37 @@ func TestIntegrationCluster(t *testing.T) {
 			if _, err := s.Decide(ctx, cross); !errors.As(err, &verr) {
 				t.Fatalf("cross-slot request: %v, want a *ValidationError", err)
 			}
+			// Leases on a cluster: concurrent grants on one key never exceed
+			// its burst, and several buckets under one hash tag are leased
+			// atomically.
+			var mu sync.Mutex
+			var granted float64
+			for range 30 {
+				wg.Go(func() {
+					a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{{Key: prefix + "leased", Rate: 0.01, Burst: 40, Want: 3, Min: 1}}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					granted += a.Buckets[0].Tokens
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			if granted < 40 || granted > 40.01 { // 0.01 token/s refills a little meanwhile
+				t.Fatalf("30 leases of up to 3 on a burst of 40 granted %v, want 40", granted)
+			}
+			lm := &LeaseRequest{HashTag: prefix + "user", Buckets: []LeaseBucket{
+				{Key: "lease-second", Rate: 1, Burst: 1, Want: 1, Min: 1},
+				{Key: "lease-minute", Rate: 0.1, Burst: 5, Want: 2, Min: 1},
+			}}
+			if a, err := s.Lease(ctx, lm); err != nil || !a.Granted || a.Buckets[1].Tokens != 2 {
+				t.Fatalf("multi lease = %+v, %v", a, err)
+			}
+			if a, err := s.Lease(ctx, lm); err != nil || a.Granted || a.Buckets[1].Remaining != 3 {
+				t.Fatalf("second multi lease = %+v, %v; want refused, minute untouched at 3", a, err)
+			}
 			// The script cache flushed on every primary: decisions go on.
 			for _, addr := range cl.Addrs() {
 				if _, err := redistest.Do(addr, "SCRIPT", "FLUSH"); err != nil {
@@ -273,6 +304,9 @@ func TestIntegrationCluster(t *testing.T) {
 			for i := range 10 {
 				if _, err := s.Decide(ctx, one(prefix+"flushed"+strconv.Itoa(i), 1, 1, 1)); err != nil {
 					t.Fatalf("after SCRIPT FLUSH: %v", err)
+				}
+				if _, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{{Key: prefix + "flushed-lease" + strconv.Itoa(i), Rate: 1, Burst: 1, Want: 1}}}); err != nil {
+					t.Fatalf("lease after SCRIPT FLUSH: %v", err)
 				}
 			}
 		})

@@ -17,6 +17,10 @@ type Store interface {
 	// in Redis before a connection broke); a *ValidationError means the store
 	// cannot take this request as sent.
 	Decide(ctx context.Context, req *Request) (Answer, error)
+	// Lease takes a lease call atomically: every bucket takes back its
+	// return, then grants at least its min or none grants; errors as for
+	// Decide.
+	Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error)
 	// Ping reports whether the store can take decisions.
 	Ping(ctx context.Context) error
 	// Close releases the store; calls in flight finish first.
@@ -152,8 +156,59 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 		}
 		d.Buckets[i] = report(&req.Buckets[i], st.ok, tokens, at-now)
 	}
-	d.finish(req)
+	d.Settle(req)
 	return d, nil
+}
+
+// Lease implements Store under the store's mutex: a dry run of package
+// bucket's Limit.Lease on every bucket decides whether the call grants;
+// then each bucket is leased, or, when refused, takes back only its return.
+func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error) {
+	if err := ctx.Err(); err != nil {
+		return LeaseAnswer{}, err
+	}
+	n := len(req.Buckets)
+	keys := make([]string, n)
+	for i := range req.Buckets {
+		keys[i] = storageKey(DefaultKeyPrefix, req.HashTag, req.Buckets[i].Key)
+	}
+	a := LeaseAnswer{Granted: true, Buckets: make([]Grant, n)}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	state := func(k string) bucket.State {
+		if e, ok := m.buckets[k]; ok && e.fullAt > now {
+			return e.state
+		}
+		return bucket.State{}
+	}
+	for i, b := range req.Buckets {
+		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
+		if _, _, ok, _ := lim.Lease(state(keys[i]), now, b.Return, b.Want, b.Min); !ok {
+			a.Granted = false
+		}
+	}
+	if len(m.buckets)+n > m.maxKeys {
+		m.maybeSweep(now, true)
+		if len(m.buckets)+n > m.maxKeys {
+			return LeaseAnswer{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
+		}
+	}
+	for i, b := range req.Buckets {
+		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
+		st := state(keys[i])
+		next, granted := lim.Refund(st, now, b.Return), 0.0 // refused: only the return
+		if a.Granted {
+			next, granted, _, _ = lim.Lease(st, now, b.Return, b.Want, b.Min)
+		}
+		if fullAt := lim.FullAt(next); fullAt > now {
+			m.buckets[keys[i]] = memoryEntry{state: next, fullAt: fullAt}
+		} else {
+			delete(m.buckets, keys[i])
+		}
+		a.Buckets[i] = grant(&req.Buckets[i], a.Granted, granted, lim.Tokens(next, now), max(next.At, now)-now)
+	}
+	return a, nil
 }
 
 // maybeSweep forgets every bucket that is full at now, when the table has

@@ -12,11 +12,27 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed decide.lua
-var decideLua string
+// The Lua sources: bucket.lua (Redis's clock, reading and writing one
+// bucket) runs before each script's own part.
+var (
+	//go:embed bucket.lua
+	bucketLua string
+	//go:embed decide.lua
+	decidePart string
+	//go:embed lease.lua
+	leasePart string
 
-// DecideScript is the Lua source run for every decision (decide.lua).
+	decideLua = bucketLua + decidePart
+	leaseLua  = bucketLua + leasePart
+)
+
+// DecideScript is the Lua source run for every decision (bucket.lua, then
+// decide.lua).
 func DecideScript() string { return decideLua }
+
+// LeaseScript is the Lua source run for every lease call (bucket.lua, then
+// lease.lua).
+func LeaseScript() string { return leaseLua }
 
 // redisClient is what RedisStore needs from go-redis: scripts, pipelines and
 // PING. redis.UniversalClient (a single node, Sentinel or Cluster) has it.
@@ -47,6 +63,7 @@ type RedisOptions struct {
 type RedisStore struct {
 	client  redisClient
 	script  *redis.Script
+	lease   *redis.Script
 	prefix  string
 	cluster bool
 	batch   *batcher
@@ -66,6 +83,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore
 	s := &RedisStore{
 		client:  client,
 		script:  redis.NewScript(decideLua),
+		lease:   redis.NewScript(leaseLua),
 		prefix:  opts.KeyPrefix,
 		cluster: cluster,
 	}
@@ -87,9 +105,12 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore
 	return s, nil
 }
 
-// Load loads the script into Redis (every primary of a cluster) and returns
-// its SHA1.
+// Load loads the scripts into Redis (every primary of a cluster) and
+// returns the decide script's SHA1.
 func (s *RedisStore) Load(ctx context.Context) (string, error) {
+	if err := s.lease.Load(ctx, s.client).Err(); err != nil {
+		return "", fmt.Errorf("service: redis: script load: %w", err)
+	}
 	sha, err := s.script.Load(ctx, s.client).Result()
 	if err != nil {
 		return "", fmt.Errorf("service: redis: script load: %w", err)
@@ -103,14 +124,8 @@ func (s *RedisStore) Batching() bool { return s.batch != nil }
 // Decide implements Store.
 func (s *RedisStore) Decide(ctx context.Context, req *Request) (Answer, error) {
 	keys, args := s.scriptArgs(req)
-	if s.cluster && req.HashTag == "" && len(keys) > 1 {
-		slot := keySlot(keys[0])
-		for _, k := range keys[1:] {
-			if keySlot(k) != slot {
-				return Answer{}, &ValidationError{Field: "hash_tag",
-					Msg: "required: the buckets fall in different Redis Cluster slots"}
-			}
-		}
+	if err := s.oneSlot(req.HashTag, keys); err != nil {
+		return Answer{}, err
 	}
 	var res any
 	var err error
@@ -123,6 +138,59 @@ func (s *RedisStore) Decide(ctx context.Context, req *Request) (Answer, error) {
 		return Answer{}, fmt.Errorf("service: redis: %w", err)
 	}
 	return parseResult(req, res)
+}
+
+// Lease implements Store with one run of lease.lua. Lease calls are rare by
+// design (one per lease, not per request), so they are never batched.
+func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error) {
+	keys := make([]string, len(req.Buckets))
+	args := make([]any, 0, 5*len(req.Buckets))
+	for i := range req.Buckets {
+		b := &req.Buckets[i]
+		keys[i] = storageKey(s.prefix, req.HashTag, b.Key)
+		args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Want), formatFloat(b.Min), formatFloat(b.Return))
+	}
+	if err := s.oneSlot(req.HashTag, keys); err != nil {
+		return LeaseAnswer{}, err
+	}
+	res, err := s.lease.Run(ctx, s.client, keys, args...).Result()
+	if err != nil {
+		return LeaseAnswer{}, fmt.Errorf("service: redis: %w", err)
+	}
+	vals, ok := res.([]any)
+	if !ok || len(vals) != 1+3*len(req.Buckets) {
+		return LeaseAnswer{}, fmt.Errorf("service: redis: lease script reply: want %d values, got %T of %v", 1+3*len(req.Buckets), res, res)
+	}
+	all, _ := vals[0].(int64)
+	a := LeaseAnswer{Granted: all == 1, Buckets: make([]Grant, len(req.Buckets))}
+	for i := range req.Buckets {
+		gs, ok1 := vals[1+3*i].(string)
+		ts, ok2 := vals[2+3*i].(string)
+		gap, ok3 := vals[3+3*i].(int64)
+		granted, err1 := strconv.ParseFloat(gs, 64)
+		tokens, err2 := strconv.ParseFloat(ts, 64)
+		if !ok1 || !ok2 || !ok3 || err1 != nil || err2 != nil {
+			return LeaseAnswer{}, fmt.Errorf("service: redis: lease script reply: bucket %d: malformed %v", i, vals[1+3*i:4+3*i])
+		}
+		a.Buckets[i] = grant(&req.Buckets[i], a.Granted, granted, tokens, gap)
+	}
+	return a, nil
+}
+
+// oneSlot refuses, on a Redis Cluster, a call whose keys fall in different
+// slots (several buckets and no hash tag): one script cannot reach them.
+func (s *RedisStore) oneSlot(hashTag string, keys []string) error {
+	if !s.cluster || hashTag != "" || len(keys) < 2 {
+		return nil
+	}
+	slot := keySlot(keys[0])
+	for _, k := range keys[1:] {
+		if keySlot(k) != slot {
+			return &ValidationError{Field: "hash_tag",
+				Msg: "required: the buckets fall in different Redis Cluster slots"}
+		}
+	}
+	return nil
 }
 
 // scriptArgs returns the KEYS and ARGV of decide.lua for req.
@@ -160,7 +228,7 @@ func parseResult(req *Request, res any) (Answer, error) {
 		}
 		d.Buckets[i] = report(&req.Buckets[i], okv == 1, tokens, gap)
 	}
-	d.finish(req)
+	d.Settle(req)
 	if all, _ := vals[0].(int64); (all == 1) != d.Allowed {
 		return Answer{}, fmt.Errorf("service: redis: script reply: admitted %d disagrees with its buckets", all)
 	}

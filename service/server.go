@@ -18,6 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // Config configures a Server. Store is required; zero fields of the others
@@ -45,6 +47,7 @@ const DefaultTimeout = time.Second
 // Server is the HTTP API:
 //
 //	POST /v1/decide   take a decision (JSON in and out; see openapi.yaml)
+//	POST /v1/lease    lease tokens for a gateway to spend locally
 //	GET  /healthz     200 while the process runs
 //	GET  /readyz      200 when the store answers (Redis PING), else 503
 //	GET  /metrics     Prometheus metrics
@@ -87,7 +90,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		store:   cfg.Store,
-		limits:  cfg.Limits.withDefaults(),
+		limits:  cfg.Limits.WithDefaults(),
 		timeout: cfg.Timeout,
 		log:     cfg.Logger,
 		metrics: m,
@@ -96,7 +99,8 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Token != "" {
 		s.token, s.hasTok = sha256.Sum256([]byte(cfg.Token)), true
 	}
-	s.mux.HandleFunc("/v1/decide", s.decide)
+	s.mux.HandleFunc("/v1/decide", s.serve(s.decide, m.latency))
+	s.mux.HandleFunc("/v1/lease", s.serve(s.lease, m.leaseLatency))
 	s.mux.HandleFunc("/healthz", s.healthz)
 	s.mux.HandleFunc("/readyz", s.readyz)
 	s.mux.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
@@ -108,65 +112,96 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 
 var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		s.fail(w, http.StatusMethodNotAllowed, "method: must be POST")
-		return
-	}
-	if !s.authorized(r) {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="limitd"`)
-		s.fail(w, http.StatusUnauthorized, "authorization: missing or wrong bearer token")
-		return
-	}
-	buf := bodyPool.Get().(*bytes.Buffer)
-	defer func() {
-		if buf.Cap() <= int(s.limits.MaxBodyBytes)+bytes.MinRead {
-			buf.Reset()
-			bodyPool.Put(buf)
-		}
-	}()
-	buf.Reset()
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.limits.MaxBodyBytes))
+// endpoint is one /v1 call: it decodes body, takes the call, and appends
+// the answer to out. Errors that are not a *ValidationError are the store's.
+type endpoint func(ctx context.Context, body, out []byte) ([]byte, error)
+
+func (s *Server) decide(ctx context.Context, body, out []byte) ([]byte, error) {
+	req, err := DecodeRequest(body, s.limits)
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			s.fail(w, http.StatusRequestEntityTooLarge, "body: larger than "+strconv.FormatInt(tooBig.Limit, 10)+" bytes")
-			return
-		}
-		s.fail(w, http.StatusBadRequest, "body: "+err.Error())
-		return
+		return nil, err
 	}
-	req, err := DecodeRequest(buf.Bytes(), s.limits)
-	if err != nil {
-		s.failInvalid(w, err)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
 	d, err := decide(ctx, s.store, req)
-	cancel()
 	if err != nil {
-		var verr *ValidationError
-		if errors.As(err, &verr) {
-			s.failInvalid(w, err)
-			return
-		}
-		s.metrics.storeErrors.Inc()
-		if n, ok := s.errLog.allow(time.Now()); ok {
-			s.log.Warn("decision failed", "err", err, "suppressed", n)
-		}
-		s.fail(w, http.StatusServiceUnavailable, err.Error())
-		return
+		return nil, err
 	}
 	s.metrics.decisions.Inc()
 	if !d.Allowed {
 		s.metrics.rejections.Inc()
 	}
-	out := d.AppendJSON(buf.AvailableBuffer())
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(out)
-	s.metrics.latency.Observe(time.Since(start).Seconds())
+	return wire.AppendAnswer(out, &d), nil
+}
+
+func (s *Server) lease(ctx context.Context, body, out []byte) ([]byte, error) {
+	req, err := wire.DecodeLeaseRequest(body, s.limits)
+	if err != nil {
+		return nil, err
+	}
+	a, err := s.store.Lease(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics.leases.Inc()
+	for i := range a.Buckets {
+		s.metrics.leased.Add(a.Buckets[i].Tokens)
+		s.metrics.returned.Add(req.Buckets[i].Return)
+	}
+	return wire.AppendLeaseAnswer(out, &a), nil
+}
+
+// serve runs one /v1 endpoint: method, bearer token and body checks, then
+// the call under the server's timeout, answering JSON.
+func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			s.fail(w, http.StatusMethodNotAllowed, "method: must be POST")
+			return
+		}
+		if !s.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="limitd"`)
+			s.fail(w, http.StatusUnauthorized, "authorization: missing or wrong bearer token")
+			return
+		}
+		buf := bodyPool.Get().(*bytes.Buffer)
+		defer func() {
+			if buf.Cap() <= int(s.limits.MaxBodyBytes)+bytes.MinRead {
+				buf.Reset()
+				bodyPool.Put(buf)
+			}
+		}()
+		buf.Reset()
+		_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.limits.MaxBodyBytes))
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				s.fail(w, http.StatusRequestEntityTooLarge, "body: larger than "+strconv.FormatInt(tooBig.Limit, 10)+" bytes")
+				return
+			}
+			s.fail(w, http.StatusBadRequest, "body: "+err.Error())
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
+		out, err := call(ctx, buf.Bytes(), buf.AvailableBuffer())
+		cancel()
+		if err != nil {
+			var verr *ValidationError
+			if errors.As(err, &verr) {
+				s.failInvalid(w, err)
+				return
+			}
+			s.metrics.storeErrors.Inc()
+			if n, ok := s.errLog.allow(time.Now()); ok {
+				s.log.Warn("call failed", "path", r.URL.Path, "err", err, "suppressed", n)
+			}
+			s.fail(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(out)
+		latency.Observe(time.Since(start).Seconds())
+	}
 }
 
 // authorized reports whether r carries the bearer token (or none is needed).
@@ -244,9 +279,16 @@ type metrics struct {
 	decisions   prometheus.Counter
 	rejections  prometheus.Counter
 	storeErrors prometheus.Counter
+	leases      prometheus.Counter
+	leased      prometheus.Counter
+	returned    prometheus.Counter
 	refused     *prometheus.CounterVec
 	latency     prometheus.Histogram
+	// leaseLatency is latency's for POST /v1/lease.
+	leaseLatency prometheus.Histogram
 }
+
+var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
 
 // newMetrics registers a Server's series with reg; it fails when reg already
 // has them (one registry per Server).
@@ -265,6 +307,18 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 			Name: "limitd_store_errors_total", ConstLabels: labels,
 			Help: "Decisions that failed in the store (Redis errors and timeouts, a full memory store); answered 503.",
 		}),
+		leases: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitd_leases_total", ConstLabels: labels,
+			Help: "Lease calls answered (granted or refused).",
+		}),
+		leased: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitd_leased_tokens_total", ConstLabels: labels,
+			Help: "Tokens granted by lease calls.",
+		}),
+		returned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitd_returned_tokens_total", ConstLabels: labels,
+			Help: "Unused leased tokens given back by lease calls.",
+		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limitd_invalid_requests_total",
 			Help: "Requests refused before a decision, by HTTP status (400, 401, 405, 413).",
@@ -272,10 +326,15 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "limitd_decide_duration_seconds", ConstLabels: labels,
 			Help:    "Time to answer POST /v1/decide with a decision, from request to response.",
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+			Buckets: latencyBuckets,
+		}),
+		leaseLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "limitd_lease_duration_seconds", ConstLabels: labels,
+			Help:    "Time to answer POST /v1/lease, from request to response.",
+			Buckets: latencyBuckets,
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.refused, m.latency} {
+	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.leases, m.leased, m.returned, m.refused, m.latency, m.leaseLatency} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("service: config: registry: %w", err)
 		}

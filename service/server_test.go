@@ -23,8 +23,11 @@ import (
 type failingStore struct{ err error }
 
 func (f failingStore) Decide(context.Context, *Request) (Answer, error) { return Answer{}, f.err }
-func (f failingStore) Ping(context.Context) error                       { return f.err }
-func (f failingStore) Close() error                                     { return nil }
+func (f failingStore) Lease(context.Context, *LeaseRequest) (LeaseAnswer, error) {
+	return LeaseAnswer{}, f.err
+}
+func (f failingStore) Ping(context.Context) error { return f.err }
+func (f failingStore) Close() error               { return nil }
 
 func newTestServer(t *testing.T, store Store, token string) (*Server, *prometheus.Registry) {
 	t.Helper()
@@ -107,7 +110,7 @@ func TestServerErrors(t *testing.T) {
 		msg                string
 	}{
 		{"validation", "POST", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":5}]}`, 400, "buckets[0].burst: must be >= tokens_per_second (10), got 5"},
-		{"bad json", "POST", `{"buckets":`, 400, "body: truncated or empty JSON"},
+		{"bad json", "POST", `{"buckets":`, 400, "body: invalid JSON: unexpected end of JSON input (at byte 11)"},
 		{"too big", "POST", big, 413, "body: larger than 65536 bytes"},
 		{"method", "GET", "", 405, "method: must be POST"},
 	}
@@ -271,10 +274,49 @@ func TestOpenAPIDocumentsTheWire(t *testing.T) {
 		"/v1/decide", "/healthz", "/readyz", "/metrics",
 		"hash_tag:", "buckets:", "key:", "tokens_per_second:", "burst:", "cost:",
 		"allowed:", "remaining:", "retry_after_ms:", "reset_ms:", "error:",
+		"/v1/lease", "want:", "min:", "return:", "granted:",
 		"maxItems: " + strconv.Itoa(DefaultMaxBuckets), "maxLength: " + strconv.Itoa(DefaultMaxKeyBytes),
 	} {
 		if !bytes.Contains(spec, []byte(field)) {
 			t.Errorf("openapi.yaml lacks %q", field)
 		}
+	}
+}
+
+// TestServerLease: POST /v1/lease grants, refuses, takes returns, checks
+// its body like /v1/decide, and counts in the lease metrics.
+func TestServerLease(t *testing.T) {
+	clk := &fakeClock{}
+	clk.Set(t0)
+	s, reg := newTestServer(t, NewMemoryStore(MemoryOptions{Now: clk.Now}), "")
+	steps := []struct{ body, want string }{
+		{`{"buckets":[{"key":"k","tokens_per_second":1,"burst":10,"want":8,"min":1}]}`,
+			`{"granted":true,"buckets":[{"granted":8,"remaining":2,"retry_after_ms":0,"reset_ms":8000}]}`},
+		{`{"buckets":[{"key":"k","tokens_per_second":1,"burst":10,"want":8,"min":3}]}`,
+			`{"granted":false,"buckets":[{"granted":0,"remaining":2,"retry_after_ms":1000,"reset_ms":8000}]}`},
+		{`{"buckets":[{"key":"k","tokens_per_second":1,"burst":10,"return":5}]}`,
+			`{"granted":true,"buckets":[{"granted":0,"remaining":7,"retry_after_ms":0,"reset_ms":3000}]}`},
+	}
+	for i, st := range steps {
+		w := do(s, "POST", "/v1/lease", st.body)
+		if w.Code != 200 || strings.TrimSpace(w.Body.String()) != st.want {
+			t.Fatalf("step %d: %d %s\nwant %s", i, w.Code, w.Body, st.want)
+		}
+	}
+	if w := do(s, "POST", "/v1/lease", `{"buckets":[{"key":"k","tokens_per_second":1,"burst":10,"want":11}]}`); w.Code != 400 ||
+		!strings.Contains(w.Body.String(), "buckets[0].want: must be >= 0 and <= 10, got 11") {
+		t.Fatalf("invalid lease: %d %s", w.Code, w.Body)
+	}
+	mfs, _ := reg.Gather()
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if m.GetCounter() != nil {
+				got[mf.GetName()] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if got["limitd_leases_total"] != 3 || got["limitd_leased_tokens_total"] != 8 || got["limitd_returned_tokens_total"] != 5 {
+		t.Fatalf("lease metrics %v", got)
 	}
 }

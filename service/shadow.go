@@ -60,6 +60,6 @@ func decide(ctx context.Context, st Store, req *Request) (Answer, error) {
 			j++
 		}
 	}
-	a.finish(req)
+	a.Settle(req)
 	return a, nil
 }

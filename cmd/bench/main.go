@@ -40,6 +40,8 @@
 //
 //	bench                        full run into docs/benchmarks
 //	bench -smoke -out build/bench-smoke   a few seconds per configuration
+//	bench memory -h              memory against distinct keys (memory.go)
+//	bench start -h               Envoy's start cost per module (start.go)
 package main
 
 import (
@@ -182,13 +184,22 @@ func (p *params) selected() ([]setup, error) {
 	return out, nil
 }
 
+// modes are the other benchmarks, each with flags of its own: `bench
+// memory` (make bench-memory) and `bench start` (make bench-start).
+var modes = map[string]func(args []string) error{"memory": runMemory, "start": runStart}
+
 func main() {
-	p, err := parseParams(os.Args[1:])
+	var err error
+	if len(os.Args) > 1 && modes[os.Args[1]] != nil {
+		err = modes[os.Args[1]](os.Args[2:])
+	} else {
+		var p *params
+		if p, err = parseParams(os.Args[1:]); err == nil {
+			err = run(p)
+		}
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(2)
-	}
-	if err == nil {
-		err = run(p)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

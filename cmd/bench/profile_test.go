@@ -42,10 +42,13 @@ import (
 // profiler counts instrumented calls. It implements wazero's experimental
 // FunctionListenerFactory; wasmhost compiles the module once per process
 // with the context NewHost gets, so one profiler serves every benchmark of
-// the process and is reset between them.
+// the process and is reset between them. With every set it only counts the
+// calls of every guest function, by name (guest).
 type profiler struct {
 	mu      sync.Mutex
+	every   bool
 	calls   map[string]*callStat
+	guest   map[string]int64
 	mallocs int64
 	bytes   int64
 	sites   map[string]*site // allocations by the first caller outside the runtime
@@ -61,14 +64,15 @@ type callStat struct {
 	kind string // "host", "callback" or "runtime"
 }
 
-func newProfiler() *profiler {
-	return &profiler{calls: map[string]*callStat{}, sites: map[string]*site{}}
+func newProfiler(every bool) *profiler {
+	return &profiler{every: every, calls: map[string]*callStat{}, guest: map[string]int64{}, sites: map[string]*site{}}
 }
 
 func (p *profiler) reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls = map[string]*callStat{}
+	p.guest = map[string]int64{}
 	p.sites = map[string]*site{}
 	p.mallocs, p.bytes = 0, 0
 	p.stack = p.stack[:0]
@@ -76,10 +80,15 @@ func (p *profiler) reset() {
 
 // NewFunctionListener implements experimental.FunctionListenerFactory: it
 // instruments the host module's functions, the guest's proxy_* exports and
-// runtime.mallocgc, and nothing else.
+// runtime.mallocgc, and nothing else; with every, each guest function.
 func (p *profiler) NewFunctionListener(def api.FunctionDefinition) experimental.FunctionListener {
+	host := def.ModuleName() == "env" || def.ModuleName() == "wasi_snapshot_preview1"
 	switch {
-	case def.ModuleName() == "env" || def.ModuleName() == "wasi_snapshot_preview1":
+	case p.every && host:
+		return nil
+	case p.every:
+		return &listener{p: p, name: def.Name(), kind: "guest"}
+	case host:
 		return &listener{p: p, name: def.ModuleName() + "." + def.Name(), kind: "host"}
 	case def.Name() == "runtime.mallocgc":
 		return &listener{p: p, name: def.Name(), kind: "malloc"}
@@ -102,6 +111,10 @@ func (l *listener) Before(_ context.Context, mod api.Module, _ api.FunctionDefin
 	p := l.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if l.kind == "guest" {
+		p.guest[l.name]++
+		return
+	}
 	if l.kind == "malloc" {
 		size := mallocSize(mod)
 		p.mallocs++
@@ -157,7 +170,7 @@ func (l *listener) After(context.Context, api.Module, api.FunctionDefinition, []
 func (l *listener) Abort(context.Context, api.Module, api.FunctionDefinition, error)    { l.end() }
 
 func (l *listener) end() {
-	if l.kind == "malloc" {
+	if l.kind == "malloc" || l.kind == "guest" {
 		return
 	}
 	p := l.p
@@ -177,7 +190,7 @@ func (l *listener) end() {
 	s.time += time.Since(t0)
 }
 
-var prof = newProfiler()
+var prof = newProfiler(false)
 
 // demangle turns the Wasm name section's spelling of a Go function name
 // back into a readable one: "github.com_ratelimit_wasm_tokenbucket_plugin.__httpContext_.reject"
@@ -414,33 +427,6 @@ func reportProfile(b *testing.B, n int, statuses map[int]int, gcs int64) {
 	b.Log("\n" + sb.String())
 }
 
-// callCounter counts the calls of every guest function, by name.
-type callCounter struct {
-	mu sync.Mutex
-	n  map[string]int64
-}
-
-// NewFunctionListener implements experimental.FunctionListenerFactory.
-func (c *callCounter) NewFunctionListener(def api.FunctionDefinition) experimental.FunctionListener {
-	if def.ModuleName() == "env" || def.ModuleName() == "wasi_snapshot_preview1" {
-		return nil
-	}
-	return &countListener{c: c, name: def.Name()}
-}
-
-type countListener struct {
-	c    *callCounter
-	name string
-}
-
-func (l *countListener) Before(context.Context, api.Module, api.FunctionDefinition, []uint64, experimental.StackIterator) {
-	l.c.mu.Lock()
-	l.c.n[l.name]++
-	l.c.mu.Unlock()
-}
-func (l *countListener) After(context.Context, api.Module, api.FunctionDefinition, []uint64) {}
-func (l *countListener) Abort(context.Context, api.Module, api.FunctionDefinition, error)    {}
-
 // withCustomSection returns wasm with an extra custom section, which
 // changes the module's hash: wasmhost compiles a module once per process
 // and hash, so this gives the call counter a compilation of its own.
@@ -465,28 +451,21 @@ func withCustomSection(wasm []byte, name string) []byte {
 func BenchmarkPluginRequestCalls(b *testing.B) {
 	wasm := withCustomSection(profileWasm(b), "bench-calls")
 	b.Setenv(wasmhost.CacheDirEnv, "")
-	cc := &callCounter{n: map[string]int64{}}
+	cc := newProfiler(true)
 	ctx := experimental.WithFunctionListenerFactory(context.Background(), cc)
 	for _, pc := range profileCases {
 		if pc.answer != "" {
 			continue // the cluster path: counted by BenchmarkPluginRequest
 		}
 		b.Run(pc.name, func(b *testing.B) {
-			cc.mu.Lock()
-			clear(cc.n)
-			cc.mu.Unlock()
 			n := 0
-			runProfileCaseHook(ctx, b, wasm, pc, func() {
-				cc.mu.Lock()
-				clear(cc.n)
-				cc.mu.Unlock()
-			}, &n)
+			runProfileCaseHook(ctx, b, wasm, pc, cc.reset, &n)
 			reportCalls(b, cc, n)
 		})
 	}
 }
 
-func reportCalls(b *testing.B, cc *callCounter, n int) {
+func reportCalls(b *testing.B, cc *profiler, n int) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	if n == 0 {
@@ -499,7 +478,7 @@ func reportCalls(b *testing.B, cc *callCounter, n int) {
 		n    int64
 	}
 	var rows []row
-	for name, k := range cc.n {
+	for name, k := range cc.guest {
 		total += k
 		rows = append(rows, row{demangle(name), k})
 		g := "other"

@@ -281,33 +281,26 @@ func sha256Hex(b []byte) string {
 }
 
 func printSummary(w io.Writer, s Summary) {
+	what, hash, width := "wasm", s.WasmSHA256, 8
 	if s.Executable != "" {
+		what, hash, width = "executable", s.ExecutableSHA256, 11
 		fmt.Fprintf(w, "Container image of %s (static, runs as %s), read back and verified:\n", s.Executable, s.User)
-		fmt.Fprintf(w, "  layout      %s\n", s.Layout)
-		if s.Archive != "" {
-			fmt.Fprintf(w, "  archive     %s (oci-archive; docker load accepts it too)\n", s.Archive)
-		}
-		fmt.Fprintf(w, "  ref         %s", s.Ref)
-		if s.Pushed {
-			fmt.Fprint(w, " (pushed, pulled back, verified)")
-		}
-		fmt.Fprintln(w)
-		fmt.Fprintf(w, "  image       %s\n", s.ImageDigest)
-		fmt.Fprintf(w, "  executable  sha256:%s\n", s.ExecutableSHA256)
-		return
+	} else {
+		fmt.Fprintf(w, "OCI image (Wasm image spec, compat variant) of %d-byte plugin.wasm, verified as Istio reads it:\n", s.WasmSize)
 	}
-	fmt.Fprintf(w, "OCI image (Wasm image spec, compat variant) of %d-byte plugin.wasm, verified as Istio reads it:\n", s.WasmSize)
-	fmt.Fprintf(w, "  layout   %s\n", s.Layout)
+	col := func(name string) string { return fmt.Sprintf("  %-*s", width, name) }
+	fmt.Fprintf(w, "%s %s\n", col("layout"), s.Layout)
 	if s.Archive != "" {
-		fmt.Fprintf(w, "  archive  %s (oci-archive; docker load accepts it too)\n", s.Archive)
+		fmt.Fprintf(w, "%s %s (oci-archive; docker load accepts it too)\n", col("archive"), s.Archive)
 	}
-	fmt.Fprintf(w, "  ref      %s", s.Ref)
+	fmt.Fprintf(w, "%s %s", col("ref"), s.Ref)
 	if s.Pushed {
 		fmt.Fprint(w, " (pushed, pulled back, verified)")
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintf(w, "  image    %s\n", s.ImageDigest)
-	fmt.Fprintf(w, "  wasm     sha256:%s\n", s.WasmSHA256)
+	fmt.Fprintf(w, "\n%s %s\n%s sha256:%s\n", col("image"), s.ImageDigest, col(what), hash)
+	if s.Executable != "" {
+		return
+	}
 	fmt.Fprintf(w, "WasmPlugin with url oci://<repo>:<tag> or oci://<repo>@%s:\n", s.ImageDigest)
 	fmt.Fprintf(w, "  sha256: %s\n", s.ImageSHA256)
 	fmt.Fprintf(w, "WasmPlugin with url https://.../plugin.wasm:\n")

@@ -186,7 +186,6 @@ func dict(kv ...any) map[string]any {
 // Process is a running Envoy. Its methods are safe for concurrent use.
 type Process struct {
 	data    TemplateData
-	config  string
 	dir     string
 	tmpDir  bool
 	logPath string
@@ -328,14 +327,15 @@ func Spawn(opts Options) (*Process, error) {
 		}
 	}
 	tmpl := cmp.Or(opts.Config, Bootstrap)
-	if p.config, err = Render(tmpl, p.data); err != nil {
+	config, err := Render(tmpl, p.data)
+	if err != nil {
 		return nil, err
 	}
 	p.listens = tmpl == Bootstrap || strings.Contains(tmpl, ".ListenerPort")
 	p.logPath = filepath.Join(p.dir, "envoy.log")
 	p.outPath = filepath.Join(p.dir, "envoy.out")
 	configPath := filepath.Join(p.dir, "envoy.yaml")
-	if err := os.WriteFile(configPath, []byte(p.config), 0o644); err != nil {
+	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		return nil, err
 	}
 	out, err := os.Create(p.outPath)
@@ -592,9 +592,6 @@ func findChild(runID string) int {
 	}
 	return 0
 }
-
-// Config is the rendered bootstrap.
-func (p *Process) Config() string { return p.config }
 
 // ListenerPort and AdminPort are Envoy's ports.
 func (p *Process) ListenerPort() int { return p.data.ListenerPort }

@@ -11,13 +11,14 @@
 package manifest
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/golang/protobuf/jsonpb" //nolint:staticcheck // the decoder Istio's own API types use
 	protov1 "github.com/golang/protobuf/proto"
@@ -29,6 +30,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kyaml "k8s.io/apimachinery/pkg/util/yaml"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
@@ -60,14 +62,27 @@ func DecodeFile(path string) ([]Doc, error) {
 	return Decode(filepath.Base(path), b)
 }
 
-// Decode strictly decodes every document of a manifest named file.
+// Decode strictly decodes every document of a manifest named file. The
+// documents are split by apimachinery's YAML reader, as kubectl splits them;
+// a document that holds only comments is skipped.
 func Decode(file string, b []byte) ([]Doc, error) {
 	var docs []Doc
-	for i, y := range SplitYAML(b) {
+	r := kyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
+	for i := 0; ; {
+		y, err := r.Read()
+		if err == io.EOF {
+			return docs, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s#%d: %w", file, i, err)
+		}
 		// YAMLToJSONStrict also refuses duplicate keys.
 		j, err := yaml.YAMLToJSONStrict(y)
 		if err != nil {
 			return nil, fmt.Errorf("%s#%d: %w", file, i, err)
+		}
+		if string(j) == "null" {
+			continue // only comments
 		}
 		obj, err := DecodeStrict(j)
 		if err != nil {
@@ -78,39 +93,8 @@ func Decode(file string, b []byte) ([]Doc, error) {
 			return nil, fmt.Errorf("%s#%d: %w", file, i, err)
 		}
 		docs = append(docs, Doc{File: file, Index: i, Kind: tm.Kind, Raw: j, Obj: obj})
+		i++
 	}
-	return docs, nil
-}
-
-// SplitYAML splits a multi-document YAML file at its "---" lines, dropping
-// documents that hold only comments.
-func SplitYAML(b []byte) [][]byte {
-	var docs [][]byte
-	var cur bytes.Buffer
-	flush := func() {
-		if hasContent(cur.Bytes()) {
-			docs = append(docs, bytes.Clone(cur.Bytes()))
-		}
-		cur.Reset()
-	}
-	for _, line := range bytes.SplitAfter(b, []byte("\n")) {
-		if strings.TrimRight(string(line), " \r\n") == "---" {
-			flush()
-			continue
-		}
-		cur.Write(line)
-	}
-	flush()
-	return docs
-}
-
-func hasContent(b []byte) bool {
-	for _, line := range strings.Split(string(b), "\n") {
-		if s := strings.TrimSpace(line); s != "" && !strings.HasPrefix(s, "#") {
-			return true
-		}
-	}
-	return false
 }
 
 // envelope is a Kubernetes object with its spec left raw.

@@ -112,9 +112,6 @@ func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 // Port returns the server's port.
 func (s *Server) Port() int { return s.port }
 
-// Dir returns the directory holding the server's files and redis.log.
-func (s *Server) Dir() string { return s.dir }
-
 func (s *Server) argv() []string {
 	a := []string{
 		"--port", strconv.Itoa(s.port),

@@ -254,5 +254,5 @@ func decodePairs(b []byte) (Headers, error) {
 
 // PropertyPath joins the segments of a property path the way the ABI passes
 // it to proxy_get_property: separated by NUL bytes. Use it for the keys of
-// Request.Properties and VM.SetProperty.
+// Request.Properties.
 func PropertyPath(segments ...string) string { return strings.Join(segments, "\x00") }

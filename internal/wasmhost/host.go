@@ -35,9 +35,13 @@
 //     they continue downstream, both read-only in proxy_on_log, callout
 //     response headers and body during proxy_on_http_call_response.
 //
-// Not modelled: request bodies and trailers, shared queues, gRPC calls,
-// foreign functions, proxy_set_buffer_bytes (all answer Unimplemented, or
-// an empty buffer where Envoy has none). Status codes follow Envoy 1.40.
+// Not modelled: request bodies and trailers, VM-wide properties, unknown
+// upstream clusters (every name is accepted), and the host functions neither
+// the plugin nor the test guest imports: shared queues, gRPC calls, foreign
+// functions, proxy_set_property, proxy_set_buffer_bytes,
+// proxy_set_header_map_pairs, proxy_close_stream, proxy_done and
+// proxy_get_metric all answer Unimplemented (a body buffer Envoy does not
+// have reads empty). Status codes follow Envoy 1.40.
 package wasmhost
 
 import (
@@ -71,7 +75,6 @@ type Host struct {
 	metrics   map[metricKey]*metric
 	metricIDs map[uint32]*metric
 	logs      []LogEntry
-	dropped   int
 	vms       []*VM
 	nextVM    int
 	onGet     func(key string) (value []byte, cas uint32, st Status, override bool)
@@ -104,9 +107,6 @@ type Option func(*options)
 type options struct {
 	vmConfig []byte
 	start    time.Time
-	sink     func(LogEntry)
-	maxLogs  int
-	clusters map[string]bool
 }
 
 // WithVMConfiguration sets the VM configuration (the buffer VM_CONFIGURATION
@@ -118,36 +118,13 @@ func WithVMConfiguration(b []byte) Option {
 // WithStartTime sets the clock's initial time. Default: 2026-01-01T00:00:00Z.
 func WithStartTime(t time.Time) Option { return func(o *options) { o.start = t } }
 
-// WithLogSink calls f with every log entry as it is logged (for example to
-// mirror the guest's log with t.Log). f must be safe for concurrent use.
-func WithLogSink(f func(LogEntry)) Option { return func(o *options) { o.sink = f } }
-
-// WithMaxLogs bounds the retained log to the newest n entries (default
-// 100000); older ones are dropped and counted.
-func WithMaxLogs(n int) Option { return func(o *options) { o.maxLogs = n } }
-
-// WithClusters restricts proxy_http_call to the named upstream clusters; a
-// call to any other cluster fails with BadArgument, as in Envoy. By default
-// every cluster name is accepted.
-func WithClusters(names ...string) Option {
-	return func(o *options) {
-		o.clusters = make(map[string]bool, len(names))
-		for _, n := range names {
-			o.clusters[n] = true
-		}
-	}
-}
-
-// DefaultStartTime is the clock's initial time unless WithStartTime is given.
-var DefaultStartTime = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-
 // NewHost prepares a host for the compiled module wasm. The module is compiled
 // once per process (by content) and reused by every Host, since compiling a
 // Go-built module takes seconds; the compiled code is also kept on disk
 // across processes (see CacheDirEnv). NewHost fails if the module is not a proxy-wasm
 // 0.2.0 WASI reactor or imports a function the host cannot provide.
 func NewHost(ctx context.Context, wasm []byte, opts ...Option) (*Host, error) {
-	o := options{start: DefaultStartTime, maxLogs: 100000}
+	o := options{start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -246,17 +223,6 @@ func (h *Host) SharedDataLen() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.shared)
-}
-
-// SharedDataBytes returns the total size of the shared-data keys and values.
-func (h *Host) SharedDataBytes() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for k, e := range h.shared {
-		n += len(k) + len(e.value)
-	}
-	return n
 }
 
 // OnGetSharedData installs f to run before each of the guest's
@@ -362,9 +328,8 @@ func (h *Host) defineMetric(typ uint32, name string) (uint32, Status) {
 	return m.id, StatusOK
 }
 
-// incrementMetric, recordMetric and getMetric follow Envoy's rules: counters
-// only grow (an offset <= 0 is BadArgument), gauges add or subtract,
-// histograms record and cannot be read.
+// incrementMetric and recordMetric follow Envoy's rules: counters only grow
+// (an offset <= 0 is BadArgument), gauges add or subtract, histograms record.
 func (h *Host) incrementMetric(id uint32, offset int64) Status {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -409,19 +374,6 @@ func (h *Host) recordMetric(id uint32, value uint64) Status {
 	return StatusOK
 }
 
-func (h *Host) getMetric(id uint32) (uint64, Status) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	m, ok := h.metricIDs[id]
-	if !ok || m.typ == metricHistogram {
-		if id&3 == metricHistogram {
-			return 0, StatusBadArgument
-		}
-		return 0, StatusNotFound
-	}
-	return uint64(m.value), StatusOK
-}
-
 // Metric returns the value of the counter or gauge name (a counter first, if
 // both exist) and whether it has been defined.
 func (h *Host) Metric(name string) (int64, bool) {
@@ -458,19 +410,16 @@ func (h *Host) Metrics() []string {
 	return names
 }
 
+// maxLogs bounds the retained log to its newest entries.
+const maxLogs = 100000
+
 func (h *Host) log(e LogEntry) {
 	h.mu.Lock()
-	if h.opts.maxLogs > 0 && len(h.logs) >= h.opts.maxLogs {
-		drop := len(h.logs) - h.opts.maxLogs + 1
-		h.dropped += drop
-		h.logs = append(h.logs[:0], h.logs[drop:]...)
+	defer h.mu.Unlock()
+	if len(h.logs) >= maxLogs {
+		h.logs = append(h.logs[:0], h.logs[len(h.logs)-maxLogs+1:]...)
 	}
 	h.logs = append(h.logs, e)
-	sink := h.opts.sink
-	h.mu.Unlock()
-	if sink != nil {
-		sink(e)
-	}
 }
 
 // Logs returns a copy of the retained log entries, oldest first.
@@ -491,21 +440,6 @@ func (h *Host) LogsAtLeast(min LogLevel) []LogEntry {
 		}
 	}
 	return out
-}
-
-// DroppedLogs returns how many entries were dropped by the WithMaxLogs bound.
-func (h *Host) DroppedLogs() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.dropped
-}
-
-// ResetLogs discards the retained log entries.
-func (h *Host) ResetLogs() {
-	h.mu.Lock()
-	h.logs = nil
-	h.dropped = 0
-	h.mu.Unlock()
 }
 
 // engine is a wazero runtime holding one compiled module, the WASI host

@@ -35,37 +35,25 @@ func i32s(n int) []api.ValueType {
 // hostFunctions are the imports declared in sdkglue/hostcalls.go that the
 // host implements; the signatures there are the ABI's.
 func hostFunctions() map[string]hostFunc {
-	unimplemented := func(*VM, api.Memory, []uint64) Status { return StatusUnimplemented }
 	return map[string]hostFunc{
 		"proxy_log":                          {i32s(3), hostLog},
-		"proxy_set_property":                 {i32s(4), hostSetProperty},
 		"proxy_get_property":                 {i32s(4), hostGetProperty},
 		"proxy_send_local_response":          {i32s(8), hostSendLocalResponse},
 		"proxy_get_shared_data":              {i32s(5), hostGetSharedData},
 		"proxy_set_shared_data":              {i32s(5), hostSetSharedData},
-		"proxy_register_shared_queue":        {i32s(3), unimplemented},
-		"proxy_resolve_shared_queue":         {i32s(5), unimplemented},
-		"proxy_dequeue_shared_queue":         {i32s(3), unimplemented},
-		"proxy_enqueue_shared_queue":         {i32s(3), unimplemented},
 		"proxy_get_header_map_value":         {i32s(5), hostGetHeaderMapValue},
 		"proxy_add_header_map_value":         {i32s(5), hostAddHeaderMapValue},
 		"proxy_replace_header_map_value":     {i32s(5), hostReplaceHeaderMapValue},
 		"proxy_remove_header_map_value":      {i32s(3), hostRemoveHeaderMapValue},
 		"proxy_get_header_map_pairs":         {i32s(3), hostGetHeaderMapPairs},
-		"proxy_set_header_map_pairs":         {i32s(3), hostSetHeaderMapPairs},
 		"proxy_get_buffer_bytes":             {i32s(5), hostGetBufferBytes},
-		"proxy_set_buffer_bytes":             {i32s(5), unimplemented},
 		"proxy_continue_stream":              {i32s(1), hostContinueStream},
-		"proxy_close_stream":                 {i32s(1), hostCloseStream},
 		"proxy_http_call":                    {i32s(10), hostHTTPCall},
-		"proxy_call_foreign_function":        {i32s(6), unimplemented},
 		"proxy_set_tick_period_milliseconds": {i32s(1), hostSetTickPeriod},
 		"proxy_set_effective_context":        {i32s(1), hostSetEffectiveContext},
-		"proxy_done":                         {nil, hostDone},
 		"proxy_define_metric":                {i32s(4), hostDefineMetric},
 		"proxy_increment_metric":             {[]api.ValueType{i32, i64}, hostIncrementMetric},
 		"proxy_record_metric":                {[]api.ValueType{i32, i64}, hostRecordMetric},
-		"proxy_get_metric":                   {i32s(2), hostGetMetric},
 		"proxy_get_current_time_nanoseconds": {i32s(1), hostGetCurrentTime},
 	}
 }
@@ -166,23 +154,6 @@ func hostLog(vm *VM, mem api.Memory, a []uint64) Status {
 	return StatusOK
 }
 
-func hostSetProperty(vm *VM, mem api.Memory, a []uint64) Status {
-	path, ok1 := readString(mem, a[0], a[1])
-	value, ok2 := read(mem, a[2], a[3])
-	if !ok1 || !ok2 {
-		return StatusInvalidMemoryAccess
-	}
-	s := vm.effectiveStream()
-	if s == nil {
-		return StatusNotFound // no stream info outside a stream
-	}
-	if s.props == nil {
-		s.props = make(map[string][]byte)
-	}
-	s.props[strings.TrimSuffix(path, "\x00")] = value
-	return StatusOK
-}
-
 func hostGetProperty(vm *VM, mem api.Memory, a []uint64) Status {
 	path, ok := readString(mem, a[0], a[1])
 	if !ok {
@@ -195,23 +166,15 @@ func hostGetProperty(vm *VM, mem api.Memory, a []uint64) Status {
 	return vm.copyOut(mem, v, uint32(a[2]), uint32(a[3]))
 }
 
-// property looks path up: stream properties set by the guest, the request's
-// Properties, the stream's built-in properties, the VM's properties, then the
-// plugin's.
+// property looks path up: the request's Properties, the stream's built-in properties, then the plugin's.
 func (vm *VM) property(path string) ([]byte, bool) {
 	if s := vm.effectiveStream(); s != nil {
-		if v, ok := s.props[path]; ok {
-			return v, true
-		}
 		if v, ok := s.req.Properties[path]; ok {
 			return v, true
 		}
 		if v, ok := s.builtinProperty(path); ok {
 			return []byte(v), true
 		}
-	}
-	if v, ok := vm.props[path]; ok {
-		return v, true
 	}
 	switch path {
 	case "plugin_root_id", "plugin_name":
@@ -380,27 +343,6 @@ func hostGetHeaderMapPairs(vm *VM, mem api.Memory, a []uint64) Status {
 	return vm.copyOut(mem, data, uint32(a[1]), uint32(a[2]))
 }
 
-func hostSetHeaderMapPairs(vm *VM, mem api.Memory, a []uint64) Status {
-	mt := uint32(a[0])
-	raw, ok := read(mem, a[1], a[2])
-	if !ok {
-		return StatusInvalidMemoryAccess
-	}
-	pairs, err := decodePairs(raw)
-	if mt > mapMax || err != nil {
-		return StatusBadArgument
-	}
-	m, mutable := vm.headerMap(mt)
-	if m == nil || !mutable {
-		return StatusBadArgument
-	}
-	*m = pairs.Clone()
-	if *m == nil {
-		*m = Headers{}
-	}
-	return StatusOK
-}
-
 // editHeaderMap applies edit to the mutable map mt, or answers BadArgument
 // where Envoy offers no mutable map.
 func editHeaderMap(vm *VM, mem api.Memory, a []uint64, withValue bool, edit func(m *Headers, key, value string)) Status {
@@ -500,21 +442,6 @@ func hostContinueStream(vm *VM, _ api.Memory, a []uint64) Status {
 	return StatusOK
 }
 
-func hostCloseStream(vm *VM, _ api.Memory, a []uint64) Status {
-	s := vm.effectiveStream()
-	switch uint32(a[0]) {
-	case streamRequest, streamResponse:
-		if s != nil && s.phase != phaseDone {
-			s.reset = true
-			vm.touch(s)
-		}
-	case streamDownstream, streamUpstream:
-	default:
-		return StatusBadArgument
-	}
-	return StatusOK
-}
-
 func hostHTTPCall(vm *VM, mem api.Memory, a []uint64) Status {
 	cluster, ok1 := readString(mem, a[0], a[1])
 	rawHeaders, ok2 := read(mem, a[2], a[3])
@@ -527,9 +454,6 @@ func hostHTTPCall(vm *VM, mem api.Memory, a []uint64) Status {
 	headers, err1 := decodePairs(rawHeaders)
 	trailers, err2 := decodePairs(rawTrailers)
 	if err1 != nil || err2 != nil || timeout < 0 {
-		return StatusBadArgument
-	}
-	if vm.h.opts.clusters != nil && !vm.h.opts.clusters[cluster] {
 		return StatusBadArgument
 	}
 	headers = headers.Clone()
@@ -575,15 +499,6 @@ func hostSetEffectiveContext(vm *VM, _ api.Memory, a []uint64) Status {
 	return StatusOK
 }
 
-func hostDone(vm *VM, _ api.Memory, _ []uint64) Status {
-	r := vm.effectiveRoot()
-	if !r.awaitDone {
-		return StatusNotFound
-	}
-	vm.doneRoots = append(vm.doneRoots, r.id)
-	return StatusOK
-}
-
 func hostDefineMetric(vm *VM, mem api.Memory, a []uint64) Status {
 	name, ok := readString(mem, a[1], a[2])
 	if !ok {
@@ -611,17 +526,6 @@ func hostRecordMetric(vm *VM, _ api.Memory, a []uint64) Status {
 // reads) as Unix ns.
 func hostGetCurrentTime(vm *VM, mem api.Memory, a []uint64) Status {
 	if !mem.WriteUint64Le(uint32(a[0]), uint64(vm.h.now.Load())) {
-		return StatusInvalidMemoryAccess
-	}
-	return StatusOK
-}
-
-func hostGetMetric(vm *VM, mem api.Memory, a []uint64) Status {
-	v, st := vm.h.getMetric(uint32(a[0]))
-	if st != StatusOK {
-		return st
-	}
-	if !mem.WriteUint64Le(uint32(a[1]), v) {
 		return StatusInvalidMemoryAccess
 	}
 	return StatusOK

@@ -99,7 +99,6 @@ type stream struct {
 	respLive    bool // the response header map is offered (mutable)
 	bodyLive    bool // HTTP_RESPONSE_BODY is offered
 	logPhase    bool // in proxy_on_log: both maps readable
-	props       map[string][]byte
 
 	// Actions requested during a callback, taken after it returns.
 	local        *LocalReply

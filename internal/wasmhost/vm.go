@@ -37,7 +37,6 @@ type VM struct {
 	ended     map[uint32]Response // recently ended streams, for late callouts
 	callouts  map[uint32]*Callout
 	nextCall  uint32
-	props     map[string][]byte
 	stderr    *lineLog
 	stdout    *lineLog
 
@@ -46,7 +45,6 @@ type VM struct {
 	configuring *rootContext  // PLUGIN_CONFIGURATION is readable
 	callResp    *callResponse // HTTP_CALL_RESPONSE_* are readable
 	touched     []*stream     // streams with actions to take after the callback
-	doneRoots   []uint32      // roots that called proxy_done
 }
 
 type exports struct {
@@ -60,7 +58,7 @@ type rootContext struct {
 	tickPeriod time.Duration
 	streams    int  // streams created under it and not yet deleted
 	retired    bool // replaced by Reconfigure: delete once streams == 0
-	awaitDone  bool // proxy_on_done returned false: delete on proxy_done
+	awaitDone  bool // proxy_on_done returned false: never deleted (no proxy_done)
 }
 
 type callResponse struct {
@@ -88,7 +86,6 @@ func (h *Host) NewVM(pluginConfig []byte, rootID string) (*VM, error) {
 		roots:    make(map[uint32]*rootContext),
 		streams:  make(map[uint32]*stream),
 		callouts: make(map[uint32]*Callout),
-		props:    make(map[string][]byte),
 	}
 	vm.stdout = &lineLog{vm: vm, level: LogInfo}
 	vm.stderr = &lineLog{vm: vm, level: LogError, keepTail: true}
@@ -201,7 +198,7 @@ func (vm *VM) Reconfigure(pluginConfig []byte) error {
 }
 
 // retire runs proxy_on_done on a root context and, when it returns true,
-// proxy_on_delete; otherwise deletion waits for the guest's proxy_done.
+// proxy_on_delete; otherwise the root stays (the host has no proxy_done).
 func (vm *VM) retire(r *rootContext) {
 	for id, c := range vm.callouts {
 		if c.root == r.id {
@@ -231,9 +228,6 @@ func (vm *VM) RootContextID() uint32 {
 	return vm.root.id
 }
 
-// Worker returns the VM's worker number (from 1), as in LogEntry.VM.
-func (vm *VM) Worker() int { return vm.id }
-
 // TickPeriod returns the tick period the root context in force asked for
 // with proxy_set_tick_period_milliseconds (0: none).
 func (vm *VM) TickPeriod() time.Duration {
@@ -254,14 +248,6 @@ func (vm *VM) Tick() error {
 		return err
 	}
 	return vm.settleTouched()
-}
-
-// SetProperty sets a VM-wide property (node metadata, for example) under the
-// path built with PropertyPath. Request.Properties take precedence.
-func (vm *VM) SetProperty(path string, value []byte) {
-	vm.mu.Lock()
-	vm.props[path] = append([]byte(nil), value...)
-	vm.mu.Unlock()
 }
 
 // Close retires the root contexts (proxy_on_done, proxy_on_delete) and closes
@@ -317,24 +303,10 @@ func (vm *VM) call(f api.Function, name string, ctxID uint32, args ...uint64) (u
 	if vm.failed != nil {
 		return 0, vm.failed
 	}
-	vm.afterCall()
 	if len(res) == 0 {
 		return 0, nil
 	}
 	return res[0], nil
-}
-
-// afterCall deletes the root contexts that called proxy_done while waiting
-// for it.
-func (vm *VM) afterCall() {
-	for len(vm.doneRoots) > 0 {
-		id := vm.doneRoots[0]
-		vm.doneRoots = vm.doneRoots[1:]
-		if r, ok := vm.roots[id]; ok && r.awaitDone {
-			r.awaitDone = false
-			vm.deleteRoot(r)
-		}
-	}
 }
 
 // warnings returns the worker's last few log lines at warn or above, for an

@@ -1,27 +1,9 @@
 // Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
 
-// Command benchmemory measures Envoy's resident memory against the number of
-// distinct client keys, for the plugin's bounded table (max_keys) and for a
-// comparison plugin that stores one shared-data key per client
-// (cmd/benchmemory/perkeyplugin), and writes the result as a Markdown page
-// and a PNG plot. `make bench-memory` runs it.
-//
-// The model: for each design it starts one Envoy (the Wasm filter, then a
-// direct 200 response: no upstream), warms it up with requests that carry no
-// key, samples VmRSS, then sends one request per new distinct x-api-key up
-// to each checkpoint (cumulatively: 1k, then 1k more to 2k, ...) and samples
-// VmRSS and the plugin's /stats after each. Every loop is bounded by the
-// largest checkpoint; only loopback addresses are used. Proxy-wasm shared
-// data is never freed, so the per-key plugin grows with every key while the
-// bounded table stops growing once its groups exist.
-//
-// Usage:
-//
-//	benchmemory [-func-e-home DIR] [-plugin PATH] [-perkey PATH] [-keys LIST]
-//	            [-max-keys N] [-conns N] [-concurrency N] [-md FILE] [-png FILE]
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"os"
@@ -34,15 +16,8 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
 )
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-}
-
-// options are the command-line flags.
-type options struct {
+// memOptions are the command-line flags.
+type memOptions struct {
 	home, plugin, perkey string
 	keys                 []int
 	maxKeys              int
@@ -51,11 +26,11 @@ type options struct {
 	md, png              string
 }
 
-func parseFlags(args []string) (options, error) {
-	var o options
-	fs := flag.NewFlagSet("benchmemory", flag.ContinueOnError)
+func parseMemoryFlags(args []string) (memOptions, error) {
+	var o memOptions
+	fs := flag.NewFlagSet("bench memory", flag.ContinueOnError)
 	fs.StringVar(&o.home, "func-e-home", os.Getenv("FUNC_E_DATA_HOME"), "func-e's data home with Envoy "+envoy.DefaultVersion+" (default $FUNC_E_DATA_HOME)")
-	fs.StringVar(&o.plugin, "plugin", envOr("PLUGIN_WASM", "build/plugin.wasm"), "the plugin (default $PLUGIN_WASM)")
+	fs.StringVar(&o.plugin, "plugin", cmp.Or(os.Getenv("PLUGIN_WASM"), "build/plugin.wasm"), "the plugin (default $PLUGIN_WASM)")
 	fs.StringVar(&o.perkey, "perkey", "build/perkey.wasm", "the one-key-per-client comparison plugin")
 	keys := fs.String("keys", "1000,2000,5000,10000,20000,50000,100000,200000,500000,1000000",
 		"checkpoints: distinct keys at which memory is sampled, increasing")
@@ -74,37 +49,30 @@ func parseFlags(args []string) (options, error) {
 	}
 	switch {
 	case o.home == "":
-		return o, fmt.Errorf("benchmemory: -func-e-home: not set (run `make setup`, set FUNC_E_DATA_HOME)")
+		return o, fmt.Errorf("bench memory: -func-e-home: not set (run `make setup`, set FUNC_E_DATA_HOME)")
 	case o.maxKeys < 16:
-		return o, fmt.Errorf("benchmemory: -max-keys: must be >= 16, got %d", o.maxKeys)
+		return o, fmt.Errorf("bench memory: -max-keys: must be >= 16, got %d", o.maxKeys)
 	case o.conns < 1 || o.conns > 1024:
-		return o, fmt.Errorf("benchmemory: -conns: must be 1..1024, got %d", o.conns)
+		return o, fmt.Errorf("bench memory: -conns: must be 1..1024, got %d", o.conns)
 	case o.concurrency < 1 || o.concurrency > 64:
-		return o, fmt.Errorf("benchmemory: -concurrency: must be 1..64, got %d", o.concurrency)
+		return o, fmt.Errorf("bench memory: -concurrency: must be 1..64, got %d", o.concurrency)
 	case o.keys[0] <= warmupKeys:
-		return o, fmt.Errorf("benchmemory: -keys[0]: must be greater than the %d warm-up keys, got %d", warmupKeys, o.keys[0])
+		return o, fmt.Errorf("bench memory: -keys[0]: must be greater than the %d warm-up keys, got %d", warmupKeys, o.keys[0])
 	case o.settle < 0 || o.settle > time.Minute:
-		return o, fmt.Errorf("benchmemory: -settle: must be 0..1m, got %v", o.settle)
+		return o, fmt.Errorf("bench memory: -settle: must be 0..1m, got %v", o.settle)
 	}
 	for _, p := range []struct {
 		flag string
 		path *string
 	}{{"-func-e-home", &o.home}, {"-plugin", &o.plugin}, {"-perkey", &o.perkey}} {
 		if _, err := os.Stat(*p.path); err != nil {
-			return o, fmt.Errorf("benchmemory: %s: %w", p.flag, err)
+			return o, fmt.Errorf("bench memory: %s: %w", p.flag, err)
 		}
 		if *p.path, err = filepath.Abs(*p.path); err != nil { // Envoy runs in a directory of its own
-			return o, fmt.Errorf("benchmemory: %s: %w", p.flag, err)
+			return o, fmt.Errorf("bench memory: %s: %w", p.flag, err)
 		}
 	}
 	return o, nil
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // maxCheckpoint bounds every flood.
@@ -118,11 +86,11 @@ func parseCheckpoints(s string) ([]int, error) {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		switch {
 		case err != nil:
-			return nil, fmt.Errorf("benchmemory: -keys[%d]: not an integer: %q", i, f)
+			return nil, fmt.Errorf("bench memory: -keys[%d]: not an integer: %q", i, f)
 		case n < 1 || n > maxCheckpoint:
-			return nil, fmt.Errorf("benchmemory: -keys[%d]: must be 1..%d, got %d", i, maxCheckpoint, n)
+			return nil, fmt.Errorf("bench memory: -keys[%d]: must be 1..%d, got %d", i, maxCheckpoint, n)
 		case len(out) > 0 && n <= out[len(out)-1]:
-			return nil, fmt.Errorf("benchmemory: -keys[%d]: must be greater than %d, got %d", i, out[len(out)-1], n)
+			return nil, fmt.Errorf("bench memory: -keys[%d]: must be greater than %d, got %d", i, out[len(out)-1], n)
 		}
 		out = append(out, n)
 	}
@@ -138,8 +106,8 @@ type design struct {
 	stats  string // RE2 filter of the /stats to report
 }
 
-// sample is one measurement.
-type sample struct {
+// memSample is one measurement.
+type memSample struct {
 	keys    int    // distinct keys sent so far
 	rss     uint64 // VmRSS, bytes
 	alloc   uint64 // bytes in use in Envoy's allocator (/memory "allocated")
@@ -148,18 +116,34 @@ type sample struct {
 	rate    float64       // its requests per second
 }
 
-// result is one design's run.
-type result struct {
+// memResult is one design's run.
+type memResult struct {
 	design
 	baseline      uint64 // RSS after the warm-up
 	allocBaseline uint64 // allocated bytes after the warm-up
 	freeBaseline  uint64 // the allocator's free pages after the warm-up
-	samples       []sample
+	samples       []memSample
 	statuses      map[int]int
 }
 
-func run(args []string) error {
-	o, err := parseFlags(args)
+// runMemory is `bench memory` (make bench-memory): Envoy's resident memory
+// against the number of distinct client keys, for the plugin's bounded table
+// (max_keys) and for a comparison plugin that stores one shared-data key per
+// client (cmd/bench/perkeyplugin), written as a Markdown page and a PNG plot.
+//
+// The model: for each design it starts one Envoy (the Wasm filter, then a
+// direct 200 response: no upstream), warms it up with requests that carry no
+// key, samples VmRSS, then sends one request per new distinct x-api-key up
+// to each checkpoint (cumulatively: 1k, then 1k more to 2k, ...) and samples
+// VmRSS and the plugin's /stats after each. Every loop is bounded by the
+// largest checkpoint; only loopback addresses are used. Proxy-wasm shared
+// data is never freed, so the per-key plugin grows with every key while the
+// bounded table stops growing once its groups exist.
+//
+//	bench memory [-func-e-home DIR] [-plugin PATH] [-perkey PATH] [-keys LIST]
+//	             [-max-keys N] [-conns N] [-concurrency N] [-md FILE] [-png FILE]
+func runMemory(args []string) error {
+	o, err := parseMemoryFlags(args)
 	if err != nil {
 		return err
 	}
@@ -178,16 +162,16 @@ func run(args []string) error {
 		},
 	}
 	version := envoy.BinaryVersion(envoy.BinaryIn(o.home, envoy.DefaultVersion))
-	var results []result
+	var results []memResult
 	for _, d := range designs {
 		fmt.Printf("== %s (%s)\n", d.title, d.wasm)
-		r, err := measure(o, d)
+		r, err := measureMemory(o, d)
 		if err != nil {
 			return err
 		}
 		results = append(results, r)
 	}
-	rep := report{
+	rep := memReport{
 		when: time.Now().UTC(), envoy: version, concurrency: o.concurrency, cpus: runtime.NumCPU(),
 		maxKeys: o.maxKeys, conns: o.conns, results: results, png: o.png,
 	}
@@ -217,9 +201,9 @@ const (
 	warmupRequests = 30000
 )
 
-// measure runs one design on its own Envoy.
-func measure(o options, d design) (result, error) {
-	r := result{design: d, statuses: map[int]int{}}
+// measureMemory runs one design on its own Envoy.
+func measureMemory(o memOptions, d design) (memResult, error) {
+	r := memResult{design: d, statuses: map[int]int{}}
 	// The plugin on every request, then Envoy answers 200 itself (a direct
 	// response): no upstream takes CPU from Envoy on a small machine.
 	e, err := envoy.Start(envoy.Options{Listeners: []envoy.Listener{{Wasm: d.wasm, RootID: d.name, VMID: d.name,
@@ -257,9 +241,9 @@ func measure(o options, d design) (result, error) {
 		prev = k
 		time.Sleep(o.settle)
 		if e.Exited() {
-			return r, fmt.Errorf("benchmemory: %s: envoy exited\n%s", d.name, envoy.Tail(e.Log(), 40))
+			return r, fmt.Errorf("bench memory: %s: envoy exited\n%s", d.name, envoy.Tail(e.Log(), 40))
 		}
-		s := sample{keys: k, elapsed: fr.Elapsed, rate: float64(fr.requests()) / fr.Elapsed.Seconds()}
+		s := memSample{keys: k, elapsed: fr.Elapsed, rate: float64(fr.requests()) / fr.Elapsed.Seconds()}
 		if s.rss, err = e.RSS(); err != nil {
 			return r, err
 		}

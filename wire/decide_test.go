@@ -1,4 +1,4 @@
-package service
+package wire
 
 import (
 	"encoding/json"
@@ -8,17 +8,17 @@ import (
 )
 
 func TestDecodeRequest(t *testing.T) {
-	long := strings.Repeat("k", DefaultMaxKeyBytes+1)
+	long := strings.Repeat("k", MaxKeyBytes+1)
 	tests := []struct {
 		name, body, wantErr string
 	}{
 		{"ok", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":20}]}`, ""},
 		{"ok with tag and cost", `{"hash_tag":"t","buckets":[{"key":"a","tokens_per_second":1,"burst":1,"cost":0.5},{"key":"b","tokens_per_second":2,"burst":3,"cost":0}]}`, ""},
-		{"empty body", ``, "body: truncated or empty JSON"},
+		{"empty body", ``, "body: invalid JSON: unexpected end of JSON input (at byte 0)"},
 		{"not an object", `[1]`, "body: must be an object, got array"},
-		{"syntax", `{"buckets":[}`, "body: invalid JSON at byte 13: invalid character '}' looking for beginning of value"},
-		{"truncated", `{"buckets":[`, "body: truncated or empty JSON"},
-		{"trailing", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1}]} {}`, "body: unexpected data after the JSON value"},
+		{"syntax", `{"buckets":[}`, "body: invalid JSON: invalid character '}' looking for beginning of value (at byte 13)"},
+		{"truncated", `{"buckets":[`, "body: invalid JSON: unexpected end of JSON input (at byte 12)"},
+		{"trailing", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1}]} {}`, "body: invalid JSON: invalid character '{' after top-level value (at byte 59)"},
 		{"unknown top", `{"bucket":[]}`, "bucket: unknown field"},
 		{"unknown in bucket", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1,"rate":3}]}`, "buckets[0].rate: unknown field"},
 		{"no buckets", `{}`, "buckets: required"},
@@ -34,7 +34,7 @@ func TestDecodeRequest(t *testing.T) {
 		{"rate zero", `{"buckets":[{"key":"a","tokens_per_second":0,"burst":1}]}`, "buckets[0].tokens_per_second: must be > 0 and <= 1e+09, got 0"},
 		{"rate huge", `{"buckets":[{"key":"a","tokens_per_second":2e9,"burst":3e9}]}`, "buckets[0].tokens_per_second: must be > 0 and <= 1e+09, got 2e+09"},
 		{"rate string", `{"buckets":[{"key":"a","tokens_per_second":"1","burst":1}]}`, "buckets[0].tokens_per_second: must be a number, got string"},
-		{"rate overflow", `{"buckets":[{"key":"a","tokens_per_second":1e999,"burst":1}]}`, "buckets[0].tokens_per_second: must be a number, got number 1e999"},
+		{"rate overflow", `{"buckets":[{"key":"a","tokens_per_second":1e999,"burst":1}]}`, "buckets[0].tokens_per_second: must be a finite number, got 1e999"},
 		{"burst missing", `{"buckets":[{"key":"a","tokens_per_second":1}]}`, "buckets[0].burst: required"},
 		{"burst below rate", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":5}]}`, "buckets[0].burst: must be >= tokens_per_second (10), got 5"},
 		{"burst huge", `{"buckets":[{"key":"a","tokens_per_second":1e9,"burst":1e10}]}`, "buckets[0].burst: must be <= 1e+09, got 1e+10"},
@@ -52,19 +52,19 @@ func TestDecodeRequest(t *testing.T) {
 				if err != nil {
 					t.Fatalf("DecodeRequest: %v", err)
 				}
-				if msg := checkRequest(req, Limits{}.withDefaults()); msg != "" {
+				if msg := checkRequest(req, Limits{}.WithDefaults()); msg != "" {
 					t.Fatalf("accepted an invalid request: %s", msg)
 				}
 				return
 			}
-			verr, ok := err.(*ValidationError)
+			verr, ok := err.(*FieldError)
 			if !ok {
-				t.Fatalf("DecodeRequest error = %v (%T), want *ValidationError %q", err, err, tt.wantErr)
+				t.Fatalf("DecodeRequest error = %v (%T), want *FieldError %q", err, err, tt.wantErr)
 			}
 			if verr.Detail() != tt.wantErr {
 				t.Errorf("DecodeRequest error = %q\nwant %q", verr.Detail(), tt.wantErr)
 			}
-			if !strings.HasPrefix(verr.Error(), "service: request: ") {
+			if !strings.HasPrefix(verr.Error(), "wire: ") {
 				t.Errorf("Error() = %q, want the package prefix", verr.Error())
 			}
 		})
@@ -92,7 +92,7 @@ func TestDecodeRequestLimits(t *testing.T) {
 	}
 	for _, tt := range tests {
 		_, err := DecodeRequest([]byte(tt.body), lim)
-		verr, ok := err.(*ValidationError)
+		verr, ok := err.(*FieldError)
 		if !ok || verr.Detail() != tt.wantErr {
 			t.Errorf("DecodeRequest(%s) = %v, want %q", tt.body, err, tt.wantErr)
 		}
@@ -155,12 +155,12 @@ func FuzzDecode(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	lim := Limits{}.withDefaults()
+	lim := Limits{}.WithDefaults()
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := DecodeRequest(body, Limits{})
 		if err != nil {
-			if _, ok := err.(*ValidationError); !ok {
-				t.Fatalf("error %v is %T, want *ValidationError", err, err)
+			if _, ok := err.(*FieldError); !ok {
+				t.Fatalf("error %v is %T, want *FieldError", err, err)
 			}
 			return
 		}

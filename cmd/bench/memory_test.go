@@ -5,10 +5,15 @@ package main
 import (
 	"bytes"
 	"image/png"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -42,7 +47,7 @@ func TestParseCheckpoints(t *testing.T) {
 	}
 }
 
-func TestParseFlags(t *testing.T) {
+func TestParseMemoryFlags(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
 	if err := os.WriteFile(bin, nil, 0o755); err != nil {
@@ -65,7 +70,7 @@ func TestParseFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o, err := parseFlags(tt.args)
+			o, err := parseMemoryFlags(tt.args)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("parseFlags() error = %v, want one containing %q", err, tt.wantErr)
@@ -96,25 +101,25 @@ func TestGroupDigits(t *testing.T) {
 
 // sampleResults is a run where the bounded table levels off at +8 MiB and
 // one key per client grows by 100 bytes a key.
-func sampleResults() []result {
+func sampleResults() []memResult {
 	const base, allocBase = 200 << 20, 40 << 20
-	bounded := result{design: design{name: "tokenbucket", title: "bounded table (max_keys 100000)"},
+	bounded := memResult{design: design{name: "tokenbucket", title: "bounded table (max_keys 100000)"},
 		baseline: base, allocBaseline: allocBase, freeBaseline: 20 << 20}
-	perKey := result{design: design{name: "perkey", title: "one key per client"}, baseline: base - 40<<20, allocBaseline: allocBase}
+	perKey := memResult{design: design{name: "perkey", title: "one key per client"}, baseline: base - 40<<20, allocBaseline: allocBase}
 	for _, k := range []int{1000, 10000, 100000, 500000, 1000000} {
 		b := uint64(min(k, 80000)) * 100
-		bounded.samples = append(bounded.samples, sample{keys: k, rss: base + b, alloc: allocBase + b,
+		bounded.samples = append(bounded.samples, memSample{keys: k, rss: base + b, alloc: allocBase + b,
 			stats: map[string]uint64{"wasmcustom.tokenbucket.evictions": 3}, rate: 5000})
 		p := uint64(k) * 100
-		perKey.samples = append(perKey.samples, sample{keys: k, rss: base - 40<<20 + p, alloc: allocBase + p, rate: 8000})
+		perKey.samples = append(perKey.samples, memSample{keys: k, rss: base - 40<<20 + p, alloc: allocBase + p, rate: 8000})
 	}
 	bounded.statuses = map[int]int{200: 999900}
 	perKey.statuses = map[int]int{200: 999900}
-	return []result{bounded, perKey}
+	return []memResult{bounded, perKey}
 }
 
-func TestReport(t *testing.T) {
-	rep := report{
+func TestMemoryReport(t *testing.T) {
+	rep := memReport{
 		when: time.Date(2026, 11, 21, 20, 0, 0, 0, time.UTC), envoy: "1.40.0", concurrency: 2, cpus: 2,
 		maxKeys: 100000, conns: 64, results: sampleResults(), png: "docs/memory.png",
 	}
@@ -143,12 +148,12 @@ func TestReport(t *testing.T) {
 
 // TestReportFreePages: when the bounded table's RSS grows less than its
 // allocations, the report says where the memory came from.
-func TestReportFreePages(t *testing.T) {
+func TestMemoryReportFreePages(t *testing.T) {
 	res := sampleResults()
 	for i := range res[0].samples {
 		res[0].samples[i].rss = res[0].baseline + 1<<20
 	}
-	md := report{maxKeys: 100000, results: res}.markdown()
+	md := memReport{maxKeys: 100000, results: res}.markdown()
 	if want := "held 20.0 MiB of free pages after start-up"; !strings.Contains(md, want) {
 		t.Errorf("markdown lacks %q:\n%s", want, md)
 	}
@@ -175,7 +180,7 @@ func TestDrawPlot(t *testing.T) {
 			seen[[3]uint32{r >> 8, g >> 8, b >> 8}]++
 		}
 	}
-	for i, c := range seriesColors[:2] {
+	for i, c := range palette[:2] {
 		if seen[[3]uint32{uint32(c.R), uint32(c.G), uint32(c.B)}] < 100 {
 			t.Errorf("series %d's color is (almost) absent", i)
 		}
@@ -185,5 +190,91 @@ func TestDrawPlot(t *testing.T) {
 	}
 	if _, err := memoryPlot(nil); err == nil {
 		t.Errorf("memoryPlot(nil) succeeded, want an error")
+	}
+}
+
+// keyServer answers 200 and records the x-api-key of every request.
+type keyServer struct {
+	mu   sync.Mutex
+	keys map[string]int
+}
+
+func (s *keyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.keys[r.Header.Get("x-api-key")]++
+	s.mu.Unlock()
+	if r.URL.Path == "/reject" {
+		w.WriteHeader(http.StatusTooManyRequests)
+		return
+	}
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+func TestFlood(t *testing.T) {
+	tests := []struct {
+		name       string
+		path       string
+		cycle      int
+		from, to   int
+		wantKeys   int
+		wantStatus int
+	}{
+		{"distinct keys", "/", 0, 100, 1100, 1000, 200},
+		{"cycle", "/", 7, 0, 500, 7, 200},
+		{"statuses", "/reject", 0, 0, 50, 50, 429},
+		{"nothing", "/", 0, 5, 5, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ks := &keyServer{keys: map[string]int{}}
+			srv := httptest.NewServer(ks)
+			defer srv.Close()
+			f := flood{addr: srv.Listener.Addr().String(), path: tt.path, prefix: "k-", cycle: tt.cycle, conns: 8}
+			res, err := f.run(tt.from, tt.to)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := res.requests(); n != tt.to-tt.from || res.Errors != 0 {
+				t.Fatalf("%d requests answered, %d errors; want %d and 0", n, res.Errors, tt.to-tt.from)
+			}
+			if tt.wantStatus != 0 && res.Statuses[tt.wantStatus] != tt.to-tt.from {
+				t.Fatalf("statuses %v, want all %d", res.Statuses, tt.wantStatus)
+			}
+			if len(ks.keys) != tt.wantKeys {
+				t.Fatalf("server saw %d distinct keys, want %d", len(ks.keys), tt.wantKeys)
+			}
+			if tt.wantKeys > 0 && tt.cycle == 0 {
+				if ks.keys["k-"+strconv.Itoa(tt.from)] != 1 || ks.keys["k-"+strconv.Itoa(tt.to-1)] != 1 {
+					t.Fatalf("first or last key missing: %d, %d", ks.keys["k-"+strconv.Itoa(tt.from)], ks.keys["k-"+strconv.Itoa(tt.to-1)])
+				}
+			}
+		})
+	}
+}
+
+// TestFloodStopsOnErrors: a target that closes every connection ends the
+// flood after maxErrors errors instead of trying every key.
+func TestFloodStopsOnErrors(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	f := flood{addr: l.Addr().String(), path: "/", prefix: "k-", conns: 4}
+	res, err := f.run(0, 1_000_000)
+	if err == nil {
+		t.Fatal("run() succeeded against a target that closes every connection")
+	}
+	if res.Errors < maxErrors || res.Errors > maxErrors+f.conns {
+		t.Fatalf("%d errors, want about %d", res.Errors, maxErrors)
 	}
 }

@@ -1,4 +1,4 @@
-package config
+package jsonlimit
 
 import (
 	"encoding/json"
@@ -29,8 +29,8 @@ var syntaxCases = []string{
 
 func TestSyntaxErrorMatchesEncodingJSON(t *testing.T) {
 	for _, in := range syntaxCases {
-		if got, want := syntaxError([]byte(in)).Error(), wantSyntaxError([]byte(in)); got != want {
-			t.Errorf("syntaxError(%q) = %q, want %q", in, got, want)
+		if got, want := SyntaxError([]byte(in)).Error(), wantSyntaxError([]byte(in)); got != want {
+			t.Errorf("SyntaxError(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
@@ -40,8 +40,8 @@ func FuzzSyntaxError(f *testing.F) {
 		f.Add([]byte(in))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		if got, want := syntaxError(in).Error(), wantSyntaxError(in); got != want {
-			t.Errorf("syntaxError(%q) = %q, want %q", in, got, want)
+		if got, want := SyntaxError(in).Error(), wantSyntaxError(in); got != want {
+			t.Errorf("SyntaxError(%q) = %q, want %q", in, got, want)
 		}
 	})
 }

@@ -105,7 +105,7 @@ func (f flood) run(from, to int) (floodResult, error) {
 	res.Elapsed = time.Since(start)
 	res.Errors = int(errs.Load())
 	if res.Errors >= maxErrors {
-		return res, fmt.Errorf("benchmemory: flood stopped after %d transport errors, first: %w", res.Errors, firstErr)
+		return res, fmt.Errorf("bench memory: flood stopped after %d transport errors, first: %w", res.Errors, firstErr)
 	}
 	return res, nil
 }

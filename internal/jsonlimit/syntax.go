@@ -1,13 +1,13 @@
-package config
+package jsonlimit
 
 import "strconv"
 
-// syntaxError describes why data is not JSON, with the byte offset, in the
+// SyntaxError describes why data is not JSON, with the byte offset, in the
 // words of encoding/json's Unmarshal (its scanner's state machine, ported
 // here so the plugin does not carry encoding/json and reflect for one error
 // message; TestSyntaxErrorMatchesEncodingJSON and FuzzSyntaxError compare
 // the two). A document encoding/json accepts is just "invalid JSON".
-func syntaxError(data []byte) error {
+func SyntaxError(data []byte) error {
 	s := scanner{step: stateBeginValue}
 	for _, c := range data {
 		s.bytes++

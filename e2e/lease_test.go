@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+)
+
+// leaseConfig holds two cluster rules in lease mode, chosen by the x-test
+// header: "burst" (40 at 0.01 token/s, for the exactness test) and "steady"
+// (10 at 10 tokens/s, for the steady run and the outage).
+func leaseConfig(failureMode string) string {
+	rule := func(name string, rate, burst string) string {
+		return `{"name": "` + name + `", "scope": "cluster", "sync": "lease", "match": {"header:x-test": {"equals": "` + name + `"}},
+		  "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": ` + rate + `, "burst": ` + burst + `}}`
+	}
+	return `{"service": {"cluster": "limit_service", "timeout_ms": ` + strconv.Itoa(int(clusterTimeout.Milliseconds())) + `, "failure_mode": "` + failureMode + `"},
+	 "rules": [` + rule("burst", "0.01", "40") + `, ` + rule("steady", "10", "10") + `]}`
+}
+
+// TestLeaseClusterWide: cluster rules in lease mode over two Envoys (two
+// workers each), one limitd and a real redis-server: no over-admission,
+// bounded under-admission in a steady run, and an outage that spends the
+// leases in hand, then applies failure_mode, and ends without a restart.
+func TestLeaseClusterWide(t *testing.T) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	var envoys [2]*envoytest.Envoy
+	var wg sync.WaitGroup
+	for i, mode := range []string{"allow", "deny"} {
+		wg.Go(func() { // boot both at once: V8 compiles the plugin for seconds
+			envoys[i] = envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML,
+				PluginConfig: leaseConfig(mode), UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 2})
+		})
+	}
+	wg.Wait()
+	if t.Failed() || t.Skipped() {
+		return
+	}
+	a, b := envoys[0].Client(), envoys[1].Client()
+	t.Cleanup(a.Close)
+	t.Cleanup(b.Close)
+	calls := func() uint64 {
+		return envoys[0].Stat("wasmcustom.tokenbucket.lease_calls") + envoys[1].Stat("wasmcustom.tokenbucket.lease_calls")
+	}
+
+	t.Run("300 concurrent over two Envoys admit at most 40", func(t *testing.T) {
+		before := calls()
+		var res [2][]envoytest.Result
+		var wg sync.WaitGroup
+		for i, c := range []*envoytest.Client{a, b} {
+			wg.Go(func() {
+				res[i] = c.Burst(150, func(int) *http.Request {
+					return c.NewRequest("GET", "/", map[string]string{"x-test": "burst", "x-api-key": "shared"})
+				})
+			})
+		}
+		wg.Wait()
+		st := envoytest.Statuses(append(res[0], res[1]...))
+		if st[200] > 40 || st[200] < 36 || st[200]+st[429] != 300 {
+			t.Fatalf("statuses %v (Envoy A %v, B %v), want 36 to 40 admitted", st, envoytest.Statuses(res[0]), envoytest.Statuses(res[1]))
+		}
+		t.Logf("both Envoys: %v (A %v, B %v); %d lease calls", st, envoytest.Statuses(res[0]), envoytest.Statuses(res[1]), calls()-before)
+	})
+
+	t.Run("steady run: admitted within burst + rate × t, less a bounded slack", func(t *testing.T) {
+		// A offers 12 requests a second, B 6: together 18, over the limit
+		// of 10 a second, for 20 s (bounded: each loop stops at end).
+		const rate, burst = 10.0, 10.0
+		before := calls()
+		var admitted [2]int
+		var sent [2]int
+		start := time.Now()
+		end := start.Add(20 * time.Second)
+		var last time.Time
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i, c := range []*envoytest.Client{a, b} {
+			every := time.Second / time.Duration(12/(i+1))
+			wg.Go(func() {
+				for at := start; at.Before(end); at = at.Add(every) {
+					time.Sleep(time.Until(at))
+					r := c.Get("/", map[string]string{"x-test": "steady", "x-api-key": "steady"})
+					mu.Lock()
+					sent[i]++
+					if r.Status == 200 {
+						admitted[i]++
+					}
+					if now := time.Now(); now.After(last) {
+						last = now
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		elapsed := last.Sub(start).Seconds()
+		total := admitted[0] + admitted[1]
+		ceiling := burst + rate*elapsed
+		slack := ceiling - float64(total)
+		t.Logf("%.1f s: admitted %d (A %d of %d, B %d of %d); burst + rate × t = %.1f; slack %.1f tokens; %d lease calls for %d requests",
+			elapsed, total, admitted[0], sent[0], admitted[1], sent[1], ceiling, slack, calls()-before, sent[0]+sent[1])
+		// The slack is bounded by what the leases hold unspent (at most
+		// max_share × burst each) and the refusals' waits (a lease refused
+		// asks again after the global bucket's wait for one request).
+		if float64(total) > ceiling || slack > 2*0.25*burst+rate*0.5 {
+			t.Fatalf("admitted %d, want within [%.1f, %.1f]", total, ceiling-(2*0.25*burst+rate*0.5), ceiling)
+		}
+	})
+
+	t.Run("outage: leases in hand are spent, then failure_mode; back without a restart", func(t *testing.T) {
+		// The burst rule (40): its leases hold a few tokens (a quarter of
+		// max_share × burst at first).
+		key := map[string]string{"x-test": "burst", "x-api-key": "outage"}
+		for _, c := range []*envoytest.Client{a, b, a, b} { // a lease on each Envoy
+			if r := c.Get("/", key); r.Status != 200 {
+				t.Fatalf("before the outage: %v", r)
+			}
+		}
+		time.Sleep(200 * time.Millisecond) // let the refills the spends started land
+		redis.Kill()
+		var statuses [2]map[int]int
+		var reasons [2]map[string]int
+		for i, c := range []*envoytest.Client{a, b} {
+			statuses[i], reasons[i] = map[int]int{}, map[string]int{}
+			for j := range 20 {
+				r := c.Get("/", key)
+				statuses[i][r.Status]++
+				reasons[i][r.Header.Get("X-RateLimit-Reason")]++
+				if r.Status == 200 && statuses[i][429] > 0 {
+					t.Fatalf("Envoy %d, request %d: admitted after a refusal in the outage", i, j)
+				}
+			}
+		}
+		t.Logf("during the outage: A (allow) %v, B (deny) %v %v", statuses[0], statuses[1], reasons[1])
+		if statuses[0][200] != 20 || statuses[1][200] == 0 || reasons[1]["limit_service_unavailable"] == 0 ||
+			statuses[1][200]+reasons[1]["limit_service_unavailable"] != 20 {
+			t.Fatalf("want A all admitted; B its leased tokens admitted, then limit_service_unavailable")
+		}
+		if err := redis.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		back := time.Now()
+		for {
+			r := b.Get("/", key)
+			if r.Status == 200 {
+				break
+			}
+			if time.Since(back) > 5*time.Second {
+				t.Fatalf("leases did not resume within 5 s of Redis coming back: %v", r)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Logf("leases resumed %v after Redis came back", time.Since(back).Round(time.Millisecond))
+	})
+}

@@ -1,0 +1,338 @@
+// Package lease keeps the token leases of one Envoy in proxy-wasm shared
+// data: per cluster bucket, the tokens the limit service granted this Envoy
+// and not yet spent, with what the plugin needs to refill, return and
+// report them. It is pure: the host's shared data is a store.SharedData,
+// time is passed in.
+//
+// # Model
+//
+// A Record is one lease. Requests spend its Tokens (Spend), all of a
+// request's leases or none, through compare-and-swap writes like package
+// store's, so the lease is exact across Envoy's workers: a token is spent
+// once. Tokens enter a lease only from a grant of the limit service (Add),
+// and leave it only by being spent or handed back (Take), so an Envoy never
+// admits more than the service granted it.
+//
+// Refills are single-flight per lease across the workers: the write that
+// spends a lease below half its Size also claims Pending (the moment the
+// refill call left), and no other write claims it until the answer clears
+// it (Add or Settle) or it is older than a call can be (stale).
+//
+// # Memory
+//
+// As package store's Table, a Table owns a fixed set of shared-data keys
+// (groups of SlotsPerGroup records), whatever the number of client keys. A
+// slot is free when its lease is empty, expired and has no call in flight;
+// when a group has no free slot, the lease that expires first is evicted
+// and its unspent tokens are lost to this Envoy (never granted twice: the
+// limit service refills them at its own rate). Evictions are counted.
+//
+// A Table is used by one VM (one Envoy worker) and is not safe for
+// concurrent use; the VMs share leases only through shared data.
+package lease
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"strconv"
+	"unsafe"
+
+	"github.com/ratelimit-wasm/tokenbucket/store"
+)
+
+// Record is one lease: what this Envoy holds of one cluster bucket.
+type Record struct {
+	Tokens  float64 // granted and not yet spent
+	Expires int64   // Unix ns after which unspent tokens go back (the last grant + ttl)
+	Pending int64   // Unix ns at which a refill or return call left; 0: none in flight
+	Size    float64 // tokens the next refill asks for
+	Rate    float64 // this Envoy's recent spend, tokens per second
+	Mark    int64   // start of the spend window behind Rate
+	Spent   float64 // tokens spent since Mark
+	// What the last answer of the limit service said of the global bucket.
+	Remaining float64 // its tokens
+	ResetAt   int64   // Unix ns at which it is full again
+	RetryAt   int64   // the bucket refused: when it will hold the cost asked (Retry-After)
+	AskAt     int64   // the bucket refused: until then, a request that finds no token is refused without a call
+	DownUntil int64   // the call failed: until then, a request that finds no token gets failure_mode without a call
+}
+
+// Store layout: fingerprint, then the fields of Record in order.
+const (
+	SlotsPerGroup = 4
+	RecordLen     = 8 + 12*8
+	GroupLen      = SlotsPerGroup * RecordLen
+	// MaxAttempts bounds the read-modify-write attempts of one update.
+	MaxAttempts = store.MaxAttempts
+)
+
+// Table is a bounded table of leases in shared data. Build it with New.
+type Table struct {
+	sd      store.SharedData
+	prefix  string
+	groups  uint64
+	lastCAS uint32
+	key     []byte
+	val     []byte
+	// Evictions counts leases evicted with tokens or a call in flight.
+	Evictions int
+}
+
+// New returns a Table of at least maxLeases leases whose shared-data keys
+// start with prefix.
+func New(sd store.SharedData, prefix string, maxLeases int) (*Table, error) {
+	if maxLeases < 1 {
+		return nil, errors.New("lease: max leases must be >= 1, got " + strconv.Itoa(maxLeases))
+	}
+	groups := uint64((maxLeases + SlotsPerGroup - 1) / SlotsPerGroup)
+	return &Table{sd: sd, prefix: prefix + strconv.FormatUint(groups, 10) + ":", groups: groups, lastCAS: math.MaxUint32}, nil
+}
+
+// Get returns id's lease as stored (the zero Record when there is none).
+func (t *Table) Get(id uint64, now int64) (Record, error) {
+	var s slot
+	if err := t.load(&s, id, now); err != nil {
+		return Record{}, err
+	}
+	return s.rec, nil
+}
+
+// Update reads id's lease, lets f change it, and writes it back when f
+// returns true, retrying from the read when another worker wrote the group
+// in between. It returns the record as written (or as read, when f declined).
+func (t *Table) Update(id uint64, now int64, f func(r *Record) bool) (Record, error) {
+	var s slot
+	for range MaxAttempts {
+		if err := t.load(&s, id, now); err != nil {
+			return Record{}, err
+		}
+		if !f(&s.rec) {
+			return s.rec, nil
+		}
+		err := t.write(&s)
+		if err == nil {
+			if s.evicted {
+				t.Evictions++
+			}
+			return s.rec, nil
+		}
+		if !errors.Is(err, store.ErrCASMismatch) {
+			return Record{}, err
+		}
+	}
+	return Record{}, store.ErrContention
+}
+
+// Spend is one lease a request spends from: Cost tokens of lease ID, whose
+// calls take at most Stale nanoseconds (after that a claimed refill counts
+// as lost: see InFlight).
+type Spend struct {
+	ID    uint64
+	Cost  float64
+	Stale int64
+}
+
+// Result is what Spend did to one lease.
+type Result struct {
+	Record Record // after the spend (or as found, when the request did not spend)
+	Lacked bool   // the lease held less than the cost
+	Refill bool   // this spend claimed the lease's refill: the caller sends it
+}
+
+// Spend takes each spend's cost from its lease, all or none: when a lease
+// lacks its cost, the leases already spent are refunded, ok is false, and
+// out tells every lease that lacks. out[i] receives spend i's result
+// (len(out) == len(spends)). A spend that
+// leaves its lease below half its Size claims the refill when none is in
+// flight.
+func (t *Table) Spend(now int64, spends []Spend, out []Result) (ok bool, err error) {
+	for i, sp := range spends {
+		res := &out[i]
+		*res = Result{}
+		res.Record, err = t.Update(sp.ID, now, func(r *Record) bool {
+			if r.Tokens+1e-9 < sp.Cost {
+				res.Lacked = true
+				return false
+			}
+			r.Tokens = max(r.Tokens-sp.Cost, 0)
+			r.Spent += sp.Cost
+			if r.Tokens < r.Size/2 && !InFlight(r, now, sp.Stale) {
+				r.Pending, res.Refill = max(now, 1), true
+			}
+			return true
+		})
+		if err != nil || res.Lacked {
+			t.refund(now, spends[:i], out[:i])
+			if err == nil {
+				err = t.look(now, spends[i+1:], out[i+1:])
+			}
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// look fills out with the leases of spends as they are, and which lack
+// their cost, writing nothing: the rest of a request that is already short.
+func (t *Table) look(now int64, spends []Spend, out []Result) error {
+	for i, sp := range spends {
+		r, err := t.Get(sp.ID, now)
+		if err != nil {
+			return err
+		}
+		out[i] = Result{Record: r, Lacked: r.Tokens+1e-9 < sp.Cost}
+	}
+	return nil
+}
+
+// Refund gives spends back to their leases (a request that a later check
+// rejected). A refund that cannot be written is dropped: under-admission.
+func (t *Table) Refund(now int64, spends []Spend) {
+	t.refund(now, spends, nil)
+}
+
+func (t *Table) refund(now int64, spends []Spend, out []Result) {
+	for i, sp := range spends {
+		if out != nil && out[i].Refill {
+			// The refill this spend claimed was never sent.
+			_, _ = t.Update(sp.ID, now, func(r *Record) bool {
+				r.Tokens += sp.Cost
+				r.Spent = max(r.Spent-sp.Cost, 0)
+				r.Pending = 0
+				return true
+			})
+			continue
+		}
+		_, _ = t.Update(sp.ID, now, func(r *Record) bool {
+			r.Tokens += sp.Cost
+			r.Spent = max(r.Spent-sp.Cost, 0)
+			return true
+		})
+	}
+}
+
+// InFlight reports whether r has a refill or return call in flight: one left
+// less than stale nanoseconds ago. A call's answer arrives within its
+// timeout, if only as a failure, and clears Pending; stale (the timeout and
+// a margin) covers an answer that never lands, such as one for a request
+// that ended while it waited.
+func InFlight(r *Record, now, stale int64) bool { return r.Pending != 0 && now-r.Pending < stale }
+
+// slot is where load found a lease.
+type slot struct {
+	id      uint64
+	group   uint64
+	cas     uint32
+	at      int
+	rec     Record
+	value   []byte
+	evicted bool
+}
+
+func (t *Table) groupKey(g uint64) string {
+	t.key = append(t.key[:0], t.prefix...)
+	t.key = strconv.AppendUint(t.key, g, 10)
+	return unsafe.String(unsafe.SliceData(t.key), len(t.key))
+}
+
+// maxStale is the longest a call may be in flight (config bounds a
+// service's timeout at 60 s).
+const maxStale = 61e9
+
+// Free reports whether a lease can be forgotten: nothing in it, no call in
+// flight, expired.
+func Free(r *Record, now int64) bool {
+	return r.Tokens <= 0 && !InFlight(r, now, maxStale) && r.Expires <= now
+}
+
+// load reads id's group and finds the slot for id: its own, else a free
+// one, else the one that expires first (evicting it).
+func (t *Table) load(s *slot, id uint64, now int64) error {
+	if id == 0 {
+		id = 1
+	}
+	*s = slot{id: id, group: id % t.groups, value: s.value[:0]}
+	v, cas, err := t.sd.Get(t.groupKey(s.group))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		s.cas = t.lastCAS // see package store: a concurrent creation makes this write fail
+		return nil
+	case err != nil:
+		return err
+	}
+	t.lastCAS, s.cas = cas, cas
+	if len(v) != GroupLen {
+		return nil // not ours or damaged: the write replaces it
+	}
+	s.value = append(s.value, v...)
+	empty, oldest := -1, -1
+	var oldestExp int64
+	for i := range SlotsPerGroup {
+		b := s.value[i*RecordLen : (i+1)*RecordLen]
+		fp := binary.LittleEndian.Uint64(b)
+		r := decode(b[8:])
+		if fp == id {
+			s.at, s.rec = i, r
+			return nil
+		}
+		if empty < 0 && (fp == 0 || Free(&r, now)) {
+			empty = i
+		}
+		if oldest < 0 || r.Expires < oldestExp {
+			oldest, oldestExp = i, r.Expires
+		}
+	}
+	if empty >= 0 {
+		s.at = empty
+	} else {
+		s.at, s.evicted = oldest, true
+	}
+	return nil
+}
+
+func (t *Table) write(s *slot) error {
+	t.val = append(t.val[:0], s.value...)
+	if len(t.val) != GroupLen {
+		t.val = append(t.val[:0], make([]byte, GroupLen)...)
+	}
+	b := t.val[s.at*RecordLen : (s.at+1)*RecordLen]
+	binary.LittleEndian.PutUint64(b, s.id)
+	encode(b[8:], &s.rec)
+	return t.sd.Set(t.groupKey(s.group), t.val, s.cas)
+}
+
+func encode(b []byte, r *Record) {
+	le := binary.LittleEndian
+	le.PutUint64(b[0:], math.Float64bits(r.Tokens))
+	le.PutUint64(b[8:], uint64(r.Expires))
+	le.PutUint64(b[16:], uint64(r.Pending))
+	le.PutUint64(b[24:], math.Float64bits(r.Size))
+	le.PutUint64(b[32:], math.Float64bits(r.Rate))
+	le.PutUint64(b[40:], uint64(r.Mark))
+	le.PutUint64(b[48:], math.Float64bits(r.Spent))
+	le.PutUint64(b[56:], math.Float64bits(r.Remaining))
+	le.PutUint64(b[64:], uint64(r.ResetAt))
+	le.PutUint64(b[72:], uint64(r.RetryAt))
+	le.PutUint64(b[80:], uint64(r.DownUntil))
+	le.PutUint64(b[88:], uint64(r.AskAt))
+}
+
+// decode reads a record; a damaged one (NaN, infinite or negative amounts)
+// reads as empty, so a bad value can never grant tokens.
+func decode(b []byte) Record {
+	le := binary.LittleEndian
+	f := func(o int) float64 { return math.Float64frombits(le.Uint64(b[o:])) }
+	r := Record{
+		Tokens: f(0), Expires: int64(le.Uint64(b[8:])), Pending: int64(le.Uint64(b[16:])),
+		Size: f(24), Rate: f(32), Mark: int64(le.Uint64(b[40:])), Spent: f(48),
+		Remaining: f(56), ResetAt: int64(le.Uint64(b[64:])), RetryAt: int64(le.Uint64(b[72:])),
+		DownUntil: int64(le.Uint64(b[80:])), AskAt: int64(le.Uint64(b[88:])),
+	}
+	for _, x := range []float64{r.Tokens, r.Size, r.Rate, r.Spent, r.Remaining} {
+		if !(x >= 0 && x <= math.MaxFloat64) {
+			return Record{}
+		}
+	}
+	return r
+}

@@ -1,0 +1,233 @@
+package plugin
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/ratelimit-wasm/tokenbucket/service"
+)
+
+const leased = `{"service": {"cluster": "limitd", "timeout_ms": 30},
+ "rules": [{"name": "fleet", "scope": "cluster", "sync": "lease", "limit_keys": ["header:k"],
+   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 40}}]}`
+
+// limitd is a real limit service (service.Server on a memory store on the
+// emulator's clock) that answers the plugin's callouts.
+type limitd struct {
+	e      *emulator
+	srv    http.Handler
+	served map[uint32]int // callouts answered per context (the emulator reuses callout ids)
+	calls  int
+	down   bool // answer every call with a failure
+}
+
+func newLimitd(t *testing.T, e *emulator) *limitd {
+	srv, err := service.NewServer(service.Config{Store: service.NewMemoryStore(service.MemoryOptions{Now: e.clk.now})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &limitd{e: e, srv: srv, served: map[uint32]int{}}
+}
+
+// serve answers every unanswered callout of the contexts ids and of the
+// plugin context, until none is left; it returns how many it answered.
+func (l *limitd) serve(ids ...uint32) int {
+	n := 0
+	for more := true; more; {
+		more = false
+		for _, id := range append(ids, proxytest.PluginContextID) {
+			for _, c := range l.e.host.GetCalloutAttributesFromContext(id)[l.served[id]:] {
+				l.served[id]++
+				more = true
+				n++
+				l.calls++
+				if l.down {
+					l.e.host.CallOnHttpCallResponse(c.CalloutID, nil, nil, nil)
+					continue
+				}
+				hs := map[string]string{}
+				for _, h := range c.Headers {
+					hs[h[0]] = h[1]
+				}
+				r := httptest.NewRequest(hs[":method"], hs[":path"], bytes.NewReader(c.Body))
+				w := httptest.NewRecorder()
+				l.srv.ServeHTTP(w, r)
+				l.e.host.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, w.Body.Bytes())
+			}
+		}
+	}
+	return n
+}
+
+// do runs one request with the limit service answering its calls, and
+// reports what the client saw and how many calls it took.
+func (l *limitd) do(headers ...string) (response, int) {
+	e := l.e
+	e.t.Helper()
+	id := e.host.InitializeHttpContext()
+	e.host.CallOnRequestHeaders(id, requestHeaders(headers), false)
+	calls := l.serve(id)
+	var r response
+	if lr := e.host.GetSentLocalResponse(id); lr != nil {
+		r = response{status: int(lr.StatusCode), body: string(lr.Data), headers: map[string]string{}}
+		for _, h := range lr.Headers {
+			r.headers[h[0]] = h[1]
+		}
+	} else {
+		if a := e.host.GetCurrentHttpStreamAction(id); a != types.ActionContinue {
+			e.t.Fatalf("request neither answered nor continued: %v", a)
+		}
+		e.host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+		r = response{status: 200, headers: map[string]string{}}
+		for _, h := range e.host.GetCurrentResponseHeaders(id)[1:] {
+			r.headers[h[0]] = h[1]
+		}
+	}
+	e.host.CompleteHttpContext(id)
+	return r, calls
+}
+
+// TestLeaseExactAndLocal: a burst of 40 admits at most 40 (and at least 36,
+// the rest being fractions left in the lease), most requests make no call,
+// and the lease's leftover goes back to the global bucket once it expires.
+func TestLeaseExactAndLocal(t *testing.T) {
+	e := start(t, leased)
+	l := newLimitd(t, e)
+	admitted, blocking := 0, 0
+	for range 100 {
+		r, calls := l.do("k", "a")
+		if r.status == 200 {
+			admitted++
+			if r.headers["ratelimit"] == "" {
+				t.Fatalf("an admitted request has no RateLimit header: %v", r.headers)
+			}
+		} else if r.status != 429 || r.headers["retry-after"] == "" || r.headers["x-ratelimit-reason"] != "token_bucket_exceeded" {
+			t.Fatalf("rejection %+v", r)
+		}
+		if calls > 0 {
+			blocking++
+		}
+	}
+	if admitted > 40 || admitted < 36 {
+		t.Fatalf("admitted %d of a burst of 40, want 36 to 40", admitted)
+	}
+	if got := e.counter("lease_calls"); got > 30 {
+		t.Errorf("%d lease calls for 100 requests", got)
+	}
+	t.Logf("admitted %d, lease calls %d (%d requests saw a call answered)", admitted, e.counter("lease_calls"), blocking)
+
+	// After the ttl, the tick returns what is left; the global bucket has
+	// it again (and has refilled by then).
+	e.clk.t += 3 * sec
+	e.host.Tick()
+	l.serve()
+	before := admitted
+	for range 10 {
+		if r, _ := l.do("k", "a"); r.status == 200 {
+			admitted++
+		}
+	}
+	if got := admitted - before; got < 3 || got > 4 {
+		t.Errorf("after 3 s at 1 token/s (and the returned fraction): %d admitted, want 3 or 4", got)
+	}
+}
+
+// TestLeaseRefusedWaitsLocally: once the global bucket refused, requests
+// that find no token are refused without a call until its wait is over.
+func TestLeaseRefusedWaitsLocally(t *testing.T) {
+	cfg := strings.Replace(leased, `"burst": 40`, `"burst": 2`, 1)
+	e := start(t, cfg)
+	l := newLimitd(t, e)
+	for range 2 {
+		if r, _ := l.do("k", "b"); r.status != 200 {
+			t.Fatalf("status %d within the burst", r.status)
+		}
+	}
+	r, calls := l.do("k", "b")
+	if r.status != 429 || calls != 1 {
+		t.Fatalf("over the burst: %d after %d calls, want 429 after 1", r.status, calls)
+	}
+	r, calls = l.do("k", "b")
+	if r.status != 429 || calls != 0 || r.headers["retry-after"] < "1" {
+		t.Fatalf("within the wait: %d after %d calls (%v), want 429 without a call", r.status, calls, r.headers)
+	}
+	e.clk.t += 1 * sec
+	if r, _ := l.do("k", "b"); r.status != 200 {
+		t.Fatalf("after the wait: %d, want 200", r.status)
+	}
+}
+
+// TestLeaseOutage: while the service fails, leases in hand are spent, then
+// failure_mode applies (without a call for each request), and leases
+// resume when it is back.
+func TestLeaseOutage(t *testing.T) {
+	for _, mode := range []string{"allow", "deny"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := strings.Replace(leased, `"timeout_ms": 30`, `"timeout_ms": 30, "failure_mode": "`+mode+`"`, 1)
+			e := start(t, cfg)
+			l := newLimitd(t, e)
+			if r, _ := l.do("k", "c"); r.status != 200 { // leases 2.5 (a quarter of max_share × burst), spends 1
+				t.Fatalf("first request: %d", r.status)
+			}
+			l.down = true
+			passed, last := 0, response{}
+			for range 6 {
+				if last, _ = l.do("k", "c"); last.status != 200 {
+					break
+				}
+				passed++
+			}
+			failedOpen := e.counter("rule.fleet.failed_open")
+			switch {
+			case mode == "deny" && (passed != 1 || last.status != 429 || last.headers["x-ratelimit-reason"] != "limit_service_unavailable"):
+				t.Fatalf("deny: %d passed on the lease (want the 1 whole token in it), then %+v", passed, last)
+			case mode == "allow" && (passed != 6 || failedOpen != 5):
+				t.Fatalf("allow: %d passed, %d failed open; want 6 and 5 (1 on the lease)", passed, failedOpen)
+			}
+			calls := l.calls
+			l.do("k", "c")
+			if l.calls != calls {
+				t.Fatal("a request called the failing service again within a second")
+			}
+			l.down = false
+			e.clk.t += 2 * sec
+			if r, n := l.do("k", "c"); r.status != 200 || n == 0 {
+				t.Fatalf("service back: %d after %d calls, want 200 after a lease call", r.status, n)
+			}
+		})
+	}
+}
+
+// TestLeaseStackedAtomic: a request takes from all its leases or none.
+func TestLeaseStackedAtomic(t *testing.T) {
+	cfg := `{"service": {"cluster": "limitd"}, "rules": [
+	  {"name": "wide", "scope": "cluster", "sync": "lease", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 100}},
+	  {"name": "narrow", "scope": "cluster", "sync": "lease", "limit_keys": ["header:k"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 3}}]}`
+	e := start(t, cfg)
+	l := newLimitd(t, e)
+	for i := range 3 {
+		if r, _ := l.do("k", "x"); r.status != 200 {
+			t.Fatalf("request %d: %+v", i, r)
+		}
+	}
+	for range 20 { // narrow is out: none of these may take from wide
+		if r, _ := l.do("k", "x"); r.status != 429 {
+			t.Fatalf("narrow exhausted, status %d", r.status)
+		}
+	}
+	admitted := 3
+	for i := range 200 {
+		if r, _ := l.do("k", "y"+string(rune('a'+i%26))+string(rune('a'+i/26))); r.status == 200 {
+			admitted++
+		}
+	}
+	if admitted < 96 || admitted > 100 {
+		t.Fatalf("wide admitted %d of 100 (3 by x; x's 20 refusals must not have taken any)", admitted)
+	}
+}

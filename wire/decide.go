@@ -1,0 +1,377 @@
+package wire
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+)
+
+// Limits bound what a call may ask. The zero value of a field means its
+// default (the Max* constants, and DefaultMaxBodyBytes).
+type Limits struct {
+	// MaxBodyBytes is the largest request body accepted.
+	MaxBodyBytes int64
+	// MaxKeyBytes is the longest key (and hash tag) accepted, in bytes.
+	MaxKeyBytes int
+	// MaxBuckets is the most buckets one call may carry.
+	MaxBuckets int
+	// MaxFill is the longest time an empty bucket may need to refill
+	// (burst / tokens_per_second): it bounds how long a stored key lives.
+	MaxFill time.Duration
+}
+
+// DefaultMaxBodyBytes is the default bound of a call's body.
+const DefaultMaxBodyBytes = 64 << 10
+
+// WithDefaults returns l with every zero field set to its default.
+func (l Limits) WithDefaults() Limits {
+	if l.MaxBodyBytes <= 0 {
+		l.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if l.MaxKeyBytes <= 0 {
+		l.MaxKeyBytes = MaxKeyBytes
+	}
+	if l.MaxBuckets <= 0 {
+		l.MaxBuckets = MaxBuckets
+	}
+	if l.MaxFill <= 0 {
+		l.MaxFill = MaxFill
+	}
+	return l
+}
+
+// Bucket is one token bucket of a decision: the bucket stored under Key,
+// with the limit Rate (tokens per second) and Burst, asked for Cost tokens.
+// A Shadow bucket is decided on its own, outside the decision's atomic
+// take, and never refuses it: it measures what a rule in shadow mode would
+// do.
+type Bucket struct {
+	Key    string
+	Rate   float64
+	Burst  float64
+	Cost   float64
+	Shadow bool
+}
+
+// Request is one decision (POST /v1/decide) over one or more buckets, taken
+// atomically: either every enforced bucket admits its cost and all are
+// consumed, or none is touched. HashTag, when set, places all buckets in one
+// Redis Cluster slot.
+type Request struct {
+	HashTag string
+	Buckets []Bucket
+}
+
+// Answer is the answer to a Request.
+type Answer struct {
+	// Allowed reports whether the request was admitted: every enforced
+	// bucket had enough tokens, and all of them were consumed. Shadow buckets
+	// do not count (it is true for a request of shadow buckets only).
+	Allowed bool
+	// RetryAfterMs is 0 when allowed, else the largest RetryAfterMs of the
+	// enforced buckets that refused.
+	RetryAfterMs int64
+	// Buckets holds one entry per requested bucket, in request order.
+	Buckets []BucketAnswer
+}
+
+// BucketAnswer is the outcome for one bucket: whole tokens and waits in
+// whole milliseconds (rounded up), the units of the wire.
+type BucketAnswer struct {
+	// Allowed reports whether this bucket alone had enough tokens. An
+	// enforced bucket can be allowed in a refused request, when another
+	// bucket refused; nothing was consumed then. A shadow bucket is decided
+	// on its own: allowed means it was consumed.
+	Allowed bool
+	// Remaining is floor(tokens after the decision): after consumption when
+	// the bucket was consumed, the untouched tokens otherwise.
+	Remaining int64
+	// RetryAfterMs is 0 when this bucket allowed; otherwise the milliseconds
+	// until it would, at least 1.
+	RetryAfterMs int64
+	// ResetMs is the milliseconds until this bucket is full again.
+	ResetMs int64
+	// Tokens is the exact (fractional) tokens behind Remaining. It is not
+	// encoded: tests of the service compare it with package bucket.
+	Tokens float64
+}
+
+// Settle sets a's Allowed and RetryAfterMs from its enforced buckets.
+func (a *Answer) Settle(req *Request) {
+	a.Allowed, a.RetryAfterMs = true, 0
+	for i := range a.Buckets {
+		if !a.Buckets[i].Allowed && !req.Buckets[i].Shadow {
+			a.Allowed = false
+			a.RetryAfterMs = max(a.RetryAfterMs, a.Buckets[i].RetryAfterMs)
+		}
+	}
+}
+
+// AppendRequest appends the JSON body of r:
+//
+//	{"hash_tag":"t","buckets":[{"key":"k","tokens_per_second":10,"burst":20,"cost":1,"shadow":true}]}
+//
+// (hash_tag and shadow only when set).
+func AppendRequest(b []byte, r *Request) []byte {
+	b = appendTag(b, r.HashTag)
+	for i := range r.Buckets {
+		bk := &r.Buckets[i]
+		b = appendBucket(b, i, bk.Key, bk.Rate, bk.Burst)
+		b = append(b, `,"cost":`...)
+		b = appendFloat(b, bk.Cost)
+		if bk.Shadow {
+			b = append(b, `,"shadow":true`...)
+		}
+		b = append(b, '}')
+	}
+	return append(b, "]}"...)
+}
+
+// appendTag opens a body: the hash tag when set, and the buckets array.
+func appendTag(b []byte, tag string) []byte {
+	b = append(b, '{')
+	if tag != "" {
+		b = append(b, `"hash_tag":`...)
+		b = appendString(b, tag)
+		b = append(b, ',')
+	}
+	return append(b, `"buckets":[`...)
+}
+
+// appendBucket opens the i-th bucket object with its key and limit.
+func appendBucket(b []byte, i int, key string, rate, burst float64) []byte {
+	if i > 0 {
+		b = append(b, ',')
+	}
+	b = append(b, `{"key":`...)
+	b = appendString(b, key)
+	b = append(b, `,"tokens_per_second":`...)
+	b = appendFloat(b, rate)
+	b = append(b, `,"burst":`...)
+	return appendFloat(b, burst)
+}
+
+var (
+	requestFields = []string{"hash_tag", "buckets"}
+	bucketFields  = []string{"key", "tokens_per_second", "burst", "cost", "shadow"}
+)
+
+// DecodeRequest parses and validates the body of POST /v1/decide. cost
+// defaults to 1 and shadow to false; hash_tag is optional. Unknown or
+// duplicate fields, trailing data and anything out of bounds are refused
+// with a *FieldError naming the field. A returned Request satisfies lim.
+func DecodeRequest(body []byte, lim Limits) (*Request, error) {
+	lim = lim.WithDefaults()
+	req := &Request{}
+	err := decodeCall(body, lim, &req.HashTag, func(n int) { req.Buckets = make([]Bucket, n) },
+		func(i int, at string, v gjson.Result) *FieldError {
+			b := &req.Buckets[i]
+			b.Cost = 1
+			var have [5]bool
+			err := fields(at, v, bucketFields, func(f int, m gjson.Result) (err *FieldError) {
+				have[f] = true
+				p := at + "." + bucketFields[f]
+				switch f {
+				case 0:
+					b.Key, err = key(p, m, lim)
+				case 1:
+					b.Rate, err = number(p, m)
+				case 2:
+					b.Burst, err = number(p, m)
+				case 3:
+					b.Cost, err = number(p, m)
+				case 4:
+					b.Shadow, err = boolean(p, m)
+				}
+				return err
+			})
+			if err == nil {
+				err = checkLimit(at, have[0], have[1], have[2], b.Rate, b.Burst, lim)
+			}
+			if err == nil && have[3] {
+				err = between(at+".cost", b.Cost, 0, MaxAmount, false)
+			}
+			return err
+		},
+		func(i int) string { return req.Buckets[i].Key })
+	if err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// decodeCall decodes the shape every call shares: an optional hash_tag and
+// a buckets array of objects, each decoded by bucket; keyOf gives a decoded
+// bucket's key, for the duplicate check.
+func decodeCall(body []byte, lim Limits, tag *string, alloc func(int),
+	bucket func(i int, at string, v gjson.Result) *FieldError, keyOf func(int) string) error {
+	v, ferr := parse(body, lim.MaxBodyBytes)
+	if ferr != nil {
+		return ferr
+	}
+	var buckets []gjson.Result
+	hasBuckets := false
+	ferr = fields("", v, requestFields, func(f int, m gjson.Result) (err *FieldError) {
+		if f == 0 {
+			*tag, err = text("hash_tag", m)
+			if err == nil {
+				err = checkTag(*tag, lim)
+			}
+			return err
+		}
+		hasBuckets = true
+		buckets, err = array("buckets", m, lim.MaxBuckets)
+		return err
+	})
+	if ferr == nil && !hasBuckets {
+		ferr = refuse("buckets", "required")
+	}
+	if ferr != nil {
+		return ferr
+	}
+	alloc(len(buckets))
+	for i, m := range buckets {
+		at := "buckets[" + strconv.Itoa(i) + "]"
+		if err := bucket(i, at, m); err != nil {
+			return err
+		}
+		for j := range i {
+			if keyOf(j) == keyOf(i) {
+				return refuse(at+".key", "duplicate of buckets["+strconv.Itoa(j)+"].key")
+			}
+		}
+	}
+	return nil
+}
+
+func checkTag(tag string, lim Limits) *FieldError {
+	switch {
+	case tag == "":
+		return refuse("hash_tag", "must not be empty (leave it out instead)")
+	case len(tag) > lim.MaxKeyBytes:
+		return refuse("hash_tag", "longer than "+strconv.Itoa(lim.MaxKeyBytes)+" bytes")
+	case strings.ContainsAny(tag, "{}"):
+		return refuse("hash_tag", "must not contain { or }")
+	}
+	return nil
+}
+
+func key(at string, v gjson.Result, lim Limits) (string, *FieldError) {
+	k, err := text(at, v)
+	switch {
+	case err != nil:
+		return "", err
+	case k == "":
+		return "", refuse(at, "must not be empty")
+	case len(k) > lim.MaxKeyBytes:
+		return "", refuse(at, "longer than "+strconv.Itoa(lim.MaxKeyBytes)+" bytes")
+	}
+	return k, nil
+}
+
+// checkLimit checks a bucket's key, rate and burst: present, and within the
+// contract's bounds.
+func checkLimit(at string, hasKey, hasRate, hasBurst bool, rate, burst float64, lim Limits) *FieldError {
+	switch {
+	case !hasKey:
+		return refuse(at+".key", "required")
+	case !hasRate:
+		return refuse(at+".tokens_per_second", "required")
+	case !hasBurst:
+		return refuse(at+".burst", "required")
+	}
+	if err := between(at+".tokens_per_second", rate, 0, MaxAmount, true); err != nil {
+		return err
+	}
+	switch {
+	case !(burst >= rate):
+		return refuse(at+".burst", "must be >= tokens_per_second ("+fmtFloat(rate)+"), got "+fmtFloat(burst))
+	case burst > MaxAmount:
+		return refuse(at+".burst", "must be <= "+fmtFloat(MaxAmount)+", got "+fmtFloat(burst))
+	case burst/rate > lim.MaxFill.Seconds():
+		return refuse(at+".burst", "must refill within "+lim.MaxFill.String()+": burst / tokens_per_second is "+fmtFloat(burst/rate)+"s")
+	}
+	return nil
+}
+
+// AppendAnswer appends the JSON of a:
+//
+//	{"allowed":false,"retry_after_ms":250,"buckets":[{"allowed":false,"remaining":0,"retry_after_ms":250,"reset_ms":4000}]}
+func AppendAnswer(b []byte, a *Answer) []byte {
+	b = append(b, `{"allowed":`...)
+	b = strconv.AppendBool(b, a.Allowed)
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, a.RetryAfterMs, 10)
+	b = append(b, `,"buckets":[`...)
+	for i := range a.Buckets {
+		ba := &a.Buckets[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"allowed":`...)
+		b = strconv.AppendBool(b, ba.Allowed)
+		b = appendWaits(b, ba.Remaining, ba.RetryAfterMs, ba.ResetMs)
+	}
+	return append(b, "]}\n"...)
+}
+
+// appendWaits closes a bucket's answer: remaining, retry_after_ms, reset_ms.
+func appendWaits(b []byte, remaining, retryMs, resetMs int64) []byte {
+	b = append(b, `,"remaining":`...)
+	b = strconv.AppendInt(b, remaining, 10)
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, retryMs, 10)
+	b = append(b, `,"reset_ms":`...)
+	b = strconv.AppendInt(b, resetMs, 10)
+	return append(b, '}')
+}
+
+// DecodeAnswer reads the service's answer to req. The answer is untrusted:
+// its size and nesting are bounded before it is parsed, it must carry one
+// bucket per requested bucket, and its verdict must agree with its enforced
+// buckets (a refusal with no refusing enforced bucket, or the reverse, is
+// refused). Negative counts and waits read as 0; an enforced bucket that
+// refused waits at least 1 ms.
+func DecodeAnswer(body []byte, req *Request) (*Answer, error) {
+	v, ferr := parse(body, MaxAnswerBytes)
+	if ferr != nil {
+		return nil, ferr
+	}
+	allowed, ferr := boolean("allowed", v.Get("allowed"))
+	if ferr != nil {
+		return nil, ferr
+	}
+	buckets := v.Get("buckets").Array()
+	if len(buckets) != len(req.Buckets) {
+		return nil, refuse("buckets", "must hold "+strconv.Itoa(len(req.Buckets))+" answers, got "+strconv.Itoa(len(buckets)))
+	}
+	a := &Answer{Buckets: make([]BucketAnswer, len(buckets))}
+	for i, m := range buckets {
+		ba := &a.Buckets[i]
+		ba.Allowed = m.Get("allowed").Type == gjson.True
+		ba.Remaining, ba.RetryAfterMs, ba.ResetMs = readWaits(m)
+		if !ba.Allowed && !req.Buckets[i].Shadow {
+			ba.RetryAfterMs = max(ba.RetryAfterMs, 1)
+		}
+	}
+	a.Settle(req)
+	if a.Allowed != allowed {
+		return nil, refuse("allowed", "disagrees with its buckets")
+	}
+	return a, nil
+}
+
+// readWaits reads remaining, retry_after_ms and reset_ms, clamped to
+// [0, MaxFill].
+func readWaits(m gjson.Result) (remaining, retryMs, resetMs int64) {
+	maxMs := float64(MaxFill.Milliseconds())
+	clamp := func(x float64, hi float64) int64 {
+		if !(x > 0) {
+			return 0
+		}
+		return int64(min(x, hi))
+	}
+	return clamp(m.Get("remaining").Num, MaxAmount), clamp(m.Get("retry_after_ms").Num, maxMs), clamp(m.Get("reset_ms").Num, maxMs)
+}
