@@ -124,13 +124,16 @@ check: sdk
 FUZZTIME ?= 20s
 fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecodeState -fuzztime $(FUZZTIME) ./bucket/
-	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./config/
+	$(GO) test -run XXX -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./config/
+	$(GO) test -run XXX -fuzz FuzzParseStatus -fuzztime $(FUZZTIME) ./config/
+	$(GO) test -run XXX -fuzz FuzzEventStream -fuzztime $(FUZZTIME) ./plugin/
 	$(GO) test -run XXX -fuzz FuzzRequestValues -fuzztime $(FUZZTIME) ./plugin/
 	$(GO) test -run XXX -fuzz FuzzCheck -fuzztime $(FUZZTIME) ./internal/jsonlimit/
 	$(GO) test -run XXX -fuzz FuzzSyntaxError -fuzztime $(FUZZTIME) ./internal/jsonlimit/
 	$(GO) test -run XXX -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run XXX -fuzz FuzzDecodeAnswer -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run XXX -fuzz FuzzDecodeLeaseAnswer -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run XXX -fuzz FuzzDecodeChargeRequest -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run XXX -fuzz FuzzDecodeLease -fuzztime $(FUZZTIME) ./lease/
 	cd third_party/pretty && $(GO) test -run XXX -fuzz FuzzUnescape -fuzztime $(FUZZTIME) .
 

@@ -1,0 +1,130 @@
+package wire
+
+import (
+	"strconv"
+
+	"github.com/tidwall/gjson"
+)
+
+// ChargeBucket is one bucket of a charge call: the bucket stored under Key
+// with its limit is charged Amount tokens, a cost known only after the
+// request was admitted (from its response). A positive amount takes more
+// tokens, into debt down to −Burst at most; a negative one gives tokens back
+// (never above Burst).
+type ChargeBucket struct {
+	Key    string
+	Rate   float64
+	Burst  float64
+	Amount float64
+}
+
+// ChargeRequest is one charge call (POST /v1/charge). A charge cannot be
+// refused: each bucket is charged on its own (package bucket's
+// Limit.Charge), all in one atomic step of the store.
+type ChargeRequest struct {
+	HashTag string
+	Buckets []ChargeBucket
+}
+
+// ChargeAnswer is the answer to a ChargeRequest: what each bucket holds
+// after its charge (RetryAfterMs is 0; Allowed is true).
+type ChargeAnswer struct {
+	Buckets []BucketAnswer
+}
+
+var chargeBucketFields = []string{"key", "tokens_per_second", "burst", "amount"}
+
+// AppendChargeRequest appends the JSON body of r:
+//
+//	{"hash_tag":"t","buckets":[{"key":"k","tokens_per_second":10,"burst":40,"amount":-3.5}]}
+func AppendChargeRequest(b []byte, r *ChargeRequest) []byte {
+	b = appendTag(b, r.HashTag)
+	for i := range r.Buckets {
+		cb := &r.Buckets[i]
+		b = appendBucket(b, i, cb.Key, cb.Rate, cb.Burst)
+		b = append(b, `,"amount":`...)
+		b = appendFloat(b, cb.Amount)
+		b = append(b, '}')
+	}
+	return append(b, "]}"...)
+}
+
+// DecodeChargeRequest parses and validates the body of POST /v1/charge.
+// amount is required, at least −burst (a refund of more than a burst gives
+// back nothing more) and at most MaxAmount. Errors are *FieldError naming
+// the field.
+func DecodeChargeRequest(body []byte, lim Limits) (*ChargeRequest, error) {
+	lim = lim.WithDefaults()
+	req := &ChargeRequest{}
+	err := decodeCall(body, lim, &req.HashTag, func(n int) { req.Buckets = make([]ChargeBucket, n) },
+		func(i int, at string, v gjson.Result) *FieldError {
+			b := &req.Buckets[i]
+			var have [4]bool
+			err := fields(at, v, chargeBucketFields, func(f int, m gjson.Result) (err *FieldError) {
+				have[f] = true
+				p := at + "." + chargeBucketFields[f]
+				switch f {
+				case 0:
+					b.Key, err = key(p, m, lim)
+				case 1:
+					b.Rate, err = number(p, m)
+				case 2:
+					b.Burst, err = number(p, m)
+				case 3:
+					b.Amount, err = number(p, m)
+				}
+				return err
+			})
+			if err == nil {
+				err = checkLimit(at, have[0], have[1], have[2], b.Rate, b.Burst, lim)
+			}
+			if err == nil && !have[3] {
+				err = refuse(at+".amount", "required")
+			}
+			if err == nil {
+				err = between(at+".amount", b.Amount, -b.Burst, MaxAmount, false)
+			}
+			return err
+		},
+		func(i int) string { return req.Buckets[i].Key })
+	if err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// AppendChargeAnswer appends the JSON of a:
+//
+//	{"buckets":[{"charged":true,"remaining":0,"retry_after_ms":0,"reset_ms":25920000}]}
+func AppendChargeAnswer(b []byte, a *ChargeAnswer) []byte {
+	b = append(b, `{"buckets":[`...)
+	for i := range a.Buckets {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"charged":true`...)
+		b = appendWaits(b, a.Buckets[i].Remaining, 0, a.Buckets[i].ResetMs)
+	}
+	return append(b, "]}\n"...)
+}
+
+// DecodeChargeAnswer reads the service's answer to req: one bucket per
+// charged bucket. It is untrusted: its size and nesting are bounded, counts
+// and waits are clamped as in DecodeAnswer.
+func DecodeChargeAnswer(body []byte, req *ChargeRequest) (*ChargeAnswer, error) {
+	v, ferr := parse(body, MaxAnswerBytes)
+	if ferr != nil {
+		return nil, ferr
+	}
+	buckets := v.Get("buckets").Array()
+	if len(buckets) != len(req.Buckets) {
+		return nil, refuse("buckets", "must hold "+strconv.Itoa(len(req.Buckets))+" answers, got "+strconv.Itoa(len(buckets)))
+	}
+	a := &ChargeAnswer{Buckets: make([]BucketAnswer, len(buckets))}
+	for i, m := range buckets {
+		ba := &a.Buckets[i]
+		ba.Allowed = true
+		ba.Remaining, _, ba.ResetMs = readWaits(m)
+	}
+	return a, nil
+}
