@@ -20,7 +20,9 @@ func (l Limit) Lease(s State, now int64, ret, want, lo float64) (next State, gra
 	lo, want = max(lo, 0), max(want, 0)
 	if lo <= want && want <= l.capacity() && tokens+l.slack() >= lo {
 		granted = max(lo, min(want, tokens))
-		next = State{Tokens: max(tokens-granted, 0), At: at}
+		// A debt (negative tokens, see Charge) stays: only lo == 0 can be
+		// granted from it, and nothing is.
+		next = State{Tokens: max(tokens-granted, min(tokens, 0)), At: at}
 		return next, granted, true, l.Report(next.Tokens, at-now, lo, true)
 	}
 	return s, 0, false, l.Report(tokens, at-now, lo, false)

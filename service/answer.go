@@ -35,7 +35,9 @@ func report(b *Bucket, ok bool, tokens float64, gap int64) BucketAnswer {
 // LeaseAnswer and Grant are the answer to a lease call (wire.LeaseAnswer).
 type (
 	LeaseAnswer = wire.LeaseAnswer
-	Grant       = wire.Grant
+	// ChargeAnswer is the answer to a charge call (wire.ChargeAnswer).
+	ChargeAnswer = wire.ChargeAnswer
+	Grant        = wire.Grant
 )
 
 // grant is the answer for lease bucket b that granted tokens (when the
@@ -45,6 +47,13 @@ func grant(b *LeaseBucket, all bool, granted, left float64, gap int64) Grant {
 	ok := all || left >= b.Min
 	d := bucket.Limit{Rate: b.Rate, Burst: b.Burst}.Report(left, gap, b.Min, ok)
 	return Grant{Tokens: granted, Remaining: d.Remaining, RetryAfterMs: ceilMs(d.RetryAfter), ResetMs: ceilMs(d.ResetAfter)}
+}
+
+// charged is the answer for one charged bucket that holds left tokens
+// after the charge, gap ns ahead of now.
+func charged(b *ChargeBucket, left float64, gap int64) BucketAnswer {
+	d := bucket.Limit{Rate: b.Rate, Burst: b.Burst}.Report(left, gap, 0, true)
+	return BucketAnswer{Allowed: true, Remaining: d.Remaining, ResetMs: ceilMs(d.ResetAfter)}
 }
 
 // ceilMs is d rounded up to whole milliseconds.

@@ -57,9 +57,13 @@ local function load(key, rate, burst)
   if not stored or not stored_at then
     return nil, redis.error_reply('limitd: malformed bucket value at ' .. key)
   end
+  -- Negative tokens are a debt left by charge.lua, at most a burst
+  -- (bucket's level).
   local tok = stored
-  if not (tok > 0) then
+  if tok ~= tok then
     tok = 0
+  elseif tok < -burst then
+    tok = -burst
   elseif tok > burst then
     tok = burst
   end

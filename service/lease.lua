@@ -51,8 +51,12 @@ for i = 1, n do
       g = p[i].lo
     end
     local tok = tokens[i] - g
-    if tok < 0 then
-      tok = 0
+    local floor = 0 -- a debt stays (bucket's Lease)
+    if tokens[i] < 0 then
+      floor = tokens[i]
+    end
+    if tok < floor then
+      tok = floor
     end
     tokens[i] = tok
   end

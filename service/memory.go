@@ -21,6 +21,10 @@ type Store interface {
 	// return, then grants at least its min or none grants; errors as for
 	// Decide.
 	Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error)
+	// Charge charges each bucket its amount (a cost known from the
+	// response): into debt down to -burst, or a refund; it cannot be
+	// refused. Errors as for Decide.
+	Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error)
 	// Ping reports whether the store can take decisions.
 	Ping(ctx context.Context) error
 	// Close releases the store; calls in flight finish first.
@@ -207,6 +211,41 @@ func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer
 			delete(m.buckets, keys[i])
 		}
 		a.Buckets[i] = grant(&req.Buckets[i], a.Granted, granted, lim.Tokens(next, now), max(next.At, now)-now)
+	}
+	return a, nil
+}
+
+// Charge implements Store under the store's mutex: package bucket's
+// Limit.Charge on every bucket.
+func (m *MemoryStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error) {
+	if err := ctx.Err(); err != nil {
+		return ChargeAnswer{}, err
+	}
+	n := len(req.Buckets)
+	a := ChargeAnswer{Buckets: make([]BucketAnswer, n)}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	if len(m.buckets)+n > m.maxKeys {
+		m.maybeSweep(now, true)
+		if len(m.buckets)+n > m.maxKeys {
+			return ChargeAnswer{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
+		}
+	}
+	for i, b := range req.Buckets {
+		k := storageKey(DefaultKeyPrefix, req.HashTag, b.Key)
+		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
+		st := bucket.State{}
+		if e, ok := m.buckets[k]; ok && e.fullAt > now {
+			st = e.state
+		}
+		next := lim.Charge(st, now, b.Amount)
+		if fullAt := lim.FullAt(next); fullAt > now {
+			m.buckets[k] = memoryEntry{state: next, fullAt: fullAt}
+		} else {
+			delete(m.buckets, k)
+		}
+		a.Buckets[i] = charged(&req.Buckets[i], lim.Tokens(next, now), max(next.At, now)-now)
 	}
 	return a, nil
 }

@@ -21,9 +21,12 @@ var (
 	decidePart string
 	//go:embed lease.lua
 	leasePart string
+	//go:embed charge.lua
+	chargePart string
 
 	decideLua = bucketLua + decidePart
 	leaseLua  = bucketLua + leasePart
+	chargeLua = bucketLua + chargePart
 )
 
 // DecideScript is the Lua source run for every decision (bucket.lua, then
@@ -64,6 +67,7 @@ type RedisStore struct {
 	client  redisClient
 	script  *redis.Script
 	lease   *redis.Script
+	charge  *redis.Script
 	prefix  string
 	cluster bool
 	batch   *batcher
@@ -84,6 +88,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore
 		client:  client,
 		script:  redis.NewScript(decideLua),
 		lease:   redis.NewScript(leaseLua),
+		charge:  redis.NewScript(chargeLua),
 		prefix:  opts.KeyPrefix,
 		cluster: cluster,
 	}
@@ -109,6 +114,9 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore
 // returns the decide script's SHA1.
 func (s *RedisStore) Load(ctx context.Context) (string, error) {
 	if err := s.lease.Load(ctx, s.client).Err(); err != nil {
+		return "", fmt.Errorf("service: redis: script load: %w", err)
+	}
+	if err := s.charge.Load(ctx, s.client).Err(); err != nil {
 		return "", fmt.Errorf("service: redis: script load: %w", err)
 	}
 	sha, err := s.script.Load(ctx, s.client).Result()
@@ -173,6 +181,41 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer,
 			return LeaseAnswer{}, fmt.Errorf("service: redis: lease script reply: bucket %d: malformed %v", i, vals[1+3*i:4+3*i])
 		}
 		a.Buckets[i] = grant(&req.Buckets[i], a.Granted, granted, tokens, gap)
+	}
+	return a, nil
+}
+
+// Charge implements Store with one run of charge.lua. Charges come once per
+// response of a rule whose cost is known from the response, after it, so
+// they are never batched.
+func (s *RedisStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error) {
+	keys := make([]string, len(req.Buckets))
+	args := make([]any, 0, 3*len(req.Buckets))
+	for i := range req.Buckets {
+		b := &req.Buckets[i]
+		keys[i] = storageKey(s.prefix, req.HashTag, b.Key)
+		args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Amount))
+	}
+	if err := s.oneSlot(req.HashTag, keys); err != nil {
+		return ChargeAnswer{}, err
+	}
+	res, err := s.charge.Run(ctx, s.client, keys, args...).Result()
+	if err != nil {
+		return ChargeAnswer{}, fmt.Errorf("service: redis: %w", err)
+	}
+	vals, ok := res.([]any)
+	if !ok || len(vals) != 2*len(req.Buckets) {
+		return ChargeAnswer{}, fmt.Errorf("service: redis: charge script reply: want %d values, got %T of %v", 2*len(req.Buckets), res, res)
+	}
+	a := ChargeAnswer{Buckets: make([]BucketAnswer, len(req.Buckets))}
+	for i := range req.Buckets {
+		ts, ok1 := vals[2*i].(string)
+		gap, ok2 := vals[2*i+1].(int64)
+		tokens, err := strconv.ParseFloat(ts, 64)
+		if !ok1 || !ok2 || err != nil {
+			return ChargeAnswer{}, fmt.Errorf("service: redis: charge script reply: bucket %d: malformed %v", i, vals[2*i:2*i+2])
+		}
+		a.Buckets[i] = charged(&req.Buckets[i], tokens, gap)
 	}
 	return a, nil
 }

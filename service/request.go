@@ -17,6 +17,9 @@ type (
 	// LeaseBucket and LeaseRequest are one lease call (wire.LeaseRequest).
 	LeaseBucket  = wire.LeaseBucket
 	LeaseRequest = wire.LeaseRequest
+	// ChargeBucket and ChargeRequest are one charge call (wire.ChargeRequest).
+	ChargeBucket  = wire.ChargeBucket
+	ChargeRequest = wire.ChargeRequest
 )
 
 // Defaults of Limits, and the bound on rates, bursts and costs: the wire

@@ -48,6 +48,7 @@ const DefaultTimeout = time.Second
 //
 //	POST /v1/decide   take a decision (JSON in and out; see openapi.yaml)
 //	POST /v1/lease    lease tokens for a gateway to spend locally
+//	POST /v1/charge   charge costs known from responses (into debt, or refunds)
 //	GET  /healthz     200 while the process runs
 //	GET  /readyz      200 when the store answers (Redis PING), else 503
 //	GET  /metrics     Prometheus metrics
@@ -101,6 +102,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s.mux.HandleFunc("/v1/decide", s.serve(s.decide, m.latency))
 	s.mux.HandleFunc("/v1/lease", s.serve(s.lease, m.leaseLatency))
+	s.mux.HandleFunc("/v1/charge", s.serve(s.charge, m.chargeLatency))
 	s.mux.HandleFunc("/healthz", s.healthz)
 	s.mux.HandleFunc("/readyz", s.readyz)
 	s.mux.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
@@ -147,6 +149,26 @@ func (s *Server) lease(ctx context.Context, body, out []byte) ([]byte, error) {
 		s.metrics.returned.Add(req.Buckets[i].Return)
 	}
 	return wire.AppendLeaseAnswer(out, &a), nil
+}
+
+func (s *Server) charge(ctx context.Context, body, out []byte) ([]byte, error) {
+	req, err := wire.DecodeChargeRequest(body, s.limits)
+	if err != nil {
+		return nil, err
+	}
+	a, err := s.store.Charge(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics.charges.Inc()
+	for i := range req.Buckets {
+		if amt := req.Buckets[i].Amount; amt > 0 {
+			s.metrics.charged.Add(amt)
+		} else {
+			s.metrics.refunded.Add(-amt)
+		}
+	}
+	return wire.AppendChargeAnswer(out, &a), nil
 }
 
 // serve runs one /v1 endpoint: method, bearer token and body checks, then
@@ -286,6 +308,9 @@ type metrics struct {
 	latency     prometheus.Histogram
 	// leaseLatency is latency's for POST /v1/lease.
 	leaseLatency prometheus.Histogram
+	// charges, charged, refunded and chargeLatency are POST /v1/charge's.
+	charges, charged, refunded prometheus.Counter
+	chargeLatency              prometheus.Histogram
 }
 
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
@@ -333,8 +358,26 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 			Help:    "Time to answer POST /v1/lease, from request to response.",
 			Buckets: latencyBuckets,
 		}),
+		charges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitd_charges_total", ConstLabels: labels,
+			Help: "Charge calls answered (costs known from responses).",
+		}),
+		charged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitd_charged_tokens_total", ConstLabels: labels,
+			Help: "Tokens charged beyond the reservations by charge calls.",
+		}),
+		refunded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limitd_refunded_tokens_total", ConstLabels: labels,
+			Help: "Tokens given back by charge calls.",
+		}),
+		chargeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "limitd_charge_duration_seconds", ConstLabels: labels,
+			Help:    "Time to answer POST /v1/charge, from request to response.",
+			Buckets: latencyBuckets,
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.leases, m.leased, m.returned, m.refused, m.latency, m.leaseLatency} {
+	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.leases, m.leased, m.returned, m.refused, m.latency, m.leaseLatency,
+		m.charges, m.charged, m.refunded, m.chargeLatency} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("service: config: registry: %w", err)
 		}

@@ -26,6 +26,9 @@ func (f failingStore) Decide(context.Context, *Request) (Answer, error) { return
 func (f failingStore) Lease(context.Context, *LeaseRequest) (LeaseAnswer, error) {
 	return LeaseAnswer{}, f.err
 }
+func (f failingStore) Charge(context.Context, *ChargeRequest) (ChargeAnswer, error) {
+	return ChargeAnswer{}, f.err
+}
 func (f failingStore) Ping(context.Context) error { return f.err }
 func (f failingStore) Close() error               { return nil }
 
@@ -318,5 +321,27 @@ func TestServerLease(t *testing.T) {
 	}
 	if got["limitd_leases_total"] != 3 || got["limitd_leased_tokens_total"] != 8 || got["limitd_returned_tokens_total"] != 5 {
 		t.Fatalf("lease metrics %v", got)
+	}
+}
+
+func TestServerCharge(t *testing.T) {
+	clk := &fakeClock{now: t0.UnixNano()}
+	s, _ := newTestServer(t, NewMemoryStore(MemoryOptions{Now: clk.Now}), "")
+	decide := `{"buckets":[{"key":"k","tokens_per_second":1,"burst":10,"cost":1}]}`
+	if w := do(s, "POST", "/v1/decide", decide); w.Code != 200 {
+		t.Fatalf("decide: %d %s", w.Code, w.Body)
+	}
+	// The real cost was 15: 14 more, into a debt of 5 (10 − 1 − 14).
+	w := do(s, "POST", "/v1/charge", `{"buckets":[{"key":"k","tokens_per_second":1,"burst":10,"amount":14}]}`)
+	if want := `{"buckets":[{"charged":true,"remaining":0,"retry_after_ms":0,"reset_ms":15000}]}` + "\n"; w.Code != 200 || w.Body.String() != want {
+		t.Fatalf("charge: %d %s, want %s", w.Code, w.Body, want)
+	}
+	// The next request waits out the debt and its own token: 6 s.
+	if w := do(s, "POST", "/v1/decide", decide); !strings.Contains(w.Body.String(), `"retry_after_ms":6000`) {
+		t.Fatalf("decide in debt: %s", w.Body)
+	}
+	if w := do(s, "POST", "/v1/charge", `{"buckets":[{"key":"k","tokens_per_second":1,"burst":10,"amount":-11}]}`); w.Code != 400 ||
+		!strings.Contains(errorOf(t, w), "buckets[0].amount") {
+		t.Fatalf("a refund beyond the burst: %d %s, want 400", w.Code, w.Body)
 	}
 }
