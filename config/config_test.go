@@ -191,6 +191,7 @@ var badCases = []badCase{
 	{name: "lease share too big", in: doc(`"service":{"cluster":"c"}`, rule(`"scope":"cluster","sync":"lease","lease":{"max_share":0.75}`)), want: `config: rules[0].lease.max_share: must be at most 0.5, got 0.75`},
 	{name: "lease share zero", in: doc(`"service":{"cluster":"c"}`, rule(`"scope":"cluster","sync":"lease","lease":{"max_share":0}`)), want: `config: rules[0].lease.max_share: must be > 0, got 0`},
 	{name: "lease unknown field", in: doc(`"service":{"cluster":"c"}`, rule(`"scope":"cluster","sync":"lease","lease":{"size":5}`)), want: `config: rules[0].lease.size: unknown field`},
+	{name: "charge_path with a space", in: doc(`"service":{"cluster":"c","charge_path":"/v1/ch arge"}`, rule(`"scope":"cluster"`)), want: `config: service.charge_path: must start with / and contain no spaces, got "/v1/ch arge"`},
 	{name: "lease_path relative", in: doc(`"service":{"cluster":"c","lease_path":"v1/lease"}`, rule(`"scope":"cluster"`)), want: `config: service.lease_path: must start with / and contain no spaces, got "v1/lease"`},
 	{name: "rule service without cluster", in: doc("", rule(`"scope":"cluster","service":{"path":"/x"}`)), want: `config: rules[0].service.cluster: required`},
 
@@ -423,7 +424,7 @@ var goodCases = []goodCase{
 			"service":{"cluster":"limitd","authority":"limitd.internal","path":"/decide","timeout_ms":60000,"failure_mode":"deny","token":"s3cret"},
 			"rules":[` + rule("") + `]}`,
 		want: func() *Config {
-			s := &Service{Cluster: "limitd", Authority: "limitd.internal", Path: "/decide", LeasePath: "/v1/lease", TimeoutMS: 60000, FailureMode: FailDeny, Token: "s3cret"}
+			s := &Service{Cluster: "limitd", Authority: "limitd.internal", Path: "/decide", LeasePath: "/v1/lease", ChargePath: "/v1/charge", TimeoutMS: 60000, FailureMode: FailDeny, Token: "s3cret"}
 			r := wantRule("r")
 			r.Mode, r.Scope, r.Service = ModeShadow, ScopeCluster, s
 			return &Config{Rules: []Rule{r}, XFFNumTrustedHops: 16, TrustUnverifiedJWT: true, JWTMetadataNamespace: "ns",
@@ -465,7 +466,7 @@ var goodCases = []goodCase{
 				Body:            "{\"error\":\"slow down\"}\n",
 				ResponseHeaders: []HeaderPair{{"x-reason", "plan\tlimit"}, {"cache-control", "no-store"}},
 				Scope:           ScopeCluster,
-				Service:         &Service{Cluster: "limitd", Authority: "limitd", Path: "/v1/decide", LeasePath: "/v1/lease", TimeoutMS: 25, Token: "s3cr3t"},
+				Service:         &Service{Cluster: "limitd", Authority: "limitd", Path: "/v1/decide", LeasePath: "/v1/lease", ChargePath: "/v1/charge", TimeoutMS: 25, Token: "s3cr3t"},
 			})
 			c.Headers = HeadersDraft
 			return c
@@ -603,7 +604,7 @@ func TestMarshalJSON(t *testing.T) {
 		`"fixed_cost":1,"default_cost":1},"status":429,"body":"","scope":"cluster"},{"name":"b","action":"allow","group":"g"}],` +
 		`"xff_num_trusted_hops":0,"trust_unverified_jwt":false,"jwt_metadata_namespace":"envoy.filters.http.jwt_authn",` +
 		`"jwt_payload_key":"jwt_payload","headers":"both","max_keys":100000,"service":{"cluster":"limitd","authority":"limitd",` +
-		`"path":"/v1/decide","lease_path":"/v1/lease","timeout_ms":25,"failure_mode":"allow"}}`
+		`"path":"/v1/decide","lease_path":"/v1/lease","charge_path":"/v1/charge","timeout_ms":25,"failure_mode":"allow"}}`
 	if string(got) != want {
 		t.Errorf("MarshalJSON:\n got %s\nwant %s", got, want)
 	}

@@ -182,6 +182,7 @@ func appendService(b []byte, s *Service) []byte {
 	b = appendField(b, "authority", s.Authority)
 	b = appendField(b, "path", s.Path)
 	b = appendField(b, "lease_path", s.LeasePath)
+	b = appendField(b, "charge_path", s.ChargePath)
 	b = append(b, `,"timeout_ms":`...)
 	b = strconv.AppendInt(b, int64(s.TimeoutMS), 10)
 	b = appendField(b, "failure_mode", s.FailureMode.String())

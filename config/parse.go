@@ -28,6 +28,7 @@ const (
 	DefaultStatus               = 429
 	DefaultServicePath          = "/v1/decide"
 	DefaultLeasePath            = "/v1/lease"
+	DefaultChargePath           = "/v1/charge"
 	DefaultTimeoutMS            = 25
 	MaxTimeoutMS                = 60000
 
@@ -35,11 +36,11 @@ const (
 	// object): ttl_ms, how long leased tokens stay with this Envoy after
 	// the last grant before they go back to the limit service, and
 	// max_share, the largest fraction of the burst one lease may hold.
-	DefaultLeaseTTLMS  = 2000
-	MinLeaseTTLMS      = 100
-	MaxLeaseTTLMS      = 60000
-	DefaultLeaseShare  = 0.25
-	MaxLeaseShare      = 0.5
+	DefaultLeaseTTLMS = 2000
+	MinLeaseTTLMS     = 100
+	MaxLeaseTTLMS     = 60000
+	DefaultLeaseShare = 0.25
+	MaxLeaseShare     = 0.5
 
 	// MaxTokensPerSecond bounds tokens_per_second (and rps).
 	MaxTokensPerSecond = 1e9
@@ -746,11 +747,11 @@ func parseResponseHeaders(path string, v gjson.Result) ([]HeaderPair, error) {
 }
 
 func parseService(path string, v gjson.Result) (*Service, error) {
-	o, err := fields(path, v, "cluster", "authority", "path", "lease_path", "timeout_ms", "failure_mode", "token")
+	o, err := fields(path, v, "cluster", "authority", "path", "lease_path", "charge_path", "timeout_ms", "failure_mode", "token")
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{Path: DefaultServicePath, LeasePath: DefaultLeasePath, TimeoutMS: DefaultTimeoutMS}
+	s := &Service{Path: DefaultServicePath, LeasePath: DefaultLeasePath, ChargePath: DefaultChargePath, TimeoutMS: DefaultTimeoutMS}
 	if _, ok := o.get("cluster"); !ok {
 		return nil, errorf(path+".cluster", "required")
 	}
@@ -772,9 +773,12 @@ func parseService(path string, v gjson.Result) (*Service, error) {
 	if s.LeasePath, err = o.text("lease_path", s.LeasePath); err != nil {
 		return nil, err
 	}
-	for name, p := range map[string]string{"path": s.Path, "lease_path": s.LeasePath} {
-		if !strings.HasPrefix(p, "/") || strings.ContainsRune(p, ' ') {
-			return nil, errorf(path+"."+name, "must start with / and contain no spaces, got "+strconv.Quote(p))
+	if s.ChargePath, err = o.text("charge_path", s.ChargePath); err != nil {
+		return nil, err
+	}
+	for _, f := range [...]struct{ name, p string }{{"path", s.Path}, {"lease_path", s.LeasePath}, {"charge_path", s.ChargePath}} {
+		if !strings.HasPrefix(f.p, "/") || strings.ContainsRune(f.p, ' ') {
+			return nil, errorf(path+"."+f.name, "must start with / and contain no spaces, got "+strconv.Quote(f.p))
 		}
 	}
 	if s.TimeoutMS, err = o.integer("timeout_ms", DefaultTimeoutMS, 1, MaxTimeoutMS); err != nil {

@@ -164,6 +164,7 @@ type Service struct {
 	Authority   string
 	Path        string // default /v1/decide
 	LeasePath   string // default /v1/lease
+	ChargePath  string // default /v1/charge: costs known from the response
 	TimeoutMS   int    // default 25
 	FailureMode FailureMode
 	Token       string // bearer token ("token"; empty when none)

@@ -282,6 +282,9 @@ func (c *httpContext) refundTaken() {
 	if pl.leaseSpent {
 		pl.leaseSpent = false
 		p.leases.Refund(pl.now, pl.spends)
+		for i := range pl.leased {
+			pl.leased[i].held = false
+		}
 	}
 	if !pl.consumed {
 		return

@@ -72,9 +72,11 @@ func (c *httpContext) spendLeases() (rej *rejection, paused bool) {
 	}
 	if ok {
 		pl.leaseSpent = true
-		for i, t := range pl.leased {
+		for i := range pl.leased {
+			t := &pl.leased[i]
+			t.held, t.d = true, leaseDecision(t.rule, &out[i].Record, pl.now)
 			t.rule.allowed.Increment(1)
-			c.show(t.rule, leaseDecision(t.rule, &out[i].Record, pl.now))
+			c.show(t.rule, t.d)
 		}
 		return nil, false
 	}
@@ -203,14 +205,17 @@ func (c *httpContext) onLeaseAnswer(short []take, req *wire.LeaseRequest, claime
 	}
 	pl.leaseSpent = true
 	k := 0 // the next of the other leases' results
-	for _, t := range pl.leased {
+	for i := range pl.leased {
+		t := &pl.leased[i]
 		t.rule.allowed.Increment(1)
-		if j := indexOf(short, t); j >= 0 {
-			c.show(t.rule, leaseDecision(t.rule, &recs[j], now))
-			continue
+		t.held = true
+		if j := indexOf(short, *t); j >= 0 {
+			t.d = leaseDecision(t.rule, &recs[j], now)
+		} else {
+			t.d = leaseDecision(t.rule, &p.results[k].Record, now)
+			k++
 		}
-		c.show(t.rule, leaseDecision(t.rule, &p.results[k].Record, now))
-		k++
+		c.show(t.rule, t.d)
 	}
 	c.afterLeases()
 }

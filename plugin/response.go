@@ -8,7 +8,9 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/lease"
 	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // The response's part of a request, one way and in order:
@@ -148,7 +150,7 @@ func (c *httpContext) settleHeaders(endOfStream bool) {
 	settled := settledBuf[:0]
 	b := &c.body
 	b.takes, b.targets = b.takesBuf[:0], b.targetsBuf[:0]
-	for _, takes := range [...][]take{pl.local, pl.shadowLocal, pl.cluster, pl.shadowC} {
+	for _, takes := range [...][]take{pl.local, pl.shadowLocal, pl.cluster, pl.leased, pl.shadowC} {
 		for i := range takes {
 			t := &takes[i]
 			ru := t.rule
@@ -227,6 +229,7 @@ func (c *httpContext) settle(takes []*take, show bool) {
 		return
 	}
 	p := c.plugin
+	now := p.now()
 	p.reqs = p.reqs[:0]
 	for _, t := range takes {
 		if t.rule.Scope == config.ScopeLocal {
@@ -238,7 +241,7 @@ func (c *httpContext) settle(takes []*take, show bool) {
 			p.out = make([]bucket.Decision, n)
 		}
 		out := p.out[:n]
-		_, o, err := p.table.Charge(p.now(), p.reqs, out)
+		_, o, err := p.table.Charge(now, p.reqs, out)
 		p.count(o)
 		if err != nil {
 			p.warn(&p.failLog, "charging a cost known from the response: "+err.Error())
@@ -251,24 +254,35 @@ func (c *httpContext) settle(takes []*take, show bool) {
 			}
 		}
 	}
-	cluster := false
+	var sendBuf [4]*take
+	send := sendBuf[:0] // amounts for the limit service
 	for _, t := range takes {
-		if t.rule.Scope != config.ScopeCluster {
-			continue
+		switch {
+		case t.rule.Scope != config.ScopeCluster:
+		case t.rule.Sync == config.SyncLease && t.rule.Mode == config.ModeEnforce:
+			// The lease in hand takes the adjustment: a refund goes back
+			// into it, a debit comes out of it; what it cannot cover is
+			// charged to the global bucket.
+			if rest := c.chargeLease(t, now); rest > 0 {
+				t.amount = rest
+				send = append(send, t)
+			}
+		default:
+			// What the service's bucket holds after the charge, as
+			// estimated from its answer: its remaining tokens less the
+			// amount.
+			t.d = t.rule.limit.Report(float64(t.d.Remaining)-t.amount, 0, 0, true)
+			send = append(send, t)
 		}
-		cluster = true
-		// What the service's bucket holds after the charge, as estimated
-		// from its answer: its remaining tokens less the amount.
-		t.d = t.rule.limit.Report(float64(t.d.Remaining)-t.amount, 0, 0, true)
 	}
-	if cluster {
-		c.chargeCluster(takes)
+	if len(send) > 0 {
+		c.chargeCluster(send)
 	}
 	if !show {
 		return
 	}
 	c.shown = nil
-	for _, takes := range [...][]take{c.plan.local, c.plan.cluster} {
+	for _, takes := range [...][]take{c.plan.local, c.plan.cluster, c.plan.leased} {
 		for i := range takes {
 			if takes[i].held {
 				c.show(takes[i].rule, takes[i].d)
@@ -277,5 +291,64 @@ func (c *httpContext) settle(takes []*take, show bool) {
 	}
 }
 
-// chargeCluster sends the cluster takes' amounts to the limit service.
-func (c *httpContext) chargeCluster(takes []*take) {}
+// chargeLease applies t's amount to its lease (sync lease) and returns what
+// the lease could not cover, for the global bucket; t.d becomes what the
+// response headers report.
+func (c *httpContext) chargeLease(t *take, now int64) (rest float64) {
+	p := c.plugin
+	rec, err := p.leases.Update(t.id, now, func(r *lease.Record) bool {
+		if t.amount < 0 {
+			r.Tokens -= t.amount
+			r.Spent = max(r.Spent+t.amount, 0)
+			rest = 0
+			return true
+		}
+		use := min(r.Tokens, t.amount)
+		r.Tokens -= use
+		r.Spent += use
+		rest = t.amount - use
+		return true
+	})
+	if err != nil {
+		// The lease could not be written: all of a debit goes to the
+		// global bucket; a refund is dropped (under-admission).
+		p.warn(&p.failLog, "charging a lease: "+err.Error())
+		return max(t.amount, 0)
+	}
+	t.d = leaseDecision(t.rule, &rec, now)
+	return rest
+}
+
+// chargeCluster sends the cluster takes' amounts to the limit service in one
+// charge call (POST charge_path), detached from the request: the plugin
+// context owns it, so the response is never held and a late answer is
+// still counted. A call that fails counts in service_errors; its charge is
+// lost (the reservation stands).
+func (c *httpContext) chargeCluster(takes []*take) {
+	p := c.plugin
+	req := &wire.ChargeRequest{HashTag: p.hashTag, Buckets: make([]wire.ChargeBucket, len(takes))}
+	counted := make([]take, len(takes)) // for serviceFailed: rule and service
+	for i, t := range takes {
+		req.Buckets[i] = wire.ChargeBucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst,
+			Amount: max(t.amount, -t.rule.limit.Burst)}
+		counted[i] = take{rule: t.rule}
+	}
+	s := takes[0].rule.Service // config.Parse: one service for all cluster rules
+	answer := func(numHeaders, bodySize, _ int) {
+		raw, why := answerBody(numHeaders, bodySize)
+		if why == "" {
+			if _, err := wire.DecodeChargeAnswer(raw, req); err != nil {
+				why = "malformed response body: " + err.Error()
+			}
+		}
+		if why != "" {
+			p.serviceFailed(counted, "charge call: "+why)
+		}
+	}
+	err := p.asPlugin(c.id, func() error {
+		return post(s, s.ChargePath, wire.AppendChargeRequest(make([]byte, 0, 128*len(takes)), req), answer)
+	})
+	if err != nil {
+		p.serviceFailed(counted, "dispatching the charge call: "+err.Error())
+	}
+}
