@@ -149,8 +149,8 @@ type rule struct {
 }
 
 type globalMetrics struct {
-	evictions, retries, refunds, serviceErrors, longValues, gcCycles, leaseCalls counter
-	heapBytes, sysBytes                                                          gauge
+	evictions, retries, refunds, serviceErrors, longValues, gcCycles, leaseCalls, chargeCalls counter
+	heapBytes, sysBytes                                                                       gauge
 }
 
 // OnPluginStart implements types.PluginContext.
@@ -247,6 +247,9 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 		gcCycles:   defineCounter(Name + ".memory.gc_cycles"),
 		// lease calls sent: a request waiting, a refill, a return
 		leaseCalls: defineCounter(Name + ".lease_calls"),
+		// charge calls sent to the limit service (costs known from the
+		// response, charge_on refunds of cluster rules)
+		chargeCalls: defineCounter(Name + ".charge_calls"),
 	}
 	return nil
 }

@@ -345,6 +345,7 @@ func (c *httpContext) chargeCluster(takes []*take) {
 			p.serviceFailed(counted, "charge call: "+why)
 		}
 	}
+	p.metrics.chargeCalls.Increment(1)
 	err := p.asPlugin(c.id, func() error {
 		return post(s, s.ChargePath, wire.AppendChargeRequest(make([]byte, 0, 128*len(takes)), req), answer)
 	})
