@@ -10,6 +10,10 @@
 #                        module making 100 of one operation per request
 #                        (internal/footprint/ops), with no filter and the no-op
 #                        module; writes docs/benchmarks/attribution.md
+#   make bench-body      the response body callback's Envoy CPU without
+#                        response_json rules (e2e TestBodyCallbackCost): the
+#                        plugin with and without its body export, 256 HTTP/2
+#                        DATA frames per response; prints the figures
 #   make bench-perf      where Envoy's CPU goes by DSO (envoy, kernel, JIT = the
 #                        Wasm guest) for no filter, the plugin and the no-op
 #                        module, with perf; writes docs/benchmarks/perf.md
@@ -18,7 +22,7 @@
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `go run ./cmd/bench -h`).
 
-.PHONY: bench bench-smoke bench-profile bench-perf bench-attrib
+.PHONY: bench bench-smoke bench-profile bench-perf bench-attrib bench-body
 
 BENCH_FLAGS ?=
 BENCH_BIN := $(BUILD)/bench
@@ -49,3 +53,6 @@ bench-perf: build setup $(BENCH_BIN)
 bench-profile: build
 	set -o pipefail; \
 	$(GO) test -v -count=1 -run XXX -bench 'PluginRequest' -benchtime 20000x ./cmd/bench/ | grep -v '^=== '
+
+bench-body: setup build
+	BODY_COST=1 $(GO) test -count=1 -timeout 15m -v -run TestBodyCallbackCost ./e2e/ 2>&1 | grep -E -A14 'bodycost_test.go|^(--- |ok|FAIL)'
