@@ -35,11 +35,11 @@ const (
 	// object): ttl_ms, how long leased tokens stay with this Envoy after
 	// the last grant before they go back to the limit service, and
 	// max_share, the largest fraction of the burst one lease may hold.
-	DefaultLeaseTTLMS  = 2000
-	MinLeaseTTLMS      = 100
-	MaxLeaseTTLMS      = 60000
-	DefaultLeaseShare  = 0.25
-	MaxLeaseShare      = 0.5
+	DefaultLeaseTTLMS = 2000
+	MinLeaseTTLMS     = 100
+	MaxLeaseTTLMS     = 60000
+	DefaultLeaseShare = 0.25
+	MaxLeaseShare     = 0.5
 
 	// MaxTokensPerSecond bounds tokens_per_second (and rps).
 	MaxTokensPerSecond = 1e9
