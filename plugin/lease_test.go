@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -229,5 +230,36 @@ func TestLeaseStackedAtomic(t *testing.T) {
 	}
 	if admitted < 96 || admitted > 100 {
 		t.Fatalf("wide admitted %d of 100 (3 by x; x's 20 refusals must not have taken any)", admitted)
+	}
+}
+
+// TestLeaseWithPerRequestRule: a request with a leased rule and a
+// per-request cluster rule that refuses gets its leased token back.
+func TestLeaseWithPerRequestRule(t *testing.T) {
+	cfg := `{"service": {"cluster": "limitd"}, "rules": [
+	  {"name": "wide", "scope": "cluster", "sync": "lease", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 100}},
+	  {"name": "narrow", "scope": "cluster", "limit_keys": ["header:k"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 2}}]}`
+	e := start(t, cfg)
+	l := newLimitd(t, e)
+	admitted := 0
+	for range 10 {
+		r, _ := l.do("k", "x")
+		switch {
+		case r.status == 200:
+			admitted++
+		case r.headers["x-ratelimit-reason"] != "token_bucket_exceeded" || !strings.Contains(r.body, `"rule":"narrow"`):
+			t.Fatalf("rejection %+v, want narrow's", r)
+		}
+	}
+	if admitted != 2 {
+		t.Fatalf("key x: %d admitted, want narrow's burst of 2", admitted)
+	}
+	for i := range 120 {
+		if r, _ := l.do("k", "y"+strconv.Itoa(i)); r.status == 200 {
+			admitted++
+		}
+	}
+	if admitted < 97 || admitted > 100 {
+		t.Fatalf("wide admitted %d of 100 in all: the 8 requests narrow refused must have given their leased tokens back", admitted)
 	}
 }

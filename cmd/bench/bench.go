@@ -54,7 +54,10 @@ type target struct {
 	envoy *envoy.Process
 	sat   []satResult
 	lat   []latResult
-	rss   []uint64
+	// half are the fixed-rate runs at half of (3)'s saturated throughput,
+	// for (3) and (11) only (issue 13 compares their p50 there).
+	half []latResult
+	rss  []uint64
 	// latReqs are the requests of the fixed-rate runs: every key for the
 	// non-rejecting configurations; for the rejecting ones, as many keys as
 	// make the offered rate per key twice the per-key limit.
@@ -316,9 +319,9 @@ func (b *bench) stopEnvoy(t *target) {
 func (b *bench) startAll(sel []setup) error {
 	for _, s := range sel {
 		t := &target{s: s}
-		if s.Kind == kindCluster {
+		if s.usesLimitd() {
 			if err := b.startLimitd(); err != nil {
-				gap := fmt.Sprintf("(6) %s not measured: %v", s.Label, err)
+				gap := fmt.Sprintf("(%d) %s not measured: %v", s.ID, s.Label, err)
 				b.info.Gaps = append(b.info.Gaps, gap)
 				b.logf("%s", gap)
 				continue
@@ -363,7 +366,7 @@ func (b *bench) calibrate() error {
 	p := b.p
 	b.cal = map[int]satResult{}
 	for _, t := range b.targets {
-		if t.s.Rejecting || t.s.Kind == kindCluster || t.s.isDiag() {
+		if t.s.Rejecting || t.s.usesLimitd() || t.s.isDiag() {
 			continue
 		}
 		r, err := b.calibrationRun(t)
@@ -597,6 +600,13 @@ func (b *bench) measure(t *target) error {
 	if err != nil {
 		return err
 	}
+	if c3, ok := b.cal[3]; ok && (t.s.ID == 3 || t.s.ID == 11) {
+		h, err := fixedRate(b.addr(t), b.probe(t), t.latReqs, p.openConns, c3.Throughput/2, p.warmup, p.latWindow)
+		if err != nil {
+			return err
+		}
+		t.half = append(t.half, h)
+	}
 	rss, err := t.envoy.RSS()
 	if err != nil {
 		return err
@@ -606,6 +616,9 @@ func (b *bench) measure(t *target) error {
 	t.rss = append(t.rss, rss)
 	return nil
 }
+
+// leaseCallsStat counts the plugin's calls to /v1/lease.
+const leaseCallsStat = "wasmcustom.tokenbucket.lease_calls"
 
 // verify reads each Envoy's statistics and fails when a limiter did not
 // run, a non-rejecting one rejected, or requests failed.
@@ -619,7 +632,7 @@ func (b *bench) verify() error {
 		t.stats = map[string]uint64{}
 		for _, k := range []string{t.s.allowedStat(), t.s.rejectedStat(), "http.ingress.downstream_rq_total",
 			"http.ingress.downstream_rq_5xx", "wasmcustom.tokenbucket.service_errors", "wasmcustom.tokenbucket.cas_retries",
-			"wasmcustom.tokenbucket.memory.heap_bytes", "wasmcustom.tokenbucket.memory.gc_cycles"} {
+			"wasmcustom.tokenbucket.memory.heap_bytes", "wasmcustom.tokenbucket.memory.gc_cycles", leaseCallsStat} {
 			if v, ok := st[k]; ok && k != "" {
 				t.stats[k] = v
 			}

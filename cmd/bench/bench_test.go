@@ -74,7 +74,7 @@ func TestTemplates(t *testing.T) {
 		if err != nil {
 			t.Fatalf("(%d) %s: %v", s.ID, s.Name, err)
 		}
-		wantFilter := map[kind]string{kindNone: "", kindNative: "local_ratelimit", kindPlugin: "envoy.filters.http.wasm", kindCluster: "limit_service"}[s.Kind]
+		wantFilter := map[kind]string{kindNone: "", kindNative: "local_ratelimit", kindPlugin: "envoy.filters.http.wasm", kindCluster: "limit_service", kindLease: "limit_service"}[s.Kind]
 		if wantFilter != "" && !strings.Contains(out, wantFilter) {
 			t.Errorf("(%d) %s: bootstrap lacks %q", s.ID, s.Name, wantFilter)
 		}
@@ -150,21 +150,21 @@ func TestParams(t *testing.T) {
 	if err != nil || len(sel) != 2 || sel[0].ID != 1 || sel[1].ID != 3 {
 		t.Errorf("-only 3,1 selected %v, %v", sel, err)
 	}
-	p, _ = parseParams([]string{"-only", "11"})
+	p, _ = parseParams([]string{"-only", "12"})
 	if _, err := p.selected(); err == nil {
-		t.Errorf("-only 11: no error")
+		t.Errorf("-only 12: no error")
 	}
 	p, _ = parseParams([]string{"-diag=false"})
-	if sel, _ := p.selected(); len(sel) != 6 {
-		t.Errorf("-diag=false selection has %d configurations, want 6", len(sel))
+	if sel, _ := p.selected(); len(sel) != 7 {
+		t.Errorf("-diag=false selection has %d configurations, want 7 (1-6 and 11)", len(sel))
 	}
 	p, _ = parseParams([]string{"-smoke"})
-	if sel, _ := p.selected(); len(sel) != 6 {
-		t.Errorf("-smoke selection has %d configurations, want 6", len(sel))
+	if sel, _ := p.selected(); len(sel) != 7 {
+		t.Errorf("-smoke selection has %d configurations, want 7", len(sel))
 	}
 	p, _ = parseParams(nil)
-	if sel, _ := p.selected(); len(sel) != 10 {
-		t.Errorf("default selection has %d configurations, want 10", len(sel))
+	if sel, _ := p.selected(); len(sel) != 11 {
+		t.Errorf("default selection has %d configurations, want 11", len(sel))
 	}
 }
 

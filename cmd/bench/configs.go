@@ -20,7 +20,11 @@ const (
 	kindNative              // envoy.filters.http.local_ratelimit
 	kindPlugin              // this plugin, a local rule
 	kindCluster             // this plugin, a cluster rule through limitd
+	kindLease               // this plugin, a cluster rule in lease mode
 )
+
+// usesLimitd reports whether s needs the limit service.
+func (s setup) usesLimitd() bool { return s.Kind == kindCluster || s.Kind == kindLease }
 
 // setup is one benchmarked configuration.
 type setup struct {
@@ -54,6 +58,10 @@ var setups = []setup{
 	// The no-op module calling the host nullHostCalls times per request:
 	// (10) − (9) is the cost of that many calls from a module into Envoy.
 	{10, "null-wasm-calls", "no-op Wasm module, 10 host calls", "no-op +10\nhost calls", kindPlugin, false, idleRule},
+	// A cluster rule with "sync": "lease" on one hot key (one bucket for all
+	// requests, as a fleet-wide API limit): spent from a lease in shared
+	// data, limitd called once per lease.
+	{11, "cluster-lease", "plugin, cluster rule, lease, hot key", "plugin\nlease", kindLease, false, nil},
 }
 
 // nullHostCalls is how many host calls configuration 10 makes per request.
@@ -132,9 +140,13 @@ func pluginRule(l limit) string {
 // per x-api-key value decided by the limit service behind the Envoy cluster
 // limit_service. The timeout is generous so that a busy loopback service
 // does not turn into fail-open decisions (counted in service_errors).
-func clusterRule(l limit) string {
+func clusterRule(l limit) string { return clusterRuleSync(l, "per_request", `"header:x-api-key"`) }
+
+// clusterRuleSync is clusterRule with the given sync and limit keys (setup
+// 11: "lease", and none: one bucket).
+func clusterRuleSync(l limit, sync, keys string) string {
 	return `{"service":{"cluster":"limit_service","timeout_ms":1000},` +
-		`"rules":[{"name":"fleet","scope":"cluster","limit_keys":["header:x-api-key"],"algorithm":"token_bucket",` +
+		`"rules":[{"name":"fleet","scope":"cluster","sync":"` + sync + `","limit_keys":[` + keys + `],"algorithm":"token_bucket",` +
 		`"algorithm_config":{"tokens_per_second":` + strconv.FormatInt(l.Rate, 10) +
 		`,"burst":` + strconv.FormatInt(l.Burst, 10) + `}}]}`
 }
@@ -163,6 +175,9 @@ func (s setup) options(upstreamPort, servicePort, keys int, l limit) envoy.Optio
 	case kindCluster:
 		o.PluginConfig = clusterRule(l)
 		o.ServicePort = servicePort
+	case kindLease:
+		o.PluginConfig = clusterRuleSync(l, "lease", "")
+		o.ServicePort = servicePort
 	}
 	return o
 }
@@ -184,7 +199,7 @@ func (s setup) allowedStat() string {
 		return nativeStatPrefix + ".http_local_rate_limit.ok"
 	case kindPlugin:
 		return "wasmcustom.tokenbucket.rule.per-key.allowed"
-	case kindCluster:
+	case kindCluster, kindLease:
 		return "wasmcustom.tokenbucket.rule.fleet.allowed"
 	}
 	return ""
@@ -196,7 +211,7 @@ func (s setup) rejectedStat() string {
 		return nativeStatPrefix + ".http_local_rate_limit.rate_limited"
 	case kindPlugin:
 		return "wasmcustom.tokenbucket.rule.per-key.rejected"
-	case kindCluster:
+	case kindCluster, kindLease:
 		return "wasmcustom.tokenbucket.rule.fleet.rejected"
 	}
 	return ""

@@ -5,8 +5,9 @@
 // Envoy's native local_ratelimit per x-api-key value, never rejecting, (3)
 // this plugin with one rule on x-api-key, never rejecting, (4) the plugin and
 // (5) the native filter limited to reject about half the requests, and (6) a
-// cluster rule through the limit service (build/limitd), when it is built.
-// Three diagnostic configurations split the plugin's cost (-diag, on by
+// cluster rule through the limit service (build/limitd), when it is built,
+// and (11) the same rule in lease mode ("sync": "lease"), whose limitd calls
+// per 1000 requests the report gives. Four diagnostic configurations split the plugin's cost (-diag, on by
 // default): (7) the plugin whose rule never applies, (8) the plugin without
 // response headers, (9) the Wasm filter running a module that does nothing,
 // (10) that module calling the host 10 times per request.
@@ -99,7 +100,7 @@ func parseParams(args []string) (*params, error) {
 	fs.Float64Var(&p.load, "load", 0.5, "latency runs: offered rate as a fraction of the no-filter saturation throughput")
 	fs.StringVar(&p.out, "out", "docs/benchmarks", "directory for README.md, results.json and the plots")
 	fs.StringVar(&p.limitd, "limitd", "build/limitd", "limit service binary for configuration 6 (skipped when absent)")
-	fs.StringVar(&p.only, "only", "", "comma-separated configuration numbers to run (default 1-6, and 7-9 with -diag)")
+	fs.StringVar(&p.only, "only", "", "comma-separated configuration numbers to run (default 1-6 and 11, and 7-10 with -diag)")
 	fs.BoolVar(&p.diag, "diag", true, "also run the diagnostic configurations 7 (plugin whose rule never applies), 8 (plugin without response headers), 9 (a no-op Wasm module) and 10 (the same with 10 host calls per request)")
 	fs.StringVar(&p.render, "render", "", "only rewrite README.md and the plots in -out from this results.json (no measuring)")
 	fs.BoolVar(&p.smoke, "smoke", false, "short run: 1 round, short windows, no rate correction")

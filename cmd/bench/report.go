@@ -74,6 +74,8 @@ type summary struct {
 	Note        string            `json:"note,omitempty"`
 	Sat         []satResult       `json:"saturation_runs"`
 	Lat         []latResult       `json:"fixed_rate_runs"`
+	Half        []latResult       `json:"half_load_runs,omitempty"` // (3) and (11): at half of (3)'s saturated throughput
+	HalfP50     spread            `json:"half_load_p50_us"`
 	has1, has2  bool
 }
 
@@ -87,7 +89,7 @@ func (b *bench) report() *report {
 	rep := &report{Info: b.info, Rate: b.rate}
 	ref1, ref2 := b.target(1), b.target(2)
 	for _, t := range b.targets {
-		s := &summary{ID: t.s.ID, Name: t.s.Name, Label: t.s.Label, Limit: t.limit, Stats: t.stats, Note: t.note, Sat: t.sat, Lat: t.lat}
+		s := &summary{ID: t.s.ID, Name: t.s.Name, Label: t.s.Label, Limit: t.limit, Stats: t.stats, Note: t.note, Sat: t.sat, Lat: t.lat, Half: t.half}
 		if t.s.Kind == kindNone {
 			s.Limit = limit{}
 		}
@@ -121,6 +123,9 @@ func (b *bench) report() *report {
 		s.Capacity = col(func(i int) float64 { return sat(t, i, 1e6/t.sat[i].CPUPerReqUS) })
 		s.CPULat = col(func(i int) float64 { return lat(t, i, t.lat[i].CPUPerReqUS) })
 		s.P50 = col(func(i int) float64 { return lat(t, i, t.lat[i].P50US) })
+		if len(t.half) == len(t.sat) {
+			s.HalfP50 = col(func(i int) float64 { return t.half[i].P50US })
+		}
 		s.P90 = col(func(i int) float64 { return lat(t, i, t.lat[i].P90US) })
 		s.P99 = col(func(i int) float64 { return lat(t, i, t.lat[i].P99US) })
 		s.Achieved = col(func(i int) float64 { return t.lat[i].Achieved })
@@ -151,6 +156,31 @@ func (b *bench) report() *report {
 		rep.Results = append(rep.Results, s)
 	}
 	return rep
+}
+
+// leaseTargets are issue 13's goals for (11), the cluster rule in lease
+// mode, against the local rule (3): medians of one run.
+func (r *report) leaseTargets(p3 *summary, atMost, atLeast func(spread, float64) string) []string {
+	p11 := r.result(11)
+	if p11 == nil || p11.CPUSat.N == 0 || p3.CPUSat.Median <= 0 {
+		return nil
+	}
+	ratio := func(a, b spread) spread {
+		return spread{N: 1, Median: a.Median / b.Median, Min: a.Median / b.Median, Max: a.Median / b.Median}
+	}
+	cpu, thr, p50 := ratio(p11.CPUSat, p3.CPUSat), ratio(p11.Throughput, p3.Throughput), ratio(p11.HalfP50, p3.HalfP50)
+	out := []string{
+		fmt.Sprintf("Issue 13: Envoy CPU per request (11) ÷ (3) = %.3f (%s against %s µs), target ≤ 1.1: %s", cpu.Median, fm(p11.CPUSat, 1), fm(p3.CPUSat, 1), atMost(cpu, 1.1)),
+		fmt.Sprintf("Issue 13: throughput (11) ÷ (3) = %.3f, target ≥ 0.9: %s", thr.Median, atLeast(thr, 0.9)),
+		fmt.Sprintf("Issue 13: p50 at half of (3)'s saturated throughput, (11) ÷ (3) = %.3f (%s against %s µs), target within 10%%: %s", p50.Median, fm(p11.HalfP50, 0), fm(p3.HalfP50, 0), atMost(spread{N: 1, Median: math.Abs(p50.Median - 1), Min: math.Abs(p50.Median - 1), Max: math.Abs(p50.Median - 1)}, 0.1)),
+	}
+	lease := setups[len(setups)-1] // (11)
+	if n := p11.Stats[lease.allowedStat()] + p11.Stats[lease.rejectedStat()]; n > 0 {
+		per := 1000 * float64(p11.Stats[leaseCallsStat]) / float64(n)
+		out = append(out, fmt.Sprintf("Issue 13: limitd calls per 1000 requests in (11) = %.2f (%d lease calls for %d requests on one hot key, over the whole benchmark; (6) makes 1000), target ≤ 10: %s",
+			per, p11.Stats[leaseCallsStat], n, atMost(spread{N: 1, Median: per, Min: per, Max: per}, 10)))
+	}
+	return out
 }
 
 func (r *report) result(id int) *summary {
@@ -262,6 +292,7 @@ func (r *report) targets() []string {
 	if p3.has2 {
 		out = append(out, fmt.Sprintf("Throughput (3) ÷ (2): measured %s, target ≥ 0.95: %s; per Envoy core %s: %s", f(p3.ThrVs2, 3), atLeast(p3.ThrVs2, 0.95), f(p3.CapVs2, 3), atLeast(p3.CapVs2, 0.95)))
 	}
+	out = append(out, r.leaseTargets(p3, atMost, atLeast)...)
 	if p3.has1 {
 		out = append(out, fmt.Sprintf("Envoy CPU per request (3) ÷ (1) = %s at saturation (%s µs against %s µs)", f(p3.CPUVs1, 2), fm(p3.CPUSat, 1), fm(r.result(1).CPUSat, 1)))
 	}
