@@ -27,7 +27,7 @@
 BENCH_FLAGS ?=
 BENCH_BIN := $(BUILD)/bench
 
-$(BENCH_BIN): $(shell find cmd/bench internal/envoy -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
+$(BENCH_BIN): $(shell find cmd/bench internal/envoy internal/loadgen -name '*.go' -not -name '*_test.go' 2>/dev/null) cmd/bench/nullwasm/*.wasm go.mod go.sum
 	@mkdir -p $(BUILD)
 	$(GO) build -o $@ ./cmd/bench
 
