@@ -32,8 +32,6 @@ type ChargeAnswer struct {
 	Buckets []BucketAnswer
 }
 
-var chargeBucketFields = []string{"key", "tokens_per_second", "burst", "amount"}
-
 // AppendChargeRequest appends the JSON body of r:
 //
 //	{"hash_tag":"t","buckets":[{"key":"k","tokens_per_second":10,"burst":40,"amount":-3.5}]}
@@ -54,39 +52,17 @@ func AppendChargeRequest(b []byte, r *ChargeRequest) []byte {
 // back nothing more) and at most MaxAmount. Errors are *FieldError naming
 // the field.
 func DecodeChargeRequest(body []byte, lim Limits) (*ChargeRequest, error) {
-	lim = lim.WithDefaults()
 	req := &ChargeRequest{}
-	err := decodeCall(body, lim, &req.HashTag, func(n int) { req.Buckets = make([]ChargeBucket, n) },
-		func(i int, at string, v gjson.Result) *FieldError {
+	err := decodeCall(body, lim, &req.HashTag, []string{"amount"}, func(n int) { req.Buckets = make([]ChargeBucket, n) },
+		func(i int, at string, h head, x []gjson.Result) (err *FieldError) {
 			b := &req.Buckets[i]
-			var have [4]bool
-			err := fields(at, v, chargeBucketFields, func(f int, m gjson.Result) (err *FieldError) {
-				have[f] = true
-				p := at + "." + chargeBucketFields[f]
-				switch f {
-				case 0:
-					b.Key, err = key(p, m, lim)
-				case 1:
-					b.Rate, err = number(p, m)
-				case 2:
-					b.Burst, err = number(p, m)
-				case 3:
-					b.Amount, err = number(p, m)
-				}
-				return err
-			})
-			if err == nil {
-				err = checkLimit(at, have[0], have[1], have[2], b.Rate, b.Burst, lim)
+			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
+			if !x[0].Exists() {
+				return refuse(at+".amount", "required")
 			}
-			if err == nil && !have[3] {
-				err = refuse(at+".amount", "required")
-			}
-			if err == nil {
-				err = between(at+".amount", b.Amount, -b.Burst, MaxAmount, false)
-			}
+			b.Amount, err = amount(at+".amount", x[0], 0, -b.Burst, MaxAmount)
 			return err
-		},
-		func(i int) string { return req.Buckets[i].Key })
+		})
 	if err != nil {
 		return nil, err
 	}

@@ -153,60 +153,58 @@ func appendBucket(b []byte, i int, key string, rate, burst float64) []byte {
 	return appendFloat(b, burst)
 }
 
-var (
-	requestFields = []string{"hash_tag", "buckets"}
-	bucketFields  = []string{"key", "tokens_per_second", "burst", "cost", "shadow"}
-)
+var requestFields = []string{"hash_tag", "buckets"}
+
+// head is what every bucket of every call has: its key and its limit.
+type head struct {
+	Key         string
+	Rate, Burst float64
+}
 
 // DecodeRequest parses and validates the body of POST /v1/decide. cost
 // defaults to 1 and shadow to false; hash_tag is optional. Unknown or
 // duplicate fields, trailing data and anything out of bounds are refused
 // with a *FieldError naming the field. A returned Request satisfies lim.
 func DecodeRequest(body []byte, lim Limits) (*Request, error) {
-	lim = lim.WithDefaults()
 	req := &Request{}
-	err := decodeCall(body, lim, &req.HashTag, func(n int) { req.Buckets = make([]Bucket, n) },
-		func(i int, at string, v gjson.Result) *FieldError {
+	err := decodeCall(body, lim, &req.HashTag, []string{"cost", "shadow"}, func(n int) { req.Buckets = make([]Bucket, n) },
+		func(i int, at string, h head, x []gjson.Result) (err *FieldError) {
 			b := &req.Buckets[i]
-			b.Cost = 1
-			var have [5]bool
-			err := fields(at, v, bucketFields, func(f int, m gjson.Result) (err *FieldError) {
-				have[f] = true
-				p := at + "." + bucketFields[f]
-				switch f {
-				case 0:
-					b.Key, err = key(p, m, lim)
-				case 1:
-					b.Rate, err = number(p, m)
-				case 2:
-					b.Burst, err = number(p, m)
-				case 3:
-					b.Cost, err = number(p, m)
-				case 4:
-					b.Shadow, err = boolean(p, m)
-				}
+			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
+			if b.Cost, err = amount(at+".cost", x[0], 1, 0, MaxAmount); err != nil {
 				return err
-			})
-			if err == nil {
-				err = checkLimit(at, have[0], have[1], have[2], b.Rate, b.Burst, lim)
 			}
-			if err == nil && have[3] {
-				err = between(at+".cost", b.Cost, 0, MaxAmount, false)
+			if x[1].Exists() {
+				b.Shadow, err = boolean(at+".shadow", x[1])
 			}
 			return err
-		},
-		func(i int) string { return req.Buckets[i].Key })
+		})
 	if err != nil {
 		return nil, err
 	}
 	return req, nil
 }
 
+// amount reads an optional number (def when absent) within [lo, hi].
+func amount(at string, v gjson.Result, def, lo, hi float64) (float64, *FieldError) {
+	if !v.Exists() {
+		return def, nil
+	}
+	x, err := number(at, v)
+	if err == nil {
+		err = between(at, x, lo, hi, false)
+	}
+	return x, err
+}
+
 // decodeCall decodes the shape every call shares: an optional hash_tag and
-// a buckets array of objects, each decoded by bucket; keyOf gives a decoded
-// bucket's key, for the duplicate check.
-func decodeCall(body []byte, lim Limits, tag *string, alloc func(int),
-	bucket func(i int, at string, v gjson.Result) *FieldError, keyOf func(int) string) error {
+// a buckets array of objects, each with a key, tokens_per_second and burst
+// (checked here), and the call's own fields, named by extra and handed to
+// bucket in that order (absent ones as the zero gjson.Result), after the
+// bucket's limit is checked. Keys must be distinct within a call.
+func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func(int),
+	bucket func(i int, at string, h head, x []gjson.Result) *FieldError) error {
+	lim = lim.WithDefaults()
 	v, ferr := parse(body, lim.MaxBodyBytes)
 	if ferr != nil {
 		return ferr
@@ -232,13 +230,42 @@ func decodeCall(body []byte, lim Limits, tag *string, alloc func(int),
 		return ferr
 	}
 	alloc(len(buckets))
+	names := append([]string{"key", "tokens_per_second", "burst"}, extra...)
+	keys := make([]string, len(buckets))
 	for i, m := range buckets {
 		at := "buckets[" + strconv.Itoa(i) + "]"
-		if err := bucket(i, at, m); err != nil {
+		var h head
+		var have [3]bool
+		x := make([]gjson.Result, len(extra))
+		err := fields(at, m, names, func(f int, m gjson.Result) (err *FieldError) {
+			p := at + "." + names[f]
+			switch f {
+			case 0:
+				h.Key, err = key(p, m, lim)
+			case 1:
+				h.Rate, err = number(p, m)
+			case 2:
+				h.Burst, err = number(p, m)
+			default:
+				x[f-3] = m
+			}
+			if f < 3 {
+				have[f] = true
+			}
+			return err
+		})
+		if err == nil {
+			err = checkLimit(at, have[0], have[1], have[2], h.Rate, h.Burst, lim)
+		}
+		if err == nil {
+			err = bucket(i, at, h, x)
+		}
+		if err != nil {
 			return err
 		}
+		keys[i] = h.Key
 		for j := range i {
-			if keyOf(j) == keyOf(i) {
+			if keys[j] == h.Key {
 				return refuse(at+".key", "duplicate of buckets["+strconv.Itoa(j)+"].key")
 			}
 		}

@@ -51,8 +51,6 @@ type Grant struct {
 	ResetMs int64
 }
 
-var leaseBucketFields = []string{"key", "tokens_per_second", "burst", "want", "min", "return"}
-
 // AppendLeaseRequest appends the JSON body of r:
 //
 //	{"hash_tag":"t","buckets":[{"key":"k","tokens_per_second":10,"burst":40,"want":8,"min":1,"return":0}]}
@@ -76,46 +74,20 @@ func AppendLeaseRequest(b []byte, r *LeaseRequest) []byte {
 // min and return default to 0; want and return are at most the burst, min
 // at most want. Errors are *FieldError naming the field.
 func DecodeLeaseRequest(body []byte, lim Limits) (*LeaseRequest, error) {
-	lim = lim.WithDefaults()
 	req := &LeaseRequest{}
-	err := decodeCall(body, lim, &req.HashTag, func(n int) { req.Buckets = make([]LeaseBucket, n) },
-		func(i int, at string, v gjson.Result) *FieldError {
+	err := decodeCall(body, lim, &req.HashTag, []string{"want", "min", "return"}, func(n int) { req.Buckets = make([]LeaseBucket, n) },
+		func(i int, at string, h head, x []gjson.Result) (err *FieldError) {
 			b := &req.Buckets[i]
-			var have [6]bool
-			err := fields(at, v, leaseBucketFields, func(f int, m gjson.Result) (err *FieldError) {
-				have[f] = true
-				p := at + "." + leaseBucketFields[f]
-				switch f {
-				case 0:
-					b.Key, err = key(p, m, lim)
-				case 1:
-					b.Rate, err = number(p, m)
-				case 2:
-					b.Burst, err = number(p, m)
-				case 3:
-					b.Want, err = number(p, m)
-				case 4:
-					b.Min, err = number(p, m)
-				case 5:
-					b.Return, err = number(p, m)
-				}
+			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
+			if b.Want, err = amount(at+".want", x[0], 0, 0, b.Burst); err != nil {
 				return err
-			})
-			if err == nil {
-				err = checkLimit(at, have[0], have[1], have[2], b.Rate, b.Burst, lim)
 			}
-			if err == nil {
-				err = between(at+".want", b.Want, 0, b.Burst, false)
+			if b.Min, err = amount(at+".min", x[1], 0, 0, b.Want); err != nil {
+				return err
 			}
-			if err == nil {
-				err = between(at+".min", b.Min, 0, b.Want, false)
-			}
-			if err == nil {
-				err = between(at+".return", b.Return, 0, b.Burst, false)
-			}
+			b.Return, err = amount(at+".return", x[2], 0, 0, b.Burst)
 			return err
-		},
-		func(i int) string { return req.Buckets[i].Key })
+		})
 	if err != nil {
 		return nil, err
 	}
