@@ -319,62 +319,29 @@ var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .02
 // has them (one registry per Server).
 func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 	labels := prometheus.Labels{"store": store}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, ConstLabels: labels, Help: help})
+	}
+	histogram := func(name, help string) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, ConstLabels: labels, Help: help, Buckets: latencyBuckets})
+	}
 	m := &metrics{
-		decisions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limitd_decisions_total", ConstLabels: labels,
-			Help: "Decisions answered (admitted or refused).",
-		}),
-		rejections: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limitd_rejections_total", ConstLabels: labels,
-			Help: "Decisions that refused the request.",
-		}),
-		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limitd_store_errors_total", ConstLabels: labels,
-			Help: "Decisions that failed in the store (Redis errors and timeouts, a full memory store); answered 503.",
-		}),
-		leases: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limitd_leases_total", ConstLabels: labels,
-			Help: "Lease calls answered (granted or refused).",
-		}),
-		leased: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limitd_leased_tokens_total", ConstLabels: labels,
-			Help: "Tokens granted by lease calls.",
-		}),
-		returned: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limitd_returned_tokens_total", ConstLabels: labels,
-			Help: "Unused leased tokens given back by lease calls.",
-		}),
+		decisions:   counter("limitd_decisions_total", "Decisions answered (admitted or refused)."),
+		rejections:  counter("limitd_rejections_total", "Decisions that refused the request."),
+		storeErrors: counter("limitd_store_errors_total", "Decisions that failed in the store (Redis errors and timeouts, a full memory store); answered 503."),
+		leases:      counter("limitd_leases_total", "Lease calls answered (granted or refused)."),
+		leased:      counter("limitd_leased_tokens_total", "Tokens granted by lease calls."),
+		returned:    counter("limitd_returned_tokens_total", "Unused leased tokens given back by lease calls."),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limitd_invalid_requests_total",
 			Help: "Requests refused before a decision, by HTTP status (400, 401, 405, 413).",
 		}, []string{"code"}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "limitd_decide_duration_seconds", ConstLabels: labels,
-			Help:    "Time to answer POST /v1/decide with a decision, from request to response.",
-			Buckets: latencyBuckets,
-		}),
-		leaseLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "limitd_lease_duration_seconds", ConstLabels: labels,
-			Help:    "Time to answer POST /v1/lease, from request to response.",
-			Buckets: latencyBuckets,
-		}),
-		charges: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limitd_charges_total", ConstLabels: labels,
-			Help: "Charge calls answered (costs known from responses).",
-		}),
-		charged: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limitd_charged_tokens_total", ConstLabels: labels,
-			Help: "Tokens charged beyond the reservations by charge calls.",
-		}),
-		refunded: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limitd_refunded_tokens_total", ConstLabels: labels,
-			Help: "Tokens given back by charge calls.",
-		}),
-		chargeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "limitd_charge_duration_seconds", ConstLabels: labels,
-			Help:    "Time to answer POST /v1/charge, from request to response.",
-			Buckets: latencyBuckets,
-		}),
+		latency:       histogram("limitd_decide_duration_seconds", "Time to answer POST /v1/decide with a decision, from request to response."),
+		leaseLatency:  histogram("limitd_lease_duration_seconds", "Time to answer POST /v1/lease, from request to response."),
+		charges:       counter("limitd_charges_total", "Charge calls answered (costs known from responses)."),
+		charged:       counter("limitd_charged_tokens_total", "Tokens charged beyond the reservations by charge calls."),
+		refunded:      counter("limitd_refunded_tokens_total", "Tokens given back by charge calls."),
+		chargeLatency: histogram("limitd_charge_duration_seconds", "Time to answer POST /v1/charge, from request to response."),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.leases, m.leased, m.returned, m.refused, m.latency, m.leaseLatency,
 		m.charges, m.charged, m.refunded, m.chargeLatency} {
