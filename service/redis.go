@@ -158,16 +158,9 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer,
 		keys[i] = storageKey(s.prefix, req.HashTag, b.Key)
 		args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Want), formatFloat(b.Min), formatFloat(b.Return))
 	}
-	if err := s.oneSlot(req.HashTag, keys); err != nil {
-		return LeaseAnswer{}, err
-	}
-	res, err := s.lease.Run(ctx, s.client, keys, args...).Result()
+	vals, err := s.run(ctx, s.lease, "lease", req.HashTag, keys, args, 1+3*len(req.Buckets))
 	if err != nil {
-		return LeaseAnswer{}, fmt.Errorf("service: redis: %w", err)
-	}
-	vals, ok := res.([]any)
-	if !ok || len(vals) != 1+3*len(req.Buckets) {
-		return LeaseAnswer{}, fmt.Errorf("service: redis: lease script reply: want %d values, got %T of %v", 1+3*len(req.Buckets), res, res)
+		return LeaseAnswer{}, err
 	}
 	all, _ := vals[0].(int64)
 	a := LeaseAnswer{Granted: all == 1, Buckets: make([]Grant, len(req.Buckets))}
@@ -196,16 +189,9 @@ func (s *RedisStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnsw
 		keys[i] = storageKey(s.prefix, req.HashTag, b.Key)
 		args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Amount))
 	}
-	if err := s.oneSlot(req.HashTag, keys); err != nil {
-		return ChargeAnswer{}, err
-	}
-	res, err := s.charge.Run(ctx, s.client, keys, args...).Result()
+	vals, err := s.run(ctx, s.charge, "charge", req.HashTag, keys, args, 2*len(req.Buckets))
 	if err != nil {
-		return ChargeAnswer{}, fmt.Errorf("service: redis: %w", err)
-	}
-	vals, ok := res.([]any)
-	if !ok || len(vals) != 2*len(req.Buckets) {
-		return ChargeAnswer{}, fmt.Errorf("service: redis: charge script reply: want %d values, got %T of %v", 2*len(req.Buckets), res, res)
+		return ChargeAnswer{}, err
 	}
 	a := ChargeAnswer{Buckets: make([]BucketAnswer, len(req.Buckets))}
 	for i := range req.Buckets {
@@ -218,6 +204,23 @@ func (s *RedisStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnsw
 		a.Buckets[i] = charged(&req.Buckets[i], tokens, gap)
 	}
 	return a, nil
+}
+
+// run runs one call's script (named name in errors) on keys, unbatched, and
+// returns its reply of want values.
+func (s *RedisStore) run(ctx context.Context, script *redis.Script, name, hashTag string, keys []string, args []any, want int) ([]any, error) {
+	if err := s.oneSlot(hashTag, keys); err != nil {
+		return nil, err
+	}
+	res, err := script.Run(ctx, s.client, keys, args...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("service: redis: %w", err)
+	}
+	vals, ok := res.([]any)
+	if !ok || len(vals) != want {
+		return nil, fmt.Errorf("service: redis: %s script reply: want %d values, got %T of %v", name, want, res, res)
+	}
+	return vals, nil
 }
 
 // oneSlot refuses, on a Redis Cluster, a call whose keys fall in different
