@@ -138,7 +138,7 @@ func Parse(data []byte) (*Config, error) {
 	}
 	doc := gjson.ParseBytes(data)
 	if !doc.IsObject() {
-		return nil, &Error{Err: errors.New("the configuration must be a JSON object, got " + typeName(doc))}
+		return nil, &Error{Err: errors.New("the configuration must be a JSON object, got " + jsonlimit.Kind(doc))}
 	}
 	top, err := fields("", doc, "rules", "xff_num_trusted_hops", "trust_unverified_jwt",
 		"jwt_metadata_namespace", "jwt_payload_key", "mode", "headers", "max_keys", "scope", "service")
@@ -972,24 +972,7 @@ func boolean(path string, v gjson.Result) (bool, error) {
 }
 
 func typeError(path, want string, v gjson.Result) error {
-	return errorf(path, "must be "+want+", got "+typeName(v))
-}
-
-func typeName(v gjson.Result) string {
-	switch v.Type {
-	case gjson.Null:
-		return "null"
-	case gjson.False, gjson.True:
-		return "boolean"
-	case gjson.Number:
-		return "number"
-	case gjson.String:
-		return "string"
-	}
-	if v.IsArray() {
-		return "array"
-	}
-	return "object"
+	return errorf(path, "must be "+want+", got "+jsonlimit.Kind(v))
 }
 
 // integral reports whether the JSON number raw is a whole number, exactly

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -54,17 +53,10 @@ func TestClusterResponseCost(t *testing.T) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := startLLMUpstream(t)
-	var envoys [2]*envoytest.Envoy
-	var wg sync.WaitGroup
-	for i := range envoys {
-		wg.Add(1)
-		go func() { // boot both at once: V8 compiles the plugin for seconds
-			defer wg.Done()
-			envoys[i] = envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML,
-				PluginConfig: clusterResponseConfig, UpstreamPort: up.port(t), ServicePort: svc, Concurrency: 2})
-		}()
+	envoys, ok := twoEnvoys(t, up.port(t), svc, [2]string{clusterResponseConfig, clusterResponseConfig})
+	if !ok {
+		return
 	}
-	wg.Wait()
 	clients := [2]*envoytest.Client{envoys[0].Client(), envoys[1].Client()}
 	for _, c := range clients {
 		t.Cleanup(c.Close)

@@ -78,6 +78,24 @@ func startLimitd(t *testing.T, redisAddr string) int {
 	}
 }
 
+// twoEnvoys boots two Envoys (two workers each) at once, Envoy i with the
+// plugin configured by configs[i], behind upstreamPort, sharing the limit
+// service on servicePort: V8 compiles the plugin for seconds, so they boot
+// side by side. It returns false when t failed or skipped meanwhile.
+func twoEnvoys(t *testing.T, upstreamPort, servicePort int, configs [2]string) ([2]*envoytest.Envoy, bool) {
+	t.Helper()
+	var envoys [2]*envoytest.Envoy
+	var wg sync.WaitGroup
+	for i := range envoys {
+		wg.Go(func() {
+			envoys[i] = envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML,
+				PluginConfig: configs[i], UpstreamPort: upstreamPort, ServicePort: servicePort, Concurrency: 2})
+		})
+	}
+	wg.Wait()
+	return envoys, !t.Failed() && !t.Skipped()
+}
+
 // clusterTimeout is the plugin's callout timeout in these tests: long enough
 // that 300 concurrent decisions on a loaded 2-core machine are answered (a
 // timed-out callout fails open and would spoil the exact count), while a
@@ -97,18 +115,8 @@ func TestClusterWide(t *testing.T) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	var envoys [2]*envoytest.Envoy
-	var wg sync.WaitGroup
-	for i, mode := range []string{"allow", "deny"} {
-		wg.Add(1)
-		go func() { // boot both at once: V8 compiles the plugin for seconds
-			defer wg.Done()
-			envoys[i] = envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML,
-				PluginConfig: clusterConfig(mode), UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 2})
-		}()
-	}
-	wg.Wait()
-	if t.Failed() || t.Skipped() {
+	envoys, ok := twoEnvoys(t, up.Port(), svc, [2]string{clusterConfig("allow"), clusterConfig("deny")})
+	if !ok {
 		return
 	}
 	a, b := envoys[0].Client(), envoys[1].Client()

@@ -31,16 +31,8 @@ func TestLeaseClusterWide(t *testing.T) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	var envoys [2]*envoytest.Envoy
-	var wg sync.WaitGroup
-	for i, mode := range []string{"allow", "deny"} {
-		wg.Go(func() { // boot both at once: V8 compiles the plugin for seconds
-			envoys[i] = envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML,
-				PluginConfig: leaseConfig(mode), UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 2})
-		})
-	}
-	wg.Wait()
-	if t.Failed() || t.Skipped() {
+	envoys, ok := twoEnvoys(t, up.Port(), svc, [2]string{leaseConfig("allow"), leaseConfig("deny")})
+	if !ok {
 		return
 	}
 	a, b := envoys[0].Client(), envoys[1].Client()

@@ -45,27 +45,9 @@ func parse(body []byte, maxBytes int64) (gjson.Result, *FieldError) {
 	}
 	v := gjson.ParseBytes(body)
 	if !v.IsObject() {
-		return gjson.Result{}, refuse("body", "must be an object, got "+kind(v))
+		return gjson.Result{}, refuse("body", "must be an object, got "+jsonlimit.Kind(v))
 	}
 	return v, nil
-}
-
-// kind names v's JSON type for messages.
-func kind(v gjson.Result) string {
-	switch v.Type {
-	case gjson.Null:
-		return "null"
-	case gjson.True, gjson.False:
-		return "boolean"
-	case gjson.Number:
-		return "number"
-	case gjson.String:
-		return "string"
-	}
-	if v.IsArray() {
-		return "array"
-	}
-	return "object"
 }
 
 // fields walks object v (at field path at) and hands each member to set,
@@ -73,7 +55,7 @@ func kind(v gjson.Result) string {
 // A null member is absent.
 func fields(at string, v gjson.Result, names []string, set func(i int, v gjson.Result) *FieldError) *FieldError {
 	if !v.IsObject() {
-		return refuse(at, "must be an object, got "+kind(v))
+		return refuse(at, "must be an object, got "+jsonlimit.Kind(v))
 	}
 	var seen uint32
 	var err *FieldError
@@ -113,7 +95,7 @@ func join(at, name string) string {
 // number reads a finite number.
 func number(at string, v gjson.Result) (float64, *FieldError) {
 	if v.Type != gjson.Number {
-		return 0, refuse(at, "must be a number, got "+kind(v))
+		return 0, refuse(at, "must be a number, got "+jsonlimit.Kind(v))
 	}
 	if math.IsInf(v.Num, 0) || math.IsNaN(v.Num) {
 		return 0, refuse(at, "must be a finite number, got "+v.Raw)
@@ -124,7 +106,7 @@ func number(at string, v gjson.Result) (float64, *FieldError) {
 // text reads a string.
 func text(at string, v gjson.Result) (string, *FieldError) {
 	if v.Type != gjson.String {
-		return "", refuse(at, "must be a string, got "+kind(v))
+		return "", refuse(at, "must be a string, got "+jsonlimit.Kind(v))
 	}
 	return v.Str, nil
 }
@@ -132,7 +114,7 @@ func text(at string, v gjson.Result) (string, *FieldError) {
 // boolean reads true or false.
 func boolean(at string, v gjson.Result) (bool, *FieldError) {
 	if v.Type != gjson.True && v.Type != gjson.False {
-		return false, refuse(at, "must be a boolean, got "+kind(v))
+		return false, refuse(at, "must be a boolean, got "+jsonlimit.Kind(v))
 	}
 	return v.Type == gjson.True, nil
 }
@@ -140,7 +122,7 @@ func boolean(at string, v gjson.Result) (bool, *FieldError) {
 // array reads an array of at most max elements, refusing an empty one.
 func array(at string, v gjson.Result, max int) ([]gjson.Result, *FieldError) {
 	if !v.IsArray() {
-		return nil, refuse(at, "must be an array, got "+kind(v))
+		return nil, refuse(at, "must be an array, got "+jsonlimit.Kind(v))
 	}
 	a := v.Array()
 	if len(a) == 0 || len(a) > max {
