@@ -195,7 +195,8 @@ func (t *Table) Refund(now int64, spends []Spend) {
 func (t *Table) refund(now int64, spends []Spend, out []Result) {
 	for i, sp := range spends {
 		if out != nil && out[i].Refill {
-			// The refill this spend claimed was never sent.
+			// The refill this spend claimed was never sent, and will not be.
+			out[i].Refill = false
 			_, _ = t.Update(sp.ID, now, func(r *Record) bool {
 				r.Tokens += sp.Cost
 				r.Spent = max(r.Spent-sp.Cost, 0)

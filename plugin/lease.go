@@ -88,6 +88,7 @@ func (c *httpContext) spendLeases() (rej *rejection, paused bool) {
 		case rec.DownUntil > pl.now:
 			return c.leaseServiceDown(t.rule), false
 		case rec.AskAt > pl.now:
+			c.refundTaken() // the local rules' tokens
 			return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
 				RetryAfter: time.Duration(max(rec.RetryAt-pl.now, int64(time.Millisecond))), ResetAfter: time.Duration(max(rec.ResetAt-pl.now, 0))}}, false
 		}

@@ -263,3 +263,24 @@ func TestLeaseWithPerRequestRule(t *testing.T) {
 		t.Fatalf("wide admitted %d of 100 in all: the 8 requests narrow refused must have given their leased tokens back", admitted)
 	}
 }
+
+// TestLeaseRefusalRefundsLocal: a request refused by a lease that answers
+// alone (the global bucket refused lately) gives its local rules' tokens
+// back.
+func TestLeaseRefusalRefundsLocal(t *testing.T) {
+	cfg := `{"service": {"cluster": "limitd"}, "rules": [
+	  {"name": "local", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 3}},
+	  {"name": "fleet", "scope": "cluster", "sync": "lease", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 2}}]}`
+	e := start(t, cfg)
+	l := newLimitd(t, e)
+	want := []int{200, 200, 429, 429} // the third is refused by a call, the fourth by the lease alone
+	for i, w := range want {
+		if r, _ := l.do(); r.status != w || w == 429 && !strings.Contains(r.body, `"rule":"fleet"`) {
+			t.Fatalf("request %d: %+v, want %d", i, r, w)
+		}
+	}
+	e.clk.t += 2 * sec
+	if r, _ := l.do(); r.status != 200 {
+		t.Fatalf("after the wait: %+v; the refused requests kept the local rule's last token", r)
+	}
+}
