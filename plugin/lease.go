@@ -213,7 +213,11 @@ func (c *httpContext) onLeaseAnswer(short []take, req *wire.LeaseRequest, claime
 		if j := indexOf(short, *t); j >= 0 {
 			t.d = leaseDecision(t.rule, &recs[j], now)
 		} else {
-			t.d = leaseDecision(t.rule, &p.results[k].Record, now)
+			r := &p.results[k]
+			if r.Refill {
+				p.refill(*t, r.Record, c.id)
+			}
+			t.d = leaseDecision(t.rule, &r.Record, now)
 			k++
 		}
 		c.show(t.rule, t.d)
