@@ -5,7 +5,7 @@ import (
 )
 
 func TestDecodeChargeRequest(t *testing.T) {
-	tests := []struct{ name, body, wantErr string }{
+	tests := []decoderCase{
 		{"debit", `{"hash_tag":"t","buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":29}]}`, ""},
 		{"refund", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":-40}]}`, ""},
 		{"debit beyond the burst", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":1000}]}`, ""},
@@ -16,25 +16,7 @@ func TestDecodeChargeRequest(t *testing.T) {
 		{"cost is not a charge field", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"cost":1}]}`, "buckets[0].cost: unknown field"},
 		{"no key", `{"buckets":[{"tokens_per_second":10,"burst":40,"amount":1}]}`, "buckets[0].key: required"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			req, err := DecodeChargeRequest([]byte(tt.body), Limits{})
-			if tt.wantErr == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				again, err := DecodeChargeRequest(AppendChargeRequest(nil, req), Limits{})
-				if err != nil || again.HashTag != req.HashTag || again.Buckets[0] != req.Buckets[0] {
-					t.Fatalf("round trip: %+v, %v; want %+v", again, err, req)
-				}
-				return
-			}
-			fe, ok := err.(*FieldError)
-			if !ok || fe.Detail() != tt.wantErr {
-				t.Fatalf("error = %v, want %q", err, tt.wantErr)
-			}
-		})
-	}
+	checkDecoder(t, tests, DecodeChargeRequest, AppendChargeRequest)
 }
 
 func TestDecodeChargeAnswer(t *testing.T) {
