@@ -15,9 +15,10 @@
 #                        plugin with and without its body export, 256 HTTP/2
 #                        DATA frames per response; prints the figures
 #   make bench-perf      where Envoy's CPU goes by DSO (envoy, kernel, JIT = the
-#                        Wasm guest) for no filter, the plugin and the no-op
-#                        module, with perf; writes docs/benchmarks/perf.md
-#                        (says so and writes nothing where perf is missing)
+#                        Wasm guest) for no filter, the plugin, the plugin
+#                        whose rule never applies and the no-op module, with
+#                        perf; writes docs/benchmarks/perf.md (says so and
+#                        writes nothing where perf is missing)
 #
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `go run ./cmd/bench -h`).
@@ -44,7 +45,7 @@ ATTRIB_FLAGS ?=
 bench-attrib: build setup $(BENCH_BIN) $(BUILD)/bench-ops.wasm
 	$(BENCH_BIN) -attrib -ops-wasm $(BUILD)/bench-ops.wasm -out docs/benchmarks $(ATTRIB_FLAGS)
 
-PERF_FLAGS ?= -perf 5s -only 1,3,9
+PERF_FLAGS ?= -perf 5s -only 1,3,7,9
 bench-perf: build setup $(BENCH_BIN)
 	$(BENCH_BIN) -out docs/benchmarks $(PERF_FLAGS)
 

@@ -1,12 +1,16 @@
 # Footprint and start cost (issue 11): see docs/benchmarks/footprint.md.
 #
 #   make footprint     code bytes per Go package and the data section of the
-#                      plugin, the Go floor module and a wasip1 hello world
+#                      plugin, the feature floor, the Go floor module and a
+#                      wasip1 hello world
 #                      (unstripped copies in build/footprint/), plus the
 #                      stripped sizes
-#   make bench-start   Envoy's CPU and wall time from start to the first 200,
-#                      --concurrency 1: no filter, the floor, the plugin
-#                      (`bench start`, cmd/bench/start.go; START_FLAGS='-rounds 5',
+#   make bench-start   Envoy's CPU and wall time from start to the first 200
+#                      (--concurrency 1) and its RSS after 1000 requests at
+#                      --concurrency 1, 2, 4 and 8: no filter, the no-op
+#                      module, the Go floor, the feature floor (the Go floor
+#                      with regexp and gjson), the plugin (`bench start`,
+#                      cmd/bench/start.go; START_FLAGS='-rounds 5',
 #                      START_MODULES='before=/tmp/old.wasm' adds modules)
 
 .PHONY: footprint bench-start
@@ -19,18 +23,23 @@ $(FP)/floor.wasm: $(BUILD)/sdk.stamp internal/footprint/floor/*.go
 	@mkdir -p $(FP)
 	$(call build_wasm,./internal/footprint/floor)
 
-footprint: build $(FP)/floor.wasm
+$(FP)/deps.wasm: $(BUILD)/sdk.stamp internal/footprint/deps/*.go
+	@mkdir -p $(FP)
+	$(call build_wasm,./internal/footprint/deps)
+
+footprint: build $(FP)/floor.wasm $(FP)/deps.wasm
 	@mkdir -p $(FP)
 	$(WASM_BUILD) -buildmode=c-shared -o $(FP)/plugin-full.wasm .
 	$(WASM_BUILD) -buildmode=c-shared -o $(FP)/floor-full.wasm ./internal/footprint/floor
+	$(WASM_BUILD) -buildmode=c-shared -o $(FP)/deps-full.wasm ./internal/footprint/deps
 	$(WASM_BUILD) -o $(FP)/hello-full.wasm ./internal/footprint/hello
 	$(WASM_BUILD) -ldflags='-s -w' -o $(FP)/hello.wasm ./internal/footprint/hello
-	@ls -l $(BUILD)/plugin.wasm $(FP)/floor.wasm $(FP)/hello.wasm | awk '{print "stripped " $$9 ": " $$5 " bytes"}'
-	$(GO) run ./internal/wasmsize/cmd -top 30 $(FP)/plugin-full.wasm $(FP)/floor-full.wasm $(FP)/hello-full.wasm
+	@ls -l $(BUILD)/plugin.wasm $(FP)/deps.wasm $(FP)/floor.wasm $(FP)/hello.wasm | awk '{print "stripped " $$9 ": " $$5 " bytes"}'
+	$(GO) run ./internal/wasmsize/cmd -top 30 $(FP)/plugin-full.wasm $(FP)/deps-full.wasm $(FP)/floor-full.wasm $(FP)/hello-full.wasm
 
-START_FLAGS ?=
+START_FLAGS ?= -concurrency 1,2,4,8
 START_MODULES ?=
-bench-start: setup build $(FP)/floor.wasm $(BENCH_BIN)
+bench-start: setup build $(FP)/floor.wasm $(FP)/deps.wasm $(BENCH_BIN)
 	@uptime
 	$(BENCH_BIN) start $(START_FLAGS) \
-		floor=$(FP)/floor.wasm $(START_MODULES) plugin=$(BUILD)/plugin.wasm
+		floor=$(FP)/floor.wasm deps=$(FP)/deps.wasm $(START_MODULES) plugin=$(BUILD)/plugin.wasm

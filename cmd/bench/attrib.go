@@ -30,7 +30,13 @@ var attribSetups = []setup{
 	opsSetupN(16, "add_header", "proxy_add_header_map_value (response)", 50),
 	opsSetup(17, "time_now", "time.Now (two WASI clock_time_get)"),
 	opsSetup(18, "host_time", "proxy_get_current_time_nanoseconds"),
+	opsSetupN(19, "reject", "every 2nd request rejected (429 sent by the module)", 2),
 }
+
+// attribRejectID is the setup that rejects one request in two: not an
+// operation per request, but the Go floor of a limiter rejecting half its
+// requests, for issue 11's rejecting target.
+const attribRejectID = 19
 
 func opsSetup(id int, op, label string) setup {
 	if op == "none" {
@@ -55,8 +61,9 @@ func (s setup) isOps() bool { return strings.HasPrefix(s.Name, "ops-") }
 // medians.
 func (b *bench) attribRun() error {
 	p := b.p
-	cpu := map[int][]float64{}
+	cpu, thr, rel := map[int][]float64{}, map[int][]float64{}, map[int][]float64{}
 	for r := range p.rounds {
+		round := map[int]float64{}
 		for _, t := range b.roundOrder(r) {
 			s, err := saturate(b.addr(t), b.probe(t), b.reqs, p.conns, p.warmup, p.satWindow)
 			if err != nil {
@@ -66,8 +73,23 @@ func (b *bench) attribRun() error {
 				return fmt.Errorf("bench: round %d, (%d) %s: %d errors in %d requests", r+1, t.s.ID, t.s.Label, s.Errors, s.Requests)
 			}
 			cpu[t.s.ID] = append(cpu[t.s.ID], s.CPUPerReqUS)
+			thr[t.s.ID] = append(thr[t.s.ID], s.Throughput)
+			round[t.s.ID] = s.Throughput
 			b.logf("round %d (%d) %-50s %7.0f req/s %6.1f µs CPU/req", r+1, t.s.ID, t.s.Label, s.Throughput, s.CPUPerReqUS)
 		}
+		if base := round[1]; base > 0 {
+			for id, x := range round {
+				rel[id] = append(rel[id], x/base)
+			}
+		}
+	}
+	// tp is a configuration's saturated throughput and its ratio to (1)
+	// within each round.
+	tp := func(id int) string {
+		if len(thr[id]) == 0 || len(rel[id]) == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.0f | %.3f (%.3f–%.3f)", spreadOf(thr[id]).Median, spreadOf(rel[id]).Median, spreadOf(rel[id]).Min, spreadOf(rel[id]).Max)
 	}
 	med := func(id int) (spread, bool) {
 		xs, ok := cpu[id]
@@ -82,23 +104,24 @@ func (b *bench) attribRun() error {
 		"upstream) with (1) no filter, (9) a no-op module written in WebAssembly text, and `internal/footprint/ops`: the Go "+
 		"floor (the SDK and our glue, callbacks that do nothing) and the same module making %d of one host operation per "+
 		"request (%d adding response headers). Envoy CPU per request (utime + stime over a %v closed loop of %d connections) is the median of %d "+
-		"interleaved rounds, min–max in brackets; an operation's cost is (that row − the Go floor) / n. Load average at "+
-		"the start: %s; at the end: %s.\n\n", attribOps, attribN[16], p.satWindow, p.conns, p.rounds, b.info.Machine.LoadAvg, loadAvg())
-	fmt.Fprintln(&md, "| configuration | Envoy CPU µs/req | − previous layer | per operation |")
-	fmt.Fprintln(&md, "|---|---:|---:|---:|")
+		"interleaved rounds, min–max in brackets; an operation's cost is (that row − the Go floor) / n. Throughput is "+
+		"the saturated req/s and its ratio to (1) within each round (medians): with Envoy's one worker saturated it "+
+		"follows the CPU per request. Load average at the start: %s; at the end: %s.\n\n", attribOps, attribN[16], p.satWindow, p.conns, p.rounds, b.info.Machine.LoadAvg, loadAvg())
+	fmt.Fprintln(&md, "| configuration | Envoy CPU µs/req | − previous layer | per operation | req/s | ÷ (1) |")
+	fmt.Fprintln(&md, "|---|---:|---:|---:|---:|---:|")
 	none, _ := med(1)
 	null, okNull := med(9)
 	floor, okFloor := med(11)
-	fmt.Fprintf(&md, "| (1) no filter | %s | | |\n", f(none, 1))
+	fmt.Fprintf(&md, "| (1) no filter | %s | | | %s |\n", f(none, 1), tp(1))
 	if okNull {
-		fmt.Fprintf(&md, "| (9) no-op module (WebAssembly text): the Wasm filter itself | %s | %+.1f over (1) | |\n", f(null, 1), null.Median-none.Median)
+		fmt.Fprintf(&md, "| (9) no-op module (WebAssembly text): the Wasm filter itself | %s | %+.1f over (1) | | %s |\n", f(null, 1), null.Median-none.Median, tp(9))
 	}
 	if okFloor {
 		base := none
 		if okNull {
 			base = null
 		}
-		fmt.Fprintf(&md, "| (11) Go floor: the Go runtime and SDK on each callback | %s | %+.1f over (9) | |\n", f(floor, 1), floor.Median-base.Median)
+		fmt.Fprintf(&md, "| (11) Go floor: the Go runtime and SDK on each callback | %s | %+.1f over (9) | | %s |\n", f(floor, 1), floor.Median-base.Median, tp(11))
 	}
 	for _, s := range attribSetups[1:] {
 		m, ok := med(s.ID)
@@ -106,7 +129,71 @@ func (b *bench) attribRun() error {
 			continue
 		}
 		d, n := m.Median-floor.Median, attribN[s.ID]
-		fmt.Fprintf(&md, "| (%d) %d × %s | %s | %+.1f over (11) | **%.2f µs** |\n", s.ID, n, s.Label, f(m, 1), d, d/float64(n))
+		if s.ID == attribRejectID {
+			fmt.Fprintf(&md, "| (%d) Go floor, %s | %s | %+.1f over (11) | | %s |\n", s.ID, s.Label, f(m, 1), d, tp(s.ID))
+			continue
+		}
+		fmt.Fprintf(&md, "| (%d) %d × %s | %s | %+.1f over (11) | **%.2f µs** | %s |\n", s.ID, n, s.Label, f(m, 1), d, d/float64(n), tp(s.ID))
+	}
+	// The plugin's allowed request makes these operations (make
+	// bench-profile): the sum over the floor is what they alone cost.
+	path := []struct {
+		id, n int
+	}{{15, 1}, {12, 1}, {13, 1}, {14, 1}, {16, 5}, {18, 1}}
+	predicted, okPath := floor.Median, okFloor
+	for _, op := range path {
+		m, ok := med(op.id)
+		okPath = okPath && ok
+		predicted += (m.Median - floor.Median) / float64(attribN[op.id]) * float64(op.n)
+	}
+	plug, okPlug := med(3)
+	if okFloor {
+		fmt.Fprintf(&md, "\n## The plugin against its parts\n\n"+
+			"The plugin's configurations of `make bench` in the same rounds. An allowed request of (3) makes 1 request-header "+
+			"read, 1 shared-data read and 1 write, 1 counter increment, 5 response headers and 1 clock read "+
+			"([profile.md](profile.md)); their costs above, added to the Go floor, are what the plugin would cost if its "+
+			"own code were free.\n\n")
+		fmt.Fprintln(&md, "| configuration | Envoy CPU µs/req | over (11) | over (9) | req/s | ÷ (1) |")
+		fmt.Fprintln(&md, "|---|---:|---:|---:|---:|---:|")
+		for _, id := range []int{7, 8, 3} {
+			m, ok := med(id)
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(&md, "| (%d) %s | %s | %+.1f | %+.1f | %s |\n", id, setups[id-1].Label, f(m, 1), m.Median-floor.Median, m.Median-null.Median, tp(id))
+		}
+		if okPath && okPlug {
+			fmt.Fprintf(&md, "| the Go floor + (3)'s host operations | %.1f | %+.1f | %+.1f | | |\n", predicted, predicted-floor.Median, predicted-null.Median)
+			fmt.Fprintf(&md, "\nSo of (3) − (9) = %+.1f µs, %+.1f is the Go floor, %+.1f the host operations the request path makes, "+
+				"and %+.1f the rest: the plugin's own code in the guest (and host work the operations above do not capture).\n",
+				plug.Median-null.Median, floor.Median-null.Median, predicted-floor.Median, plug.Median-predicted)
+		}
+	}
+	if okFloor && okNull {
+		fmt.Fprintf(&md, "\n## What the floors mean for issue 11's targets\n\n"+
+			"- Envoy CPU per request within 10 µs of (9): the Go floor alone, a Go module whose callbacks do nothing, is "+
+			"%+.1f µs over (9)", floor.Median-null.Median)
+		if okPath {
+			headers, _ := med(16)
+			fmt.Fprintf(&md, "; with only the host operations (3) makes, and none of its own code, %+.1f µs. "+
+				"Without the response headers (5 of them, which must stay) it would still be %+.1f µs",
+				predicted-null.Median, predicted-null.Median-5*(headers.Median-floor.Median)/float64(attribN[16]))
+		}
+		fmt.Fprintf(&md, ".\n")
+		if len(rel[11]) > 0 {
+			fmt.Fprintf(&md, "- Throughput at least 0.85 × (1): the Go floor reaches %.3f × (1) (median of the rounds' ratios)", spreadOf(rel[11]).Median)
+			if okPath {
+				fmt.Fprintf(&md, "; with (3)'s host operations added, Envoy's one saturated worker would reach at most %.3f × (1) "+
+					"((1)'s CPU per request over that sum)", none.Median/predicted)
+			}
+			fmt.Fprintf(&md, ".\n")
+		}
+		if len(rel[attribRejectID]) > 0 {
+			fmt.Fprintf(&md, "- Rejecting throughput at least 0.85 × native rejecting (5): the Go floor rejecting one request in two "+
+				"reaches %.3f × (1) with no decision at all. Native local_ratelimit rejecting about half is faster than (1) "+
+				"(it skips the upstream for those; (5) ÷ (1) in docs/benchmarks/README.md), so the floor's ratio to (5) is lower still.\n",
+				spreadOf(rel[attribRejectID]).Median)
+		}
 	}
 	return b.writeDoc("attribution.md", md.String())
 }

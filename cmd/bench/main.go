@@ -156,7 +156,9 @@ func parseParams(args []string) (*params, error) {
 // selected returns the configurations -only names, in order.
 func (p *params) selected() ([]setup, error) {
 	if p.attrib {
-		out := []setup{setups[0], setups[8]} // (1) no filter, (9) the no-op module
+		// (1) no filter, (9) the no-op module, then the plugin's (3), (7)
+		// and (8), against which the operations are added up.
+		out := []setup{setups[0], setups[8], setups[2], setups[6], setups[7]}
 		return append(out, attribSetups...), nil
 	}
 	if p.only == "" {

@@ -12,6 +12,9 @@
 //	add_header           proxy_add_header_map_value on the response
 //	time_now             time.Now: two WASI clock_time_get calls
 //	host_time            proxy_get_current_time_nanoseconds
+//	reject               every n-th request answered 429 by the module
+//	                     (proxy_send_local_response), the others passed on:
+//	                     the Go floor of a limiter rejecting 1/n
 //
 // Built by mk/bench.mk with the plugin's recipe.
 package main
@@ -38,6 +41,7 @@ type pluginContext struct {
 	types.DefaultPluginContext
 	op      string
 	n       int
+	seen    int // requests so far (reject)
 	counter proxywasm.MetricCounter
 }
 
@@ -60,6 +64,11 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	}
 	switch op {
 	case "none", "get_shared_data", "set_shared_data", "get_header", "add_header", "time_now", "host_time":
+	case "reject":
+		if p.n < 1 {
+			proxywasm.LogCritical("ops: reject needs n ≥ 1")
+			return types.OnPluginStartStatusFailed
+		}
 	case "increment_metric":
 		p.counter = proxywasm.DefineCounterMetric("bench_ops")
 	default:
@@ -86,6 +95,13 @@ var sink int64
 // OnHttpRequestHeaders implements types.HttpContext.
 func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	p := c.p
+	if p.op == "reject" {
+		if p.seen++; p.seen%p.n != 0 {
+			return types.ActionContinue
+		}
+		_ = proxywasm.SendHttpResponse(429, nil, nil, -1)
+		return types.ActionPause
+	}
 	for i := 0; i < p.n; i++ {
 		switch p.op {
 		case "get_shared_data":
