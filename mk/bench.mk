@@ -19,11 +19,16 @@
 #                        whose rule never applies and the no-op module, with
 #                        perf; writes docs/benchmarks/perf.md (says so and
 #                        writes nothing where perf is missing)
+#   make bench-guest     the guest's own code under V8 alone: the unstripped
+#                        plugin in Node with a stub host (cmd/bench/guestprof),
+#                        an allowed and an idle request's time, and with perf
+#                        the share of each Go package and function (says so
+#                        and stops where node or perf is missing)
 #
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `go run ./cmd/bench -h`).
 
-.PHONY: bench bench-smoke bench-profile bench-perf bench-attrib bench-body
+.PHONY: bench bench-smoke bench-profile bench-perf bench-attrib bench-body bench-guest
 
 BENCH_FLAGS ?=
 BENCH_BIN := $(BUILD)/bench
@@ -57,3 +62,17 @@ bench-profile: build
 
 bench-body: setup build
 	BODY_COST=1 $(GO) test -count=1 -timeout 15m -v -run TestBodyCallbackCost ./e2e/ 2>&1 | grep -E -A14 'bodycost_test.go|^(--- |ok|FAIL)'
+
+GUEST_NODE := node --no-liftoff --no-wasm-lazy-compilation
+GUEST_REQUESTS ?= 1000000
+bench-guest: $(BUILD)/sdk.stamp
+	@command -v node >/dev/null || { echo "bench-guest: node is not installed: no guest profile"; exit 0; }; \
+	mkdir -p $(BUILD)/footprint && \
+	GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue -trimpath -buildmode=c-shared -o $(BUILD)/footprint/plugin-full.wasm . && \
+	uptime && \
+	$(GUEST_NODE) cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 allow && \
+	$(GUEST_NODE) cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 idle && \
+	if ! command -v perf >/dev/null; then echo "bench-guest: perf is not installed (Debian: linux-perf): no per-function profile"; exit 0; fi && \
+	perf record -q -e cpu-clock -F 5000 -o $(BUILD)/guest.perf $(GUEST_NODE) --perf-basic-prof \
+		cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm $(GUEST_REQUESTS) allow && \
+	perf report -i $(BUILD)/guest.perf --no-children --sort sym 2>/dev/null | node cmd/bench/guestprof/report.js
