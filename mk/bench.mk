@@ -15,8 +15,7 @@
 #                        plugin with and without its body export, 256 HTTP/2
 #                        DATA frames per response; prints the figures
 #   make bench-perf      where Envoy's CPU goes by DSO (envoy, kernel, JIT = the
-#                        Wasm guest) for no filter, the plugin, the plugin
-#                        whose rule never applies and the no-op module, with
+#                        Wasm guest) for bench-attrib's configurations, with
 #                        perf; writes docs/benchmarks/perf.md (says so and
 #                        writes nothing where perf is missing)
 #   make bench-guest     the guest's own code under V8 alone: the unstripped
@@ -50,9 +49,11 @@ ATTRIB_FLAGS ?=
 bench-attrib: build setup $(BENCH_BIN) $(BUILD)/bench-ops.wasm
 	$(BENCH_BIN) -attrib -ops-wasm $(BUILD)/bench-ops.wasm -out docs/benchmarks $(ATTRIB_FLAGS)
 
-PERF_FLAGS ?= -perf 5s -only 1,3,7,9
-bench-perf: build setup $(BENCH_BIN)
-	$(BENCH_BIN) -out docs/benchmarks $(PERF_FLAGS)
+# The attribution's configurations: (1), (9), the plugin's (3), (7), (8),
+# the Go floor and each host operation.
+PERF_FLAGS ?= -perf 5s -attrib
+bench-perf: build setup $(BENCH_BIN) $(BUILD)/bench-ops.wasm
+	$(BENCH_BIN) -out docs/benchmarks -ops-wasm $(BUILD)/bench-ops.wasm $(PERF_FLAGS)
 
 # Builds its own unstripped copy of the plugin (build/plugin-profile.wasm)
 # so that the guest's runtime.mallocgc can be found by name.

@@ -165,7 +165,8 @@ func (b *bench) attribRun() error {
 		if okPath && okPlug {
 			fmt.Fprintf(&md, "| the Go floor + (3)'s host operations | %.1f | %+.1f | %+.1f | | |\n", predicted, predicted-floor.Median, predicted-null.Median)
 			fmt.Fprintf(&md, "\nSo of (3) − (9) = %+.1f µs, %+.1f is the Go floor, %+.1f the host operations the request path makes, "+
-				"and %+.1f the rest: the plugin's own code in the guest (and host work the operations above do not capture).\n",
+				"and %+.1f the rest: the plugin's own code as it runs inside Envoy, and host work the operations' loops do not "+
+				"capture ([footprint.md](footprint.md) splits it further with perf and with the guest alone under V8).\n",
 				plug.Median-null.Median, floor.Median-null.Median, predicted-floor.Median, plug.Median-predicted)
 		}
 	}
