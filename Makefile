@@ -141,7 +141,9 @@ clean:
 	rm -rf $(BUILD)
 
 # More targets, each described in its file under mk/:
-#   bench.mk    bench, bench-smoke (CI), bench-profile, bench-perf, bench-attrib, bench-body
+#   bench.mk    bench, bench-smoke (CI), bench-profile, bench-perf, bench-attrib, bench-body,
+#               bench-guest
+#   start.mk    footprint, bench-start
 #   memory.mk   bench-memory
 #   oci.mk      oci, oci-push, validate-istio [MANIFESTS=...]
 #   service.mk  build-service, test-service, test-service-redis, bench-service, fuzz-service, oci-limitd
