@@ -75,5 +75,6 @@ bench-guest: $(BUILD)/sdk.stamp
 	$(GUEST_NODE) cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 idle && \
 	if ! command -v perf >/dev/null; then echo "bench-guest: perf is not installed (Debian: linux-perf): no per-function profile"; exit 0; fi && \
 	perf record -q -e cpu-clock -F 5000 -o $(BUILD)/guest.perf $(GUEST_NODE) --perf-basic-prof \
+		--no-logfile-per-isolate --logfile=$(BUILD)/guest-v8.log \
 		cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm $(GUEST_REQUESTS) allow && \
 	perf report -i $(BUILD)/guest.perf --no-children --sort sym 2>/dev/null | node cmd/bench/guestprof/report.js
