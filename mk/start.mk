@@ -37,7 +37,7 @@ footprint: build $(FP)/floor.wasm $(FP)/deps.wasm
 	@ls -l $(BUILD)/plugin.wasm $(FP)/deps.wasm $(FP)/floor.wasm $(FP)/hello.wasm | awk '{print "stripped " $$9 ": " $$5 " bytes"}'
 	$(GO) run ./internal/wasmsize/cmd -top 30 $(FP)/plugin-full.wasm $(FP)/deps-full.wasm $(FP)/floor-full.wasm $(FP)/hello-full.wasm
 
-START_FLAGS ?= -concurrency 1,2,4,8
+START_FLAGS ?=
 START_MODULES ?=
 bench-start: setup build $(FP)/floor.wasm $(FP)/deps.wasm $(BENCH_BIN)
 	@uptime

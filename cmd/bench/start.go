@@ -45,7 +45,7 @@ func runStart(args []string) error {
 	fs := flag.NewFlagSet("bench start", flag.ContinueOnError)
 	rounds := fs.Int("rounds", 3, "rounds (each runs every configuration once)")
 	timeout := fs.Duration("timeout", 60*time.Second, "give up on one start after this long")
-	concList := fs.String("concurrency", "1", "Envoy's --concurrency values, comma-separated (worker threads, one VM each)")
+	concList := fs.String("concurrency", "1,2,4,8", "Envoy's --concurrency values, comma-separated (worker threads, one VM each); the start table is the first's")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
