@@ -157,9 +157,11 @@ func parseParams(args []string) (*params, error) {
 func (p *params) selected() ([]setup, error) {
 	if p.attrib {
 		// (1) no filter, (9) the no-op module, then the plugin's (3), (7)
-		// and (8), against which the operations are added up.
+		// and (8), against which the operations are added up, and a second
+		// Envoy each for (9) and (3): how far apart two Envoys with the same
+		// configuration measure.
 		out := []setup{setups[0], setups[8], setups[2], setups[6], setups[7]}
-		return append(out, attribSetups...), nil
+		return append(append(out, attribSetups...), twin(setups[8], attribTwinNull), twin(setups[2], attribTwinPlugin)), nil
 	}
 	if p.only == "" {
 		var out []setup
