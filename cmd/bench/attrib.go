@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -47,6 +48,26 @@ const (
 	attribTwinPlugin = 21
 )
 
+// splitSetup is the plugin with two rules that apply only when a request
+// says so: a shadow rule (its bucket, no response headers) on x-bench-shadow
+// and an enforced rule (its bucket and the five RateLimit headers) on
+// x-bench-enforce. splitSets are the request sets each round sends to the
+// same Envoy, so that their differences carry no process-to-process spread.
+var splitSetup = setup{ID: 22, Name: "plugin-split", Label: "plugin, rules chosen by request header", Plot: "split", Kind: kindPlugin,
+	Plugin: func(l limit) string {
+		rule := func(name, mode, hdr string) string {
+			return `{"name":"` + name + `","mode":"` + mode + `","match":{"header:` + hdr + `":{"present":true}},"limit_keys":["header:x-api-key"],` +
+				`"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":` + strconv.FormatInt(l.Rate, 10) + `,"burst":` + strconv.FormatInt(l.Burst, 10) + `}}`
+		}
+		return `{"rules":[` + rule("shadow", "shadow", "x-bench-shadow") + `,` + rule("per-key", "enforce", "x-bench-enforce") + `]}`
+	}}
+
+var splitSets = []struct{ name, header string }{
+	{"no rule applies", "x-bench-none: 1"},
+	{"the shadow rule decides (no response headers)", "x-bench-shadow: 1"},
+	{"the enforced rule decides and adds its headers", "x-bench-enforce: 1"},
+}
+
 // twin is s in a second Envoy, as configuration id.
 func twin(s setup, id int) setup {
 	s.ID, s.Label = id, s.Label+", a second Envoy"
@@ -77,9 +98,21 @@ func (s setup) isOps() bool { return strings.HasPrefix(s.Name, "ops-") }
 func (b *bench) attribRun() error {
 	p := b.p
 	cpu, thr, rel := map[int][]float64{}, map[int][]float64{}, map[int][]float64{}
+	split := make([][]float64, len(splitSets))
 	for r := range p.rounds {
 		round := map[int]float64{}
 		for _, t := range b.roundOrder(r) {
+			if t.s.ID == splitSetup.ID {
+				for i, set := range splitSets {
+					s, err := saturate(b.addr(t), b.probe(t), keyRequests(p.keys, set.header), p.conns, p.warmup, p.satWindow)
+					if err != nil {
+						return fmt.Errorf("bench: round %d, (%d) %s: %w", r+1, t.s.ID, set.name, err)
+					}
+					split[i] = append(split[i], s.CPUPerReqUS)
+					b.logf("round %d (%d) %-50s %7.0f req/s %6.1f µs CPU/req", r+1, t.s.ID, set.name, s.Throughput, s.CPUPerReqUS)
+				}
+				continue
+			}
 			s, err := saturate(b.addr(t), b.probe(t), b.reqs, p.conns, p.warmup, p.satWindow)
 			if err != nil {
 				return fmt.Errorf("bench: round %d, (%d) %s: %w", r+1, t.s.ID, t.s.Label, err)
@@ -186,6 +219,30 @@ func (b *bench) attribRun() error {
 				"and %+.1f the rest: the plugin's own code as it runs inside Envoy, and host work the operations' loops do not "+
 				"capture ([footprint.md](footprint.md) splits it further with perf and with the guest alone under V8).\n",
 				plug.Median-null.Median, floor.Median-null.Median, predicted-floor.Median, plug.Median-predicted)
+		}
+	}
+	if len(split[0]) > 0 {
+		fmt.Fprintf(&md, "\n## Within one Envoy\n\n"+
+			"(%d) is the plugin with two rules that apply only when a request carries their header: a shadow rule (its "+
+			"bucket, no response headers) and an enforced one (its bucket and the five RateLimit headers). Each round sends "+
+			"three request sets to that same Envoy, so their differences carry no spread between processes. An allowed "+
+			"decision makes 1 request-header read, 1 shared-data read and 1 write, 1 counter increment and 1 clock read; the "+
+			"enforced rule adds 5 response headers.\n\n", splitSetup.ID)
+		fmt.Fprintln(&md, "| requests | Envoy CPU µs/req | − the row above |")
+		fmt.Fprintln(&md, "|---|---:|---:|")
+		for i, set := range splitSets {
+			m := spreadOf(split[i])
+			d := ""
+			if i > 0 {
+				// the difference within each round, then its median
+				ds := make([]float64, len(split[i]))
+				for k := range ds {
+					ds[k] = split[i][k] - split[i-1][k]
+				}
+				dm := spreadOf(ds)
+				d = fmt.Sprintf("%+.1f (%+.1f…%+.1f)", dm.Median, dm.Min, dm.Max)
+			}
+			fmt.Fprintf(&md, "| %s | %s | %s |\n", set.name, f(m, 1), d)
 		}
 	}
 	spreadNull, okSpread := med(attribTwinNull)

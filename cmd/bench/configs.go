@@ -218,10 +218,10 @@ func (s setup) rejectedStat() string {
 }
 
 // keyRequests returns one prebuilt request per x-api-key value k0..k(n-1).
-func keyRequests(n int) [][]byte {
+func keyRequests(n int, more ...string) [][]byte {
 	reqs := make([][]byte, n)
 	for i := range reqs {
-		reqs[i] = loadgen.Request("GET", "/bench", "Host: bench", "x-api-key: k"+strconv.Itoa(i))
+		reqs[i] = loadgen.Request("GET", "/bench", append([]string{"Host: bench", "x-api-key: k" + strconv.Itoa(i)}, more...)...)
 	}
 	return reqs
 }

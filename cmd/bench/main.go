@@ -161,7 +161,8 @@ func (p *params) selected() ([]setup, error) {
 		// Envoy each for (9) and (3): how far apart two Envoys with the same
 		// configuration measure.
 		out := []setup{setups[0], setups[8], setups[2], setups[6], setups[7]}
-		return append(append(out, attribSetups...), twin(setups[8], attribTwinNull), twin(setups[2], attribTwinPlugin)), nil
+		out = append(append(out, attribSetups...), twin(setups[8], attribTwinNull), twin(setups[2], attribTwinPlugin))
+		return append(out, splitSetup), nil
 	}
 	if p.only == "" {
 		var out []setup
