@@ -5,7 +5,6 @@ package main
 import (
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"strings"
 )
 
@@ -55,11 +54,10 @@ const (
 // same Envoy, so that their differences carry no process-to-process spread.
 var splitSetup = setup{ID: 22, Name: "plugin-split", Label: "plugin, rules chosen by request header", Plot: "split", Kind: kindPlugin,
 	Plugin: func(l limit) string {
-		rule := func(name, mode, hdr string) string {
-			return `{"name":"` + name + `","mode":"` + mode + `","match":{"header:` + hdr + `":{"present":true}},"limit_keys":["header:x-api-key"],` +
-				`"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":` + strconv.FormatInt(l.Rate, 10) + `,"burst":` + strconv.FormatInt(l.Burst, 10) + `}}`
+		when := func(mode, hdr string) string {
+			return `"mode":"` + mode + `","match":{"header:` + hdr + `":{"present":true}},`
 		}
-		return `{"rules":[` + rule("shadow", "shadow", "x-bench-shadow") + `,` + rule("per-key", "enforce", "x-bench-enforce") + `]}`
+		return `{"rules":[` + keyRule("shadow", when("shadow", "x-bench-shadow"), l) + `,` + keyRule("per-key", when("enforce", "x-bench-enforce"), l) + `]}`
 	}}
 
 var splitSets = []struct{ name, header string }{

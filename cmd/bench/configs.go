@@ -73,9 +73,7 @@ func (s setup) isDiag() bool { return s.Plugin != nil }
 // idleRule is the standard rule behind a condition no request meets: the
 // plugin reads one request header per request and decides nothing.
 func idleRule(l limit) string {
-	return `{"rules":[{"name":"per-key","match":{"header:x-bench-never":{"present":true}},"limit_keys":["header:x-api-key"],"algorithm":"token_bucket",` +
-		`"algorithm_config":{"tokens_per_second":` + strconv.FormatInt(l.Rate, 10) +
-		`,"burst":` + strconv.FormatInt(l.Burst, 10) + `}}]}`
+	return `{"rules":[` + keyRule("per-key", `"match":{"header:x-bench-never":{"present":true}},`, l) + `]}`
 }
 
 // noHeadersRule is the standard rule with "headers": "none": no RateLimit
@@ -130,10 +128,15 @@ func nativeFilter(rate, burst int64, maxDescriptors int) string {
 
 // pluginRule is the plugin's configuration: one local rule giving every
 // x-api-key value its own bucket.
-func pluginRule(l limit) string {
-	return `{"rules":[{"name":"per-key","limit_keys":["header:x-api-key"],"algorithm":"token_bucket",` +
+func pluginRule(l limit) string { return `{"rules":[` + keyRule("per-key", "", l) + `]}` }
+
+// keyRule is one local rule called name giving every x-api-key value its
+// own bucket of l; fields (JSON members, each followed by a comma) go
+// between its name and its keys.
+func keyRule(name, fields string, l limit) string {
+	return `{"name":"` + name + `",` + fields + `"limit_keys":["header:x-api-key"],"algorithm":"token_bucket",` +
 		`"algorithm_config":{"tokens_per_second":` + strconv.FormatInt(l.Rate, 10) +
-		`,"burst":` + strconv.FormatInt(l.Burst, 10) + `}}]}`
+		`,"burst":` + strconv.FormatInt(l.Burst, 10) + `}}`
 }
 
 // clusterRule is the plugin's configuration for setup 6: one cluster rule
