@@ -9,7 +9,13 @@
 #   make bench-attrib    a cost per host operation: the Go floor and the same
 #                        module making 100 of one operation per request
 #                        (internal/footprint/ops), with no filter and the no-op
-#                        module; writes docs/benchmarks/attribution.md
+#                        module; and (23), every layer in one Envoy (a listener
+#                        each): the host operations made once by a module with
+#                        no code (nullwasm/null-path.wat), by the Go floor, and
+#                        the plugin; writes docs/benchmarks/attribution.md.
+#                        ATTRIB_FLAGS='-only 23 -compare-wasm other.wasm
+#                        -out build/x' measures another build of the plugin
+#                        against build/plugin.wasm in that one Envoy
 #   make bench-body      the response body callback's Envoy CPU without
 #                        response_json rules (e2e TestBodyCallbackCost): the
 #                        plugin with and without its body export, 256 HTTP/2

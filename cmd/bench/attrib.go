@@ -3,9 +3,16 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
 )
 
 // attribOps is how many operations per request an attribution setup makes:
@@ -66,6 +73,151 @@ var splitSets = []struct{ name, header string }{
 	{"the enforced rule decides and adds its headers", "x-bench-enforce: 1"},
 }
 
+// layersSetup is one Envoy with a listener per layer of the plugin's cost
+// (layers), all on its one worker: each round loads them in turn, so that
+// their differences, like splitSets', carry no spread between processes.
+var layersSetup = setup{ID: 23, Name: "layers", Label: "one Envoy, a listener per layer", Plot: "layers", Kind: kindPlugin}
+
+// layer is one listener of layersSetup: its module ("" none, "null" the
+// no-op module, "null-path" the no-op module making the plugin's host calls,
+// "ops" internal/footprint/ops, "plugin"), its configuration, and the layer
+// it is compared with (its index in layers; -1 none).
+type layer struct {
+	name, module string
+	config       func(limit) string
+	base         int
+}
+
+// opsLayer is the Go floor making op n times per request, compared with
+// the Go floor.
+func opsLayer(name, op string, n int) layer {
+	cfg := op + " " + strconv.Itoa(n)
+	return layer{name, "ops", func(limit) string { return cfg }, layerFloor}
+}
+
+// The indexes in layers of the no-op module, the no-op module making the
+// plugin's host calls, the Go floor, its first single operation and the Go
+// floor making all of them.
+const (
+	layerNull     = 1
+	layerNullPath = 2
+	layerFloor    = 3
+	layerOnce     = 4
+	layerPath     = 10
+	layerPlugin   = 11
+)
+
+var layers = []layer{
+	{"(1) no filter", "", nil, -1},
+	{"(9) no-op module", "null", idleRule, 0},
+	{"no-op module making (3)'s host operations once each (WebAssembly text)", "null-path", idleRule, layerNull},
+	{"(11) Go floor", "ops", func(limit) string { return "none 0" }, layerNull},
+	opsLayer("Go floor + 1 request-header read", "get_header", 1),
+	opsLayer("Go floor + 1 shared-data read", "get_shared_data", 1),
+	opsLayer("Go floor + 1 shared-data write", "set_shared_data", 1),
+	opsLayer("Go floor + 1 counter increment", "increment_metric", 1),
+	opsLayer("Go floor + 1 host clock read", "host_time", 1),
+	opsLayer("Go floor + 5 response headers", "add_header", 5),
+	opsLayer("Go floor + (3)'s host operations, once each", "path", 1),
+	{"(3) plugin", "plugin", pluginRule, layerPath},
+}
+
+// layers is the package's layers, and with -compare-wasm a last one: (3)'s
+// rule in that build of the plugin, compared with (3), for measuring a
+// change before and after in one Envoy.
+func (b *bench) layers() []layer {
+	if b.p.compareWasm == "" {
+		return layers
+	}
+	return append(slices.Clone(layers), layer{"(3) plugin, the -compare-wasm build", "compare", pluginRule, layerPlugin})
+}
+
+// layerListeners are layersSetup's listeners, on free ports, each module
+// in a VM of its own.
+func (b *bench) layerListeners(l limit) ([]envoy.Listener, error) {
+	wasm := map[string]string{"null": b.nullWasm, "null-path": b.nullPath, "ops": absPath(b.p.opsWasm),
+		"plugin": absPath(os.Getenv("PLUGIN_WASM")), "compare": absPath(b.p.compareWasm)}
+	ls := b.layers()
+	out := make([]envoy.Listener, len(ls))
+	for i, ly := range ls {
+		port, err := loopback.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		name := "layer" + strconv.Itoa(i)
+		out[i] = envoy.Listener{Name: name, StatPrefix: name, Port: port, Wasm: wasm[ly.module], VMID: name}
+		if ly.config != nil {
+			out[i].PluginConfig = ly.config(l)
+		}
+	}
+	return out, nil
+}
+
+// reqSet is one request set sent to one listener of a target.
+type reqSet struct {
+	name string // "" for a target's only load
+	addr string
+	reqs [][]byte
+}
+
+// loads are what a round sends to t: one set, or for splitSetup and
+// layersSetup one per request set or listener, in reverse in odd rounds so
+// that drift cancels.
+func (b *bench) loads(t *target, r int) []reqSet {
+	var out []reqSet
+	switch t.s.ID {
+	case splitSetup.ID:
+		for _, set := range splitSets {
+			out = append(out, reqSet{set.name, b.addr(t), keyRequests(b.p.keys, set.header)})
+		}
+	case layersSetup.ID:
+		for i, ly := range b.layers() {
+			out = append(out, reqSet{ly.name, "127.0.0.1:" + strconv.Itoa(t.ports[i]), b.reqs})
+		}
+	default:
+		return []reqSet{{"", b.addr(t), b.reqs}}
+	}
+	if r%2 == 1 {
+		slices.Reverse(out)
+	}
+	return out
+}
+
+// withinRows is the table of the loads of target id (names in order): the
+// CPU per request of each, and its difference from the load base(i) within
+// each round (median, min…max; none where base(i) < 0); "" when they were
+// not measured.
+func withinRows(within map[string][]float64, id int, names []string, base func(i int) int) string {
+	key := func(i int) string { return strconv.Itoa(id) + "/" + names[i] }
+	if len(within[key(0)]) == 0 {
+		return ""
+	}
+	var md strings.Builder
+	fmt.Fprintln(&md, "| requests | Envoy CPU µs/req | compared with | difference |")
+	fmt.Fprintln(&md, "|---|---:|---|---:|")
+	for i, name := range names {
+		xs := within[key(i)]
+		with, d := "", ""
+		if j := base(i); j >= 0 {
+			dm := withinDiff(within, key(i), key(j))
+			with, d = names[j], fmt.Sprintf("%+.1f (%+.1f…%+.1f)", dm.Median, dm.Min, dm.Max)
+		}
+		fmt.Fprintf(&md, "| %s | %s | %s | %s |\n", name, f(spreadOf(xs), 1), with, d)
+	}
+	return md.String()
+}
+
+// withinDiff is the spread of the round-by-round differences a − b of two
+// loads of one target.
+func withinDiff(within map[string][]float64, a, b string) spread {
+	xs, ys := within[a], within[b]
+	ds := make([]float64, min(len(xs), len(ys)))
+	for k := range ds {
+		ds[k] = xs[k] - ys[k]
+	}
+	return spreadOf(ds)
+}
+
 // twin is s in a second Envoy, as configuration id.
 func twin(s setup, id int) setup {
 	s.ID, s.Label = id, s.Label+", a second Envoy"
@@ -96,32 +248,31 @@ func (s setup) isOps() bool { return strings.HasPrefix(s.Name, "ops-") }
 func (b *bench) attribRun() error {
 	p := b.p
 	cpu, thr, rel := map[int][]float64{}, map[int][]float64{}, map[int][]float64{}
-	split := make([][]float64, len(splitSets))
+	// within holds the CPU per request of each load of a target with
+	// several (splitSetup, layersSetup), by load name, round by round.
+	within := map[string][]float64{}
 	for r := range p.rounds {
 		round := map[int]float64{}
 		for _, t := range b.roundOrder(r) {
-			if t.s.ID == splitSetup.ID {
-				for i, set := range splitSets {
-					s, err := saturate(b.addr(t), b.probe(t), keyRequests(p.keys, set.header), p.conns, p.warmup, p.satWindow)
-					if err != nil {
-						return fmt.Errorf("bench: round %d, (%d) %s: %w", r+1, t.s.ID, set.name, err)
-					}
-					split[i] = append(split[i], s.CPUPerReqUS)
-					b.logf("round %d (%d) %-50s %7.0f req/s %6.1f µs CPU/req", r+1, t.s.ID, set.name, s.Throughput, s.CPUPerReqUS)
+			ls := b.loads(t, r)
+			for _, ld := range ls {
+				s, err := saturate(ld.addr, b.probe(t), ld.reqs, p.conns, p.warmup, p.satWindow)
+				if err == nil && (s.Errors > 0 || s.Requests == 0) {
+					err = fmt.Errorf("%d errors in %d requests", s.Errors, s.Requests)
 				}
-				continue
+				if err != nil {
+					return fmt.Errorf("bench: round %d, (%d) %s %s: %w", r+1, t.s.ID, t.s.Label, ld.name, err)
+				}
+				b.logf("round %d (%d) %-50s %7.0f req/s %6.1f µs CPU/req", r+1, t.s.ID, cmp.Or(ld.name, t.s.Label), s.Throughput, s.CPUPerReqUS)
+				if len(ls) > 1 {
+					k := strconv.Itoa(t.s.ID) + "/" + ld.name
+					within[k] = append(within[k], s.CPUPerReqUS)
+					continue
+				}
+				cpu[t.s.ID] = append(cpu[t.s.ID], s.CPUPerReqUS)
+				thr[t.s.ID] = append(thr[t.s.ID], s.Throughput)
+				round[t.s.ID] = s.Throughput
 			}
-			s, err := saturate(b.addr(t), b.probe(t), b.reqs, p.conns, p.warmup, p.satWindow)
-			if err != nil {
-				return fmt.Errorf("bench: round %d, (%d) %s: %w", r+1, t.s.ID, t.s.Label, err)
-			}
-			if s.Errors > 0 || s.Requests == 0 {
-				return fmt.Errorf("bench: round %d, (%d) %s: %d errors in %d requests", r+1, t.s.ID, t.s.Label, s.Errors, s.Requests)
-			}
-			cpu[t.s.ID] = append(cpu[t.s.ID], s.CPUPerReqUS)
-			thr[t.s.ID] = append(thr[t.s.ID], s.Throughput)
-			round[t.s.ID] = s.Throughput
-			b.logf("round %d (%d) %-50s %7.0f req/s %6.1f µs CPU/req", r+1, t.s.ID, t.s.Label, s.Throughput, s.CPUPerReqUS)
 		}
 		if base := round[1]; base > 0 {
 			for id, x := range round {
@@ -219,28 +370,64 @@ func (b *bench) attribRun() error {
 				plug.Median-null.Median, floor.Median-null.Median, predicted-floor.Median, plug.Median-predicted)
 		}
 	}
-	if len(split[0]) > 0 {
+	splitNames := make([]string, len(splitSets))
+	for i, set := range splitSets {
+		splitNames[i] = set.name
+	}
+	if rows := withinRows(within, splitSetup.ID, splitNames, func(i int) int { return i - 1 }); rows != "" {
 		fmt.Fprintf(&md, "\n## Within one Envoy\n\n"+
 			"(%d) is the plugin with two rules that apply only when a request carries their header: a shadow rule (its "+
 			"bucket, no response headers) and an enforced one (its bucket and the five RateLimit headers). Each round sends "+
 			"three request sets to that same Envoy, so their differences carry no spread between processes. An allowed "+
 			"decision makes 1 request-header read, 1 shared-data read and 1 write, 1 counter increment and 1 clock read; the "+
-			"enforced rule adds 5 response headers.\n\n", splitSetup.ID)
-		fmt.Fprintln(&md, "| requests | Envoy CPU µs/req | − the row above |")
-		fmt.Fprintln(&md, "|---|---:|---:|")
-		for i, set := range splitSets {
-			m := spreadOf(split[i])
-			d := ""
-			if i > 0 {
-				// the difference within each round, then its median
-				ds := make([]float64, len(split[i]))
-				for k := range ds {
-					ds[k] = split[i][k] - split[i-1][k]
-				}
-				dm := spreadOf(ds)
-				d = fmt.Sprintf("%+.1f (%+.1f…%+.1f)", dm.Median, dm.Min, dm.Max)
-			}
-			fmt.Fprintf(&md, "| %s | %s | %s |\n", set.name, f(m, 1), d)
+			"enforced rule adds 5 response headers.\n\n%s", splitSetup.ID, rows)
+	}
+	lys := b.layers()
+	layerNames := make([]string, len(lys))
+	for i, ly := range lys {
+		layerNames[i] = ly.name
+	}
+	// lay holds the layers' findings within one Envoy, for the targets'
+	// section: the host operations made once by a module with no code of
+	// its own, over (9); the Go floor over (9); and the plugin over (9).
+	var lay struct {
+		ok                 bool
+		bare, floor, total float64
+		// maxThr is (1)'s CPU per request over the bare module's: the
+		// throughput ratio Envoy's one saturated worker reaches at most
+		// with any module making (3)'s calls.
+		maxThr float64
+	}
+	if rows := withinRows(within, layersSetup.ID, layerNames, func(i int) int { return lys[i].base }); rows != "" {
+		key := func(i int) string { return strconv.Itoa(layersSetup.ID) + "/" + lys[i].name }
+		diff := func(i, j int) float64 { return withinDiff(within, key(i), key(j)).Median }
+		sum := 0.0
+		for i := layerOnce; i < layerPath; i++ {
+			sum += diff(i, layerFloor)
+		}
+		lay.ok, lay.bare, lay.floor, lay.total = true, diff(layerNullPath, layerNull), diff(layerFloor, layerNull), diff(layerPlugin, layerNull)
+		lay.maxThr = spreadOf(within[key(0)]).Median / spreadOf(within[key(layerNullPath)]).Median
+		fmt.Fprintf(&md, "\n## Every layer within one Envoy\n\n"+
+			"(%d) is one Envoy with a listener per layer, all served by its one worker: no filter; the no-op module; the no-op "+
+			"module making the host calls of (3)'s allowed request once each, with no code of its own "+
+			"(`cmd/bench/nullwasm/null-path.wat`: the x-api-key header, a shared-data read and CAS write of a 128-byte value "+
+			"under it, a counter, the host clock and the five RateLimit headers); the Go floor; the Go floor making one kind "+
+			"of those operations as often as (3) makes it; the Go floor making all of them (`internal/footprint/ops`, op "+
+			"`path`); and the plugin (3). Each round loads the listeners in turn, so every difference below is within one "+
+			"process.\n\n%s\n", layersSetup.ID, rows)
+		fmt.Fprintf(&md, "- **The host operations alone**, made once each by a module with no code of its own, cost %+.1f µs over "+
+			"(9): the floor of any module that makes them, in any language.\n", lay.bare)
+		fmt.Fprintf(&md, "- Made by the Go floor, they cost %+.1f µs over it together and %+.1f one kind at a time (the sum of "+
+			"the single rows)", diff(layerPath, layerFloor), sum)
+		if okPath && okFloor {
+			fmt.Fprintf(&md, ", against %.1f µs at the prices of the loops above: an operation's first call in a request costs "+
+				"far more than its hundredth", predicted-floor.Median)
+		}
+		fmt.Fprintf(&md, ".\n- So (3) − (9) = %+.1f µs here is %+.1f of the Go floor, %+.1f of the host operations the Go floor "+
+			"makes, and %+.1f of the plugin's own: its code, and anything its operations cost beyond the same ones made by a "+
+			"module that does nothing else.\n", lay.total, lay.floor, diff(layerPath, layerFloor), diff(layerPlugin, layerPath))
+		if b.p.compareWasm != "" {
+			fmt.Fprintf(&md, "- The -compare-wasm build (%s) against this one: %+.1f µs.\n", filepath.Base(b.p.compareWasm), diff(layerPlugin+1, layerPlugin))
 		}
 	}
 	spreadNull, okSpread := med(attribTwinNull)
@@ -256,7 +443,20 @@ func (b *bench) attribRun() error {
 	}
 	if okFloor && okNull {
 		fmt.Fprintf(&md, "\n## What the floors mean for issue 11's targets\n\n"+
-			"- Envoy CPU per request within 10 µs of (9): the Go floor alone, a Go module whose callbacks do nothing, is "+
+			"- Envoy CPU per request within 10 µs of (9): ")
+		if lay.ok {
+			verdict := "so the floors leave room for it"
+			switch {
+			case lay.bare > 10:
+				verdict = "so the target is out of reach for any module making those calls"
+			case lay.bare+lay.floor > 10:
+				verdict = "so the target is out of reach for any Go module making those calls"
+			}
+			fmt.Fprintf(&md, "within one Envoy (above), the host operations of (3)'s allowed request made by a module with "+
+				"no code of its own already cost %+.1f µs over (9), and the Go floor %+.1f: %s. Across processes, ",
+				lay.bare, lay.floor, verdict)
+		}
+		fmt.Fprintf(&md, "the Go floor alone, a Go module whose callbacks do nothing, is "+
 			"%+.1f µs over (9)", floor.Median-null.Median)
 		if okPath {
 			fmt.Fprintf(&md, "; with only the host operations (3) makes, and none of its own code, %+.1f µs", predicted-null.Median)
@@ -275,7 +475,12 @@ func (b *bench) attribRun() error {
 				fmt.Fprintf(&md, "; with (3)'s host operations added, Envoy's one saturated worker would reach at most %.3f × (1) "+
 					"((1)'s CPU per request over that sum)", none.Median/predicted)
 			}
-			fmt.Fprintf(&md, ".\n")
+			fmt.Fprintf(&md, ".")
+			if lay.ok {
+				fmt.Fprintf(&md, " Within one Envoy, any module making those calls, even one with no code of its own, reaches at "+
+					"most %.3f × (1) ((1)'s CPU per request over that module's, above).", lay.maxThr)
+			}
+			fmt.Fprintf(&md, "\n")
 		}
 		if len(rel[attribRejectID]) > 0 {
 			floorRej := spreadOf(rel[attribRejectID]).Median

@@ -39,8 +39,9 @@ type bench struct {
 	svcPID   int
 	pinned   bool
 	// nullWasm and nullCalls are the paths of package nullwasm's modules for
-	// setups 9 and 10.
-	nullWasm, nullCalls string
+	// setups 9 and 10, nullPath its module making the plugin's host calls
+	// (layersSetup).
+	nullWasm, nullCalls, nullPath string
 
 	targets []*target
 	rate    float64 // offered rate of the latency runs
@@ -64,6 +65,8 @@ type target struct {
 	latReqs [][]byte
 	stats   map[string]uint64
 	note    string
+	// ports are the listeners of a setup with several (layersSetup).
+	ports []int
 }
 
 // info is what the report says about the machine, the versions and the
@@ -147,10 +150,13 @@ func (b *bench) prepare() error {
 	b.cleanup(func() { os.RemoveAll(dir) })
 	b.nullWasm = filepath.Join(dir, "null.wasm")
 	b.nullCalls = filepath.Join(dir, "null-calls.wasm")
-	if err := os.WriteFile(b.nullWasm, nullwasm.Module, 0o644); err != nil {
-		return err
+	b.nullPath = filepath.Join(dir, "null-path.wasm")
+	for path, m := range map[string][]byte{b.nullWasm: nullwasm.Module, b.nullCalls: nullwasm.ModuleCalls, b.nullPath: nullwasm.ModulePath} {
+		if err := os.WriteFile(path, m, 0o644); err != nil {
+			return err
+		}
 	}
-	return os.WriteFile(b.nullCalls, nullwasm.ModuleCalls, 0o644)
+	return nil
 }
 
 // pin puts this process on -load-cpu; Envoys go to -envoy-cpu as they start.
@@ -266,6 +272,16 @@ func (b *bench) startEnvoy(t *target, l limit) error {
 		opts.PluginWasm = b.nullCalls
 	case t.s.isOps():
 		opts.PluginWasm = absPath(b.p.opsWasm)
+	case t.s.ID == layersSetup.ID:
+		ls, err := b.layerListeners(l)
+		if err != nil {
+			return err
+		}
+		opts.Listeners = ls
+		t.ports = make([]int, len(ls))
+		for i, x := range ls {
+			t.ports[i] = x.Port
+		}
 	}
 	t0 := time.Now()
 	e, err := envoy.Start(opts)
@@ -286,13 +302,15 @@ func (b *bench) startEnvoy(t *target, l limit) error {
 	b.logf("(%d) %s: Envoy pid %d up in %.1fs", t.s.ID, t.s.Label, pid, time.Since(t0).Seconds())
 	// Prime: V8 compiles the plugin lazily and tiers up under load, so the
 	// first seconds of traffic are slower than the rest. Not measured.
-	cs := make([]loadgen.Counts, b.p.conns)
-	end := time.Now().Add(b.p.prime)
-	do, closeConns := loadgen.HTTP(b.addr(t), b.p.conns, end, loadgen.Cycle(b.reqs, b.p.conns))
-	loadgen.Closed(do, cs, time.Time{}, end, nil)
-	closeConns()
-	if n := loadgen.Sum(cs); n.Total() == 0 {
-		return fmt.Errorf("bench: (%d) %s: no answer while priming (%d transport errors)", t.s.ID, t.s.Label, n.Errors)
+	for _, ld := range b.loads(t, 0) {
+		cs := make([]loadgen.Counts, b.p.conns)
+		end := time.Now().Add(b.p.prime)
+		do, closeConns := loadgen.HTTP(ld.addr, b.p.conns, end, loadgen.Cycle(ld.reqs, b.p.conns))
+		loadgen.Closed(do, cs, time.Time{}, end, nil)
+		closeConns()
+		if n := loadgen.Sum(cs); n.Total() == 0 {
+			return fmt.Errorf("bench: (%d) %s %s: no answer while priming (%d transport errors)", t.s.ID, t.s.Label, ld.name, n.Errors)
+		}
 	}
 	return nil
 }

@@ -138,6 +138,9 @@ func TestParams(t *testing.T) {
 		{[]string{"-load", "1.5"}, true},
 		{[]string{"-sat", "2m"}, true},
 		{[]string{"extra"}, true},
+		{[]string{"-compare-wasm", "bench_test.go"}, true}, // needs -attrib
+		{[]string{"-attrib", "-compare-wasm", "no-such.wasm"}, true},
+		{[]string{"-attrib", "-compare-wasm", "bench_test.go"}, false},
 	}
 	for _, tt := range tests {
 		_, err := parseParams(tt.args)
@@ -165,6 +168,37 @@ func TestParams(t *testing.T) {
 	p, _ = parseParams(nil)
 	if sel, _ := p.selected(); len(sel) != 11 {
 		t.Errorf("default selection has %d configurations, want 11", len(sel))
+	}
+	// With -attrib, -only picks among the attribution's configurations.
+	p, _ = parseParams([]string{"-attrib", "-only", "23,9"})
+	if sel, err := p.selected(); err != nil || len(sel) != 2 || sel[0].ID != 9 || sel[1].ID != layersSetup.ID {
+		t.Errorf("-attrib -only 23,9 selected %v, %v", sel, err)
+	}
+	p, _ = parseParams([]string{"-attrib", "-only", "6"})
+	if _, err := p.selected(); err == nil {
+		t.Errorf("-attrib -only 6: no error ((6) is not an attribution configuration)")
+	}
+}
+
+// TestLayers checks the indexes the layers' report relies on, and that
+// every layer but the first is compared with an earlier one.
+func TestLayers(t *testing.T) {
+	for i, want := range map[int]string{layerNull: "null", layerNullPath: "null-path", layerFloor: "ops", layerPath: "ops", layerPlugin: "plugin"} {
+		if layers[i].module != want {
+			t.Errorf("layers[%d] runs %q, want %q", i, layers[i].module, want)
+		}
+	}
+	if layers[layerFloor].config(unlimited) != "none 0" || layers[layerPath].config(unlimited) != "path 1" {
+		t.Errorf("the Go floor and path layers are configured %q and %q", layers[layerFloor].config(unlimited), layers[layerPath].config(unlimited))
+	}
+	for i, ly := range layers[1:] {
+		if ly.base < 0 || ly.base > i {
+			t.Errorf("layer %q is compared with layer %d", ly.name, ly.base)
+		}
+	}
+	b := &bench{p: &params{compareWasm: "other.wasm"}}
+	if ls := b.layers(); len(ls) != len(layers)+1 || ls[len(ls)-1].base != layerPlugin || len(layers) != layerPlugin+1 {
+		t.Errorf("with -compare-wasm: %d layers, the last compared with %d", len(ls), ls[len(ls)-1].base)
 	}
 }
 

@@ -51,6 +51,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -83,6 +84,7 @@ type params struct {
 	perf         time.Duration
 	attrib       bool
 	opsWasm      string
+	compareWasm  string
 }
 
 func parseParams(args []string) (*params, error) {
@@ -100,7 +102,7 @@ func parseParams(args []string) (*params, error) {
 	fs.Float64Var(&p.load, "load", 0.5, "latency runs: offered rate as a fraction of the no-filter saturation throughput")
 	fs.StringVar(&p.out, "out", "docs/benchmarks", "directory for README.md, results.json and the plots")
 	fs.StringVar(&p.limitd, "limitd", "build/limitd", "limit service binary for configuration 6 (skipped when absent)")
-	fs.StringVar(&p.only, "only", "", "comma-separated configuration numbers to run (default 1-6 and 11, and 7-10 with -diag)")
+	fs.StringVar(&p.only, "only", "", "comma-separated configuration numbers to run (default 1-6 and 11, and 7-10 with -diag; with -attrib, of the attribution's configurations)")
 	fs.BoolVar(&p.diag, "diag", true, "also run the diagnostic configurations 7 (plugin whose rule never applies), 8 (plugin without response headers), 9 (a no-op Wasm module) and 10 (the same with 10 host calls per request)")
 	fs.StringVar(&p.render, "render", "", "only rewrite README.md and the plots in -out from this results.json (no measuring)")
 	fs.BoolVar(&p.smoke, "smoke", false, "short run: 1 round, short windows, no rate correction")
@@ -111,6 +113,7 @@ func parseParams(args []string) (*params, error) {
 	fs.DurationVar(&p.startTimeout, "start-timeout", 3*time.Minute, "bound on each Envoy start")
 	fs.BoolVar(&p.attrib, "attrib", false, "instead of the rounds: the attribution configurations (the Go floor and one host operation each, with (1) and (9)), saturation runs only, into attribution.md (make bench-attrib)")
 	fs.StringVar(&p.opsWasm, "ops-wasm", "build/bench-ops.wasm", "the attribution module (internal/footprint/ops), for -attrib")
+	fs.StringVar(&p.compareWasm, "compare-wasm", "", "with -attrib: another build of the plugin, run with (3)'s rule as one more listener of (23), so a change is measured against PLUGIN_WASM in one Envoy")
 	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -141,6 +144,10 @@ func parseParams(args []string) (*params, error) {
 		return nil, fmt.Errorf("bench: -load: want (0, 1], got %v", p.load)
 	case p.perf < 0 || p.perf > time.Minute:
 		return nil, fmt.Errorf("bench: -perf: want [0, 1m], got %v", p.perf)
+	case p.compareWasm != "" && !p.attrib:
+		return nil, errors.New("bench: -compare-wasm needs -attrib")
+	case p.compareWasm != "" && !fileExists(p.compareWasm):
+		return nil, fmt.Errorf("bench: -compare-wasm %q: no such file", p.compareWasm)
 	}
 	for _, d := range []struct {
 		name string
@@ -155,14 +162,20 @@ func parseParams(args []string) (*params, error) {
 
 // selected returns the configurations -only names, in order.
 func (p *params) selected() ([]setup, error) {
+	var all []setup
 	if p.attrib {
 		// (1) no filter, (9) the no-op module, then the plugin's (3), (7)
 		// and (8), against which the operations are added up, and a second
 		// Envoy each for (9) and (3): how far apart two Envoys with the same
 		// configuration measure.
-		out := []setup{setups[0], setups[8], setups[2], setups[6], setups[7]}
-		out = append(append(out, attribSetups...), twin(setups[8], attribTwinNull), twin(setups[2], attribTwinPlugin))
-		return append(out, splitSetup), nil
+		all = []setup{setups[0], setups[8], setups[2], setups[6], setups[7]}
+		all = append(append(all, attribSetups...), twin(setups[8], attribTwinNull), twin(setups[2], attribTwinPlugin))
+		all = append(all, splitSetup, layersSetup)
+		if p.only == "" {
+			return all, nil
+		}
+	} else {
+		all = setups
 	}
 	if p.only == "" {
 		var out []setup
@@ -176,13 +189,13 @@ func (p *params) selected() ([]setup, error) {
 	want := map[int]bool{}
 	for _, f := range strings.Split(p.only, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 || n > len(setups) {
-			return nil, fmt.Errorf("bench: -only: %q is not a configuration number 1..%d", f, len(setups))
+		if err != nil || !slices.ContainsFunc(all, func(s setup) bool { return s.ID == n }) {
+			return nil, fmt.Errorf("bench: -only: %q is not a configuration number of this run", f)
 		}
 		want[n] = true
 	}
 	var out []setup
-	for _, s := range setups {
+	for _, s := range all {
 		if want[s.ID] {
 			out = append(out, s)
 		}

@@ -55,51 +55,57 @@ func (b *bench) perfRun() error {
 		if err != nil {
 			return err
 		}
-		out := filepath.Join(dir, strconv.Itoa(t.s.ID)+".data")
-		done := make(chan error, 1)
-		var sat satResult
-		go func() {
-			var err error
-			sat, err = saturate(b.addr(t), b.probe(t), b.reqs, p.conns, p.warmup, p.perf+time.Second)
-			done <- err
-		}()
-		time.Sleep(p.warmup)
-		ctx, cancel := context.WithTimeout(context.Background(), p.perf+30*time.Second)
-		rec := exec.CommandContext(ctx, perf, "record", "-e", "cpu-clock", "-F", "2000", "-g", "-o", out,
-			"-p", strconv.Itoa(pid), "--", "sleep", strconv.FormatFloat(p.perf.Seconds(), 'f', 1, 64))
-		recOut, recErr := rec.CombinedOutput()
-		cancel()
-		if err := <-done; err != nil {
-			return err
-		}
-		if recErr != nil {
-			return fmt.Errorf("bench: perf record: %v\n%s", recErr, recOut)
-		}
-		shares, samples, err := perfDSOs(perf, out)
-		if err != nil {
-			return err
-		}
-		b.logf("(%d) %s: %d samples, %v", t.s.ID, t.s.Label, samples, shares)
-		cols := map[string]float64{}
-		for _, s := range shares {
-			switch {
-			case s.DSO == "envoy":
-				cols["envoy"] += s.Percent
-			case strings.HasPrefix(s.DSO, "[kernel"):
-				cols["kernel"] += s.Percent
-			case strings.HasPrefix(s.DSO, "[JIT]"):
-				cols["jit"] += s.Percent
-			case strings.HasPrefix(s.DSO, "libc"):
-				cols["libc"] += s.Percent
-			default:
-				cols["other"] += s.Percent
+		for i, ld := range b.loads(t, 0) {
+			label := t.s.Label
+			if ld.name != "" {
+				label = ld.name
 			}
+			out := filepath.Join(dir, strconv.Itoa(t.s.ID)+"-"+strconv.Itoa(i)+".data")
+			done := make(chan error, 1)
+			var sat satResult
+			go func() {
+				var err error
+				sat, err = saturate(ld.addr, b.probe(t), ld.reqs, p.conns, p.warmup, p.perf+time.Second)
+				done <- err
+			}()
+			time.Sleep(p.warmup)
+			ctx, cancel := context.WithTimeout(context.Background(), p.perf+30*time.Second)
+			rec := exec.CommandContext(ctx, perf, "record", "-e", "cpu-clock", "-F", "2000", "-g", "-o", out,
+				"-p", strconv.Itoa(pid), "--", "sleep", strconv.FormatFloat(p.perf.Seconds(), 'f', 1, 64))
+			recOut, recErr := rec.CombinedOutput()
+			cancel()
+			if err := <-done; err != nil {
+				return err
+			}
+			if recErr != nil {
+				return fmt.Errorf("bench: perf record: %v\n%s", recErr, recOut)
+			}
+			shares, samples, err := perfDSOs(perf, out)
+			if err != nil {
+				return err
+			}
+			b.logf("(%d) %s: %d samples, %v", t.s.ID, label, samples, shares)
+			cols := map[string]float64{}
+			for _, s := range shares {
+				switch {
+				case s.DSO == "envoy":
+					cols["envoy"] += s.Percent
+				case strings.HasPrefix(s.DSO, "[kernel"):
+					cols["kernel"] += s.Percent
+				case strings.HasPrefix(s.DSO, "[JIT]"):
+					cols["jit"] += s.Percent
+				case strings.HasPrefix(s.DSO, "libc"):
+					cols["libc"] += s.Percent
+				default:
+					cols["other"] += s.Percent
+				}
+			}
+			cell := func(k string) string {
+				return fmt.Sprintf("%.1f%% (%.1f µs)", cols[k], cols[k]/100*sat.CPUPerReqUS)
+			}
+			fmt.Fprintf(&md, "| (%d) %s | %d | %.1f | %s | %s | %s | %s | %s |\n", t.s.ID, label, samples, sat.CPUPerReqUS,
+				cell("envoy"), cell("kernel"), cell("jit"), cell("libc"), cell("other"))
 		}
-		cell := func(k string) string {
-			return fmt.Sprintf("%.1f%% (%.1f µs)", cols[k], cols[k]/100*sat.CPUPerReqUS)
-		}
-		fmt.Fprintf(&md, "| (%d) %s | %d | %.1f | %s | %s | %s | %s | %s |\n", t.s.ID, t.s.Label, samples, sat.CPUPerReqUS,
-			cell("envoy"), cell("kernel"), cell("jit"), cell("libc"), cell("other"))
 	}
 	return b.writeDoc("perf.md", md.String())
 }

@@ -15,6 +15,7 @@ import (
 
 //go:generate wat2wasm null.wat -o null.wasm
 //go:generate wat2wasm null-calls.wat -o null-calls.wasm
+//go:generate wat2wasm null-path.wat -o null-path.wasm
 
 // Module is null.wat compiled: every callback returns at once.
 //
@@ -29,6 +30,12 @@ const HostCalls = 10
 //
 //go:embed null-calls.wasm
 var ModuleCalls []byte
+
+// ModulePath is null-path.wat compiled: a module with no code of its own
+// making the host calls of the plugin's allowed request once each.
+//
+//go:embed null-path.wasm
+var ModulePath []byte
 
 // Exports returns the functions wasm exports, each with its signature, as
 // wazero reads them.
@@ -54,13 +61,13 @@ func CheckLike(plugin []byte) error {
 	if err != nil {
 		return err
 	}
-	for _, m := range [][]byte{Module, ModuleCalls} {
+	for _, m := range [][]byte{Module, ModuleCalls, ModulePath} {
 		got, err := Exports(m)
 		if err != nil {
 			return err
 		}
 		if !maps.Equal(got, want) {
-			return fmt.Errorf("nullwasm: the no-op module exports %v, the plugin %v: update null.wat and null-calls.wat", got, want)
+			return fmt.Errorf("nullwasm: the no-op module exports %v, the plugin %v: update null.wat, null-calls.wat and null-path.wat", got, want)
 		}
 	}
 	return nil

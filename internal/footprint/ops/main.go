@@ -12,6 +12,11 @@
 //	add_header           proxy_add_header_map_value on the response
 //	time_now             time.Now: two WASI clock_time_get calls
 //	host_time            proxy_get_current_time_nanoseconds
+//	path                 the host operations of the plugin's allowed request,
+//	                     n times each: the x-api-key header, a shared-data
+//	                     read and CAS write of a 128-byte value per key, a
+//	                     counter, the host clock, and five response headers
+//	                     named as the plugin's RateLimit headers
 //	reject               every n-th request answered 429 by the module
 //	                     (proxy_send_local_response), the others passed on:
 //	                     the Go floor of a limiter rejecting 1/n
@@ -49,6 +54,19 @@ const sharedKey = "bench-ops"
 
 var value = []byte("0123456789abcdef0123456789abcdef")
 
+// group is a value the size of the plugin's shared-data values (four
+// bucket records).
+var group = make([]byte, 128)
+
+// pathHeaders are the plugin's five RateLimit headers with typical values.
+var pathHeaders = [5][2]string{
+	{"ratelimit-policy", `"per-key";q=1000000000;w=1`},
+	{"ratelimit", `"per-key";r=999999999;t=0`},
+	{"ratelimit-limit", "1000000000"},
+	{"ratelimit-remaining", "999999999"},
+	{"ratelimit-reset", "0"},
+}
+
 // OnPluginStart implements types.PluginContext.
 func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	cfg, err := proxywasm.GetPluginConfiguration()
@@ -69,7 +87,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 			proxywasm.LogCritical("ops: reject needs n ≥ 1")
 			return types.OnPluginStartStatusFailed
 		}
-	case "increment_metric":
+	case "increment_metric", "path":
 		p.counter = proxywasm.DefineCounterMetric("bench_ops")
 	default:
 		proxywasm.LogCritical("ops: unknown op " + op)
@@ -118,16 +136,40 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 			sink += time.Now().UnixNano()
 		case "host_time":
 			sink += hostTime()
+		case "path":
+			sink += onePath(p.counter)
 		}
 	}
 	return types.ActionContinue
 }
 
+// onePath makes the host operations of one allowed request's decision: the
+// key header, the key's shared-data value read and written back with its
+// CAS (created when missing), a counter and the clock.
+func onePath(counter proxywasm.MetricCounter) int64 {
+	k, _ := proxywasm.GetHttpRequestHeader("x-api-key")
+	key := "bench-path:" + k
+	_, cas, err := proxywasm.GetSharedData(key)
+	if err != nil {
+		cas = 0
+	}
+	_ = proxywasm.SetSharedData(key, group, cas)
+	counter.Increment(1)
+	return hostTime() + int64(len(k))
+}
+
 // OnHttpResponseHeaders implements types.HttpContext.
 func (c *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
-	if c.p.op == "add_header" {
+	switch c.p.op {
+	case "add_header":
 		for i := 0; i < c.p.n; i++ {
 			_ = proxywasm.AddHttpResponseHeader("x-bench-op", "1")
+		}
+	case "path":
+		for i := 0; i < c.p.n; i++ {
+			for _, h := range pathHeaders {
+				_ = proxywasm.AddHttpResponseHeader(h[0], h[1])
+			}
 		}
 	}
 	return types.ActionContinue
