@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -56,10 +57,7 @@ func (b *bench) perfRun() error {
 			return err
 		}
 		for i, ld := range b.loads(t, 0) {
-			label := t.s.Label
-			if ld.name != "" {
-				label = ld.name
-			}
+			label := cmp.Or(ld.name, t.s.Label)
 			out := filepath.Join(dir, strconv.Itoa(t.s.ID)+"-"+strconv.Itoa(i)+".data")
 			done := make(chan error, 1)
 			var sat satResult
