@@ -54,14 +54,15 @@ type Record struct {
 	Remaining float64 // its tokens
 	ResetAt   int64   // Unix ns at which it is full again
 	RetryAt   int64   // the bucket refused: when it will hold the cost asked (Retry-After)
-	AskAt     int64   // the bucket refused: until then, a request that finds no token is refused without a call
+	AskAt     int64   // the bucket refused: until then, a request whose cost it could not hold is refused without a call
 	DownUntil int64   // the call failed: until then, a request that finds no token gets failure_mode without a call
+	Answered  int64   // Unix ns of the last answer (Remaining was the global bucket's tokens then)
 }
 
 // Store layout: fingerprint, then the fields of Record in order.
 const (
 	SlotsPerGroup = 4
-	RecordLen     = 8 + 12*8
+	RecordLen     = 8 + 13*8
 	GroupLen      = SlotsPerGroup * RecordLen
 	// MaxAttempts bounds the read-modify-write attempts of one update.
 	MaxAttempts = store.MaxAttempts
@@ -72,6 +73,8 @@ type Table struct {
 	sd      store.SharedData
 	prefix  string
 	groups  uint64
+	seed    uint64 // placement: see store.LoadSeed; 0 until loaded from seedKey
+	seedKey string
 	lastCAS uint32
 	key     []byte
 	val     []byte
@@ -89,6 +92,15 @@ func New(sd store.SharedData, prefix string, maxLeases int) (*Table, error) {
 	return &Table{sd: sd, prefix: prefix + strconv.FormatUint(groups, 10) + ":", groups: groups, lastCAS: math.MaxUint32}, nil
 }
 
+// WithSeed places entries by the seed stored under key (store.LoadSeed),
+// read or created at the table's first use, and returns t. Every Table over
+// the same shared data must use the same key. A seed that cannot be read
+// fails that use, as any shared-data error does, and is tried again next.
+func (t *Table) WithSeed(key string) *Table {
+	t.seedKey = key
+	return t
+}
+
 // Get returns id's lease as stored (the zero Record when there is none).
 func (t *Table) Get(id uint64, now int64) (Record, error) {
 	var s slot
@@ -98,30 +110,61 @@ func (t *Table) Get(id uint64, now int64) (Record, error) {
 	return s.rec, nil
 }
 
-// Update reads id's lease, lets f change it, and writes it back when f
-// returns true, retrying from the read when another worker wrote the group
-// in between. It returns the record as written (or as read, when f declined).
-func (t *Table) Update(id uint64, now int64, f func(r *Record) bool) (Record, error) {
+// Change is what one Update did, as the attempt that counted saw it: the
+// record it read (Before), the record it wrote (After; Before when it wrote
+// nothing), whether it wrote, and whether the write evicted another lease.
+type Change struct {
+	Before, After Record
+	Wrote         bool
+	Evicted       bool
+}
+
+// Update reads id's lease and writes f(record) back when f says so,
+// retrying from the read when another worker wrote the group in between
+// (at most MaxAttempts times). f must be a pure function of the record: it
+// may run several times, and only the attempt whose write succeeded (or
+// that declined to write) is reported. Whatever a caller does after an
+// update (send a return, a refill) it derives from the Change, never from
+// what an earlier attempt of f saw.
+func (t *Table) Update(id uint64, now int64, f func(Record) (Record, bool)) (Change, error) {
 	var s slot
 	for range MaxAttempts {
 		if err := t.load(&s, id, now); err != nil {
-			return Record{}, err
+			return Change{}, err
 		}
-		if !f(&s.rec) {
-			return s.rec, nil
+		before := s.rec
+		after, write := f(before)
+		if !write {
+			return Change{Before: before, After: before}, nil
 		}
+		s.rec = after
 		err := t.write(&s)
 		if err == nil {
 			if s.evicted {
 				t.Evictions++
 			}
-			return s.rec, nil
+			return Change{Before: before, After: after, Wrote: true, Evicted: s.evicted}, nil
 		}
 		if !errors.Is(err, store.ErrCASMismatch) {
-			return Record{}, err
+			return Change{}, err
 		}
 	}
-	return Record{}, store.ErrContention
+	return Change{}, store.ErrContention
+}
+
+// Claimed reports whether the change claimed the lease's call marker: it
+// wrote a Pending that the lease did not have. The claim is ch.After.Pending;
+// only an answer to that call clears it (Release).
+func (ch Change) Claimed() bool {
+	return ch.Wrote && ch.After.Pending != 0 && ch.After.Pending != ch.Before.Pending
+}
+
+// Release clears r's call marker if it is still claim (the stamp a claiming
+// Change wrote): an answer never clears the marker of another call.
+func Release(r *Record, claim int64) {
+	if claim != 0 && r.Pending == claim {
+		r.Pending = 0
+	}
 }
 
 // Spend is one lease a request spends from: Cost tokens of lease ID, whose
@@ -135,34 +178,25 @@ type Spend struct {
 
 // Result is what Spend did to one lease.
 type Result struct {
-	Record Record // after the spend (or as found, when the request did not spend)
-	Lacked bool   // the lease held less than the cost
-	Refill bool   // this spend claimed the lease's refill: the caller sends it
+	Record  Record // after the spend (or as found, when the request did not spend)
+	Lacked  bool   // the lease held less than the cost
+	Refill  int64  // this spend claimed the lease's refill (the claim's stamp): the caller sends it; 0: none
+	Evicted bool   // the spend's write evicted another lease
 }
 
 // Spend takes each spend's cost from its lease, all or none: when a lease
 // lacks its cost, the leases already spent are refunded, ok is false, and
 // out tells every lease that lacks. out[i] receives spend i's result
-// (len(out) == len(spends)). A spend that
-// leaves its lease below half its Size claims the refill when none is in
-// flight.
+// (len(out) == len(spends)). A spend that leaves its lease below half its
+// Size claims the refill when none is in flight.
 func (t *Table) Spend(now int64, spends []Spend, out []Result) (ok bool, err error) {
 	for i, sp := range spends {
-		res := &out[i]
-		*res = Result{}
-		res.Record, err = t.Update(sp.ID, now, func(r *Record) bool {
-			if r.Tokens+1e-9 < sp.Cost {
-				res.Lacked = true
-				return false
-			}
-			r.Tokens = max(r.Tokens-sp.Cost, 0)
-			r.Spent += sp.Cost
-			if r.Tokens < r.Size/2 && !InFlight(r, now, sp.Stale) {
-				r.Pending, res.Refill = max(now, 1), true
-			}
-			return true
-		})
-		if err != nil || res.Lacked {
+		ch, err := t.Update(sp.ID, now, func(r Record) (Record, bool) { return spend(r, now, sp) })
+		out[i] = Result{Record: ch.After, Lacked: err == nil && !ch.Wrote, Evicted: ch.Evicted}
+		if ch.Claimed() {
+			out[i].Refill = ch.After.Pending
+		}
+		if err != nil || out[i].Lacked {
 			t.refund(now, spends[:i], out[:i])
 			if err == nil {
 				err = t.look(now, spends[i+1:], out[i+1:])
@@ -171,6 +205,19 @@ func (t *Table) Spend(now int64, spends []Spend, out []Result) (ok bool, err err
 		}
 	}
 	return true, nil
+}
+
+// spend is one lease's part of Spend, a pure function of the record.
+func spend(r Record, now int64, sp Spend) (Record, bool) {
+	if r.Tokens+1e-9 < sp.Cost {
+		return r, false
+	}
+	r.Tokens = max(r.Tokens-sp.Cost, 0)
+	r.Spent += sp.Cost
+	if r.Tokens < r.Size/2 && !InFlight(&r, now, sp.Stale) {
+		r.Pending = max(now, 1)
+	}
+	return r, true
 }
 
 // look fills out with the leases of spends as they are, and which lack
@@ -192,23 +239,19 @@ func (t *Table) Refund(now int64, spends []Spend) {
 	t.refund(now, spends, nil)
 }
 
+// refund gives spends back; a refill a spend claimed (out[i].Refill) was
+// never sent and will not be, so its marker is released, if still its own.
 func (t *Table) refund(now int64, spends []Spend, out []Result) {
 	for i, sp := range spends {
-		if out != nil && out[i].Refill {
-			// The refill this spend claimed was never sent, and will not be.
-			out[i].Refill = false
-			_, _ = t.Update(sp.ID, now, func(r *Record) bool {
-				r.Tokens += sp.Cost
-				r.Spent = max(r.Spent-sp.Cost, 0)
-				r.Pending = 0
-				return true
-			})
-			continue
+		var claim int64
+		if out != nil {
+			claim, out[i].Refill = out[i].Refill, 0
 		}
-		_, _ = t.Update(sp.ID, now, func(r *Record) bool {
+		_, _ = t.Update(sp.ID, now, func(r Record) (Record, bool) {
 			r.Tokens += sp.Cost
 			r.Spent = max(r.Spent-sp.Cost, 0)
-			return true
+			Release(&r, claim)
+			return r, true
 		})
 	}
 }
@@ -217,8 +260,21 @@ func (t *Table) refund(now int64, spends []Spend, out []Result) {
 // less than stale nanoseconds ago. A call's answer arrives within its
 // timeout, if only as a failure, and clears Pending; stale (the timeout and
 // a margin) covers an answer that never lands, such as one for a request
-// that ended while it waited.
-func InFlight(r *Record, now, stale int64) bool { return r.Pending != 0 && now-r.Pending < stale }
+// that ended while it waited. A marker further ahead of now than stale was
+// set before the clock stepped back: it is stale too.
+func InFlight(r *Record, now, stale int64) bool {
+	return r.Pending != 0 && within(r.Pending, now, stale)
+}
+
+// within reports whether the marker at is less than span away from now,
+// either side: every marker of a Record is set at most its span ahead of
+// the time it was set, so one further ahead outlived a backward step of the
+// clock and is ignored, rather than holding the lease for the step's length.
+func within(at, now, span int64) bool { return at-now < span && now-at < span }
+
+// expired reports whether an expiry set at most ttl ahead has passed, or
+// lies further ahead than ttl (it was set before a backward clock step).
+func expired(at, now, ttl int64) bool { return at <= now || at-now > ttl }
 
 // slot is where load found a lease.
 type slot struct {
@@ -238,13 +294,17 @@ func (t *Table) groupKey(g uint64) string {
 }
 
 // maxStale is the longest a call may be in flight (config bounds a
-// service's timeout at 60 s).
-const maxStale = 61e9
+// service's timeout at 60 s), and maxTTL the longest a grant may stay
+// (config's ttl_ms bound).
+const (
+	maxStale = 61e9
+	maxTTL   = 60e9
+)
 
 // Free reports whether a lease can be forgotten: nothing in it, no call in
 // flight, expired.
 func Free(r *Record, now int64) bool {
-	return r.Tokens <= 0 && !InFlight(r, now, maxStale) && r.Expires <= now
+	return r.Tokens <= 0 && !InFlight(r, now, maxStale) && expired(r.Expires, now, maxTTL)
 }
 
 // load reads id's group and finds the slot for id: its own, else a free
@@ -253,7 +313,14 @@ func (t *Table) load(s *slot, id uint64, now int64) error {
 	if id == 0 {
 		id = 1
 	}
-	*s = slot{id: id, group: id % t.groups, value: s.value[:0]}
+	if t.seed == 0 && t.seedKey != "" {
+		seed, err := store.LoadSeed(t.sd, t.seedKey)
+		if err != nil {
+			return err
+		}
+		t.seed = seed
+	}
+	*s = slot{id: id, group: store.Place(id, t.seed, t.groups), value: s.value[:0]}
 	v, cas, err := t.sd.Get(t.groupKey(s.group))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -317,6 +384,7 @@ func encode(b []byte, r *Record) {
 	le.PutUint64(b[72:], uint64(r.RetryAt))
 	le.PutUint64(b[80:], uint64(r.DownUntil))
 	le.PutUint64(b[88:], uint64(r.AskAt))
+	le.PutUint64(b[96:], uint64(r.Answered))
 }
 
 // decode reads a record; a damaged one (NaN, infinite or negative amounts)
@@ -328,7 +396,7 @@ func decode(b []byte) Record {
 		Tokens: f(0), Expires: int64(le.Uint64(b[8:])), Pending: int64(le.Uint64(b[16:])),
 		Size: f(24), Rate: f(32), Mark: int64(le.Uint64(b[40:])), Spent: f(48),
 		Remaining: f(56), ResetAt: int64(le.Uint64(b[64:])), RetryAt: int64(le.Uint64(b[72:])),
-		DownUntil: int64(le.Uint64(b[80:])), AskAt: int64(le.Uint64(b[88:])),
+		DownUntil: int64(le.Uint64(b[80:])), AskAt: int64(le.Uint64(b[88:])), Answered: int64(le.Uint64(b[96:])),
 	}
 	for _, x := range []float64{r.Tokens, r.Size, r.Rate, r.Spent, r.Remaining} {
 		if !(x >= 0 && x <= math.MaxFloat64) {

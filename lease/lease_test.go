@@ -45,7 +45,7 @@ const sec = int64(time.Second)
 
 func give(t *testing.T, tb *Table, id uint64, tokens float64, now int64) {
 	t.Helper()
-	if _, err := tb.Update(id, now, func(r *Record) bool { r.Tokens += tokens; r.Expires = now + 2*sec; return true }); err != nil {
+	if _, err := tb.Update(id, now, func(r Record) (Record, bool) { r.Tokens += tokens; r.Expires = now + 2*sec; return r, true }); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -99,14 +99,14 @@ func TestRefillSingleFlight(t *testing.T) {
 	sd := newMemory()
 	tb, _ := New(sd, "t:", 64)
 	p := Policy{TTL: 2 * time.Second, Cap: 10, Stale: time.Second}
-	tb.Update(3, 1, func(r *Record) bool { p.Granted(r, 1, 4, 30, time.Second, false); return true })
+	tb.Update(3, 1, func(r Record) (Record, bool) { p.Granted(&r, 1, 4, 30, time.Second, 0); return r, true })
 	out := make([]Result, 1)
 	claims := 0
 	for i := range 4 {
 		if ok, _ := tb.Spend(int64(i+2), []Spend{{ID: 3, Cost: 1, Stale: sec}}, out); !ok {
 			t.Fatalf("spend %d refused", i)
 		}
-		if out[0].Refill {
+		if out[0].Refill != 0 {
 			claims++
 		}
 	}
@@ -114,7 +114,7 @@ func TestRefillSingleFlight(t *testing.T) {
 		t.Fatalf("%d refills claimed, want 1", claims)
 	}
 	give(t, tb, 3, 1, 3*sec)
-	if ok, _ := tb.Spend(3*sec, []Spend{{ID: 3, Cost: 1, Stale: sec}}, out); !ok || !out[0].Refill {
+	if ok, _ := tb.Spend(3*sec, []Spend{{ID: 3, Cost: 1, Stale: sec}}, out); !ok || out[0].Refill == 0 {
 		t.Fatalf("a stale claim is claimed again: %v %+v", ok, out[0])
 	}
 }
@@ -124,9 +124,9 @@ func TestEviction(t *testing.T) {
 	sd := newMemory()
 	tb, _ := New(sd, "t:", 1) // one group
 	for id := uint64(1); id <= SlotsPerGroup; id++ {
-		tb.Update(id, 1, func(r *Record) bool { r.Tokens, r.Expires = 1, int64(id)*sec; return true })
+		tb.Update(id, 1, func(r Record) (Record, bool) { r.Tokens, r.Expires = 1, int64(id)*sec; return r, true })
 	}
-	tb.Update(99, 1, func(r *Record) bool { r.Tokens = 5; return true })
+	tb.Update(99, 1, func(r Record) (Record, bool) { r.Tokens = 5; return r, true })
 	if tb.Evictions != 1 {
 		t.Fatalf("evictions %d, want 1", tb.Evictions)
 	}
@@ -143,17 +143,22 @@ func TestEviction(t *testing.T) {
 func TestPolicySizes(t *testing.T) {
 	p := Policy{TTL: 2 * time.Second, Cap: 100, Stale: time.Second}
 	var r Record
-	p.Granted(&r, 1*sec, 25, 0, 0, false)
+	p.Granted(&r, 1*sec, 25, 0, 0, 0)
+	r.Answered = 0 // as if never answered: the first want is the cost alone
+	if got := p.Want(&r, 1); got != 1 {
+		t.Fatalf("first want of a lease never granted %v, want the cost alone", got)
+	}
+	r.Answered = 1 * sec
 	if got := p.Want(&r, 1); got != 25 {
 		t.Fatalf("first want %v, want Cap/4", got)
 	}
 	r.Spent = 30
-	p.Granted(&r, 2*sec, 30, 0, 0, true) // 30 tokens a second
+	p.Granted(&r, 2*sec, 30, 0, 0, 0) // 30 tokens a second
 	if r.Size != 30 || p.Want(&r, 1) != 30 {
 		t.Fatalf("size %v, want 30 (30/s over half of 2 s)", r.Size)
 	}
 	r.Spent = 1000
-	p.Granted(&r, 3*sec, 30, 0, 0, true)
+	p.Granted(&r, 3*sec, 30, 0, 0, 0)
 	if r.Size != 100 {
 		t.Fatalf("size %v, want the cap", r.Size)
 	}

@@ -3,12 +3,15 @@ package lease
 import "time"
 
 // Policy is one rule's lease tuning: how long leased tokens stay (TTL), the
-// most one lease asks for (Cap: max_share × burst), and how long a call may
-// be in flight (Stale: the service's timeout and a margin).
+// most one lease asks for (Cap: max_share × burst), how long a call may be
+// in flight (Stale: the service's timeout and a margin), and the global
+// bucket's refill rate (tokens per second), which bounds what it can hold
+// since its last answer.
 type Policy struct {
 	TTL   time.Duration
 	Cap   float64
 	Stale time.Duration
+	Rate  float64
 }
 
 // Sizing: a lease asks for what this Envoy spent over half a TTL (so a busy
@@ -19,8 +22,13 @@ const minWindow = int64(100 * time.Millisecond)
 
 // Want is what the next refill of r asks for: its Size, at least lo (the
 // cost of the request that waits for it), and never more than Cap unless lo
-// needs it.
+// needs it. A lease never granted before asks for lo alone: a key seen once
+// (one of a flood of distinct keys) then costs one call and leaves nothing
+// to hand back; its second call, if it comes, is sized as usual.
 func (p Policy) Want(r *Record, lo float64) float64 {
+	if r.Answered == 0 && lo > 0 {
+		return lo
+	}
 	size := r.Size
 	if size <= 0 {
 		size = p.Cap / 4
@@ -31,17 +39,16 @@ func (p Policy) Want(r *Record, lo float64) float64 {
 // Granted records an answer that granted tokens at now (0 when the call
 // granted nothing), with what it said of the global bucket: remaining
 // tokens and the wait until it is full. It renews the expiry, learns the
-// spend rate and the next Size, and ends the refill the call had claimed.
-func (p Policy) Granted(r *Record, now int64, tokens, remaining float64, reset time.Duration, claimed bool) {
+// spend rate and the next Size, and ends the call of claim (the stamp the
+// call's claim wrote; 0 for a call that claimed nothing).
+func (p Policy) Granted(r *Record, now int64, tokens, remaining float64, reset time.Duration, claim int64) {
 	r.Tokens += tokens
 	if tokens > 0 {
 		r.Expires = now + int64(p.TTL)
 	}
-	r.Remaining, r.ResetAt = remaining, now+int64(reset)
+	r.Remaining, r.ResetAt, r.Answered = remaining, now+int64(reset), now
 	r.RetryAt, r.AskAt, r.DownUntil = 0, 0, 0
-	if claimed {
-		r.Pending = 0
-	}
+	Release(r, claim)
 	switch el := now - r.Mark; {
 	case r.Mark == 0 || el < 0:
 		r.Mark, r.Spent = now, 0
@@ -66,12 +73,44 @@ const askAgain = int64(time.Second)
 
 // Refused records an answer that refused at now: the global bucket lacked
 // the request's cost for retry more, and held remaining.
-func (p Policy) Refused(r *Record, now int64, remaining float64, retry, reset time.Duration, claimed bool) {
-	r.Remaining, r.ResetAt, r.RetryAt = remaining, now+int64(reset), now+int64(retry)
+func (p Policy) Refused(r *Record, now int64, remaining float64, retry, reset time.Duration, claim int64) {
+	r.Remaining, r.ResetAt, r.RetryAt, r.Answered = remaining, now+int64(reset), now+int64(retry), now
 	r.AskAt = now + min(int64(retry), askAgain)
-	if claimed {
-		r.Pending = 0
+	Release(r, claim)
+}
+
+// Refusing reports whether a request of cost that finds r short is refused
+// without a call, and the wait to tell it: while the last refusal stands
+// (AskAt), and only when the global bucket cannot hold cost: it held
+// Remaining at the last answer and has refilled at most Rate × the time
+// since (other Envoys only take from it; returns are why a refusal stands
+// at most askAgain). A smaller request than the refused one still calls.
+func (p Policy) Refusing(r *Record, now int64, cost float64) (time.Duration, bool) {
+	if r.AskAt <= now || !within(r.AskAt, now, askAgain+1) {
+		return 0, false
 	}
+	held := r.Tokens + r.Remaining
+	if el := now - r.Answered; el > 0 && r.Answered > 0 {
+		held += p.Rate * float64(el) / 1e9
+	}
+	if cost <= held+1e-9 || !(p.Rate > 0) {
+		return 0, false
+	}
+	wait := (cost - held) / p.Rate
+	if wait > float64(maxWait)/1e9 {
+		return maxWait, true
+	}
+	return max(time.Duration(wait*1e9), time.Millisecond), true
+}
+
+// maxWait bounds the wait Refusing reports (a week, as the service's
+// answers are bounded).
+const maxWait = 7 * 24 * time.Hour
+
+// Down reports whether a request that finds r short gets failure_mode
+// without a call: a call failed less than downFor ago.
+func (p Policy) Down(r *Record, now int64) bool {
+	return r.DownUntil > now && within(r.DownUntil, now, downFor+1)
 }
 
 // downFor is how long a lease waits after a failed call before a request
@@ -79,18 +118,40 @@ func (p Policy) Refused(r *Record, now int64, remaining float64, retry, reset ti
 const downFor = int64(time.Second)
 
 // Failed records a call that failed at now (no answer, or an unusable one).
-func (p Policy) Failed(r *Record, now int64, claimed bool) {
+func (p Policy) Failed(r *Record, now int64, claim int64) {
 	r.DownUntil = now + downFor
-	if claimed {
-		r.Pending = 0
-	}
+	Release(r, claim)
 }
 
-// Expired reports whether r holds tokens that should go back: expired, and
-// no call in flight.
+// Expired reports whether r holds tokens that should go back: expired (or
+// stamped further ahead than a TTL: before a backward clock step), and no
+// call in flight.
 func (p Policy) Expired(r *Record, now int64) bool {
-	return r.Tokens > 0 && r.Expires <= now && !p.InFlight(r, now)
+	return r.Tokens > 0 && expired(r.Expires, now, int64(p.TTL)) && !p.InFlight(r, now)
 }
 
 // InFlight is InFlight with the policy's Stale.
 func (p Policy) InFlight(r *Record, now int64) bool { return InFlight(r, now, int64(p.Stale)) }
+
+// Return is the pure update that hands r's expired tokens back: it empties
+// the lease and claims its call marker for the return call. The amount to
+// send is the winning attempt's Change.Before.Tokens, never more: a lease
+// another worker returned or spent from meanwhile returns only what the
+// write that won took out of it.
+func (p Policy) Return(r Record, now int64) (Record, bool) {
+	if !p.Expired(&r, now) {
+		return r, false
+	}
+	r.Tokens, r.Pending = 0, max(now, 1)
+	return r, true
+}
+
+// Claim is the pure update that claims r's call marker for a refill, when
+// no call is in flight.
+func (p Policy) Claim(r Record, now int64) (Record, bool) {
+	if p.InFlight(&r, now) {
+		return r, false
+	}
+	r.Pending = max(now, 1)
+	return r, true
+}

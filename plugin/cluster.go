@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -33,19 +32,16 @@ func appendHex(b []byte, v uint64) []byte {
 }
 
 // dispatch sends the request's enforced cluster buckets, with its shadow
-// cluster buckets riding along, to the limit service in one callout, and
-// pauses the request until the answer (or Envoy's timeout) arrives.
-func (c *httpContext) dispatch() types.Action {
+// cluster buckets riding along, to the limit service in one callout; the
+// request waits for the answer (or Envoy's timeout).
+func (c *httpContext) dispatch() (rej *rejection, wait bool) {
 	takes := append(append([]take(nil), c.plan.cluster...), c.plan.shadowC...)
+	c.shadowsSent = true
 	err := c.call(takes, func(numHeaders, bodySize, _ int) { c.onAnswer(takes, numHeaders, bodySize) })
 	if err != nil {
-		rej := c.serviceFailed(takes, "dispatching the call: "+err.Error())
-		if rej != nil {
-			return c.reject(*rej)
-		}
-		return types.ActionContinue
+		return c.serviceFailed(takes, "dispatching the call: "+err.Error()), false
 	}
-	return types.ActionPause
+	return nil, true
 }
 
 // dispatchShadow sends the request's shadow cluster buckets on their own,
@@ -54,6 +50,7 @@ func (c *httpContext) dispatch() types.Action {
 func (c *httpContext) dispatchShadow() {
 	p := c.plugin
 	takes := c.plan.shadowC
+	c.shadowsSent = true
 	err := p.asPlugin(c.id, func() error {
 		return c.call(takes, func(numHeaders, bodySize, _ int) { p.onShadowAnswer(takes, numHeaders, bodySize) })
 	})
@@ -90,25 +87,31 @@ func post(s *config.Service, path string, body []byte, answer func(numHeaders, b
 	return err
 }
 
-// onAnswer applies the limit service's answer to the paused request.
+// onAnswer applies the limit service's answer to the paused request and
+// goes on with its decision. The shadow buckets riding in the call are
+// counted whatever became of the request; an answer that comes after Envoy
+// answered the request itself changes nothing of it.
 func (c *httpContext) onAnswer(takes []take, numHeaders, bodySize int) {
+	n := len(c.plan.cluster)
 	ds, why := readAnswer(takes, numHeaders, bodySize)
-	if why != "" {
-		if rej := c.serviceFailed(takes, why); rej != nil {
-			c.rejectPaused(*rej)
-			return
+	if why == "" {
+		countShadows(c.plugin, takes, ds)
+		for i := range c.plan.shadowC {
+			c.plan.shadowC[i].held, c.plan.shadowC[i].d = ds[n+i].Allowed, ds[n+i]
 		}
-		resume(c.plugin)
+	}
+	if !c.waiting() {
+		if why != "" {
+			c.plugin.serviceFailed(takes, why)
+		}
 		return
 	}
-	countShadows(c.plugin, takes, ds)
-	n := len(c.plan.cluster)
-	for i := range c.plan.shadowC {
-		c.plan.shadowC[i].held, c.plan.shadowC[i].d = ds[n+i].Allowed, ds[n+i]
+	if why != "" {
+		c.next(c.serviceFailed(takes, why))
+		return
 	}
 	if rej := rejecting(takes[:n], ds[:n]); rej != nil {
-		c.refundTaken()
-		c.rejectPaused(*rej)
+		c.next(rej)
 		return
 	}
 	for i, t := range takes[:n] {
@@ -116,7 +119,7 @@ func (c *httpContext) onAnswer(takes []take, numHeaders, bodySize int) {
 		c.plan.cluster[i].held, c.plan.cluster[i].d = true, ds[i]
 		c.show(t.rule, ds[i])
 	}
-	resume(c.plugin)
+	c.next(nil)
 }
 
 // onShadowAnswer counts what a shadow-only call's buckets decided.
@@ -204,8 +207,8 @@ func answerBody(numHeaders, bodySize int) ([]byte, string) {
 }
 
 // serviceFailed counts and logs a failed call and applies failure_mode: for
-// "deny" it returns the rejection (after refunding what the local rules
-// took), for "allow" the cluster rules count a fail-open and it returns nil.
+// "deny" it returns the rejection (end gives back what the request took),
+// for "allow" the cluster rules count a fail-open and it returns nil.
 // Shadow buckets never reject: they count nothing more.
 func (c *httpContext) serviceFailed(takes []take, why string) *rejection {
 	c.plugin.serviceFailed(takes, why)
@@ -214,7 +217,6 @@ func (c *httpContext) serviceFailed(takes []take, why string) *rejection {
 		return nil
 	}
 	if first.Service.FailureMode == config.FailDeny {
-		c.refundTaken()
 		return &rejection{rule: first, reason: reasonServiceDown}
 	}
 	for _, t := range c.plan.cluster {

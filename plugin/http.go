@@ -19,6 +19,14 @@ type httpContext struct {
 	id     uint32
 
 	plan plan
+	// The decision's progress: the next step (step), whether the request
+	// waits for a call whose answer goes on (paused), and whether the
+	// decision is over (ended: continued, rejected, or answered by Envoy
+	// itself, after which a late answer changes nothing of the request).
+	step        step
+	paused      bool
+	ended       bool
+	shadowsSent bool // the shadow cluster rules went out (alone or riding a call)
 	// What the response headers report: the enforced rule closest to its
 	// limit, or none.
 	shown      *rule
@@ -32,6 +40,17 @@ type httpContext struct {
 	// (response.go).
 	body bodyScan
 }
+
+// step is where a request's decision stands: the enforced local rules are
+// decided in OnHttpRequestHeaders, then the leased cluster rules, then the
+// per-request cluster rules, each of which may wait for a call.
+type step uint8
+
+const (
+	stepLeases step = iota
+	stepCluster
+	stepDone
+)
 
 // maxFreeContexts bounds the contexts a plugin context keeps for reuse
 // (pluginContext.free): a burst of concurrent requests leaves at most that
@@ -66,8 +85,11 @@ type take struct {
 	id   uint64 // the bucket in this Envoy (shared data), and the jitter's key
 	key  string // the bucket in the limit service (cluster rules)
 	cost float64
-	// held: the cost was taken from the bucket (the only takes a response
-	// may charge or refund); d is the decision that took it.
+	// held: the cost was taken from the bucket (a local bucket, a lease or
+	// the limit service's bucket) and not given back. It is the one record
+	// of what the request took: a refund gives back exactly the held takes
+	// and clears them, and a response charges or refunds only held takes.
+	// d is the decision that took it.
 	held bool
 	d    bucket.Decision
 	// amount is the adjustment the response asks for: the real cost less
@@ -82,12 +104,7 @@ type plan struct {
 	local, cluster       []take // enforced rules (cluster: sync per_request)
 	leased               []take // enforced cluster rules with sync lease
 	shadowLocal, shadowC []take // shadow rules, decided on their own
-	// consumed says the local takes were taken from their buckets, and
-	// leaseSpent that spends were taken from the leases: the only tokens a
-	// refund may give back.
-	consumed   bool
-	leaseSpent bool
-	spends     []lease.Spend
+	spends               []lease.Spend
 	// charges: some take's rule settles with the response (a cost known
 	// from the response, or charge_on).
 	charges bool
@@ -121,25 +138,66 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	if rej == nil {
 		rej = c.enforceLocal()
 	}
-	if rej == nil && len(c.plan.leased) > 0 {
-		var paused bool
-		if rej, paused = c.spendLeases(); paused {
-			return types.ActionPause // onLeaseAnswer goes on
-		}
-	}
-	if rej != nil || len(c.plan.cluster) == 0 {
-		// No enforced callout to ride in: shadow cluster rules are sent on
-		// their own, never holding the request.
-		if len(c.plan.shadowC) > 0 {
-			c.dispatchShadow()
-		}
-		if rej != nil {
-			return c.reject(*rej)
-		}
-		return types.ActionContinue
-	}
-	return c.dispatch()
+	c.step = stepLeases
+	return c.next(rej)
 }
+
+// next goes on with the request's decision after a step that rejected it
+// (rej) or admitted it so far (nil): it runs the remaining steps until one
+// waits for a call (the request pauses; the call's answer calls next
+// again) or none is left, and then ends the request. Every step and every
+// answer returns through here, so a request ends in one place: end.
+func (c *httpContext) next(rej *rejection) types.Action {
+	for rej == nil && c.step != stepDone {
+		wait := false
+		switch c.step {
+		case stepLeases:
+			c.step = stepCluster
+			if len(c.plan.leased) > 0 {
+				rej, wait = c.spendLeases()
+			}
+		case stepCluster:
+			c.step = stepDone
+			if len(c.plan.cluster) > 0 {
+				rej, wait = c.dispatch()
+			}
+		}
+		if wait {
+			c.paused = true
+			return types.ActionPause
+		}
+	}
+	return c.end(rej)
+}
+
+// end ends the request's decision, once: with a rejection, everything the
+// request took is given back (the one place a refund happens) and the
+// reply is sent; the shadow cluster rules that no call carried go out
+// alone; a paused request is resumed unless the reply answered it. It
+// returns the action for the request-headers callback (a callout's answer
+// ignores it).
+func (c *httpContext) end(rej *rejection) types.Action {
+	paused := c.paused
+	c.step, c.paused, c.ended = stepDone, false, true
+	if rej != nil {
+		c.giveBack()
+	}
+	if !c.shadowsSent && len(c.plan.shadowC) > 0 {
+		c.dispatchShadow()
+	}
+	if rej != nil && c.sendReply(*rej) {
+		return types.ActionPause
+	}
+	if paused {
+		resume(c.plugin)
+	}
+	return types.ActionContinue
+}
+
+// waiting reports whether the request still waits for the answer of a
+// call: false once Envoy answered it itself (a stream timeout, a reset),
+// when a late answer may only record what it says of the buckets.
+func (c *httpContext) waiting() bool { return c.paused && !c.ended }
 
 // planRules walks the rules once and fills c.plan with the buckets the
 // request takes; it stops at a rule that rejects the request outright
@@ -248,7 +306,6 @@ func (c *httpContext) enforceLocal() *rejection {
 	if !ok {
 		return rejecting(pl.local, out)
 	}
-	pl.consumed = true
 	for i := range pl.local {
 		t := &pl.local[i]
 		t.held, t.d = true, out[i]
@@ -273,31 +330,35 @@ func (p *pluginContext) decide(now int64, takes []take) (bool, error) {
 	return ok, err
 }
 
-// refundTaken gives back what the request's local rules consumed and what
-// it spent from leases, when a later check (the limit service) rejects it.
-// Nothing taken, nothing given back.
-func (c *httpContext) refundTaken() {
+// giveBack gives back everything the request took and still holds: its
+// spends from leases and its local rules' tokens (a later check rejected
+// it). It is called only by end, so each token is given back at most once;
+// the held flags it clears are the record of what was taken.
+func (c *httpContext) giveBack() {
 	pl := &c.plan
 	p := c.plugin
-	if pl.leaseSpent {
-		pl.leaseSpent = false
-		p.leases.Refund(pl.now, pl.spends)
-		for i := range pl.leased {
-			pl.leased[i].held = false
+	now := p.now()
+	spends := pl.spends[:0]
+	for i := range pl.leased {
+		if t := &pl.leased[i]; t.held {
+			t.held = false
+			spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost})
 		}
 	}
-	if !pl.consumed {
-		return
-	}
-	pl.consumed = false
-	for i := range pl.local {
-		pl.local[i].held = false
+	pl.spends = spends
+	if len(spends) > 0 {
+		p.leases.Refund(now, spends)
 	}
 	p.reqs = p.reqs[:0]
-	for _, t := range pl.local {
-		p.reqs = append(p.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+	for i := range pl.local {
+		if t := &pl.local[i]; t.held {
+			t.held = false
+			p.reqs = append(p.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+		}
 	}
-	p.metrics.refunds.Increment(uint64(p.table.Refund(pl.now, p.reqs)))
+	if len(p.reqs) > 0 {
+		p.metrics.refunds.Increment(uint64(p.table.Refund(now, p.reqs)))
+	}
 }
 
 // rejecting is the rejection by the first take whose decision refused; nil

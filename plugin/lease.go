@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -18,21 +17,66 @@ import (
 // no callout. A spend that leaves a lease below half its size claims the
 // lease's refill, sent detached (the plugin context owns the call), never
 // holding a request. A request that finds a lease short waits for one lease
-// call over all its leased rules (min: its costs; want: the leases' sizes),
-// unless the global bucket refused lately (it is rejected at once, with the
-// wait the service reported) or the service failed lately (failure_mode
-// applies at once). Every worker remembers the leases it called for, and on
-// each tick hands back the tokens of those that expired.
+// call over all its short leases (min: its costs; want: the leases' sizes),
+// unless the service failed lately (failure_mode applies at once) or the
+// global bucket refused lately and cannot hold this request's cost (it is
+// rejected at once, with the wait for its own cost). Every worker remembers
+// the leases it called for; each tick it looks at a bounded number of them
+// and hands back, in calls of up to wire.MaxBuckets leases, the tokens of
+// those that expired.
+//
+// Every change to a lease is a pure function of its record (lease.Table
+// runs it under compare-and-swap), and what follows a change (the amount
+// returned, the refill claimed) comes from the Change of the attempt that
+// won, never from an attempt that lost.
 
 // maxHeld bounds the leases one worker remembers for returns; beyond it a
 // lease's expired tokens go back only through a worker that holds it, or
 // are lost to this Envoy when its slot is reused (under-admission).
 const maxHeld = 4096
 
-// held is a lease this worker called for: what a return call needs.
-type held struct {
+// returnScan bounds the held leases one tick looks at (one shared-data read
+// each), so a tick's work is bounded whatever the number of keys: a full
+// pass over maxHeld leases takes maxHeld/returnScan ticks.
+const returnScan = 256
+
+// heldLease is a lease this worker called for: what a return call needs.
+type heldLease struct {
+	id   uint64
 	rule *rule
 	key  string
+}
+
+// heldLeases is the leases one worker called for, with a cursor for the
+// tick's bounded walk.
+type heldLeases struct {
+	list   []heldLease
+	at     map[uint64]int // index in list
+	cursor int
+}
+
+// add remembers t's lease, up to maxHeld.
+func (h *heldLeases) add(t take) {
+	if _, ok := h.at[t.id]; ok || len(h.list) >= maxHeld {
+		return
+	}
+	if h.at == nil {
+		h.at = map[uint64]int{}
+	}
+	h.at[t.id] = len(h.list)
+	h.list = append(h.list, heldLease{id: t.id, rule: t.rule, key: t.key})
+}
+
+// remove forgets the lease at index i (the last one takes its place).
+func (h *heldLeases) remove(i int) {
+	delete(h.at, h.list[i].id)
+	last := len(h.list) - 1
+	if i != last {
+		h.list[i] = h.list[last]
+		h.at[h.list[i].id] = i
+	}
+	h.list[last] = heldLease{}
+	h.list = h.list[:last]
 }
 
 // leasePolicy is a rule's lease tuning (compile keeps it on the rule).
@@ -41,12 +85,22 @@ func leasePolicy(cr *config.Rule) lease.Policy {
 		TTL:   time.Duration(cr.Lease.TTLMS) * time.Millisecond,
 		Cap:   cr.Lease.MaxShare * cr.Limit.Burst,
 		Stale: time.Duration(cr.Service.TimeoutMS)*time.Millisecond + time.Second,
+		Rate:  cr.Limit.TokensPerSecond,
 	}
 }
 
+// updateLease is p.leases.Update, with its eviction counted.
+func (p *pluginContext) updateLease(id uint64, now int64, f func(lease.Record) (lease.Record, bool)) (lease.Change, error) {
+	ch, err := p.leases.Update(id, now, f)
+	if ch.Evicted {
+		p.metrics.evictions.Increment(1)
+	}
+	return ch, err
+}
+
 // spendLeases spends the request's leased takes. It returns a rejection,
-// or paused when the request waits for a lease call.
-func (c *httpContext) spendLeases() (rej *rejection, paused bool) {
+// or wait when the request waits for a lease call.
+func (c *httpContext) spendLeases() (rej *rejection, wait bool) {
 	p, pl := c.plugin, &c.plan
 	n := len(pl.leased)
 	pl.spends = pl.spends[:0]
@@ -66,12 +120,14 @@ func (c *httpContext) spendLeases() (rej *rejection, paused bool) {
 		return nil, false
 	}
 	for i, r := range out {
-		if r.Refill {
-			p.refill(pl.leased[i], r.Record, c.id)
+		if r.Evicted {
+			p.metrics.evictions.Increment(1)
+		}
+		if r.Refill != 0 {
+			p.refill(pl.leased[i], r.Record, r.Refill, c.id)
 		}
 	}
 	if ok {
-		pl.leaseSpent = true
 		for i := range pl.leased {
 			t := &pl.leased[i]
 			t.held, t.d = true, leaseDecision(t.rule, &out[i].Record, pl.now)
@@ -83,14 +139,15 @@ func (c *httpContext) spendLeases() (rej *rejection, paused bool) {
 	// A lease is short. Recent answers may settle the request at once.
 	for i, r := range out {
 		t, rec := pl.leased[i], &out[i].Record
-		switch {
-		case !r.Lacked:
-		case rec.DownUntil > pl.now:
+		if !r.Lacked {
+			continue
+		}
+		if t.rule.lease.Down(rec, pl.now) {
 			return c.leaseServiceDown(t.rule), false
-		case rec.AskAt > pl.now:
-			c.refundTaken() // the local rules' tokens
+		}
+		if wait, refusing := t.rule.lease.Refusing(rec, pl.now, t.cost); refusing {
 			return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
-				RetryAfter: time.Duration(max(rec.RetryAt-pl.now, int64(time.Millisecond))), ResetAfter: time.Duration(max(rec.ResetAt-pl.now, 0))}}, false
+				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-pl.now, 0))}}, false
 		}
 	}
 	var short []take
@@ -111,7 +168,6 @@ func (c *httpContext) spendLeases() (rej *rejection, paused bool) {
 // (counted as failed open).
 func (c *httpContext) leaseServiceDown(ru *rule) *rejection {
 	if ru.Service.FailureMode == config.FailDeny {
-		c.refundTaken()
 		return &rejection{rule: ru, reason: reasonServiceDown}
 	}
 	for _, t := range c.plan.leased {
@@ -122,59 +178,64 @@ func (c *httpContext) leaseServiceDown(ru *rule) *rejection {
 
 // leaseCall sends the lease call a short request waits for, over its short
 // leases: its cost from each at least, and each lease's size for the leases
-// whose refill it could claim.
+// whose refill marker it claimed.
 func (c *httpContext) leaseCall(short []take) error {
 	p, now := c.plugin, c.plan.now
 	req := &wire.LeaseRequest{HashTag: p.hashTag, Buckets: make([]wire.LeaseBucket, len(short))}
-	claimed := make([]bool, len(short))
+	claims := make([]int64, len(short))
 	for i, t := range short {
 		want := t.cost
-		rec, _ := p.leases.Update(t.id, now, func(r *lease.Record) bool {
-			if t.rule.lease.InFlight(r, now) {
-				return false
-			}
-			r.Pending, claimed[i] = max(now, 1), true
-			return true
-		})
-		if claimed[i] {
-			want = t.rule.lease.Want(&rec, t.cost)
+		pol := t.rule.lease
+		ch, err := p.updateLease(t.id, now, func(r lease.Record) (lease.Record, bool) { return pol.Claim(r, now) })
+		if err == nil && ch.Claimed() {
+			claims[i] = ch.After.Pending
+			want = pol.Want(&ch.After, t.cost)
 		}
 		req.Buckets[i] = wire.LeaseBucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst, Want: want, Min: t.cost}
-		p.hold(t)
+		p.held.add(t)
 	}
 	err := p.leasePost(short[0].rule.Service, req, func(numHeaders, bodySize, _ int) {
-		c.onLeaseAnswer(short, req, claimed, numHeaders, bodySize)
+		c.onLeaseAnswer(short, req, claims, numHeaders, bodySize)
 	})
 	if err != nil {
-		p.settleLeases(short, claimed, nil, now)
+		p.settleLeases(short, nil, claims, nil, now)
 	}
 	return err
 }
 
-// onLeaseAnswer resumes or rejects the request that waited for a lease call
-// over its short leases: granted, the request takes its costs from the
-// grants (the rest goes to the leases) and from its other leases, all or
-// none.
-func (c *httpContext) onLeaseAnswer(short []take, req *wire.LeaseRequest, claimed []bool, numHeaders, bodySize int) {
+// onLeaseAnswer records a lease call's answer in the short leases and goes
+// on with the request that waited for it: granted, the request takes its
+// costs from the grants (the rest goes to the leases) and from its other
+// leases, all or none. An answer that comes after Envoy answered the
+// request itself puts the whole grant into the leases.
+func (c *httpContext) onLeaseAnswer(short []take, req *wire.LeaseRequest, claims []int64, numHeaders, bodySize int) {
 	p, pl := c.plugin, &c.plan
 	now := p.now()
 	a, why := readLeaseAnswer(req, numHeaders, bodySize)
-	recs := p.settleLeases(short, claimed, a, now)
+	waiting := c.waiting()
+	var costs []float64 // nil: the request takes nothing from the grants
+	if waiting {
+		costs = make([]float64, len(short))
+		for i, t := range short {
+			costs[i] = t.cost
+		}
+	}
+	recs := p.settleLeases(short, costs, claims, a, now)
+	if why != "" {
+		p.serviceFailed(short, why)
+	}
+	if !waiting {
+		return
+	}
 	switch {
 	case why != "":
-		p.serviceFailed(short, why)
-		if rej := c.leaseServiceDown(short[0].rule); rej != nil {
-			c.rejectPaused(*rej)
-			return
-		}
-		c.afterLeases()
+		c.next(c.leaseServiceDown(short[0].rule))
 		return
 	case !a.Granted:
 		for i, g := range a.Buckets {
 			if g.RetryAfterMs > 0 || i == len(a.Buckets)-1 {
-				c.refundTaken()
 				t := short[i]
-				c.rejectPaused(rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
+				c.next(&rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
 					Remaining: g.Remaining, RetryAfter: max(millis(g.RetryAfterMs), time.Millisecond), ResetAfter: millis(g.ResetMs)}})
 				return
 			}
@@ -194,17 +255,16 @@ func (c *httpContext) onLeaseAnswer(short []take, req *wire.LeaseRequest, claime
 		p.results = make([]lease.Result, n)
 	}
 	ok, err := p.leases.Spend(now, pl.spends, p.results[:n])
-	for _, t := range short {
-		pl.spends = append(pl.spends, lease.Spend{ID: t.id, Cost: t.cost})
-	}
 	if err != nil || !ok {
-		p.leases.Refund(now, pl.spends[n:])
-		c.refundTaken()
+		back := make([]lease.Spend, len(short))
+		for i, t := range short {
+			back[i] = lease.Spend{ID: t.id, Cost: t.cost}
+		}
+		p.leases.Refund(now, back)
 		t := short[0]
-		c.rejectPaused(rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{RetryAfter: time.Millisecond}})
+		c.next(&rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{RetryAfter: time.Millisecond}})
 		return
 	}
-	pl.leaseSpent = true
 	k := 0 // the next of the other leases' results
 	for i := range pl.leased {
 		t := &pl.leased[i]
@@ -214,15 +274,18 @@ func (c *httpContext) onLeaseAnswer(short []take, req *wire.LeaseRequest, claime
 			t.d = leaseDecision(t.rule, &recs[j], now)
 		} else {
 			r := &p.results[k]
-			if r.Refill {
-				p.refill(*t, r.Record, c.id)
+			if r.Evicted {
+				p.metrics.evictions.Increment(1)
+			}
+			if r.Refill != 0 {
+				p.refill(*t, r.Record, r.Refill, c.id)
 			}
 			t.d = leaseDecision(t.rule, &r.Record, now)
 			k++
 		}
 		c.show(t.rule, t.d)
 	}
-	c.afterLeases()
+	c.next(nil)
 }
 
 // indexOf is the position of t's lease among takes, or -1.
@@ -235,40 +298,33 @@ func indexOf(takes []take, t take) int {
 	return -1
 }
 
-// afterLeases goes on with a request whose leases are settled: the
-// per-request cluster rules, if any, else the request continues.
-func (c *httpContext) afterLeases() {
-	if len(c.plan.cluster) > 0 {
-		if c.dispatch() == types.ActionContinue {
-			resume(c.plugin)
-		}
-		return
-	}
-	resume(c.plugin)
-}
-
 // settleLeases records a lease call's answer (nil: the call failed) in the
-// leases of takes, and returns the records as written. A granted bucket's
-// tokens beyond the waiting request's cost go into the lease (none for a
-// refill or return call: cost 0 there).
-func (p *pluginContext) settleLeases(takes []take, claimed []bool, a *wire.LeaseAnswer, now int64) []lease.Record {
+// leases of takes, and returns the records as written. costs[i] (none when
+// costs is nil) is what the waiting request takes from take i's grant; the
+// rest goes into the lease. claims[i] is the marker stamp take i's call
+// claimed (0: none), which only this answer releases.
+func (p *pluginContext) settleLeases(takes []take, costs []float64, claims []int64, a *wire.LeaseAnswer, now int64) []lease.Record {
 	recs := make([]lease.Record, len(takes))
 	for i, t := range takes {
-		pol := t.rule.lease
-		recs[i], _ = p.leases.Update(t.id, now, func(r *lease.Record) bool {
+		pol, claim, cost := t.rule.lease, claims[i], 0.0
+		if costs != nil {
+			cost = costs[i]
+		}
+		ch, _ := p.updateLease(t.id, now, func(r lease.Record) (lease.Record, bool) {
 			switch {
 			case a == nil:
-				pol.Failed(r, now, claimed[i])
+				pol.Failed(&r, now, claim)
 			case a.Granted:
 				g := a.Buckets[i]
-				r.Spent += t.cost
-				pol.Granted(r, now, max(g.Tokens-t.cost, 0), float64(g.Remaining), millis(g.ResetMs), claimed[i])
+				r.Spent += cost
+				pol.Granted(&r, now, max(g.Tokens-cost, 0), float64(g.Remaining), millis(g.ResetMs), claim)
 			default:
 				g := a.Buckets[i]
-				pol.Refused(r, now, float64(g.Remaining), millis(g.RetryAfterMs), millis(g.ResetMs), claimed[i])
+				pol.Refused(&r, now, float64(g.Remaining), millis(g.RetryAfterMs), millis(g.ResetMs), claim)
 			}
-			return true
+			return r, true
 		})
+		recs[i] = ch.After
 	}
 	return recs
 }
@@ -286,31 +342,31 @@ func readLeaseAnswer(req *wire.LeaseRequest, numHeaders, bodySize int) (*wire.Le
 	return a, ""
 }
 
-// refill sends the refill a spend claimed, detached from the request.
-func (p *pluginContext) refill(t take, rec lease.Record, from uint32) {
-	t.cost = 0 // nothing of it goes to a request
-	p.hold(t)
+// refill sends the refill a spend claimed (claim: the marker's stamp),
+// detached from the request.
+func (p *pluginContext) refill(t take, rec lease.Record, claim int64, from uint32) {
+	p.held.add(t)
 	req := &wire.LeaseRequest{HashTag: p.hashTag, Buckets: []wire.LeaseBucket{{
 		Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst, Want: t.rule.lease.Want(&rec, 0)}}}
-	p.detached(t, req, from)
+	p.detached([]take{t}, []int64{claim}, req, from)
 }
 
-// detached sends a refill or return call owned by the plugin context, so
-// its answer is recorded whatever becomes of the request that caused it;
-// from is the context the callback runs in.
-func (p *pluginContext) detached(t take, req *wire.LeaseRequest, from uint32) {
-	takes, claimed := []take{t}, []bool{true}
+// detached sends a refill or return call over takes (claims: their marker
+// stamps) owned by the plugin context, so its answer is recorded whatever
+// becomes of the request that caused it; from is the context the callback
+// runs in.
+func (p *pluginContext) detached(takes []take, claims []int64, req *wire.LeaseRequest, from uint32) {
 	answer := func(numHeaders, bodySize, _ int) {
 		a, why := readLeaseAnswer(req, numHeaders, bodySize)
 		if why != "" {
 			p.serviceFailed(takes, why)
 		}
-		p.settleLeases(takes, claimed, a, p.now())
+		p.settleLeases(takes, nil, claims, a, p.now())
 	}
-	err := p.asPlugin(from, func() error { return p.leasePost(t.rule.Service, req, answer) })
+	err := p.asPlugin(from, func() error { return p.leasePost(takes[0].rule.Service, req, answer) })
 	if err != nil {
 		p.serviceFailed(takes, "dispatching a lease call: "+err.Error())
-		p.settleLeases(takes, claimed, nil, p.now())
+		p.settleLeases(takes, nil, claims, nil, p.now())
 	}
 }
 
@@ -320,49 +376,68 @@ func (p *pluginContext) leasePost(s *config.Service, req *wire.LeaseRequest, ans
 	return post(s, s.LeasePath, wire.AppendLeaseRequest(make([]byte, 0, 160*len(req.Buckets)), req), answer)
 }
 
-// hold remembers t's lease for returns.
-func (p *pluginContext) hold(t take) {
-	if _, ok := p.held[t.id]; ok || len(p.held) >= maxHeld {
-		return
-	}
-	p.held[t.id] = held{rule: t.rule, key: t.key}
-}
-
-// returnExpired hands back the tokens of this worker's expired leases, and
-// forgets the leases that are empty and expired. It runs on the tick.
+// returnExpired hands back the tokens of this worker's expired leases and
+// forgets the leases that are empty and expired. It runs on the tick and
+// looks at returnScan leases at most, from where the last tick stopped;
+// the returns go out in calls of at most wire.MaxBuckets leases. Each
+// amount is what the winning write took out of its lease (lease.Policy
+// Return), so a lease another worker spent from or returned meanwhile
+// never sends more than it held.
 func (p *pluginContext) returnExpired() {
 	now := p.now()
-	for id, h := range p.held {
-		var back float64
-		rec, err := p.leases.Update(id, now, func(r *lease.Record) bool {
-			if !h.rule.lease.Expired(r, now) {
-				return false
-			}
-			back, r.Tokens, r.Pending = r.Tokens, 0, max(now, 1)
-			return true
-		})
-		switch {
-		case err != nil:
-			continue
-		case back > 0:
-			p.detached(take{rule: h.rule, id: id, key: h.key}, &wire.LeaseRequest{HashTag: p.hashTag, Buckets: []wire.LeaseBucket{{
-				Key: h.key, Rate: h.rule.limit.Rate, Burst: h.rule.limit.Burst, Return: min(back, h.rule.limit.Burst)}}}, p.id)
-		case lease.Free(&rec, now):
-			delete(p.held, id)
+	h := &p.held
+	var takes []take
+	var claims []int64
+	var req *wire.LeaseRequest
+	flush := func() {
+		if req != nil {
+			p.detached(takes, claims, req, p.id)
+			takes, claims, req = nil, nil, nil
 		}
 	}
+	for range min(returnScan, len(h.list)) {
+		if h.cursor >= len(h.list) {
+			h.cursor = 0
+		}
+		hl := h.list[h.cursor]
+		pol := hl.rule.lease
+		ch, err := p.updateLease(hl.id, now, func(r lease.Record) (lease.Record, bool) { return pol.Return(r, now) })
+		switch {
+		case err != nil:
+			h.cursor++
+		case ch.Wrote && ch.Before.Tokens > 0:
+			h.cursor++
+			if req == nil {
+				req = &wire.LeaseRequest{HashTag: p.hashTag}
+			}
+			takes = append(takes, take{rule: hl.rule, id: hl.id, key: hl.key})
+			claims = append(claims, ch.After.Pending)
+			req.Buckets = append(req.Buckets, wire.LeaseBucket{Key: hl.key, Rate: hl.rule.limit.Rate,
+				Burst: hl.rule.limit.Burst, Return: min(ch.Before.Tokens, hl.rule.limit.Burst)})
+			if len(req.Buckets) == wire.MaxBuckets {
+				flush()
+			}
+		case lease.Free(&ch.After, now):
+			h.remove(h.cursor) // the last one moves here: look at it next
+		default:
+			h.cursor++
+		}
+	}
+	flush()
 }
 
 // leaseDecision is what the response headers report for a leased rule:
 // remaining, the whole tokens this Envoy could count on at the last answer
 // (its lease after this request plus what the global bucket then held, at
 // most the burst); reset, the wait the last answer gave for the global
-// bucket to be full, less the time since.
+// bucket to be full, less the time since, and never more than a bucket in
+// full debt needs (a stamp from before a backward clock step).
 func leaseDecision(ru *rule, r *lease.Record, now int64) bucket.Decision {
+	longest := int64(min(2*ru.limit.Burst/ru.limit.Rate*1e9, float64(bucket.Never)))
 	return bucket.Decision{
 		Allowed:    true,
 		Remaining:  int64(min(r.Tokens+r.Remaining, ru.limit.Burst)),
-		ResetAfter: time.Duration(max(r.ResetAt-now, 0)),
+		ResetAfter: time.Duration(max(min(r.ResetAt-now, longest), 0)),
 	}
 }
 

@@ -43,6 +43,10 @@ import (
 // Name prefixes the plugin's shared-data keys, metrics and logs.
 const Name = "tokenbucket"
 
+// seedKey holds the placement seed of the bucket and lease tables: one per
+// Envoy process, shared by every worker and configuration (store.LoadSeed).
+const seedKey = Name + ":seed"
+
 // NewVMContext returns the VM context to hand to proxywasm.SetVMContext.
 func NewVMContext() types.VMContext { return &vmContext{now: wallClock, sd: sharedData{}} }
 
@@ -111,7 +115,7 @@ type pluginContext struct {
 	hashTag string // sent to the limit service: see configure
 	table   *store.Table
 	leases  *lease.Table
-	held    map[uint64]held // leases this worker called for (returnExpired)
+	held    heldLeases // leases this worker called for (returnExpired)
 	metrics globalMetrics
 	// One rate limit per kind of log line a request can trigger.
 	failLog, serviceLog, replyLog, headerLog throttle
@@ -189,7 +193,7 @@ func (p *pluginContext) OnTick() {
 	}
 	reported.heap, reported.sys, reported.gc = ms.HeapAlloc, ms.Sys, uint64(ms.NumGC)
 	collectOnTick(ms.HeapAlloc) // after the report: its collection shows at the next tick
-	if len(p.held) > 0 {
+	if len(p.held.list) > 0 {
 		p.returnExpired()
 	}
 }
@@ -207,15 +211,17 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 	if err != nil {
 		return err
 	}
-	table, err := store.New(p.sd, Name+":v1:"+rootID+":", cfg.MaxKeys)
+	table, err := store.New(p.sd, Name+":v2:"+rootID+":", cfg.MaxKeys)
 	if err != nil {
 		return err
 	}
-	leases, err := lease.New(p.sd, Name+":lease:v1:"+rootID+":", cfg.MaxKeys)
+	table.WithSeed(seedKey)
+	leases, err := lease.New(p.sd, Name+":lease:v2:"+rootID+":", cfg.MaxKeys)
 	if err != nil {
 		return err
 	}
-	p.cfg, p.table, p.leases, p.held = cfg, table, leases, map[uint64]held{}
+	leases.WithSeed(seedKey)
+	p.cfg, p.table, p.leases, p.held = cfg, table, leases, heldLeases{}
 	p.rules = make([]*rule, len(cfg.Rules))
 	clusterRules := 0
 	for i := range cfg.Rules {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -36,24 +35,6 @@ func requestCost(ru *rule, r *request) float64 {
 		return ru.Cost.Default
 	}
 	return f
-}
-
-// reject answers the request with rej's local reply, from its headers
-// callback. If the host cannot send the reply, the request goes on (fail
-// open, counted).
-func (c *httpContext) reject(rej rejection) types.Action {
-	if c.sendReply(rej) {
-		return types.ActionPause
-	}
-	return types.ActionContinue
-}
-
-// rejectPaused answers a request paused for a callout. If the host cannot
-// send the reply, the request is resumed rather than left hanging.
-func (c *httpContext) rejectPaused(rej rejection) {
-	if !c.sendReply(rej) {
-		resume(c.plugin)
-	}
 }
 
 // resume continues the paused request.

@@ -64,6 +64,10 @@ func (b *bodyScan) keep() []byte {
 // response decides (see above) and adds the RateLimit headers to allowed
 // responses; a local reply of ours already has them.
 func (c *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Action {
+	// A request still waiting for a call was answered by Envoy itself (a
+	// stream timeout): its decision is over, and the call's answer, if it
+	// comes, changes nothing of it.
+	c.paused, c.ended = false, true
 	if c.localReply {
 		return types.ActionContinue
 	}
@@ -221,44 +225,26 @@ func isEventStream(ct string) bool {
 // settle applies the amounts of takes to their buckets: the local ones in
 // shared data now (each bucket on its own: a charge cannot be refused), the
 // cluster ones through the limit service, sent without holding the
-// response. With show, the response headers are still to be sent: they
-// report the enforced buckets after the charge (a cluster bucket's as
-// estimated from the service's answer less the amount).
+// response. An amount is clamped to what can change a bucket (clampCharge)
+// and an amount of 0 changes nothing and sends nothing. With show, the
+// response headers are still to be sent: they report the enforced buckets
+// after the charge (a cluster bucket's as estimated from the service's
+// answer less the amount).
 func (c *httpContext) settle(takes []*take, show bool) {
 	if len(takes) == 0 {
 		return
 	}
 	p := c.plugin
 	now := p.now()
-	p.reqs = p.reqs[:0]
-	for _, t := range takes {
-		if t.rule.Scope == config.ScopeLocal {
-			p.reqs = append(p.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.amount})
-		}
-	}
-	if n := len(p.reqs); n > 0 {
-		if cap(p.out) < n {
-			p.out = make([]bucket.Decision, n)
-		}
-		out := p.out[:n]
-		_, o, err := p.table.Charge(now, p.reqs, out)
-		p.count(o)
-		if err != nil {
-			p.warn(&p.failLog, "charging a cost known from the response: "+err.Error())
-		}
-		j := 0
-		for _, t := range takes {
-			if t.rule.Scope == config.ScopeLocal {
-				t.d = out[j]
-				j++
-			}
-		}
-	}
 	var sendBuf [4]*take
 	send := sendBuf[:0] // amounts for the limit service
 	for _, t := range takes {
+		t.amount = clampCharge(t.amount, t.rule.limit.Burst)
 		switch {
-		case t.rule.Scope != config.ScopeCluster:
+		case t.rule.Scope == config.ScopeLocal:
+			c.chargeLocal(t, now)
+		case t.amount == 0:
+			// Nothing to send; the headers report the bucket as decided.
 		case t.rule.Sync == config.SyncLease && t.rule.Mode == config.ModeEnforce:
 			// The lease in hand takes the adjustment: a refund goes back
 			// into it, a debit comes out of it; what it cannot cover is
@@ -291,32 +277,52 @@ func (c *httpContext) settle(takes []*take, show bool) {
 	}
 }
 
+// clampCharge bounds an amount to what can change a bucket of burst: a
+// bucket holds at most burst and owes at most burst, so no charge moves it
+// by more than 2 × burst, and no refund gives back more than a full burst.
+func clampCharge(amount, burst float64) float64 {
+	return max(min(amount, 2*burst), -burst)
+}
+
+// chargeLocal applies t's amount to its local bucket; t.d becomes what the
+// bucket holds after it (as it is, for an amount of 0). A charge that
+// cannot be written counts in the rule's failed_open: the request went
+// through without paying it.
+func (c *httpContext) chargeLocal(t *take, now int64) {
+	p := c.plugin
+	reqs := [1]store.Request{{ID: t.id, Limit: t.rule.limit, Cost: t.amount}}
+	var out [1]bucket.Decision
+	_, o, err := p.table.Charge(now, reqs[:], out[:])
+	p.count(o)
+	if err != nil {
+		t.rule.failedOpen.Increment(1)
+		p.warn(&p.failLog, "charging a cost known from the response (counted in rule."+t.rule.Name+".failed_open): "+err.Error())
+		return
+	}
+	t.d = out[0]
+}
+
 // chargeLease applies t's amount to its lease (sync lease) and returns what
 // the lease could not cover, for the global bucket; t.d becomes what the
-// response headers report.
+// response headers report. The change is a pure function of the record;
+// what it covered comes from the write that won.
 func (c *httpContext) chargeLease(t *take, now int64) (rest float64) {
 	p := c.plugin
-	rec, err := p.leases.Update(t.id, now, func(r *lease.Record) bool {
-		if t.amount < 0 {
-			r.Tokens -= t.amount
-			r.Spent = max(r.Spent+t.amount, 0)
-			rest = 0
-			return true
-		}
-		use := min(r.Tokens, t.amount)
+	amount := t.amount
+	ch, err := p.updateLease(t.id, now, func(r lease.Record) (lease.Record, bool) {
+		use := min(r.Tokens, amount) // a refund (amount < 0) goes back whole
 		r.Tokens -= use
-		r.Spent += use
-		rest = t.amount - use
-		return true
+		r.Spent = max(r.Spent+use, 0)
+		return r, true
 	})
 	if err != nil {
 		// The lease could not be written: all of a debit goes to the
 		// global bucket; a refund is dropped (under-admission).
 		p.warn(&p.failLog, "charging a lease: "+err.Error())
-		return max(t.amount, 0)
+		return max(amount, 0)
 	}
-	t.d = leaseDecision(t.rule, &rec, now)
-	return rest
+	t.d = leaseDecision(t.rule, &ch.After, now)
+	return amount - min(ch.Before.Tokens, amount)
 }
 
 // chargeCluster sends the cluster takes' amounts to the limit service in one
@@ -330,7 +336,7 @@ func (c *httpContext) chargeCluster(takes []*take) {
 	counted := make([]take, len(takes)) // for serviceFailed: rule and service
 	for i, t := range takes {
 		req.Buckets[i] = wire.ChargeBucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst,
-			Amount: max(t.amount, -t.rule.limit.Burst)}
+			Amount: clampCharge(t.amount, t.rule.limit.Burst)}
 		counted[i] = take{rule: t.rule}
 	}
 	s := takes[0].rule.Service // config.Parse: one service for all cluster rules

@@ -19,9 +19,15 @@
 // bucket is indistinguishable from a new one, so a slot whose FullAt has
 // passed is reused without changing any decision. When every slot of the
 // group holds a bucket that is not yet full, the one closest to full (smallest
-// FullAt) is evicted: its client's next request starts from a full bucket, so
-// the error is at most the tokens that bucket had yet to refill, less than one
-// burst. Evictions are counted in Outcome.
+// FullAt) among those not in debt is evicted: its client's next request
+// starts from a full bucket, so the error is at most the tokens that bucket
+// had yet to refill, less than one burst. A bucket in debt (left below zero
+// by a cost known from the response) is evicted only when every bucket of
+// its group is in debt, and then forgives less than two bursts. A bucket's
+// group is its identity mixed with a seed drawn once per Envoy process
+// (seed.go), so a client cannot choose keys that share a group with its own
+// bucket: to fill that group with debt it must fill most of the table.
+// Evictions are counted in Outcome.
 //
 // # Exactness
 //

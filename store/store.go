@@ -60,6 +60,8 @@ type Table struct {
 	sd      SharedData
 	prefix  string
 	groups  uint64
+	seed    uint64 // placement (seed.go); 0 until loaded from seedKey
+	seedKey string
 	lastCAS uint32 // CAS of the latest value read, for creating keys
 	key     []byte // scratch: group key
 	val     []byte // scratch: group value being written
@@ -94,6 +96,15 @@ func New(sd SharedData, prefix string, maxKeys int) (*Table, error) {
 		groups:  groups,
 		lastCAS: noCAS,
 	}, nil
+}
+
+// WithSeed places buckets by the seed stored under key (LoadSeed), read or
+// created at the table's first use, and returns t. Every Table over the same
+// shared data must use the same key. A seed that cannot be read fails that
+// use, as any shared-data error does, and is tried again at the next.
+func (t *Table) WithSeed(key string) *Table {
+	t.seedKey = key
+	return t
 }
 
 // Decide takes each request's cost from its bucket, all or nothing, at time
@@ -232,9 +243,6 @@ func (t *Table) Charge(now int64, reqs []Request, out []bucket.Decision) (charge
 			}
 		}
 		report(bucket.State{})
-		if !(req.Cost > 0 || req.Cost < 0) {
-			continue
-		}
 		for attempt := 1; ; attempt++ {
 			if e := t.load(ref, req.ID, now); e != nil {
 				err = firstErr(err, e)
@@ -243,8 +251,8 @@ func (t *Table) Charge(now int64, reqs []Request, out []bucket.Decision) (charge
 			if ref.found {
 				report(ref.before)
 			}
-			if !ref.found && req.Cost < 0 {
-				break // nothing to give back
+			if !(req.Cost > 0 || req.Cost < 0) || !ref.found && req.Cost < 0 {
+				break // nothing to charge (the report is the bucket as it is), or nothing to give back
 			}
 			s := req.Limit.Charge(ref.before, now, req.Cost)
 			e := t.write(ref, s, req.Limit.FullAt(s))
@@ -287,12 +295,20 @@ func (t *Table) groupKey(g uint64) string {
 }
 
 // load reads id's group and finds the slot for id: its own, else an empty or
-// full one, else the one closest to full (evicting it).
+// full one, else the one closest to full among the buckets not in debt, else
+// the one closest to full (evicting it).
 func (t *Table) load(ref *slotRef, id uint64, now int64) error {
 	if id == 0 {
 		id = 1
 	}
-	*ref = slotRef{id: id, group: id % t.groups, value: ref.value[:0]}
+	if t.seed == 0 && t.seedKey != "" {
+		seed, err := LoadSeed(t.sd, t.seedKey)
+		if err != nil {
+			return err
+		}
+		t.seed = seed
+	}
+	*ref = slotRef{id: id, group: Place(id, t.seed, t.groups), value: ref.value[:0]}
 	v, cas, err := t.sd.Get(t.groupKey(ref.group))
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -313,23 +329,28 @@ func (t *Table) load(ref *slotRef, id uint64, now int64) error {
 	ref.value = append(ref.value, v...)
 	free, oldest := -1, -1
 	var oldestFull int64
+	oldestDebt := true
 	for s := 0; s < SlotsPerGroup; s++ {
 		rec := ref.value[s*RecordLen : (s+1)*RecordLen]
 		fp := binary.LittleEndian.Uint64(rec)
 		fullAt := int64(binary.LittleEndian.Uint64(rec[8+bucket.EncodedLen:]))
+		st, err := bucket.DecodeState(rec[8 : 8+bucket.EncodedLen])
+		if err != nil {
+			st = bucket.State{} // damaged slot: start the bucket afresh
+		}
 		if fp == id {
-			st, err := bucket.DecodeState(rec[8 : 8+bucket.EncodedLen])
-			if err != nil {
-				st = bucket.State{} // damaged slot: start the bucket afresh
-			}
 			ref.slot, ref.before, ref.found = s, st, true
 			return nil
 		}
 		if free < 0 && (fp == 0 || fullAt <= now) {
 			free = s
 		}
-		if oldest < 0 || fullAt < oldestFull {
-			oldest, oldestFull = s, fullAt
+		// A bucket left in debt by its last write (a cost known from the
+		// response) is evicted only when every bucket of the group is:
+		// evicting it would forgive its debt on top of a burst.
+		debt := st.Tokens < 0
+		if oldest < 0 || oldestDebt && !debt || debt == oldestDebt && fullAt < oldestFull {
+			oldest, oldestFull, oldestDebt = s, fullAt, debt
 		}
 	}
 	if free >= 0 {
