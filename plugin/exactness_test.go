@@ -196,3 +196,70 @@ func TestLateAnswerAfterEnvoyAnswered(t *testing.T) {
 		e.host.CompleteHttpContext(id)
 	}
 }
+
+// leaseCallBuckets counts the plugin context's lease calls and the buckets
+// they carry, from callout index from on.
+func (e *emulator) leaseCallBuckets(from int) (calls, buckets, most int) {
+	for _, c := range e.host.GetCalloutAttributesFromContext(proxytest.PluginContextID)[from:] {
+		if !strings.Contains(string(c.Body), `"want"`) && !strings.Contains(string(c.Body), `"return"`) {
+			continue
+		}
+		n := strings.Count(string(c.Body), `"key":`)
+		calls, buckets, most = calls+1, buckets+n, max(most, n)
+	}
+	return calls, buckets, most
+}
+
+// TestKeyFloodCallsPerRequest: a flood of distinct keys on a leased rule
+// costs one lease call per key, and nothing to hand back afterwards (a key
+// seen once leases its cost alone), instead of a lease, a refill and a
+// return per key.
+func TestKeyFloodCallsPerRequest(t *testing.T) {
+	e := start(t, strings.Replace(leased, `"burst": 40`, `"burst": 100`, 1))
+	l := newLimitd(t, e)
+	for i := range 500 {
+		if r, _ := l.do("k", "flood-"+strconv.Itoa(i)); r.status != 200 {
+			t.Fatalf("key %d: %d", i, r.status)
+		}
+	}
+	before := e.counter("lease_calls")
+	e.clk.t += 3 * sec
+	for range 3 {
+		e.host.Tick()
+		l.serve()
+	}
+	if calls := e.counter("lease_calls"); before > 500 || calls-before > 0 {
+		t.Fatalf("500 keys seen once: %d lease calls, then %d returns; want 500 and none", before, calls-before)
+	}
+}
+
+// TestTickBounded: with a thousand expired leases held, one tick looks at a
+// bounded number of them and returns them in calls of at most 16 buckets;
+// later ticks return the rest.
+func TestTickBounded(t *testing.T) {
+	e := start(t, strings.Replace(leased, `"burst": 40`, `"burst": 100`, 1))
+	l := newLimitd(t, e)
+	for i := range 1000 {
+		for range 2 { // the second call leases more than the cost: tokens to return
+			l.do("k", "busy-"+strconv.Itoa(i))
+		}
+	}
+	e.clk.t += 3 * sec
+	from := len(e.host.GetCalloutAttributesFromContext(proxytest.PluginContextID))
+	e.host.Tick()
+	calls, buckets, most := e.leaseCallBuckets(from)
+	if calls > 16 || most > 16 || buckets > 256 || buckets == 0 {
+		t.Fatalf("one tick: %d return calls over %d leases (at most %d in one); want at most 16 calls of at most 16", calls, buckets, most)
+	}
+	total := buckets
+	for range 10 {
+		l.serve()
+		from = len(e.host.GetCalloutAttributesFromContext(proxytest.PluginContextID))
+		e.host.Tick()
+		_, b, _ := e.leaseCallBuckets(from)
+		total += b
+	}
+	if total != 1000 {
+		t.Fatalf("%d leases returned over 11 ticks, want all 1000", total)
+	}
+}
