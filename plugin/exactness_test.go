@@ -263,3 +263,28 @@ func TestTickBounded(t *testing.T) {
 		t.Fatalf("%d leases returned over 11 ticks, want all 1000", total)
 	}
 }
+
+// TestRefillFailureDoesNotFailOpen: a detached refill that fails (limitd
+// overloaded by a flood of other keys) does not mark the lease down: the
+// next request that finds it short asks the service itself, rather than
+// passing unchecked under failure_mode allow for a second.
+func TestRefillFailureDoesNotFailOpen(t *testing.T) {
+	e := start(t, leased)
+	l := newLimitd(t, e)
+	for range 2 { // the second call leases 2.5, spends 1
+		l.do("k", "hot")
+	}
+	l.down = true
+	if r, _ := l.do("k", "hot"); r.status != 200 { // spends 1 of 1.5: claims the refill, which fails
+		t.Fatalf("third request: %d", r.status)
+	}
+	if e.counter("service_errors") != 1 {
+		t.Fatalf("service_errors %d, want the failed refill", e.counter("service_errors"))
+	}
+	l.down = false
+	r, calls := l.do("k", "hot")
+	if r.status != 200 || calls == 0 || e.counter("rule.fleet.failed_open") != 0 {
+		t.Fatalf("after a failed refill: %d after %d calls, failed_open %d; want 200 after a call, none failed open",
+			r.status, calls, e.counter("rule.fleet.failed_open"))
+	}
+}

@@ -354,19 +354,39 @@ func (p *pluginContext) refill(t take, rec lease.Record, claim int64, from uint3
 // detached sends a refill or return call over takes (claims: their marker
 // stamps) owned by the plugin context, so its answer is recorded whatever
 // becomes of the request that caused it; from is the context the callback
-// runs in.
+// runs in. A detached call that fails only releases its claims: no request
+// waited for it, and the next request that finds a lease short asks the
+// service itself (a failed refill marking the lease down would let that
+// key's requests pass unchecked under failure_mode allow, as when a flood
+// of other keys slows the service).
 func (p *pluginContext) detached(takes []take, claims []int64, req *wire.LeaseRequest, from uint32) {
 	answer := func(numHeaders, bodySize, _ int) {
 		a, why := readLeaseAnswer(req, numHeaders, bodySize)
 		if why != "" {
 			p.serviceFailed(takes, why)
+			p.releaseLeases(takes, claims, p.now())
+			return
 		}
 		p.settleLeases(takes, nil, claims, a, p.now())
 	}
 	err := p.asPlugin(from, func() error { return p.leasePost(takes[0].rule.Service, req, answer) })
 	if err != nil {
 		p.serviceFailed(takes, "dispatching a lease call: "+err.Error())
-		p.settleLeases(takes, nil, claims, nil, p.now())
+		p.releaseLeases(takes, claims, p.now())
+	}
+}
+
+// releaseLeases releases the call markers claims of takes' leases.
+func (p *pluginContext) releaseLeases(takes []take, claims []int64, now int64) {
+	for i, t := range takes {
+		claim := claims[i]
+		_, _ = p.updateLease(t.id, now, func(r lease.Record) (lease.Record, bool) {
+			if claim == 0 || r.Pending != claim {
+				return r, false
+			}
+			lease.Release(&r, claim)
+			return r, true
+		})
 	}
 }
 
