@@ -22,13 +22,8 @@ const minWindow = int64(100 * time.Millisecond)
 
 // Want is what the next refill of r asks for: its Size, at least lo (the
 // cost of the request that waits for it), and never more than Cap unless lo
-// needs it. A lease never granted before asks for lo alone: a key seen once
-// (one of a flood of distinct keys) then costs one call and leaves nothing
-// to hand back; its second call, if it comes, is sized as usual.
+// needs it.
 func (p Policy) Want(r *Record, lo float64) float64 {
-	if r.Answered == 0 && lo > 0 {
-		return lo
-	}
 	size := r.Size
 	if size <= 0 {
 		size = p.Cap / 4
