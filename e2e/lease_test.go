@@ -152,3 +152,97 @@ func TestLeaseClusterWide(t *testing.T) {
 		t.Logf("leases resumed %v after Redis came back", time.Since(back).Round(time.Millisecond))
 	})
 }
+
+// TestLeaseKeyFlood: a flood of distinct keys on a leased rule, on one
+// Envoy (two workers) with limitd and a real redis-server, beside a hot key
+// of another leased rule offered twice its rate. The flood costs about one
+// limitd call per key (its leftovers go back 16 leases a call), the hot key
+// stays within burst + rate × t, and after the flood each tick hands back a
+// bounded number of leases (no second-long walk over thousands of them).
+func TestLeaseKeyFlood(t *testing.T) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	rule := func(name, rate, burst string) string {
+		return `{"name": "` + name + `", "scope": "cluster", "sync": "lease", "match": {"header:x-test": {"equals": "` + name + `"}},
+		  "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": ` + rate + `, "burst": ` + burst + `}}`
+	}
+	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 250, "failure_mode": "allow"},
+	 "rules": [` + rule("hot", "10", "10") + `, ` + rule("flood", "100", "100") + `]}`
+	e := envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML, PluginConfig: cfg,
+		UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 2})
+	if t.Failed() || t.Skipped() {
+		return
+	}
+	c := e.Client()
+	t.Cleanup(c.Close)
+	calls := func() uint64 { return e.Stat("wasmcustom.tokenbucket.lease_calls") }
+
+	// The flood: 16 clients, each key once, for 4 s or 16,000 keys.
+	const maxKeys, workers = 16000, 16
+	before := calls()
+	start := time.Now()
+	end := start.Add(4 * time.Second)
+	var wg sync.WaitGroup
+	var sent [workers]int
+	for w := range workers {
+		wg.Go(func() {
+			for k := w; k < maxKeys && time.Now().Before(end); k += workers {
+				c.Get("/", map[string]string{"x-test": "flood", "x-api-key": "flood-" + strconv.Itoa(k)})
+				sent[w]++
+			}
+		})
+	}
+	flooding := make(chan struct{})
+	hotAdmitted, hotSent := 0, 0
+	var hotDone sync.WaitGroup
+	hotDone.Go(func() {
+		for at := start; ; at = at.Add(50 * time.Millisecond) { // 20 a second, until the flood ends
+			select {
+			case <-flooding:
+				return
+			case <-time.After(time.Until(at)):
+			}
+			hotSent++
+			if r := c.Get("/", map[string]string{"x-test": "hot", "x-api-key": "hot"}); r.Status == 200 {
+				hotAdmitted++
+			}
+		}
+	})
+	wg.Wait()
+	close(flooding)
+	hotDone.Wait()
+	elapsed := time.Since(start).Seconds()
+	floodCalls := calls() - before
+	keys := 0
+	for _, n := range sent {
+		keys += n
+	}
+
+	// After the flood: the leases expire (ttl 2 s) and go back, at most
+	// returnScan leases a tick per worker, 16 a call.
+	var perSecond []uint64
+	last := calls()
+	for range 5 {
+		time.Sleep(time.Second)
+		now := calls()
+		perSecond = append(perSecond, now-last)
+		last = now
+	}
+	total := calls() - before
+	ceiling := 10 + 10*elapsed
+	t.Logf("%.1f s flood of %d keys: %d lease calls during it, %d in all after the returns (%.2f a key); hot key %d of %d admitted (ceiling %.1f), failed_open %d; lease calls per second after: %v",
+		elapsed, keys, floodCalls, total, float64(total)/float64(keys), hotAdmitted, hotSent, ceiling, e.Stat("wasmcustom.tokenbucket.rule.hot.failed_open"), perSecond)
+	if float64(hotAdmitted) > ceiling+1 {
+		t.Errorf("hot key: %d admitted, over burst + rate × t = %.1f", hotAdmitted, ceiling)
+	}
+	if float64(total) > 1.15*float64(keys)+float64(hotSent) {
+		t.Errorf("%d lease calls for %d flood keys and %d hot requests: want about one a key", total, keys, hotSent)
+	}
+	for _, n := range perSecond {
+		if n > 2*16+2 { // two workers, 16 return calls a tick each, and a hot-key call or two
+			t.Errorf("lease calls per second after the flood %v: a tick sent more than 16 return calls", perSecond)
+			break
+		}
+	}
+}
