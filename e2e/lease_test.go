@@ -221,18 +221,25 @@ func TestLeaseKeyFlood(t *testing.T) {
 
 	// After the flood: the leases expire (ttl 2 s) and go back, at most
 	// returnScan leases a tick per worker, 16 a call.
+	// Meanwhile a request every 20 ms on the hot key (no call: its lease
+	// is in hand or refused) shows how long a tick holds a worker.
 	var perSecond []uint64
+	var slowest time.Duration
 	last := calls()
 	for range 5 {
-		time.Sleep(time.Second)
+		for until := time.Now().Add(time.Second); time.Now().Before(until); time.Sleep(20 * time.Millisecond) {
+			at := time.Now()
+			c.Get("/", map[string]string{"x-test": "probe", "x-api-key": "probe"})
+			slowest = max(slowest, time.Since(at))
+		}
 		now := calls()
 		perSecond = append(perSecond, now-last)
 		last = now
 	}
 	total := calls() - before
 	ceiling := 10 + 10*elapsed
-	t.Logf("%.1f s flood of %d keys: %d lease calls during it, %d in all after the returns (%.2f a key); hot key %d of %d admitted (ceiling %.1f), failed_open %d; lease calls per second after: %v",
-		elapsed, keys, floodCalls, total, float64(total)/float64(keys), hotAdmitted, hotSent, ceiling, e.Stat("wasmcustom.tokenbucket.rule.hot.failed_open"), perSecond)
+	t.Logf("%.1f s flood of %d keys: %d lease calls during it, %d in all after the returns (%.2f a key); hot key %d of %d admitted (ceiling %.1f), failed_open %d; lease calls per second after: %v; slowest request meanwhile %v",
+		elapsed, keys, floodCalls, total, float64(total)/float64(keys), hotAdmitted, hotSent, ceiling, e.Stat("wasmcustom.tokenbucket.rule.hot.failed_open"), perSecond, slowest.Round(time.Millisecond))
 	if float64(hotAdmitted) > ceiling+1 {
 		t.Errorf("hot key: %d admitted, over burst + rate × t = %.1f", hotAdmitted, ceiling)
 	}
