@@ -10,14 +10,18 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
 )
 
+// readmeWasmPath is the plugin's path in README.md's bootstrap: the one
+// thing its text tells the user to fill in.
+const readmeWasmPath = "build/plugin.wasm"
+
 // TestReadmeBootstrap checks the complete bootstrap README.md gives for
-// your own Envoy: `envoy --mode validate` accepts it with the plugin loaded
-// (validate mode starts the plugin and runs its parser), and refuses it
-// when the plugin would refuse the configuration. (The demo's envoy.yaml is
+// your own Envoy, as written but for the plugin's path: it has an admin
+// block (the README reads /stats from it), names readmeWasmPath exactly
+// once, and `envoy --mode validate` accepts it with the plugin loaded
+// (validate mode starts the plugin and runs its parser) and refuses it when
+// the plugin would refuse the configuration. (The demo's envoy.yaml is
 // booted by TestExamples/quickstart.)
 func TestReadmeBootstrap(t *testing.T) {
-	envoytest.EnvoyBin(t) // skip locally, fail under CI=true, when there is none
-	wasm := envoytest.PluginWasm(t)
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -28,10 +32,18 @@ func TestReadmeBootstrap(t *testing.T) {
 	}
 	_, rest, ok = strings.Cut(rest, "```yaml\n")
 	bootstrap, _, ok2 := strings.Cut(rest, "```")
-	if !ok || !ok2 || !strings.Contains(bootstrap, "/etc/envoy/plugin.wasm") {
-		t.Fatal("the section has no yaml block loading /etc/envoy/plugin.wasm")
+	if !ok || !ok2 {
+		t.Fatal("the section has no yaml block")
 	}
-	bootstrap = strings.ReplaceAll(bootstrap, "/etc/envoy/plugin.wasm", wasm)
+	if n := strings.Count(bootstrap, readmeWasmPath); n != 1 {
+		t.Fatalf("the bootstrap names %s %d times, want once (the path the user fills in)", readmeWasmPath, n)
+	}
+	if !strings.HasPrefix(bootstrap, "admin:\n") && !strings.Contains(bootstrap, "\nadmin:\n") {
+		t.Fatal("the bootstrap has no admin block: the README's /stats would not answer")
+	}
+	envoytest.EnvoyBin(t) // skip locally, fail under CI=true, when there is none
+	wasm := envoytest.PluginWasm(t)
+	bootstrap = strings.Replace(bootstrap, readmeWasmPath, wasm, 1)
 	validate := func(cfg string) (string, error) {
 		path := filepath.Join(t.TempDir(), "envoy.yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {

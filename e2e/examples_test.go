@@ -94,7 +94,20 @@ var exampleChecks = map[string]func(t *testing.T, e *envoytest.Envoy, runs []ses
 				}
 			}
 		}
-		e.WaitLog(`shadow rule "strict" would have rejected a request`, 10*time.Second)
+		// The log line the README quotes, whole: what follows "... " is
+		// the end of the line Envoy writes.
+		readme, err := os.ReadFile(filepath.Join("..", "examples", "shadow-rollout", "README.md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, quoted, ok := strings.Cut(string(readme), "\n[info][wasm] ... ")
+		quoted, _, _ = strings.Cut(quoted, "\n")
+		if !ok || !strings.Contains(quoted, `shadow rule "strict"`) {
+			t.Fatal(`examples/shadow-rollout/README.md quotes no "[info][wasm] ... " line of the shadow rule`)
+		}
+		if line := strings.TrimSpace(e.WaitLog(quoted, 10*time.Second)); !strings.HasSuffix(line, quoted) {
+			t.Errorf("Envoy logs %q; the README quotes %q as its end", line, quoted)
+		}
 	},
 }
 

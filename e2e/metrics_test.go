@@ -9,7 +9,7 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
 )
 
-// TestPrometheusNames checks the metric names the README documents against
+// TestPrometheusNames checks the metric names docs/responses.md documents against
 // what Envoy really exports: in /stats the plugin's counters are
 // wasmcustom.tokenbucket.…; in /stats/prometheus Envoy drops its custom
 // namespace "wasmcustom" and the envoy_ prefix, and writes dots and dashes as
@@ -45,6 +45,6 @@ func TestPrometheusNames(t *testing.T) {
 		}
 	}
 	if strings.Contains(text, "envoy_wasmcustom") {
-		t.Error("/stats/prometheus names a metric envoy_wasmcustom_…: the README's names are wrong")
+		t.Error("/stats/prometheus names a metric envoy_wasmcustom_…: the names of docs/responses.md are wrong")
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// TestResponsesTable pins each row of the README's responses table: the
+// TestResponsesTable pins each row of the responses table of docs/responses.md: the
 // status, whether RateLimit headers and Retry-After come, and the body's
 // error, for every reason a request is rejected.
 func TestResponsesTable(t *testing.T) {

@@ -169,6 +169,16 @@ func TestParams(t *testing.T) {
 	if sel, _ := p.selected(); len(sel) != 11 {
 		t.Errorf("default selection has %d configurations, want 11", len(sel))
 	}
+	// Only a full run (or -render) rewrites the front page's sentence,
+	// unless -front says otherwise.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{{nil, "README.md"}, {[]string{"-smoke"}, ""}, {[]string{"-attrib"}, ""}, {[]string{"-smoke", "-front", "x.md"}, "x.md"}} {
+		if p, err := parseParams(tc.args); err != nil || p.front != tc.want {
+			t.Errorf("parseParams(%v): -front %q (%v), want %q", tc.args, p.front, err, tc.want)
+		}
+	}
 	// With -attrib, -only picks among the attribution's configurations.
 	p, _ = parseParams([]string{"-attrib", "-only", "23,9"})
 	if sel, err := p.selected(); err != nil || len(sel) != 2 || sel[0].ID != 9 || sel[1].ID != layersSetup.ID {

@@ -28,7 +28,7 @@ func (s setup) usesLimitd() bool { return s.Kind == kindCluster || s.Kind == kin
 
 // setup is one benchmarked configuration.
 type setup struct {
-	ID        int    // 1..6, as in issue 7
+	ID        int    // stable number, for -only and results.json
 	Name      string // short name for files and flags
 	Label     string // name in the table
 	Plot      string // name in the plots, lines split by '\n'
@@ -43,10 +43,10 @@ type setup struct {
 var setups = []setup{
 	{1, "none", "no filter", "no filter", kindNone, false, nil},
 	{2, "native", "native local_ratelimit", "native", kindNative, false, nil},
-	{3, "plugin", "plugin", "plugin", kindPlugin, false, nil},
+	{3, "plugin", "plugin, local rule", "plugin", kindPlugin, false, nil},
 	{4, "plugin-reject", "plugin, ~50% rejected", "plugin\n~50% rej.", kindPlugin, true, nil},
 	{5, "native-reject", "native, ~50% rejected", "native\n~50% rej.", kindNative, true, nil},
-	{6, "cluster", "plugin, cluster rule (limitd)", "plugin\ncluster", kindCluster, false, nil},
+	{6, "cluster", "plugin, cluster rule per request", "plugin\ncluster", kindCluster, false, nil},
 	// Diagnostics: the cost of a Go Wasm filter that does nothing but read
 	// one header, and of the plugin without its response headers.
 	{7, "plugin-idle", "plugin, rule never applies", "plugin\nidle", kindPlugin, false, idleRule},
@@ -61,7 +61,7 @@ var setups = []setup{
 	// A cluster rule with "sync": "lease" on one hot key (one bucket for all
 	// requests, as a fleet-wide API limit): spent from a lease in shared
 	// data, limitd called once per lease.
-	{11, "cluster-lease", "plugin, cluster rule, lease, hot key", "plugin\nlease", kindLease, false, nil},
+	{11, "cluster-lease", "plugin, cluster rule with leases", "plugin\nlease", kindLease, false, nil},
 }
 
 // nullHostCalls is how many host calls configuration 10 makes per request.

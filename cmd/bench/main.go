@@ -76,6 +76,7 @@ type params struct {
 	smoke        bool
 	diag         bool
 	render       string
+	front        string
 	correct      bool
 	envoyCPU     int
 	loadCPU      int
@@ -104,7 +105,8 @@ func parseParams(args []string) (*params, error) {
 	fs.StringVar(&p.limitd, "limitd", "build/limitd", "limit service binary for configuration 6 (skipped when absent)")
 	fs.StringVar(&p.only, "only", "", "comma-separated configuration numbers to run (default 1-6 and 11, and 7-10 with -diag; with -attrib, of the attribution's configurations)")
 	fs.BoolVar(&p.diag, "diag", true, "also run the diagnostic configurations 7 (plugin whose rule never applies), 8 (plugin without response headers), 9 (a no-op Wasm module) and 10 (the same with 10 host calls per request)")
-	fs.StringVar(&p.render, "render", "", "only rewrite README.md and the plots in -out from this results.json (no measuring)")
+	fs.StringVar(&p.render, "render", "", "only rewrite README.md and the plots in -out, and the cost sentence of -front, from this results.json (no measuring)")
+	fs.StringVar(&p.front, "front", "README.md", "the front page whose cost sentence (between its markers) a full run or -render rewrites; empty: none (the default with -smoke, -attrib and -perf)")
 	fs.BoolVar(&p.smoke, "smoke", false, "short run: 1 round, short windows, no rate correction")
 	fs.BoolVar(&p.correct, "correct", true, "re-calibrate the rejecting configurations once for ~50% rejections")
 	fs.IntVar(&p.envoyCPU, "envoy-cpu", 0, "CPU Envoy is pinned to")
@@ -120,6 +122,11 @@ func parseParams(args []string) (*params, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
+	}
+	frontSet := false
+	fs.Visit(func(f *flag.Flag) { frontSet = frontSet || f.Name == "front" })
+	if (p.smoke || p.attrib || p.perf > 0) && !frontSet {
+		p.front = ""
 	}
 	if p.smoke {
 		p.rounds = 1
@@ -232,7 +239,13 @@ func run(p *params) error {
 		if err != nil {
 			return err
 		}
-		return rep.write(p.out)
+		if err := rep.write(p.out); err != nil {
+			return err
+		}
+		if p.front != "" {
+			return rep.writeFront(p.front)
+		}
+		return nil
 	}
 	sel, err := p.selected()
 	if err != nil {
@@ -275,6 +288,11 @@ func run(p *params) error {
 	rep := b.report()
 	if err := rep.write(p.out); err != nil {
 		return err
+	}
+	if p.front != "" {
+		if err := rep.writeFront(p.front); err != nil {
+			return err
+		}
 	}
 	fmt.Printf("\n%s\nwrote %s (%s)\n", rep.summary(), p.out, b.info.Duration)
 	return nil

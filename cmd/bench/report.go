@@ -8,7 +8,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -158,31 +160,6 @@ func (b *bench) report() *report {
 	return rep
 }
 
-// leaseTargets are issue 13's goals for (11), the cluster rule in lease
-// mode, against the local rule (3): medians of one run.
-func (r *report) leaseTargets(p3 *summary, atMost, atLeast func(spread, float64) string) []string {
-	p11 := r.result(11)
-	if p11 == nil || p11.CPUSat.N == 0 || p3.CPUSat.Median <= 0 {
-		return nil
-	}
-	ratio := func(a, b spread) spread {
-		return spread{N: 1, Median: a.Median / b.Median, Min: a.Median / b.Median, Max: a.Median / b.Median}
-	}
-	cpu, thr, p50 := ratio(p11.CPUSat, p3.CPUSat), ratio(p11.Throughput, p3.Throughput), ratio(p11.HalfP50, p3.HalfP50)
-	out := []string{
-		fmt.Sprintf("Issue 13: Envoy CPU per request (11) ÷ (3) = %.3f (%s against %s µs), target ≤ 1.1: %s", cpu.Median, fm(p11.CPUSat, 1), fm(p3.CPUSat, 1), atMost(cpu, 1.1)),
-		fmt.Sprintf("Issue 13: throughput (11) ÷ (3) = %.3f, target ≥ 0.9: %s", thr.Median, atLeast(thr, 0.9)),
-		fmt.Sprintf("Issue 13: p50 at half of (3)'s saturated throughput, (11) ÷ (3) = %.3f (%s against %s µs), target within 10%%: %s", p50.Median, fm(p11.HalfP50, 0), fm(p3.HalfP50, 0), atMost(spread{N: 1, Median: math.Abs(p50.Median - 1), Min: math.Abs(p50.Median - 1), Max: math.Abs(p50.Median - 1)}, 0.1)),
-	}
-	lease := setups[len(setups)-1] // (11)
-	if n := p11.Stats[lease.allowedStat()] + p11.Stats[lease.rejectedStat()]; n > 0 {
-		per := 1000 * float64(p11.Stats[leaseCallsStat]) / float64(n)
-		out = append(out, fmt.Sprintf("Issue 13: limitd calls per 1000 requests in (11) = %.2f (%d lease calls for %d requests on one hot key, over the whole benchmark; (6) makes 1000), target ≤ 10: %s",
-			per, p11.Stats[leaseCallsStat], n, atMost(spread{N: 1, Median: per, Min: per, Max: per}, 10)))
-	}
-	return out
-}
-
 func (r *report) result(id int) *summary {
 	for _, s := range r.Results {
 		if s.ID == id {
@@ -228,76 +205,51 @@ func pct(s spread) string {
 	return fmt.Sprintf("%.0f%%", 100*s.Median)
 }
 
-// targets are issue 11's goals, then issue 7's and issue 13's, checked against the
-// medians.
-func (r *report) targets() []string {
-	p3 := r.result(3)
-	if p3 == nil {
+// label is a configuration's name in the pages: the current one of
+// setups for its ID (so that -render renames old results), else the one
+// recorded.
+func label(s *summary) string {
+	for _, st := range setups {
+		if st.ID == s.ID {
+			return st.Label
+		}
+	}
+	return s.Label
+}
+
+// meaning says what the figures mean for a user, for the configurations a
+// user chooses between: requests one Envoy core serves, Envoy CPU added per
+// request, latency added at a fixed load, memory, and for leases the calls
+// to limitd. Medians; ratios and differences within each round.
+func (r *report) meaning() []string {
+	none := r.result(1)
+	if none == nil {
 		return nil
 	}
-	// A target is met when every round met it, not met when no round did,
-	// and inconclusive otherwise: the machine's noise then decides.
-	atMost := func(s spread, target float64) string {
-		switch {
-		case s.N == 0:
-			return "**not measured**"
-		case s.Max <= target:
-			return "**met**"
-		case s.Min > target:
-			return "**not met**"
-		}
-		return "**inconclusive** (rounds on both sides)"
-	}
-	atLeast := func(s spread, target float64) string {
-		switch {
-		case s.N == 0:
-			return "**not measured**"
-		case s.Min >= target:
-			return "**met**"
-		case s.Max < target:
-			return "**not met**"
-		}
-		return "**inconclusive** (rounds on both sides)"
-	}
 	var out []string
-	// Issue 11: within 10 µs of a Wasm filter that does nothing, and 0.85 of
-	// no filter's throughput; the rejecting plugin at 0.85 of the rejecting
-	// native filter. Differences and ratios of medians.
-	if p9 := r.result(9); p9 != nil && p9.CPUSat.N > 0 {
-		d := p3.CPUSat.Median - p9.CPUSat.Median
-		verdict := "**met**"
-		if d > 10 {
-			verdict = "**not met**"
+	for _, id := range []int{2, 3, 6, 11} {
+		s := r.result(id)
+		if s == nil || s.CapVs1.N == 0 {
+			continue
 		}
-		out = append(out, fmt.Sprintf("Issue 11: Envoy CPU per request (3) − (9) = %+.1f µs (medians: %s against %s), target ≤ +10 µs: %s (where it goes, and the floor of any module making the plugin's host calls, measured within one Envoy: attribution.md and footprint.md)",
-			d, fm(p3.CPUSat, 1), fm(p9.CPUSat, 1), verdict))
-	}
-	if p3.has1 {
-		out = append(out, fmt.Sprintf("Issue 11: throughput (3) ÷ (1) = %s, target ≥ 0.85: %s (the ratio any module making the plugin's host calls reaches at most: attribution.md)", f(p3.ThrVs1, 3), atLeast(p3.ThrVs1, 0.85)))
-	}
-	if p4, p5 := r.result(4), r.result(5); p4 != nil && p5 != nil && p5.Throughput.Median > 0 {
-		ratio := p4.Throughput.Median / p5.Throughput.Median
-		verdict := "**met**"
-		if ratio < 0.85 {
-			verdict = "**not met**"
+		one := func(v float64) spread { return spread{N: 1, Median: v, Min: v, Max: v} }
+		line := fmt.Sprintf("**%s:** one Envoy core serves %s times the requests it serves with no filter (%s against %s a second). Against no filter: Envoy CPU per request %s µs",
+			label(s), fm(s.CapVs1, 2), fm(s.Capacity, 0), fm(none.Capacity, 0), fsigned(one(s.CPUSat.Median-none.CPUSat.Median), 1))
+		if s.AddP50Vs1.N > 0 {
+			line += fmt.Sprintf("; at %.0f requests a second (its worker %s busy), latency %s µs at the median and %s µs at the 99th percentile",
+				r.Rate, pct(s.BusyLat), fsigned(one(s.AddP50Vs1.Median), 0), fsigned(one(s.AddP99Vs1.Median), 0))
 		}
-		out = append(out, fmt.Sprintf("Issue 11: throughput (4) ÷ (5) = %.3f (medians), target ≥ 0.85: %s (the Go floor rejecting half, with no decision, against (5): attribution.md)", ratio, verdict))
-	}
-	if p3.has1 {
-		out = append(out,
-			fmt.Sprintf("Throughput (3) ÷ (1): measured %s, target ≥ 0.90: %s; per Envoy core (1 / CPU per request, which the shared machine disturbs less) %s: %s", f(p3.ThrVs1, 3), atLeast(p3.ThrVs1, 0.90), f(p3.CapVs1, 3), atLeast(p3.CapVs1, 0.90)),
-			fmt.Sprintf("Added p50 latency (3) − (1) at %.0f req/s = %s µs, target ≤ 5 µs: %s", r.Rate, fsigned(p3.AddP50Vs1, 1), atMost(p3.AddP50Vs1, 5)),
-			fmt.Sprintf("Added p99 latency (3) − (1) at %.0f req/s = %s µs, target ≤ 50 µs: %s", r.Rate, fsigned(p3.AddP99Vs1, 1), atMost(p3.AddP99Vs1, 50)))
-	}
-	if p3.has2 {
-		out = append(out, fmt.Sprintf("Throughput (3) ÷ (2): measured %s, target ≥ 0.95: %s; per Envoy core %s: %s", f(p3.ThrVs2, 3), atLeast(p3.ThrVs2, 0.95), f(p3.CapVs2, 3), atLeast(p3.CapVs2, 0.95)))
-	}
-	out = append(out, r.leaseTargets(p3, atMost, atLeast)...)
-	if p3.has1 {
-		out = append(out, fmt.Sprintf("Envoy CPU per request (3) ÷ (1) = %s at saturation (%s µs against %s µs)", f(p3.CPUVs1, 2), fm(p3.CPUSat, 1), fm(r.result(1).CPUSat, 1)))
-	}
-	if p3.has2 {
-		out = append(out, fmt.Sprintf("Envoy CPU per request (3) ÷ (2) = %s at saturation (%s µs against %s µs)", f(p3.CPUVs2, 2), fm(p3.CPUSat, 1), fm(r.result(2).CPUSat, 1)))
+		if s.RSSMiB.N > 0 && none.RSSMiB.N > 0 {
+			line += fmt.Sprintf("; resident memory %s MiB", fsigned(one(s.RSSMiB.Median-none.RSSMiB.Median), 0))
+		}
+		if id == 11 {
+			lease := setups[len(setups)-1]
+			if n := s.Stats[lease.allowedStat()] + s.Stats[lease.rejectedStat()]; n > 0 {
+				line += fmt.Sprintf(". It called limitd %.2f times per 1000 requests on one hot key (a cluster rule per request calls it 1000 times)",
+					1000*float64(s.Stats[leaseCallsStat])/float64(n))
+			}
+		}
+		out = append(out, line+".")
 	}
 	return out
 }
@@ -306,10 +258,10 @@ func (r *report) targets() []string {
 func (r *report) summary() string {
 	var b strings.Builder
 	for _, s := range r.Results {
-		fmt.Fprintf(&b, "(%d) %-30s %8.0f req/s  p50 %6.1f µs  p99 %7.1f µs  CPU %5.1f µs/req  RSS %5.1f MiB\n",
-			s.ID, s.Label, s.Throughput.Median, s.P50.Median, s.P99.Median, s.CPUSat.Median, s.RSSMiB.Median)
+		fmt.Fprintf(&b, "%-36s %8.0f req/s  p50 %6.1f µs  p99 %7.1f µs  CPU %5.1f µs/req  RSS %5.1f MiB\n",
+			label(s), s.Throughput.Median, s.P50.Median, s.P99.Median, s.CPUSat.Median, s.RSSMiB.Median)
 	}
-	for _, t := range r.targets() {
+	for _, t := range r.meaning() {
 		b.WriteString(strings.ReplaceAll(t, "**", "") + "\n")
 	}
 	for _, g := range r.Info.Gaps {
@@ -322,30 +274,32 @@ func (r *report) markdown() string {
 	var b strings.Builder
 	in := r.Info
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	w("# Overhead benchmark\n\n")
+	w("# What rate limiting costs in Envoy\n\n")
 	w("Generated by `make bench` ([cmd/bench](../../cmd/bench)) on %s in %s; do not edit by hand.", in.Date, in.Duration)
 	if in.Smoke {
 		w(" **Smoke run**: one short round, figures are indicative only.")
 	}
-	w("\n\nThe same Envoy binary, listener, route, upstream and `--concurrency 1`, with:\n\n")
-	for _, s := range r.Results {
-		w("- (%d) %s%s\n", s.ID, s.Label, describe(s))
-	}
-	for _, g := range in.Gaps {
-		w("\n**Gap:** %s\n", g)
-	}
-	w("\n## Against the targets (issues 7, 11 and 13)\n\n")
-	for _, t := range r.targets() {
+	w("\n\n## What it means for you\n\n")
+	w("Envoy ran with one worker (`--concurrency 1`) on a core of its own. *Requests one Envoy core serves* is 1 ÷ (Envoy's CPU per request) with the worker saturated: a worker serves that many requests a second at most, and for the same traffic a fleet needs 1 ÷ (the ratio to no filter) times the Envoy CPU it needs with no filter. Latency is measured at a fixed load, half of what Envoy with no filter serves: a configuration whose worker is nearly always busy at that load queues requests, which is most of its added latency.\n\n")
+	for _, t := range r.meaning() {
 		w("- %s\n", t)
 	}
-	w("\nMedians across %d rounds, the range (min–max) in brackets; ratios and differences are taken within each round, then summarised.\n", in.Rounds)
+	w("\nWhere the plugin's CPU goes, layer by layer, is measured in [attribution.md](attribution.md); start time and module size in [footprint.md](footprint.md). Medians across %d rounds; ratios and differences are taken within each round, then summarised.\n", in.Rounds)
+	w("\n## The configurations\n\nThe same Envoy binary, listener, route, upstream and `--concurrency 1`, with:\n\n")
+	for _, s := range r.Results {
+		w("- **%s**%s\n", label(s), describe(s))
+	}
+	for _, g := range in.Gaps {
+		w("\n**Gap:** %s\n", named(g))
+	}
+	w("\nIn the tables, *÷ none* compares with no filter and *÷ native* with native local_ratelimit; the range (min–max) across rounds is in brackets.\n")
 
 	w("\n## Throughput and Envoy CPU\n\n")
 	w("Closed loop, %d keep-alive connections, saturating Envoy's one worker. CPU is Envoy's utime + stime per request over the %s window.\n\n", in.Conns, in.SatWindow)
-	w("| # | configuration | saturated req/s | ÷ (1) | ÷ (2) | rejected | Envoy CPU µs/req | ÷ (1) | ÷ (2) | req/s per Envoy core | ÷ (1) | ÷ (2) | Envoy CPU µs/req at %.0f req/s | Envoy RSS MiB |\n", r.Rate)
-	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("| configuration | saturated req/s | ÷ none | ÷ native | rejected | Envoy CPU µs/req | ÷ none | ÷ native | req/s per Envoy core | ÷ none | ÷ native | Envoy CPU µs/req at %.0f req/s | Envoy RSS MiB |\n", r.Rate)
+	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Results {
-		w("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s.ID, s.Label, f(s.Throughput, 0),
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(s), f(s.Throughput, 0),
 			f(s.ThrVs1, 3), f(s.ThrVs2, 3), pct(s.Rejected), f(s.CPUSat, 1), f(s.CPUVs1, 2), f(s.CPUVs2, 2),
 			f(s.Capacity, 0), fm(s.CapVs1, 3), fm(s.CapVs2, 3), f(s.CPULat, 1), f(s.RSSMiB, 1))
 	}
@@ -363,10 +317,10 @@ func (r *report) markdown() string {
 		w("**Caution:** in %d of %d configurations the load generator's CPU (CPU 1: generator, upstream and the kernel's loopback work) was at least 95%% busy during these runs (see Noise), so the generator itself queued requests: these latencies are upper bounds, and only their differences say something about the filters.\n\n", saturatedGen, len(r.Results))
 	}
 	w("*Envoy busy* is the share of its core Envoy used at this rate (CPU per request × rate): near 100%% a configuration is close to its own saturation and queueing dominates its latency.\n\n")
-	w("| # | configuration | p50 µs | p90 µs | p99 µs | p50 − (1) µs | p99 − (1) µs | p50 − (2) µs | p99 − (2) µs | achieved req/s | Envoy busy | rejected | late sends | dropped sends |\n")
-	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("| configuration | p50 µs | p90 µs | p99 µs | p50 − none µs | p99 − none µs | p50 − native µs | p99 − native µs | achieved req/s | Envoy busy | rejected | late sends | dropped sends |\n")
+	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Results {
-		w("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s.ID, s.Label, f(s.P50, 0), f(s.P90, 0), f(s.P99, 0),
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(s), f(s.P50, 0), f(s.P90, 0), f(s.P99, 0),
 			fsigned(s.AddP50Vs1, 1), fsigned(s.AddP99Vs1, 0), fsigned(s.AddP50Vs2, 1), fsigned(s.AddP99Vs2, 0), fm(s.Achieved, 0), pct(s.BusyLat), pct(s.RejectedLat), pct(s.Late), pct(s.Dropped))
 	}
 	w("\n![saturated throughput](throughput.png)\n\n![latency at a fixed rate](latency.png)\n\n![Envoy CPU per request](cpu.png)\n\n![Envoy RSS](rss.png)\n")
@@ -380,14 +334,14 @@ func (r *report) markdown() string {
 	if len(plug) > 0 {
 		w("\n## Inside the plugin\n\n")
 		w("From each plugin Envoy's `/stats` at the end of the run (the memory gauges are the Go runtime's figures of the worker's Wasm VM, updated every second):\n\n")
-		w("| # | configuration | requests | guest GC cycles | requests per GC | guest heap KiB | CAS retries | limit-service errors |\n|---|---|---|---|---|---|---|---|\n")
+		w("| configuration | requests | guest GC cycles | requests per GC | guest heap KiB | CAS retries | limit-service errors |\n|---|---|---|---|---|---|---|\n")
 		for _, s := range plug {
 			rq, gc := s.Stats["http.ingress.downstream_rq_total"], s.Stats["wasmcustom.tokenbucket.memory.gc_cycles"]
 			per := "–"
 			if gc > 0 {
 				per = fmt.Sprintf("%.0f", float64(rq)/float64(gc))
 			}
-			w("| %d | %s | %d | %d | %s | %.0f | %d | %d |\n", s.ID, s.Label, rq, gc, per,
+			w("| %s | %d | %d | %s | %.0f | %d | %d |\n", label(s), rq, gc, per,
 				float64(s.Stats["wasmcustom.tokenbucket.memory.heap_bytes"])/1024,
 				s.Stats["wasmcustom.tokenbucket.cas_retries"], s.Stats["wasmcustom.tokenbucket.service_errors"])
 		}
@@ -398,12 +352,12 @@ func (r *report) markdown() string {
 	w("The machine is shared: other processes (builds, tests) ran during the benchmark. Load average %s at the start, %s at the end. ", in.Machine.LoadAvg, in.Machine.LoadEnd)
 	w("Share of each pinned CPU not used by our processes while a configuration was measured (median across rounds): busy time from /proc/stat minus the CPU time of Envoy (CPU 0) or of this program and limitd (CPU 1). It counts other processes and interrupt handling (which includes some of the kernel's work for the loopback traffic itself).\n\n")
 	w("| | %s |\n|---|%s\n", strings.Join(ids(r), " | "), strings.Repeat("---|", len(r.Results)))
-	w("| Envoy's CPU (0) | %s |\n", strings.Join(columns(r, func(s *summary) string { return pct(s.Core0Other) }), " | "))
-	w("| load generator's CPU (1) | %s |\n", strings.Join(columns(r, func(s *summary) string { return pct(s.Core1Other) }), " | "))
+	w("| Envoy's CPU 0 | %s |\n", strings.Join(columns(r, func(s *summary) string { return pct(s.Core0Other) }), " | "))
+	w("| load generator's CPU 1 | %s |\n", strings.Join(columns(r, func(s *summary) string { return pct(s.Core1Other) }), " | "))
 	w("| CPU 1 busy in all during the fixed-rate run | %s |\n\n", strings.Join(columns(r, func(s *summary) string { return pct(s.Core1Busy) }), " | "))
 	w("When CPU 1 is near 100%% busy in the fixed-rate runs, the load generator itself adds to the latency measured (and makes sends late); the latency figures are then upper bounds.\n\n")
 	if len(in.Starved) > 0 {
-		w("Runs that got no answer at all while other processes held the CPUs, left out of every figure: %s.\n\n", strings.Join(in.Starved, "; "))
+		w("Runs that got no answer at all while other processes held the CPUs, left out of every figure: %s.\n\n", named(strings.Join(in.Starved, "; ")))
 	}
 	w("Throughput and latency move with that load; Envoy's CPU per request moves least, which makes it the steadiest measure of overhead. The ranges in the tables show the spread across rounds.\n")
 
@@ -421,8 +375,8 @@ func (r *report) markdown() string {
 	w("- Load: an in-process HTTP/1.1 keep-alive generator on loopback (internal/loadgen) sending `GET /bench` with `x-api-key` cycling through %d values; the upstream is a minimal in-process HTTP/1.1 server answering 200 `ok`. Both do little per request, so the generator's CPU is not the limit.\n", in.Keys)
 	w("- Each round runs every configuration once: a saturation run (%s warm-up, %s measured), then a fixed-rate run (%s warm-up, %s measured). The order is reversed every other round so that drift cancels.\n", in.Warmup, in.SatWindow, in.Warmup, in.LatWindow)
 	w("- All Envoys run side by side for the whole benchmark (idle ones cost nothing measurable) and are checked at the end through `/stats`: every limiter counted its decisions, the never-rejecting ones rejected nothing, no request failed.\n")
-	w("- Calibration, before the rounds: %s.\n", strings.Join(in.Calibration, "; "))
-	w("- The rejecting configurations (4) and (5) give every key the same token bucket (rate = burst, whole tokens per second, as the native filter requires). Their limit is computed to reject half of a closed loop's requests when Envoy gets 85%% of its core (a little more than half with all of it); with less of it (see Noise) a closed loop rejects less, so the rejected share is reported per configuration. Their fixed-rate runs spread the offered rate over as many keys as make it twice the per-key limit, which rejects half. Before measuring, each is checked to limit per key (one key sent past its burst is rejected, a fresh key is not).\n")
+	w("- Calibration, before the rounds: %s.\n", named(strings.Join(in.Calibration, "; ")))
+	w("- The rejecting configurations (plugin and native, ~50%% rejected) give every key the same token bucket (rate = burst, whole tokens per second, as the native filter requires). Their limit is computed to reject half of a closed loop's requests when Envoy gets 85%% of its core (a little more than half with all of it); with less of it (see Noise) a closed loop rejects less, so the rejected share is reported per configuration. Their fixed-rate runs spread the offered rate over as many keys as make it twice the per-key limit, which rejects half. Before measuring, each is checked to limit per key (one key sent past its burst is rejected, a fresh key is not).\n")
 	w("- The plugin runs with its default response headers (RateLimit and RateLimit-Policy drafts plus X-RateLimit legacy ones); the native filter adds none (`enable_x_ratelimit_headers` unset).\n")
 	w("- Raw data, every run of every round: [results.json](results.json).\n")
 	return b.String()
@@ -455,23 +409,23 @@ func (r *report) breakdown(w func(string, ...any)) {
 		part, from string
 		d          spread
 	}{
-		{"any Wasm filter: Envoy's Wasm filter and V8 calling a module whose callbacks do nothing", "(9) − (1)", diff(s9, s1)},
-		{"the Go plugin idle: Go runtime and SDK in its callbacks, one header read", "(7) − (9)", diff(s7, s9)},
-		{"the decision: limit key hash, shared-data read and CAS write, metric", "(8) − (7)", diff(s8, s7)},
-		{"the RateLimit response headers (5 host calls, formatting)", "(3) − (8)", diff(s3, s8)},
-		{"**the plugin in all**", "(3) − (1)", diff(s3, s1)},
+		{"any Wasm filter: Envoy's Wasm filter and V8 calling a module whose callbacks do nothing", minus(s9, s1), diff(s9, s1)},
+		{"the Go plugin idle: Go runtime and SDK in its callbacks, one header read", minus(s7, s9), diff(s7, s9)},
+		{"the decision: limit key hash, shared-data read and CAS write, metric", minus(s8, s7), diff(s8, s7)},
+		{"the RateLimit response headers (5 host calls, formatting)", minus(s3, s8), diff(s3, s8)},
+		{"**the plugin in all**", minus(s3, s1), diff(s3, s1)},
 	}
 	if s10 := get(10); s10 != nil {
 		rows = append(rows, struct {
 			part, from string
 			d          spread
-		}{fmt.Sprintf("for scale: %d host calls from a no-op module", nullHostCalls), "(10) − (9)", diff(s10, s9)})
+		}{fmt.Sprintf("for scale: %d host calls from a no-op module", nullHostCalls), minus(s10, s9), diff(s10, s9)})
 	}
 	if s2 != nil {
 		rows = append(rows, struct {
 			part, from string
 			d          spread
-		}{"for comparison: Envoy's native local_ratelimit", "(2) − (1)", diff(s2, s1)})
+		}{"for comparison: Envoy's native local_ratelimit", minus(s2, s1), diff(s2, s1)})
 	}
 	for _, row := range rows {
 		w("| %s | %s | %s |\n", row.part, row.from, fsigned(row.d, 1))
@@ -479,7 +433,30 @@ func (r *report) breakdown(w func(string, ...any)) {
 }
 
 func ids(r *report) []string {
-	return columns(r, func(s *summary) string { return fmt.Sprintf("(%d)", s.ID) })
+	return columns(r, func(s *summary) string { return label(s) })
+}
+
+// minus names the difference of two configurations.
+func minus(a, b *summary) string { return label(a) + " − " + label(b) }
+
+// numberedRE is a configuration's number as older results wrote it: "(3)".
+var numberedRE = regexp.MustCompile(`\(([0-9]{1,2})\)`)
+
+// named replaces the configuration numbers of recorded text (calibration,
+// gaps) by the configurations' names.
+func named(text string) string {
+	return numberedRE.ReplaceAllStringFunc(text, func(m string) string {
+		id, err := strconv.Atoi(m[1 : len(m)-1])
+		if err != nil {
+			return m
+		}
+		for _, st := range setups {
+			if st.ID == id {
+				return "*" + st.Label + "*"
+			}
+		}
+		return m
+	})
 }
 
 func columns(r *report, f func(*summary) string) []string {
@@ -497,9 +474,9 @@ func describe(s *summary) string {
 	case s.Name == "null-wasm":
 		return ": the same Wasm filter and V8 VM running a hand-made module whose callbacks do nothing (it exports the same callbacks as the plugin, so Envoy calls it as often): what any Wasm filter costs before its code runs"
 	case s.Name == "null-wasm-calls":
-		return fmt.Sprintf(": the module of (9) calling the host %d times per request (WASI clock_time_get, which the plugin also calls): (10) − (9) is what that many calls from a module into Envoy cost", nullHostCalls)
+		return fmt.Sprintf(": the no-op module calling the host %d times per request (WASI clock_time_get, which the plugin also calls): the difference with the no-op module is what that many calls from a module into Envoy cost", nullHostCalls)
 	case s.Name == "plugin-noheaders":
-		return `: the plugin as in (3) with "headers": "none" (no RateLimit headers on responses)`
+		return `: the plugin's local rule with "headers": "none" (no RateLimit headers on responses)`
 	case s.ID == 1:
 		return ": the router alone"
 	case s.Name == "cluster-lease":
@@ -559,7 +536,7 @@ func (r *report) write(dir string) error {
 func (r *report) charts() map[string]chart {
 	var cats []string
 	for _, s := range r.Results {
-		cats = append(cats, fmt.Sprintf("(%d)\n%s", s.ID, plotLabel(s.ID)))
+		cats = append(cats, plotLabel(s.ID))
 	}
 	pick := func(g func(*summary) spread) []spread {
 		var out []spread

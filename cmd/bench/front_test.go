@@ -1,0 +1,84 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCommittedPagesAreGenerated checks that the figures of the front page
+// and of docs/benchmarks/README.md are what this program writes from the
+// committed docs/benchmarks/results.json, so none is typed by hand: after a
+// change to the renderer, `go run ./cmd/bench -render
+// docs/benchmarks/results.json` rewrites both.
+func TestCommittedPagesAreGenerated(t *testing.T) {
+	root := filepath.Join("..", "..")
+	rep, err := readReport(filepath.Join(root, "docs", "benchmarks", "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := os.ReadFile(filepath.Join(root, "docs", "benchmarks", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(page) != rep.markdown() {
+		t.Error("docs/benchmarks/README.md is not what the renderer writes from results.json: run go run ./cmd/bench -render docs/benchmarks/results.json")
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := rep.frontCost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := replaceFront(string(readme), want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(readme) {
+		t.Errorf("README.md's cost sentence is not what the renderer writes from results.json:\n%s", want)
+	}
+}
+
+// TestReplaceFront: the text between the markers is replaced, the rest
+// kept; missing or repeated markers are errors.
+func TestReplaceFront(t *testing.T) {
+	doc := "# t\n\n" + frontBegin + "\nold\n" + frontEnd + "\n\nrest\n"
+	got, err := replaceFront(doc, "new sentence.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "# t\n\n" + frontBegin + "\nnew sentence.\n" + frontEnd + "\n\nrest\n"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	for _, bad := range []string{"no markers", frontBegin + "\n" + frontBegin + "\n" + frontEnd, frontEnd + "\n" + frontBegin} {
+		if _, err := replaceFront(bad, "x"); err == nil {
+			t.Errorf("replaceFront(%q) gave no error", bad)
+		}
+	}
+}
+
+// TestFrontCost: the sentence names one ratio and one memory figure, from
+// the plugin's local rule against no filter.
+func TestFrontCost(t *testing.T) {
+	rep := &report{Info: info{Date: "2026-11-23 02:59 UTC"}, Results: []*summary{
+		{ID: 1, CPUSat: spread{Median: 100, N: 1}, RSSMiB: spread{Median: 66, N: 1}},
+		{ID: 3, CapVs1: spread{Median: 0.5361, N: 4}, RSSMiB: spread{Median: 173.9, N: 1}},
+	}}
+	got, err := rep.frontCost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"0.54 times", "108 MiB", "2026-11-23", "(docs/benchmarks/README.md)"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%q lacks %q", got, want)
+		}
+	}
+	if _, err := (&report{}).frontCost(); err == nil {
+		t.Error("a report without the plugin and no filter gave a sentence")
+	}
+}
