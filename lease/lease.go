@@ -1,7 +1,7 @@
 // Package lease keeps the token leases of one Envoy in proxy-wasm shared
 // data: per cluster bucket, the tokens the limit service granted this Envoy
 // and not yet spent, with what the plugin needs to refill, return and
-// report them. It is pure: the host's shared data is a store.SharedData,
+// report them. It is pure: the host's shared data is a slots.SharedData,
 // time is passed in.
 //
 // # Model
@@ -20,8 +20,8 @@
 //
 // # Memory
 //
-// As package store's Table, a Table owns a fixed set of shared-data keys
-// (groups of SlotsPerGroup records), whatever the number of client keys. A
+// A Table is a bounded table of package slots, as package store's is: a
+// fixed set of shared-data keys, whatever the number of client keys. A
 // slot is free when its lease is empty, expired and has no call in flight;
 // when a group has no free slot, the lease that expires first is evicted
 // and its unspent tokens are lost to this Envoy (never granted twice: the
@@ -36,9 +36,8 @@ import (
 	"errors"
 	"math"
 	"strconv"
-	"unsafe"
 
-	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 )
 
 // Record is one lease: what this Envoy holds of one cluster bucket.
@@ -59,55 +58,63 @@ type Record struct {
 	Answered  int64   // Unix ns of the last answer (Remaining was the global bucket's tokens then)
 }
 
-// Store layout: fingerprint, then the fields of Record in order.
-const (
-	SlotsPerGroup = 4
-	RecordLen     = 8 + 13*8
-	GroupLen      = SlotsPerGroup * RecordLen
-	// MaxAttempts bounds the read-modify-write attempts of one update.
-	MaxAttempts = store.MaxAttempts
-)
+// RecordLen is a lease record: the fields of Record in order, 8 bytes each.
+const RecordLen = 13 * 8
+
+// MaxAttempts bounds the read-modify-write attempts of one update.
+const MaxAttempts = slots.MaxAttempts
 
 // Table is a bounded table of leases in shared data. Build it with New.
 type Table struct {
-	sd      store.SharedData
-	prefix  string
-	groups  uint64
-	seed    uint64 // placement: see store.LoadSeed; 0 until loaded from seedKey
-	seedKey string
-	lastCAS uint32
-	key     []byte
-	val     []byte
+	t    *slots.Table
+	slot slots.Slot
+	rec  [RecordLen]byte // scratch: a record being written
 	// Evictions counts leases evicted with tokens or a call in flight.
 	Evictions int
 }
 
+// layout is a lease record's: free once empty, expired and with no call in
+// flight; evicted the one that expires first.
+var layout = slots.Layout{
+	RecordLen: RecordLen,
+	Free:      func(rec []byte, now int64) bool { r := decode(rec); return Free(&r, now) },
+	Before:    func(a, b []byte, _ int64) bool { return decode(a).Expires < decode(b).Expires },
+}
+
 // New returns a Table of at least maxLeases leases whose shared-data keys
 // start with prefix.
-func New(sd store.SharedData, prefix string, maxLeases int) (*Table, error) {
+func New(sd slots.SharedData, prefix string, maxLeases int) (*Table, error) {
 	if maxLeases < 1 {
 		return nil, errors.New("lease: max leases must be >= 1, got " + strconv.Itoa(maxLeases))
 	}
-	groups := uint64((maxLeases + SlotsPerGroup - 1) / SlotsPerGroup)
-	return &Table{sd: sd, prefix: prefix + strconv.FormatUint(groups, 10) + ":", groups: groups, lastCAS: math.MaxUint32}, nil
+	t, err := slots.New(sd, prefix, maxLeases, layout)
+	if err != nil {
+		return nil, err
+	}
+	return &Table{t: t}, nil
 }
 
-// WithSeed places entries by the seed stored under key (store.LoadSeed),
-// read or created at the table's first use, and returns t. Every Table over
-// the same shared data must use the same key. A seed that cannot be read
-// fails that use, as any shared-data error does, and is tried again next.
+// WithSeed places leases by the seed stored under key (slots.LoadSeed) and
+// returns t.
 func (t *Table) WithSeed(key string) *Table {
-	t.seedKey = key
+	t.t.WithSeed(key)
 	return t
 }
 
 // Get returns id's lease as stored (the zero Record when there is none).
 func (t *Table) Get(id uint64, now int64) (Record, error) {
-	var s slot
-	if err := t.load(&s, id, now); err != nil {
+	if err := t.t.Load(&t.slot, id, now); err != nil {
 		return Record{}, err
 	}
-	return s.rec, nil
+	return record(&t.slot), nil
+}
+
+// record is the lease a slot holds (the zero Record for a new one).
+func record(s *slots.Slot) Record {
+	if b := s.Record(); b != nil {
+		return decode(b)
+	}
+	return Record{}
 }
 
 // Change is what one Update did, as the attempt that counted saw it: the
@@ -127,29 +134,26 @@ type Change struct {
 // update (send a return, a refill) it derives from the Change, never from
 // what an earlier attempt of f saw.
 func (t *Table) Update(id uint64, now int64, f func(Record) (Record, bool)) (Change, error) {
-	var s slot
-	for range MaxAttempts {
-		if err := t.load(&s, id, now); err != nil {
-			return Change{}, err
-		}
-		before := s.rec
-		after, write := f(before)
+	rec, wrote, _, err := t.t.Update(&t.slot, id, now, func(s *slots.Slot) ([]byte, bool) {
+		after, write := f(record(s))
 		if !write {
-			return Change{Before: before, After: before}, nil
+			return nil, false
 		}
-		s.rec = after
-		err := t.write(&s)
-		if err == nil {
-			if s.evicted {
-				t.Evictions++
-			}
-			return Change{Before: before, After: after, Wrote: true, Evicted: s.evicted}, nil
-		}
-		if !errors.Is(err, store.ErrCASMismatch) {
-			return Change{}, err
+		encode(t.rec[:], &after)
+		return t.rec[:], true
+	})
+	if err != nil {
+		return Change{}, err
+	}
+	ch := Change{Before: record(&t.slot)}
+	ch.After = ch.Before
+	if wrote {
+		ch.After, ch.Wrote, ch.Evicted = decode(rec), true, t.slot.Evicted
+		if ch.Evicted {
+			t.Evictions++
 		}
 	}
-	return Change{}, store.ErrContention
+	return ch, nil
 }
 
 // Claimed reports whether the change claimed the lease's call marker: it
@@ -276,23 +280,6 @@ func within(at, now, span int64) bool { return at-now < span && now-at < span }
 // lies further ahead than ttl (it was set before a backward clock step).
 func expired(at, now, ttl int64) bool { return at <= now || at-now > ttl }
 
-// slot is where load found a lease.
-type slot struct {
-	id      uint64
-	group   uint64
-	cas     uint32
-	at      int
-	rec     Record
-	value   []byte
-	evicted bool
-}
-
-func (t *Table) groupKey(g uint64) string {
-	t.key = append(t.key[:0], t.prefix...)
-	t.key = strconv.AppendUint(t.key, g, 10)
-	return unsafe.String(unsafe.SliceData(t.key), len(t.key))
-}
-
 // maxStale is the longest a call may be in flight (config bounds a
 // service's timeout at 60 s), and maxTTL the longest a grant may stay
 // (config's ttl_ms bound).
@@ -305,69 +292,6 @@ const (
 // flight, expired.
 func Free(r *Record, now int64) bool {
 	return r.Tokens <= 0 && !InFlight(r, now, maxStale) && expired(r.Expires, now, maxTTL)
-}
-
-// load reads id's group and finds the slot for id: its own, else a free
-// one, else the one that expires first (evicting it).
-func (t *Table) load(s *slot, id uint64, now int64) error {
-	if id == 0 {
-		id = 1
-	}
-	if t.seed == 0 && t.seedKey != "" {
-		seed, err := store.LoadSeed(t.sd, t.seedKey)
-		if err != nil {
-			return err
-		}
-		t.seed = seed
-	}
-	*s = slot{id: id, group: store.Place(id, t.seed, t.groups), value: s.value[:0]}
-	v, cas, err := t.sd.Get(t.groupKey(s.group))
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		s.cas = t.lastCAS // see package store: a concurrent creation makes this write fail
-		return nil
-	case err != nil:
-		return err
-	}
-	t.lastCAS, s.cas = cas, cas
-	if len(v) != GroupLen {
-		return nil // not ours or damaged: the write replaces it
-	}
-	s.value = append(s.value, v...)
-	empty, oldest := -1, -1
-	var oldestExp int64
-	for i := range SlotsPerGroup {
-		b := s.value[i*RecordLen : (i+1)*RecordLen]
-		fp := binary.LittleEndian.Uint64(b)
-		r := decode(b[8:])
-		if fp == id {
-			s.at, s.rec = i, r
-			return nil
-		}
-		if empty < 0 && (fp == 0 || Free(&r, now)) {
-			empty = i
-		}
-		if oldest < 0 || r.Expires < oldestExp {
-			oldest, oldestExp = i, r.Expires
-		}
-	}
-	if empty >= 0 {
-		s.at = empty
-	} else {
-		s.at, s.evicted = oldest, true
-	}
-	return nil
-}
-
-func (t *Table) write(s *slot) error {
-	t.val = append(t.val[:0], s.value...)
-	if len(t.val) != GroupLen {
-		t.val = append(t.val[:0], make([]byte, GroupLen)...)
-	}
-	b := t.val[s.at*RecordLen : (s.at+1)*RecordLen]
-	binary.LittleEndian.PutUint64(b, s.id)
-	encode(b[8:], &s.rec)
-	return t.sd.Set(t.groupKey(s.group), t.val, s.cas)
 }
 
 func encode(b []byte, r *Record) {

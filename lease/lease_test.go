@@ -5,41 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/shareddata"
 )
-
-// memory is shared data as Envoy keeps it: CAS per key, a process-wide
-// counter, no delete. race, when set, runs before every Set (another
-// worker writing in between).
-type memory struct {
-	vals map[string][]byte
-	cas  map[string]uint32
-	next uint32
-	race func()
-}
-
-func newMemory() *memory { return &memory{vals: map[string][]byte{}, cas: map[string]uint32{}} }
-
-func (m *memory) Get(key string) ([]byte, uint32, error) {
-	v, ok := m.vals[key]
-	if !ok {
-		return nil, 0, store.ErrNotFound
-	}
-	return append([]byte(nil), v...), m.cas[key], nil
-}
-
-func (m *memory) Set(key string, value []byte, cas uint32) error {
-	if r := m.race; r != nil {
-		m.race = nil
-		r()
-	}
-	if cur, ok := m.cas[key]; ok && cas != 0 && cas != cur {
-		return store.ErrCASMismatch
-	}
-	m.next++
-	m.vals[key], m.cas[key] = append([]byte(nil), value...), m.next
-	return nil
-}
 
 const sec = int64(time.Second)
 
@@ -51,7 +19,7 @@ func give(t *testing.T, tb *Table, id uint64, tokens float64, now int64) {
 }
 
 func TestSpendAllOrNone(t *testing.T) {
-	sd := newMemory()
+	sd := shareddata.New()
 	tb, _ := New(sd, "t:", 64)
 	give(t, tb, 1, 3, 1)
 	give(t, tb, 2, 1, 1)
@@ -78,15 +46,15 @@ func TestSpendAllOrNone(t *testing.T) {
 // TestSpendRacesExact: another worker spends between this worker's read
 // and write; the CAS makes this one read again, so no token is spent twice.
 func TestSpendRacesExact(t *testing.T) {
-	sd := newMemory()
+	sd := shareddata.New()
 	a, _ := New(sd, "t:", 64)
 	b, _ := New(sd, "t:", 64)
 	give(t, a, 7, 1, 1)
-	sd.race = func() {
+	sd.Once(func() {
 		if ok, _ := b.Spend(1, []Spend{{ID: 7, Cost: 1, Stale: sec}}, make([]Result, 1)); !ok {
 			t.Error("the other worker could not spend")
 		}
-	}
+	})
 	ok, err := a.Spend(1, []Spend{{ID: 7, Cost: 1, Stale: sec}}, make([]Result, 1))
 	if err != nil || ok {
 		t.Fatalf("second spend of the one token: %v, %v; want refused", ok, err)
@@ -96,7 +64,7 @@ func TestSpendRacesExact(t *testing.T) {
 // TestRefillSingleFlight: the spend that crosses half the size claims the
 // refill; no other claims it until it is answered or stale.
 func TestRefillSingleFlight(t *testing.T) {
-	sd := newMemory()
+	sd := shareddata.New()
 	tb, _ := New(sd, "t:", 64)
 	p := Policy{TTL: 2 * time.Second, Cap: 10, Stale: time.Second}
 	tb.Update(3, 1, func(r Record) (Record, bool) { p.Granted(&r, 1, 4, 30, time.Second, 0); return r, true })
@@ -121,9 +89,9 @@ func TestRefillSingleFlight(t *testing.T) {
 
 // TestEviction: a full group evicts the lease that expires first.
 func TestEviction(t *testing.T) {
-	sd := newMemory()
+	sd := shareddata.New()
 	tb, _ := New(sd, "t:", 1) // one group
-	for id := uint64(1); id <= SlotsPerGroup; id++ {
+	for id := uint64(1); id <= slots.SlotsPerGroup; id++ {
 		tb.Update(id, 1, func(r Record) (Record, bool) { r.Tokens, r.Expires = 1, int64(id)*sec; return r, true })
 	}
 	tb.Update(99, 1, func(r Record) (Record, bool) { r.Tokens = 5; return r, true })
@@ -167,21 +135,21 @@ func TestPolicySizes(t *testing.T) {
 func FuzzDecodeLease(f *testing.F) {
 	var r Record
 	r.Tokens, r.Size, r.Expires = 3, 8, 5
-	b := make([]byte, RecordLen-8)
+	b := make([]byte, RecordLen)
 	encode(b, &r)
 	f.Add(b)
-	f.Add(make([]byte, RecordLen-8))
+	f.Add(make([]byte, RecordLen))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if len(b) < RecordLen-8 {
+		if len(b) < RecordLen {
 			return
 		}
-		r := decode(b[:RecordLen-8])
+		r := decode(b[:RecordLen])
 		for _, x := range []float64{r.Tokens, r.Size, r.Rate, r.Spent, r.Remaining} {
 			if !(x >= 0) || math.IsInf(x, 0) {
 				t.Fatalf("decoded %+v", r)
 			}
 		}
-		again := make([]byte, RecordLen-8)
+		again := make([]byte, RecordLen)
 		encode(again, &r)
 		if decode(again) != r {
 			t.Fatalf("round trip changed %+v", r)

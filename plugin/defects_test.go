@@ -15,7 +15,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 )
 
 // TestTierMembers pins which member of a tier counts, for every kind of
@@ -310,4 +310,4 @@ func TestTinyCostIsNoCost(t *testing.T) {
 	}
 }
 
-var _ store.SharedData = &failOnce{}
+var _ slots.SharedData = &failOnce{}

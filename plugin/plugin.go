@@ -36,6 +36,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 	"github.com/ratelimit-wasm/tokenbucket/lease"
 	"github.com/ratelimit-wasm/tokenbucket/store"
 )
@@ -53,7 +54,7 @@ func NewVMContext() types.VMContext { return &vmContext{now: wallClock, sd: shar
 type vmContext struct {
 	types.DefaultVMContext
 	now func() int64 // the clock, Unix ns
-	sd  store.SharedData
+	sd  slots.SharedData
 }
 
 // OnVMStart implements types.VMContext: it takes garbage collection off the
@@ -108,7 +109,7 @@ type pluginContext struct {
 	types.DefaultPluginContext
 	id  uint32
 	now func() int64
-	sd  store.SharedData
+	sd  slots.SharedData
 
 	cfg     *config.Config
 	rules   []*rule

@@ -9,7 +9,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 )
 
 const sec = int64(1e9)
@@ -241,7 +241,7 @@ func TestFailOpen(t *testing.T) {
 	}
 }
 
-var _ store.SharedData = brokenData{}
+var _ slots.SharedData = brokenData{}
 
 func TestIPIgnoresSpoofedXFF(t *testing.T) {
 	cfg := `{"rules": [{"name": "ip", "limit_keys": ["ip:address"], "algorithm": "token_bucket",

@@ -3,43 +3,18 @@ package store
 import (
 	"encoding/binary"
 	"errors"
-	"math"
 	"strconv"
-	"unsafe"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
-)
-
-// SharedData is the host's shared key/value store with Envoy's semantics: Get
-// returns ErrNotFound for a missing key; Set fails with ErrCASMismatch only when
-// the key exists, cas != 0 and cas differs from the key's current CAS.
-type SharedData interface {
-	Get(key string) (value []byte, cas uint32, err error)
-	Set(key string, value []byte, cas uint32) error
-}
-
-// Errors a SharedData returns, and ErrContention.
-var (
-	ErrNotFound    = errors.New("store: key not found")
-	ErrCASMismatch = errors.New("store: cas mismatch")
-	// ErrContention means a bucket's write lost the CAS race MaxAttempts times.
-	ErrContention = errors.New("store: too much contention")
+	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 )
 
 const (
-	// SlotsPerGroup is the number of buckets one shared-data key holds.
-	SlotsPerGroup = 4
-	// RecordLen is one slot: fingerprint (8), bucket.State (16), FullAt (8).
-	RecordLen = 8 + bucket.EncodedLen + 8
-	// GroupLen is the size of one shared-data value.
-	GroupLen = SlotsPerGroup * RecordLen
+	// RecordLen is one bucket's record: bucket.State (16), FullAt (8).
+	RecordLen = bucket.EncodedLen + 8
 	// MaxAttempts bounds the read-decide-write attempts per bucket per decision.
-	MaxAttempts = 32
-	// noCAS is the creation CAS used before this Table has read any value.
-	noCAS = math.MaxUint32
+	MaxAttempts = slots.MaxAttempts
 )
-
-var emptyGroup [GroupLen]byte
 
 // Request is one bucket of a decision.
 type Request struct {
@@ -57,54 +32,93 @@ type Outcome struct {
 
 // Table is a bounded table of buckets in shared data. Build it with New.
 type Table struct {
-	sd      SharedData
-	prefix  string
-	groups  uint64
-	seed    uint64 // placement (seed.go); 0 until loaded from seedKey
-	seedKey string
-	lastCAS uint32 // CAS of the latest value read, for creating keys
-	key     []byte // scratch: group key
-	val     []byte // scratch: group value being written
-	slots   []slotRef
+	t    *slots.Table
+	refs []slotRef
+	rec  [RecordLen]byte // scratch: a record being written
 }
 
 // slotRef is where phase one found a request's bucket.
 type slotRef struct {
-	id      uint64
-	group   uint64
-	cas     uint32 // for a missing key: the CAS of an earlier read (see the package doc)
-	slot    int
-	found   bool // the slot holds this bucket (else it is free, full or evicted)
-	before  bucket.State
-	after   bucket.State
-	fullAt  int64
-	value   []byte // the group's value as read (a copy)
-	evicted bool
+	slot   slots.Slot
+	before bucket.State
+	after  bucket.State
+	fullAt int64
+}
+
+// layout is a bucket record's: free once full (a full bucket and a new one
+// decide alike); evicted closest to full, buckets in debt last.
+var layout = slots.Layout{
+	RecordLen: RecordLen,
+	Free:      func(rec []byte, now int64) bool { return fullAt(rec) <= now },
+	Before: func(a, b []byte, _ int64) bool {
+		// A bucket left in debt by its last write (a cost known from the
+		// response) is evicted only when every bucket of the group is:
+		// evicting it would forgive its debt on top of a burst.
+		if da, db := state(a).Tokens < 0, state(b).Tokens < 0; da != db {
+			return db
+		}
+		return fullAt(a) < fullAt(b)
+	},
+}
+
+func fullAt(rec []byte) int64 { return int64(binary.LittleEndian.Uint64(rec[bucket.EncodedLen:])) }
+
+// state decodes a record's bucket; a damaged one starts afresh.
+func state(rec []byte) bucket.State {
+	if rec == nil {
+		return bucket.State{}
+	}
+	st, err := bucket.DecodeState(rec[:bucket.EncodedLen])
+	if err != nil {
+		return bucket.State{}
+	}
+	return st
 }
 
 // New returns a Table of at least maxKeys buckets (rounded up to whole
 // groups) whose shared-data keys start with prefix. Tables with the same
 // prefix and size see the same buckets.
-func New(sd SharedData, prefix string, maxKeys int) (*Table, error) {
+func New(sd slots.SharedData, prefix string, maxKeys int) (*Table, error) {
 	if maxKeys < 1 {
 		return nil, errors.New("store: max keys must be >= 1, got " + strconv.Itoa(maxKeys))
 	}
-	groups := uint64((maxKeys + SlotsPerGroup - 1) / SlotsPerGroup)
-	return &Table{
-		sd:      sd,
-		prefix:  prefix + strconv.FormatUint(groups, 10) + ":",
-		groups:  groups,
-		lastCAS: noCAS,
-	}, nil
+	t, err := slots.New(sd, prefix, maxKeys, layout)
+	if err != nil {
+		return nil, err
+	}
+	return &Table{t: t}, nil
 }
 
-// WithSeed places buckets by the seed stored under key (LoadSeed), read or
-// created at the table's first use, and returns t. Every Table over the same
-// shared data must use the same key. A seed that cannot be read fails that
-// use, as any shared-data error does, and is tried again at the next.
+// WithSeed places buckets by the seed stored under key (slots.LoadSeed) and
+// returns t.
 func (t *Table) WithSeed(key string) *Table {
-	t.seedKey = key
+	t.t.WithSeed(key)
 	return t
+}
+
+// Groups is the number of shared-data keys the table owns.
+func (t *Table) Groups() int { return t.t.Groups() }
+
+// load reads id's bucket into ref.
+func (t *Table) load(ref *slotRef, id uint64, now int64) error {
+	*ref = slotRef{slot: ref.slot}
+	if err := t.t.Load(&ref.slot, id, now); err != nil {
+		return err
+	}
+	ref.before = state(ref.slot.Record())
+	return nil
+}
+
+// write stores state s into ref's slot.
+func (t *Table) write(ref *slotRef, s bucket.State, full int64) error {
+	return t.t.Write(&ref.slot, t.encode(s, full))
+}
+
+// encode is the record of state s, full at full (in t's scratch).
+func (t *Table) encode(s bucket.State, full int64) []byte {
+	s.AppendBinary(t.rec[:0])
+	binary.LittleEndian.PutUint64(t.rec[bucket.EncodedLen:], uint64(full))
+	return t.rec[:]
 }
 
 // Decide takes each request's cost from its bucket, all or nothing, at time
@@ -113,10 +127,10 @@ func (t *Table) WithSeed(key string) *Table {
 // a consumed token, and the rejecting buckets' decisions say so (the others'
 // report their tokens as they are). On an error every bucket is left as it was.
 func (t *Table) Decide(now int64, reqs []Request, out []bucket.Decision) (ok bool, o Outcome, err error) {
-	if cap(t.slots) < len(reqs) {
-		t.slots = make([]slotRef, len(reqs))
+	if cap(t.refs) < len(reqs) {
+		t.refs = make([]slotRef, len(reqs))
 	}
-	refs := t.slots[:len(reqs)]
+	refs := t.refs[:len(reqs)]
 	ok = true
 	for i := range reqs {
 		if err := t.load(&refs[i], reqs[i].ID, now); err != nil {
@@ -140,7 +154,7 @@ func (t *Table) Decide(now int64, reqs []Request, out []bucket.Decision) (ok boo
 		}
 	}
 	for i := range refs {
-		if refs[i].evicted {
+		if refs[i].slot.Evicted {
 			o.Evictions++
 		}
 	}
@@ -163,12 +177,12 @@ func (t *Table) commit(ref *slotRef, req *Request, now int64, d *bucket.Decision
 		if err == nil {
 			return true, nil
 		}
-		if !errors.Is(err, ErrCASMismatch) {
+		if !errors.Is(err, slots.ErrCASMismatch) {
 			return false, err
 		}
 		o.Retries++
 		if attempt == MaxAttempts {
-			return false, ErrContention
+			return false, slots.ErrContention
 		}
 		if err := t.load(ref, req.ID, now); err != nil {
 			return false, err
@@ -183,10 +197,10 @@ func (t *Table) commit(ref *slotRef, req *Request, now int64, d *bucket.Decision
 // (for a request that a later check, such as the limit service, rejected).
 // It returns how many buckets it refunded; see refund.
 func (t *Table) Refund(now int64, reqs []Request) int {
-	if cap(t.slots) < len(reqs) {
-		t.slots = make([]slotRef, len(reqs))
+	if cap(t.refs) < len(reqs) {
+		t.refs = make([]slotRef, len(reqs))
 	}
-	return t.refund(t.slots[:len(reqs)], reqs, now)
+	return t.refund(t.refs[:len(reqs)], reqs, now)
 }
 
 // refund gives back the cost of buckets already written. It returns how many
@@ -195,22 +209,16 @@ func (t *Table) Refund(now int64, reqs []Request) int {
 func (t *Table) refund(refs []slotRef, reqs []Request, now int64) int {
 	n := 0
 	for i := range refs {
-		for attempt := 0; attempt < MaxAttempts; attempt++ {
-			if err := t.load(&refs[i], reqs[i].ID, now); err != nil {
-				break
+		req := &reqs[i]
+		_, wrote, _, err := t.t.Update(&refs[i].slot, req.ID, now, func(s *slots.Slot) ([]byte, bool) {
+			if !s.Found {
+				return nil, false // the bucket is gone: nothing to give back
 			}
-			if !refs[i].found {
-				break // the bucket is gone: nothing to give back
-			}
-			s := reqs[i].Limit.Refund(refs[i].before, now, reqs[i].Cost)
-			err := t.write(&refs[i], s, reqs[i].Limit.FullAt(s))
-			if err == nil {
-				n++
-				break
-			}
-			if !errors.Is(err, ErrCASMismatch) {
-				break
-			}
+			st := req.Limit.Refund(state(s.Record()), now, req.Cost)
+			return t.encode(st, req.Limit.FullAt(st)), true
+		})
+		if err == nil && wrote {
+			n++
 		}
 	}
 	return n
@@ -230,49 +238,34 @@ func (t *Table) refund(refs []slotRef, reqs []Request, now int64) int {
 // reqs[i]'s bucket holds after the charge, as an admitted Decision of cost 0
 // (bucket.Limit.Report): the response headers of a charged request.
 func (t *Table) Charge(now int64, reqs []Request, out []bucket.Decision) (charged int, o Outcome, err error) {
-	if cap(t.slots) < 1 {
-		t.slots = make([]slotRef, 1)
+	if cap(t.refs) < 1 {
+		t.refs = make([]slotRef, 1)
 	}
-	ref := &t.slots[0]
+	ref := &t.refs[0]
 	for i := range reqs {
 		req := &reqs[i]
-		report := func(s bucket.State) {
-			if out != nil {
-				at := max(now, s.At)
-				out[i] = req.Limit.Report(req.Limit.Tokens(s, at), at-now, 0, true)
+		rec, wrote, retries, e := t.t.Update(&ref.slot, req.ID, now, func(s *slots.Slot) ([]byte, bool) {
+			if !(req.Cost > 0 || req.Cost < 0) || !s.Found && req.Cost < 0 {
+				return nil, false // nothing to charge, or nothing to give back
+			}
+			st := req.Limit.Charge(state(s.Record()), now, req.Cost)
+			return t.encode(st, req.Limit.FullAt(st)), true
+		})
+		o.Retries += retries
+		after := state(ref.slot.Record()) // as read: the report when nothing was written
+		switch {
+		case e != nil:
+			err = firstErr(err, e)
+		case wrote:
+			after = state(rec)
+			charged++
+			if ref.slot.Evicted {
+				o.Evictions++
 			}
 		}
-		report(bucket.State{})
-		for attempt := 1; ; attempt++ {
-			if e := t.load(ref, req.ID, now); e != nil {
-				err = firstErr(err, e)
-				break
-			}
-			if ref.found {
-				report(ref.before)
-			}
-			if !(req.Cost > 0 || req.Cost < 0) || !ref.found && req.Cost < 0 {
-				break // nothing to charge (the report is the bucket as it is), or nothing to give back
-			}
-			s := req.Limit.Charge(ref.before, now, req.Cost)
-			e := t.write(ref, s, req.Limit.FullAt(s))
-			if e == nil {
-				report(s)
-				charged++
-				if ref.evicted {
-					o.Evictions++
-				}
-				break
-			}
-			if !errors.Is(e, ErrCASMismatch) {
-				err = firstErr(err, e)
-				break
-			}
-			o.Retries++
-			if attempt == MaxAttempts {
-				err = firstErr(err, ErrContention)
-				break
-			}
+		if out != nil {
+			at := max(now, after.At)
+			out[i] = req.Limit.Report(req.Limit.Tokens(after, at), at-now, 0, true)
 		}
 	}
 	return charged, o, err
@@ -284,93 +277,4 @@ func firstErr(first, next error) error {
 		return first
 	}
 	return next
-}
-
-// groupKey returns the shared-data key of group g. The string aliases t.key
-// and is valid until the next call: hosts copy keys.
-func (t *Table) groupKey(g uint64) string {
-	t.key = append(t.key[:0], t.prefix...)
-	t.key = strconv.AppendUint(t.key, g, 10)
-	return unsafe.String(unsafe.SliceData(t.key), len(t.key))
-}
-
-// load reads id's group and finds the slot for id: its own, else an empty or
-// full one, else the one closest to full among the buckets not in debt, else
-// the one closest to full (evicting it).
-func (t *Table) load(ref *slotRef, id uint64, now int64) error {
-	if id == 0 {
-		id = 1
-	}
-	if t.seed == 0 && t.seedKey != "" {
-		seed, err := LoadSeed(t.sd, t.seedKey)
-		if err != nil {
-			return err
-		}
-		t.seed = seed
-	}
-	*ref = slotRef{id: id, group: Place(id, t.seed, t.groups), value: ref.value[:0]}
-	v, cas, err := t.sd.Get(t.groupKey(ref.group))
-	switch {
-	case errors.Is(err, ErrNotFound):
-		// Any worker that creates the key from now on gets a CAS issued
-		// after lastCAS, so writing with lastCAS cannot overwrite it.
-		ref.cas, ref.value = t.lastCAS, nil
-		return nil
-	case err != nil:
-		return err
-	}
-	t.lastCAS = cas
-	ref.cas = cas
-	if len(v) != GroupLen {
-		// Not ours or damaged: treat as empty; the CAS write replaces it.
-		ref.value = ref.value[:0]
-		return nil
-	}
-	ref.value = append(ref.value, v...)
-	free, oldest := -1, -1
-	var oldestFull int64
-	oldestDebt := true
-	for s := 0; s < SlotsPerGroup; s++ {
-		rec := ref.value[s*RecordLen : (s+1)*RecordLen]
-		fp := binary.LittleEndian.Uint64(rec)
-		fullAt := int64(binary.LittleEndian.Uint64(rec[8+bucket.EncodedLen:]))
-		st, err := bucket.DecodeState(rec[8 : 8+bucket.EncodedLen])
-		if err != nil {
-			st = bucket.State{} // damaged slot: start the bucket afresh
-		}
-		if fp == id {
-			ref.slot, ref.before, ref.found = s, st, true
-			return nil
-		}
-		if free < 0 && (fp == 0 || fullAt <= now) {
-			free = s
-		}
-		// A bucket left in debt by its last write (a cost known from the
-		// response) is evicted only when every bucket of the group is:
-		// evicting it would forgive its debt on top of a burst.
-		debt := st.Tokens < 0
-		if oldest < 0 || oldestDebt && !debt || debt == oldestDebt && fullAt < oldestFull {
-			oldest, oldestFull, oldestDebt = s, fullAt, debt
-		}
-	}
-	if free >= 0 {
-		ref.slot = free
-	} else {
-		ref.slot, ref.evicted = oldest, true
-	}
-	return nil
-}
-
-// write stores state s for ref's bucket into its group with the CAS of the
-// read (or, for a missing key, the CAS of an earlier read: see the package doc).
-func (t *Table) write(ref *slotRef, s bucket.State, fullAt int64) error {
-	t.val = append(t.val[:0], ref.value...)
-	if len(t.val) != GroupLen {
-		t.val = append(t.val[:0], emptyGroup[:]...)
-	}
-	rec := t.val[ref.slot*RecordLen : (ref.slot+1)*RecordLen]
-	binary.LittleEndian.PutUint64(rec, ref.id)
-	s.AppendBinary(rec[8:8]) // fills rec[8:24] in place
-	binary.LittleEndian.PutUint64(rec[8+bucket.EncodedLen:], uint64(fullAt))
-	return t.sd.Set(t.groupKey(ref.group), t.val, ref.cas)
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/shareddata"
 )
 
 const sec = int64(1e9)
@@ -21,7 +23,7 @@ func take(t *testing.T, tb *Table, now int64, reqs ...Request) bool {
 	return ok
 }
 
-func mustNew(t testing.TB, sd SharedData, maxKeys int) *Table {
+func mustNew(t testing.TB, sd slots.SharedData, maxKeys int) *Table {
 	t.Helper()
 	tb, err := New(sd, "test:", maxKeys)
 	if err != nil {
@@ -31,7 +33,7 @@ func mustNew(t testing.TB, sd SharedData, maxKeys int) *Table {
 }
 
 func TestTimeline(t *testing.T) {
-	tb := mustNew(t, newEnvoyData(), 100)
+	tb := mustNew(t, shareddata.New(), 100)
 	lim := bucket.Limit{Rate: 1, Burst: 2}
 	t0 := 1000 * sec
 	steps := []struct {
@@ -56,76 +58,12 @@ func TestTimeline(t *testing.T) {
 	}
 }
 
-// TestCreateRace replays the host's gap: two workers read a new key as
-// missing, one creates it and takes the only token, then the other writes.
-// A set on a missing key ignores the CAS, so a naive design admits both.
-func TestCreateRace(t *testing.T) {
-	for _, warm := range []bool{false, true} {
-		sd := newEnvoyData()
-		a, b := mustNew(t, sd, 100), mustNew(t, sd, 100)
-		lim := bucket.Limit{Rate: 1, Burst: 1}
-		now := 5 * sec
-		if warm { // a has read other values before: its creation CAS is a real one
-			take(t, a, now, Request{ID: 1000003, Limit: lim, Cost: 1})
-			take(t, a, now, Request{ID: 1000003, Limit: lim, Cost: 1})
-		}
-		raced := false
-		sd.beforeSet = func(string) {
-			if raced {
-				return
-			}
-			raced = true
-			if !take(t, b, now, Request{ID: 42, Limit: lim, Cost: 1}) {
-				t.Errorf("warm=%v: b rejected on a new bucket", warm)
-			}
-		}
-		if take(t, a, now, Request{ID: 42, Limit: lim, Cost: 1}) {
-			t.Errorf("warm=%v: a and b both admitted on a bucket of burst 1", warm)
-		}
-		if !raced {
-			t.Fatal("the race was not played")
-		}
-	}
-}
-
-// TestHammer runs several workers (one Table each, as Envoy's VMs) on one key
-// and demands exactly burst admissions at a fixed moment.
-func TestHammer(t *testing.T) {
-	sd := newEnvoyData()
-	const workers, perWorker, burst = 4, 200, 50
-	lim := bucket.Limit{Rate: 1, Burst: burst}
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		tb := mustNew(t, sd, 1000)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			out := make([]bucket.Decision, 1)
-			for i := 0; i < perWorker; i++ {
-				ok, _, err := tb.Decide(100*sec, []Request{{ID: 99, Limit: lim, Cost: 1}}, out)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if ok {
-					admitted.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if got := admitted.Load(); got != burst {
-		t.Fatalf("admitted %d, want exactly %d", got, burst)
-	}
-}
-
 // TestStackAtomic: per-key buckets of burst 5 under a global bucket of
 // burst 12, hammered by several workers. Every admitted request consumed
 // from both buckets and no rejected one kept a token: the global bucket's
 // consumption equals the sum over the per-key buckets.
 func TestStackAtomic(t *testing.T) {
-	sd := newEnvoyData()
+	sd := shareddata.New()
 	const workers = 4
 	perKey := bucket.Limit{Rate: 1e-9, Burst: 5}
 	global := bucket.Limit{Rate: 1e-9, Burst: 12}
@@ -171,7 +109,7 @@ func tokensOf(t *testing.T, tb *Table, id uint64, lim bucket.Limit, now int64) f
 	if err := tb.load(&ref, id, now); err != nil {
 		t.Fatal(err)
 	}
-	if !ref.found {
+	if !ref.slot.Found {
 		return lim.Burst
 	}
 	return lim.Tokens(ref.before, now)
@@ -180,14 +118,14 @@ func tokensOf(t *testing.T, tb *Table, id uint64, lim bucket.Limit, now int64) f
 // TestStackRollback: the second bucket loses a race and then rejects; the
 // first, already written, is refunded.
 func TestStackRollback(t *testing.T) {
-	sd := newEnvoyData()
+	sd := shareddata.New()
 	a, b := mustNew(t, sd, 64), mustNew(t, sd, 64)
 	perKey := bucket.Limit{Rate: 1, Burst: 5}
 	global := bucket.Limit{Rate: 1, Burst: 1}
 	now := 9 * sec
 	globalKey := "test:16:0" // 1<<40 % 16 groups
 	raced := false
-	sd.beforeSet = func(key string) {
+	sd.BeforeSet = func(key string) {
 		if key == globalKey && !raced {
 			raced = true
 			if !take(t, b, now, Request{ID: 1 << 40, Limit: global, Cost: 1}) {
@@ -208,23 +146,11 @@ func TestStackRollback(t *testing.T) {
 	}
 }
 
-func TestBounded(t *testing.T) {
-	sd := newEnvoyData()
-	tb := mustNew(t, sd, 1000)
-	lim := bucket.Limit{Rate: 10, Burst: 10}
-	for i := uint64(1); i <= 100000; i++ {
-		take(t, tb, int64(i)*sec/1000, Request{ID: i * 0x9E3779B97F4A7C15, Limit: lim, Cost: 1})
-	}
-	if n := sd.len(); n > tb.Groups() || tb.Groups() != 250 {
-		t.Fatalf("%d keys for %d groups", n, tb.Groups())
-	}
-}
-
 // TestReclaimFull: a slot whose bucket is full again is reused without an
 // eviction; a group of buckets not yet full evicts the one closest to full.
 func TestReclaimAndEvict(t *testing.T) {
-	sd := newEnvoyData()
-	tb := mustNew(t, sd, SlotsPerGroup) // one group
+	sd := shareddata.New()
+	tb := mustNew(t, sd, slots.SlotsPerGroup) // one group
 	lim := bucket.Limit{Rate: 1, Burst: 10}
 	out := make([]bucket.Decision, 1)
 	decide := func(now int64, id uint64, cost float64) Outcome {
@@ -236,7 +162,7 @@ func TestReclaimAndEvict(t *testing.T) {
 		return o
 	}
 	now := 100 * sec
-	for id := uint64(1); id <= SlotsPerGroup; id++ {
+	for id := uint64(1); id <= slots.SlotsPerGroup; id++ {
 		decide(now, id, float64(id)) // bucket id is full again after id seconds
 	}
 	if o := decide(now, 99, 1); o.Evictions != 1 {
@@ -255,40 +181,13 @@ func TestReclaimAndEvict(t *testing.T) {
 	}
 }
 
-type failingData struct{ err error }
+// alwaysMismatch loses every write.
+type alwaysMismatch struct{ *shareddata.Envoy }
 
-func (f failingData) Get(string) ([]byte, uint32, error) { return nil, 0, f.err }
-func (f failingData) Set(string, []byte, uint32) error   { return f.err }
-
-func TestHostError(t *testing.T) {
-	boom := errors.New("boom")
-	tb := mustNew(t, failingData{boom}, 10)
-	_, _, err := tb.Decide(sec, []Request{{ID: 1, Limit: bucket.Limit{Rate: 1, Burst: 1}, Cost: 1}}, make([]bucket.Decision, 1))
-	if !errors.Is(err, boom) {
-		t.Fatalf("err = %v, want boom", err)
-	}
-}
-
-// alwaysMismatch loses every write: the decision ends with ErrContention
-// after MaxAttempts and writes nothing.
-type alwaysMismatch struct{ *envoyData }
-
-func (a alwaysMismatch) Set(string, []byte, uint32) error { return ErrCASMismatch }
-
-func TestContentionBounded(t *testing.T) {
-	sd := alwaysMismatch{newEnvoyData()}
-	tb := mustNew(t, sd, 10)
-	_, o, err := tb.Decide(sec, []Request{{ID: 1, Limit: bucket.Limit{Rate: 1, Burst: 1}, Cost: 1}}, make([]bucket.Decision, 1))
-	if !errors.Is(err, ErrContention) || o.Retries != MaxAttempts {
-		t.Fatalf("err = %v, retries = %d; want ErrContention after %d", err, o.Retries, MaxAttempts)
-	}
-	if sd.len() != 0 {
-		t.Fatal("a failed decision wrote")
-	}
-}
+func (a alwaysMismatch) Set(string, []byte, uint32) error { return slots.ErrCASMismatch }
 
 func BenchmarkDecide(b *testing.B) {
-	tb := mustNew(b, newEnvoyData(), 100000)
+	tb := mustNew(b, shareddata.New(), 100000)
 	reqs := []Request{{ID: 12345, Limit: bucket.Limit{Rate: 1e9, Burst: 1e9}, Cost: 1}}
 	out := make([]bucket.Decision, 1)
 	b.ReportAllocs()
@@ -305,7 +204,7 @@ func BenchmarkDecide(b *testing.B) {
 // at burst − 3 × admitted, floored at −burst, and nothing is admitted
 // while it holds less than the reservation.
 func TestChargeHammer(t *testing.T) {
-	sd := newEnvoyData()
+	sd := shareddata.New()
 	const workers, perWorker, burst = 4, 100, 40
 	lim := bucket.Limit{Rate: 1e-9, Burst: burst}
 	now := 100 * sec
@@ -353,7 +252,7 @@ func TestChargeHammer(t *testing.T) {
 }
 
 func TestChargeRefundAndMissing(t *testing.T) {
-	tb := mustNew(t, newEnvoyData(), 100)
+	tb := mustNew(t, shareddata.New(), 100)
 	lim := bucket.Limit{Rate: 1, Burst: 10}
 	now := 100 * sec
 	// A refund of a bucket the table does not hold writes nothing.
@@ -380,8 +279,8 @@ func TestChargeRefundAndMissing(t *testing.T) {
 	if _, _, err := tb.Charge(now, []Request{{ID: 3, Limit: lim, Cost: 1}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	tb2 := mustNew(t, alwaysMismatch{newEnvoyData()}, 100)
-	if n, o, err := tb2.Charge(now, []Request{{ID: 3, Limit: lim, Cost: 1}}, nil); n != 0 || !errors.Is(err, ErrContention) || o.Retries != MaxAttempts {
+	tb2 := mustNew(t, alwaysMismatch{shareddata.New()}, 100)
+	if n, o, err := tb2.Charge(now, []Request{{ID: 3, Limit: lim, Cost: 1}}, nil); n != 0 || !errors.Is(err, slots.ErrContention) || o.Retries != MaxAttempts {
 		t.Fatalf("under contention Charge = %d, %+v, %v", n, o, err)
 	}
 }

@@ -1,4 +1,4 @@
-package store
+package slots
 
 import (
 	"crypto/rand"
