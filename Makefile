@@ -145,6 +145,7 @@ clean:
 #               bench-guest
 #   start.mk    footprint, bench-start
 #   memory.mk   bench-memory
+#   config.mk   lint CONFIG=file (the plugin's configuration checked without Envoy)
 #   oci.mk      oci, oci-push, validate-istio [MANIFESTS=...]
 #   service.mk  build-service, test-service, test-service-redis, bench-service, fuzz-service, oci-limitd
 #   soak.mk     soak-versions (the Envoy version floor, measured; not in CI)
