@@ -9,10 +9,12 @@
 //
 //   - a .json file (or - for standard input): the configuration itself, the
 //     bytes the plugin receives;
+//
 //   - in a .yaml or .yml file, each Istio WasmPlugin manifest (kind:
 //     WasmPlugin): spec.pluginConfig, turned into the JSON the plugin
 //     receives as Istio does it (package manifest: protojson of the
 //     google.protobuf.Struct);
+//
 //   - in a .yaml or .yml file, each other document (an Envoy bootstrap or
 //     resource): the configuration of every Wasm plugin in it (an object
 //     with vm_config), a google.protobuf.StringValue (or BytesValue).
