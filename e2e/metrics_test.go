@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
 )
@@ -71,15 +74,39 @@ func TestPrometheusRuleLabel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The stats_config of envoy.yaml alone, as an override merged over a
+	// bootstrap without it (Envoy's --config-yaml, which appends repeated
+	// fields: the form Istio's custom bootstrap takes).
+	raw, err := os.ReadFile("../envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var demo map[string]any
+	if err := yaml.Unmarshal(raw, &demo); err != nil {
+		t.Fatal(err)
+	}
+	override, err := json.Marshal(map[string]any{"stats_config": demo["stats_config"]})
+	if err != nil || demo["stats_config"] == nil {
+		t.Fatalf("envoy.yaml has no stats_config (%v)", err)
+	}
 	for _, tt := range []struct {
 		name, bootstrap, rule string
+		args                  []string
 	}{
-		{"envoy.yaml", ex.bootstrap, "per-key"},
-		{"rule name with dots", strings.Replace(ex.bootstrap, string(embedded), string(dotted), 1), "tier.gold"},
+		{name: "envoy.yaml", bootstrap: ex.bootstrap, rule: "per-key"},
+		{name: "rule name with dots", bootstrap: strings.Replace(ex.bootstrap, string(embedded), string(dotted), 1), rule: "tier.gold"},
+		{name: "stats_config merged by --config-yaml", bootstrap: envoytest.DemoConfigYAML, rule: "per-key",
+			args: []string{"--config-yaml", string(override)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			// The demo answers from a listener of its own on UpstreamPort.
-			e := envoytest.Start(t, envoytest.Options{Config: tt.bootstrap, UpstreamPort: envoytest.FreePort(t), Concurrency: 1})
+			opts := envoytest.Options{Config: tt.bootstrap, UpstreamPort: envoytest.FreePort(t), Concurrency: 1, ExtraArgs: tt.args}
+			if tt.bootstrap == envoytest.DemoConfigYAML {
+				up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+				opts.UpstreamPort = up.Port()
+				opts.PluginConfig = ex.config
+			}
+			e := envoytest.Start(t, opts)
 			c := e.Client()
 			t.Cleanup(c.Close)
 			for i := 0; i < 6; i++ { // burst 5: five allowed, one rejected
