@@ -58,7 +58,8 @@ func TestPrometheusNames(t *testing.T) {
 // checks the names as users query them: tokenbucket_rule_allowed{rule="per-key"}
 // in /stats/prometheus, the full wasmcustom.tokenbucket.rule.per-key.allowed
 // in /stats. A second configuration gives a rule name with dots
-// ("tier.gold"), which the tag keeps whole.
+// ("tier.gold"), which the tag keeps whole; a third gives the tag through
+// the custom bootstrap docs/istio.md prescribes for Istio.
 func TestPrometheusRuleLabel(t *testing.T) {
 	envoytest.Needs(t, true)
 	ex := loadExample(t, "quickstart", "..")
@@ -74,21 +75,10 @@ func TestPrometheusRuleLabel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The stats_config of envoy.yaml alone, as an override merged over a
-	// bootstrap without it (Envoy's --config-yaml, which appends repeated
-	// fields: the form Istio's custom bootstrap takes).
-	raw, err := os.ReadFile("../envoy.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var demo map[string]any
-	if err := yaml.Unmarshal(raw, &demo); err != nil {
-		t.Fatal(err)
-	}
-	override, err := json.Marshal(map[string]any{"stats_config": demo["stats_config"]})
-	if err != nil || demo["stats_config"] == nil {
-		t.Fatalf("envoy.yaml has no stats_config (%v)", err)
-	}
+	// The custom bootstrap docs/istio.md gives Istio (its ConfigMap's
+	// custom_bootstrap.json), merged over a bootstrap without stats_config
+	// with --config-yaml, as pilot-agent hands it to Envoy.
+	override := istioCustomBootstrap(t)
 	for _, tt := range []struct {
 		name, bootstrap, rule string
 		args                  []string
@@ -96,7 +86,7 @@ func TestPrometheusRuleLabel(t *testing.T) {
 		{name: "envoy.yaml", bootstrap: ex.bootstrap, rule: "per-key"},
 		{name: "rule name with dots", bootstrap: strings.Replace(ex.bootstrap, string(embedded), string(dotted), 1), rule: "tier.gold"},
 		{name: "stats_config merged by --config-yaml", bootstrap: envoytest.DemoConfigYAML, rule: "per-key",
-			args: []string{"--config-yaml", string(override)}},
+			args: []string{"--config-yaml", override}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			// The demo answers from a listener of its own on UpstreamPort.
@@ -161,4 +151,29 @@ func grepLines(text, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// istioCustomBootstrap returns the custom_bootstrap.json of the ConfigMap in
+// docs/istio.md.
+func istioCustomBootstrap(t *testing.T) string {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/istio.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "  custom_bootstrap.json: |\n")
+	block, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/istio.md has no ConfigMap with custom_bootstrap.json")
+	}
+	var cm map[string]any
+	if err := yaml.Unmarshal([]byte("data:\n  custom_bootstrap.json: |\n"+block), &cm); err != nil {
+		t.Fatalf("docs/istio.md's ConfigMap: %v", err)
+	}
+	data, _ := cm["data"].(map[string]any)
+	j, _ := data["custom_bootstrap.json"].(string)
+	if !json.Valid([]byte(j)) {
+		t.Fatalf("docs/istio.md's custom_bootstrap.json is not JSON: %q", j)
+	}
+	return j
 }
