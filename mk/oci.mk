@@ -10,7 +10,8 @@
 #
 #   make oci OCI_REF=ghcr.io/acme/ratelimit:0.1.0
 #   make oci-push OCI_REF=ghcr.io/acme/ratelimit:0.1.0   # also push (docker login credentials), pull back, verify
-OCI_REF ?= localhost/ratelimit-wasm/tokenbucket:dev
+OCI_REF_DEFAULT := localhost/ratelimit-wasm/tokenbucket:dev
+OCI_REF ?= $(OCI_REF_DEFAULT)
 OCI_ARGS = -wasm $(BUILD)/plugin.wasm -layout $(BUILD)/oci -archive $(BUILD)/plugin-oci.tar \
 	-summary $(BUILD)/plugin-oci.json -ref $(OCI_REF) -render examples/istio -render-out $(BUILD)/istio
 
@@ -33,6 +34,7 @@ MANIFESTS ?=
 
 oci: build
 	$(GO) run ./cmd/ociimage $(OCI_ARGS)
+	@if [ '$(OCI_REF)' = '$(OCI_REF_DEFAULT)' ]; then echo 'note: $(BUILD)/istio/*.yaml name $(OCI_REF_DEFAULT), which no cluster pulls: for a cluster, make oci OCI_REF=<registry>/<name>:<tag>'; fi
 
 oci-push: build
 	$(GO) run ./cmd/ociimage $(OCI_ARGS) -push
