@@ -145,6 +145,8 @@ clean:
 #               bench-guest
 #   start.mk    footprint, bench-start
 #   memory.mk   bench-memory
+#   config.mk   lint CONFIG=file (the plugin's configuration checked without Envoy)
+#   release.mk  release [VERSION=...] (versioned artifacts with SHA256SUMS)
 #   oci.mk      oci, oci-push, validate-istio [MANIFESTS=...]
 #   service.mk  build-service, test-service, test-service-redis, bench-service, fuzz-service, oci-limitd
 #   soak.mk     soak-versions (the Envoy version floor, measured; not in CI)

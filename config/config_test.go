@@ -102,8 +102,10 @@ var badCases = []badCase{
 	// Cluster rules: what the limit service accepts, one service for all.
 	{name: "cluster burst above the service's bound", in: doc(svc, `{"name":"r","scope":"cluster","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1e6,"burst":1e12}}`), want: `config: rules[0].algorithm_config.burst: must be at most 1000000000 for a cluster rule (the limit service's bound), got 1000000000000`, gap: gapRelation},
 	{name: "cluster refill above the service's bound", in: doc(svc, `{"name":"r","scope":"cluster","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":0.001,"burst":31536}}`), want: `config: rules[0].algorithm_config.burst: burst / tokens_per_second is 31536000 seconds to refill, more than the limit service accepts for a cluster rule (604800 seconds)`, gap: gapRelation},
-	{name: "cluster rules with two services", in: doc(svc, rule(`"scope":"cluster"`), `{"name":"s","scope":"cluster","service":{"cluster":"d"},`+okAlg+`}`), want: `config: rules[1].service: every cluster rule must use the same service (one callout per request carries them all), got "c" and "d"`, gap: gapUnique},
-	{name: "shadow cluster rule with another service", in: doc(svc, rule(`"scope":"cluster"`), `{"name":"s","mode":"shadow","scope":"cluster","service":{"cluster":"c","timeout_ms":5},`+okAlg+`}`), want: `config: rules[1].service: every cluster rule must use the same service (one callout per request carries them all), got "c" and "c"`, gap: gapUnique},
+	{name: "cluster rules with two services", in: doc(svc, rule(`"scope":"cluster"`), `{"name":"s","scope":"cluster","service":{"cluster":"d"},`+okAlg+`}`), want: `config: rules[1].service.cluster: every cluster rule must use the same service (one callout per request carries them all): rules[0] has "c", rules[1] has "d"`, gap: gapUnique},
+	{name: "shadow cluster rule with another service", in: doc(svc, rule(`"scope":"cluster"`), `{"name":"s","mode":"shadow","scope":"cluster","service":{"cluster":"c","timeout_ms":5},`+okAlg+`}`), want: `config: rules[1].service.timeout_ms: every cluster rule must use the same service (one callout per request carries them all): rules[0] has 25, rules[1] has 5`, gap: gapUnique},
+	{name: "cluster rules with two failure modes", in: doc("", `{"name":"r","scope":"cluster","service":{"cluster":"limit_service"},`+okAlg+`}`, `{"name":"s","scope":"cluster","service":{"cluster":"limit_service","failure_mode":"deny"},`+okAlg+`}`), want: `config: rules[1].service.failure_mode: every cluster rule must use the same service (one callout per request carries them all): rules[0] has "allow", rules[1] has "deny"`, gap: gapUnique},
+	{name: "cluster rules with two tokens", in: doc("", `{"name":"a","scope":"cluster","service":{"cluster":"c","token":"t1"},`+okAlg+`}`, rule(""), `{"name":"s","scope":"cluster","service":{"cluster":"c","token":"t2"},`+okAlg+`}`), want: `config: rules[2].service.token: every cluster rule must use the same service (one callout per request carries them all): rules[0] and rules[2] have different tokens`, gap: gapUnique},
 	{name: "17 cluster rules", in: doc(svc, manyRules(17, `"scope":"cluster",`)...), want: `config: rules[16].scope: at most 16 cluster rules (the buckets one limit-service decision takes)`, gap: gapCount},
 
 	// The document.
@@ -915,3 +917,35 @@ func BenchmarkParse(b *testing.B) {
 func strconvQuote(s string) string { return strconv.Quote(s) }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestServiceDiffNamesEveryField: a change to any one field of Service is
+// named by serviceDiff, so the error for two cluster rules with different
+// services always says which field differs, whatever fields Service gains.
+func TestServiceDiffNamesEveryField(t *testing.T) {
+	base := Service{Cluster: "c", Authority: "c", Path: "/v1/decide", LeasePath: "/v1/lease", ChargePath: "/v1/charge", TimeoutMS: 25}
+	typ := reflect.TypeOf(base)
+	seen := map[string]bool{}
+	for i := 0; i < typ.NumField(); i++ {
+		other := base
+		f := reflect.ValueOf(&other).Elem().Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString(f.String() + "x")
+		case reflect.Int:
+			f.SetInt(f.Int() + 1)
+		default:
+			t.Fatalf("Service.%s: kind %v: teach this test to change it", typ.Field(i).Name, f.Kind())
+		}
+		name, a, b := serviceDiff(&base, &other)
+		if name == "" || a == b {
+			t.Errorf("Service.%s changed: serviceDiff = %q, %q, %q: want the field's JSON name and two values", typ.Field(i).Name, name, a, b)
+		}
+		if seen[name] {
+			t.Errorf("Service.%s: serviceDiff names %q, as for another field", typ.Field(i).Name, name)
+		}
+		seen[name] = true
+	}
+	if name, _, _ := serviceDiff(&base, &base); name != "" {
+		t.Errorf("serviceDiff of equal services = %q, want none", name)
+	}
+}

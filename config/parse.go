@@ -226,7 +226,7 @@ func Parse(data []byte) (*Config, error) {
 // of them than the service takes in one decision.
 func checkClusterRules(rules []Rule) error {
 	var first *Rule
-	n := 0
+	firstIdx, n := 0, 0
 	for i := range rules {
 		r := &rules[i]
 		if r.Scope != ScopeCluster || r.Action != ActionLimit {
@@ -237,14 +237,49 @@ func checkClusterRules(rules []Rule) error {
 			return errorf("rules["+strconv.Itoa(i)+"].scope", "at most "+strconv.Itoa(wire.MaxBuckets)+" cluster rules (the buckets one limit-service decision takes)")
 		}
 		if first == nil {
-			first = r
+			first, firstIdx = r, i
 			continue
 		}
 		if *r.Service != *first.Service {
-			return errorf("rules["+strconv.Itoa(i)+"].service", "every cluster rule must use the same service (one callout per request carries them all), got "+strconv.Quote(first.Service.Cluster)+" and "+strconv.Quote(r.Service.Cluster))
+			const msg = "every cluster rule must use the same service (one callout per request carries them all): "
+			at, this := "rules["+strconv.Itoa(firstIdx)+"]", "rules["+strconv.Itoa(i)+"]"
+			field, a, b := serviceDiff(first.Service, r.Service)
+			if field == "token" {
+				return errorf(this+".service.token", msg+at+" and "+this+" have different tokens")
+			}
+			return errorf(this+".service."+field, msg+at+" has "+a+", "+this+" has "+b)
 		}
 	}
 	return nil
+}
+
+// serviceFields are the fields of Service by their JSON names, each with
+// its value as the configuration spells it (TestServiceDiffNamesEveryField
+// fails when a field of Service is missing here).
+var serviceFields = [...]struct {
+	name  string
+	value func(*Service) string
+}{
+	{"cluster", func(s *Service) string { return strconv.Quote(s.Cluster) }},
+	{"authority", func(s *Service) string { return strconv.Quote(s.Authority) }},
+	{"path", func(s *Service) string { return strconv.Quote(s.Path) }},
+	{"lease_path", func(s *Service) string { return strconv.Quote(s.LeasePath) }},
+	{"charge_path", func(s *Service) string { return strconv.Quote(s.ChargePath) }},
+	{"timeout_ms", func(s *Service) string { return strconv.Itoa(s.TimeoutMS) }},
+	{"failure_mode", func(s *Service) string { return strconv.Quote(failureModeNames[s.FailureMode]) }},
+	{"token", func(s *Service) string { return strconv.Quote(s.Token) }},
+}
+
+// serviceDiff returns the JSON name of the first field in which a and b
+// differ, with its two values ("" when they are equal). A token's values
+// are secrets: callers must not print them.
+func serviceDiff(a, b *Service) (field, av, bv string) {
+	for _, f := range serviceFields {
+		if x, y := f.value(a), f.value(b); x != y {
+			return f.name, x, y
+		}
+	}
+	return "", "", ""
 }
 
 // checkRegexes bounds what the regexes of a configuration may cost a

@@ -130,7 +130,9 @@ type example struct {
 	name, dir string
 	// bootstrap is envoy.yaml as a template for envoytest.Options.Config.
 	bootstrap string
-	session   []sessionCmd
+	// config is the plugin configuration embedded in envoy.yaml.
+	config  string
+	session []sessionCmd
 }
 
 // sessionCmd is one "$ " line of a README and what it prints.
@@ -258,6 +260,7 @@ func loadExample(t *testing.T, name, dir string) example {
 	if _, err := config.Parse(file); err != nil {
 		t.Fatalf("config.json: %v", err)
 	}
+	ex.config = embedded[0]
 
 	ex.bootstrap, err = exampleTemplate(tree)
 	if err != nil {

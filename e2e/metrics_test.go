@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
 )
@@ -47,4 +51,129 @@ func TestPrometheusNames(t *testing.T) {
 	if strings.Contains(text, "envoy_wasmcustom") {
 		t.Error("/stats/prometheus names a metric envoy_wasmcustom_…: the names of docs/responses.md are wrong")
 	}
+}
+
+// TestPrometheusRuleLabel boots the demo's envoy.yaml, whose stats_config
+// turns the rule name into a Prometheus label (Envoy's tag extraction), and
+// checks the names as users query them: tokenbucket_rule_allowed{rule="per-key"}
+// in /stats/prometheus, the full wasmcustom.tokenbucket.rule.per-key.allowed
+// in /stats. A second configuration gives a rule name with dots
+// ("tier.gold"), which the tag keeps whole; a third gives the tag through
+// the custom bootstrap docs/istio.md prescribes for Istio.
+func TestPrometheusRuleLabel(t *testing.T) {
+	envoytest.Needs(t, true)
+	ex := loadExample(t, "quickstart", "..")
+	embedded, err := json.Marshal(ex.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(ex.bootstrap, string(embedded)) {
+		t.Fatal("the demo's bootstrap does not hold its configuration as one JSON string")
+	}
+	dotted, err := json.Marshal(`{"rules": [{"name": "tier.gold", "limit_keys": ["header:x-api-key"],
+	  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.02, "burst": 5}}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The custom bootstrap docs/istio.md gives Istio (its ConfigMap's
+	// custom_bootstrap.json), merged over a bootstrap without stats_config
+	// with --config-yaml, as pilot-agent hands it to Envoy.
+	override := istioCustomBootstrap(t)
+	for _, tt := range []struct {
+		name, bootstrap, rule string
+		args                  []string
+	}{
+		{name: "envoy.yaml", bootstrap: ex.bootstrap, rule: "per-key"},
+		{name: "rule name with dots", bootstrap: strings.Replace(ex.bootstrap, string(embedded), string(dotted), 1), rule: "tier.gold"},
+		{name: "stats_config merged by --config-yaml", bootstrap: envoytest.DemoConfigYAML, rule: "per-key",
+			args: []string{"--config-yaml", override}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// The demo answers from a listener of its own on UpstreamPort.
+			opts := envoytest.Options{Config: tt.bootstrap, UpstreamPort: envoytest.FreePort(t), Concurrency: 1, ExtraArgs: tt.args}
+			if tt.bootstrap == envoytest.DemoConfigYAML {
+				up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+				opts.UpstreamPort = up.Port()
+				opts.PluginConfig = ex.config
+			}
+			e := envoytest.Start(t, opts)
+			c := e.Client()
+			t.Cleanup(c.Close)
+			for i := 0; i < 6; i++ { // burst 5: five allowed, one rejected
+				c.Get("/", map[string]string{"x-api-key": "a"})
+			}
+			full := "wasmcustom.tokenbucket.rule." + tt.rule + "."
+			e.WaitStat(full+"rejected", 1, 5e9)
+			if got := e.Stat(full + "allowed"); got != 5 {
+				t.Errorf("/stats %sallowed = %d, want 5", full, got)
+			}
+			text := adminGet(t, e, "/stats/prometheus")
+			for _, want := range []string{
+				"tokenbucket_rule_allowed{rule=\"" + tt.rule + "\"} 5",
+				"tokenbucket_rule_rejected{rule=\"" + tt.rule + "\"} 1",
+				"tokenbucket_rule_failed_open{rule=\"" + tt.rule + "\"} 0",
+				"tokenbucket_rule_shadow_rejected{rule=\"" + tt.rule + "\"} 0",
+				"# TYPE tokenbucket_rule_allowed counter",
+				"tokenbucket_service_errors{} 0",
+			} {
+				if !strings.Contains(text, "\n"+want+"\n") {
+					t.Errorf("/stats/prometheus has no line %q", want)
+				}
+			}
+			if strings.Contains(text, "tokenbucket_rule_"+strings.NewReplacer("-", "_", ".", "_").Replace(tt.rule)) {
+				t.Errorf("/stats/prometheus still names the rule in a metric name:\n%s", grepLines(text, "tokenbucket_rule"))
+			}
+			t.Logf("/stats/prometheus:\n%s", grepLines(text, "tokenbucket_rule"))
+		})
+	}
+}
+
+func adminGet(t *testing.T, e *envoytest.Envoy, path string) string {
+	t.Helper()
+	resp, err := http.Get(e.AdminURL(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
+// grepLines returns the lines of text that contain substr.
+func grepLines(text, substr string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// istioCustomBootstrap returns the custom_bootstrap.json of the ConfigMap in
+// docs/istio.md.
+func istioCustomBootstrap(t *testing.T) string {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/istio.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "  custom_bootstrap.json: |\n")
+	block, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/istio.md has no ConfigMap with custom_bootstrap.json")
+	}
+	var cm map[string]any
+	if err := yaml.Unmarshal([]byte("data:\n  custom_bootstrap.json: |\n"+block), &cm); err != nil {
+		t.Fatalf("docs/istio.md's ConfigMap: %v", err)
+	}
+	data, _ := cm["data"].(map[string]any)
+	j, _ := data["custom_bootstrap.json"].(string)
+	if !json.Valid([]byte(j)) {
+		t.Fatalf("docs/istio.md's custom_bootstrap.json is not JSON: %q", j)
+	}
+	return j
 }

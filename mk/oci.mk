@@ -10,7 +10,8 @@
 #
 #   make oci OCI_REF=ghcr.io/acme/ratelimit:0.1.0
 #   make oci-push OCI_REF=ghcr.io/acme/ratelimit:0.1.0   # also push (docker login credentials), pull back, verify
-OCI_REF ?= localhost/ratelimit-wasm/tokenbucket:dev
+OCI_REF_DEFAULT := localhost/ratelimit-wasm/tokenbucket:dev
+OCI_REF ?= $(OCI_REF_DEFAULT)
 OCI_ARGS = -wasm $(BUILD)/plugin.wasm -layout $(BUILD)/oci -archive $(BUILD)/plugin-oci.tar \
 	-summary $(BUILD)/plugin-oci.json -ref $(OCI_REF) -render examples/istio -render-out $(BUILD)/istio
 
@@ -22,15 +23,27 @@ OCI_ARGS = -wasm $(BUILD)/plugin.wasm -layout $(BUILD)/oci -archive $(BUILD)/plu
 #
 #   make validate-istio                                  build/istio/*.yaml, after make oci
 #   make validate-istio MANIFESTS='my/wasmplugin.yaml my/limitd.yaml'
+#
+# Without MANIFESTS it validates build/istio/*.yaml as `make oci` left them,
+# and never rebuilds or rewrites them: each WasmPlugin must name the image
+# of build/plugin-oci.json (its reference and digest), so manifests rendered
+# for another reference or before the plugin changed are refused.
 MANIFESTS ?=
 
 .PHONY: oci oci-push validate-istio
 
 oci: build
 	$(GO) run ./cmd/ociimage $(OCI_ARGS)
+	@if [ '$(OCI_REF)' = '$(OCI_REF_DEFAULT)' ]; then echo 'note: $(BUILD)/istio/*.yaml name $(OCI_REF_DEFAULT), which no cluster pulls: for a cluster, make oci OCI_REF=<registry>/<name>:<tag>'; fi
 
 oci-push: build
 	$(GO) run ./cmd/ociimage $(OCI_ARGS) -push
 
-validate-istio: $(if $(MANIFESTS),,oci)
-	$(GO) run ./cmd/validateistio $(or $(MANIFESTS),$(BUILD)/istio/*.yaml)
+validate-istio:
+ifeq ($(MANIFESTS),)
+	@ls $(BUILD)/istio/*.yaml $(BUILD)/plugin-oci.json >/dev/null 2>&1 || { \
+		echo 'validate-istio: no $(BUILD)/istio/*.yaml and $(BUILD)/plugin-oci.json: run make oci OCI_REF=<registry>/<name>:<tag> first, or pass MANIFESTS=...'; exit 1; }
+	$(GO) run ./cmd/validateistio -image $(BUILD)/plugin-oci.json $(BUILD)/istio/*.yaml
+else
+	$(GO) run ./cmd/validateistio $(MANIFESTS)
+endif

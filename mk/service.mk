@@ -22,7 +22,17 @@
 
 BENCH_SERVICE_FLAGS ?=
 SERVICE_PKGS := ./service/... ./cmd/limitd/... ./cmd/benchservice/... ./internal/redistest/...
-LIMITD_SRC := $(shell find service cmd/limitd -name '*.go' -not -name '*_test.go' 2>/dev/null) service/decide.lua
+# Every file compiled or embedded into cmd/limitd, as go list names them:
+# the Go files and //go:embed files (the Lua scripts) of each package of
+# this module it imports. Should go list fail, the binary is always rebuilt
+# rather than kept stale.
+LIMITD_SRC := $(patsubst $(CURDIR)/%,%,$(shell $(GO) list -deps -f \
+	'{{if .Module}}{{if .Module.Main}}{{$$d := .Dir}}{{range .GoFiles}}{{$$d}}/{{.}} {{end}}{{range .EmbedFiles}}{{$$d}}/{{.}} {{end}}{{end}}{{end}}' \
+	./cmd/limitd 2>/dev/null))
+ifeq ($(LIMITD_SRC),)
+LIMITD_SRC := FORCE
+endif
+.PHONY: FORCE
 
 $(BUILD)/limitd: $(LIMITD_SRC) go.mod go.sum
 	@mkdir -p $(BUILD)

@@ -170,7 +170,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 		rootID = string(v)
 	}
 	if err := p.configure(data, rootID); err != nil {
-		proxywasm.LogCritical(Name + ": invalid configuration, refusing to start: " + err.Error())
+		proxywasm.LogCritical((&RefusalError{Err: err}).Error())
 		return types.OnPluginStartStatusFailed
 	}
 	if err := proxywasm.SetTickPeriodMilliSeconds(1000); err != nil {
@@ -179,6 +179,32 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	proxywasm.LogInfo(Name + ": started with " + strconv.Itoa(len(p.rules)) + " rules, max_keys " + strconv.Itoa(p.cfg.MaxKeys))
 	return types.OnPluginStartStatusOK
 }
+
+// RefusalError is a configuration the plugin refuses: OnPluginStart logs
+// its text as a critical line and fails, so Envoy refuses the plugin.
+type RefusalError struct{ Err error }
+
+func (e *RefusalError) Error() string {
+	return Name + ": invalid configuration, refusing to start: " + e.Err.Error()
+}
+
+func (e *RefusalError) Unwrap() error { return e.Err }
+
+// CheckConfiguration returns the *RefusalError OnPluginStart logs for data
+// as the plugin's configuration, or nil when the plugin would start with
+// it. It runs configure's validation (config.Parse, the only validator)
+// and needs no host, so a command can check a configuration without Envoy
+// (cmd/checkconfig).
+func CheckConfiguration(data []byte) error {
+	if _, err := parseConfiguration(data); err != nil {
+		return &RefusalError{Err: err}
+	}
+	return nil
+}
+
+// parseConfiguration is the validation of configure and of
+// CheckConfiguration.
+func parseConfiguration(data []byte) (*config.Config, error) { return config.Parse(data) }
 
 // OnTick implements types.PluginContext: it reports the Go runtime's memory
 // figures. Every worker's VM adds the change since its own last report, so
@@ -208,7 +234,7 @@ var reported struct{ heap, sys, gc uint64 }
 // a new configuration (or another worker) finds the same buckets for rules
 // whose name and limit keys are unchanged.
 func (p *pluginContext) configure(data []byte, rootID string) error {
-	cfg, err := config.Parse(data)
+	cfg, err := parseConfiguration(data)
 	if err != nil {
 		return err
 	}

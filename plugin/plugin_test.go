@@ -274,3 +274,41 @@ func TestReusedContextStartsClean(t *testing.T) {
 		t.Fatalf("first key again: %d, want 429", r.status)
 	}
 }
+
+// TestCheckConfigurationIsTheLoggedLine: for configurations the plugin
+// refuses, CheckConfiguration's text is the critical line OnPluginStart
+// logs, byte for byte; for one it accepts, it is nil and the plugin starts.
+func TestCheckConfigurationIsTheLoggedLine(t *testing.T) {
+	for _, cfg := range []string{
+		`{"rules": [{"name": "x", "limit_keys": ["header:k"], "algorithm": "token_bucket",
+		  "algorithm_config": {"tokens_per_second": 10, "burst": 5}}]}`,
+		`{"no_such_field": 1}`,
+		``,
+		`{"rules": [`,
+		`{"service": {"cluster": "limitd"}, "rules": [{"name": "a", "scope": "cluster", "algorithm": "token_bucket",
+		  "algorithm_config": {"tokens_per_second": 1, "burst": 2}}, {"name": "b", "scope": "cluster",
+		  "service": {"cluster": "limitd", "failure_mode": "deny"}, "algorithm": "token_bucket",
+		  "algorithm_config": {"tokens_per_second": 1, "burst": 2}}]}`,
+		perKey,
+	} {
+		vm := &vmContext{now: (&clock{}).now, sd: sharedData{}}
+		host, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().WithVMContext(vm).WithPluginConfiguration([]byte(cfg)))
+		st := host.StartPlugin()
+		logs := host.GetCriticalLogs()
+		reset()
+		err := CheckConfiguration([]byte(cfg))
+		if err == nil {
+			if st != types.OnPluginStartStatusOK || len(logs) != 0 {
+				t.Errorf("%s: CheckConfiguration accepts it, but StartPlugin = %v, critical logs %q", cfg, st, logs)
+			}
+			continue
+		}
+		if st != types.OnPluginStartStatusFailed || len(logs) != 1 || logs[0] != err.Error() {
+			t.Errorf("%s: StartPlugin = %v, critical logs %q; CheckConfiguration: %q", cfg, st, logs, err)
+		}
+		var re *RefusalError
+		if !errors.As(err, &re) {
+			t.Errorf("%s: CheckConfiguration = %T, want *RefusalError", cfg, err)
+		}
+	}
+}

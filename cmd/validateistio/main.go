@@ -11,11 +11,19 @@
 //
 //	go run ./cmd/validateistio build/istio/*.yaml
 //	go run ./cmd/validateistio -require-clusters examples/istio/*.yaml
+//	go run ./cmd/validateistio -image build/plugin-oci.json build/istio/*.yaml
+//
+// With -image (the summary `make oci` writes), every WasmPlugin must also
+// load that image: an oci:// url must be oci://<its ref> with spec.sha256
+// its image digest, another url's spec.sha256 that of its plugin.wasm. So a
+// manifest rendered for another reference, or before the plugin was
+// rebuilt, is refused rather than applied. The files are only read.
 //
 // It exits 1 when a file fails, 2 on a usage error.
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,6 +32,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	clientext "istio.io/client-go/pkg/apis/extensions/v1alpha1"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
 )
@@ -39,8 +49,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("validateistio", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	requireClusters := fs.Bool("require-clusters", false, "fail when a cluster rule's service.cluster is created by none of the given manifests")
+	imagePath := fs.String("image", "", "the summary `make oci` wrote (build/plugin-oci.json): every WasmPlugin must load that image")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: validateistio [-require-clusters] manifest.yaml...")
+		fmt.Fprintln(stderr, "usage: validateistio [-require-clusters] [-image build/plugin-oci.json] manifest.yaml...")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -50,7 +61,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if err := validate(fs.Args(), manifest.Options{RequireClusters: *requireClusters}, stdout); err != nil {
+	var img *image
+	if *imagePath != "" {
+		var err error
+		if img, err = readImage(*imagePath); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
+	if err := validate(fs.Args(), manifest.Options{RequireClusters: *requireClusters}, img, stdout); err != nil {
 		if !errors.Is(err, errFailed) {
 			fmt.Fprintln(stderr, err)
 		}
@@ -60,8 +79,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // validate decodes every file, then validates all their documents
-// together, printing one line per file, per note and per error.
-func validate(paths []string, opts manifest.Options, w io.Writer) error {
+// together (and against img, when not nil), printing one line per file, per
+// note and per error.
+func validate(paths []string, opts manifest.Options, img *image, w io.Writer) error {
 	var all []manifest.Doc
 	failed := false
 	for _, p := range paths {
@@ -90,6 +110,9 @@ func validate(paths []string, opts manifest.Options, w io.Writer) error {
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note %s\n", n)
 	}
+	if img != nil {
+		r.Errors = append(r.Errors, img.check(all)...)
+	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "FAIL %v\n", e)
 	}
@@ -107,4 +130,55 @@ func describe(kinds map[string]int) string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ", ")
+}
+
+// image is the part of cmd/ociimage's summary that a WasmPlugin names.
+type image struct {
+	file        string
+	Ref         string `json:"ref"`
+	ImageSHA256 string `json:"image_sha256"`
+	WasmSHA256  string `json:"wasm_sha256"`
+}
+
+func readImage(path string) (*image, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("validateistio: -image: %w", err)
+	}
+	img := &image{file: path}
+	if err := json.Unmarshal(b, img); err != nil {
+		return nil, fmt.Errorf("validateistio: -image %s: %w", path, err)
+	}
+	if img.Ref == "" || len(img.ImageSHA256) != 64 || len(img.WasmSHA256) != 64 {
+		return nil, fmt.Errorf("validateistio: -image %s: want ref, image_sha256 and wasm_sha256, got %q, %q, %q", path, img.Ref, img.ImageSHA256, img.WasmSHA256)
+	}
+	return img, nil
+}
+
+// check returns an error for every WasmPlugin of docs that would not load
+// img.
+func (img *image) check(docs []manifest.Doc) []error {
+	var errs []error
+	for _, d := range docs {
+		wp, ok := d.Obj.(*clientext.WasmPlugin)
+		if !ok {
+			continue
+		}
+		fail := func(format string, args ...any) {
+			errs = append(errs, fmt.Errorf("%s (WasmPlugin %s/%s): %s (the image of %s)", d, wp.Namespace, wp.Name, fmt.Sprintf(format, args...), img.file))
+		}
+		url, sum := wp.Spec.Url, wp.Spec.Sha256
+		switch {
+		case strings.HasPrefix(url, "oci://"):
+			if url != "oci://"+img.Ref {
+				fail("spec.url %q, want %q", url, "oci://"+img.Ref)
+			}
+			if sum != img.ImageSHA256 {
+				fail("spec.sha256 %q, want the image digest %q", sum, img.ImageSHA256)
+			}
+		case sum != "" && sum != img.WasmSHA256:
+			fail("spec.sha256 %q, want plugin.wasm's %q", sum, img.WasmSHA256)
+		}
+	}
+	return errs
 }

@@ -124,3 +124,46 @@ func TestRenderedManifests(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 }
+
+// TestImage: with -image, every WasmPlugin must name that image (its oci://
+// reference and digest); another reference or digest fails, and the
+// manifests are only read.
+func TestImage(t *testing.T) {
+	zero := strings.Repeat("0", 64)
+	summary := func(ref, image string) string {
+		p := filepath.Join(t.TempDir(), "plugin-oci.json")
+		b := `{"ref": "` + ref + `", "image_sha256": "` + image + `", "wasm_sha256": "` + strings.Repeat("1", 64) + `"}`
+		if err := os.WriteFile(p, []byte(b), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	files := examples(t)
+	before := map[string][]byte{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[f] = b
+	}
+	if code, out := runValidate(append([]string{"-image", summary("ghcr.io/ratelimit-wasm/tokenbucket:0.1.0", zero)}, files...)...); code != 0 {
+		t.Errorf("the examples' own image: exit %d:\n%s", code, out)
+	}
+	code, out := runValidate(append([]string{"-image", summary("localhost/ratelimit-wasm/tokenbucket:dev", zero)}, files...)...)
+	if code != 1 || !strings.Contains(out, `spec.url "oci://ghcr.io/ratelimit-wasm/tokenbucket:0.1.0", want "oci://localhost/ratelimit-wasm/tokenbucket:dev"`) {
+		t.Errorf("another reference: exit %d:\n%s", code, out)
+	}
+	code, out = runValidate(append([]string{"-image", summary("ghcr.io/ratelimit-wasm/tokenbucket:0.1.0", strings.Repeat("a", 64))}, files...)...)
+	if code != 1 || !strings.Contains(out, "spec.sha256 \""+zero+"\", want the image digest") {
+		t.Errorf("another digest: exit %d:\n%s", code, out)
+	}
+	if code, out := runValidate("-image", filepath.Join(t.TempDir(), "missing.json"), files[0]); code != 1 || !strings.Contains(out, "-image") {
+		t.Errorf("a missing summary: exit %d:\n%s", code, out)
+	}
+	for _, f := range files {
+		if b, _ := os.ReadFile(f); !bytes.Equal(b, before[f]) {
+			t.Errorf("%s changed", f)
+		}
+	}
+}
