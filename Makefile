@@ -50,10 +50,11 @@ sdk: $(BUILD)/sdk.stamp
 # checkout path: internal/repotest builds a copy elsewhere and compares.
 REPRO_FLAGS := -trimpath -buildvcs=false -ldflags='-s -w'
 
-WASM_SRC := $(shell find . -name '*.go' -not -path './build/*' -not -name '*_test.go' 2>/dev/null)
+WASM_SRC := $(shell find . -name '*.go' -not -path './build/*' -not -path './bench/*' -not -name '*_test.go' 2>/dev/null)
 
 # build_wasm builds the Go package $(1) into the proxy-wasm module $@ with
-# the standard compiler, against the SDK copy (also mk/memory.mk's perkey).
+# the standard compiler, against the SDK copy (bench/mk/bench.mk has its twin,
+# bench_wasm, for the lab module's Go packages).
 define build_wasm
 GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue \
 	-buildmode=c-shared $(REPRO_FLAGS) -o $@ $(1)
@@ -102,6 +103,7 @@ run-cluster: setup build build-service
 unit: build setup-redis
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 	cd third_party/pretty && $(GO) test -race -count=1 ./...
+	cd bench && $(GO) test -race -count=1 ./...
 
 e2e: setup setup-redis build build-service
 	$(GO) test -count=1 -timeout 20m -v ./e2e/... 2>&1 | tee $(BUILD)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
@@ -109,17 +111,21 @@ e2e: setup setup-redis build build-service
 # The README's test command: every test, e2e included.
 test: unit e2e
 
-# gofmt, go vet (native and wasip1), import groups (internal/lint), go mod tidy.
+# gofmt, go vet (native and wasip1), import groups (internal/lint), go mod tidy;
+# vet and tidy for the benchmark lab's module (bench/) too.
 check: sdk
 	@test -z "$$(gofmt -l $$(git ls-files '*.go') sdkglue)" || (gofmt -l $$(git ls-files '*.go') sdkglue; echo 'gofmt would change the files above'; exit 1)
 	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
 	$(GO) test -count=1 ./internal/lint/
 	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue . ./plugin/
 	@# the glue lives in the SDK's package, whose own code trips unsafeptr
 	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue,sdkglue_full -unsafeptr=false $(SDK_MOD)/proxywasm/internal
-	@cp go.mod $(BUILD)/tidy.mod; cp go.sum $(BUILD)/tidy.sum; \
-	$(GO) mod tidy -modfile=$(BUILD)/tidy.mod >/dev/null 2>&1; \
-	diff -q go.mod $(BUILD)/tidy.mod >/dev/null || (echo 'go mod tidy would change go.mod'; exit 1)
+	@for m in . bench; do \
+		cp $$m/go.mod $(BUILD)/tidy.mod; cp $$m/go.sum $(BUILD)/tidy.sum; \
+		(cd $$m && $(GO) mod tidy -modfile=$(abspath $(BUILD))/tidy.mod >/dev/null 2>&1); \
+		diff -q $$m/go.mod $(BUILD)/tidy.mod >/dev/null || { echo "go mod tidy would change $$m/go.mod"; exit 1; }; \
+	done
 
 FUZZTIME ?= 20s
 fuzz:
@@ -140,14 +146,15 @@ fuzz:
 clean:
 	rm -rf $(BUILD)
 
-# More targets, each described in its file under mk/:
-#   bench.mk    bench, bench-smoke (CI), bench-profile, bench-perf, bench-attrib, bench-body,
-#               bench-guest
-#   start.mk    footprint, bench-start
-#   memory.mk   bench-memory
+# More targets, each described in its file under mk/ and, for the benchmark
+# lab (a Go module of its own), bench/mk/:
+#   bench/mk/bench.mk   bench, bench-smoke (CI), bench-profile, bench-perf, bench-attrib, bench-body,
+#                       bench-guest, bench-service
+#   bench/mk/start.mk   footprint, bench-start
+#   bench/mk/memory.mk  bench-memory
 #   config.mk   lint CONFIG=file (the plugin's configuration checked without Envoy)
 #   release.mk  release [VERSION=...] (versioned artifacts with SHA256SUMS)
 #   oci.mk      oci, oci-push, validate-istio [MANIFESTS=...]
-#   service.mk  build-service, test-service, test-service-redis, bench-service, fuzz-service, oci-limitd
+#   service.mk  build-service, test-service, test-service-redis, fuzz-service, oci-limitd
 #   soak.mk     soak-versions (the Envoy version floor, measured; not in CI)
--include mk/*.mk
+-include mk/*.mk bench/mk/*.mk

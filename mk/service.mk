@@ -1,13 +1,12 @@
 # The cluster-wide limit service (issue 4): service/ (library), cmd/limitd
-# (the binary), internal/redistest (real redis-server processes for tests),
-# cmd/benchservice (its benchmark). See service/openapi.yaml.
+# (the binary), internal/redistest (real redis-server processes for tests).
+# Its benchmark (make bench-service) is in the benchmark lab: bench/mk/bench.mk.
+# See service/openapi.yaml.
 #
 #   make build-service        build/limitd: one static binary (CGO_ENABLED=0)
 #   make test-service         unit tests (miniredis) and, when redis-server is
 #                             installed, integration tests; -race
 #   make test-service-redis   the same with CI=true: a missing redis-server fails
-#   make bench-service        decisions/s and p50/p99 against a real Redis, with and
-#                             without batching, beside redis-benchmark EVALSHA
 #   make fuzz-service         fuzz the request decoder (package wire) for FUZZTIME
 #   make oci-limitd           limitd as a container image, no Docker daemon (cmd/ociimage -exe):
 #                             a static linux binary FROM scratch, /etc/passwd with user nonroot
@@ -15,13 +14,10 @@
 #                             (OCI layout) and build/limitd-oci.tar, both read back and verified,
 #                             digests in build/limitd-oci.json. Same binary, same digest.
 #                             OCI_LIMITD_REF names it; LIMITD_OCI_ARCH picks amd64 or arm64.
-#
-# BENCH_SERVICE_FLAGS passes options, e.g. BENCH_SERVICE_FLAGS='-duration 5s -c 100'.
 
-.PHONY: build-service test-service test-service-redis bench-service fuzz-service oci-limitd
+.PHONY: build-service test-service test-service-redis fuzz-service oci-limitd
 
-BENCH_SERVICE_FLAGS ?=
-SERVICE_PKGS := ./service/... ./cmd/limitd/... ./cmd/benchservice/... ./internal/redistest/...
+SERVICE_PKGS := ./service/... ./cmd/limitd/... ./internal/redistest/...
 # Every file compiled or embedded into cmd/limitd, as go list names them:
 # the Go files and //go:embed files (the Lua scripts) of each package of
 # this module it imports. Should go list fail, the binary is always rebuilt
@@ -46,9 +42,6 @@ test-service:
 
 test-service-redis:
 	CI=true $(GO) test -race -count=1 -run 'Integration|TestStart|TestCluster' ./service/ ./internal/redistest/
-
-bench-service:
-	$(GO) run ./cmd/benchservice $(BENCH_SERVICE_FLAGS)
 
 fuzz-service:
 	$(GO) test -run XXX -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./wire/

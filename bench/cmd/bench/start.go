@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/cmd/bench/nullwasm"
+	"github.com/ratelimit-wasm/tokenbucket/bench/cmd/bench/nullwasm"
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
 )
 

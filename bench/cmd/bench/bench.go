@@ -21,9 +21,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ratelimit-wasm/tokenbucket/cmd/bench/nullwasm"
+	"github.com/ratelimit-wasm/tokenbucket/bench/cmd/bench/nullwasm"
+	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
-	"github.com/ratelimit-wasm/tokenbucket/internal/loadgen"
 )
 
 // bench is one benchmark run.

@@ -37,7 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/loadgen"
+	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
 	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
 )

@@ -10,7 +10,7 @@ import (
 	"os"
 	"sort"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/wasmsize"
+	"github.com/ratelimit-wasm/tokenbucket/bench/internal/wasmsize"
 )
 
 func main() {

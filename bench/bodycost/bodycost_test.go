@@ -1,4 +1,4 @@
-package e2e
+package bodycost
 
 import (
 	"bytes"
@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/cmd/bench/nullwasm"
+	"github.com/ratelimit-wasm/tokenbucket/bench/cmd/bench/nullwasm"
+	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
 	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
-	"github.com/ratelimit-wasm/tokenbucket/internal/loadgen"
 )
 
 // TestBodyCallbackCost measures what the response body callback costs a

@@ -226,7 +226,7 @@ var profileBuild struct {
 func profileWasm(tb testing.TB) []byte {
 	tb.Helper()
 	profileBuild.once.Do(func() {
-		root, err := filepath.Abs(filepath.Join("..", ".."))
+		root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 		if err != nil {
 			profileBuild.err = err
 			return
@@ -262,7 +262,7 @@ var profileCases = []profileCase{
 func BenchmarkPluginRequestTimed(b *testing.B) {
 	path := os.Getenv("PLUGIN_WASM")
 	if path == "" {
-		path = filepath.Join("..", "..", "build", "plugin.wasm")
+		path = filepath.Join("..", "..", "..", "build", "plugin.wasm")
 	}
 	wasm, err := os.ReadFile(path)
 	if err != nil {

@@ -1,5 +1,13 @@
-# The overhead benchmark (issue 7): cmd/bench runs the real Envoy with no
-# filter, Envoy's native local_ratelimit, the plugin, and a cluster rule
+# The benchmark lab is a Go module of its own (bench/, go.mod with a replace
+# onto this checkout), so its dependencies (gonum/plot, gopsutil) stay out of
+# the plugin's and the service's module. Its programs run from the
+# repository root, where their default paths (docs/, build/) point.
+# BENCH_GO runs the go command in the lab's module; bench_wasm builds one of
+# its Go packages into a proxy-wasm module like the plugin (build_wasm),
+# against the same SDK copy.
+#
+# The overhead benchmark (issue 7): bench/cmd/bench runs the real Envoy with
+# no filter, Envoy's native local_ratelimit, the plugin, and a cluster rule
 # through the limit service (build/limitd, in-memory), and writes the
 # results to docs/benchmarks/ (README.md, results.json, PNG plots).
 #
@@ -8,16 +16,16 @@
 #   make bench-profile   host calls and guest allocations per request, in wazero
 #   make bench-attrib    a cost per host operation: the Go floor and the same
 #                        module making 100 of one operation per request
-#                        (internal/footprint/ops), with no filter and the no-op
+#                        (bench/internal/footprint/ops), with no filter and the no-op
 #                        module; and (23), every layer in one Envoy (a listener
 #                        each): the host operations made once by a module with
-#                        no code (nullwasm/null-path.wat), by the Go floor, and
+#                        no code (bench/cmd/bench/nullwasm/null-path.wat), by the Go floor, and
 #                        the plugin; writes docs/benchmarks/attribution.md.
 #                        ATTRIB_FLAGS='-only 23 -compare-wasm other.wasm
 #                        -out build/x' measures another build of the plugin
 #                        against build/plugin.wasm in that one Envoy
 #   make bench-body      the response body callback's Envoy CPU without
-#                        response_json rules (e2e TestBodyCallbackCost): the
+#                        response_json rules (bench/bodycost's TestBodyCallbackCost): the
 #                        plugin with and without its body export, 256 HTTP/2
 #                        DATA frames per response; prints the figures
 #   make bench-perf      where Envoy's CPU goes by DSO (envoy, kernel, JIT = the
@@ -25,22 +33,53 @@
 #                        perf; writes docs/benchmarks/perf.md (says so and
 #                        writes nothing where perf is missing)
 #   make bench-guest     the guest's own code under V8 alone: the unstripped
-#                        plugin in Node with a stub host (cmd/bench/guestprof),
+#                        plugin in Node with a stub host (bench/cmd/bench/guestprof),
 #                        an allowed and an idle request's time, and with perf
 #                        the share of each Go package and function (says so
 #                        and stops where node or perf is missing)
+#   make bench-service   the limit service's decisions/s and p50/p99 against a
+#                        real Redis, with and without batching, beside
+#                        redis-benchmark EVALSHA (bench/cmd/benchservice);
+#                        BENCH_SERVICE_FLAGS='-duration 5s -c 100'
 #
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
-# (see `go run ./cmd/bench -h`).
+# (see `build/bench -h`).
 
-.PHONY: bench bench-smoke bench-profile bench-perf bench-attrib bench-body bench-guest
+.PHONY: bench bench-smoke bench-profile bench-perf bench-attrib bench-body bench-guest bench-service
+
+BENCH_GO := $(GO) -C bench
+BENCH_WASM_MOD := $(BUILD)/go.bench-wasm.mod
+
+# bench/go.mod with the SDK copy, as $(BUILD)/go.wasm.mod is go.mod with it
+# (paths in it are relative to bench/).
+$(BENCH_WASM_MOD): $(BUILD)/sdk.stamp bench/go.mod bench/go.sum
+	cp bench/go.mod $@
+	cp bench/go.sum $(BUILD)/go.bench-wasm.sum
+	echo 'replace $(SDK_MOD) => ../$(BUILD)/sdk' >> $@
+
+define bench_wasm
+GOOS=wasip1 GOARCH=wasm $(BENCH_GO) build -modfile=$(abspath $(BENCH_WASM_MOD)) -tags sdkglue \
+	-buildmode=c-shared $(REPRO_FLAGS) -o $(abspath $@) $(1)
+@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
+endef
 
 BENCH_FLAGS ?=
 BENCH_BIN := $(BUILD)/bench
 
-$(BENCH_BIN): $(shell find cmd/bench internal/envoy internal/loadgen -name '*.go' -not -name '*_test.go' 2>/dev/null) cmd/bench/nullwasm/*.wasm go.mod go.sum
+# Every file compiled or embedded into the bench program from this checkout
+# (the lab's packages and the root module's it imports), as go list names
+# them; should go list fail, the program is always rebuilt.
+BENCH_SRC := $(patsubst $(CURDIR)/%,%,$(shell $(BENCH_GO) list -deps -f \
+	'{{if .Module}}{{if or .Module.Main .Module.Replace}}{{$$d := .Dir}}{{range .GoFiles}}{{$$d}}/{{.}} {{end}}{{range .EmbedFiles}}{{$$d}}/{{.}} {{end}}{{end}}{{end}}' \
+	./cmd/bench 2>/dev/null))
+ifeq ($(BENCH_SRC),)
+BENCH_SRC := FORCE
+endif
+.PHONY: FORCE
+
+$(BENCH_BIN): $(BENCH_SRC) bench/go.mod bench/go.sum go.mod
 	@mkdir -p $(BUILD)
-	$(GO) build -o $@ ./cmd/bench
+	$(BENCH_GO) build -o $(abspath $@) ./cmd/bench
 
 bench: build setup build-service $(BENCH_BIN)
 	$(BENCH_BIN) -out docs/benchmarks -limitd $(BUILD)/limitd $(BENCH_FLAGS)
@@ -48,8 +87,8 @@ bench: build setup build-service $(BENCH_BIN)
 bench-smoke: build setup build-service $(BENCH_BIN)
 	$(BENCH_BIN) -smoke -out $(BUILD)/bench-smoke -limitd $(BUILD)/limitd $(BENCH_FLAGS)
 
-$(BUILD)/bench-ops.wasm: $(BUILD)/sdk.stamp internal/footprint/ops/*.go
-	$(call build_wasm,./internal/footprint/ops)
+$(BUILD)/bench-ops.wasm: $(BENCH_WASM_MOD) bench/internal/footprint/ops/*.go
+	$(call bench_wasm,./internal/footprint/ops)
 
 ATTRIB_FLAGS ?=
 bench-attrib: build setup $(BENCH_BIN) $(BUILD)/bench-ops.wasm
@@ -65,10 +104,10 @@ bench-perf: build setup $(BENCH_BIN) $(BUILD)/bench-ops.wasm
 # so that the guest's runtime.mallocgc can be found by name.
 bench-profile: build
 	set -o pipefail; \
-	$(GO) test -v -count=1 -run XXX -bench 'PluginRequest' -benchtime 20000x ./cmd/bench/ | grep -v '^=== '
+	$(BENCH_GO) test -v -count=1 -run XXX -bench 'PluginRequest' -benchtime 20000x ./cmd/bench/ | grep -v '^=== '
 
 bench-body: setup build
-	BODY_COST=1 $(GO) test -count=1 -timeout 15m -v -run TestBodyCallbackCost ./e2e/ 2>&1 | grep -E -A14 'bodycost_test.go|^(--- |ok|FAIL)'
+	BODY_COST=1 $(BENCH_GO) test -count=1 -timeout 15m -v -run TestBodyCallbackCost ./bodycost/ 2>&1 | grep -E -A14 'bodycost_test.go|^(--- |ok|FAIL)'
 
 GUEST_NODE := node --no-liftoff --no-wasm-lazy-compilation
 GUEST_REQUESTS ?= 1000000
@@ -77,10 +116,14 @@ bench-guest: $(BUILD)/sdk.stamp
 	mkdir -p $(BUILD)/footprint && \
 	GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue -trimpath -buildmode=c-shared -o $(BUILD)/footprint/plugin-full.wasm . && \
 	uptime && \
-	$(GUEST_NODE) cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 allow && \
-	$(GUEST_NODE) cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 idle && \
+	$(GUEST_NODE) bench/cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 allow && \
+	$(GUEST_NODE) bench/cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 idle && \
 	if ! command -v perf >/dev/null; then echo "bench-guest: perf is not installed (Debian: linux-perf): no per-function profile"; exit 0; fi && \
 	perf record -q -e cpu-clock -F 5000 -o $(BUILD)/guest.perf $(GUEST_NODE) --perf-basic-prof \
 		--no-logfile-per-isolate --logfile=$(BUILD)/guest-v8.log \
-		cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm $(GUEST_REQUESTS) allow && \
-	perf report -i $(BUILD)/guest.perf --no-children --sort sym 2>/dev/null | node cmd/bench/guestprof/report.js
+		bench/cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm $(GUEST_REQUESTS) allow && \
+	perf report -i $(BUILD)/guest.perf --no-children --sort sym 2>/dev/null | node bench/cmd/bench/guestprof/report.js
+
+BENCH_SERVICE_FLAGS ?=
+bench-service:
+	$(BENCH_GO) run ./cmd/benchservice $(BENCH_SERVICE_FLAGS)

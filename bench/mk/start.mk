@@ -10,7 +10,7 @@
 #                      --concurrency 1, 2, 4 and 8: no filter, the no-op
 #                      module, the Go floor, the feature floor (the Go floor
 #                      with regexp and gjson), the plugin (`bench start`,
-#                      cmd/bench/start.go; START_FLAGS='-rounds 5',
+#                      bench/cmd/bench/start.go; START_FLAGS='-rounds 5',
 #                      START_MODULES='before=/tmp/old.wasm' adds modules)
 
 .PHONY: footprint bench-start
@@ -18,24 +18,26 @@
 FP := $(BUILD)/footprint
 # Unstripped builds for the size tables (make build's recipe, build_wasm, strips).
 WASM_BUILD := GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue -trimpath
+BENCH_WASM_BUILD := GOOS=wasip1 GOARCH=wasm $(BENCH_GO) build -modfile=$(abspath $(BENCH_WASM_MOD)) -tags sdkglue -trimpath
 
-$(FP)/floor.wasm: $(BUILD)/sdk.stamp internal/footprint/floor/*.go
+$(FP)/floor.wasm: $(BENCH_WASM_MOD) bench/internal/footprint/floor/*.go
 	@mkdir -p $(FP)
-	$(call build_wasm,./internal/footprint/floor)
+	$(call bench_wasm,./internal/footprint/floor)
 
-$(FP)/deps.wasm: $(BUILD)/sdk.stamp internal/footprint/deps/*.go
+$(FP)/deps.wasm: $(BENCH_WASM_MOD) bench/internal/footprint/deps/*.go
 	@mkdir -p $(FP)
-	$(call build_wasm,./internal/footprint/deps)
+	$(call bench_wasm,./internal/footprint/deps)
 
 footprint: build $(FP)/floor.wasm $(FP)/deps.wasm
 	@mkdir -p $(FP)
 	$(WASM_BUILD) -buildmode=c-shared -o $(FP)/plugin-full.wasm .
-	$(WASM_BUILD) -buildmode=c-shared -o $(FP)/floor-full.wasm ./internal/footprint/floor
-	$(WASM_BUILD) -buildmode=c-shared -o $(FP)/deps-full.wasm ./internal/footprint/deps
-	$(WASM_BUILD) -o $(FP)/hello-full.wasm ./internal/footprint/hello
-	$(WASM_BUILD) -ldflags='-s -w' -o $(FP)/hello.wasm ./internal/footprint/hello
+	$(BENCH_WASM_BUILD) -buildmode=c-shared -o $(abspath $(FP))/floor-full.wasm ./internal/footprint/floor
+	$(BENCH_WASM_BUILD) -buildmode=c-shared -o $(abspath $(FP))/deps-full.wasm ./internal/footprint/deps
+	$(BENCH_WASM_BUILD) -o $(abspath $(FP))/hello-full.wasm ./internal/footprint/hello
+	$(BENCH_WASM_BUILD) -ldflags='-s -w' -o $(abspath $(FP))/hello.wasm ./internal/footprint/hello
 	@ls -l $(BUILD)/plugin.wasm $(FP)/deps.wasm $(FP)/floor.wasm $(FP)/hello.wasm | awk '{print "stripped " $$9 ": " $$5 " bytes"}'
-	$(GO) run ./internal/wasmsize/cmd -top 30 $(FP)/plugin-full.wasm $(FP)/deps-full.wasm $(FP)/floor-full.wasm $(FP)/hello-full.wasm
+	$(BENCH_GO) build -o $(abspath $(FP))/wasmsize ./internal/wasmsize/cmd
+	$(FP)/wasmsize -top 30 $(FP)/plugin-full.wasm $(FP)/deps-full.wasm $(FP)/floor-full.wasm $(FP)/hello-full.wasm
 
 START_FLAGS ?=
 START_MODULES ?=

@@ -12,10 +12,10 @@ import (
 // TestCommittedPagesAreGenerated checks that the figures of the front page
 // and of docs/benchmarks/README.md are what this program writes from the
 // committed docs/benchmarks/results.json, so none is typed by hand: after a
-// change to the renderer, `go run ./cmd/bench -render
-// docs/benchmarks/results.json` rewrites both.
+// change to the renderer, `make build/bench && build/bench -render
+// docs/benchmarks/results.json` from the repository root rewrites both.
 func TestCommittedPagesAreGenerated(t *testing.T) {
-	root := filepath.Join("..", "..")
+	root := filepath.Join("..", "..", "..")
 	rep, err := readReport(filepath.Join(root, "docs", "benchmarks", "results.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -25,7 +25,7 @@ func TestCommittedPagesAreGenerated(t *testing.T) {
 		t.Fatal(err)
 	}
 	if string(page) != rep.markdown() {
-		t.Error("docs/benchmarks/README.md is not what the renderer writes from results.json: run go run ./cmd/bench -render docs/benchmarks/results.json")
+		t.Error("docs/benchmarks/README.md is not what the renderer writes from results.json: from the repository root, run make build/bench && build/bench -render docs/benchmarks/results.json")
 	}
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {

@@ -39,6 +39,11 @@
 // Every run is bounded in time; nothing leaves loopback. Output: README.md
 // (tables, method, machine, versions), results.json and PNG plots in -out.
 //
+// The program is part of the benchmark lab's module (bench/) but runs from
+// the repository root, as the Makefile runs it (build/bench): its default
+// paths (docs/benchmarks, build/..., README.md for -front) are relative to
+// the working directory.
+//
 //	bench                        full run into docs/benchmarks
 //	bench -smoke -out build/bench-smoke   a few seconds per configuration
 //	bench memory -h              memory against distinct keys (memory.go)
@@ -114,7 +119,7 @@ func parseParams(args []string) (*params, error) {
 	fs.BoolVar(&p.noPin, "no-pin", false, "do not pin processes to CPUs")
 	fs.DurationVar(&p.startTimeout, "start-timeout", 3*time.Minute, "bound on each Envoy start")
 	fs.BoolVar(&p.attrib, "attrib", false, "instead of the rounds: the attribution configurations (the Go floor and one host operation each, with (1) and (9)), saturation runs only, into attribution.md (make bench-attrib)")
-	fs.StringVar(&p.opsWasm, "ops-wasm", "build/bench-ops.wasm", "the attribution module (internal/footprint/ops), for -attrib")
+	fs.StringVar(&p.opsWasm, "ops-wasm", "build/bench-ops.wasm", "the attribution module (bench/internal/footprint/ops), for -attrib")
 	fs.StringVar(&p.compareWasm, "compare-wasm", "", "with -attrib: another build of the plugin, run with (3)'s rule as one more listener of (23), so a change is measured against PLUGIN_WASM in one Envoy")
 	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {

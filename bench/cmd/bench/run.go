@@ -5,7 +5,7 @@ package main
 import (
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/loadgen"
+	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
 )
 
 // satResult is one closed-loop saturation run.

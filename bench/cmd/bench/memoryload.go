@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/loadgen"
+	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
 )
 
 // Bounds of a flood.
