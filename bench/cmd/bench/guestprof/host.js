@@ -78,6 +78,7 @@ const wasi = {
   random_get: (p, n) => { u8().fill(7, p, p + n); return 0; },
   poll_oneoff: () => 52, fd_close: () => 0, fd_fdstat_get: () => 0, fd_fdstat_set_flags: () => 0,
   fd_prestat_get: () => 8, fd_prestat_dir_name: () => 8,
+  fd_read: () => 8, // EBADF: the guest has no files to read (Go's os package imports it)
 };
 const mod = new WebAssembly.Module(fs.readFileSync(wasmPath));
 const inst = new WebAssembly.Instance(mod, { env, wasi_snapshot_preview1: wasi });
