@@ -50,11 +50,9 @@ func (c *httpContext) OnHttpStreamDone() {
 		return // already free (a host calling both proxy_on_log and proxy_on_delete)
 	}
 	if c.body.active {
-		c.finishBody() // trailers or a reset: charge from what arrived
+		c.cutShort() // a reset, or the client gone, before the body's end
 	}
-	buf := c.body.keep()
 	*c = httpContext{} // drop every reference: the free list holds nothing alive
-	c.body.buf = buf
 	if len(p.free) < maxFreeContexts {
 		p.free = append(p.free, c)
 	}
@@ -117,6 +115,7 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	c.plan = plan{now: p.now()}
 	c.plan.local = c.plan.buf[:0]
 	rej := c.planRules(&request{cfg: p.cfg, values: c.values[:0]})
+	c.askIdentityEncoding()
 	c.decideShadows()
 	if rej == nil {
 		rej = c.enforceLocal()
