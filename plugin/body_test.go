@@ -300,10 +300,22 @@ func TestBodyBudgetPerVM(t *testing.T) {
 	if got := e.counter("rule.tokens.cost_missing"); got != 1 {
 		t.Errorf("cost_missing = %d, want 1", got)
 	}
+	// However many go past it, the log gets one line a second.
+	over := make([]inFlight, 0, 12)
+	over = append(over, e.open(jsonType, "x-api-key", "k2"), e.open(jsonType, "x-api-key", "k2"))
+	for i := 0; i < 8; i++ { // k2's bucket admits 10 reservations of 10
+		over = append(over, e.open(jsonType, "x-api-key", "k2"))
+	}
+	for _, f := range over {
+		f.done()
+	}
+	if n := len(e.host.GetWarnLogs()); n != 1 {
+		t.Errorf("%d warnings for 9 responses past the budget, want 1: %v", n, e.host.GetWarnLogs())
+	}
 	d := e.open(jsonType, "x-api-key", "k") // the budget is back
 	d.feed(`{"n":1}`, true)
 	d.done()
-	// 100 − 1 − 1 − 10 − 1.
+	// 100 − 1 − 1 − 10 − 1 (k2 is another bucket).
 	r := e.doUpstream(upstream{status: "200"}, "x-api-key", "k")
 	if got := r.headers["ratelimit-remaining"]; got != "77" {
 		t.Errorf("remaining %q, want 77", got)
