@@ -86,6 +86,10 @@ var badCases = []badCase{
 	{name: "response_json modifier", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:@reverse"`)), want: `config: rules[0].algorithm_config.cost_source: source "response_json:@reverse": path must be dot-separated names of A-Z a-z 0-9 _ - (no wildcards, queries, modifiers or escapes), got "@"`},
 	{name: "response_json path too long", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:`+strings.Repeat("a", 257)+`"`)), want: `config: rules[0].algorithm_config.cost_source: source "response_json:` + strings.Repeat("a", 257) + `": path must be 1 to 256 bytes`, gap: gapLength},
 	{name: "max_body_bytes without response_json", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_header:x-usage","max_body_bytes":10`)), want: `config: rules[0].algorithm_config.max_body_bytes: only with cost_source response_json:<path> (the only cost read from a body)`},
+	{name: "truncated_cost without response_json", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_header:x-usage","truncated_cost":10`)), want: `config: rules[0].algorithm_config.truncated_cost: only with cost_source response_json:<path> (the only cost a response can cut short)`},
+	{name: "truncated_cost above burst", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:u","truncated_cost":11`)), want: `config: rules[0].algorithm_config.truncated_cost: must be <= burst (10), got 11: such a request could never pass`, gap: gapRelation},
+	{name: "truncated_cost below MinCost", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:u","truncated_cost":0.0001`)), want: `config: rules[0].algorithm_config.truncated_cost: must be at least 0.001 (MinCost), got 0.0001`},
+	{name: "truncated_cost zero", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:u","truncated_cost":0`)), want: `config: rules[0].algorithm_config.truncated_cost: must be > 0, got 0`},
 	{name: "max_body_bytes zero", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:u","max_body_bytes":0`)), want: `config: rules[0].algorithm_config.max_body_bytes: must be between 1 and 16777216, got 0`},
 	{name: "max_body_bytes too large", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:u","max_body_bytes":16777217`)), want: `config: rules[0].algorithm_config.max_body_bytes: must be between 1 and 16777216, got 16777217`},
 	{name: "max_body_bytes fraction", in: doc("", alg(`"tokens_per_second":1,"burst":10,"cost_source":"response_json:u","max_body_bytes":1.5`)), want: `config: rules[0].algorithm_config.max_body_bytes: must be an integer, got 1.5`},
@@ -374,7 +378,16 @@ var goodCases = []goodCase{
 		in:   doc("", alg(`"tokens_per_second":10,"burst":50,"cost_source":"response_json:usage.total_tokens"`)),
 		want: wantConfig(func() Rule {
 			r := wantRule("r")
-			r.Cost = Cost{Source: Source{Kind: SourceResponseJSON, Name: "usage.total_tokens"}, Fixed: 1, Default: 1, MaxBodyBytes: 1 << 20}
+			r.Cost = Cost{Source: Source{Kind: SourceResponseJSON, Name: "usage.total_tokens"}, Fixed: 1, Default: 1, Truncated: 50, MaxBodyBytes: 1 << 20}
+			return r
+		}()),
+	},
+	{
+		name: "cost from a JSON body, truncated_cost given",
+		in:   doc("", alg(`"tokens_per_second":10,"burst":50,"cost_source":"response_json:n","default_cost":2,"truncated_cost":20`)),
+		want: wantConfig(func() Rule {
+			r := wantRule("r")
+			r.Cost = Cost{Source: Source{Kind: SourceResponseJSON, Name: "n"}, Fixed: 1, Default: 2, Truncated: 20, MaxBodyBytes: 1 << 20}
 			return r
 		}()),
 	},
@@ -788,11 +801,12 @@ func checkValid(t *testing.T, c *Config) {
 		}
 		switch k.Source.Kind {
 		case SourceFixed, SourceHeader, SourceQuery, SourceResponseHeader:
-			if k.MaxBodyBytes != 0 {
-				fail("rules[%d] max_body_bytes %d with cost source %v", i, k.MaxBodyBytes, k.Source)
+			if k.MaxBodyBytes != 0 || k.Truncated != 0 {
+				fail("rules[%d] max_body_bytes %d, truncated_cost %v with cost source %v", i, k.MaxBodyBytes, k.Truncated, k.Source)
 			}
 		case SourceResponseJSON:
-			if k.MaxBodyBytes < 1 || k.MaxBodyBytes > MaxMaxBodyBytes || checkJSONPath(k.Source.Name) != nil {
+			if k.MaxBodyBytes < 1 || k.MaxBodyBytes > MaxMaxBodyBytes || checkJSONPath(k.Source.Name) != nil ||
+				!(k.Truncated >= MinCost && k.Truncated <= l.Burst) {
 				fail("rules[%d] cost %+v", i, k)
 			}
 		default:

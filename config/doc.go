@@ -10,19 +10,21 @@
 // settings. A rule with action "limit" (the default) is a token bucket
 // (tokens_per_second, burst) per value of its limit keys (a composite of
 // request sources such as header:x-api-key, ip:address or jwt:org.id; none
-// means one bucket for all requests the rule applies to). A rule applies to a
-// request when every condition of its match holds. Each request costs a fixed
-// number of tokens, or a number read from a header or query parameter. A rule
-// with action "allow" takes only name, group and match: when it matches, the
-// rules after it do not apply. Rules sharing a group form a tier: only the
-// first of them that applies counts. A member applies when it matches and
-// either is an allow rule, or yields a bucket (its limit keys are all
-// present, or missing_key is "shared"), or rejects for missing_key "deny"; a
-// member that matches but lacks a limit key with missing_key "skip" does not
-// apply, and the next member is tried (so a client cannot leave a tier by
-// leaving out a key). Every other applicable rule is stacked: all must
-// allow. Scope "local" keeps buckets in this Envoy's shared data;
-// scope "cluster" asks a limit service through an Envoy cluster.
+// means one bucket for all requests the rule applies to). A rule applies to
+// a request when every condition of its match holds. Each request costs a
+// fixed number of tokens, or a number read from a header or query parameter,
+// or one known only from the response (a header, or a JSON path in the body;
+// docs/response-costs.md). A rule with action "allow" takes only name, group
+// and match: when it matches, the rules after it do not apply. Rules sharing
+// a group form a tier: only the first of them that applies counts. A member
+// applies when it matches and either is an allow rule, or yields a bucket
+// (its limit keys are all present, or missing_key is "shared"), or rejects
+// for missing_key "deny"; a member that matches but lacks a limit key with
+// missing_key "skip" does not apply, and the next member is tried (so a
+// client cannot leave a tier by leaving out a key). Every other applicable
+// rule is stacked: all must allow. Scope "local" keeps buckets in this
+// Envoy's shared data; scope "cluster" asks a limit service through an Envoy
+// cluster.
 //
 // Top-level "mode", "scope" and "service" are defaults that Parse resolves
 // into each limit rule (Rule.Mode, Rule.Scope, Rule.Service); a cluster rule
@@ -36,9 +38,10 @@
 // "envoy.filters.http.jwt_authn", jwt_payload_key "jwt_payload", mode
 // "enforce", headers "both", max_keys 100000, scope "local"; per rule: action
 // "limit", limit_keys none, missing_key "skip", cost_source "fixed",
-// fixed_cost 1, default_cost 1, status 429, body "" (the plugin's default
-// JSON body); per service: authority = cluster, path "/v1/decide",
-// timeout_ms 25, failure_mode "allow".
+// fixed_cost 1, default_cost 1, truncated_cost burst (response_json only),
+// max_body_bytes 1 MiB (response_json only), status 429, body "" (the
+// plugin's default JSON body); per service: authority = cluster, path
+// "/v1/decide", timeout_ms 25, failure_mode "allow".
 //
 // # Guarantees
 //
@@ -55,16 +58,16 @@
 // is refused with the path of the first value too deep. A Config that Parse
 // returned is fully valid: every default is filled in, every enumeration
 // holds a defined value, every rate, burst and cost is finite and positive,
-// burst >= tokens_per_second, fixed_cost and default_cost <= burst, an empty
-// bucket refills within a year, rule names are unique and safe in stats names
-// and headers, every cluster rule has a Service and every local rule has
+// burst >= tokens_per_second, fixed_cost, default_cost and truncated_cost
+// <= burst, an empty bucket refills within a year, rule names are unique and
+// safe in stats names and headers, every cluster rule has a Service and every local rule has
 // none, every Condition has at least one operator and compiled regex, every
 // regex compiles to at most MaxRegexInstructions and reads at most
 // RegexMaxInput bytes of a value (at most MaxRegexConditions of them), every
-// fixed and default cost is at least MinCost, and every cluster rule uses the
-// one service of all cluster rules, within the limit service's bounds
-// (package wire). Whatever the plugin would refuse, Parse refuses. Users need
-// not validate it again.
+// fixed, default and truncated cost is at least MinCost, and every cluster
+// rule uses the one service of all cluster rules, within the limit service's
+// bounds (package wire). Whatever the plugin would refuse, Parse refuses.
+// Users need not validate it again.
 //
 // A Config is immutable after Parse and safe for concurrent reads.
 package config

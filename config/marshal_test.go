@@ -65,6 +65,10 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 	b = appendFloat(b, r.Cost.Fixed)
 	b = append(b, `,"default_cost":`...)
 	b = appendFloat(b, r.Cost.Default)
+	if r.Cost.Truncated > 0 {
+		b = append(b, `,"truncated_cost":`...)
+		b = appendFloat(b, r.Cost.Truncated)
+	}
 	if r.Cost.MaxBodyBytes > 0 {
 		b = append(b, `,"max_body_bytes":`...)
 		b = strconv.AppendInt(b, int64(r.Cost.MaxBodyBytes), 10)

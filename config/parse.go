@@ -633,7 +633,7 @@ func regexInstructions(re string) (int, error) {
 func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 	var l Limit
 	c := Cost{Source: Source{Kind: SourceFixed}, Fixed: 1, Default: 1}
-	o, err := fields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost", "max_body_bytes")
+	o, err := fields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost", "truncated_cost", "max_body_bytes")
 	if err != nil {
 		return l, c, err
 	}
@@ -672,10 +672,13 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 			return l, c, &Error{Path: path + ".cost_source", Err: err}
 		}
 	}
+	if _, ok := o.get("truncated_cost"); ok && c.Source.Kind != SourceResponseJSON {
+		return l, c, errorf(path+".truncated_cost", "only with cost_source response_json:<path> (the only cost a response can cut short)")
+	}
 	for _, f := range []struct {
 		name string
 		dst  *float64
-	}{{"fixed_cost", &c.Fixed}, {"default_cost", &c.Default}} {
+	}{{"fixed_cost", &c.Fixed}, {"default_cost", &c.Default}, {"truncated_cost", &c.Truncated}} {
 		if _, ok := o.get(f.name); !ok {
 			continue
 		}
@@ -693,6 +696,9 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 		return l, c, errorf(path+".max_body_bytes", "only with cost_source response_json:<path> (the only cost read from a body)")
 	}
 	if c.Source.Kind == SourceResponseJSON {
+		if _, ok := o.get("truncated_cost"); !ok {
+			c.Truncated = l.Burst // the most one request may cost
+		}
 		if c.MaxBodyBytes, err = o.integer("max_body_bytes", DefaultMaxBodyBytes, 1, MaxMaxBodyBytes); err != nil {
 			return l, c, err
 		}

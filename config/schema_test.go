@@ -224,6 +224,7 @@ func TestSchemaBounds(t *testing.T) {
 		"$defs.algorithm_config.properties.burst.maximum":             MaxBurst,
 		"$defs.algorithm_config.properties.fixed_cost.maximum":        MaxBurst,
 		"$defs.algorithm_config.properties.default_cost.maximum":      MaxBurst,
+		"$defs.algorithm_config.properties.truncated_cost.maximum":    MaxBurst,
 		"$defs.algorithm_config.properties.max_body_bytes.default":    DefaultMaxBodyBytes,
 		"$defs.algorithm_config.properties.max_body_bytes.maximum":    MaxMaxBodyBytes,
 		"$defs.service.properties.path.default":                       DefaultServicePath,

@@ -79,6 +79,11 @@ type Cost struct {
 	Source  Source
 	Fixed   float64
 	Default float64
+	// Truncated is what a SourceResponseJSON response costs when its cost
+	// cannot be read for a reason the client controls: the body was cut
+	// short (the client went away, the stream was reset) or arrived
+	// encoded. Default: the burst. 0 for the other sources.
+	Truncated float64
 	// MaxBodyBytes bounds the response body read for SourceResponseJSON
 	// (a JSON body, or one event of a text/event-stream); 0 for the other
 	// sources.

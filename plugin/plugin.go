@@ -25,6 +25,7 @@
 package plugin
 
 import (
+	"cmp"
 	"math"
 	"os"
 	"runtime"
@@ -36,6 +37,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonpath"
 	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 	"github.com/ratelimit-wasm/tokenbucket/lease"
 	"github.com/ratelimit-wasm/tokenbucket/store"
@@ -55,6 +57,8 @@ type vmContext struct {
 	types.DefaultVMContext
 	now func() int64 // the clock, Unix ns
 	sd  slots.SharedData
+	// bodyBudget overrides maxBodyHeld when not 0 (tests).
+	bodyBudget int
 }
 
 // OnVMStart implements types.VMContext: it takes garbage collection off the
@@ -101,7 +105,7 @@ func collectOnTick(heap uint64) {
 
 // NewPluginContext implements types.VMContext.
 func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
-	return &pluginContext{id: contextID, now: v.now, sd: v.sd}
+	return &pluginContext{id: contextID, now: v.now, sd: v.sd, bodyBudget: cmp.Or(v.bodyBudget, maxBodyHeld)}
 }
 
 // pluginContext holds one configuration's compiled rules.
@@ -129,6 +133,10 @@ type pluginContext struct {
 	scratch []byte // header values being formatted
 
 	free []*httpContext // contexts of finished streams, zeroed, for reuse
+
+	// bodyHeld is the state of this VM's in-flight body scans, in bytes,
+	// within bodyBudget (see maxBodyHeld in response.go).
+	bodyHeld, bodyBudget int
 }
 
 // rule is a config.Rule with what the request path needs precomputed.
@@ -151,6 +159,10 @@ type rule struct {
 	// cost comes from the response).
 	charges     bool
 	costMissing counter
+	// response_json: the compiled path, and costTruncated counts responses
+	// charged truncated_cost (cut short, or encoded).
+	costPath      *jsonpath.Path
+	costTruncated counter
 }
 
 type globalMetrics struct {
@@ -310,6 +322,10 @@ func compile(cr *config.Rule) *rule {
 	r.shadowRej = defineCounter(m + "shadow_rejected")
 	if cr.Cost.FromResponse() {
 		r.costMissing = defineCounter(m + "cost_missing")
+	}
+	if cr.Cost.Source.Kind == config.SourceResponseJSON {
+		r.costPath = jsonpath.NewPath(cr.Cost.Source.Name)
+		r.costTruncated = defineCounter(m + "cost_truncated")
 	}
 	r.charges = cr.Cost.FromResponse() || cr.ChargeOn.Listed
 	return r

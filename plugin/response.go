@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -19,45 +20,49 @@ import (
 //     response (plan.charges), the takes that actually hold tokens are
 //     settled: a status that charge_on does not list refunds the
 //     reservation; a response_header cost charges the difference at once;
-//     a response_json cost waits for the body. Then the RateLimit headers
-//     go out, describing the buckets after what was settled.
+//     a response_json cost waits for the body, unless the body is encoded
+//     (content-encoding other than identity: it is charged truncated_cost
+//     at once) or the VM's budget of in-flight scans is spent (the cost is
+//     missing). Then the RateLimit headers go out, describing the buckets
+//     after what was settled.
 //  2. OnHttpResponseBody: only when a response_json cost waits
-//     (bodyScan.active). Every chunk continues at once: a JSON body is
-//     copied up to max_body_bytes, an event stream is scanned as it passes
-//     (eventStream keeps only the event being read). At the end of the
-//     stream the costs found are charged.
-//  3. OnHttpStreamDone: a body that never reached its end (trailers, a
-//     reset) is settled from what arrived.
+//     (bodyScan.active). Every chunk continues at once, and is read in
+//     pieces of at most bodyPiece bytes, only as far as some target still
+//     needs it; each piece is scanned as it passes (package jsonpath; an
+//     event stream by events, eventStream) and never kept. At the end of
+//     the stream (or at its trailers) the costs found are charged.
+//  3. OnHttpStreamDone: a body that never reached its end (a reset, the
+//     client gone) is cut short: it is charged truncated_cost and counted
+//     in cost_truncated, unless an event stream already delivered its cost.
 //
 // A missing or unusable cost keeps the reservation and counts in the rule's
 // cost_missing. Nothing here rejects or delays a response.
 
-// maxKeptBody is the largest body buffer a finished context keeps for the
-// next request (see OnHttpStreamDone): larger ones are left to the
-// collector, so the free list holds at most maxFreeContexts × maxKeptBody.
-const maxKeptBody = 64 << 10
+// bodyPiece is the most of a body chunk read from the host at once: a
+// chunk of any size costs the VM at most this much at a time.
+const bodyPiece = 64 << 10
+
+// maxBodyHeld is a VM's budget for the state of in-flight body scans
+// (scanBytes per response_json rule of a response): past it, a response's
+// cost is missing (counted) rather than scanned. At about 330 bytes a
+// target it admits some 12,000 concurrent scans per worker.
+const maxBodyHeld = 4 << 20
 
 // bodyScan is the response_json costs waiting for the body.
 type bodyScan struct {
-	active  bool
-	stream  bool // text/event-stream: scanned by events
-	max     int  // the largest max_body_bytes of the targets
-	size    int  // body bytes seen
-	buf     []byte
-	events  eventStream
-	takes   []*take // the takes waiting, parallel to targets
+	active bool
+	stream bool // text/event-stream: scanned by events
+	failed bool // a piece could not be read: every target misses
+	max    int  // the largest max_body_bytes of the targets
+	size   int  // body bytes seen (a JSON body)
+	held   int  // bytes of the VM's budget this scan holds
+	events eventStream
+	takes  []*take // the takes waiting, parallel to targets
+	// targets are the takes' paths, each with its own scanner.
 	targets []bodyTarget
 	// Backing for the usual one or two waiting takes.
 	takesBuf   [2]*take
 	targetsBuf [2]bodyTarget
-}
-
-// keep returns the buffer a reused context may keep.
-func (b *bodyScan) keep() []byte {
-	if cap(b.buf) > maxKeptBody {
-		return nil
-	}
-	return b.buf[:0]
 }
 
 // OnHttpResponseHeaders implements types.HttpContext: it settles what the
@@ -86,21 +91,31 @@ func (c *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Actio
 	return types.ActionContinue
 }
 
-// OnHttpResponseBody implements types.HttpContext. It never holds a chunk.
+// OnHttpResponseBody implements types.HttpContext. It never holds a chunk,
+// and reads of it only what some target still needs, in pieces.
 func (c *httpContext) OnHttpResponseBody(size int, endOfStream bool) types.Action {
 	if !c.body.active {
 		return types.ActionContinue
 	}
 	b := &c.body
-	if size > 0 && b.size <= b.max {
-		chunk, err := proxywasm.GetHttpResponseBody(0, size)
+	if !b.stream && b.size+size > b.max {
+		// Past every target's bound: the rest is not read.
+		for i := range b.targets {
+			b.targets[i].skip = true
+		}
+		b.size += size
+	}
+	for off := 0; off < size && b.wants(); {
+		n := min(size-off, bodyPiece)
+		piece, err := proxywasm.GetHttpResponseBody(off, n)
 		if err != nil {
 			p := c.plugin
 			p.warn(&p.headerLog, "reading the response body: "+err.Error())
-			b.size = b.max + 1 // unusable: every target misses
-		} else {
-			b.write(chunk)
+			b.failed = true
+			break
 		}
+		b.write(piece)
+		off += n
 	}
 	if endOfStream {
 		c.finishBody()
@@ -108,41 +123,112 @@ func (c *httpContext) OnHttpResponseBody(size int, endOfStream bool) types.Actio
 	return types.ActionContinue
 }
 
-// write takes one chunk of the body.
-func (b *bodyScan) write(chunk []byte) {
+// OnHttpResponseTrailers implements types.HttpContext: trailers end the
+// body.
+func (c *httpContext) OnHttpResponseTrailers(int) types.Action {
+	if c.body.active {
+		c.finishBody()
+	}
+	return types.ActionContinue
+}
+
+// wants reports whether the rest of the body may still change a cost.
+func (b *bodyScan) wants() bool {
+	if b.failed {
+		return false
+	}
 	if b.stream {
-		b.events.write(chunk, b.max, b.targets)
+		return true // a later event may carry the path
+	}
+	for i := range b.targets {
+		if !b.targets[i].skip {
+			return true
+		}
+	}
+	return false
+}
+
+// write scans one piece of the body.
+func (b *bodyScan) write(piece []byte) {
+	if b.stream {
+		b.events.write(piece, b.targets)
 		return
 	}
-	b.size += len(chunk)
-	if b.size > b.max {
-		b.buf = b.buf[:0] // past every target's bound
-		return
+	b.size += len(piece)
+	for i := range b.targets {
+		b.targets[i].write(piece, b.size)
 	}
-	b.buf = append(b.buf, chunk...)
+}
+
+// endScan stops the scan and gives its share of the VM's budget back.
+func (c *httpContext) endScan() {
+	b := &c.body
+	b.active = false
+	c.plugin.bodyHeld -= b.held
+	b.held = 0
 }
 
 // finishBody charges the costs the body gave, and counts those it did not.
 func (c *httpContext) finishBody() {
+	c.endScan()
 	b := &c.body
-	b.active = false
 	if b.stream {
-		b.events.end()
-	} else if b.size <= b.max {
+		b.events.end(b.targets)
+	} else {
 		for i := range b.targets {
-			b.targets[i].see(b.buf)
+			b.targets[i].end()
 		}
 	}
 	for i, t := range b.takes {
 		tg := &b.targets[i]
-		if !tg.found || !tg.ok || (!b.stream && b.size > tg.max) {
+		if b.failed || !tg.found || !tg.ok {
 			t.rule.costMissing.Increment(1)
 			continue
 		}
 		t.amount = tg.cost - t.cost
 	}
 	c.settle(b.takes, false)
-	b.buf = b.buf[:0]
+}
+
+// cutShort settles a body that ended before its end of stream: the client
+// went away or the stream was reset, so what arrived may be any prefix the
+// client chose. Each take is charged its rule's truncated_cost (counted in
+// cost_truncated), except that an event stream whose events already gave
+// a cost is charged that cost.
+func (c *httpContext) cutShort() {
+	c.endScan()
+	b := &c.body
+	for i, t := range b.takes {
+		tg := &b.targets[i]
+		if b.stream && !b.failed && tg.found && tg.ok {
+			t.amount = tg.cost - t.cost
+			continue
+		}
+		t.amount = t.rule.Cost.Truncated - t.cost
+		t.rule.costTruncated.Increment(1)
+	}
+	c.settle(b.takes, false)
+}
+
+// askIdentityEncoding asks the upstream for a body without content coding
+// when a rule of the request reads its cost from the body (response_json):
+// the plugin does not decode bodies, and a client must not lower its cost
+// by accepting gzip. It replaces the request's accept-encoding (absent
+// means any coding) with identity. Called once the rules are planned.
+func (c *httpContext) askIdentityEncoding() {
+	pl := &c.plan
+	for _, takes := range [...][]take{pl.local, pl.cluster, pl.leased, pl.shadowLocal, pl.shadowC} {
+		for i := range takes {
+			if takes[i].rule.Cost.Source.Kind != config.SourceResponseJSON {
+				continue
+			}
+			if err := proxywasm.ReplaceHttpRequestHeader("accept-encoding", "identity"); err != nil {
+				p := c.plugin
+				p.warn(&p.headerLog, "replacing accept-encoding: "+err.Error())
+			}
+			return
+		}
+	}
 }
 
 // settleHeaders settles the takes that the response's headers decide, and
@@ -150,6 +236,7 @@ func (c *httpContext) finishBody() {
 func (c *httpContext) settleHeaders(endOfStream bool) {
 	pl := &c.plan
 	status, statusRead := 0, false
+	encoded, encodingRead := false, false
 	var settledBuf [4]*take
 	settled := settledBuf[:0]
 	b := &c.body
@@ -189,19 +276,52 @@ func (c *httpContext) settleHeaders(endOfStream bool) {
 					ru.costMissing.Increment(1) // no body at all
 					continue
 				}
+				if !encodingRead {
+					encodingRead = true
+					v, err := proxywasm.GetHttpResponseHeader("content-encoding")
+					encoded = err == nil && isEncoded(v)
+				}
+				if encoded {
+					// Not decoded here: charged as a body cut short.
+					t.amount = ru.Cost.Truncated - t.cost
+					ru.costTruncated.Increment(1)
+					settled = append(settled, t)
+					continue
+				}
 				b.takes = append(b.takes, t)
-				b.targets = append(b.targets, bodyTarget{path: ru.Cost.Source.Name, max: ru.Cost.MaxBodyBytes})
+				b.targets = append(b.targets, bodyTarget{path: ru.costPath, max: ru.Cost.MaxBodyBytes})
 				b.max = max(b.max, ru.Cost.MaxBodyBytes)
 			}
 		}
 	}
-	if len(b.takes) > 0 {
-		b.active = true
-		if v, err := proxywasm.GetHttpResponseHeader("content-type"); err == nil && isEventStream(v) {
-			b.stream = true
+	if n := len(b.takes); n > 0 {
+		p := c.plugin
+		if p.bodyHeld+n*scanBytes > p.bodyBudget {
+			// The VM's budget is spent: these costs are not read.
+			for _, t := range b.takes {
+				t.rule.costMissing.Increment(1)
+			}
+			p.warn(&p.headerLog, "response body scans past the VM's budget of "+strconv.Itoa(p.bodyBudget)+" bytes: costs counted missing")
+		} else {
+			b.active = true
+			b.held = n * scanBytes
+			p.bodyHeld += b.held
+			for i := range b.targets {
+				b.targets[i].reset()
+			}
+			if v, err := proxywasm.GetHttpResponseHeader("content-type"); err == nil && isEventStream(v) {
+				b.stream = true
+			}
 		}
 	}
 	c.settle(settled, true)
+}
+
+// isEncoded reports whether a content-encoding names a coding other than
+// identity.
+func isEncoded(v string) bool {
+	v = strings.TrimSpace(v)
+	return v != "" && !strings.EqualFold(v, "identity")
 }
 
 // isEventStream reports whether a content-type is text/event-stream.

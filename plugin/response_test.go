@@ -152,7 +152,7 @@ func TestResponseCostMissing(t *testing.T) {
 		{"path absent", budget("response_json:n", `"default_cost": 10`, ""), upstream{status: "200", chunks: []string{`{"m":50}`}}},
 		{"value a string", budget("response_json:n", `"default_cost": 10`, ""), upstream{status: "200", chunks: []string{`{"n":"many"}`}}},
 		{"body past max_body_bytes", budget("response_json:n", `"default_cost": 10, "max_body_bytes": 16`, ""), upstream{status: "200", chunks: []string{`{"n":50,`, `"pad":"xxxxxxxxx"}`}}},
-		{"too deep", budget("response_json:n", `"default_cost": 10`, ""), upstream{status: "200", chunks: []string{`{"n":50,"x":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`}}},
+		{"not JSON after the value", budget("response_json:n", `"default_cost": 10`, ""), upstream{status: "200", chunks: []string{`{"n":50,"x":` + strings.Repeat("[", 100) + strings.Repeat("]", 99) + `}`}}},
 		{"stream without the path", budget("response_json:n", `"default_cost": 10`, ""), upstream{status: "200", headers: [][2]string{{"content-type", "text/event-stream"}}, chunks: []string{"data: {\"m\":1}\n\n"}}},
 		{"stream whose last carrier is malformed", budget("response_json:n", `"default_cost": 10`, ""), upstream{status: "200", headers: [][2]string{{"content-type", "text/event-stream"}}, chunks: []string{"data: {\"n\":1}\n\ndata: {\"n\":null}\n\n"}}},
 		{"stream event past max_body_bytes", budget("response_json:n", `"default_cost": 10, "max_body_bytes": 10`, ""), upstream{status: "200", headers: [][2]string{{"content-type", "text/event-stream"}}, chunks: []string{"data: {\"n\":5,\"p\":1}\n\n"}}},

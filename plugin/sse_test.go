@@ -3,34 +3,45 @@ package plugin
 import (
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonpath"
 )
 
+// found is what a target found in a stream.
+type found struct {
+	found, ok bool
+	cost      float64
+}
+
 // scan feeds stream to a fresh eventStream in chunks cut at the given
-// offsets and returns the target after the end, checking the memory bound
-// after every chunk.
-func scan(t *testing.T, stream string, cuts []int, max int) bodyTarget {
+// offsets and returns what the target found after the end, checking the
+// memory bound after every chunk.
+func scan(t *testing.T, stream string, cuts []int, max int) found {
 	t.Helper()
 	var s eventStream
-	tg := []bodyTarget{{path: "n", max: max}}
+	tg := []bodyTarget{{path: jsonpath.NewPath("n"), max: max}}
+	tg[0].reset()
 	prev := 0
 	for _, c := range append(cuts, len(stream)) {
 		if c < prev || c > len(stream) {
 			continue
 		}
-		s.write([]byte(stream[prev:c]), max, tg)
+		s.write([]byte(stream[prev:c]), tg)
 		prev = c
-		if len(s.line) > max+len("data: ") || len(s.data) > max {
-			t.Fatalf("kept %d bytes of line and %d of data, bound %d", len(s.line), len(s.data), max)
+		if r := tg[0].scan.Retained(); r > jsonpath.MaxValue {
+			t.Fatalf("kept %d bytes, bound %d", r, jsonpath.MaxValue)
 		}
 	}
-	s.end()
-	return tg[0]
+	s.end(tg)
+	return found{tg[0].found, tg[0].ok, tg[0].cost}
 }
 
 // reference is the last complete event's value at "n", read by a plain
-// whole-stream reading of the event-stream format.
-func reference(stream string, max int) bodyTarget {
-	tg := bodyTarget{path: "n", max: max}
+// whole-stream reading of the event-stream format, each event's data
+// scanned whole.
+func reference(stream string, max int) found {
+	tg := bodyTarget{path: jsonpath.NewPath("n"), max: max}
+	tg.reset()
 	stream = strings.ReplaceAll(stream, "\r\n", "\n")
 	stream = strings.ReplaceAll(stream, "\r", "\n")
 	lines := strings.Split(stream, "\n")
@@ -41,7 +52,8 @@ func reference(stream string, max int) bodyTarget {
 		if l == "" {
 			if has {
 				if d := strings.Join(data, "\n"); len(d) <= max {
-					tg.see([]byte(d))
+					tg.write([]byte(d), len(d))
+					tg.end()
 				}
 			}
 			data, has = nil, false
@@ -56,7 +68,7 @@ func reference(stream string, max int) bodyTarget {
 			data, has = append(data, value), true
 		}
 	}
-	return tg
+	return found{tg.found, tg.ok, tg.cost}
 }
 
 func TestEventStream(t *testing.T) {
@@ -75,7 +87,7 @@ func TestEventStream(t *testing.T) {
 		{"string number", "data: {\"n\":\"12\"}\n\n", true, true, 12},
 	} {
 		got := scan(t, tc.stream, nil, 1<<10)
-		if got.found != tc.found || got.ok != tc.ok || got.cost != tc.cost {
+		if got != (found{tc.found, tc.ok, tc.cost}) {
 			t.Errorf("%s: %+v, want found %v ok %v cost %v", tc.name, got, tc.found, tc.ok, tc.cost)
 		}
 	}

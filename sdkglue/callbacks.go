@@ -13,8 +13,9 @@
 // Go module costs several microseconds of runtime entry and exit, so each
 // export left out saves that on every request: proxy_on_log and proxy_on_done
 // always. The plugin implements neither OnPluginDone nor any request body,
-// trailer, L4 or queue callback; export one here when it starts to. It
-// implements the response body callback (costs read from the body). OnHttpStreamDone is called
+// request trailer, L4 or queue callback; export one here when it starts to.
+// It implements the response body and trailers callbacks (costs read from
+// the body). OnHttpStreamDone is called
 // from proxy_on_delete (see exportOnDelete).
 
 package internal
@@ -85,6 +86,15 @@ func exportOnResponseHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
 //go:wasmexport proxy_on_response_body
 func exportOnResponseBody(contextID, bodySize, endOfStream uint32) uint32 {
 	return uint32(proxyOnResponseBody(contextID, int(bodySize), endOfStream != 0))
+}
+
+// exportOnResponseTrailers is exported for the same costs: trailers end a
+// body whose last chunk did not (plugin.httpContext.OnHttpResponseTrailers);
+// without it such a body would look cut short.
+//
+//go:wasmexport proxy_on_response_trailers
+func exportOnResponseTrailers(contextID, numTrailers uint32) uint32 {
+	return uint32(proxyOnResponseTrailers(contextID, int(numTrailers)))
 }
 
 //go:wasmexport proxy_on_http_call_response

@@ -49,11 +49,6 @@ func exportOnRequestTrailers(contextID, numTrailers uint32) uint32 {
 	return uint32(proxyOnRequestTrailers(contextID, int(numTrailers)))
 }
 
-//go:wasmexport proxy_on_response_trailers
-func exportOnResponseTrailers(contextID, numTrailers uint32) uint32 {
-	return uint32(proxyOnResponseTrailers(contextID, int(numTrailers)))
-}
-
 //go:wasmexport proxy_on_queue_ready
 func exportOnQueueReady(contextID, queueID uint32) {
 	proxyOnQueueReady(contextID, queueID)
