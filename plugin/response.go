@@ -187,7 +187,7 @@ func (c *httpContext) finishBody() {
 		}
 		t.amount = tg.cost - t.cost
 	}
-	c.settle(b.takes, false)
+	c.settle(b.takes)
 }
 
 // cutShort settles a body that ended before its end of stream: the client
@@ -207,7 +207,7 @@ func (c *httpContext) cutShort() {
 		t.amount = t.rule.Cost.Truncated - t.cost
 		t.rule.costTruncated.Increment(1)
 	}
-	c.settle(b.takes, false)
+	c.settle(b.takes)
 }
 
 // askIdentityEncoding asks the upstream for a body without content coding
@@ -314,7 +314,9 @@ func (c *httpContext) settleHeaders(endOfStream bool) {
 			}
 		}
 	}
-	c.settle(settled, true)
+	if c.settle(settled) {
+		c.reshow() // the headers still to be sent report the buckets after the charge
+	}
 }
 
 // isEncoded reports whether a content-encoding names a coding other than
@@ -346,13 +348,13 @@ func isEventStream(ct string) bool {
 // shared data now (each bucket on its own: a charge cannot be refused), the
 // cluster ones through the limit service, sent without holding the
 // response. An amount is clamped to what can change a bucket (clampCharge)
-// and an amount of 0 changes nothing and sends nothing. With show, the
-// response headers are still to be sent: they report the enforced buckets
-// after the charge (a cluster bucket's as estimated from the service's
-// answer less the amount).
-func (c *httpContext) settle(takes []*take, show bool) {
+// and an amount of 0 changes nothing and sends nothing. Each take's d
+// becomes what its bucket holds after the charge (a cluster bucket's as
+// estimated from the service's answer less the amount). It reports whether
+// it settled anything.
+func (c *httpContext) settle(takes []*take) bool {
 	if len(takes) == 0 {
-		return
+		return false
 	}
 	p := c.plugin
 	now := p.now()
@@ -374,9 +376,6 @@ func (c *httpContext) settle(takes []*take, show bool) {
 				send = append(send, t)
 			}
 		default:
-			// What the service's bucket holds after the charge, as
-			// estimated from its answer: its remaining tokens less the
-			// amount.
 			t.d = t.rule.limit.Report(float64(t.d.Remaining)-t.amount, 0, 0, true)
 			send = append(send, t)
 		}
@@ -384,9 +383,12 @@ func (c *httpContext) settle(takes []*take, show bool) {
 	if len(send) > 0 {
 		c.chargeCluster(send)
 	}
-	if !show {
-		return
-	}
+	return true
+}
+
+// reshow makes the response headers report, again, the enforced bucket
+// closest to its limit among those the request holds, as they are now.
+func (c *httpContext) reshow() {
 	c.shown = nil
 	for _, takes := range [...][]take{c.plan.local, c.plan.cluster, c.plan.leased} {
 		for i := range takes {
