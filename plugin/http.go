@@ -39,6 +39,40 @@ type httpContext struct {
 	// The response's part: costs known from the response and charge_on
 	// (response.go).
 	body bodyScan
+	// Buffers a callback fills and uses before it returns; they stay with
+	// the context when it is reused, so a request allocates none.
+	scratch scratch
+}
+
+// scratch is one request's working buffers: nothing in them outlives the
+// callback that fills them, and they hold no pointers, so a reused context
+// keeps them without keeping anything alive.
+type scratch struct {
+	reqs    []store.Request
+	out     []bucket.Decision
+	results []lease.Result
+	text    []byte // header values being formatted
+}
+
+// keep is s emptied, for the context's next request.
+func (s *scratch) keep() scratch {
+	return scratch{reqs: s.reqs[:0], out: s.out[:0], results: s.results[:0], text: s.text[:0]}
+}
+
+// decisions is s.out with n elements.
+func (s *scratch) decisions(n int) []bucket.Decision {
+	if cap(s.out) < n {
+		s.out = make([]bucket.Decision, n)
+	}
+	return s.out[:n]
+}
+
+// leaseResults is s.results with n elements.
+func (s *scratch) leaseResults(n int) []lease.Result {
+	if cap(s.results) < n {
+		s.results = make([]lease.Result, n)
+	}
+	return s.results[:n]
 }
 
 // step is where a request's decision stands: the enforced local rules are
@@ -71,7 +105,9 @@ func (c *httpContext) OnHttpStreamDone() {
 	if c.body.active {
 		c.cutShort() // a reset, or the client gone, before the body's end
 	}
+	keep := c.scratch.keep()
 	*c = httpContext{} // drop every reference: the free list holds nothing alive
+	c.scratch = keep
 	if len(p.free) < maxFreeContexts {
 		p.free = append(p.free, c)
 	}
@@ -272,7 +308,7 @@ func (c *httpContext) planRules(r *request) *rejection {
 func (c *httpContext) decideShadows() {
 	for i := range c.plan.shadowLocal {
 		t := &c.plan.shadowLocal[i]
-		ok, err := c.plugin.decide(c.plan.now, c.plan.shadowLocal[i:i+1])
+		ok, _, err := c.decide(c.plan.now, c.plan.shadowLocal[i:i+1])
 		switch {
 		case err != nil:
 			t.rule.failedOpen.Increment(1)
@@ -293,7 +329,7 @@ func (c *httpContext) enforceLocal() *rejection {
 		return nil
 	}
 	p := c.plugin
-	ok, err := p.decide(pl.now, pl.local)
+	ok, out, err := c.decide(pl.now, pl.local)
 	if err != nil {
 		for _, t := range pl.local {
 			t.rule.failedOpen.Increment(1)
@@ -301,7 +337,6 @@ func (c *httpContext) enforceLocal() *rejection {
 		p.warn(&p.failLog, "failing open (counted in rule.<name>.failed_open): "+err.Error())
 		return nil
 	}
-	out := p.out[:len(pl.local)]
 	if !ok {
 		return rejecting(pl.local, out)
 	}
@@ -315,18 +350,18 @@ func (c *httpContext) enforceLocal() *rejection {
 }
 
 // decide takes every take's cost from its bucket in shared data, all or
-// nothing; the decisions are in p.out until the next call.
-func (p *pluginContext) decide(now int64, takes []take) (bool, error) {
-	p.reqs = p.reqs[:0]
+// nothing; out (the request's scratch) holds the decisions until the next
+// call.
+func (c *httpContext) decide(now int64, takes []take) (ok bool, out []bucket.Decision, err error) {
+	p, s := c.plugin, &c.scratch
+	s.reqs = s.reqs[:0]
 	for _, t := range takes {
-		p.reqs = append(p.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+		s.reqs = append(s.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
 	}
-	if cap(p.out) < len(takes) {
-		p.out = make([]bucket.Decision, len(takes))
-	}
-	ok, o, err := p.table.Decide(now, p.reqs, p.out[:len(takes)])
+	out = s.decisions(len(takes))
+	ok, o, err := p.table.Decide(now, s.reqs, out)
 	p.count(o)
-	return ok, err
+	return ok, out, err
 }
 
 // giveBack gives back everything the request took and still holds: its
@@ -348,15 +383,16 @@ func (c *httpContext) giveBack() {
 	if len(spends) > 0 {
 		p.leases.Refund(now, spends)
 	}
-	p.reqs = p.reqs[:0]
+	reqs := c.scratch.reqs[:0]
 	for i := range pl.local {
 		if t := &pl.local[i]; t.held {
 			t.held = false
-			p.reqs = append(p.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+			reqs = append(reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
 		}
 	}
-	if len(p.reqs) > 0 {
-		p.metrics.refunds.Increment(uint64(p.table.Refund(now, p.reqs)))
+	c.scratch.reqs = reqs
+	if len(reqs) > 0 {
+		p.metrics.refunds.Increment(uint64(p.table.Refund(now, reqs)))
 	}
 }
 

@@ -107,10 +107,7 @@ func (c *httpContext) spendLeases() (rej *rejection, wait bool) {
 	for _, t := range pl.leased {
 		pl.spends = append(pl.spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
 	}
-	if cap(p.results) < n {
-		p.results = make([]lease.Result, n)
-	}
-	out := p.results[:n]
+	out := c.scratch.leaseResults(n)
 	ok, err := p.leases.Spend(pl.now, pl.spends, out)
 	if err != nil {
 		for _, t := range pl.leased {
@@ -251,10 +248,8 @@ func (c *httpContext) onLeaseAnswer(short []take, req *wire.LeaseRequest, claims
 		}
 	}
 	n := len(pl.spends)
-	if cap(p.results) < n {
-		p.results = make([]lease.Result, n)
-	}
-	ok, err := p.leases.Spend(now, pl.spends, p.results[:n])
+	results := c.scratch.leaseResults(n)
+	ok, err := p.leases.Spend(now, pl.spends, results)
 	if err != nil || !ok {
 		back := make([]lease.Spend, len(short))
 		for i, t := range short {
@@ -273,7 +268,7 @@ func (c *httpContext) onLeaseAnswer(short []take, req *wire.LeaseRequest, claims
 		if j := indexOf(short, *t); j >= 0 {
 			t.d = leaseDecision(t.rule, &recs[j], now)
 		} else {
-			r := &p.results[k]
+			r := &results[k]
 			if r.Evicted {
 				p.metrics.evictions.Increment(1)
 			}

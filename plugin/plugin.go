@@ -125,13 +125,6 @@ type pluginContext struct {
 	// One rate limit per kind of log line a request can trigger.
 	failLog, serviceLog, replyLog, headerLog throttle
 
-	// Per-callback scratch, reused (a VM runs one callback at a time, and
-	// nothing here outlives the callback).
-	reqs    []store.Request
-	out     []bucket.Decision
-	results []lease.Result
-	scratch []byte // header values being formatted
-
 	free []*httpContext // contexts of finished streams, zeroed, for reuse
 
 	// bodyHeld is the state of this VM's in-flight body scans, in bytes,

@@ -117,7 +117,7 @@ func (c *httpContext) rateLimitHeaders(ru *rule, d bucket.Decision, add func(nam
 	}
 	t := wholeSeconds(wait)
 	remaining := max(d.Remaining, 0)
-	b := &c.plugin.scratch
+	b := &c.scratch.text
 	if style == config.HeadersBoth || style == config.HeadersDraft {
 		add("ratelimit-policy", ru.policy)
 		*b = append((*b)[:0], ru.quotedName...)
