@@ -96,6 +96,10 @@ type BucketAnswer struct {
 	// Tokens is the exact (fractional) tokens behind Remaining. It is not
 	// encoded: tests of the service compare it with package bucket.
 	Tokens float64
+	// Applied is, in the answer to a charge, the amount the bucket took
+	// after the service's clamps (a refund is negative). It is not encoded:
+	// the service counts it in its metrics.
+	Applied float64
 }
 
 // Settle sets a's Allowed and RetryAfterMs from its enforced buckets.
