@@ -33,7 +33,7 @@ func trustStores(t *testing.T) []trustStore {
 
 func mustDecide(t *testing.T, st Store, req *Request) Answer {
 	t.Helper()
-	a, err := decide(context.Background(), st, req)
+	a, _, err := decide(context.Background(), st, req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,6 +66,9 @@ type options struct {
 	limits          service.Limits
 	memoryMaxKeys   int
 	logLevel        string
+	ledgerWindow    time.Duration
+	maxConns        int
+	unauthIdle      time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -90,6 +93,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.limits.MaxFill, "max-fill", service.DefaultMaxFill, "longest refill time (burst / tokens_per_second) accepted; bounds key lifetime")
 	fs.IntVar(&o.memoryMaxKeys, "memory-max-keys", service.DefaultMemoryMaxKeys, "most buckets the in-memory store holds")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&o.ledgerWindow, "ledger-window", service.DefaultLedgerWindow, "how long tokens a lease grants or a decision reserves can be given back (by a return or a refund): at least one window, at most two")
+	fs.IntVar(&o.maxConns, "max-conns", service.DefaultMaxConns, "most HTTP connections open at once; keep it below the open-file limit minus the Redis connections")
+	fs.DurationVar(&o.unauthIdle, "unauthenticated-idle", service.DefaultUnauthenticatedIdle, "how long a connection that never carried an authenticated /v1 call may stay idle")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -131,7 +137,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	var client redis.UniversalClient
 	storeName := "memory"
 	if o.redis == "" {
-		store = service.NewMemoryStore(service.MemoryOptions{MaxKeys: o.memoryMaxKeys})
+		store = service.NewMemoryStore(service.MemoryOptions{MaxKeys: o.memoryMaxKeys, LedgerWindow: o.ledgerWindow})
 		log.Warn("no --redis: buckets are kept in memory, so limits hold per limitd process, not cluster-wide",
 			"store", "memory", "max_keys", o.memoryMaxKeys)
 	} else {
@@ -143,8 +149,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		client = redis.NewUniversalClient(uopts)
 		defer client.Close()
 		rs, err := service.NewRedisStore(client, service.RedisOptions{
-			KeyPrefix:  o.keyPrefix,
-			Registerer: reg,
+			KeyPrefix:    o.keyPrefix,
+			Registerer:   reg,
+			LedgerWindow: o.ledgerWindow,
 			Batch: service.BatchOptions{
 				MaxSize: o.batchMax, Window: o.batchWindow, Workers: o.batchWorkers, Timeout: o.timeout,
 			},
@@ -178,12 +185,32 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
+	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Registerer: reg})
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
 	}
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	defer stopSweep()
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case now := <-tick.C:
+				guard.Sweep(now)
+			case <-sweepCtx.Done():
+				return
+			}
+		}
+	}()
 	httpSrv := &http.Server{
 		Handler:           srv,
+		ConnState:         guard.ConnState,
+		ConnContext:       guard.ConnContext,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -192,7 +219,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	served := make(chan error, 1)
-	go func() { served <- httpSrv.Serve(ln) }()
+	go func() { served <- httpSrv.Serve(guard.Listener(ln)) }()
 	log.Info("limitd listening", "addr", ln.Addr().String(), "store", storeName, "auth", token != "")
 	if ready != nil {
 		ready(ln.Addr().String())

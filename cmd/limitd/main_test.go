@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -375,5 +376,58 @@ func TestRunWaitsForRedis(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "redis store ready") {
 		t.Fatalf("no ready log:\n%s", logs)
+	}
+}
+
+// TestRunIdleHealthzFlood: connections that each asked /healthz once and
+// then stay open (the keep-alive flood that exhausted file descriptors)
+// cannot keep an authenticated gateway out: at the cap, the anonymous ones
+// are evicted for it, and it is answered.
+func TestRunIdleHealthzFlood(t *testing.T) {
+	testIdleHealthzFlood(t, "16")
+}
+
+// testIdleHealthzFlood runs the flood against limitd with --max-conns max,
+// in a process whose open-file limit is lowered to 256: 150 anonymous
+// connections (both their ends are in this process) exceed it unless
+// limitd caps its side.
+func testIdleHealthzFlood(t *testing.T, max string) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if lim.Cur > 256 {
+		low := lim
+		low.Cur = 256
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim) })
+	}
+	addr, _, _, _ := start(t, []string{"--listen", "127.0.0.1:0", "--max-conns", max}, env("LIMITD_TOKEN", "tok"))
+	for i := range 150 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Logf("dial %d: %v", i, err) // out of file descriptors: the flood has done its harm
+			break
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			continue // evicted already
+		}
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+			resp.Body.Close()
+		}
+	}
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/decide", strings.NewReader(`{"buckets":[{"key":"a","tokens_per_second":1,"burst":1}]}`))
+	req.Header.Set("Authorization", "Bearer tok")
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("an authenticated call after 150 idle anonymous connections: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("authenticated call: %d, want 200", resp.StatusCode)
 	}
 }
