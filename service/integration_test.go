@@ -406,3 +406,93 @@ func BenchmarkRedisDecide(b *testing.B) {
 		})
 	}
 }
+
+// TestIntegrationLedger: on a real redis-server and a real Redis Cluster,
+// the ledger is changed atomically with its bucket: 200 concurrent returns
+// of 5 after one grant of 40 give back exactly 40, and 200 concurrent
+// refunds of 5 after one decision of 40 give back exactly 40; on the
+// cluster, a lease and a decision over buckets in different slots record
+// (and give back) each bucket's own share.
+func TestIntegrationLedger(t *testing.T) {
+	srv := redistest.Start(t)
+	cl := redistest.StartCluster(t)
+	for _, tc := range []struct {
+		name string
+		c    redis.UniversalClient
+	}{{"single", realClient(t, srv.Addr())}, {"cluster", realClient(t, cl.Addrs()...)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := realStore(t, tc.c, 64)
+			ctx := context.Background()
+			// A slow bucket of 100, drained by the grant of 40 and a
+			// decision of 60, so that no return meets its burst.
+			lim := LeaseBucket{Key: "ledger-lease", Rate: 0.01, Burst: 100}
+			g := lim
+			g.Want, g.Min = 40, 40
+			if a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{g}}); err != nil || a.Buckets[0].Tokens != 40 {
+				t.Fatalf("grant = %+v, %v", a, err)
+			}
+			if d, err := s.Decide(ctx, one("ledger-lease", 0.01, 100, 60)); err != nil || !d.Allowed {
+				t.Fatalf("decide 60 = %+v, %v", d, err)
+			}
+			var mu sync.Mutex
+			var returned, refunded float64
+			var wg sync.WaitGroup
+			for range 200 {
+				wg.Go(func() {
+					ret := lim
+					ret.Return = 5
+					a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{ret}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					returned += a.Buckets[0].Returned
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			if returned != 40 {
+				t.Fatalf("200 concurrent returns of 5 after a grant of 40 gave back %v, want 40", returned)
+			}
+			if d, err := s.Decide(ctx, one("ledger-refund", 0.01, 100, 40)); err != nil || !d.Allowed {
+				t.Fatalf("decide 40 = %+v, %v", d, err)
+			}
+			drain := LeaseBucket{Key: "ledger-refund", Rate: 0.01, Burst: 100, Want: 60, Min: 60}
+			if a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{drain}}); err != nil || !a.Granted {
+				t.Fatalf("lease 60 = %+v, %v", a, err)
+			}
+			for range 200 {
+				wg.Go(func() {
+					a, err := s.Charge(ctx, &ChargeRequest{Buckets: []ChargeBucket{{Key: "ledger-refund", Rate: 0.01, Burst: 100, Amount: -5}}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					refunded -= a.Buckets[0].Applied
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			if refunded != 40 {
+				t.Fatalf("200 concurrent refunds of 5 after a decision of 40 gave back %v, want 40", refunded)
+			}
+			// Buckets in different slots (on the cluster): each records its
+			// own grant; returning both gives back each one's share only.
+			two := []LeaseBucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Want: 4, Min: 4}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Want: 6, Min: 6}}
+			if a, err := s.Lease(ctx, &LeaseRequest{Buckets: two}); err != nil || !a.Granted {
+				t.Fatalf("lease over two buckets = %+v, %v", a, err)
+			}
+			drainBoth := &Request{Buckets: []Bucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Cost: 90}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Cost: 90}}}
+			if d, err := s.Decide(ctx, drainBoth); err != nil || !d.Allowed {
+				t.Fatalf("drain = %+v, %v", d, err)
+			}
+			back := []LeaseBucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Return: 10}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Return: 10}}
+			a, err := s.Lease(ctx, &LeaseRequest{Buckets: back})
+			if err != nil || a.Buckets[0].Returned != 4 || a.Buckets[1].Returned != 6 {
+				t.Fatalf("returns of 10 each = %+v, %v; want 4 and 6 back", a, err)
+			}
+		})
+	}
+}
