@@ -145,3 +145,30 @@ func TestClusterKeyIndependentOfOtherRules(t *testing.T) {
 	}
 }
 
+// TestClusterKeyedHash: with service.key_secret, a bucket's key is an HMAC
+// of its values under the secret: not the unkeyed hash anyone can compute,
+// different under another secret, the same for the same value.
+func TestClusterKeyedHash(t *testing.T) {
+	key := func(cfg string, value string) (key string) {
+		t.Run(value, func(t *testing.T) { // one emulator per test
+			e := start(t, cfg)
+			id, _ := e.callout("k", value)
+			body := string(e.host.GetCalloutAttributesFromContext(id)[0].Body)
+			i := strings.Index(body, `"key":"fleet:`)
+			if i < 0 {
+				t.Fatalf("no fleet bucket in %s", body)
+			}
+			key = body[i+7 : i+7+strings.Index(body[i+7:], `"`)]
+		})
+		return key
+	}
+	keyed := strings.Replace(mixed, `"token": "s3cret"`, `"token": "s3cret", "key_secret": "0123456789abcdef-one"`, 1)
+	other := strings.Replace(mixed, `"token": "s3cret"`, `"token": "s3cret", "key_secret": "0123456789abcdef-two"`, 1)
+	plain, k1, k1again, k2 := key(mixed, "a"), key(keyed, "a"), key(keyed, "a"), key(other, "a")
+	if k1 == plain || k1 == k2 || k1 != k1again || key(keyed, "b") == k1 {
+		t.Fatalf("keys: unkeyed %s, keyed %s (again %s), other secret %s", plain, k1, k1again, k2)
+	}
+	if len(k1) != len("fleet:")+32 {
+		t.Fatalf("keyed key %s: want the rule name and 32 hex digits", k1)
+	}
+}
