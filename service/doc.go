@@ -54,9 +54,13 @@
 // that changes the bucket; a positive charge is clamped to 2 × burst. So no
 // sequence of calls, from any number of callers, gives back more than was
 // taken within the last two windows: a bucket admits at most burst + rate × t
-// plus what was given back. The ledger is per bucket; callers are not told
-// apart. A bucket that is full is deleted with its ledger (it takes nothing
-// back anyway).
+// plus what was given back. Returns are also bounded in rate, one burst per
+// window: the gateways spend grants without telling the service, so what they
+// spent still counts as outstanding, and a caller returning every grant at
+// once would otherwise recycle them. The ledger is per bucket; callers are
+// not told apart. A bucket that is full is deleted with its ledger (it takes
+// nothing back anyway), unless its return budget is in use: then it is kept
+// to the window's end.
 //
 // Under load, concurrent decisions are pipelined (BatchOptions): a worker
 // sends every decision already waiting in one pipeline of EVALSHA, one

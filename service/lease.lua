@@ -6,7 +6,8 @@
 -- ARGV[5n+1]         the ledger window, microseconds
 --
 -- Every bucket first takes back its return, clamped to what its ledger says
--- leases granted and were not yet returned (and to its burst). Then, if
+-- leases granted and were not yet returned, and to the window's return
+-- budget (a burst per window), and to its burst. Then, if
 -- every bucket holds its min, each grants min(want, tokens) (never less
 -- than min), is debited that much and records the grant in its ledger;
 -- otherwise nothing is granted, and only the buckets that took a return are
@@ -30,7 +31,7 @@ for i = 1, n do
   if not tok then
     return at
   end
-  ret = give(led, 'l', ret)
+  ret = take_return(led, ret, burst)
   local before = tok
   if ret > 0 and tok < burst then
     tok = tok + ret

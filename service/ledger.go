@@ -14,10 +14,19 @@ package service
 // dropped; a window skipped drops both. So a grant or a reservation can be
 // given back for at least one window and at most two, oldest first. The
 // zero ledger holds nothing.
+//
+// Returns are also bounded in rate: a bucket takes back at most its burst of
+// returns per window (returned). A gateway returns only the unspent rest of
+// a lease that went idle, at most max_share × burst per lease, so honest
+// returns rarely reach it (and when they do, the bucket is only short); but
+// without it, a caller could return every grant as soon as it is made, and
+// the gateways, which spend their grants without telling the service, would
+// be granted the same tokens again and again.
 type ledger struct {
-	gen   int64      // index of the current window: now / window
-	lease [2]float64 // granted, not yet returned: [current, previous]
-	resv  [2]float64 // reserved, not yet refunded: [current, previous]
+	gen      int64      // index of the current window: now / window
+	lease    [2]float64 // granted, not yet returned: [current, previous]
+	resv     [2]float64 // reserved, not yet refunded: [current, previous]
+	returned float64    // returns taken back in the current window
 }
 
 // at returns l as seen at now (Unix ns) for a window of window ns: the
@@ -52,7 +61,12 @@ func give(side *[2]float64, x float64) float64 {
 	return took
 }
 
-// empty reports whether l holds nothing.
-func (l ledger) empty() bool {
-	return l.lease == [2]float64{} && l.resv == [2]float64{}
+// takeReturn takes back up to ret (>= 0) of a lease's return for a bucket
+// of burst: at most what the window's return budget has left, and at most
+// the grants outstanding. It returns what it took.
+func (l *ledger) takeReturn(ret, burst float64) float64 {
+	ret = min(ret, burst-l.returned)
+	took := give(&l.lease, ret)
+	l.returned += took
+	return took
 }

@@ -28,11 +28,22 @@ func TestLedgerGenerations(t *testing.T) {
 		t.Fatalf("after a backwards clock: %+v", l)
 	}
 	l = l.at(13*w, w) // a window skipped: both dropped
-	if !l.empty() {
+	if l != (ledger{gen: 13}) {
 		t.Fatalf("two windows later: %+v, want empty", l)
 	}
 	if got := give(&l.resv, math.NaN()); got != 0 {
 		t.Fatalf("give NaN = %v", got)
+	}
+	// The return budget: a burst per window.
+	l.lease[0] = 100
+	if got := l.takeReturn(8, 10); got != 8 {
+		t.Fatalf("takeReturn 8 of a budget of 10 = %v", got)
+	}
+	if got := l.takeReturn(8, 10); got != 2 {
+		t.Fatalf("takeReturn 8 of the 2 left = %v", got)
+	}
+	if l = l.at(14*w, w); l.returned != 0 {
+		t.Fatalf("next window: returned %v, want a new budget", l.returned)
 	}
 }
 

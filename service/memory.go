@@ -79,7 +79,7 @@ type MemoryStore struct {
 type memoryEntry struct {
 	state  bucket.State
 	ledger ledger
-	fullAt int64 // Unix ns from which the bucket is full and can be forgotten
+	fullAt int64 // Unix ns from which the bucket is full and can be forgotten (see put)
 }
 
 // NewMemoryStore returns an empty MemoryStore.
@@ -155,11 +155,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 	if all {
 		for i := range steps {
 			st := &steps[i]
-			if fullAt := st.limit.FullAt(st.next); fullAt > now {
-				m.buckets[keys[i]] = memoryEntry{state: st.next, ledger: st.ledger, fullAt: fullAt}
-			} else {
-				delete(m.buckets, keys[i])
-			}
+			m.put(keys[i], st.limit, st.next, st.ledger, now)
 		}
 		m.maybeSweep(now, false)
 	}
@@ -201,7 +197,7 @@ func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer
 			states[i], leds[i] = e.state, e.ledger
 		}
 		leds[i] = leds[i].at(now, m.window)
-		rets[i] = give(&leds[i].lease, b.Return)
+		rets[i] = leds[i].takeReturn(b.Return, b.Burst)
 		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
 		if _, _, ok, _ := lim.Lease(states[i], now, rets[i], b.Want, b.Min); !ok {
 			a.Granted = false
@@ -276,11 +272,16 @@ func (m *MemoryStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAns
 }
 
 // put stores a bucket's state and ledger, or forgets it when it is full at
-// now (a full bucket takes nothing back, so its ledger goes with it).
-// Called with m.mu held.
+// now (a full bucket takes nothing back, so its ledger goes with it), unless
+// the window's return budget is in use: then it is kept to the window's end,
+// as bucket.lua does. Called with m.mu held.
 func (m *MemoryStore) put(k string, lim bucket.Limit, st bucket.State, led ledger, now int64) {
-	if fullAt := lim.FullAt(st); fullAt > now {
-		m.buckets[k] = memoryEntry{state: st, ledger: led, fullAt: fullAt}
+	keep := lim.FullAt(st)
+	if led.returned > 0 {
+		keep = max(keep, (led.gen+1)*m.window)
+	}
+	if keep > now {
+		m.buckets[k] = memoryEntry{state: st, ledger: led, fullAt: keep}
 	} else {
 		delete(m.buckets, k)
 	}

@@ -104,6 +104,27 @@ func TestAttackReturnClampedToGrants(t *testing.T) {
 	}
 }
 
+// TestAttackRecycledGrants: a caller that returns every grant as soon as it
+// is made (the gateways spend their grants without telling the service, so
+// what they spent is still "outstanding") gets at most one burst of returns
+// per ledger window: 100 rounds of grant 5 + return 5 on a bucket of 10 that
+// barely refills grant at most 10 + 10 within a window, not 500.
+func TestAttackRecycledGrants(t *testing.T) {
+	for _, ts := range trustStores(t) {
+		t.Run(ts.name, func(t *testing.T) {
+			granted := 0.0
+			for range 100 {
+				a := mustLease(t, ts.st, LeaseBucket{Key: "k", Rate: 0.001, Burst: 10, Want: 5})
+				granted += a.Buckets[0].Tokens
+				mustLease(t, ts.st, LeaseBucket{Key: "k", Rate: 0.001, Burst: 10, Return: 5})
+			}
+			if granted > 20 {
+				t.Errorf("100 grant-and-return rounds granted %v tokens, want at most burst + one burst of returns (20)", granted)
+			}
+		})
+	}
+}
+
 // TestAttackRefundWithoutReservation: 10 charges of -5 on a bucket drained
 // by a lease (no reservation outstanding) give nothing back, and 100 pairs
 // of decide cost 5 + charge -5 on it admit nothing.
