@@ -29,8 +29,14 @@ type Config struct {
 	Store Store
 	// StoreName labels the store in metrics and logs ("redis", "memory").
 	StoreName string
-	// Token, when set, is the bearer token every /v1 request must carry.
+	// Token, when set, is the bearer token every /v1 request must carry
+	// (a Token named "default").
 	Token string
+	// Tokens are bearer tokens, one per gateway: a /v1 request must carry
+	// one of them (or Token). Their names, distinct, label
+	// limitd_authorized_calls_total, and revoking one gateway is removing
+	// its token.
+	Tokens []Token
 	// Limits bound request bodies, keys and bucket counts.
 	Limits Limits
 	// Timeout bounds each decision, Redis round trip included (default 1s).
@@ -50,6 +56,12 @@ type Config struct {
 // DefaultReadyEvery is the default Config.ReadyEvery.
 const DefaultReadyEvery = time.Second
 
+// Token is one caller's bearer token.
+type Token struct {
+	Name  string
+	Value string
+}
+
 // DefaultTimeout is the default bound of one decision.
 const DefaultTimeout = time.Second
 
@@ -68,8 +80,7 @@ const DefaultTimeout = time.Second
 // body over the limit, 503 when the store fails or times out.
 type Server struct {
 	store   Store
-	token   [sha256.Size]byte
-	hasTok  bool
+	tokens  []serverToken // none: no token needed
 	limits  Limits
 	timeout time.Duration
 	log     *slog.Logger
@@ -122,8 +133,20 @@ func NewServer(cfg Config) (*Server, error) {
 		now:        cfg.Now,
 		readyEvery: cfg.ReadyEvery,
 	}
+	toks := cfg.Tokens
 	if cfg.Token != "" {
-		s.token, s.hasTok = sha256.Sum256([]byte(cfg.Token)), true
+		toks = append([]Token{{Name: "default", Value: cfg.Token}}, toks...)
+	}
+	seen := map[string]bool{}
+	for i, t := range toks {
+		switch {
+		case t.Name == "" || t.Value == "":
+			return nil, fmt.Errorf("service: config: tokens[%d]: name and value are required", i)
+		case seen[t.Name]:
+			return nil, fmt.Errorf("service: config: tokens[%d].name: %q named twice", i, t.Name)
+		}
+		seen[t.Name] = true
+		s.tokens = append(s.tokens, serverToken{sum: sha256.Sum256([]byte(t.Value)), calls: m.authorized.WithLabelValues(t.Name)})
 	}
 	s.mux.HandleFunc("/v1/decide", s.serve(s.decide, m.latency))
 	s.mux.HandleFunc("/v1/lease", s.serve(s.lease, m.leaseLatency))
@@ -255,9 +278,18 @@ func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerF
 	}
 }
 
-// authorized reports whether r carries the bearer token (or none is needed).
+// serverToken is a Token as the server checks it: its SHA-256 (compared in
+// constant time) and its caller's counter.
+type serverToken struct {
+	sum   [sha256.Size]byte
+	calls prometheus.Counter
+}
+
+// authorized reports whether r carries one of the bearer tokens (or none is
+// needed), and counts the call under its caller's name. Every token is
+// compared, so the time taken does not say which one matched.
 func (s *Server) authorized(r *http.Request) bool {
-	if !s.hasTok {
+	if len(s.tokens) == 0 {
 		return true
 	}
 	const scheme = "Bearer "
@@ -266,7 +298,17 @@ func (s *Server) authorized(r *http.Request) bool {
 		return false
 	}
 	sum := sha256.Sum256([]byte(h[len(scheme):]))
-	return subtle.ConstantTimeCompare(sum[:], s.token[:]) == 1
+	var match *serverToken
+	for i := range s.tokens {
+		if subtle.ConstantTimeCompare(sum[:], s.tokens[i].sum[:]) == 1 {
+			match = &s.tokens[i]
+		}
+	}
+	if match == nil {
+		return false
+	}
+	match.calls.Inc()
+	return true
 }
 
 func equalFoldASCII(a, b string) bool {
@@ -351,7 +393,9 @@ type metrics struct {
 	leased       prometheus.Counter
 	returned     prometheus.Counter
 	refused      *prometheus.CounterVec
-	latency      prometheus.Histogram
+	// authorized counts authorized /v1 calls by the caller's token name.
+	authorized *prometheus.CounterVec
+	latency    prometheus.Histogram
 	// leaseLatency is latency's for POST /v1/lease.
 	leaseLatency prometheus.Histogram
 	// charges, charged, refunded and chargeLatency are POST /v1/charge's.
@@ -379,6 +423,10 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 		leases:       counter("limitd_leases_total", "Lease calls answered (granted or refused)."),
 		leased:       counter("limitd_leased_tokens_total", "Tokens granted by lease calls."),
 		returned:     counter("limitd_returned_tokens_total", "Tokens lease calls' returns put back into their buckets (after the clamps to the grants outstanding and to the burst)."),
+		authorized: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitd_authorized_calls_total",
+			Help: "/v1 calls that carried a valid bearer token, by the token's name (one per gateway when --token-file names them).",
+		}, []string{"caller"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limitd_invalid_requests_total",
 			Help: "Requests refused before a decision, by HTTP status (400, 401, 405, 413).",
@@ -390,7 +438,7 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 		refunded:      counter("limitd_refunded_tokens_total", "Tokens charge calls' refunds put back into their buckets (after the clamps to the reservations outstanding and to the burst)."),
 		chargeLatency: histogram("limitd_charge_duration_seconds", "Time to answer POST /v1/charge, from request to response."),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.shadowErrors, m.leases, m.leased, m.returned, m.refused, m.latency, m.leaseLatency,
+	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.shadowErrors, m.leases, m.leased, m.returned, m.refused, m.authorized, m.latency, m.leaseLatency,
 		m.charges, m.charged, m.refunded, m.chargeLatency} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("service: config: registry: %w", err)

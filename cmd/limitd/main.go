@@ -81,7 +81,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.redisCluster, "redis-cluster", false, "treat a single --redis address as a Redis Cluster seed")
 	fs.IntVar(&o.redisPoolSize, "redis-pool-size", 0, "connections per Redis node (0 = go-redis default, 10 per CPU)")
 	fs.StringVar(&o.keyPrefix, "key-prefix", service.DefaultKeyPrefix, "prefix of every Redis key")
-	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token /v1 requests must carry (else env LIMITD_TOKEN)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file of the bearer tokens /v1 requests must carry: one per line, \"<name> <token>\" (one per gateway) or a bare token (else env LIMITD_TOKEN)")
 	fs.IntVar(&o.batchMax, "batch-max", 64, "most decisions per Redis pipeline; 0 or 1 = no batching")
 	fs.DurationVar(&o.batchWindow, "batch-window", 0, "how long to wait for more decisions before sending a pipeline (0 = send what is queued)")
 	fs.IntVar(&o.batchWorkers, "batch-workers", 4, "pipelines in flight at once")
@@ -118,7 +118,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	token, err := loadToken(o.tokenFile, getenv)
+	tokens, err := loadTokens(o.tokenFile, getenv)
 	if err != nil {
 		return err
 	}
@@ -126,7 +126,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	if !loopback && token == "" {
+	if !loopback && len(tokens) == 0 {
 		return fmt.Errorf("--listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.listen)
 	}
 
@@ -179,7 +179,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer store.Close()
 
 	srv, err := service.NewServer(service.Config{
-		Store: store, StoreName: storeName, Token: token, Limits: o.limits,
+		Store: store, StoreName: storeName, Tokens: tokens, Limits: o.limits,
 		Timeout: o.timeout, Logger: log, Registry: reg,
 	})
 	if err != nil {
@@ -220,7 +220,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(guard.Listener(ln)) }()
-	log.Info("limitd listening", "addr", ln.Addr().String(), "store", storeName, "auth", token != "")
+	log.Info("limitd listening", "addr", ln.Addr().String(), "store", storeName, "auth", len(tokens) > 0, "callers", len(tokens))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
@@ -307,22 +307,38 @@ func waitForRedis(ctx context.Context, load func(context.Context) (string, error
 	}
 }
 
-// loadToken reads the bearer token from file, else the environment variable
-// LIMITD_TOKEN; surrounding white space is dropped. A named file that is
-// missing or empty is an error.
-func loadToken(file string, getenv func(string) string) (string, error) {
+// loadTokens reads the bearer tokens: from file, one per line, "<name>
+// <token>" (a gateway's name, for the metrics, and its token) or a bare
+// token (named "default"), blank lines and lines starting with # skipped;
+// without a file, the one token in LIMITD_TOKEN, if any.
+func loadTokens(file string, getenv func(string) string) ([]service.Token, error) {
 	if file == "" {
-		return strings.TrimSpace(getenv("LIMITD_TOKEN")), nil
+		if tok := strings.TrimSpace(getenv("LIMITD_TOKEN")); tok != "" {
+			return []service.Token{{Name: "default", Value: tok}}, nil
+		}
+		return nil, nil
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return "", fmt.Errorf("--token-file: %w", err)
+		return nil, fmt.Errorf("--token-file: %w", err)
 	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" {
-		return "", fmt.Errorf("--token-file %s: empty", file)
+	var toks []service.Token
+	for i, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0 || strings.HasPrefix(f[0], "#"):
+		case len(f) == 1:
+			toks = append(toks, service.Token{Name: "default", Value: f[0]})
+		case len(f) == 2:
+			toks = append(toks, service.Token{Name: f[0], Value: f[1]})
+		default:
+			return nil, fmt.Errorf("--token-file %s: line %d: want \"<name> <token>\" or a token, got %d fields", file, i+1, len(f))
+		}
 	}
-	return tok, nil
+	if len(toks) == 0 {
+		return nil, fmt.Errorf("--token-file %s: empty", file)
+	}
+	return toks, nil
 }
 
 // isLoopback reports whether a listen address binds only loopback interfaces:

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/service"
 )
 
 func env(kv ...string) func(string) string {
@@ -68,17 +69,52 @@ func TestLoadToken(t *testing.T) {
 	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if tok, err := loadToken(file, env("LIMITD_TOKEN", "other")); err != nil || tok != "s3cret" {
-		t.Errorf("from file: %q, %v", tok, err)
+	if toks, err := loadTokens(file, env("LIMITD_TOKEN", "other")); err != nil || len(toks) != 1 || toks[0].Value != "s3cret" {
+		t.Errorf("from file: %+v, %v", toks, err)
 	}
-	if tok, err := loadToken("", env("LIMITD_TOKEN", " fromenv ")); err != nil || tok != "fromenv" {
-		t.Errorf("from env: %q, %v", tok, err)
+	if toks, err := loadTokens("", env("LIMITD_TOKEN", " fromenv ")); err != nil || len(toks) != 1 || toks[0].Value != "fromenv" {
+		t.Errorf("from env: %+v, %v", toks, err)
 	}
-	if _, err := loadToken(empty, env()); err == nil {
+	if _, err := loadTokens(empty, env()); err == nil {
 		t.Error("empty token file: want an error")
 	}
-	if _, err := loadToken(filepath.Join(dir, "missing"), env()); err == nil {
+	if _, err := loadTokens(filepath.Join(dir, "missing"), env()); err == nil {
 		t.Error("missing token file: want an error")
+	}
+}
+
+// TestLoadTokens: a token file may hold one token per gateway, "<name>
+// <token>" per line (comments and blank lines skipped); a bare token is
+// named "default".
+func TestLoadTokens(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(file, []byte("# gateways\ngw-a tok-a\n\ngw-b  tok-b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	toks, err := loadTokens(file, env())
+	if err != nil || len(toks) != 2 || toks[0] != (service.Token{Name: "gw-a", Value: "tok-a"}) || toks[1] != (service.Token{Name: "gw-b", Value: "tok-b"}) {
+		t.Fatalf("loadTokens = %+v, %v", toks, err)
+	}
+	bare := filepath.Join(dir, "bare")
+	if err := os.WriteFile(bare, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if toks, err := loadTokens(bare, env()); err != nil || len(toks) != 1 || toks[0] != (service.Token{Name: "default", Value: "s3cret"}) {
+		t.Fatalf("bare token: %+v, %v", toks, err)
+	}
+	bad := filepath.Join(dir, "bad")
+	if err := os.WriteFile(bad, []byte("gw-a tok-a extra\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadTokens(bad, env()); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Fatalf("three fields: %v, want an error naming line 1", err)
+	}
+	if toks, err := loadTokens("", env("LIMITD_TOKEN", "e")); err != nil || len(toks) != 1 || toks[0].Value != "e" {
+		t.Fatalf("from env: %+v, %v", toks, err)
+	}
+	if toks, err := loadTokens("", env()); err != nil || len(toks) != 0 {
+		t.Fatalf("none: %+v, %v", toks, err)
 	}
 }
 
