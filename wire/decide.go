@@ -57,8 +57,9 @@ type Bucket struct {
 
 // Request is one decision (POST /v1/decide) over one or more buckets, taken
 // atomically: either every enforced bucket admits its cost and all are
-// consumed, or none is touched. HashTag, when set, places all buckets in one
-// Redis Cluster slot.
+// consumed, or none is touched. HashTag is what older plugins sent to place
+// all buckets in one Redis Cluster slot; the service accepts and ignores it
+// (a bucket's identity is its key and limit), and the plugin sends none.
 type Request struct {
 	HashTag string
 	Buckets []Bucket
