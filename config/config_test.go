@@ -160,6 +160,7 @@ var badCases = []badCase{
 	{name: "service failure mode", in: doc(`"service":{"cluster":"c","failure_mode":"open"}`, rule("")), want: `config: service.failure_mode: must be one of "allow", "deny", got "open"`},
 	{name: "service token_file", in: doc(`"service":{"cluster":"c","token":"t","token_file":"/f"}`, rule("")), want: `config: service.token_file: unknown field`},
 	{name: "service token space", in: doc(`"service":{"cluster":"c","token":"a b"}`, rule("")), want: `config: service.token: must not contain spaces`},
+	{name: "service key_secret short", in: doc(`"service":{"cluster":"c","key_secret":"short"}`, rule("")), want: `config: service.key_secret: must hold at least 16 bytes, got 5`},
 
 	// Rules.
 	{name: "rule not an object", in: `{"rules":[1]}`, want: `config: rules[0]: must be an object, got number`},

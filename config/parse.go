@@ -31,6 +31,8 @@ const (
 	DefaultChargePath           = "/v1/charge"
 	DefaultTimeoutMS            = 25
 	MaxTimeoutMS                = 60000
+	// MinKeySecretBytes is the shortest service.key_secret.
+	MinKeySecretBytes = 16
 
 	// Lease tuning of a cluster rule with "sync": "lease" (its "lease"
 	// object): ttl_ms, how long leased tokens stay with this Envoy after
@@ -788,7 +790,7 @@ func parseResponseHeaders(path string, v gjson.Result) ([]HeaderPair, error) {
 }
 
 func parseService(path string, v gjson.Result) (*Service, error) {
-	o, err := fields(path, v, "cluster", "authority", "path", "lease_path", "charge_path", "timeout_ms", "failure_mode", "token")
+	o, err := fields(path, v, "cluster", "authority", "path", "lease_path", "charge_path", "timeout_ms", "failure_mode", "token", "key_secret")
 	if err != nil {
 		return nil, err
 	}
@@ -835,6 +837,12 @@ func parseService(path string, v gjson.Result) (*Service, error) {
 	}
 	if strings.ContainsRune(s.Token, ' ') {
 		return nil, errorf(path+".token", "must not contain spaces")
+	}
+	if s.KeySecret, err = o.text("key_secret", ""); err != nil {
+		return nil, err
+	}
+	if s.KeySecret != "" && len(s.KeySecret) < MinKeySecretBytes {
+		return nil, errorf(path+".key_secret", "must hold at least "+strconv.Itoa(MinKeySecretBytes)+" bytes, got "+strconv.Itoa(len(s.KeySecret)))
 	}
 	return s, nil
 }

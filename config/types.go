@@ -173,6 +173,10 @@ type Service struct {
 	TimeoutMS   int    // default 25
 	FailureMode FailureMode
 	Token       string // bearer token ("token"; empty when none)
+	// KeySecret ("key_secret", at least MinKeySecretBytes; empty when none)
+	// keys the hash that names a cluster bucket: HMAC-SHA256 of its values,
+	// so a bucket's key cannot be computed from a header value without it.
+	KeySecret string
 }
 
 type (

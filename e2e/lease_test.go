@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -103,6 +105,92 @@ func TestLeaseClusterWide(t *testing.T) {
 		// asks again after the global bucket's wait for one request).
 		if float64(total) > ceiling || slack > 2*0.25*burst+rate*0.5 {
 			t.Fatalf("admitted %d, want within [%.1f, %.1f]", total, ceiling-(2*0.25*burst+rate*0.5), ceiling)
+		}
+	})
+
+	t.Run("a caller returning a burst every 100 ms on a tenant's key: within burst + rate × t + the return budget", func(t *testing.T) {
+		// The attack: a script that can call limitd (here without a token,
+		// as these Envoys use none; with one it would hold the gateways')
+		// hands back a burst (10, the most a return may say) every 100 ms on
+		// the lease key of a tenant.
+		const rate, burst = 10.0, 10.0
+		tenant := map[string]string{"x-test": "steady", "x-api-key": "attacked"}
+		before, err := redistest.Do(redis.Addr(), "KEYS", "rl:*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := a.Get("/", tenant); r.Status != 200 {
+			t.Fatalf("first request: %v", r)
+		}
+		after, err := redistest.Do(redis.Addr(), "KEYS", "rl:*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var bucketKey string
+		for _, k := range strings.Split(after, "\n") {
+			if _, name, ok := strings.Cut(k, ":10/10:"); ok && !strings.Contains(before, k) {
+				bucketKey = name
+			}
+		}
+		if bucketKey == "" {
+			t.Fatalf("the tenant's bucket is not among the keys %q", after)
+		}
+		start := time.Now()
+		end := start.Add(10 * time.Second)
+		var attacks int
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			body := `{"buckets":[{"key":"` + bucketKey + `","tokens_per_second":10,"burst":10,"return":10}]}`
+			url := "http://127.0.0.1:" + strconv.Itoa(svc) + "/v1/lease"
+			for at := start; at.Before(end); at = at.Add(100 * time.Millisecond) {
+				time.Sleep(time.Until(at))
+				resp, err := http.Post(url, "application/json", strings.NewReader(body))
+				if err != nil {
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					attacks++
+				} else {
+					t.Errorf("return: %d %s", resp.StatusCode, b)
+				}
+			}
+		})
+		var admitted, sent [2]int
+		var mu sync.Mutex
+		last := start
+		for i, c := range []*envoytest.Client{a, b} {
+			every := time.Second / time.Duration(12/(i+1))
+			wg.Go(func() {
+				for at := start; at.Before(end); at = at.Add(every) {
+					time.Sleep(time.Until(at))
+					r := c.Get("/", tenant)
+					mu.Lock()
+					sent[i]++
+					if r.Status == 200 {
+						admitted[i]++
+					}
+					if now := time.Now(); now.After(last) {
+						last = now
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		elapsed := last.Sub(start).Seconds()
+		total := admitted[0] + admitted[1]
+		// The window's return budget: one burst per ledger window (a
+		// minute); the run may straddle two.
+		bound := burst + rate*elapsed + 2*burst
+		t.Logf("%.1f s, %d returns of 10 answered: admitted %d of %d (A %d, B %d); burst + rate × t + 2 bursts of returns = %.1f",
+			elapsed, attacks, total, sent[0]+sent[1], admitted[0], admitted[1], bound)
+		if attacks == 0 {
+			t.Fatal("no return was answered: the attack did not run")
+		}
+		if float64(total) > bound {
+			t.Fatalf("admitted %d, want at most %.1f", total, bound)
 		}
 	})
 

@@ -1,6 +1,10 @@
 package plugin
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
 	"strconv"
 	"time"
 
@@ -20,6 +24,41 @@ func clusterKey(rule string, lo, hi uint64) string {
 	b = append(append(b, rule...), ':')
 	b = appendHex(b, lo)
 	b = appendHex(b, mix(hi^0x9e3779b97f4a7c15))
+	return string(b)
+}
+
+// keyMAC starts the keyed hash of a cluster bucket of ru (its service has
+// a key_secret): HMAC-SHA256 under the secret of the rule's name and its
+// limit-key sources, each length-prefixed; the request's values follow
+// (macField), and keyedClusterKey names the bucket. Without the secret, a
+// bucket's key cannot be computed from a header value, so a caller of the
+// limit service cannot address a tenant's bucket it has not seen.
+func keyMAC(ru *rule) hash.Hash {
+	mac := hmac.New(sha256.New, []byte(ru.Service.KeySecret))
+	macField(mac, ru.Name)
+	for _, k := range ru.LimitKeys {
+		macField(mac, strconv.Itoa(int(k.Kind)))
+		macField(mac, k.Name)
+	}
+	return mac
+}
+
+// macField adds one length-prefixed field to mac.
+func macField(mac hash.Hash, v string) {
+	var n [binary.MaxVarintLen64]byte
+	mac.Write(n[:binary.PutUvarint(n[:], uint64(len(v)))])
+	mac.Write([]byte(v))
+}
+
+// keyedClusterKey names a bucket by the rule name and the first 128 bits of
+// its keyed hash, in the shape of clusterKey.
+func keyedClusterKey(rule string, mac hash.Hash) string {
+	var sum [sha256.Size]byte
+	h := mac.Sum(sum[:0])
+	b := make([]byte, 0, len(rule)+33)
+	b = append(append(b, rule...), ':')
+	b = appendHex(b, binary.BigEndian.Uint64(h[0:8]))
+	b = appendHex(b, binary.BigEndian.Uint64(h[8:16]))
 	return string(b)
 }
 

@@ -116,12 +116,59 @@ func TestClusterFailureModes(t *testing.T) {
 	}
 }
 
-func TestClusterHashTag(t *testing.T) {
+// TestClusterKeyIndependentOfOtherRules: a bucket's call carries no hash
+// tag, so its identity in the limit service is its key alone, the same with
+// one cluster rule or two (a hash tag sent only with two or more moved every
+// bucket when a second rule was added).
+func TestClusterKeyIndependentOfOtherRules(t *testing.T) {
 	two := strings.Replace(mixed, `{"name": "local", "limit_keys"`, `{"name": "local", "scope": "cluster", "limit_keys"`, 1)
-	e := start(t, two)
-	id, _ := e.callout("k", "a")
-	body := string(e.host.GetCalloutAttributesFromContext(id)[0].Body)
-	if !strings.HasPrefix(body, `{"hash_tag":"tokenbucket","buckets":[{"key":"local:`) || strings.Count(body, `"key"`) != 2 {
-		t.Fatalf("two cluster rules: body %s, want one call with both buckets under one hash tag", body)
+	bodies := map[string]string{}
+	for name, cfg := range map[string]string{"one": mixed, "two": two} {
+		t.Run(name, func(t *testing.T) { // one emulator per test
+			e := start(t, cfg)
+			id, _ := e.callout("k", "a")
+			bodies[name] = string(e.host.GetCalloutAttributesFromContext(id)[0].Body)
+		})
+	}
+	if strings.Contains(bodies["two"], "hash_tag") || strings.Count(bodies["two"], `"key"`) != 2 {
+		t.Fatalf("two cluster rules: body %s, want one call with both buckets and no hash tag", bodies["two"])
+	}
+	fleet := func(body string) string {
+		i := strings.Index(body, `{"key":"fleet:`)
+		if i < 0 {
+			t.Fatalf("no fleet bucket in %s", body)
+		}
+		return body[i : i+strings.Index(body[i:], "}")]
+	}
+	if fleet(bodies["one"]) != fleet(bodies["two"]) || strings.Contains(bodies["one"], "hash_tag") {
+		t.Fatalf("the fleet bucket differs with a second rule:\n%s\n%s", bodies["one"], bodies["two"])
+	}
+}
+
+// TestClusterKeyedHash: with service.key_secret, a bucket's key is an HMAC
+// of its values under the secret: not the unkeyed hash anyone can compute,
+// different under another secret, the same for the same value.
+func TestClusterKeyedHash(t *testing.T) {
+	key := func(cfg string, value string) (key string) {
+		t.Run(value, func(t *testing.T) { // one emulator per test
+			e := start(t, cfg)
+			id, _ := e.callout("k", value)
+			body := string(e.host.GetCalloutAttributesFromContext(id)[0].Body)
+			i := strings.Index(body, `"key":"fleet:`)
+			if i < 0 {
+				t.Fatalf("no fleet bucket in %s", body)
+			}
+			key = body[i+7 : i+7+strings.Index(body[i+7:], `"`)]
+		})
+		return key
+	}
+	keyed := strings.Replace(mixed, `"token": "s3cret"`, `"token": "s3cret", "key_secret": "0123456789abcdef-one"`, 1)
+	other := strings.Replace(mixed, `"token": "s3cret"`, `"token": "s3cret", "key_secret": "0123456789abcdef-two"`, 1)
+	plain, k1, k1again, k2 := key(mixed, "a"), key(keyed, "a"), key(keyed, "a"), key(other, "a")
+	if k1 == plain || k1 == k2 || k1 != k1again || key(keyed, "b") == k1 {
+		t.Fatalf("keys: unkeyed %s, keyed %s (again %s), other secret %s", plain, k1, k1again, k2)
+	}
+	if len(k1) != len("fleet:")+32 {
+		t.Fatalf("keyed key %s: want the rule name and 32 hex digits", k1)
 	}
 }

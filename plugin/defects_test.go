@@ -201,7 +201,7 @@ func TestShadowClusterRule(t *testing.T) {
 			t.Fatalf("paused %v, %d callouts; want paused on one", paused, len(calls))
 		}
 		body := string(calls[0].Body)
-		if !strings.HasPrefix(body, `{"hash_tag":"tokenbucket","buckets":[{"key":"fleet:`) || !strings.Contains(body, `{"key":"trial:`) ||
+		if !strings.HasPrefix(body, `{"buckets":[{"key":"fleet:`) || !strings.Contains(body, `{"key":"trial:`) ||
 			strings.Count(body, `"shadow":true`) != 1 {
 			t.Fatalf("body %s: want the enforced bucket first, the shadow one after, flagged", body)
 		}

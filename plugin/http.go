@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"hash"
 	"strconv"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
@@ -432,6 +433,10 @@ func (c *httpContext) shadowRejected(ru *rule) {
 // for all such requests (what missing_key "shared" uses).
 func identity(ru *rule, r *request) (id uint64, key string, present bool) {
 	cluster := ru.Scope == config.ScopeCluster
+	var mac hash.Hash // keyed cluster keys: see keyMAC
+	if cluster && ru.Service != nil && ru.Service.KeySecret != "" {
+		mac = keyMAC(ru)
+	}
 	lo, hi := ru.identity, ru.identity.byte(0x5c)
 	present = true
 	for _, k := range ru.LimitKeys {
@@ -443,9 +448,15 @@ func identity(ru *rule, r *request) (id uint64, key string, present bool) {
 		lo = lo.field(v)
 		if cluster {
 			hi = hi.field(v)
+			if mac != nil {
+				macField(mac, v)
+			}
 		}
 	}
-	if cluster {
+	switch {
+	case cluster && mac != nil && present:
+		key = keyedClusterKey(ru.Name, mac)
+	case cluster:
 		key = clusterKey(ru.Name, lo.sum(), hi.sum())
 	}
 	return lo.sum(), key, present

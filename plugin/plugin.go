@@ -117,7 +117,7 @@ type pluginContext struct {
 
 	cfg     *config.Config
 	rules   []*rule
-	hashTag string // sent to the limit service: see configure
+	hashTag string // sent to the limit service: always empty, see configure
 	table   *store.Table
 	leases  *lease.Table
 	held    heldLeases // leases this worker called for (returnExpired)
@@ -255,23 +255,13 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 	leases.WithSeed(seedKey)
 	p.cfg, p.table, p.leases, p.held = cfg, table, leases, heldLeases{}
 	p.rules = make([]*rule, len(cfg.Rules))
-	clusterRules := 0
 	for i := range cfg.Rules {
-		if cfg.Rules[i].Scope == config.ScopeCluster && cfg.Rules[i].Action == config.ActionLimit {
-			clusterRules++
-		}
 		p.rules[i] = compile(&cfg.Rules[i])
 	}
-	// Buckets of one request are decided atomically in one Lua call, which
-	// Redis Cluster allows only within one slot. With two or more cluster
-	// rules every request names the same hash tag, so a bucket lives in the
-	// same slot whichever rules accompany it (its identity in the service
-	// is the tag and the key); with one, no tag: buckets spread over the
-	// cluster.
+	// No hash tag: the limit service keys every bucket by its own key (and
+	// limit), whichever rules accompany it, and decides a request whose
+	// buckets fall in different Redis Cluster slots itself.
 	p.hashTag = ""
-	if clusterRules > 1 {
-		p.hashTag = Name
-	}
 	p.metrics = globalMetrics{
 		evictions: defineCounter(Name + ".evictions"),
 		retries:   defineCounter(Name + ".cas_retries"),

@@ -2,36 +2,47 @@
 -- bucket.lua, which it uses): package bucket's Limit.Charge on each, for a
 -- cost known only from the response.
 --
--- KEYS[i]            the Redis key of bucket i (all keys share one hash tag)
+-- KEYS[i]            the Redis key of bucket i (all in one Redis Cluster slot)
 -- ARGV[3i-2 .. 3i]   rate, burst, amount of bucket i
+-- ARGV[3n+1]         the ledger window, microseconds
 --
--- A positive amount takes more tokens, into debt down to -burst at most; a
--- negative one gives tokens back, never above burst, and changes nothing on
--- a missing key (a full bucket). A charge cannot be refused.
+-- A positive amount takes more tokens: clamped to 2 × burst (what can take a
+-- full bucket to its deepest debt), into debt down to -burst at most. A
+-- negative one is a refund: clamped to what the bucket's ledger says
+-- decisions reserved and were not yet refunded, and given back never above
+-- burst; a missing key (a full bucket, no ledger) changes nothing. A charge
+-- cannot be refused.
 --
--- Returns {tokens_1, gap_1, ..., tokens_n, gap_n}: tokens_i (a string) is
--- what bucket i holds after its charge; gap_i as in decide.lua.
+-- Returns {tokens_1, gap_1, applied_1, ...}: tokens_i (a string) is what
+-- bucket i holds after its charge; gap_i as in decide.lua; applied_i (a
+-- string) what the charge took from the bucket (negative for a refund).
 
 local out = {}
 for i = 1, #KEYS do
   local rate = tonumber(ARGV[3 * i - 2])
   local burst = tonumber(ARGV[3 * i - 1])
   local amount = tonumber(ARGV[3 * i])
-  local missing = redis.call('EXISTS', KEYS[i]) == 0
-  local tok, at = load(KEYS[i], rate, burst)
+  local tok, at, led = load(KEYS[i], rate, burst)
   if not tok then
     return at
   end
-  if (amount > 0) or (amount < 0 and not missing) then
+  local before = tok
+  if amount > 2 * burst then
+    amount = 2 * burst
+  elseif amount < 0 then
+    amount = -give(led, 'r', -amount)
+  end
+  if amount ~= 0 then
     tok = tok - amount
     if tok < -burst then
       tok = -burst
     elseif tok > burst then
       tok = burst
     end
-    store(KEYS[i], tok, at, rate, burst)
+    store(KEYS[i], tok, at, rate, burst, led)
   end
   out[#out + 1] = string.format('%.17g', tok)
   out[#out + 1] = (at - now) * 1000
+  out[#out + 1] = string.format('%.17g', before - tok)
 end
 return out

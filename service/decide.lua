@@ -1,11 +1,13 @@
 -- decide.lua: one atomic decision over one or more token buckets (after
 -- bucket.lua, which it uses).
 --
--- KEYS[i]            the Redis key of bucket i (all keys share one hash tag)
+-- KEYS[i]            the Redis key of bucket i (all in one Redis Cluster slot)
 -- ARGV[3i-2 .. 3i]   rate (tokens per second), burst, cost of bucket i
+-- ARGV[3n+1]         the ledger window, microseconds
 --
--- Either every bucket admits its cost and all are consumed, or nothing is
--- written.
+-- Either every bucket admits its cost and all are consumed, each recording
+-- its cost as a reservation in its ledger (a later charge may refund it), or
+-- nothing is written.
 --
 -- Returns {all, ok_1, tokens_1, gap_1, ..., ok_n, tokens_n, gap_n}: all is 1
 -- when the request was admitted; ok_i is 1 when bucket i alone had enough
@@ -15,7 +17,7 @@
 -- when the clock went backwards).
 
 local n = #KEYS
-local rates, bursts, costs, tokens, ats = {}, {}, {}, {}, {}
+local rates, bursts, costs, tokens, ats, leds = {}, {}, {}, {}, {}, {}
 local all = 1
 local ok = {}
 for i = 1, n do
@@ -25,11 +27,11 @@ for i = 1, n do
   if cost < 0 then
     cost = 0
   end
-  local tok, at = load(KEYS[i], rate, burst)
+  local tok, at, led = load(KEYS[i], rate, burst)
   if not tok then
     return at
   end
-  rates[i], bursts[i], costs[i], tokens[i], ats[i] = rate, burst, cost, tok, at
+  rates[i], bursts[i], costs[i], tokens[i], ats[i], leds[i] = rate, burst, cost, tok, at, led
   if cost <= burst and tok + slack(rate, burst) >= cost then
     ok[i] = 1
   else
@@ -45,7 +47,8 @@ if all == 1 then
       tok = 0
     end
     tokens[i] = tok
-    store(KEYS[i], tok, ats[i], rates[i], bursts[i])
+    leds[i].r0 = leds[i].r0 + costs[i]
+    store(KEYS[i], tok, ats[i], rates[i], bursts[i], leds[i])
   end
 end
 

@@ -29,22 +29,38 @@
 //
 // Keys are named
 //
-//	<prefix>{<tag>}:<key>
+//	<prefix>{<tag>}:<rate>/<burst>:<key>
 //
-// with prefix "rl:" by default and tag the request's hash_tag, or, without
-// one, 16 hex digits of the FNV-1a hash of the bucket's own key. Redis
-// Cluster hashes only the tag, so all buckets of a request with a hash_tag
-// share a slot and one script can decide them; single-bucket requests without
-// one spread evenly over the cluster. A bucket's identity is the pair (tag,
-// key): a client must send the same hash_tag every time it sends a key
-// (typically a constant per configuration, or none at all). On a Redis
-// Cluster, a request whose buckets fall in different slots (several buckets,
-// no hash_tag) is refused with a *ValidationError on hash_tag; on a single
-// node or Sentinel it is decided as sent.
+// with prefix "rl:" by default and tag 16 hex digits of the FNV-1a hash of
+// the bucket's own key. A bucket's identity is its key and its limit: a call
+// naming another limit for a key addresses another bucket, so no caller can
+// refill (by claiming a faster rate) or deepen a bucket it does not share the
+// limit of, and a rule whose limit changes starts a new bucket. The request's
+// hash_tag is ignored, so a bucket's slot never depends on which other
+// buckets a request carries. On a Redis Cluster, a request whose buckets fall
+// in different slots is one script per slot, in request order; when one
+// refuses, the others' takes are given back (refunds of what they just
+// reserved, or returns of what they just granted): never over the limit,
+// briefly under. On a single node or Sentinel it is one script.
 //
-// When a rule's limit changes, tokens carry over (clamped to the new burst),
-// as in package bucket; but a key that expired under the old limit reads as
-// full under the new one.
+// # Ledger
+//
+// Each bucket's record also holds a ledger (ledger.go, mirrored in
+// bucket.lua): the tokens leases granted and not yet returned, and the tokens
+// decisions reserved and not yet refunded, in two generations of one window
+// (RedisOptions.LedgerWindow): an amount can be given back for one to two
+// windows. A lease's return is clamped to the grants outstanding and a
+// charge's refund to the reservations outstanding, in the same atomic script
+// that changes the bucket; a positive charge is clamped to 2 × burst. So no
+// sequence of calls, from any number of callers, gives back more than was
+// taken within the last two windows: a bucket admits at most burst + rate × t
+// plus what was given back. Returns are also bounded in rate, one burst per
+// window: the gateways spend grants without telling the service, so what they
+// spent still counts as outstanding, and a caller returning every grant at
+// once would otherwise recycle them. The ledger is per bucket; callers are
+// not told apart. A bucket that is full is deleted with its ledger (it takes
+// nothing back anyway), unless its return budget is in use: then it is kept
+// to the window's end.
 //
 // Under load, concurrent decisions are pipelined (BatchOptions): a worker
 // sends every decision already waiting in one pipeline of EVALSHA, one
@@ -63,8 +79,13 @@
 //
 // # HTTP
 //
-// Server serves POST /v1/decide, GET /healthz, GET /readyz (the store
-// answers) and GET /metrics (Prometheus). Request bodies, keys, bucket counts,
+// Server serves POST /v1/decide, /v1/lease and /v1/charge, GET /healthz,
+// GET /readyz (the store answered its last Ping, at most Config.ReadyEvery
+// old) and GET /metrics (Prometheus). A shadow bucket is decided on its own
+// and never changes the enforced answer, even when its decision fails (it is
+// then answered allowed and counted as a shadow error). ConnGuard bounds the
+// connections: at most a cap, and those that never carried an authorized /v1
+// call closed once idle, or first when the cap is reached. Request bodies, keys, bucket counts,
 // rates, bursts and costs are bounded (Limits, MaxAmount); anything else is
 // a 400 whose message names the field, e.g.
 //

@@ -92,7 +92,7 @@ func TestIntegrationRedis(t *testing.T) {
 			if err != nil || !d.Allowed {
 				t.Fatalf("Decide = %+v, %v", d, err)
 			}
-			pttl := c.PTTL(ctx, storageKey(DefaultKeyPrefix, "", "ttl-"+key)).Val()
+			pttl := c.PTTL(ctx, storageKey(DefaultKeyPrefix, "ttl-"+key, 10, 10)).Val()
 			if pttl < 990*time.Millisecond || pttl > 1001*time.Millisecond {
 				t.Fatalf("PTTL = %v, want just under 1001ms", pttl)
 			}
@@ -125,7 +125,7 @@ func TestIntegrationRedisArithmetic(t *testing.T) {
 		lim := bucket.Limit{Rate: 1e3 * math.Pow(1e3, r.Float64()), Burst: 0}
 		lim.Burst = lim.Rate * (0.001 + r.Float64()/10) // full within 0.1s: every branch of the refill
 		key := "arith-" + strconv.Itoa(round)
-		skey := storageKey(DefaultKeyPrefix, "", key)
+		skey := storageKey(DefaultKeyPrefix, key, lim.Rate, lim.Burst)
 		for range 50 {
 			cost := float64(1+r.IntN(int(lim.Burst/4)+1)) + r.Float64()
 			before, err := c.Get(ctx, skey).Result()
@@ -158,9 +158,15 @@ func TestIntegrationRedisArithmetic(t *testing.T) {
 	}
 }
 
-// parseStored reads a stored bucket "<tokens> <at µs>".
+// parseStored reads a stored bucket "<tokens> <at µs>" (and its ledger,
+// which it skips).
 func parseStored(v string) (bucket.State, error) {
-	tok, at, ok := strings.Cut(v, " ")
+	fields := strings.Fields(v)
+	ok := len(fields) == 2 || len(fields) == 8
+	tok, at := "", ""
+	if ok {
+		tok, at = fields[0], fields[1]
+	}
 	f, err1 := strconv.ParseFloat(tok, 64)
 	us, err2 := strconv.ParseInt(at, 10, 64)
 	if !ok || err1 != nil || err2 != nil {
@@ -246,11 +252,15 @@ func TestIntegrationCluster(t *testing.T) {
 			if got := admitConcurrently(t, s, 200, one(prefix+"hot", 0.01, 40, 1)); got != 40 {
 				t.Fatalf("admitted %d, want 40", got)
 			}
-			// Several buckets with one hash tag: one slot, atomic.
+			// Several buckets in different slots: all or none (what one
+			// slot took is given back when another refuses).
 			multi := &Request{HashTag: prefix + "user", Buckets: []Bucket{
-				{Key: "second", Rate: 1, Burst: 1, Cost: 1},
-				{Key: "minute", Rate: 0.1, Burst: 5, Cost: 1},
+				{Key: prefix + "second", Rate: 1, Burst: 1, Cost: 1},
+				{Key: prefix + "minute", Rate: 0.1, Burst: 5, Cost: 1},
 			}}
+			if keySlot(storageKey(DefaultKeyPrefix, prefix+"second", 1, 1)) == keySlot(storageKey(DefaultKeyPrefix, prefix+"minute", 0.1, 5)) {
+				t.Fatal("the two buckets share a slot: pick other keys")
+			}
 			if d, err := s.Decide(ctx, multi); err != nil || !d.Allowed {
 				t.Fatalf("multi = %+v, %v", d, err)
 			}
@@ -258,11 +268,19 @@ func TestIntegrationCluster(t *testing.T) {
 			if err != nil || d.Allowed || d.Buckets[1].Remaining != 4 {
 				t.Fatalf("second multi = %+v, %v; want refused, minute untouched at 4", d, err)
 			}
-			// Without a hash tag, buckets in different slots are refused.
-			cross := &Request{Buckets: []Bucket{{Key: "a", Rate: 1, Burst: 1, Cost: 1}, {Key: "b", Rate: 1, Burst: 1, Cost: 1}}}
-			var verr *ValidationError
-			if _, err := s.Decide(ctx, cross); !errors.As(err, &verr) {
-				t.Fatalf("cross-slot request: %v, want a *ValidationError", err)
+			// A bucket's Redis key does not depend on the other rules: the
+			// same key decided alone, without a hash tag, and beside a
+			// second rule, with the plugin's old hash tag, is one bucket.
+			alone := one(prefix+"rule", 1, 5, 1)
+			if d, err := s.Decide(ctx, alone); err != nil || d.Buckets[0].Remaining != 4 {
+				t.Fatalf("alone = %+v, %v", d, err)
+			}
+			pair := &Request{HashTag: "tokenbucket", Buckets: []Bucket{alone.Buckets[0], {Key: prefix + "other", Rate: 1, Burst: 5, Cost: 1}}}
+			if d, err := s.Decide(ctx, pair); err != nil || !d.Allowed || d.Buckets[0].Remaining != 3 {
+				t.Fatalf("beside a second rule = %+v, %v; want the same bucket, 3 left", d, err)
+			}
+			if v, err := c.Get(ctx, storageKey(DefaultKeyPrefix, prefix+"rule", 1, 5)).Result(); err != nil || !strings.HasPrefix(v, "3") {
+				t.Fatalf("stored %q, %v: want the one key holding 3 tokens", v, err)
 			}
 			// Leases on a cluster: concurrent grants on one key never exceed
 			// its burst, and several buckets under one hash tag are leased
@@ -286,8 +304,8 @@ func TestIntegrationCluster(t *testing.T) {
 				t.Fatalf("30 leases of up to 3 on a burst of 40 granted %v, want 40", granted)
 			}
 			lm := &LeaseRequest{HashTag: prefix + "user", Buckets: []LeaseBucket{
-				{Key: "lease-second", Rate: 1, Burst: 1, Want: 1, Min: 1},
-				{Key: "lease-minute", Rate: 0.1, Burst: 5, Want: 2, Min: 1},
+				{Key: prefix + "lease-second", Rate: 1, Burst: 1, Want: 1, Min: 1},
+				{Key: prefix + "lease-minute", Rate: 0.1, Burst: 5, Want: 2, Min: 1},
 			}}
 			if a, err := s.Lease(ctx, lm); err != nil || !a.Granted || a.Buckets[1].Tokens != 2 {
 				t.Fatalf("multi lease = %+v, %v", a, err)
@@ -385,6 +403,98 @@ func BenchmarkRedisDecide(b *testing.B) {
 					}
 				}
 			})
+		})
+	}
+}
+
+// TestIntegrationLedger: on a real redis-server and a real Redis Cluster,
+// the ledger is changed atomically with its bucket: 200 concurrent returns
+// of 5 after one grant of 40 give back exactly 40, and 200 concurrent
+// refunds of 5 after one decision of 40 give back exactly 40; on the
+// cluster, a lease and a decision over buckets in different slots record
+// (and give back) each bucket's own share.
+func TestIntegrationLedger(t *testing.T) {
+	srv := redistest.Start(t)
+	cl := redistest.StartCluster(t)
+	for _, tc := range []struct {
+		name string
+		c    redis.UniversalClient
+	}{{"single", realClient(t, srv.Addr())}, {"cluster", realClient(t, cl.Addrs()...)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := realStore(t, tc.c, 64)
+			ctx := context.Background()
+			// A slow bucket of 100, drained by the grant of 40 and a
+			// decision of 60, so that no return meets its burst.
+			lim := LeaseBucket{Key: "ledger-lease", Rate: 0.01, Burst: 100}
+			g := lim
+			g.Want, g.Min = 40, 40
+			if a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{g}}); err != nil || a.Buckets[0].Tokens != 40 {
+				t.Fatalf("grant = %+v, %v", a, err)
+			}
+			if d, err := s.Decide(ctx, one("ledger-lease", 0.01, 100, 60)); err != nil || !d.Allowed {
+				t.Fatalf("decide 60 = %+v, %v", d, err)
+			}
+			var mu sync.Mutex
+			var returned, refunded float64
+			var wg sync.WaitGroup
+			for range 200 {
+				wg.Go(func() {
+					ret := lim
+					ret.Return = 5
+					a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{ret}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					returned += a.Buckets[0].Returned
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			if returned != 40 {
+				t.Fatalf("200 concurrent returns of 5 after a grant of 40 gave back %v, want 40", returned)
+			}
+			if d, err := s.Decide(ctx, one("ledger-refund", 0.01, 100, 40)); err != nil || !d.Allowed {
+				t.Fatalf("decide 40 = %+v, %v", d, err)
+			}
+			drain := LeaseBucket{Key: "ledger-refund", Rate: 0.01, Burst: 100, Want: 60, Min: 60}
+			if a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{drain}}); err != nil || !a.Granted {
+				t.Fatalf("lease 60 = %+v, %v", a, err)
+			}
+			for range 200 {
+				wg.Go(func() {
+					a, err := s.Charge(ctx, &ChargeRequest{Buckets: []ChargeBucket{{Key: "ledger-refund", Rate: 0.01, Burst: 100, Amount: -5}}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					refunded -= a.Buckets[0].Applied
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			if refunded != 40 {
+				t.Fatalf("200 concurrent refunds of 5 after a decision of 40 gave back %v, want 40", refunded)
+			}
+			// Buckets in different slots (on the cluster): each records its
+			// own grant; returning both gives back each one's share only.
+			two := []LeaseBucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Want: 4, Min: 4}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Want: 6, Min: 6}}
+			if a, err := s.Lease(ctx, &LeaseRequest{Buckets: two}); err != nil || !a.Granted {
+				t.Fatalf("lease over two buckets = %+v, %v", a, err)
+			}
+			drainBoth := &Request{Buckets: []Bucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Cost: 90}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Cost: 90}}}
+			if d, err := s.Decide(ctx, drainBoth); err != nil || !d.Allowed {
+				t.Fatalf("drain = %+v, %v", d, err)
+			}
+			back := []LeaseBucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Return: 10}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Return: 10}}
+			a, err := s.Lease(ctx, &LeaseRequest{Buckets: back})
+			// What went back into each bucket (tokens after less before: the
+			// last bits may differ from the grant).
+			if err != nil || math.Abs(a.Buckets[0].Returned-4) > 1e-9 || math.Abs(a.Buckets[1].Returned-6) > 1e-9 {
+				t.Fatalf("returns of 10 each = %+v, %v; want 4 and 6 back", a, err)
+			}
 		})
 	}
 }

@@ -14,35 +14,39 @@ const numSlots = 16384
 
 // storageKey is the name under which a bucket is stored:
 //
-//	prefix + "{" + tag + "}:" + key
+//	prefix + "{" + tag + "}:" + rate + "/" + burst + ":" + key
 //
-// where tag is the request's hash tag, or, when the request has none, 16 hex
-// digits of the 64-bit FNV-1a hash of the bucket's own key. Redis Cluster
-// places a key by the text between its first "{" and the next "}", which is
-// always tag: the prefix holds no brace and a hash tag may not either. A
-// bucket's identity is therefore the pair (hash tag, key); the same key sent
-// with another hash tag, or once with and once without, is another bucket.
-func storageKey(prefix, tag, key string) string {
-	var b strings.Builder
-	if tag == "" {
-		b.Grow(len(prefix) + 2*8 + 3 + len(key))
-		b.WriteString(prefix)
-		b.WriteByte('{')
-		b.WriteString(defaultTag(key))
-	} else {
-		b.Grow(len(prefix) + len(tag) + 3 + len(key))
-		b.WriteString(prefix)
-		b.WriteByte('{')
-		b.WriteString(tag)
-	}
-	b.WriteString("}:")
-	b.WriteString(key)
-	return b.String()
+// where tag is 16 hex digits of the 64-bit FNV-1a hash of the bucket's own
+// key, and rate and burst its limit as the wire carries them (shortest
+// decimal form). Redis Cluster places a key by the text between its first "{"
+// and the next "}", which is always tag (the prefix holds no brace), so a
+// bucket's slot depends on its key alone: never on which other buckets a
+// request carries, nor on a hash tag it sends (which the service ignores).
+//
+// A bucket's identity is the triple (key, rate, burst): its limit is fixed
+// when it is created. A call that names another limit for the same key
+// addresses another bucket, so no caller can refill (by claiming a faster
+// rate) or deepen (by claiming a larger burst) a bucket whose limit it does
+// not share; and a rule whose limit changes starts a new, full bucket while
+// the old one expires.
+func storageKey(prefix, key string, rate, burst float64) string {
+	r, b := formatFloat(rate), formatFloat(burst)
+	var sb strings.Builder
+	sb.Grow(len(prefix) + 2*8 + 4 + len(r) + len(b) + len(key))
+	sb.WriteString(prefix)
+	sb.WriteByte('{')
+	sb.WriteString(defaultTag(key))
+	sb.WriteString("}:")
+	sb.WriteString(r)
+	sb.WriteByte('/')
+	sb.WriteString(b)
+	sb.WriteByte(':')
+	sb.WriteString(key)
+	return sb.String()
 }
 
-// defaultTag is the hash tag of a bucket sent without one: the hex FNV-1a
-// hash of its key, so single-bucket requests spread evenly over a cluster
-// whatever characters their keys hold.
+// defaultTag is the hash tag of a bucket: the hex FNV-1a hash of its key, so
+// buckets spread evenly over a cluster whatever characters their keys hold.
 func defaultTag(key string) string {
 	h := fnv.New64a()
 	h.Write([]byte(key))

@@ -30,22 +30,24 @@ func TestKeySlot(t *testing.T) {
 
 func TestStorageKey(t *testing.T) {
 	tests := []struct {
-		prefix, tag, key, want string
+		prefix, key string
+		rate, burst float64
+		want        string
 	}{
-		{"rl:", "tenant-1", "rule:a", "rl:{tenant-1}:rule:a"},
-		{"rl:", "", "rule:a", "rl:{" + defaultTag("rule:a") + "}:rule:a"},
-		{"x:", "", "k{with}braces", "x:{" + defaultTag("k{with}braces") + "}:k{with}braces"},
+		{"rl:", "rule:a", 10, 50, "rl:{" + defaultTag("rule:a") + "}:10/50:rule:a"},
+		{"rl:", "rule:a", 0.5, 1e9, "rl:{" + defaultTag("rule:a") + "}:0.5/1000000000:rule:a"},
+		{"x:", "k{with}braces", 1, 1, "x:{" + defaultTag("k{with}braces") + "}:1/1:k{with}braces"},
 	}
 	for _, tt := range tests {
-		if got := storageKey(tt.prefix, tt.tag, tt.key); got != tt.want {
-			t.Errorf("storageKey(%q, %q, %q) = %q, want %q", tt.prefix, tt.tag, tt.key, got, tt.want)
+		if got := storageKey(tt.prefix, tt.key, tt.rate, tt.burst); got != tt.want {
+			t.Errorf("storageKey(%q, %q, %v, %v) = %q, want %q", tt.prefix, tt.key, tt.rate, tt.burst, got, tt.want)
 		}
 	}
 	if tag := defaultTag("rule:a"); len(tag) != 16 {
 		t.Errorf("defaultTag = %q, want 16 hex digits", tag)
 	}
-	// Buckets with one explicit tag share a slot whatever their keys.
-	if keySlot(storageKey("rl:", "t", "a")) != keySlot(storageKey("rl:", "t", "zzz{x}")) {
-		t.Error("keys with one hash tag fall in different slots")
+	// A bucket's slot depends on its key alone, not on its limit.
+	if keySlot(storageKey("rl:", "a", 1, 2)) != keySlot(storageKey("rl:", "a", 3, 4)) {
+		t.Error("one key under two limits falls in different slots")
 	}
 }

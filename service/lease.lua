@@ -1,20 +1,25 @@
 -- lease.lua: one atomic lease call over one or more token buckets (after
 -- bucket.lua, which it uses): package bucket's Limit.Lease on each.
 --
--- KEYS[i]            the Redis key of bucket i (all keys share one hash tag)
+-- KEYS[i]            the Redis key of bucket i (all in one Redis Cluster slot)
 -- ARGV[5i-4 .. 5i]   rate, burst, want, min, return of bucket i
+-- ARGV[5n+1]         the ledger window, microseconds
 --
--- Every bucket first takes back its return (clamped to its burst). Then, if
+-- Every bucket first takes back its return, clamped to what its ledger says
+-- leases granted and were not yet returned, and to the window's return
+-- budget (a burst per window), and to its burst. Then, if
 -- every bucket holds its min, each grants min(want, tokens) (never less
--- than min) and is debited that much; otherwise nothing is granted, and only
--- the buckets that took a return are written (as package bucket's Lease).
+-- than min), is debited that much and records the grant in its ledger;
+-- otherwise nothing is granted, and only the buckets that took a return are
+-- written (as package bucket's Lease).
 --
--- Returns {all, granted_1, tokens_1, gap_1, ..., granted_n, tokens_n, gap_n}:
--- all is 1 when every bucket granted; granted_i and tokens_i (strings) are
--- what bucket i granted and holds after the call; gap_i as in decide.lua.
+-- Returns {all, granted_1, tokens_1, gap_1, returned_1, ...}: all is 1 when
+-- every bucket granted; granted_i, tokens_i and returned_i (strings) are what
+-- bucket i granted, holds after the call and took back of its return; gap_i
+-- as in decide.lua.
 
 local n = #KEYS
-local p, tokens, ats = {}, {}, {}
+local p, tokens, ats, leds, returned = {}, {}, {}, {}, {}
 local all = 1
 for i = 1, n do
   local rate = tonumber(ARGV[5 * i - 4])
@@ -22,10 +27,12 @@ for i = 1, n do
   local want = tonumber(ARGV[5 * i - 2])
   local lo = tonumber(ARGV[5 * i - 1])
   local ret = tonumber(ARGV[5 * i])
-  local tok, at = load(KEYS[i], rate, burst)
+  local tok, at, led = load(KEYS[i], rate, burst)
   if not tok then
     return at
   end
+  ret = take_return(led, ret, burst)
+  local before = tok
   if ret > 0 and tok < burst then
     tok = tok + ret
     if tok > burst then
@@ -33,7 +40,7 @@ for i = 1, n do
     end
   end
   p[i] = {rate = rate, burst = burst, want = want, lo = lo, ret = ret}
-  tokens[i], ats[i] = tok, at
+  tokens[i], ats[i], leds[i], returned[i] = tok, at, led, tok - before
   if not (lo <= want and want <= burst and tok + slack(rate, burst) >= lo) then
     all = 0
   end
@@ -59,10 +66,11 @@ for i = 1, n do
       tok = floor
     end
     tokens[i] = tok
+    leds[i].l0 = leds[i].l0 + g
   end
   granted[i] = g
   if all == 1 or p[i].ret > 0 then
-    store(KEYS[i], tokens[i], ats[i], p[i].rate, p[i].burst)
+    store(KEYS[i], tokens[i], ats[i], p[i].rate, p[i].burst, leds[i])
   end
 end
 
@@ -71,5 +79,6 @@ for i = 1, n do
   out[#out + 1] = string.format('%.17g', granted[i])
   out[#out + 1] = string.format('%.17g', tokens[i])
   out[#out + 1] = (ats[i] - now) * 1000
+  out[#out + 1] = string.format('%.17g', returned[i])
 end
 return out

@@ -41,6 +41,9 @@ type MemoryOptions struct {
 	MaxKeys int
 	// Now is the clock, Unix nanoseconds (default time.Now).
 	Now func() int64
+	// LedgerWindow is the ledger window, as RedisOptions.LedgerWindow
+	// (default DefaultLedgerWindow).
+	LedgerWindow time.Duration
 }
 
 // DefaultMemoryMaxKeys is the default bound of a MemoryStore.
@@ -65,6 +68,7 @@ const (
 type MemoryStore struct {
 	now     func() int64
 	maxKeys int
+	window  int64 // the ledger window, ns
 
 	mu        sync.Mutex
 	buckets   map[string]memoryEntry
@@ -74,7 +78,8 @@ type MemoryStore struct {
 
 type memoryEntry struct {
 	state  bucket.State
-	fullAt int64 // Unix ns from which the bucket is full and can be forgotten
+	ledger ledger
+	fullAt int64 // Unix ns from which the bucket is full and can be forgotten (see put)
 }
 
 // NewMemoryStore returns an empty MemoryStore.
@@ -85,9 +90,13 @@ func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 	if opts.Now == nil {
 		opts.Now = func() int64 { return time.Now().UnixNano() }
 	}
+	if opts.LedgerWindow < time.Millisecond {
+		opts.LedgerWindow = DefaultLedgerWindow
+	}
 	return &MemoryStore{
 		now:       opts.Now,
 		maxKeys:   opts.MaxKeys,
+		window:    int64(opts.LedgerWindow),
 		buckets:   make(map[string]memoryEntry),
 		nextSweep: min(minSweep, opts.MaxKeys),
 	}
@@ -101,13 +110,15 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 	n := len(req.Buckets)
 	keys := make([]string, n)
 	for i := range req.Buckets {
-		keys[i] = storageKey(DefaultKeyPrefix, req.HashTag, req.Buckets[i].Key)
+		b := &req.Buckets[i]
+		keys[i] = storageKey(DefaultKeyPrefix, b.Key, b.Rate, b.Burst)
 	}
 	type step struct {
-		limit bucket.Limit
-		old   bucket.State
-		next  bucket.State
-		ok    bool
+		limit  bucket.Limit
+		old    bucket.State
+		next   bucket.State
+		ledger ledger
+		ok     bool
 	}
 	steps := make([]step, n)
 	d := Answer{Buckets: make([]BucketAnswer, n)}
@@ -124,6 +135,8 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 			e = memoryEntry{} // full since: forgotten, as an expired Redis key
 		}
 		st.old = e.state
+		st.ledger = e.ledger.at(now, m.window)
+		st.ledger.resv[0] += b.Cost // kept only when admitted
 		var dec bucket.Decision
 		st.next, dec = st.limit.Take(e.state, now, b.Cost)
 		st.ok = dec.Allowed
@@ -142,11 +155,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 	if all {
 		for i := range steps {
 			st := &steps[i]
-			if fullAt := st.limit.FullAt(st.next); fullAt > now {
-				m.buckets[keys[i]] = memoryEntry{state: st.next, fullAt: fullAt}
-			} else {
-				delete(m.buckets, keys[i])
-			}
+			m.put(keys[i], st.limit, st.next, st.ledger, now)
 		}
 		m.maybeSweep(now, false)
 	}
@@ -164,31 +173,33 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 	return d, nil
 }
 
-// Lease implements Store under the store's mutex: a dry run of package
-// bucket's Limit.Lease on every bucket decides whether the call grants;
-// then each bucket is leased, or, when refused, takes back only its return.
+// Lease implements Store under the store's mutex: each bucket's return is
+// clamped to its ledger's outstanding grants; a dry run of package bucket's
+// Limit.Lease on every bucket decides whether the call grants; then each
+// bucket is leased (the grant recorded in its ledger), or, when refused,
+// takes back only its return.
 func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error) {
 	if err := ctx.Err(); err != nil {
 		return LeaseAnswer{}, err
 	}
 	n := len(req.Buckets)
 	keys := make([]string, n)
-	for i := range req.Buckets {
-		keys[i] = storageKey(DefaultKeyPrefix, req.HashTag, req.Buckets[i].Key)
-	}
+	rets := make([]float64, n)
+	leds := make([]ledger, n)
+	states := make([]bucket.State, n)
 	a := LeaseAnswer{Granted: true, Buckets: make([]Grant, n)}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
-	state := func(k string) bucket.State {
-		if e, ok := m.buckets[k]; ok && e.fullAt > now {
-			return e.state
-		}
-		return bucket.State{}
-	}
 	for i, b := range req.Buckets {
+		keys[i] = storageKey(DefaultKeyPrefix, b.Key, b.Rate, b.Burst)
+		if e, ok := m.buckets[keys[i]]; ok && e.fullAt > now {
+			states[i], leds[i] = e.state, e.ledger
+		}
+		leds[i] = leds[i].at(now, m.window)
+		rets[i] = leds[i].takeReturn(b.Return, b.Burst)
 		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
-		if _, _, ok, _ := lim.Lease(state(keys[i]), now, b.Return, b.Want, b.Min); !ok {
+		if _, _, ok, _ := lim.Lease(states[i], now, rets[i], b.Want, b.Min); !ok {
 			a.Granted = false
 		}
 	}
@@ -200,23 +211,26 @@ func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer
 	}
 	for i, b := range req.Buckets {
 		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
-		st := state(keys[i])
-		next, granted := lim.Refund(st, now, b.Return), 0.0 // refused: only the return
+		st := states[i]
+		before := lim.Tokens(st, now)
+		next, granted := lim.Refund(st, now, rets[i]), 0.0 // refused: only the return
+		returned := lim.Tokens(next, now) - before
 		if a.Granted {
-			next, granted, _, _ = lim.Lease(st, now, b.Return, b.Want, b.Min)
+			next, granted, _, _ = lim.Lease(st, now, rets[i], b.Want, b.Min)
+			leds[i].lease[0] += granted
 		}
-		if fullAt := lim.FullAt(next); fullAt > now {
-			m.buckets[keys[i]] = memoryEntry{state: next, fullAt: fullAt}
-		} else {
-			delete(m.buckets, keys[i])
+		if a.Granted || rets[i] > 0 {
+			m.put(keys[i], lim, next, leds[i], now)
 		}
 		a.Buckets[i] = grant(&req.Buckets[i], a.Granted, granted, lim.Tokens(next, now), max(next.At, now)-now)
+		a.Buckets[i].Returned = returned
 	}
 	return a, nil
 }
 
 // Charge implements Store under the store's mutex: package bucket's
-// Limit.Charge on every bucket.
+// Limit.Charge on every bucket, a positive amount clamped to 2 × burst and a
+// refund to the ledger's outstanding reservations.
 func (m *MemoryStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error) {
 	if err := ctx.Err(); err != nil {
 		return ChargeAnswer{}, err
@@ -233,21 +247,44 @@ func (m *MemoryStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAns
 		}
 	}
 	for i, b := range req.Buckets {
-		k := storageKey(DefaultKeyPrefix, req.HashTag, b.Key)
+		k := storageKey(DefaultKeyPrefix, b.Key, b.Rate, b.Burst)
 		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
-		st := bucket.State{}
+		st, led := bucket.State{}, ledger{}
 		if e, ok := m.buckets[k]; ok && e.fullAt > now {
-			st = e.state
+			st, led = e.state, e.ledger
 		}
-		next := lim.Charge(st, now, b.Amount)
-		if fullAt := lim.FullAt(next); fullAt > now {
-			m.buckets[k] = memoryEntry{state: next, fullAt: fullAt}
-		} else {
-			delete(m.buckets, k)
+		led = led.at(now, m.window)
+		amount := b.Amount
+		if amount > 2*b.Burst {
+			amount = 2 * b.Burst
+		} else if amount < 0 {
+			amount = -give(&led.resv, -amount)
+		}
+		next := st
+		if amount != 0 {
+			next = lim.Charge(st, now, amount)
+			m.put(k, lim, next, led, now)
 		}
 		a.Buckets[i] = charged(&req.Buckets[i], lim.Tokens(next, now), max(next.At, now)-now)
+		a.Buckets[i].Applied = lim.Tokens(st, now) - lim.Tokens(next, now)
 	}
 	return a, nil
+}
+
+// put stores a bucket's state and ledger, or forgets it when it is full at
+// now (a full bucket takes nothing back, so its ledger goes with it), unless
+// the window's return budget is in use: then it is kept to the window's end,
+// as bucket.lua does. Called with m.mu held.
+func (m *MemoryStore) put(k string, lim bucket.Limit, st bucket.State, led ledger, now int64) {
+	keep := lim.FullAt(st)
+	if led.returned > 0 {
+		keep = max(keep, (led.gen+1)*m.window)
+	}
+	if keep > now {
+		m.buckets[k] = memoryEntry{state: st, ledger: led, fullAt: keep}
+	} else {
+		delete(m.buckets, k)
+	}
 }
 
 // maybeSweep forgets every bucket that is full at now, when the table has

@@ -5,8 +5,10 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -55,6 +57,10 @@ type RedisOptions struct {
 	// Registerer, when set, receives the store's own metrics
 	// (limitd_redis_batch_size, when batching).
 	Registerer prometheus.Registerer
+	// LedgerWindow is how long what a lease grants or a decision reserves
+	// can be given back: at least one window, at most two (default
+	// DefaultLedgerWindow, at least a millisecond).
+	LedgerWindow time.Duration
 }
 
 // RedisStore decides requests with one Lua script (decide.lua) per request,
@@ -69,6 +75,7 @@ type RedisStore struct {
 	lease   *redis.Script
 	charge  *redis.Script
 	prefix  string
+	window  string // the ledger window in microseconds, every script's last ARGV
 	cluster bool
 	batch   *batcher
 }
@@ -83,6 +90,12 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore
 	if strings.ContainsAny(opts.KeyPrefix, "{}") {
 		return nil, fmt.Errorf("service: key prefix: must not contain { or }, got %q", opts.KeyPrefix)
 	}
+	if opts.LedgerWindow == 0 {
+		opts.LedgerWindow = DefaultLedgerWindow
+	}
+	if opts.LedgerWindow < time.Millisecond {
+		return nil, fmt.Errorf("service: ledger window: must be >= 1ms, got %v", opts.LedgerWindow)
+	}
 	_, cluster := client.(*redis.ClusterClient)
 	s := &RedisStore{
 		client:  client,
@@ -90,6 +103,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore
 		lease:   redis.NewScript(leaseLua),
 		charge:  redis.NewScript(chargeLua),
 		prefix:  opts.KeyPrefix,
+		window:  strconv.FormatInt(opts.LedgerWindow.Microseconds(), 10),
 		cluster: cluster,
 	}
 	if opts.Batch.MaxSize > 1 {
@@ -129,89 +143,205 @@ func (s *RedisStore) Load(ctx context.Context) (string, error) {
 // Batching reports whether decisions are pipelined.
 func (s *RedisStore) Batching() bool { return s.batch != nil }
 
-// Decide implements Store.
+// Decide implements Store. On a single Redis (or Sentinel) the request is
+// one run of decide.lua. On a Redis Cluster its buckets are grouped by slot
+// and each group is one run, in request order; when any group refuses, the
+// groups that admitted are given back (a refund of what they just reserved,
+// with charge.lua), so a request whose buckets span slots never takes more
+// than one decided atomically would: never over, briefly under (between a
+// group's take and its give-back, another request may find it short).
 func (s *RedisStore) Decide(ctx context.Context, req *Request) (Answer, error) {
-	keys, args := s.scriptArgs(req)
-	if err := s.oneSlot(req.HashTag, keys); err != nil {
-		return Answer{}, err
+	keys := s.keys(len(req.Buckets), func(i int) (string, float64, float64) {
+		b := &req.Buckets[i]
+		return b.Key, b.Rate, b.Burst
+	})
+	d := Answer{Buckets: make([]BucketAnswer, len(req.Buckets))}
+	groups := s.groups(keys)
+	admitted := make([]bool, len(groups))
+	for g, idx := range groups {
+		gkeys := make([]string, len(idx))
+		args := make([]any, 0, 3*len(idx)+1)
+		for j, i := range idx {
+			b := &req.Buckets[i]
+			gkeys[j] = keys[i]
+			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost))
+		}
+		args = append(args, s.window)
+		var res any
+		var err error
+		if s.batch != nil {
+			res, err = s.batch.run(ctx, gkeys, args)
+		} else {
+			res, err = s.script.Run(ctx, s.client, gkeys, args...).Result()
+		}
+		if err == nil {
+			admitted[g], err = parseResult(req, idx, res, d.Buckets)
+		}
+		if err != nil {
+			s.giveBack(req, keys, groups[:g], admitted, d.Buckets)
+			return Answer{}, err
+		}
 	}
-	var res any
-	var err error
-	if s.batch != nil {
-		res, err = s.batch.run(ctx, keys, args)
-	} else {
-		res, err = s.script.Run(ctx, s.client, keys, args...).Result()
+	d.Settle(req)
+	if !d.Allowed {
+		s.giveBack(req, keys, groups, admitted, d.Buckets)
 	}
-	if err != nil {
-		return Answer{}, fmt.Errorf("service: redis: %w", err)
-	}
-	return parseResult(req, res)
+	return d, nil
 }
 
-// Lease implements Store with one run of lease.lua. Lease calls are rare by
-// design (one per lease, not per request), so they are never batched.
-func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error) {
-	keys := make([]string, len(req.Buckets))
-	args := make([]any, 0, 5*len(req.Buckets))
-	for i := range req.Buckets {
-		b := &req.Buckets[i]
-		keys[i] = storageKey(s.prefix, req.HashTag, b.Key)
-		args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Want), formatFloat(b.Min), formatFloat(b.Return))
-	}
-	vals, err := s.run(ctx, s.lease, "lease", req.HashTag, keys, args, 1+3*len(req.Buckets))
-	if err != nil {
-		return LeaseAnswer{}, err
-	}
-	all, _ := vals[0].(int64)
-	a := LeaseAnswer{Granted: all == 1, Buckets: make([]Grant, len(req.Buckets))}
-	for i := range req.Buckets {
-		gs, ok1 := vals[1+3*i].(string)
-		ts, ok2 := vals[2+3*i].(string)
-		gap, ok3 := vals[3+3*i].(int64)
-		granted, err1 := strconv.ParseFloat(gs, 64)
-		tokens, err2 := strconv.ParseFloat(ts, 64)
-		if !ok1 || !ok2 || !ok3 || err1 != nil || err2 != nil {
-			return LeaseAnswer{}, fmt.Errorf("service: redis: lease script reply: bucket %d: malformed %v", i, vals[1+3*i:4+3*i])
+// giveBack refunds, with charge.lua, the costs the admitted groups of a
+// refused (or failed) request just took, and reports their buckets as they
+// are after it in out. A give-back that fails leaves the bucket short of
+// those tokens until it refills: under, never over.
+func (s *RedisStore) giveBack(req *Request, keys []string, groups [][]int, admitted []bool, out []BucketAnswer) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for g, idx := range groups {
+		if !admitted[g] {
+			continue
 		}
-		a.Buckets[i] = grant(&req.Buckets[i], a.Granted, granted, tokens, gap)
+		gkeys := make([]string, len(idx))
+		args := make([]any, 0, 3*len(idx)+1)
+		for j, i := range idx {
+			b := &req.Buckets[i]
+			gkeys[j] = keys[i]
+			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(-b.Cost))
+		}
+		args = append(args, s.window)
+		vals, err := s.run(ctx, s.charge, "charge", gkeys, args, 3*len(idx))
+		if err != nil {
+			continue // under, never over: see above
+		}
+		for j, i := range idx {
+			ts, _ := vals[3*j].(string)
+			gap, _ := vals[3*j+1].(int64)
+			if tokens, err := strconv.ParseFloat(ts, 64); err == nil {
+				out[i] = report(&req.Buckets[i], true, tokens, gap)
+			}
+		}
+	}
+}
+
+// Lease implements Store with one run of lease.lua per Redis Cluster slot
+// of its buckets (one run on a single Redis). Lease calls are rare by design
+// (one per lease, not per request), so they are never batched. When a slot's
+// group grants and another's does not, the granted tokens go back at once (a
+// return of what was just granted), so the call grants all or nothing.
+func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error) {
+	keys := s.keys(len(req.Buckets), func(i int) (string, float64, float64) {
+		b := &req.Buckets[i]
+		return b.Key, b.Rate, b.Burst
+	})
+	groups := s.groups(keys)
+	a := LeaseAnswer{Granted: true, Buckets: make([]Grant, len(req.Buckets))}
+	granted := make([]bool, len(groups))
+	for g, idx := range groups {
+		gkeys := make([]string, len(idx))
+		args := make([]any, 0, 5*len(idx)+1)
+		for j, i := range idx {
+			b := &req.Buckets[i]
+			gkeys[j] = keys[i]
+			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Want), formatFloat(b.Min), formatFloat(b.Return))
+		}
+		args = append(args, s.window)
+		vals, err := s.run(ctx, s.lease, "lease", gkeys, args, 1+4*len(idx))
+		if err != nil {
+			return LeaseAnswer{}, err
+		}
+		all, _ := vals[0].(int64)
+		granted[g] = all == 1
+		a.Granted = a.Granted && granted[g]
+		for j, i := range idx {
+			v := vals[1+4*j : 5+4*j]
+			gs, ok1 := v[0].(string)
+			ts, ok2 := v[1].(string)
+			gap, ok3 := v[2].(int64)
+			rs, ok4 := v[3].(string)
+			gr, err1 := strconv.ParseFloat(gs, 64)
+			tokens, err2 := strconv.ParseFloat(ts, 64)
+			ret, err3 := strconv.ParseFloat(rs, 64)
+			if !ok1 || !ok2 || !ok3 || !ok4 || err1 != nil || err2 != nil || err3 != nil {
+				return LeaseAnswer{}, fmt.Errorf("service: redis: lease script reply: bucket %d: malformed %v", i, v)
+			}
+			a.Buckets[i] = grant(&req.Buckets[i], granted[g], gr, tokens, gap)
+			a.Buckets[i].Returned = ret
+		}
+	}
+	if !a.Granted && len(groups) > 1 {
+		for g, idx := range groups {
+			if !granted[g] {
+				continue
+			}
+			gkeys := make([]string, len(idx))
+			args := make([]any, 0, 5*len(idx)+1)
+			for j, i := range idx {
+				b := &req.Buckets[i]
+				gkeys[j] = keys[i]
+				args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), "0", "0", formatFloat(a.Buckets[i].Tokens))
+				a.Buckets[i].Tokens = 0
+			}
+			args = append(args, s.window)
+			vals, err := s.run(ctx, s.lease, "lease", gkeys, args, 1+4*len(idx))
+			if err != nil {
+				continue // a lost give-back: under, never over
+			}
+			for j, i := range idx {
+				ts, _ := vals[2+4*j].(string)
+				gap, _ := vals[3+4*j].(int64)
+				if tokens, err := strconv.ParseFloat(ts, 64); err == nil {
+					ret := a.Buckets[i].Returned
+					a.Buckets[i] = grant(&req.Buckets[i], false, 0, tokens, gap)
+					a.Buckets[i].Returned = ret
+				}
+			}
+		}
 	}
 	return a, nil
 }
 
-// Charge implements Store with one run of charge.lua. Charges come once per
+// Charge implements Store with one run of charge.lua per Redis Cluster slot
+// of its buckets (one run on a single Redis). Charges come once per
 // response of a rule whose cost is known from the response, after it, so
 // they are never batched.
 func (s *RedisStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error) {
-	keys := make([]string, len(req.Buckets))
-	args := make([]any, 0, 3*len(req.Buckets))
-	for i := range req.Buckets {
+	keys := s.keys(len(req.Buckets), func(i int) (string, float64, float64) {
 		b := &req.Buckets[i]
-		keys[i] = storageKey(s.prefix, req.HashTag, b.Key)
-		args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Amount))
-	}
-	vals, err := s.run(ctx, s.charge, "charge", req.HashTag, keys, args, 2*len(req.Buckets))
-	if err != nil {
-		return ChargeAnswer{}, err
-	}
+		return b.Key, b.Rate, b.Burst
+	})
 	a := ChargeAnswer{Buckets: make([]BucketAnswer, len(req.Buckets))}
-	for i := range req.Buckets {
-		ts, ok1 := vals[2*i].(string)
-		gap, ok2 := vals[2*i+1].(int64)
-		tokens, err := strconv.ParseFloat(ts, 64)
-		if !ok1 || !ok2 || err != nil {
-			return ChargeAnswer{}, fmt.Errorf("service: redis: charge script reply: bucket %d: malformed %v", i, vals[2*i:2*i+2])
+	for _, idx := range s.groups(keys) {
+		gkeys := make([]string, len(idx))
+		args := make([]any, 0, 3*len(idx)+1)
+		for j, i := range idx {
+			b := &req.Buckets[i]
+			gkeys[j] = keys[i]
+			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Amount))
 		}
-		a.Buckets[i] = charged(&req.Buckets[i], tokens, gap)
+		args = append(args, s.window)
+		vals, err := s.run(ctx, s.charge, "charge", gkeys, args, 3*len(idx))
+		if err != nil {
+			return ChargeAnswer{}, err
+		}
+		for j, i := range idx {
+			v := vals[3*j : 3*j+3]
+			ts, ok1 := v[0].(string)
+			gap, ok2 := v[1].(int64)
+			as, ok3 := v[2].(string)
+			tokens, err1 := strconv.ParseFloat(ts, 64)
+			applied, err2 := strconv.ParseFloat(as, 64)
+			if !ok1 || !ok2 || !ok3 || err1 != nil || err2 != nil {
+				return ChargeAnswer{}, fmt.Errorf("service: redis: charge script reply: bucket %d: malformed %v", i, v)
+			}
+			a.Buckets[i] = charged(&req.Buckets[i], tokens, gap)
+			a.Buckets[i].Applied = applied
+		}
 	}
 	return a, nil
 }
 
 // run runs one call's script (named name in errors) on keys, unbatched, and
 // returns its reply of want values.
-func (s *RedisStore) run(ctx context.Context, script *redis.Script, name, hashTag string, keys []string, args []any, want int) ([]any, error) {
-	if err := s.oneSlot(hashTag, keys); err != nil {
-		return nil, err
-	}
+func (s *RedisStore) run(ctx context.Context, script *redis.Script, name string, keys []string, args []any, want int) ([]any, error) {
 	res, err := script.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("service: redis: %w", err)
@@ -223,62 +353,74 @@ func (s *RedisStore) run(ctx context.Context, script *redis.Script, name, hashTa
 	return vals, nil
 }
 
-// oneSlot refuses, on a Redis Cluster, a call whose keys fall in different
-// slots (several buckets and no hash tag): one script cannot reach them.
-func (s *RedisStore) oneSlot(hashTag string, keys []string) error {
-	if !s.cluster || hashTag != "" || len(keys) < 2 {
-		return nil
+// keys returns the Redis keys of n buckets, bucket i being at(i).
+func (s *RedisStore) keys(n int, at func(i int) (key string, rate, burst float64)) []string {
+	keys := make([]string, n)
+	for i := range n {
+		k, rate, burst := at(i)
+		keys[i] = storageKey(s.prefix, k, rate, burst)
 	}
-	slot := keySlot(keys[0])
-	for _, k := range keys[1:] {
-		if keySlot(k) != slot {
-			return &ValidationError{Field: "hash_tag",
-				Msg: "required: the buckets fall in different Redis Cluster slots"}
+	return keys
+}
+
+// groups returns the indexes of keys grouped by Redis Cluster slot, in order
+// of first appearance: one group holding them all on a single Redis (or
+// Sentinel), where one script reaches every key.
+func (s *RedisStore) groups(keys []string) [][]int {
+	all := make([]int, len(keys))
+	for i := range keys {
+		all[i] = i
+	}
+	if !s.cluster || len(keys) < 2 {
+		return [][]int{all}
+	}
+	var groups [][]int
+	slots := make([]int, 0, len(keys))
+	for i, k := range keys {
+		slot := keySlot(k)
+		g := slices.Index(slots, slot)
+		if g < 0 {
+			slots = append(slots, slot)
+			groups = append(groups, nil)
+			g = len(groups) - 1
 		}
+		groups[g] = append(groups[g], i)
 	}
-	return nil
+	return groups
 }
 
-// scriptArgs returns the KEYS and ARGV of decide.lua for req.
-func (s *RedisStore) scriptArgs(req *Request) ([]string, []any) {
-	keys := make([]string, len(req.Buckets))
-	args := make([]any, 0, 3*len(req.Buckets))
-	for i := range req.Buckets {
-		b := &req.Buckets[i]
-		keys[i] = storageKey(s.prefix, req.HashTag, b.Key)
-		args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost))
-	}
-	return keys, args
+// formatFloat writes x so that Lua's tonumber reads back the same float64
+// (plain decimals: miniredis's Lua reads no exponent).
+func formatFloat(x float64) string {
+	return strconv.FormatFloat(x, 'f', -1, 64)
 }
 
-// formatFloat writes x so that Lua's tonumber reads back the same float64.
-func formatFloat(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
-
-// parseResult turns the script's reply into an Answer.
-func parseResult(req *Request, res any) (Answer, error) {
+// parseResult fills out[i] for each bucket i of idx from decide.lua's reply
+// over those buckets, and reports whether the script admitted them.
+func parseResult(req *Request, idx []int, res any, out []BucketAnswer) (bool, error) {
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 1+3*len(req.Buckets) {
-		return Answer{}, fmt.Errorf("service: redis: script reply: want %d values, got %T of %v", 1+3*len(req.Buckets), res, res)
+	if !ok || len(vals) != 1+3*len(idx) {
+		return false, fmt.Errorf("service: redis: script reply: want %d values, got %T of %v", 1+3*len(idx), res, res)
 	}
-	d := Answer{Buckets: make([]BucketAnswer, len(req.Buckets))}
-	for i := range req.Buckets {
-		okv, ok1 := vals[1+3*i].(int64)
-		str, ok2 := vals[2+3*i].(string)
-		gap, ok3 := vals[3+3*i].(int64)
+	all := true
+	for j, i := range idx {
+		okv, ok1 := vals[1+3*j].(int64)
+		str, ok2 := vals[2+3*j].(string)
+		gap, ok3 := vals[3+3*j].(int64)
 		if !ok1 || !ok2 || !ok3 {
-			return Answer{}, fmt.Errorf("service: redis: script reply: bucket %d: malformed %v", i, vals[1+3*i:4+3*i])
+			return false, fmt.Errorf("service: redis: script reply: bucket %d: malformed %v", i, vals[1+3*j:4+3*j])
 		}
 		tokens, err := strconv.ParseFloat(str, 64)
 		if err != nil {
-			return Answer{}, fmt.Errorf("service: redis: script reply: bucket %d: tokens: %w", i, err)
+			return false, fmt.Errorf("service: redis: script reply: bucket %d: tokens: %w", i, err)
 		}
-		d.Buckets[i] = report(&req.Buckets[i], okv == 1, tokens, gap)
+		out[i] = report(&req.Buckets[i], okv == 1, tokens, gap)
+		all = all && okv == 1
 	}
-	d.Settle(req)
-	if all, _ := vals[0].(int64); (all == 1) != d.Allowed {
-		return Answer{}, fmt.Errorf("service: redis: script reply: admitted %d disagrees with its buckets", all)
+	if admitted, _ := vals[0].(int64); (admitted == 1) != all {
+		return false, fmt.Errorf("service: redis: script reply: admitted %d disagrees with its buckets", admitted)
 	}
-	return d, nil
+	return all, nil
 }
 
 // Ping implements Store with Redis PING.

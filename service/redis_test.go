@@ -64,7 +64,7 @@ func TestRedisTimeline(t *testing.T) {
 		{10 * time.Second, 5, false, 4, 500, 0, -1},
 		{10 * time.Second, 0.25, true, 3, 0, 125, 126 * ms},
 	}
-	key := storageKey(DefaultKeyPrefix, "", "k")
+	key := storageKey(DefaultKeyPrefix, "k", 2, 4)
 	for i, st := range steps {
 		m.SetTime(t0.Add(st.at))
 		d, err := s.Decide(ctx, one("k", 2, 4, st.cost))
@@ -92,7 +92,7 @@ func TestRedisKeyExpiresWhenFull(t *testing.T) {
 	if _, err := s.Decide(ctx, one("k", 10, 10, 10)); err != nil {
 		t.Fatal(err)
 	}
-	key := storageKey(DefaultKeyPrefix, "", "k")
+	key := storageKey(DefaultKeyPrefix, "k", 10, 10)
 	m.SetTime(t0.Add(time.Second - time.Microsecond))
 	if c.Exists(ctx, key).Val() != 1 {
 		t.Fatal("key gone before the bucket is full")
@@ -227,14 +227,17 @@ func runDifferential(t *testing.T, seed uint64, backwards bool) {
 	for i := range n {
 		lims[i] = randomLimit(r)
 		req.Buckets[i].Key = "k" + strconv.Itoa(i)
-		keys[i] = storageKey(DefaultKeyPrefix, req.HashTag, req.Buckets[i].Key)
+		keys[i] = storageKey(DefaultKeyPrefix, req.Buckets[i].Key, lims[i].Rate, lims[i].Burst)
 	}
 	nowUs := t0.UnixMicro()
 	costs := make([]float64, n)
 	for step := range 250 {
 		for i := range n {
 			if r.IntN(10) == 0 {
-				lims[i] = randomLimit(r) // the rule changed: tokens carry over, clamped
+				// The rule changed: another bucket, full (its limit is part
+				// of its identity).
+				lims[i], states[i], expireAt[i] = randomLimit(r), bucket.State{}, 0
+				keys[i] = storageKey(DefaultKeyPrefix, req.Buckets[i].Key, lims[i].Rate, lims[i].Burst)
 			}
 			costs[i] = randomCost(r, lims[i])
 			req.Buckets[i].Rate, req.Buckets[i].Burst, req.Buckets[i].Cost = lims[i].Rate, lims[i].Burst, costs[i]
@@ -278,8 +281,11 @@ func runDifferential(t *testing.T, seed uint64, backwards bool) {
 				expireAt[i] = 0
 				continue
 			}
-			tok, at, _ := strings.Cut(v, " ")
-			if f, _ := strconv.ParseFloat(tok, 64); f != states[i].Tokens || at != strconv.FormatInt(states[i].At/1000, 10) {
+			f := strings.Fields(v) // tokens, time, and the ledger
+			if len(f) < 2 {
+				t.Fatalf("step %d: bucket %d stored %q", step, i, v)
+			}
+			if tok, _ := strconv.ParseFloat(f[0], 64); tok != states[i].Tokens || f[1] != strconv.FormatInt(states[i].At/1000, 10) {
 				t.Fatalf("step %d: bucket %d stored %q, want tokens %v at %dus", step, i, v, states[i].Tokens, states[i].At/1000)
 			}
 			pttl := c.PTTL(ctx, keys[i]).Val()
@@ -338,7 +344,7 @@ func TestRedisNoScript(t *testing.T) {
 
 func TestRedisMalformedValue(t *testing.T) {
 	m, _, s := newMini(t, RedisOptions{})
-	if err := m.Set(storageKey(DefaultKeyPrefix, "", "k"), "garbage"); err != nil {
+	if err := m.Set(storageKey(DefaultKeyPrefix, "k", 1, 5), "garbage"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Decide(context.Background(), one("k", 1, 5, 1)); err == nil || !strings.Contains(err.Error(), "malformed") {
@@ -346,7 +352,10 @@ func TestRedisMalformedValue(t *testing.T) {
 	}
 }
 
-func TestRedisCrossSlotNeedsHashTag(t *testing.T) {
+// TestRedisCrossSlotDecided: on a Redis Cluster, a request whose buckets
+// fall in different slots is decided (one script per slot), and a refusal
+// in one slot gives back what the other took.
+func TestRedisCrossSlotDecided(t *testing.T) {
 	m := miniredis.RunT(t)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{m.Addr()}})
 	defer cc.Close()
@@ -354,14 +363,21 @@ func TestRedisCrossSlotNeedsHashTag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := &Request{Buckets: []Bucket{{Key: "a", Rate: 1, Burst: 1, Cost: 1}, {Key: "b", Rate: 1, Burst: 1, Cost: 1}}}
-	if keySlot(storageKey(DefaultKeyPrefix, "", "a")) == keySlot(storageKey(DefaultKeyPrefix, "", "b")) {
-		t.Skip("keys a and b happen to share a slot")
+	if keySlot(storageKey(DefaultKeyPrefix, "a", 1, 5)) == keySlot(storageKey(DefaultKeyPrefix, "b", 1, 1)) {
+		t.Fatal("keys a and b share a slot: pick others")
 	}
-	_, err = s.Decide(context.Background(), req)
-	verr, ok := err.(*ValidationError)
-	if !ok || verr.Field != "hash_tag" {
-		t.Fatalf("Decide = %v, want a hash_tag *ValidationError", err)
+	ctx := context.Background()
+	two := &Request{Buckets: []Bucket{{Key: "a", Rate: 1, Burst: 5, Cost: 1}, {Key: "b", Rate: 1, Burst: 1, Cost: 1}}}
+	if d, err := s.Decide(ctx, two); err != nil || !d.Allowed {
+		t.Fatalf("Decide = %+v, %v, want admitted", d, err)
+	}
+	// b is empty now: refused, and a gets its token back.
+	if d, err := s.Decide(ctx, two); err != nil || d.Allowed {
+		t.Fatalf("Decide = %+v, %v, want refused", d, err)
+	}
+	d, err := s.Decide(ctx, one("a", 1, 5, 4))
+	if err != nil || !d.Allowed || d.Buckets[0].Remaining != 0 {
+		t.Fatalf("a after a refused pair = %+v, %v: want 4 left to take (the refused pair's token given back)", d, err)
 	}
 }
 

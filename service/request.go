@@ -1,6 +1,10 @@
 package service
 
-import "github.com/ratelimit-wasm/tokenbucket/wire"
+import (
+	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/wire"
+)
 
 // The contract's types, shared with the plugin through package wire.
 type (
@@ -36,3 +40,8 @@ const (
 // DecodeRequest parses and validates a JSON body of POST /v1/decide
 // (wire.DecodeRequest).
 func DecodeRequest(body []byte, lim Limits) (*Request, error) { return wire.DecodeRequest(body, lim) }
+
+// DefaultLedgerWindow is the default ledger window of the stores: what a
+// lease grants or a decision reserves can be given back (by a lease's return,
+// or a charge's refund) for at least one window and at most two.
+const DefaultLedgerWindow = time.Minute

@@ -29,8 +29,14 @@ type Config struct {
 	Store Store
 	// StoreName labels the store in metrics and logs ("redis", "memory").
 	StoreName string
-	// Token, when set, is the bearer token every /v1 request must carry.
+	// Token, when set, is the bearer token every /v1 request must carry
+	// (a Token named "default").
 	Token string
+	// Tokens are bearer tokens, one per gateway: a /v1 request must carry
+	// one of them (or Token). Their names, distinct, label
+	// limitd_authorized_calls_total, and revoking one gateway is removing
+	// its token.
+	Tokens []Token
 	// Limits bound request bodies, keys and bucket counts.
 	Limits Limits
 	// Timeout bounds each decision, Redis round trip included (default 1s).
@@ -39,6 +45,21 @@ type Config struct {
 	Logger *slog.Logger
 	// Registry receives the metrics (default a new registry, served alone).
 	Registry *prometheus.Registry
+	// ReadyEvery is how long /readyz answers from the store's last Ping
+	// before asking again (default DefaultReadyEvery): however often it is
+	// asked, unauthenticated, the store is pinged at most once per period.
+	ReadyEvery time.Duration
+	// Now is the clock of the /readyz cache (default time.Now).
+	Now func() time.Time
+}
+
+// DefaultReadyEvery is the default Config.ReadyEvery.
+const DefaultReadyEvery = time.Second
+
+// Token is one caller's bearer token.
+type Token struct {
+	Name  string
+	Value string
 }
 
 // DefaultTimeout is the default bound of one decision.
@@ -50,7 +71,8 @@ const DefaultTimeout = time.Second
 //	POST /v1/lease    lease tokens for a gateway to spend locally
 //	POST /v1/charge   charge costs known from responses (into debt, or refunds)
 //	GET  /healthz     200 while the process runs
-//	GET  /readyz      200 when the store answers (Redis PING), else 503
+//	GET  /readyz      200 when the store answered its last Redis PING (at
+//	                  most one per Config.ReadyEvery), else 503
 //	GET  /metrics     Prometheus metrics
 //
 // Errors are JSON {"error": "<field>: <message>"}: 400 for an invalid
@@ -58,14 +80,19 @@ const DefaultTimeout = time.Second
 // body over the limit, 503 when the store fails or times out.
 type Server struct {
 	store   Store
-	token   [sha256.Size]byte
-	hasTok  bool
+	tokens  []serverToken // none: no token needed
 	limits  Limits
 	timeout time.Duration
 	log     *slog.Logger
 	metrics *metrics
 	errLog  throttle
 	mux     *http.ServeMux
+
+	now        func() time.Time
+	readyEvery time.Duration
+	readyMu    sync.Mutex // held while pinging: one Ping at a time
+	readyAt    time.Time  // when the last Ping ended; zero: never
+	readyErr   error      // what it returned
 }
 
 // NewServer returns a Server for cfg.
@@ -85,6 +112,12 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
+	if cfg.ReadyEvery <= 0 {
+		cfg.ReadyEvery = DefaultReadyEvery
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	m, err := newMetrics(cfg.Registry, cfg.StoreName)
 	if err != nil {
 		return nil, err
@@ -96,9 +129,24 @@ func NewServer(cfg Config) (*Server, error) {
 		log:     cfg.Logger,
 		metrics: m,
 		mux:     http.NewServeMux(),
+
+		now:        cfg.Now,
+		readyEvery: cfg.ReadyEvery,
 	}
+	toks := cfg.Tokens
 	if cfg.Token != "" {
-		s.token, s.hasTok = sha256.Sum256([]byte(cfg.Token)), true
+		toks = append([]Token{{Name: "default", Value: cfg.Token}}, toks...)
+	}
+	seen := map[string]bool{}
+	for i, t := range toks {
+		switch {
+		case t.Name == "" || t.Value == "":
+			return nil, fmt.Errorf("service: config: tokens[%d]: name and value are required", i)
+		case seen[t.Name]:
+			return nil, fmt.Errorf("service: config: tokens[%d].name: %q named twice", i, t.Name)
+		}
+		seen[t.Name] = true
+		s.tokens = append(s.tokens, serverToken{sum: sha256.Sum256([]byte(t.Value)), calls: m.authorized.WithLabelValues(t.Name)})
 	}
 	s.mux.HandleFunc("/v1/decide", s.serve(s.decide, m.latency))
 	s.mux.HandleFunc("/v1/lease", s.serve(s.lease, m.leaseLatency))
@@ -123,9 +171,12 @@ func (s *Server) decide(ctx context.Context, body, out []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, err := decide(ctx, s.store, req)
+	d, shadowErrs, err := decide(ctx, s.store, req)
 	if err != nil {
 		return nil, err
+	}
+	if shadowErrs > 0 {
+		s.metrics.shadowErrors.Add(float64(shadowErrs))
 	}
 	s.metrics.decisions.Inc()
 	if !d.Allowed {
@@ -146,7 +197,7 @@ func (s *Server) lease(ctx context.Context, body, out []byte) ([]byte, error) {
 	s.metrics.leases.Inc()
 	for i := range a.Buckets {
 		s.metrics.leased.Add(a.Buckets[i].Tokens)
-		s.metrics.returned.Add(req.Buckets[i].Return)
+		s.metrics.returned.Add(a.Buckets[i].Returned)
 	}
 	return wire.AppendLeaseAnswer(out, &a), nil
 }
@@ -161,8 +212,8 @@ func (s *Server) charge(ctx context.Context, body, out []byte) ([]byte, error) {
 		return nil, err
 	}
 	s.metrics.charges.Inc()
-	for i := range req.Buckets {
-		if amt := req.Buckets[i].Amount; amt > 0 {
+	for i := range a.Buckets {
+		if amt := a.Buckets[i].Applied; amt > 0 {
 			s.metrics.charged.Add(amt)
 		} else {
 			s.metrics.refunded.Add(-amt)
@@ -186,6 +237,7 @@ func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerF
 			s.fail(w, http.StatusUnauthorized, "authorization: missing or wrong bearer token")
 			return
 		}
+		markAuthenticated(r.Context())
 		buf := bodyPool.Get().(*bytes.Buffer)
 		defer func() {
 			if buf.Cap() <= int(s.limits.MaxBodyBytes)+bytes.MinRead {
@@ -226,9 +278,18 @@ func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerF
 	}
 }
 
-// authorized reports whether r carries the bearer token (or none is needed).
+// serverToken is a Token as the server checks it: its SHA-256 (compared in
+// constant time) and its caller's counter.
+type serverToken struct {
+	sum   [sha256.Size]byte
+	calls prometheus.Counter
+}
+
+// authorized reports whether r carries one of the bearer tokens (or none is
+// needed), and counts the call under its caller's name. Every token is
+// compared, so the time taken does not say which one matched.
 func (s *Server) authorized(r *http.Request) bool {
-	if !s.hasTok {
+	if len(s.tokens) == 0 {
 		return true
 	}
 	const scheme = "Bearer "
@@ -237,7 +298,17 @@ func (s *Server) authorized(r *http.Request) bool {
 		return false
 	}
 	sum := sha256.Sum256([]byte(h[len(scheme):]))
-	return subtle.ConstantTimeCompare(sum[:], s.token[:]) == 1
+	var match *serverToken
+	for i := range s.tokens {
+		if subtle.ConstantTimeCompare(sum[:], s.tokens[i].sum[:]) == 1 {
+			match = &s.tokens[i]
+		}
+	}
+	if match == nil {
+		return false
+	}
+	match.calls.Inc()
+	return true
 }
 
 func equalFoldASCII(a, b string) bool {
@@ -259,14 +330,29 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
-	defer cancel()
-	if err := s.store.Ping(ctx); err != nil {
+	if err := s.ready(r.Context()); err != nil {
 		s.fail(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	_, _ = io.WriteString(w, "ready\n")
+}
+
+// ready is the store's readiness: the result of its last Ping when younger
+// than readyEvery, else of a new one. Callers that arrive while a Ping is
+// in flight wait for it (bounded by the server's timeout) instead of
+// sending their own.
+func (s *Server) ready(ctx context.Context) error {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	if now := s.now(); !s.readyAt.IsZero() && now.Sub(s.readyAt) < s.readyEvery && !now.Before(s.readyAt) {
+		return s.readyErr
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	s.readyErr = s.store.Ping(ctx)
+	s.readyAt = s.now()
+	return s.readyErr
 }
 
 // failInvalid answers 400 for a *ValidationError (or any other error).
@@ -301,11 +387,15 @@ type metrics struct {
 	decisions   prometheus.Counter
 	rejections  prometheus.Counter
 	storeErrors prometheus.Counter
-	leases      prometheus.Counter
-	leased      prometheus.Counter
-	returned    prometheus.Counter
-	refused     *prometheus.CounterVec
-	latency     prometheus.Histogram
+	// shadowErrors counts shadow buckets whose own decision failed.
+	shadowErrors prometheus.Counter
+	leases       prometheus.Counter
+	leased       prometheus.Counter
+	returned     prometheus.Counter
+	refused      *prometheus.CounterVec
+	// authorized counts authorized /v1 calls by the caller's token name.
+	authorized *prometheus.CounterVec
+	latency    prometheus.Histogram
 	// leaseLatency is latency's for POST /v1/lease.
 	leaseLatency prometheus.Histogram
 	// charges, charged, refunded and chargeLatency are POST /v1/charge's.
@@ -326,12 +416,17 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, ConstLabels: labels, Help: help, Buckets: latencyBuckets})
 	}
 	m := &metrics{
-		decisions:   counter("limitd_decisions_total", "Decisions answered (admitted or refused)."),
-		rejections:  counter("limitd_rejections_total", "Decisions that refused the request."),
-		storeErrors: counter("limitd_store_errors_total", "Decisions that failed in the store (Redis errors and timeouts, a full memory store); answered 503."),
-		leases:      counter("limitd_leases_total", "Lease calls answered (granted or refused)."),
-		leased:      counter("limitd_leased_tokens_total", "Tokens granted by lease calls."),
-		returned:    counter("limitd_returned_tokens_total", "Unused leased tokens given back by lease calls."),
+		decisions:    counter("limitd_decisions_total", "Decisions answered (admitted or refused)."),
+		rejections:   counter("limitd_rejections_total", "Decisions that refused the request."),
+		storeErrors:  counter("limitd_store_errors_total", "Calls (decisions, lease calls, charge calls) that failed in the store (Redis errors and timeouts, a full memory store); answered 503."),
+		shadowErrors: counter("limitd_shadow_errors_total", "Shadow buckets whose own decision failed in the store; the request's enforced decision stands, and the shadow bucket is answered allowed."),
+		leases:       counter("limitd_leases_total", "Lease calls answered (granted or refused)."),
+		leased:       counter("limitd_leased_tokens_total", "Tokens granted by lease calls."),
+		returned:     counter("limitd_returned_tokens_total", "Tokens lease calls' returns put back into their buckets (after the clamps to the grants outstanding and to the burst)."),
+		authorized: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitd_authorized_calls_total",
+			Help: "/v1 calls that carried a valid bearer token, by the token's name (one per gateway when --token-file names them).",
+		}, []string{"caller"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limitd_invalid_requests_total",
 			Help: "Requests refused before a decision, by HTTP status (400, 401, 405, 413).",
@@ -339,11 +434,11 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 		latency:       histogram("limitd_decide_duration_seconds", "Time to answer POST /v1/decide with a decision, from request to response."),
 		leaseLatency:  histogram("limitd_lease_duration_seconds", "Time to answer POST /v1/lease, from request to response."),
 		charges:       counter("limitd_charges_total", "Charge calls answered (costs known from responses)."),
-		charged:       counter("limitd_charged_tokens_total", "Tokens charged beyond the reservations by charge calls."),
-		refunded:      counter("limitd_refunded_tokens_total", "Tokens given back by charge calls."),
+		charged:       counter("limitd_charged_tokens_total", "Tokens charge calls took from their buckets beyond the reservations (after the clamps to 2 × burst and to the debt of -burst)."),
+		refunded:      counter("limitd_refunded_tokens_total", "Tokens charge calls' refunds put back into their buckets (after the clamps to the reservations outstanding and to the burst)."),
 		chargeLatency: histogram("limitd_charge_duration_seconds", "Time to answer POST /v1/charge, from request to response."),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.leases, m.leased, m.returned, m.refused, m.latency, m.leaseLatency,
+	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.shadowErrors, m.leases, m.leased, m.returned, m.refused, m.authorized, m.latency, m.leaseLatency,
 		m.charges, m.charged, m.refunded, m.chargeLatency} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("service: config: registry: %w", err)

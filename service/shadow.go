@@ -10,7 +10,11 @@ import (
 // run beside it, so that a shadow bucket never changes what happens to the
 // enforced ones (nor they to it), exactly as a shadow rule is decided in the
 // plugin. A request without shadow buckets is one call of st.Decide.
-func decide(ctx context.Context, st Store, req *Request) (Answer, error) {
+//
+// A shadow bucket whose own decision fails never fails the request either:
+// it is answered allowed (a shadow bucket never refuses) and counted in the
+// second result; only the enforced decision's error is returned.
+func decide(ctx context.Context, st Store, req *Request) (Answer, int, error) {
 	shadows := 0
 	for i := range req.Buckets {
 		if req.Buckets[i].Shadow {
@@ -18,7 +22,8 @@ func decide(ctx context.Context, st Store, req *Request) (Answer, error) {
 		}
 	}
 	if shadows == 0 {
-		return st.Decide(ctx, req)
+		a, err := st.Decide(ctx, req)
+		return a, 0, err
 	}
 	enforced := &Request{HashTag: req.HashTag, Buckets: make([]Bucket, 0, len(req.Buckets)-shadows)}
 	for _, b := range req.Buckets {
@@ -27,7 +32,8 @@ func decide(ctx context.Context, st Store, req *Request) (Answer, error) {
 		}
 	}
 	a := Answer{Buckets: make([]BucketAnswer, len(req.Buckets))}
-	errs := make([]error, len(req.Buckets)+1)
+	errs := make([]error, len(req.Buckets))
+	var enforcedErr error
 	var wg sync.WaitGroup
 	for i := range req.Buckets {
 		if !req.Buckets[i].Shadow {
@@ -45,12 +51,17 @@ func decide(ctx context.Context, st Store, req *Request) (Answer, error) {
 	}
 	var ea Answer
 	if len(enforced.Buckets) > 0 {
-		ea, errs[len(req.Buckets)] = st.Decide(ctx, enforced)
+		ea, enforcedErr = st.Decide(ctx, enforced)
 	}
 	wg.Wait()
-	for _, err := range errs {
+	if enforcedErr != nil {
+		return Answer{}, 0, enforcedErr
+	}
+	failed := 0
+	for i, err := range errs {
 		if err != nil {
-			return Answer{}, err
+			failed++
+			a.Buckets[i] = BucketAnswer{Allowed: true}
 		}
 	}
 	j := 0
@@ -61,5 +72,5 @@ func decide(ctx context.Context, st Store, req *Request) (Answer, error) {
 		}
 	}
 	a.Settle(req)
-	return a, nil
+	return a, failed, nil
 }

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"strings"
 	"testing"
 )
 
@@ -33,7 +34,7 @@ func testShadowBuckets(t *testing.T, st Store) {
 		{false, false, false}, // the enforced bucket is empty: refused
 	}
 	for i, want := range steps {
-		a, err := decide(context.Background(), st, req)
+		a, _, err := decide(context.Background(), st, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,10 +44,36 @@ func testShadowBuckets(t *testing.T, st Store) {
 	}
 	only := &Request{Buckets: []Bucket{{Key: "trial2", Rate: 0.001, Burst: 1, Cost: 1, Shadow: true}}}
 	for i, wantShadow := range []bool{true, false} {
-		a, err := decide(context.Background(), st, only)
+		a, _, err := decide(context.Background(), st, only)
 		if err != nil || !a.Allowed || a.Buckets[0].Allowed != wantShadow {
 			t.Fatalf("shadow only, step %d: %+v %v; want admitted, shadow bucket %v", i, a, err, wantShadow)
 		}
+	}
+}
+
+// TestShadowErrorNeverFailsTheDecision: a shadow bucket whose own script
+// fails in Redis (a malformed stored value) leaves the enforced decision as
+// it was taken (admitted, consumed) and is counted as a shadow error; the
+// server answers 200, not 503.
+func TestShadowErrorNeverFailsTheDecision(t *testing.T) {
+	m, _, rs := newMini(t, RedisOptions{})
+	if err := m.Set(storageKey(DefaultKeyPrefix, "trial", 1, 1), "garbage"); err != nil {
+		t.Fatal(err)
+	}
+	s, reg := newTestServer(t, rs, "")
+	body := `{"buckets":[{"key":"enforced","tokens_per_second":1,"burst":2},{"key":"trial","tokens_per_second":1,"burst":1,"shadow":true}]}`
+	w := do(s, "POST", "/v1/decide", body)
+	if w.Code != 200 || !strings.HasPrefix(w.Body.String(), `{"allowed":true`) {
+		t.Fatalf("decide with a failing shadow bucket: %d %s, want 200 admitted", w.Code, w.Body)
+	}
+	if d, err := rs.Decide(context.Background(), one("enforced", 1, 2, 1)); err != nil || d.Buckets[0].Remaining != 0 {
+		t.Fatalf("enforced bucket after = %+v, %v: want its token consumed once", d, err)
+	}
+	if got := gatherCounter(t, reg, "limitd_shadow_errors_total"); got != 1 {
+		t.Errorf("limitd_shadow_errors_total = %v, want 1", got)
+	}
+	if got := gatherCounter(t, reg, "limitd_store_errors_total"); got != 0 {
+		t.Errorf("limitd_store_errors_total = %v, want 0", got)
 	}
 }
 

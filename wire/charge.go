@@ -48,9 +48,11 @@ func AppendChargeRequest(b []byte, r *ChargeRequest) []byte {
 }
 
 // DecodeChargeRequest parses and validates the body of POST /v1/charge.
-// amount is required, at least −burst (a refund of more than a burst gives
-// back nothing more) and at most MaxAmount. Errors are *FieldError naming
-// the field.
+// amount is required and finite; it is clamped, never refused, to what can
+// change a bucket: at most 2 × burst (what takes a full bucket to its
+// deepest debt, −burst) and at least −burst (a refund of more gives back
+// nothing more), so an upstream reporting an absurd cost still takes the
+// whole debt. Errors are *FieldError naming the field.
 func DecodeChargeRequest(body []byte, lim Limits) (*ChargeRequest, error) {
 	req := &ChargeRequest{}
 	err := decodeCall(body, lim, &req.HashTag, []string{"amount"}, func(n int) { req.Buckets = make([]ChargeBucket, n) },
@@ -60,8 +62,11 @@ func DecodeChargeRequest(body []byte, lim Limits) (*ChargeRequest, error) {
 			if !x[0].Exists() {
 				return refuse(at+".amount", "required")
 			}
-			b.Amount, err = amount(at+".amount", x[0], 0, -b.Burst, MaxAmount)
-			return err
+			if b.Amount, err = number(at+".amount", x[0]); err != nil {
+				return err
+			}
+			b.Amount = max(-b.Burst, min(b.Amount, 2*b.Burst))
+			return nil
 		})
 	if err != nil {
 		return nil, err

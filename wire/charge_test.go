@@ -10,13 +10,29 @@ func TestDecodeChargeRequest(t *testing.T) {
 		{"refund", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":-40}]}`, ""},
 		{"debit beyond the burst", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":1000}]}`, ""},
 		{"amount missing", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40}]}`, "buckets[0].amount: required"},
-		{"refund beyond the burst", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":-41}]}`, "buckets[0].amount: must be >= -40 and <= 1e+09, got -41"},
-		{"amount huge", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":1e10}]}`, "buckets[0].amount: must be >= -40 and <= 1e+09, got 1e+10"},
+		{"refund beyond the burst", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":-41}]}`, ""},
+		{"amount huge", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":1e10}]}`, ""},
+		{"amount infinite", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":1e999}]}`, "buckets[0].amount: must be a finite number, got 1e999"},
 		{"amount string", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":"1"}]}`, "buckets[0].amount: must be a number, got string"},
 		{"cost is not a charge field", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"cost":1}]}`, "buckets[0].cost: unknown field"},
 		{"no key", `{"buckets":[{"tokens_per_second":10,"burst":40,"amount":1}]}`, "buckets[0].key: required"},
 	}
 	checkDecoder(t, tests, DecodeChargeRequest, AppendChargeRequest)
+}
+
+// TestDecodeChargeClamps: an amount beyond what can change a bucket is
+// clamped, not refused: at most 2 × burst (a full bucket to its deepest
+// debt), at least -burst.
+func TestDecodeChargeClamps(t *testing.T) {
+	for _, tt := range []struct {
+		amount string
+		want   float64
+	}{{"2e9", 200}, {"1e300", 200}, {"200", 200}, {"199.5", 199.5}, {"-100", -100}, {"-1e9", -100}} {
+		req, err := DecodeChargeRequest([]byte(`{"buckets":[{"key":"a","tokens_per_second":10,"burst":100,"amount":`+tt.amount+`}]}`), Limits{})
+		if err != nil || req.Buckets[0].Amount != tt.want {
+			t.Errorf("amount %s: %+v, %v; want %v", tt.amount, req, err, tt.want)
+		}
+	}
 }
 
 func TestDecodeChargeAnswer(t *testing.T) {

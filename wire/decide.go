@@ -57,8 +57,9 @@ type Bucket struct {
 
 // Request is one decision (POST /v1/decide) over one or more buckets, taken
 // atomically: either every enforced bucket admits its cost and all are
-// consumed, or none is touched. HashTag, when set, places all buckets in one
-// Redis Cluster slot.
+// consumed, or none is touched. HashTag is what older plugins sent to place
+// all buckets in one Redis Cluster slot; the service accepts and ignores it
+// (a bucket's identity is its key and limit), and the plugin sends none.
 type Request struct {
 	HashTag string
 	Buckets []Bucket
@@ -96,6 +97,10 @@ type BucketAnswer struct {
 	// Tokens is the exact (fractional) tokens behind Remaining. It is not
 	// encoded: tests of the service compare it with package bucket.
 	Tokens float64
+	// Applied is, in the answer to a charge, the amount the bucket took
+	// after the service's clamps (a refund is negative). It is not encoded:
+	// the service counts it in its metrics.
+	Applied float64
 }
 
 // Settle sets a's Allowed and RetryAfterMs from its enforced buckets.

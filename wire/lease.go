@@ -49,6 +49,10 @@ type Grant struct {
 	RetryAfterMs int64
 	// ResetMs is the milliseconds until the global bucket is full again.
 	ResetMs int64
+	// Returned is what the bucket took back of the call's Return, after the
+	// service's clamps (to what was leased and not yet returned, and to the
+	// burst). It is not encoded: the service counts it in its metrics.
+	Returned float64
 }
 
 // AppendLeaseRequest appends the JSON body of r:

@@ -66,6 +66,9 @@ type options struct {
 	limits          service.Limits
 	memoryMaxKeys   int
 	logLevel        string
+	ledgerWindow    time.Duration
+	maxConns        int
+	unauthIdle      time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -78,7 +81,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.redisCluster, "redis-cluster", false, "treat a single --redis address as a Redis Cluster seed")
 	fs.IntVar(&o.redisPoolSize, "redis-pool-size", 0, "connections per Redis node (0 = go-redis default, 10 per CPU)")
 	fs.StringVar(&o.keyPrefix, "key-prefix", service.DefaultKeyPrefix, "prefix of every Redis key")
-	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token /v1 requests must carry (else env LIMITD_TOKEN)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file of the bearer tokens /v1 requests must carry: one per line, \"<name> <token>\" (one per gateway) or a bare token (else env LIMITD_TOKEN)")
 	fs.IntVar(&o.batchMax, "batch-max", 64, "most decisions per Redis pipeline; 0 or 1 = no batching")
 	fs.DurationVar(&o.batchWindow, "batch-window", 0, "how long to wait for more decisions before sending a pipeline (0 = send what is queued)")
 	fs.IntVar(&o.batchWorkers, "batch-workers", 4, "pipelines in flight at once")
@@ -90,6 +93,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.limits.MaxFill, "max-fill", service.DefaultMaxFill, "longest refill time (burst / tokens_per_second) accepted; bounds key lifetime")
 	fs.IntVar(&o.memoryMaxKeys, "memory-max-keys", service.DefaultMemoryMaxKeys, "most buckets the in-memory store holds")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&o.ledgerWindow, "ledger-window", service.DefaultLedgerWindow, "how long tokens a lease grants or a decision reserves can be given back (by a return or a refund): at least one window, at most two")
+	fs.IntVar(&o.maxConns, "max-conns", service.DefaultMaxConns, "most HTTP connections open at once; keep it below the open-file limit minus the Redis connections")
+	fs.DurationVar(&o.unauthIdle, "unauthenticated-idle", service.DefaultUnauthenticatedIdle, "how long a connection that never carried an authenticated /v1 call may stay idle")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -112,7 +118,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	token, err := loadToken(o.tokenFile, getenv)
+	tokens, err := loadTokens(o.tokenFile, getenv)
 	if err != nil {
 		return err
 	}
@@ -120,7 +126,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	if !loopback && token == "" {
+	if !loopback && len(tokens) == 0 {
 		return fmt.Errorf("--listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.listen)
 	}
 
@@ -131,7 +137,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	var client redis.UniversalClient
 	storeName := "memory"
 	if o.redis == "" {
-		store = service.NewMemoryStore(service.MemoryOptions{MaxKeys: o.memoryMaxKeys})
+		store = service.NewMemoryStore(service.MemoryOptions{MaxKeys: o.memoryMaxKeys, LedgerWindow: o.ledgerWindow})
 		log.Warn("no --redis: buckets are kept in memory, so limits hold per limitd process, not cluster-wide",
 			"store", "memory", "max_keys", o.memoryMaxKeys)
 	} else {
@@ -143,8 +149,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		client = redis.NewUniversalClient(uopts)
 		defer client.Close()
 		rs, err := service.NewRedisStore(client, service.RedisOptions{
-			KeyPrefix:  o.keyPrefix,
-			Registerer: reg,
+			KeyPrefix:    o.keyPrefix,
+			Registerer:   reg,
+			LedgerWindow: o.ledgerWindow,
 			Batch: service.BatchOptions{
 				MaxSize: o.batchMax, Window: o.batchWindow, Workers: o.batchWorkers, Timeout: o.timeout,
 			},
@@ -172,9 +179,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer store.Close()
 
 	srv, err := service.NewServer(service.Config{
-		Store: store, StoreName: storeName, Token: token, Limits: o.limits,
+		Store: store, StoreName: storeName, Tokens: tokens, Limits: o.limits,
 		Timeout: o.timeout, Logger: log, Registry: reg,
 	})
+	if err != nil {
+		return err
+	}
+	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Registerer: reg})
 	if err != nil {
 		return err
 	}
@@ -182,8 +193,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	defer stopSweep()
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case now := <-tick.C:
+				guard.Sweep(now)
+			case <-sweepCtx.Done():
+				return
+			}
+		}
+	}()
 	httpSrv := &http.Server{
 		Handler:           srv,
+		ConnState:         guard.ConnState,
+		ConnContext:       guard.ConnContext,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -192,8 +219,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	served := make(chan error, 1)
-	go func() { served <- httpSrv.Serve(ln) }()
-	log.Info("limitd listening", "addr", ln.Addr().String(), "store", storeName, "auth", token != "")
+	go func() { served <- httpSrv.Serve(guard.Listener(ln)) }()
+	log.Info("limitd listening", "addr", ln.Addr().String(), "store", storeName, "auth", len(tokens) > 0, "callers", len(tokens))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
@@ -280,22 +307,38 @@ func waitForRedis(ctx context.Context, load func(context.Context) (string, error
 	}
 }
 
-// loadToken reads the bearer token from file, else the environment variable
-// LIMITD_TOKEN; surrounding white space is dropped. A named file that is
-// missing or empty is an error.
-func loadToken(file string, getenv func(string) string) (string, error) {
+// loadTokens reads the bearer tokens: from file, one per line, "<name>
+// <token>" (a gateway's name, for the metrics, and its token) or a bare
+// token (named "default"), blank lines and lines starting with # skipped;
+// without a file, the one token in LIMITD_TOKEN, if any.
+func loadTokens(file string, getenv func(string) string) ([]service.Token, error) {
 	if file == "" {
-		return strings.TrimSpace(getenv("LIMITD_TOKEN")), nil
+		if tok := strings.TrimSpace(getenv("LIMITD_TOKEN")); tok != "" {
+			return []service.Token{{Name: "default", Value: tok}}, nil
+		}
+		return nil, nil
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return "", fmt.Errorf("--token-file: %w", err)
+		return nil, fmt.Errorf("--token-file: %w", err)
 	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" {
-		return "", fmt.Errorf("--token-file %s: empty", file)
+	var toks []service.Token
+	for i, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0 || strings.HasPrefix(f[0], "#"):
+		case len(f) == 1:
+			toks = append(toks, service.Token{Name: "default", Value: f[0]})
+		case len(f) == 2:
+			toks = append(toks, service.Token{Name: f[0], Value: f[1]})
+		default:
+			return nil, fmt.Errorf("--token-file %s: line %d: want \"<name> <token>\" or a token, got %d fields", file, i+1, len(f))
+		}
 	}
-	return tok, nil
+	if len(toks) == 0 {
+		return nil, fmt.Errorf("--token-file %s: empty", file)
+	}
+	return toks, nil
 }
 
 // isLoopback reports whether a listen address binds only loopback interfaces:

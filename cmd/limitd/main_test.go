@@ -14,10 +14,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/service"
 )
 
 func env(kv ...string) func(string) string {
@@ -67,17 +69,52 @@ func TestLoadToken(t *testing.T) {
 	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if tok, err := loadToken(file, env("LIMITD_TOKEN", "other")); err != nil || tok != "s3cret" {
-		t.Errorf("from file: %q, %v", tok, err)
+	if toks, err := loadTokens(file, env("LIMITD_TOKEN", "other")); err != nil || len(toks) != 1 || toks[0].Value != "s3cret" {
+		t.Errorf("from file: %+v, %v", toks, err)
 	}
-	if tok, err := loadToken("", env("LIMITD_TOKEN", " fromenv ")); err != nil || tok != "fromenv" {
-		t.Errorf("from env: %q, %v", tok, err)
+	if toks, err := loadTokens("", env("LIMITD_TOKEN", " fromenv ")); err != nil || len(toks) != 1 || toks[0].Value != "fromenv" {
+		t.Errorf("from env: %+v, %v", toks, err)
 	}
-	if _, err := loadToken(empty, env()); err == nil {
+	if _, err := loadTokens(empty, env()); err == nil {
 		t.Error("empty token file: want an error")
 	}
-	if _, err := loadToken(filepath.Join(dir, "missing"), env()); err == nil {
+	if _, err := loadTokens(filepath.Join(dir, "missing"), env()); err == nil {
 		t.Error("missing token file: want an error")
+	}
+}
+
+// TestLoadTokens: a token file may hold one token per gateway, "<name>
+// <token>" per line (comments and blank lines skipped); a bare token is
+// named "default".
+func TestLoadTokens(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(file, []byte("# gateways\ngw-a tok-a\n\ngw-b  tok-b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	toks, err := loadTokens(file, env())
+	if err != nil || len(toks) != 2 || toks[0] != (service.Token{Name: "gw-a", Value: "tok-a"}) || toks[1] != (service.Token{Name: "gw-b", Value: "tok-b"}) {
+		t.Fatalf("loadTokens = %+v, %v", toks, err)
+	}
+	bare := filepath.Join(dir, "bare")
+	if err := os.WriteFile(bare, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if toks, err := loadTokens(bare, env()); err != nil || len(toks) != 1 || toks[0] != (service.Token{Name: "default", Value: "s3cret"}) {
+		t.Fatalf("bare token: %+v, %v", toks, err)
+	}
+	bad := filepath.Join(dir, "bad")
+	if err := os.WriteFile(bad, []byte("gw-a tok-a extra\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadTokens(bad, env()); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Fatalf("three fields: %v, want an error naming line 1", err)
+	}
+	if toks, err := loadTokens("", env("LIMITD_TOKEN", "e")); err != nil || len(toks) != 1 || toks[0].Value != "e" {
+		t.Fatalf("from env: %+v, %v", toks, err)
+	}
+	if toks, err := loadTokens("", env()); err != nil || len(toks) != 0 {
+		t.Fatalf("none: %+v, %v", toks, err)
 	}
 }
 
@@ -375,5 +412,58 @@ func TestRunWaitsForRedis(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "redis store ready") {
 		t.Fatalf("no ready log:\n%s", logs)
+	}
+}
+
+// TestRunIdleHealthzFlood: connections that each asked /healthz once and
+// then stay open (the keep-alive flood that exhausted file descriptors)
+// cannot keep an authenticated gateway out: at the cap, the anonymous ones
+// are evicted for it, and it is answered.
+func TestRunIdleHealthzFlood(t *testing.T) {
+	testIdleHealthzFlood(t, "16")
+}
+
+// testIdleHealthzFlood runs the flood against limitd with --max-conns max,
+// in a process whose open-file limit is lowered to 256: 150 anonymous
+// connections (both their ends are in this process) exceed it unless
+// limitd caps its side.
+func testIdleHealthzFlood(t *testing.T, max string) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if lim.Cur > 256 {
+		low := lim
+		low.Cur = 256
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim) })
+	}
+	addr, _, _, _ := start(t, []string{"--listen", "127.0.0.1:0", "--max-conns", max}, env("LIMITD_TOKEN", "tok"))
+	for i := range 150 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Logf("dial %d: %v", i, err) // out of file descriptors: the flood has done its harm
+			break
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			continue // evicted already
+		}
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+			resp.Body.Close()
+		}
+	}
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/decide", strings.NewReader(`{"buckets":[{"key":"a","tokens_per_second":1,"burst":1}]}`))
+	req.Header.Set("Authorization", "Bearer tok")
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("an authenticated call after 150 idle anonymous connections: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("authenticated call: %d, want 200", resp.StatusCode)
 	}
 }

@@ -3,10 +3,11 @@
 // Command validateistio checks Kubernetes manifests for the plugin before
 // they are applied (`make validate-istio`): each document is decoded strictly
 // into the Istio or Kubernetes API type of its kind (WasmPlugin,
-// ServiceEntry, DestinationRule, AuthorizationPolicy, Service, Deployment,
-// Secret, ServiceAccount; an unknown or misspelt field, a duplicate key or a
-// wrong type fails), and every WasmPlugin's pluginConfig goes through the
-// plugin's own parser in the JSON form Istio hands it (package manifest).
+// ServiceEntry, DestinationRule, AuthorizationPolicy, PeerAuthentication,
+// Service, Deployment, Secret, ServiceAccount; an unknown or misspelt field,
+// a duplicate key or a wrong type fails), and every WasmPlugin's
+// pluginConfig goes through the plugin's own parser in the JSON form Istio
+// hands it (package manifest).
 // The manifests' own choices (failStrategy, phase, limits) are not judged.
 //
 //	go run ./cmd/validateistio build/istio/*.yaml

@@ -45,6 +45,7 @@ type Doc struct {
 	Raw []byte
 	// Obj is the typed object: *clientext.WasmPlugin, *clientnet.ServiceEntry,
 	// *clientnet.DestinationRule, *clientsec.AuthorizationPolicy,
+	// *clientsec.PeerAuthentication,
 	// *corev1.Service, *appsv1.Deployment, *corev1.Secret or
 	// *corev1.ServiceAccount.
 	Obj any
@@ -184,6 +185,9 @@ func DecodeStrict(j []byte) (any, error) {
 		obj, spec = o, &o.Spec
 	case clientsec.SchemeGroupVersion.String() + " AuthorizationPolicy":
 		o := &clientsec.AuthorizationPolicy{TypeMeta: tm, ObjectMeta: env.Metadata}
+		obj, spec = o, &o.Spec
+	case clientsec.SchemeGroupVersion.String() + " PeerAuthentication":
+		o := &clientsec.PeerAuthentication{TypeMeta: tm, ObjectMeta: env.Metadata}
 		obj, spec = o, &o.Spec
 	default:
 		return nil, fmt.Errorf("apiVersion/kind %q: not an expected type", gvk)
