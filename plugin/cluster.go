@@ -100,8 +100,7 @@ func (c *httpContext) dispatchShadow() {
 
 // call sends one decision over takes to the limit service.
 func (c *httpContext) call(takes []take, answer func(numHeaders, bodySize, numTrailers int)) error {
-	p := c.plugin
-	req := &wire.Request{HashTag: p.hashTag, Buckets: make([]wire.Bucket, len(takes))}
+	req := &wire.Request{Buckets: make([]wire.Bucket, len(takes))}
 	for i, t := range takes {
 		req.Buckets[i] = wire.Bucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst,
 			Cost: t.cost, Shadow: t.rule.Mode == config.ModeShadow}

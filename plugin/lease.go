@@ -178,7 +178,7 @@ func (c *httpContext) leaseServiceDown(ru *rule) *rejection {
 // whose refill marker it claimed.
 func (c *httpContext) leaseCall(short []take) error {
 	p, now := c.plugin, c.plan.now
-	req := &wire.LeaseRequest{HashTag: p.hashTag, Buckets: make([]wire.LeaseBucket, len(short))}
+	req := &wire.LeaseRequest{Buckets: make([]wire.LeaseBucket, len(short))}
 	claims := make([]int64, len(short))
 	for i, t := range short {
 		want := t.cost
@@ -341,7 +341,7 @@ func readLeaseAnswer(req *wire.LeaseRequest, numHeaders, bodySize int) (*wire.Le
 // detached from the request.
 func (p *pluginContext) refill(t take, rec lease.Record, claim int64, from uint32) {
 	p.held.add(t)
-	req := &wire.LeaseRequest{HashTag: p.hashTag, Buckets: []wire.LeaseBucket{{
+	req := &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{
 		Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst, Want: t.rule.lease.Want(&rec, 0)}}}
 	p.detached([]take{t}, []int64{claim}, req, from)
 }
@@ -423,7 +423,7 @@ func (p *pluginContext) returnExpired() {
 		case ch.Wrote && ch.Before.Tokens > 0:
 			h.cursor++
 			if req == nil {
-				req = &wire.LeaseRequest{HashTag: p.hashTag}
+				req = &wire.LeaseRequest{}
 			}
 			takes = append(takes, take{rule: hl.rule, id: hl.id, key: hl.key})
 			claims = append(claims, ch.After.Pending)

@@ -117,7 +117,6 @@ type pluginContext struct {
 
 	cfg     *config.Config
 	rules   []*rule
-	hashTag string // sent to the limit service: always empty, see configure
 	table   *store.Table
 	leases  *lease.Table
 	held    heldLeases // leases this worker called for (returnExpired)
@@ -258,10 +257,6 @@ func (p *pluginContext) configure(data []byte, rootID string) error {
 	for i := range cfg.Rules {
 		p.rules[i] = compile(&cfg.Rules[i])
 	}
-	// No hash tag: the limit service keys every bucket by its own key (and
-	// limit), whichever rules accompany it, and decides a request whose
-	// buckets fall in different Redis Cluster slots itself.
-	p.hashTag = ""
 	p.metrics = globalMetrics{
 		evictions: defineCounter(Name + ".evictions"),
 		retries:   defineCounter(Name + ".cas_retries"),

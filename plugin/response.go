@@ -454,7 +454,7 @@ func (c *httpContext) chargeLease(t *take, now int64) (rest float64) {
 // lost (the reservation stands).
 func (c *httpContext) chargeCluster(takes []*take) {
 	p := c.plugin
-	req := &wire.ChargeRequest{HashTag: p.hashTag, Buckets: make([]wire.ChargeBucket, len(takes))}
+	req := &wire.ChargeRequest{Buckets: make([]wire.ChargeBucket, len(takes))}
 	counted := make([]take, len(takes)) // for serviceFailed: rule and service
 	for i, t := range takes {
 		req.Buckets[i] = wire.ChargeBucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst,
