@@ -258,7 +258,7 @@ func refillBound(rate float64, d time.Duration) int {
 // the plugin arrives through ECDS, starts with the configuration Istio
 // built, and enforces it.
 func TestIstioGateway(t *testing.T) {
-	g := startGatewaySetup(t)
+	g := startGatewaySetup(t, denyAdmin)
 	e := g.envoy
 	c := e.Client()
 	t.Cleanup(c.Close)
@@ -374,6 +374,54 @@ func TestIstioGateway(t *testing.T) {
 			}
 		}
 	})
+
+	// The example's phase AUTHZ: after Istio's authentication filters,
+	// before its authorization filters, so a flood is limited before an
+	// authorization policy (or its ext_authz callout) spends anything.
+	t.Run("phase AUTHZ: before Istio's authorization filter", func(t *testing.T) {
+		filters := httpFilters(t, e)
+		plugin := index(filters, "extensions.istio.io/trafficextension/"+istioName("istio-system", "ratelimit"))
+		if rbac := index(filters, "envoy.filters.http.rbac"); plugin < 0 || rbac < 0 || plugin > rbac {
+			t.Fatalf("filters %v: want the plugin before envoy.filters.http.rbac", filters)
+		}
+		c := newSourceClient(t, e, "127.0.0.7")
+		start := time.Now()
+		var statuses []int
+		for range anonBurst + 2 {
+			st, _ := c.get("/admin", nil)
+			statuses = append(statuses, st)
+		}
+		denied := 0
+		for _, st := range statuses {
+			if st == 403 {
+				denied++
+			}
+		}
+		if refill := refillBound(anonRate, time.Since(start)); denied < anonBurst || denied > anonBurst+refill || statuses[len(statuses)-1] != 429 {
+			t.Fatalf("/admin x%d: %v; want %d x 403 from the DENY policy (+ at most %d refilled), then 429: the limit counts first",
+				len(statuses), statuses, anonBurst, refill)
+		}
+	})
+}
+
+// denyAdmin is an AuthorizationPolicy of the gateway: DENY for /admin.
+// Istio turns it into an envoy.filters.http.rbac filter.
+func denyAdmin(string, int) string {
+	return `apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata:
+  name: deny-admin
+  namespace: istio-system
+spec:
+  selector:
+    matchLabels:
+      istio: ingressgateway
+  action: DENY
+  rules:
+  - to:
+    - operation:
+        paths: ["/admin"]
+`
 }
 
 // tenantPlugin is a second WasmPlugin on the same gateway, with its own

@@ -248,7 +248,6 @@ func (m *mesh) gatewayOptions() envoytest.Options {
 		Config:       bootstrapTemplate,
 		ListenerPort: m.gatewayPort,
 		Concurrency:  2,
-		StartTimeout: time.Minute,
 		Data: map[string]any{
 			"NodeID":      fmt.Sprintf("router~%s~%s.%s~%s.svc.cluster.local", gatewayIP, gatewayPod, gatewayNamespace, gatewayNamespace),
 			"NodeCluster": "istio-ingressgateway." + gatewayNamespace,
