@@ -483,25 +483,34 @@ func TestIstioSecondPlugin(t *testing.T) {
 		c := newSourceClient(t, e, "127.0.0.2")
 		start := time.Now()
 		var statuses []int
-		var policies []string
+		var policies [][]string
 		for range 14 {
 			st, h := c.get("/public", nil)
 			statuses = append(statuses, st)
-			policies = append(policies, h.Get("RateLimit-Policy"))
+			policies = append(policies, h.Values("RateLimit-Policy"))
 		}
 		refill := refillBound(anonRate, time.Since(start))
 		t.Logf("statuses %v", statuses)
 		ok, firstB, firstA := 0, -1, -1
+		var rejectedA, rejectedB uint64
 		for i, st := range statuses {
-			switch {
-			case st == 200:
+			// Each plugin that decided adds its own headers: the tenants
+			// plugin's come first (it answers, or is nearer the upstream).
+			switch p := policies[i]; {
+			case st == 200 && len(p) == 2:
 				ok++
-			case st == 429 && strings.Contains(policies[i], ";q=4;") && firstB < 0:
-				firstB = i
-			case st == 429 && strings.Contains(policies[i], ";q=10;") && firstA < 0:
-				firstA = i
-			case st != 429:
-				t.Fatalf("request %d: status %d", i, st)
+			case st == 429 && len(p) == 2 && strings.Contains(p[0], ";q=4;"):
+				rejectedB++
+				if firstB < 0 {
+					firstB = i
+				}
+			case st == 429 && len(p) == 1 && strings.Contains(p[0], ";q=10;"):
+				rejectedA++
+				if firstA < 0 {
+					firstA = i
+				}
+			default:
+				t.Fatalf("request %d: status %d RateLimit-Policy %q", i, st, p)
 			}
 		}
 		// Apart: the tenants bucket (4) rejects from request 5 on; the
@@ -509,8 +518,16 @@ func TestIstioSecondPlugin(t *testing.T) {
 		// from request 11 on. Shared, both filters would take from one
 		// bucket and the first rejection would come by request 3.
 		if ok < 4 || ok > 4+refill || firstB < 4 || firstB > 4+refill || firstA < 10 || firstA > 10+refill {
-			t.Fatalf("statuses %v policies %v: want 4 x 200, 429 from the tenants plugin (q=4) from request 5, from the gateway plugin (q=10) from request 11 (refill allowance %d)",
+			t.Fatalf("statuses %v policies %q: want 4 x 200, 429 from the tenants plugin (q=4) from request 5, from the gateway plugin (q=10) from request 11 (refill allowance %d)",
 				statuses, policies, refill)
+		}
+		// Both plugins count into the same metrics: the rule has one name.
+		allowedA := 14 - rejectedA
+		allowedB := allowedA - rejectedB
+		stat := func(name string) uint64 { return e.Stat("wasmcustom.tokenbucket.rule.anonymous-per-ip." + name) }
+		if a, r := stat("allowed"), stat("rejected"); a != allowedA+allowedB || r != rejectedA+rejectedB {
+			t.Fatalf("anonymous-per-ip allowed %d rejected %d, want %d+%d and %d+%d (gateway + tenants plugin)",
+				a, r, allowedA, allowedB, rejectedA, rejectedB)
 		}
 	})
 }
