@@ -1,3 +1,16 @@
+// Package istio checks the plugin as Istio's own control plane delivers it:
+// Istio 1.31's in-memory discovery server (istio.io/istio/pilot/test/xds,
+// what Istio's own tests use) serves ADS on a loopback port with the
+// objects of one ingress gateway and the WasmPlugins of examples/istio, a
+// real Envoy 1.40 (func-e's, as every e2e test) connects as that gateway
+// with nothing but the ADS cluster in its bootstrap, and the tests check
+// what Istio generated and what the plugin then does with real requests.
+//
+// It is a Go module of its own so that istio.io/istio and its dependencies
+// never enter the plugin's go.mod; it uses this repository's packages
+// through a replace directive. No Kubernetes API server (Istio's fake
+// client), no istio-agent (WasmPlugin urls are file://), no sidecar. Locally
+// a missing Envoy or plugin skips the tests; under CI=true they fail.
 package istio
 
 import (
