@@ -157,4 +157,5 @@ clean:
 #   oci.mk      oci, oci-push, validate-istio [MANIFESTS=...]
 #   service.mk  build-service, test-service, test-service-redis, fuzz-service, oci-limitd
 #   soak.mk     soak-versions (the Envoy version floor, measured; not in CI)
+#   istio.mk    test-istio (Istio 1.31's discovery server configures a real Envoy from examples/istio)
 -include mk/*.mk bench/mk/*.mk

@@ -677,31 +677,37 @@ func (p *Process) Memory() (Memory, error) {
 	return mem, nil
 }
 
-// ParseStatsJSON parses /stats?format=json; histograms are skipped.
+// ParseStatsJSON parses /stats?format=json: counters and gauges. Histograms
+// and text readouts (string values, such as an xDS subscription's
+// version_text) are skipped.
 func ParseStatsJSON(body []byte) (map[string]uint64, error) {
 	var doc struct {
 		Stats []struct {
-			Name  string       `json:"name"`
-			Value *json.Number `json:"value"`
+			Name  string          `json:"name"`
+			Value json.RawMessage `json:"value"`
 		} `json:"stats"`
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	if err := dec.Decode(&doc); err != nil {
+	if err := json.Unmarshal(body, &doc); err != nil {
 		return nil, fmt.Errorf("envoy: stats: %w", err)
 	}
 	m := make(map[string]uint64, len(doc.Stats))
 	for i, s := range doc.Stats {
-		if s.Value == nil || s.Name == "" {
+		if s.Name == "" || len(s.Value) == 0 || string(s.Value) == "null" || s.Value[0] == '"' {
 			continue
 		}
-		if v, err := strconv.ParseUint(s.Value.String(), 10, 64); err == nil {
+		var n json.Number
+		dec := json.NewDecoder(bytes.NewReader(s.Value))
+		dec.UseNumber()
+		if err := dec.Decode(&n); err != nil {
+			return nil, fmt.Errorf("envoy: stats[%d] (%s).value: %w", i, s.Name, err)
+		}
+		if v, err := strconv.ParseUint(n.String(), 10, 64); err == nil {
 			m[s.Name] = v
 			continue
 		}
-		f, err := s.Value.Float64()
+		f, err := n.Float64()
 		if err != nil || f < 0 || math.IsNaN(f) || f >= math.MaxUint64 {
-			return nil, fmt.Errorf("envoy: stats[%d] (%s).value: not a uint64: %s", i, s.Name, s.Value)
+			return nil, fmt.Errorf("envoy: stats[%d] (%s).value: not a uint64: %s", i, s.Name, n)
 		}
 		m[s.Name] = uint64(f)
 	}

@@ -80,7 +80,13 @@ func TestParseStatsJSON(t *testing.T) {
 	if err != nil || len(got) != 3 || got["a.b"] != 3 || got["big"] != 1<<64-1 || got["f"] != 1000 {
 		t.Errorf("ParseStatsJSON() = %v, %v", got, err)
 	}
-	for _, bad := range []string{`{"stats":[{"name":"n","value":-1}]}`, `{"stats":[{"name":"s","value":"x"}]}`, `a: 3`} {
+	// Text readouts are strings (an xDS version_text such as Istio's
+	// "2026-11-26T02:27:42Z/10"): neither counter nor gauge, skipped.
+	got, err = ParseStatsJSON([]byte(`{"stats":[{"name":"v","value":"2026-11-26T02:27:42Z/10"},{"name":"w","value":"1"},{"name":"c","value":2}]}`))
+	if err != nil || len(got) != 1 || got["c"] != 2 {
+		t.Errorf("ParseStatsJSON(text readouts) = %v, %v; want only c = 2", got, err)
+	}
+	for _, bad := range []string{`{"stats":[{"name":"n","value":-1}]}`, `{"stats":[{"name":"o","value":{}}]}`, `a: 3`} {
 		if _, err := ParseStatsJSON([]byte(bad)); err == nil {
 			t.Errorf("ParseStatsJSON(%s) gave no error", bad)
 		}
