@@ -246,8 +246,11 @@ func checkClusterRules(rules []Rule) error {
 			const msg = "every cluster rule must use the same service (one callout per request carries them all): "
 			at, this := "rules["+strconv.Itoa(firstIdx)+"]", "rules["+strconv.Itoa(i)+"]"
 			field, a, b := serviceDiff(first.Service, r.Service)
-			if field == "token" {
+			switch field {
+			case "token":
 				return errorf(this+".service.token", msg+at+" and "+this+" have different tokens")
+			case "key_secret":
+				return errorf(this+".service.key_secret", msg+at+" and "+this+" have different key secrets")
 			}
 			return errorf(this+".service."+field, msg+at+" has "+a+", "+this+" has "+b)
 		}
@@ -270,11 +273,12 @@ var serviceFields = [...]struct {
 	{"timeout_ms", func(s *Service) string { return strconv.Itoa(s.TimeoutMS) }},
 	{"failure_mode", func(s *Service) string { return strconv.Quote(failureModeNames[s.FailureMode]) }},
 	{"token", func(s *Service) string { return strconv.Quote(s.Token) }},
+	{"key_secret", func(s *Service) string { return strconv.Quote(s.KeySecret) }},
 }
 
 // serviceDiff returns the JSON name of the first field in which a and b
-// differ, with its two values ("" when they are equal). A token's values
-// are secrets: callers must not print them.
+// differ, with its two values ("" when they are equal). A token's and a key
+// secret's values are secrets: callers must not print them.
 func serviceDiff(a, b *Service) (field, av, bv string) {
 	for _, f := range serviceFields {
 		if x, y := f.value(a), f.value(b); x != y {
