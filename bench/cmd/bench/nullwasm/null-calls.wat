@@ -37,6 +37,8 @@
     i32.const 0)
   (func (export "proxy_on_response_body") (param i32 i32 i32) (result i32)
     i32.const 0)
+  (func (export "proxy_on_response_trailers") (param i32 i32) (result i32)
+    i32.const 0)
   (func (export "proxy_on_delete") (param i32))
   (func (export "proxy_on_tick") (param i32))
   (func (export "proxy_on_http_call_response") (param i32 i32 i32 i32 i32)))
