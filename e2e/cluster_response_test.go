@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
-	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
 // clusterResponseConfig: a fleet-wide budget of 100 per key whose cost, 30

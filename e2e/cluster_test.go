@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
-	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
 var (

@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // The examples under examples/<name>/ are runnable as they are: from the

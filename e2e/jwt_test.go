@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // jwtListener is one listener of the Envoy that TestJWT and TestXFF

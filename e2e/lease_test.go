@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
-	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
 // leaseConfig holds two cluster rules in lease mode, chosen by the x-test

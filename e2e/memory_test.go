@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // memoryConfig bounds the table to 20 000 buckets (5 000 shared-data keys)

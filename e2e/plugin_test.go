@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // mainConfig has a per-key rule (burst 50, 10/s, cost by header), one that

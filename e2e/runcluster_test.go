@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
-	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
 // `make run-cluster` (examples/cluster-wide/run.sh) is tested as a user runs

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // TestSoakVersions runs the plugin through a bounded garbage-collection soak

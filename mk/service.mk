@@ -1,5 +1,5 @@
 # The cluster-wide limit service (issue 4): service/ (library), cmd/limitd
-# (the binary), internal/redistest (real redis-server processes for tests).
+# (the binary), internal/testing/redistest (real redis-server processes for tests).
 # Its benchmark (make bench-service) is in the benchmark lab: bench/mk/bench.mk.
 # See service/openapi.yaml.
 #
@@ -17,7 +17,7 @@
 
 .PHONY: build-service test-service test-service-redis fuzz-service oci-limitd
 
-SERVICE_PKGS := ./service/... ./cmd/limitd/... ./internal/redistest/...
+SERVICE_PKGS := ./service/... ./cmd/limitd/... ./internal/testing/redistest/...
 # Every file compiled or embedded into cmd/limitd, as go list names them:
 # the Go files and //go:embed files (the Lua scripts) of each package of
 # this module it imports. Should go list fail, the binary is always rebuilt
@@ -41,7 +41,7 @@ test-service:
 	$(GO) test -race -count=1 $(SERVICE_PKGS)
 
 test-service-redis:
-	CI=true $(GO) test -race -count=1 -run 'Integration|TestStart|TestCluster' ./service/ ./internal/redistest/
+	CI=true $(GO) test -race -count=1 -run 'Integration|TestStart|TestCluster' ./service/ ./internal/testing/redistest/
 
 fuzz-service:
 	$(GO) test -run XXX -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./wire/

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/elftest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/elftest"
 	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 

@@ -28,7 +28,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
 	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/wasmhost"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/wasmhost"
 )
 
 const wasmCluster = `{"service": {"cluster": "limit_service", "timeout_ms": 40, "failure_mode": "deny"},

@@ -3,7 +3,7 @@ package plugin_test
 import (
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/wasmhost"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/wasmhost"
 )
 
 // TestWasmResponseCosts: the compiled plugin charges costs read from a

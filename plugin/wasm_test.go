@@ -2,7 +2,7 @@ package plugin_test
 
 // These tests run the plugin compiled from this tree (built once per test
 // binary, as the Makefile builds it, into build/plugin-test.wasm: never a
-// build/plugin.wasm that may be stale) in internal/wasmhost, a proxy-wasm
+// build/plugin.wasm that may be stale) in internal/testing/wasmhost, a proxy-wasm
 // host on wazero with Envoy's shared-data semantics, a clock the test sets,
 // and several VMs playing Envoy's workers.
 
@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/wasmhost"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/wasmhost"
 )
 
 var (

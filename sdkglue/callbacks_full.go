@@ -3,7 +3,7 @@
 //go:build wasip1 && sdkglue && sdkglue_full
 
 // The callbacks the plugin does not export (see callbacks.go), for modules
-// that implement them: internal/wasmhost's test guest builds with the tag
+// that implement them: internal/testing/wasmhost's test guest builds with the tag
 // sdkglue_full to exercise the whole ABI.
 
 package internal

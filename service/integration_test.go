@@ -20,7 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
-	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
 // Integration tests against real redis-server processes (package

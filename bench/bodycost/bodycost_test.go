@@ -15,7 +15,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bench/cmd/bench/nullwasm"
 	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // TestBodyCallbackCost measures what the response body callback costs a

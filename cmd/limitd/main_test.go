@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
 )
 

@@ -18,8 +18,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/elftest"
 	k8smanifest "github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/elftest"
 	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
 )
 

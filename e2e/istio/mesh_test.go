@@ -35,7 +35,7 @@ import (
 	"istio.io/istio/pkg/test/util/retry"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // The gateway Envoy's identity, as istio-agent would announce it.

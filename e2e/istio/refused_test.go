@@ -8,7 +8,7 @@ import (
 
 	"istio.io/istio/pkg/config/schema/gvk"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // refusedRule is what the plugin refuses: a burst below the rate.

@@ -8,7 +8,7 @@ import (
 	extensions "istio.io/api/extensions/v1alpha1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
 // failurePolicy is Istio's mapping of WasmPlugin.failStrategy to the Wasm

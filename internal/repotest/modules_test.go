@@ -13,7 +13,7 @@ import (
 // plots and process statistics. The root module, which users download to
 // build the plugin or the service, requires none of them directly.
 // gopsutil still reaches the root's build list through func-e's Go API
-// (internal/envoy), so it may stay there as an indirect requirement;
+// (internal/testing/envoy), so it may stay there as an indirect requirement;
 // gonum/plot must not appear at all.
 var labOnly = map[string]bool{ // module path: allowed as // indirect
 	"gonum.org/v1/plot":             false,

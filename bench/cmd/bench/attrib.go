@@ -11,8 +11,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
-	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/loopback"
 )
 
 // attribOps is how many operations per request an attribution setup makes:

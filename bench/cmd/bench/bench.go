@@ -23,7 +23,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bench/cmd/bench/nullwasm"
 	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 )
 
 // bench is one benchmark run.

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 )
 
 // TestProcReadings reads this process's CPU time and this machine's CPU 0

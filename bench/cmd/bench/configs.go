@@ -9,7 +9,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bench/cmd/bench/nullwasm"
 	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 )
 
 // kind is what sits in Envoy's HTTP filter chain before the router.

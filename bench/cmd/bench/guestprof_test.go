@@ -12,7 +12,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
 )
 
 // TestGuestHostStubsEveryImport: guestprof/host.js (make bench-guest) stubs

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 )
 
 // memOptions are the command-line flags.

@@ -17,12 +17,12 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
-	"github.com/ratelimit-wasm/tokenbucket/internal/wasmhost"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/wasmhost"
 )
 
 // The request-path profile: BenchmarkPluginRequest runs the compiled plugin
-// in the wazero host of internal/wasmhost (not V8: absolute times differ
+// in the wazero host of internal/testing/wasmhost (not V8: absolute times differ
 // from Envoy's, counts do not) and counts, per request,
 //
 //   - host calls by name (env.proxy_* and WASI), with the time spent in

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bench/cmd/bench/nullwasm"
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 )
 
 // startConfig is the plugin's demo rule (envoy.yaml); a module other than

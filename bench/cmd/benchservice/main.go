@@ -38,7 +38,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
-	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
 )
 

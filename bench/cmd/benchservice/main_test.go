@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
-	"github.com/ratelimit-wasm/tokenbucket/internal/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
 // TestRunSmoke runs a tiny benchmark end to end and checks the table.

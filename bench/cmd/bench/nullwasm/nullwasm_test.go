@@ -16,7 +16,7 @@ import (
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
 )
 
 // TestGenerated compiles the .wat sources again: the committed .wasm must

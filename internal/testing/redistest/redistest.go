@@ -29,8 +29,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
-	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/loopback"
 )
 
 // StartTimeout bounds the wait for a server (or a cluster) to answer.

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
 )
 
 // The tests run the guest in testdata/guest, built for wasip1 the way the
@@ -36,11 +36,11 @@ func guestWasm(t testing.TB) []byte {
 // build/testguest.wasm. The go command's cache makes a rebuild cheap, so it
 // always rebuilds rather than trusting a file that may be stale.
 func buildGuest() ([]byte, error) {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		return nil, err
 	}
-	return BuildModule(root, "./internal/wasmhost/testdata/guest", "testguest.wasm", "sdkglue,sdkglue_full")
+	return BuildModule(root, "./internal/testing/wasmhost/testdata/guest", "testguest.wasm", "sdkglue,sdkglue_full")
 }
 
 // newHost returns a host for the guest; its log is printed if the test fails.

@@ -45,7 +45,7 @@ import (
 	"github.com/tetratelabs/func-e/api"
 	"github.com/tetratelabs/func-e/experimental/admin"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/loopback"
 )
 
 const (

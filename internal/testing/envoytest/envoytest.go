@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/ci"
-	"github.com/ratelimit-wasm/tokenbucket/internal/envoy"
-	"github.com/ratelimit-wasm/tokenbucket/internal/loopback"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/loopback"
 )
 
 // Options and TemplateData are package envoy's; DemoConfigYAML is its one
