@@ -55,6 +55,7 @@ const env = {
     return 1;
   },
   proxy_add_header_map_value: () => 0,
+  proxy_replace_header_map_value: () => 0,
   proxy_get_header_map_pairs: () => 1,
   proxy_get_buffer_bytes: (bt, start, max, rd, rs) => {
     if (bt === 7) { give(cfg, rd, rs); return 0; }
