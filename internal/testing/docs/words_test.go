@@ -15,10 +15,11 @@ import (
 
 // userFacing reports whether the Markdown file at rel (relative to the
 // repository's top, forward slashes) is read by users: the front page, the
-// changelog, every page under docs/ and every example's README.
+// changelog, the limit service's README, every page under docs/ and every
+// example's README.
 func userFacing(rel string) bool {
 	switch {
-	case rel == "README.md", rel == "CHANGELOG.md":
+	case rel == "README.md", rel == "CHANGELOG.md", rel == "service/README.md":
 		return true
 	case strings.HasPrefix(rel, "docs/"):
 		return true
