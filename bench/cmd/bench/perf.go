@@ -5,7 +5,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -57,7 +56,7 @@ func (b *bench) perfRun() error {
 			return err
 		}
 		for i, ld := range b.loads(t, 0) {
-			label := cmp.Or(ld.name, t.s.Label)
+			label := perfLabel(t.s, ld.name)
 			out := filepath.Join(dir, strconv.Itoa(t.s.ID)+"-"+strconv.Itoa(i)+".data")
 			done := make(chan error, 1)
 			var sat satResult
@@ -101,11 +100,21 @@ func (b *bench) perfRun() error {
 			cell := func(k string) string {
 				return fmt.Sprintf("%.1f%% (%.1f µs)", cols[k], cols[k]/100*sat.CPUPerReqUS)
 			}
-			fmt.Fprintf(&md, "| (%d) %s | %d | %.1f | %s | %s | %s | %s | %s |\n", t.s.ID, label, samples, sat.CPUPerReqUS,
+			fmt.Fprintf(&md, "| %s | %d | %.1f | %s | %s | %s | %s | %s |\n", label, samples, sat.CPUPerReqUS,
 				cell("envoy"), cell("kernel"), cell("jit"), cell("libc"), cell("other"))
 		}
 	}
 	return b.writeDoc("perf.md", md.String())
+}
+
+// perfLabel names the configuration s, or its load called load (one
+// listener of layersSetup, one request set of splitSetup), in perf.md: by
+// its label, never its number.
+func perfLabel(s setup, load string) string {
+	if load == "" {
+		return s.Label
+	}
+	return s.Label + ": " + load
 }
 
 // perfDSOs reads a perf.data file's samples by DSO, largest first.
