@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonfield"
 	"github.com/ratelimit-wasm/tokenbucket/internal/jsonlimit"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
@@ -115,6 +116,14 @@ func errorf(path, msg string) error {
 	return &Error{Path: path, Err: errors.New(msg)}
 }
 
+// fieldError is the reading layer's refusal e as an *Error; nil when e is.
+func fieldError(e *jsonfield.Error) error {
+	if e == nil {
+		return nil
+	}
+	return &Error{Path: e.Path, Err: errors.New(e.Msg)}
+}
+
 // wrapError is prefix + err's text, and unwraps to err (fmt.Errorf's %w).
 type wrapError struct {
 	prefix string
@@ -131,16 +140,12 @@ func Parse(data []byte) (*Config, error) {
 	if !utf8.Valid(data) {
 		return nil, &Error{Err: errors.New("invalid JSON: not valid UTF-8")}
 	}
-	// gjson's validator recurses once per level: bound the nesting first.
-	if path, ok := jsonlimit.Check(data, MaxDepth); !ok {
-		return nil, &Error{Path: path, Err: errors.New("nested deeper than " + strconv.Itoa(MaxDepth) + " levels")}
+	doc, ferr := jsonfield.Parse(data, MaxDepth)
+	if ferr != nil {
+		return nil, fieldError(ferr)
 	}
-	if !gjson.ValidBytes(data) {
-		return nil, &Error{Err: jsonlimit.SyntaxError(data)}
-	}
-	doc := gjson.ParseBytes(data)
 	if !doc.IsObject() {
-		return nil, &Error{Err: errors.New("the configuration must be a JSON object, got " + jsonlimit.Kind(doc))}
+		return nil, &Error{Err: errors.New("the configuration must be a JSON object, got " + jsonfield.Kind(doc))}
 	}
 	top, err := fields("", doc, "rules", "xff_num_trusted_hops", "trust_unverified_jwt",
 		"jwt_metadata_namespace", "jwt_payload_key", "mode", "headers", "max_keys", "scope", "service")
@@ -195,12 +200,13 @@ func Parse(data []byte) (*Config, error) {
 	if !ok {
 		return nil, errorf("rules", "required")
 	}
-	if !v.IsArray() {
-		return nil, typeError("rules", "an array", v)
+	rules, err := array("rules", v)
+	if err != nil {
+		return nil, err
 	}
 	names := make(map[string]int)
-	for i, rv := range v.Array() {
-		r, err := parseRule("rules["+strconv.Itoa(i)+"]", rv, d)
+	for i, rv := range rules {
+		r, err := parseRule(jsonfield.Elem("rules", i), rv, d)
 		if err != nil {
 			return nil, err
 		}
@@ -244,7 +250,7 @@ func checkClusterRules(rules []Rule) error {
 		}
 		if *r.Service != *first.Service {
 			const msg = "every cluster rule must use the same service (one callout per request carries them all): "
-			at, this := "rules["+strconv.Itoa(firstIdx)+"]", "rules["+strconv.Itoa(i)+"]"
+			at, this := jsonfield.Elem("rules", firstIdx), jsonfield.Elem("rules", i)
 			field, a, b := serviceDiff(first.Service, r.Service)
 			if field == "token" {
 				return errorf(this+".service.token", msg+at+" and "+this+" have different tokens")
@@ -505,13 +511,14 @@ func checkWireBounds(path string, l Limit) error {
 }
 
 func parseLimitKeys(path string, v gjson.Result) ([]Source, error) {
-	if !v.IsArray() {
-		return nil, typeError(path, "an array", v)
+	items, err := array(path, v)
+	if err != nil {
+		return nil, err
 	}
 	var keys []Source
 	seen := make(map[Source]int)
-	for i, kv := range v.Array() {
-		p := path + "[" + strconv.Itoa(i) + "]"
+	for i, kv := range items {
+		p := jsonfield.Elem(path, i)
 		s, err := str(p, kv)
 		if err != nil {
 			return nil, err
@@ -521,7 +528,7 @@ func parseLimitKeys(path string, v gjson.Result) ([]Source, error) {
 			return nil, &Error{Path: p, Err: err}
 		}
 		if j, dup := seen[src]; dup {
-			return nil, errorf(p, strconv.Quote(src.String())+" repeats "+path+"["+strconv.Itoa(j)+"]")
+			return nil, errorf(p, strconv.Quote(src.String())+" repeats "+jsonfield.Elem(path, j))
 		}
 		seen[src] = i
 		keys = append(keys, src)
@@ -577,11 +584,12 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 			return nil, err
 		}
 		if v, ok := o.get("in"); ok {
-			if !v.IsArray() {
-				return nil, typeError(p+".in", "an array", v)
+			in, err := array(p+".in", v)
+			if err != nil {
+				return nil, err
 			}
-			for i, e := range v.Array() {
-				s, err := str(p+".in["+strconv.Itoa(i)+"]", e)
+			for i, e := range in {
+				s, err := str(jsonfield.Elem(p+".in", i), e)
 				if err != nil {
 					return nil, err
 				}
@@ -713,16 +721,16 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 // class also listed.
 func parseChargeOn(path string, v gjson.Result) (StatusSet, error) {
 	s := StatusSet{Listed: true}
-	if !v.IsArray() {
-		return s, typeError(path, "an array", v)
+	items, err := array(path, v)
+	if err != nil {
+		return s, err
 	}
-	items := v.Array()
 	if len(items) == 0 {
 		return s, errorf(path, "must hold at least one status (absent: every response is charged)")
 	}
 	seen := make(map[string]int)
 	for i, e := range items {
-		p := path + "[" + strconv.Itoa(i) + "]"
+		p := jsonfield.Elem(path, i)
 		st, err := str(p, e)
 		if err != nil {
 			return s, err
@@ -732,7 +740,7 @@ func parseChargeOn(path string, v gjson.Result) (StatusSet, error) {
 			return s, &Error{Path: p, Err: err}
 		}
 		if j, dup := seen[st]; dup {
-			return s, errorf(p, strconv.Quote(st)+" repeats "+path+"["+strconv.Itoa(j)+"]")
+			return s, errorf(p, strconv.Quote(st)+" repeats "+jsonfield.Elem(path, j))
 		}
 		seen[st] = i
 		if class > 0 {
@@ -743,7 +751,7 @@ func parseChargeOn(path string, v gjson.Result) (StatusSet, error) {
 	}
 	for i, e := range items {
 		if _, code, _ := parseStatus(e.String()); code > 0 && s.Classes&(1<<(code/100)) != 0 {
-			return s, errorf(path+"["+strconv.Itoa(i)+"]", strconv.Quote(e.String())+" is already in "+strconv.Quote(strconv.Itoa(code/100)+"xx"))
+			return s, errorf(jsonfield.Elem(path, i), strconv.Quote(e.String())+" is already in "+strconv.Quote(strconv.Itoa(code/100)+"xx"))
 		}
 	}
 	return s, nil
@@ -862,22 +870,17 @@ type member struct {
 // members returns the fields of the object v in document order, rejecting
 // a name that appears twice.
 func members(path string, v gjson.Result) ([]member, error) {
-	if !v.IsObject() {
-		return nil, typeError(path, "an object", v)
-	}
 	var ms []member
 	seen := make(map[string]bool)
-	var err error
-	v.ForEach(func(k, val gjson.Result) bool {
-		if seen[k.Str] {
-			err = errorf(jsonlimit.Join(path, k.Str), "duplicate field")
-			return false
+	err := jsonfield.Members(path, v, func(name, at string, val gjson.Result) *jsonfield.Error {
+		if seen[name] {
+			return jsonfield.Refuse(at, "duplicate field")
 		}
-		seen[k.Str] = true
-		ms = append(ms, member{key: k.Str, value: val})
-		return true
+		seen[name] = true
+		ms = append(ms, member{key: name, value: val})
+		return nil
 	})
-	return ms, err
+	return ms, fieldError(err)
 }
 
 // fields returns the object v, rejecting unknown and duplicate fields.
@@ -1007,21 +1010,23 @@ func (o object) positive(name string, hi float64) (float64, error) {
 }
 
 func str(path string, v gjson.Result) (string, error) {
-	if v.Type != gjson.String {
-		return "", typeError(path, "a string", v)
-	}
-	return v.Str, nil
+	s, err := jsonfield.String(path, v)
+	return s, fieldError(err)
 }
 
 func boolean(path string, v gjson.Result) (bool, error) {
-	if v.Type != gjson.True && v.Type != gjson.False {
-		return false, typeError(path, "a boolean", v)
-	}
-	return v.Type == gjson.True, nil
+	b, err := jsonfield.Bool(path, v)
+	return b, fieldError(err)
+}
+
+// array returns the elements of the array v.
+func array(path string, v gjson.Result) ([]gjson.Result, error) {
+	a, err := jsonfield.Array(path, v)
+	return a, fieldError(err)
 }
 
 func typeError(path, want string, v gjson.Result) error {
-	return errorf(path, "must be "+want+", got "+jsonlimit.Kind(v))
+	return fieldError(jsonfield.TypeError(path, want, v))
 }
 
 // integral reports whether the JSON number raw is a whole number, exactly
