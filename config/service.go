@@ -34,8 +34,8 @@ func checkClusterRules(rules []Rule) error {
 			const msg = "every cluster rule must use the same service (one callout per request carries them all): "
 			at, this := jsonfield.Elem("rules", firstIdx), jsonfield.Elem("rules", i)
 			field, a, b := serviceDiff(first.Service, r.Service)
-			if field == "token" {
-				return errorf(this+".service.token", msg+at+" and "+this+" have different tokens")
+			if secrets := secretName(field); secrets != "" {
+				return errorf(this+".service."+field, msg+at+" and "+this+" have different "+secrets)
 			}
 			return errorf(this+".service."+field, msg+at+" has "+a+", "+this+" has "+b)
 		}
@@ -45,24 +45,39 @@ func checkClusterRules(rules []Rule) error {
 
 // serviceFields are the fields of Service by their JSON names, each with
 // its value as the configuration spells it (TestServiceDiffNamesEveryField
-// fails when a field of Service is missing here).
+// fails when a field of Service is missing here). A field whose values are
+// secrets names them (secrets, plural): an error says that they differ,
+// never what they are.
 var serviceFields = [...]struct {
-	name  string
-	value func(*Service) string
+	name    string
+	value   func(*Service) string
+	secrets string
 }{
-	{"cluster", func(s *Service) string { return strconv.Quote(s.Cluster) }},
-	{"authority", func(s *Service) string { return strconv.Quote(s.Authority) }},
-	{"path", func(s *Service) string { return strconv.Quote(s.Path) }},
-	{"lease_path", func(s *Service) string { return strconv.Quote(s.LeasePath) }},
-	{"charge_path", func(s *Service) string { return strconv.Quote(s.ChargePath) }},
-	{"timeout_ms", func(s *Service) string { return strconv.Itoa(s.TimeoutMS) }},
-	{"failure_mode", func(s *Service) string { return strconv.Quote(failureModeNames[s.FailureMode]) }},
-	{"token", func(s *Service) string { return strconv.Quote(s.Token) }},
+	{"cluster", func(s *Service) string { return strconv.Quote(s.Cluster) }, ""},
+	{"authority", func(s *Service) string { return strconv.Quote(s.Authority) }, ""},
+	{"path", func(s *Service) string { return strconv.Quote(s.Path) }, ""},
+	{"lease_path", func(s *Service) string { return strconv.Quote(s.LeasePath) }, ""},
+	{"charge_path", func(s *Service) string { return strconv.Quote(s.ChargePath) }, ""},
+	{"timeout_ms", func(s *Service) string { return strconv.Itoa(s.TimeoutMS) }, ""},
+	{"failure_mode", func(s *Service) string { return strconv.Quote(failureModeNames[s.FailureMode]) }, ""},
+	{"token", func(s *Service) string { return strconv.Quote(s.Token) }, "tokens"},
+	{"key_secret", func(s *Service) string { return strconv.Quote(s.KeySecret) }, "key secrets"},
+}
+
+// secretName is what the values of the service field named field are
+// called when they are secrets, "" when they may be printed.
+func secretName(field string) string {
+	for _, f := range serviceFields {
+		if f.name == field {
+			return f.secrets
+		}
+	}
+	return ""
 }
 
 // serviceDiff returns the JSON name of the first field in which a and b
-// differ, with its two values ("" when they are equal). A token's values
-// are secrets: callers must not print them.
+// differ, with its two values ("" when they are equal). Callers must not
+// print the values of a field with secrets (secretName).
 func serviceDiff(a, b *Service) (field, av, bv string) {
 	for _, f := range serviceFields {
 		if x, y := f.value(a), f.value(b); x != y {
