@@ -24,8 +24,10 @@ type object struct {
 	order  []string // field names in document order
 }
 
+// member is one field of an object: its name, its JSON path and its value.
 type member struct {
 	key   string
+	at    string
 	value gjson.Result
 }
 
@@ -39,7 +41,7 @@ func members(path string, v gjson.Result) ([]member, error) {
 			return jsonfield.Refuse(at, "duplicate field")
 		}
 		seen[name] = true
-		ms = append(ms, member{key: name, value: val})
+		ms = append(ms, member{key: name, at: at, value: val})
 		return nil
 	})
 	return ms, fieldError(err)
@@ -54,13 +56,16 @@ func fields(path string, v gjson.Result, known ...string) (object, error) {
 	o := object{path: path, fields: make(map[string]gjson.Result, len(ms))}
 	for _, m := range ms {
 		if !slices.Contains(known, m.key) {
-			return object{}, errorf(jsonlimit.Join(path, m.key), "unknown field")
+			return object{}, errorf(m.at, "unknown field")
 		}
 		o.fields[m.key] = m.value
 		o.order = append(o.order, m.key)
 	}
 	return o, nil
 }
+
+// at is the JSON path of the field name.
+func (o object) at(name string) string { return jsonlimit.Join(o.path, name) }
 
 func (o object) get(name string) (gjson.Result, bool) {
 	v, ok := o.fields[name]
@@ -74,7 +79,7 @@ func (o object) optString(name string) (*string, error) {
 	if !ok {
 		return nil, nil
 	}
-	s, err := str(jsonlimit.Join(o.path, name), v)
+	s, err := str(o.at(name), v)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +93,7 @@ func (o object) text(name, def string) (string, error) {
 	if !ok {
 		return def, nil
 	}
-	p := jsonlimit.Join(o.path, name)
+	p := o.at(name)
 	s, err := str(p, v)
 	if err != nil {
 		return "", err
@@ -107,7 +112,7 @@ func (o object) boolean(name string, def bool) (bool, error) {
 	if !ok {
 		return def, nil
 	}
-	return boolean(jsonlimit.Join(o.path, name), v)
+	return boolean(o.at(name), v)
 }
 
 // enum returns the index in names of the string field name, def when
@@ -117,7 +122,7 @@ func (o object) enum(name string, names []string, def int) (int, error) {
 	if !ok {
 		return def, nil
 	}
-	p := jsonlimit.Join(o.path, name)
+	p := o.at(name)
 	s, err := str(p, v)
 	if err != nil {
 		return 0, err
@@ -139,7 +144,7 @@ func (o object) integer(name string, def, lo, hi int) (int, error) {
 	if !ok {
 		return def, nil
 	}
-	p := jsonlimit.Join(o.path, name)
+	p := o.at(name)
 	if v.Type != gjson.Number {
 		return 0, typeError(p, "an integer", v)
 	}
@@ -157,7 +162,7 @@ func (o object) integer(name string, def, lo, hi int) (int, error) {
 // <= hi.
 func (o object) positive(name string, hi float64) (float64, error) {
 	v, _ := o.get(name)
-	p := jsonlimit.Join(o.path, name)
+	p := o.at(name)
 	if v.Type != gjson.Number {
 		return 0, typeError(p, "a number", v)
 	}

@@ -24,7 +24,7 @@ func checkRegexes(rules []Rule) error {
 				continue
 			}
 			if n++; n > MaxRegexConditions {
-				return errorf(jsonlimit.Join("rules["+strconv.Itoa(i)+"].match", rules[i].Match[j].Source.String())+".regex", "at most "+strconv.Itoa(MaxRegexConditions)+" regex conditions in a configuration (each costs a request up to "+strconv.Itoa(RegexBudget)+" steps)")
+				return errorf(jsonlimit.Join(jsonfield.Elem("rules", i)+".match", rules[i].Match[j].Source.String())+".regex", "at most "+strconv.Itoa(MaxRegexConditions)+" regex conditions in a configuration (each costs a request up to "+strconv.Itoa(RegexBudget)+" steps)")
 			}
 		}
 	}
@@ -41,7 +41,7 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 	var conds []Condition
 	seen := make(map[Source]bool)
 	for _, m := range ms {
-		p := jsonlimit.Join(path, m.key)
+		p := m.at
 		src, err := parseSource(m.key)
 		if err != nil {
 			return nil, &Error{Path: p, Err: err}
@@ -60,7 +60,7 @@ func parseMatch(path string, v gjson.Result) ([]Condition, error) {
 		c := Condition{Source: src}
 		for _, op := range ops {
 			if !slices.Contains(operators, op.key) {
-				return nil, errorf(jsonlimit.Join(p, op.key), "unknown operator (want present, equals, in, prefix or regex)")
+				return nil, errorf(op.at, "unknown operator (want present, equals, in, prefix or regex)")
 			}
 		}
 		o := object{path: p, fields: make(map[string]gjson.Result)}

@@ -8,7 +8,6 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/jsonfield"
-	"github.com/ratelimit-wasm/tokenbucket/internal/jsonlimit"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
@@ -71,7 +70,7 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 	if r.Action == ActionAllow {
 		for _, name := range o.order {
 			if !slices.Contains(allowRuleFields, name) {
-				return r, errorf(jsonlimit.Join(path, name), "not allowed with action \"allow\" (an allow rule takes only name, action, group and match)")
+				return r, errorf(o.at(name), "not allowed with action \"allow\" (an allow rule takes only name, action, group and match)")
 			}
 		}
 		return r, nil
@@ -246,7 +245,7 @@ func parseResponseHeaders(path string, v gjson.Result) ([]HeaderPair, error) {
 	var hs []HeaderPair
 	seen := make(map[string]bool)
 	for _, m := range ms {
-		p := jsonlimit.Join(path, m.key)
+		p := m.at
 		if err := checkHeaderName(m.key); err != nil {
 			return nil, &Error{Path: p, Err: err}
 		}
