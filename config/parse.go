@@ -108,6 +108,9 @@ func errorf(path, msg string) error {
 }
 
 // fieldError is the reading layer's refusal e as an *Error; nil when e is.
+// Out of line, as jsonfield.Refuse says why.
+//
+//go:noinline
 func fieldError(e *jsonfield.Error) error {
 	if e == nil {
 		return nil

@@ -27,7 +27,9 @@ func (e *FieldError) Detail() string { return e.Field + ": " + e.Msg }
 func refuse(field, msg string) *jsonfield.Error { return jsonfield.Refuse(field, msg) }
 
 // refusal is e as a *FieldError, the body as a whole named "body"; nil when
-// e is nil.
+// e is nil. Out of line, as jsonfield.Refuse says why.
+//
+//go:noinline
 func refusal(e *jsonfield.Error) error {
 	switch {
 	case e == nil:
