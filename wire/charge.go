@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonfield"
 )
 
 // ChargeBucket is one bucket of a charge call: the bucket stored under Key
@@ -56,20 +58,20 @@ func AppendChargeRequest(b []byte, r *ChargeRequest) []byte {
 func DecodeChargeRequest(body []byte, lim Limits) (*ChargeRequest, error) {
 	req := &ChargeRequest{}
 	err := decodeCall(body, lim, &req.HashTag, []string{"amount"}, func(n int) { req.Buckets = make([]ChargeBucket, n) },
-		func(i int, at string, h head, x []gjson.Result) (err *FieldError) {
+		func(i int, at string, h head, x []gjson.Result) (err *jsonfield.Error) {
 			b := &req.Buckets[i]
 			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
 			if !x[0].Exists() {
 				return refuse(at+".amount", "required")
 			}
-			if b.Amount, err = number(at+".amount", x[0]); err != nil {
+			if b.Amount, err = jsonfield.Number(at+".amount", x[0]); err != nil {
 				return err
 			}
 			b.Amount = max(-b.Burst, min(b.Amount, 2*b.Burst))
 			return nil
 		})
 	if err != nil {
-		return nil, err
+		return nil, refusal(err)
 	}
 	return req, nil
 }
@@ -95,11 +97,11 @@ func AppendChargeAnswer(b []byte, a *ChargeAnswer) []byte {
 func DecodeChargeAnswer(body []byte, req *ChargeRequest) (*ChargeAnswer, error) {
 	v, ferr := parse(body, MaxAnswerBytes)
 	if ferr != nil {
-		return nil, ferr
+		return nil, refusal(ferr)
 	}
 	buckets := v.Get("buckets").Array()
 	if len(buckets) != len(req.Buckets) {
-		return nil, refuse("buckets", "must hold "+strconv.Itoa(len(req.Buckets))+" answers, got "+strconv.Itoa(len(buckets)))
+		return nil, refusal(refuse("buckets", "must hold "+strconv.Itoa(len(req.Buckets))+" answers, got "+strconv.Itoa(len(buckets))))
 	}
 	a := &ChargeAnswer{Buckets: make([]BucketAnswer, len(buckets))}
 	for i, m := range buckets {

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonfield"
 )
 
 // Limits bound what a call may ask. The zero value of a field means its
@@ -173,29 +175,29 @@ type head struct {
 func DecodeRequest(body []byte, lim Limits) (*Request, error) {
 	req := &Request{}
 	err := decodeCall(body, lim, &req.HashTag, []string{"cost", "shadow"}, func(n int) { req.Buckets = make([]Bucket, n) },
-		func(i int, at string, h head, x []gjson.Result) (err *FieldError) {
+		func(i int, at string, h head, x []gjson.Result) (err *jsonfield.Error) {
 			b := &req.Buckets[i]
 			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
 			if b.Cost, err = amount(at+".cost", x[0], 1, 0, MaxAmount); err != nil {
 				return err
 			}
 			if x[1].Exists() {
-				b.Shadow, err = boolean(at+".shadow", x[1])
+				b.Shadow, err = jsonfield.Bool(at+".shadow", x[1])
 			}
 			return err
 		})
 	if err != nil {
-		return nil, err
+		return nil, refusal(err)
 	}
 	return req, nil
 }
 
 // amount reads an optional number (def when absent) within [lo, hi].
-func amount(at string, v gjson.Result, def, lo, hi float64) (float64, *FieldError) {
+func amount(at string, v gjson.Result, def, lo, hi float64) (float64, *jsonfield.Error) {
 	if !v.Exists() {
 		return def, nil
 	}
-	x, err := number(at, v)
+	x, err := jsonfield.Number(at, v)
 	if err == nil {
 		err = between(at, x, lo, hi, false)
 	}
@@ -208,7 +210,7 @@ func amount(at string, v gjson.Result, def, lo, hi float64) (float64, *FieldErro
 // bucket in that order (absent ones as the zero gjson.Result), after the
 // bucket's limit is checked. Keys must be distinct within a call.
 func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func(int),
-	bucket func(i int, at string, h head, x []gjson.Result) *FieldError) error {
+	bucket func(i int, at string, h head, x []gjson.Result) *jsonfield.Error) *jsonfield.Error {
 	lim = lim.WithDefaults()
 	v, ferr := parse(body, lim.MaxBodyBytes)
 	if ferr != nil {
@@ -216,16 +218,16 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 	}
 	var buckets []gjson.Result
 	hasBuckets := false
-	ferr = fields("", v, requestFields, func(f int, m gjson.Result) (err *FieldError) {
+	ferr = fields("", v, requestFields, func(f int, p string, m gjson.Result) (err *jsonfield.Error) {
 		if f == 0 {
-			*tag, err = text("hash_tag", m)
+			*tag, err = jsonfield.String(p, m)
 			if err == nil {
 				err = checkTag(*tag, lim)
 			}
 			return err
 		}
 		hasBuckets = true
-		buckets, err = array("buckets", m, lim.MaxBuckets)
+		buckets, err = array(p, m, lim.MaxBuckets)
 		return err
 	})
 	if ferr == nil && !hasBuckets {
@@ -238,19 +240,18 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 	names := append([]string{"key", "tokens_per_second", "burst"}, extra...)
 	keys := make([]string, len(buckets))
 	for i, m := range buckets {
-		at := "buckets[" + strconv.Itoa(i) + "]"
+		at := jsonfield.Elem("buckets", i)
 		var h head
 		var have [3]bool
 		x := make([]gjson.Result, len(extra))
-		err := fields(at, m, names, func(f int, m gjson.Result) (err *FieldError) {
-			p := at + "." + names[f]
+		err := fields(at, m, names, func(f int, p string, m gjson.Result) (err *jsonfield.Error) {
 			switch f {
 			case 0:
 				h.Key, err = key(p, m, lim)
 			case 1:
-				h.Rate, err = number(p, m)
+				h.Rate, err = jsonfield.Number(p, m)
 			case 2:
-				h.Burst, err = number(p, m)
+				h.Burst, err = jsonfield.Number(p, m)
 			default:
 				x[f-3] = m
 			}
@@ -278,7 +279,7 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 	return nil
 }
 
-func checkTag(tag string, lim Limits) *FieldError {
+func checkTag(tag string, lim Limits) *jsonfield.Error {
 	switch {
 	case tag == "":
 		return refuse("hash_tag", "must not be empty (leave it out instead)")
@@ -290,8 +291,8 @@ func checkTag(tag string, lim Limits) *FieldError {
 	return nil
 }
 
-func key(at string, v gjson.Result, lim Limits) (string, *FieldError) {
-	k, err := text(at, v)
+func key(at string, v gjson.Result, lim Limits) (string, *jsonfield.Error) {
+	k, err := jsonfield.String(at, v)
 	switch {
 	case err != nil:
 		return "", err
@@ -305,7 +306,7 @@ func key(at string, v gjson.Result, lim Limits) (string, *FieldError) {
 
 // checkLimit checks a bucket's key, rate and burst: present, and within the
 // contract's bounds.
-func checkLimit(at string, hasKey, hasRate, hasBurst bool, rate, burst float64, lim Limits) *FieldError {
+func checkLimit(at string, hasKey, hasRate, hasBurst bool, rate, burst float64, lim Limits) *jsonfield.Error {
 	switch {
 	case !hasKey:
 		return refuse(at+".key", "required")
@@ -369,15 +370,15 @@ func appendWaits(b []byte, remaining, retryMs, resetMs int64) []byte {
 func DecodeAnswer(body []byte, req *Request) (*Answer, error) {
 	v, ferr := parse(body, MaxAnswerBytes)
 	if ferr != nil {
-		return nil, ferr
+		return nil, refusal(ferr)
 	}
-	allowed, ferr := boolean("allowed", v.Get("allowed"))
+	allowed, ferr := jsonfield.Bool("allowed", v.Get("allowed"))
 	if ferr != nil {
-		return nil, ferr
+		return nil, refusal(ferr)
 	}
 	buckets := v.Get("buckets").Array()
 	if len(buckets) != len(req.Buckets) {
-		return nil, refuse("buckets", "must hold "+strconv.Itoa(len(req.Buckets))+" answers, got "+strconv.Itoa(len(buckets)))
+		return nil, refusal(refuse("buckets", "must hold "+strconv.Itoa(len(req.Buckets))+" answers, got "+strconv.Itoa(len(buckets))))
 	}
 	a := &Answer{Buckets: make([]BucketAnswer, len(buckets))}
 	for i, m := range buckets {
@@ -390,7 +391,7 @@ func DecodeAnswer(body []byte, req *Request) (*Answer, error) {
 	}
 	a.Settle(req)
 	if a.Allowed != allowed {
-		return nil, refuse("allowed", "disagrees with its buckets")
+		return nil, refusal(refuse("allowed", "disagrees with its buckets"))
 	}
 	return a, nil
 }

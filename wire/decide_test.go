@@ -21,6 +21,11 @@ func TestDecodeRequest(t *testing.T) {
 		{"trailing", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1}]} {}`, "body: invalid JSON: invalid character '{' after top-level value (at byte 59)"},
 		{"unknown top", `{"bucket":[]}`, "bucket: unknown field"},
 		{"unknown in bucket", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1,"rate":3}]}`, "buckets[0].rate: unknown field"},
+		// A member's path is written as config writes it, so a name that is
+		// not a plain identifier cannot read as another path (or as none).
+		{"unknown empty name", `{"":[]}`, `[""]: unknown field`},
+		{"unknown spaced name", `{"a b":1}`, `["a b"]: unknown field`},
+		{"unknown dotted name in bucket", `{"buckets":[{"key":"a","tokens_per_second":1,"burst":1,"a.b":3}]}`, `buckets[0]["a.b"]: unknown field`},
 		{"no buckets", `{}`, "buckets: required"},
 		{"zero buckets", `{"buckets":[]}`, "buckets: must hold 1 to 16 buckets, got 0"},
 		{"too many buckets", `{"buckets":[` + strings.Repeat(`{},`, 16) + `{}]}`, "buckets: must hold 1 to 16 buckets, got 17"},

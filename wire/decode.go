@@ -1,12 +1,11 @@
 package wire
 
 import (
-	"math"
 	"strconv"
 
 	"github.com/tidwall/gjson"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/jsonlimit"
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonfield"
 )
 
 // FieldError is a body the contract refuses. Field names the offending part
@@ -22,7 +21,24 @@ func (e *FieldError) Error() string { return "wire: " + e.Detail() }
 // Detail is the message for a client: "<field>: <what is wrong>".
 func (e *FieldError) Detail() string { return e.Field + ": " + e.Msg }
 
-func refuse(field, msg string) *FieldError { return &FieldError{Field: field, Msg: msg} }
+// refuse is the refusal of the value at field path field. Decoders work
+// with the reading layer's errors and turn them into a *FieldError at their
+// edge (refusal).
+func refuse(field, msg string) *jsonfield.Error { return jsonfield.Refuse(field, msg) }
+
+// refusal is e as a *FieldError, the body as a whole named "body"; nil when
+// e is nil. Out of line, as jsonfield.Refuse says why.
+//
+//go:noinline
+func refusal(e *jsonfield.Error) error {
+	switch {
+	case e == nil:
+		return nil
+	case e.Path == "":
+		return &FieldError{Field: "body", Msg: e.Msg}
+	}
+	return &FieldError{Field: e.Path, Msg: e.Msg}
+}
 
 // maxDepth bounds a body's nesting before gjson sees it: every body of the
 // contract has at most 3 levels.
@@ -30,50 +46,39 @@ const maxDepth = 8
 
 // parse checks that body is one JSON object of bounded size and nesting and
 // returns it.
-func parse(body []byte, maxBytes int64) (gjson.Result, *FieldError) {
+func parse(body []byte, maxBytes int64) (gjson.Result, *jsonfield.Error) {
 	if int64(len(body)) > maxBytes {
 		return gjson.Result{}, refuse("body", "larger than "+strconv.FormatInt(maxBytes, 10)+" bytes")
 	}
-	if path, ok := jsonlimit.Check(body, maxDepth); !ok {
-		if path == "" {
-			path = "body"
-		}
-		return gjson.Result{}, refuse(path, "nested deeper than "+strconv.Itoa(maxDepth)+" levels")
+	v, err := jsonfield.Parse(body, maxDepth)
+	if err != nil {
+		return gjson.Result{}, err
 	}
-	if !gjson.ValidBytes(body) {
-		return gjson.Result{}, refuse("body", jsonlimit.SyntaxError(body).Error())
-	}
-	v := gjson.ParseBytes(body)
 	if !v.IsObject() {
-		return gjson.Result{}, refuse("body", "must be an object, got "+jsonlimit.Kind(v))
+		return gjson.Result{}, refuse("body", "must be an object, got "+jsonfield.Kind(v))
 	}
 	return v, nil
 }
 
-// fields walks object v (at field path at) and hands each member to set,
+// fields walks object v (at field path at) and hands each member, with its
+// path, to set,
 // refusing members not in names, duplicates, and a v that is not an object.
 // A null member is absent.
-func fields(at string, v gjson.Result, names []string, set func(i int, v gjson.Result) *FieldError) *FieldError {
-	if !v.IsObject() {
-		return refuse(at, "must be an object, got "+jsonlimit.Kind(v))
-	}
+func fields(at string, v gjson.Result, names []string, set func(i int, at string, v gjson.Result) *jsonfield.Error) *jsonfield.Error {
 	var seen uint32
-	var err *FieldError
-	v.ForEach(func(k, m gjson.Result) bool {
-		i := index(names, k.Str)
-		path := join(at, k.Str)
+	return jsonfield.Members(at, v, func(name, path string, m gjson.Result) *jsonfield.Error {
+		i := index(names, name)
 		switch {
 		case i < 0:
-			err = refuse(path, "unknown field")
+			return refuse(path, "unknown field")
 		case seen&(1<<i) != 0:
-			err = refuse(path, "duplicate field")
+			return refuse(path, "duplicate field")
 		case m.Type != gjson.Null:
 			seen |= 1 << i
-			err = set(i, m)
+			return set(i, path, m)
 		}
-		return err == nil
+		return nil
 	})
-	return err
 }
 
 func index(names []string, s string) int {
@@ -85,46 +90,12 @@ func index(names []string, s string) int {
 	return -1
 }
 
-func join(at, name string) string {
-	if at == "" {
-		return name
-	}
-	return at + "." + name
-}
-
-// number reads a finite number.
-func number(at string, v gjson.Result) (float64, *FieldError) {
-	if v.Type != gjson.Number {
-		return 0, refuse(at, "must be a number, got "+jsonlimit.Kind(v))
-	}
-	if math.IsInf(v.Num, 0) || math.IsNaN(v.Num) {
-		return 0, refuse(at, "must be a finite number, got "+v.Raw)
-	}
-	return v.Num, nil
-}
-
-// text reads a string.
-func text(at string, v gjson.Result) (string, *FieldError) {
-	if v.Type != gjson.String {
-		return "", refuse(at, "must be a string, got "+jsonlimit.Kind(v))
-	}
-	return v.Str, nil
-}
-
-// boolean reads true or false.
-func boolean(at string, v gjson.Result) (bool, *FieldError) {
-	if v.Type != gjson.True && v.Type != gjson.False {
-		return false, refuse(at, "must be a boolean, got "+jsonlimit.Kind(v))
-	}
-	return v.Type == gjson.True, nil
-}
-
 // array reads an array of at most max elements, refusing an empty one.
-func array(at string, v gjson.Result, max int) ([]gjson.Result, *FieldError) {
-	if !v.IsArray() {
-		return nil, refuse(at, "must be an array, got "+jsonlimit.Kind(v))
+func array(at string, v gjson.Result, max int) ([]gjson.Result, *jsonfield.Error) {
+	a, err := jsonfield.Array(at, v)
+	if err != nil {
+		return nil, err
 	}
-	a := v.Array()
 	if len(a) == 0 || len(a) > max {
 		return nil, refuse(at, "must hold 1 to "+strconv.Itoa(max)+" buckets, got "+strconv.Itoa(len(a)))
 	}
@@ -132,7 +103,7 @@ func array(at string, v gjson.Result, max int) ([]gjson.Result, *FieldError) {
 }
 
 // between refuses x outside [lo, hi], naming the bounds.
-func between(at string, x, lo, hi float64, loOpen bool) *FieldError {
+func between(at string, x, lo, hi float64, loOpen bool) *jsonfield.Error {
 	if (loOpen && x > lo || !loOpen && x >= lo) && x <= hi {
 		return nil
 	}

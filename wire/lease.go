@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonfield"
 )
 
 // LeaseBucket is one bucket of a lease call: the global bucket stored under
@@ -80,7 +82,7 @@ func AppendLeaseRequest(b []byte, r *LeaseRequest) []byte {
 func DecodeLeaseRequest(body []byte, lim Limits) (*LeaseRequest, error) {
 	req := &LeaseRequest{}
 	err := decodeCall(body, lim, &req.HashTag, []string{"want", "min", "return"}, func(n int) { req.Buckets = make([]LeaseBucket, n) },
-		func(i int, at string, h head, x []gjson.Result) (err *FieldError) {
+		func(i int, at string, h head, x []gjson.Result) (err *jsonfield.Error) {
 			b := &req.Buckets[i]
 			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
 			if b.Want, err = amount(at+".want", x[0], 0, 0, b.Burst); err != nil {
@@ -93,7 +95,7 @@ func DecodeLeaseRequest(body []byte, lim Limits) (*LeaseRequest, error) {
 			return err
 		})
 	if err != nil {
-		return nil, err
+		return nil, refusal(err)
 	}
 	return req, nil
 }
@@ -125,30 +127,30 @@ func AppendLeaseAnswer(b []byte, a *LeaseAnswer) []byte {
 func DecodeLeaseAnswer(body []byte, req *LeaseRequest) (*LeaseAnswer, error) {
 	v, ferr := parse(body, MaxAnswerBytes)
 	if ferr != nil {
-		return nil, ferr
+		return nil, refusal(ferr)
 	}
-	granted, ferr := boolean("granted", v.Get("granted"))
+	granted, ferr := jsonfield.Bool("granted", v.Get("granted"))
 	if ferr != nil {
-		return nil, ferr
+		return nil, refusal(ferr)
 	}
 	buckets := v.Get("buckets").Array()
 	if len(buckets) != len(req.Buckets) {
-		return nil, refuse("buckets", "must hold "+strconv.Itoa(len(req.Buckets))+" grants, got "+strconv.Itoa(len(buckets)))
+		return nil, refusal(refuse("buckets", "must hold "+strconv.Itoa(len(req.Buckets))+" grants, got "+strconv.Itoa(len(buckets))))
 	}
 	a := &LeaseAnswer{Granted: granted, Buckets: make([]Grant, len(buckets))}
 	for i, m := range buckets {
 		g := &a.Buckets[i]
-		at := "buckets[" + strconv.Itoa(i) + "]"
-		tokens, err := number(at+".granted", m.Get("granted"))
+		at := jsonfield.Elem("buckets", i)
+		tokens, err := jsonfield.Number(at+".granted", m.Get("granted"))
 		if err != nil {
-			return nil, err
+			return nil, refusal(err)
 		}
 		lo, hi := req.Buckets[i].Min, req.Buckets[i].Want
 		if !granted {
 			lo, hi = 0, 0
 		}
 		if err := between(at+".granted", tokens, lo, hi, false); err != nil {
-			return nil, err
+			return nil, refusal(err)
 		}
 		g.Tokens = tokens
 		g.Remaining, g.RetryAfterMs, g.ResetMs = readWaits(m)

@@ -1,8 +1,9 @@
 // Package wire is the contract between the plugin and the limit service
 // (limitd): what one decision may ask. Both sides import it, so a cluster
 // rule that config.Parse accepts is one the service accepts, and no bound is
-// written twice. It builds for wasip1 and imports nothing but the standard
-// library.
+// written twice. It builds for wasip1; it reads bodies through the JSON
+// reading layer it shares with package config (internal/jsonfield), so a
+// field error reads alike from either.
 package wire
 
 import "time"
