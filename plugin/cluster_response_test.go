@@ -74,3 +74,36 @@ func TestClusterChargeOnRefunds(t *testing.T) {
 		t.Fatalf("after 3 401s: %d, want 429", s)
 	}
 }
+
+// TestNoChargeCallOfZero: a cluster rule whose cost the response does not
+// report (or reports equal to the reservation) sends no charge call.
+func TestNoChargeCallOfZero(t *testing.T) {
+	e := start(t, `{"service": {"cluster": "limitd", "timeout_ms": 30},
+	 "rules": [{"name": "fleet", "scope": "cluster", "limit_keys": ["header:k"],
+	   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 100,
+	   "cost_source": "response_header:x-usage", "default_cost": 5}}]}`)
+	l := newLimitd(t, e)
+	l.doCharged("200", nil, "k", "a")
+	l.doCharged("200", [][2]string{{"x-usage", "5"}}, "k", "a")
+	if n := e.counter("charge_calls"); n != 0 {
+		t.Fatalf("%d charge calls for nothing to charge", n)
+	}
+}
+
+// TestClusterChargeClamped: a charge far above what can change a bucket is
+// sent clamped to twice the burst (limitd refuses amounts above 10^9: the
+// debt would be lost whole).
+func TestClusterChargeClamped(t *testing.T) {
+	e := start(t, `{"service": {"cluster": "limitd", "timeout_ms": 30},
+	 "rules": [{"name": "fleet", "scope": "cluster", "limit_keys": ["header:k"],
+	   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 100,
+	   "cost_source": "response_header:x-usage"}}]}`)
+	l := newLimitd(t, e)
+	l.doCharged("200", [][2]string{{"x-usage", "2e9"}}, "k", "a")
+	if n := e.counter("service_errors"); n != 0 {
+		t.Fatalf("the charge call failed (%d service errors): the debt was lost", n)
+	}
+	if st := l.doCharged("200", nil, "k", "a"); st != 429 {
+		t.Fatalf("after a charge of 2e9 against a burst of 100: %d, want 429", st)
+	}
+}

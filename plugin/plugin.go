@@ -2,20 +2,25 @@
 // plugin context that parses the configuration in OnPluginStart and keeps the
 // compiled rules, and an HTTP context per request that decides and answers.
 //
-// One request, read top to bottom (http.go): its values are read from the
-// host at most once each (request.go); the rules are walked once into a plan
-// (the buckets the request takes, per rule); local shadow rules are decided
-// alone; the enforced local rules are decided as one atomic stack in shared
-// data; the cluster rules, if any, go to the limit service in one callout
-// (cluster.go); the request is answered once, by continuing it or by one
-// local reply. What was actually consumed is recorded in the plan, so a
-// refund can only give back what was taken.
+// One request, file by file in the order it happens: its values and
+// bucket identities are read from the host at most once each (request.go);
+// the rules are walked once into a plan of takes, the buckets it asks of
+// each rule (plan.go); local shadow rules are decided alone and the enforced
+// local rules as one atomic stack in shared data (local.go); then the leased
+// cluster rules (lease.go) and the per-request ones, in one callout
+// (cluster.go). Every step and every answer goes on through one function,
+// and the request ends in one place (http.go: next and end), which gives
+// back what the request took, once, when it is rejected, and answers it by
+// continuing it or by one local reply (reply.go). The response settles
+// costs known from it (response.go, sse.go). A take's held flag is the one
+// record of what was taken, so a refund can only give back what was taken.
 //
 // Host facilities sit behind small seams: buckets go through store.Table
 // over shared data (sharedData), the clock is a func. Configuration errors
 // fail OnPluginStart after a critical log (Envoy refuses the plugin); errors
 // on a request fail open and are counted per rule in /stats; every log line
-// a request can trigger is rate-limited (at most one a second per kind).
+// a request can trigger is rate-limited (at most one a second per kind and
+// per worker).
 //
 // Cost: an allowed request makes 10 host calls (one header read, one
 // shared-data read and one write, one counter, one clock read, five response

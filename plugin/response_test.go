@@ -1,9 +1,11 @@
 package plugin
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
 
@@ -245,4 +247,48 @@ func TestNoBodyCallbackWorkWithoutResponseJSON(t *testing.T) {
 		t.Fatalf("action %v", a)
 	}
 	e.host.CompleteHttpContext(id)
+}
+
+// TestChargeEqualToReservationShowsBucket: a response whose cost equals
+// the reservation charges nothing, and the headers show the bucket as it
+// is, not full.
+func TestChargeEqualToReservationShowsBucket(t *testing.T) {
+	e := start(t, budget("response_header:x-usage", `"default_cost": 10`, ""))
+	var got []string
+	for range 3 {
+		r := e.doUpstream(upstream{status: "200", headers: [][2]string{{"x-usage", "10"}}}, "x-api-key", "a")
+		got = append(got, r.headers["ratelimit-remaining"])
+	}
+	if strings.Join(got, " ") != "90 80 70" {
+		t.Fatalf("ratelimit-remaining %v, want 90 80 70", got)
+	}
+}
+
+// failSets fails every Set with a host error while on.
+type failSets struct {
+	sharedData
+	on bool
+}
+
+func (f *failSets) Set(key string, value []byte, cas uint32) error {
+	if f.on {
+		return errors.New("host: shared data unavailable")
+	}
+	return f.sharedData.Set(key, value, cas)
+}
+
+// TestLostDebitCounted: a cost known from the response whose debit cannot
+// be written is counted (failed_open: the request went through without
+// paying), not only logged.
+func TestLostDebitCounted(t *testing.T) {
+	sd := &failSets{}
+	e := start(t, budget("response_header:x-usage", "", ""), func(_ *proxytest.EmulatorOption, vm *vmContext) { vm.sd = sd })
+	id := e.host.InitializeHttpContext()
+	e.host.CallOnRequestHeaders(id, requestHeaders([]string{"x-api-key", "a"}), false)
+	sd.on = true
+	e.host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"x-usage", "50"}}, true)
+	e.host.CompleteHttpContext(id)
+	if n := e.counter("rule.tokens.failed_open"); n != 1 {
+		t.Fatalf("failed_open %d after a lost debit, want 1", n)
+	}
 }

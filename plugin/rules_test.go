@@ -279,3 +279,55 @@ func FuzzRequestValues(f *testing.F) {
 		escapeClaimPath(name)
 	})
 }
+
+// TestTierMembers pins which member of a tier counts, for every kind of
+// member (defect 1: a member that matched but lacked its key exempted the
+// request from the whole tier). The tier is "plan"; "fallback" limits every
+// request by header k with burst 2.
+func TestTierMembers(t *testing.T) {
+	fallback := limitRule("fallback", `, "group": "plan", "limit_keys": ["header:k"]`, "0.001", "2")
+	cases := []struct {
+		name   string
+		member string // the first member of the tier
+		hs     []string
+		want   []int // statuses of four requests
+	}{
+		{"matches, key present: it counts", limitRule("gold", `, "group": "plan", "match": {"header:x-plan": {"equals": "gold"}}, "limit_keys": ["header:sub"]`, "0.001", "3"),
+			[]string{"x-plan", "gold", "sub", "a", "k", "1"}, []int{200, 200, 200, 429}},
+		{"matches, key missing, skip: the next member counts", limitRule("gold", `, "group": "plan", "match": {"header:x-plan": {"equals": "gold"}}, "limit_keys": ["header:sub"]`, "0.001", "3"),
+			[]string{"x-plan", "gold", "k", "1"}, []int{200, 200, 429, 429}},
+		{"matches, key missing, shared: its shared bucket counts", limitRule("gold", `, "group": "plan", "missing_key": "shared", "match": {"header:x-plan": {"equals": "gold"}}, "limit_keys": ["header:sub"]`, "0.001", "3"),
+			[]string{"x-plan", "gold", "k", "1"}, []int{200, 200, 200, 429}},
+		{"matches, key missing, deny: it rejects", limitRule("gold", `, "group": "plan", "missing_key": "deny", "match": {"header:x-plan": {"equals": "gold"}}, "limit_keys": ["header:sub"]`, "0.001", "3"),
+			[]string{"x-plan", "gold", "k", "1"}, []int{400, 400, 400, 400}},
+		{"does not match: the next member counts", limitRule("gold", `, "group": "plan", "match": {"header:x-plan": {"equals": "gold"}}, "limit_keys": ["header:sub"]`, "0.001", "3"),
+			[]string{"x-plan", "silver", "sub", "a", "k", "1"}, []int{200, 200, 429, 429}},
+		{"an allow member that matches: exempt", `{"name": "staff", "action": "allow", "group": "plan", "match": {"header:x-plan": {"equals": "staff"}}}`,
+			[]string{"x-plan", "staff", "k", "1"}, []int{200, 200, 200, 200}},
+		{"a shadow member applies: the tier is its, never rejecting", limitRule("gold", `, "mode": "shadow", "group": "plan", "match": {"header:x-plan": {"equals": "gold"}}, "limit_keys": ["header:sub"]`, "0.001", "1"),
+			[]string{"x-plan", "gold", "sub", "a", "k", "1"}, []int{200, 200, 200, 200}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := start(t, rules(``, c.member, fallback))
+			got := e.statuses(4, c.hs...)
+			for i := range c.want {
+				if got[i] != c.want[i] {
+					t.Fatalf("statuses %v, want %v", got, c.want)
+				}
+			}
+		})
+	}
+}
+
+// TestTiersByPlanExample is the attack on examples/tiers-by-plan: an
+// enterprise token without the key the enterprise member needs must not pass
+// unlimited.
+func TestTiersByPlanExample(t *testing.T) {
+	e := start(t, rules(``,
+		limitRule("enterprise", `, "group": "plan", "match": {"header:x-plan": {"equals": "enterprise"}}, "limit_keys": ["header:sub"]`, "0.001", "100"),
+		limitRule("free", `, "group": "plan", "limit_keys": ["ip:address"]`, "0.001", "5")))
+	if got := count(e.statuses(20, "x-plan", "enterprise"), 200); got != 5 {
+		t.Fatalf("enterprise plan without sub: %d of 20 admitted, want the free tier's 5", got)
+	}
+}

@@ -12,31 +12,6 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/config"
 )
 
-// requestCost is the tokens a request takes: the fixed cost, or the header
-// or query value. A value that is absent, not a number, infinite or below
-// config.MinCost (zero, negative, or as tiny as 1e-300) is not a cost:
-// default_cost applies.
-//
-// A cost known only from the response reserves default_cost (response.go
-// charges the difference).
-func requestCost(ru *rule, r *request) float64 {
-	switch {
-	case ru.Cost.Source.Kind == config.SourceFixed:
-		return ru.Cost.Fixed
-	case ru.Cost.FromResponse():
-		return ru.Cost.Default
-	}
-	v, ok := r.value(ru.Cost.Source)
-	if !ok {
-		return ru.Cost.Default
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || math.IsInf(f, 0) || !(f >= config.MinCost) {
-		return ru.Cost.Default
-	}
-	return f
-}
-
 // resume continues the paused request.
 func resume(p *pluginContext) {
 	if err := proxywasm.ResumeHttpRequest(); err != nil {

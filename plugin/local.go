@@ -1,0 +1,133 @@
+package plugin
+
+import (
+	"strconv"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/lease"
+	"github.com/ratelimit-wasm/tokenbucket/store"
+)
+
+// decideShadows runs each local shadow rule's bucket on its own: it consumes
+// as an enforced rule would, counts what it would reject, and never rejects.
+func (c *httpContext) decideShadows() {
+	for i := range c.plan.shadowLocal {
+		t := &c.plan.shadowLocal[i]
+		ok, _, err := c.decide(c.plan.now, c.plan.shadowLocal[i:i+1])
+		switch {
+		case err != nil:
+			t.rule.failedOpen.Increment(1)
+		case ok:
+			t.held = true
+			t.rule.allowed.Increment(1)
+		default:
+			c.shadowRejected(t.rule)
+		}
+	}
+}
+
+// enforceLocal decides the enforced local rules as one atomic stack. On a
+// shared-data error it fails open: nothing was consumed, the rules count it.
+func (c *httpContext) enforceLocal() *rejection {
+	pl := &c.plan
+	if len(pl.local) == 0 {
+		return nil
+	}
+	p := c.plugin
+	ok, out, err := c.decide(pl.now, pl.local)
+	if err != nil {
+		for _, t := range pl.local {
+			t.rule.failedOpen.Increment(1)
+		}
+		p.warn(&p.failLog, "failing open (counted in rule.<name>.failed_open): "+err.Error())
+		return nil
+	}
+	if !ok {
+		return rejecting(pl.local, out)
+	}
+	for i := range pl.local {
+		t := &pl.local[i]
+		t.held, t.d = true, out[i]
+		t.rule.allowed.Increment(1)
+		c.show(t.rule, out[i])
+	}
+	return nil
+}
+
+// decide takes every take's cost from its bucket in shared data, all or
+// nothing; out (the request's scratch) holds the decisions until the next
+// call.
+func (c *httpContext) decide(now int64, takes []take) (ok bool, out []bucket.Decision, err error) {
+	p, s := c.plugin, &c.scratch
+	s.reqs = s.reqs[:0]
+	for _, t := range takes {
+		s.reqs = append(s.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+	}
+	out = s.decisions(len(takes))
+	ok, o, err := p.table.Decide(now, s.reqs, out)
+	p.count(o)
+	return ok, out, err
+}
+
+// giveBack gives back everything the request took and still holds: its
+// spends from leases and its local rules' tokens (a later check rejected
+// it). It is called only by end, so each token is given back at most once;
+// the held flags it clears are the record of what was taken.
+func (c *httpContext) giveBack() {
+	pl := &c.plan
+	p := c.plugin
+	now := p.now()
+	spends := pl.spends[:0]
+	for i := range pl.leased {
+		if t := &pl.leased[i]; t.held {
+			t.held = false
+			spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost})
+		}
+	}
+	pl.spends = spends
+	if len(spends) > 0 {
+		p.leases.Refund(now, spends)
+	}
+	reqs := c.scratch.reqs[:0]
+	for i := range pl.local {
+		if t := &pl.local[i]; t.held {
+			t.held = false
+			reqs = append(reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+		}
+	}
+	c.scratch.reqs = reqs
+	if len(reqs) > 0 {
+		p.metrics.refunds.Increment(uint64(p.table.Refund(now, reqs)))
+	}
+}
+
+// rejecting is the rejection by the first take whose decision refused; nil
+// when none did.
+func rejecting(takes []take, out []bucket.Decision) *rejection {
+	for i, t := range takes {
+		if !out[i].Allowed {
+			return &rejection{rule: t.rule, reason: reasonExceeded, d: out[i], id: t.id}
+		}
+	}
+	return nil
+}
+
+// show makes ru's decision the one the response headers report if ru is the
+// closest to its limit so far (the smallest fraction of its burst left).
+func (c *httpContext) show(ru *rule, d bucket.Decision) {
+	f := float64(d.Remaining) / ru.limit.Burst
+	if c.shown == nil || f < c.shownLeft {
+		c.shown, c.decision, c.shownLeft = ru, d, f
+	}
+}
+
+// shadowRejected counts a shadow rule's would-be rejection and logs it at
+// most once a second per rule.
+func (c *httpContext) shadowRejected(ru *rule) {
+	ru.shadowRej.Increment(1)
+	if n, ok := ru.shadowLog.allow(c.plugin.now()); ok {
+		proxywasm.LogInfo(Name + ": shadow rule " + strconv.Quote(ru.Name) + " would have rejected a request (" + strconv.Itoa(n) + " similar lines suppressed)")
+	}
+}
