@@ -51,18 +51,7 @@ func startBodyUpstream(t *testing.T) *bodyUpstream {
 	return u
 }
 
-func (u *bodyUpstream) port(t *testing.T) int {
-	t.Helper()
-	_, p, err := net.SplitHostPort(u.srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
+func (u *bodyUpstream) port(t *testing.T) int { return serverPort(t, u.srv) }
 
 func (u *bodyUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	flush := func() {

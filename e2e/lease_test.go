@@ -68,32 +68,9 @@ func TestLeaseClusterWide(t *testing.T) {
 		// of 10 a second, for 20 s (bounded: each loop stops at end).
 		const rate, burst = 10.0, 10.0
 		before := calls()
-		var admitted [2]int
-		var sent [2]int
 		start := time.Now()
-		end := start.Add(20 * time.Second)
-		var last time.Time
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for i, c := range []*envoytest.Client{a, b} {
-			every := time.Second / time.Duration(12/(i+1))
-			wg.Go(func() {
-				for at := start; at.Before(end); at = at.Add(every) {
-					time.Sleep(time.Until(at))
-					r := c.Get("/", map[string]string{"x-test": "steady", "x-api-key": "steady"})
-					mu.Lock()
-					sent[i]++
-					if r.Status == 200 {
-						admitted[i]++
-					}
-					if now := time.Now(); now.After(last) {
-						last = now
-					}
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
+		admitted, sent, last := offerSteadily([2]*envoytest.Client{a, b}, map[string]string{"x-test": "steady", "x-api-key": "steady"},
+			start, start.Add(20*time.Second))
 		elapsed := last.Sub(start).Seconds()
 		total := admitted[0] + admitted[1]
 		ceiling := burst + rate*elapsed
@@ -157,27 +134,7 @@ func TestLeaseClusterWide(t *testing.T) {
 				}
 			}
 		})
-		var admitted, sent [2]int
-		var mu sync.Mutex
-		last := start
-		for i, c := range []*envoytest.Client{a, b} {
-			every := time.Second / time.Duration(12/(i+1))
-			wg.Go(func() {
-				for at := start; at.Before(end); at = at.Add(every) {
-					time.Sleep(time.Until(at))
-					r := c.Get("/", tenant)
-					mu.Lock()
-					sent[i]++
-					if r.Status == 200 {
-						admitted[i]++
-					}
-					if now := time.Now(); now.After(last) {
-						last = now
-					}
-					mu.Unlock()
-				}
-			})
-		}
+		admitted, sent, last := offerSteadily([2]*envoytest.Client{a, b}, tenant, start, end)
 		wg.Wait()
 		elapsed := last.Sub(start).Seconds()
 		total := admitted[0] + admitted[1]
@@ -340,4 +297,34 @@ func TestLeaseKeyFlood(t *testing.T) {
 			break
 		}
 	}
+}
+
+// offerSteadily sends key's requests from start until end: 12 a second
+// through Envoy A (clients[0]), 6 a second through B, each loop bounded by
+// end. It returns what each Envoy admitted and sent, and when the last
+// answer came.
+func offerSteadily(clients [2]*envoytest.Client, key map[string]string, start, end time.Time) (admitted, sent [2]int, last time.Time) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	last = start
+	for i, c := range clients {
+		every := time.Second / time.Duration(12/(i+1))
+		wg.Go(func() {
+			for at := start; at.Before(end); at = at.Add(every) {
+				time.Sleep(time.Until(at))
+				r := c.Get("/", key)
+				mu.Lock()
+				sent[i]++
+				if r.Status == 200 {
+					admitted[i]++
+				}
+				if now := time.Now(); now.After(last) {
+					last = now
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return admitted, sent, last
 }

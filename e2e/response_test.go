@@ -34,9 +34,12 @@ func startLLMUpstream(t *testing.T) *llmUpstream {
 	return u
 }
 
-func (u *llmUpstream) port(t *testing.T) int {
+func (u *llmUpstream) port(t *testing.T) int { return serverPort(t, u.srv) }
+
+// serverPort is the loopback port a test server listens on.
+func serverPort(t *testing.T, srv *httptest.Server) int {
 	t.Helper()
-	_, p, err := net.SplitHostPort(u.srv.Listener.Addr().String())
+	_, p, err := net.SplitHostPort(srv.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
