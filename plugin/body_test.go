@@ -7,6 +7,8 @@ import (
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
 // inFlight is a response whose body is being sent: open starts one (request
@@ -288,7 +290,7 @@ func TestTrailersEndTheBody(t *testing.T) {
 // missing (counted), and the budget comes back as scans end.
 func TestBodyBudgetPerVM(t *testing.T) {
 	e := start(t, budget("response_json:n", `"default_cost": 10`, ""), func(_ *proxytest.EmulatorOption, vm *vmContext) {
-		vm.bodyBudget = 2 * scanBytes
+		vm.bodyBudget = 2 * engine.ScanBytes
 	})
 	a := e.open(jsonType, "x-api-key", "k")
 	b := e.open(jsonType, "x-api-key", "k")

@@ -285,8 +285,8 @@ func TestMalformedVerdict(t *testing.T) {
 				switch {
 				case mode == "allow" && (lr != nil || e.host.GetCurrentHttpStreamAction(id) != types.ActionContinue):
 					t.Fatalf("allow: not resumed (reply %+v)", lr)
-				case mode == "deny" && (lr == nil || lr.StatusCode != 429 || !strings.Contains(string(lr.Data), reasonServiceDown)):
-					t.Fatalf("deny: reply %+v, want 429 %s", lr, reasonServiceDown)
+				case mode == "deny" && (lr == nil || lr.StatusCode != 429 || !strings.Contains(string(lr.Data), "limit_service_unavailable")):
+					t.Fatalf("deny: reply %+v, want 429 %s", lr, "limit_service_unavailable")
 				}
 				if e.counter("service_errors") != 1 {
 					t.Fatalf("service_errors = %d, want 1", e.counter("service_errors"))

@@ -9,6 +9,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/ratelimit-wasm/tokenbucket/engine"
 	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 )
 
@@ -296,7 +297,7 @@ func TestCheckConfigurationIsTheLoggedLine(t *testing.T) {
 		st := host.StartPlugin()
 		logs := host.GetCriticalLogs()
 		reset()
-		err := CheckConfiguration([]byte(cfg))
+		err := engine.CheckConfiguration([]byte(cfg))
 		if err == nil {
 			if st != types.OnPluginStartStatusOK || len(logs) != 0 {
 				t.Errorf("%s: CheckConfiguration accepts it, but StartPlugin = %v, critical logs %q", cfg, st, logs)
@@ -306,9 +307,9 @@ func TestCheckConfigurationIsTheLoggedLine(t *testing.T) {
 		if st != types.OnPluginStartStatusFailed || len(logs) != 1 || logs[0] != err.Error() {
 			t.Errorf("%s: StartPlugin = %v, critical logs %q; CheckConfiguration: %q", cfg, st, logs, err)
 		}
-		var re *RefusalError
+		var re *engine.RefusalError
 		if !errors.As(err, &re) {
-			t.Errorf("%s: CheckConfiguration = %T, want *RefusalError", cfg, err)
+			t.Errorf("%s: CheckConfiguration = %T, want *engine.RefusalError", cfg, err)
 		}
 	}
 }

@@ -42,9 +42,9 @@ func TestResponsesTable(t *testing.T) {
 	t.Run("local", func(t *testing.T) {
 		e := start(t, rules(``, rule))
 		e.statuses(2, "k", "a")
-		check(t, reasonExceeded, e.do("k", "a"), row{403, true, "wait", "rate_limited"})
-		check(t, reasonCostTooHigh, e.do("k", "b", "x-cost", "3"), row{403, false, "", "rate_limited"})
-		check(t, reasonMissingKey, e.do(), row{400, false, "", "bad_request"})
+		check(t, "token_bucket_exceeded", e.do("k", "a"), row{403, true, "wait", "rate_limited"})
+		check(t, "cost_exceeds_burst", e.do("k", "b", "x-cost", "3"), row{403, false, "", "rate_limited"})
+		check(t, "missing_limit_key", e.do(), row{400, false, "", "bad_request"})
 	})
 	t.Run("limit service down", func(t *testing.T) {
 		e := start(t, `{"service": {"cluster": "limit_service", "failure_mode": "deny"}, "rules": [`+
@@ -59,6 +59,6 @@ func TestResponsesTable(t *testing.T) {
 		for _, h := range lr.Headers {
 			r.headers[h[0]] = h[1]
 		}
-		check(t, reasonServiceDown, r, row{403, false, "1", "rate_limited"})
+		check(t, "limit_service_unavailable", r, row{403, false, "1", "rate_limited"})
 	})
 }

@@ -17,10 +17,6 @@ func TestDeepUnverifiedToken(t *testing.T) {
 	if st := e.statuses(3, "authorization", tok); count(st, 200) != 3 {
 		t.Fatalf("deep token: %v, want the rule skipped", st)
 	}
-	big := "Bearer e30." + base64.RawURLEncoding.EncodeToString([]byte(`{"sub":"`+strings.Repeat("x", maxJWTPayload)+`"}`)) + ".x"
-	if v, ok := unverifiedClaim(big, "sub"); ok {
-		t.Fatalf("a payload over %d bytes was read: %q", maxJWTPayload, v[:10])
-	}
 	ok := "Bearer e30." + base64.RawURLEncoding.EncodeToString([]byte(`{"sub":"alice"}`)) + ".x"
 	if st := e.statuses(2, "authorization", ok); st[0] != 200 || st[1] != 429 {
 		t.Fatalf("a normal token after the deep one: %v", st)

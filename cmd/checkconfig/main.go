@@ -2,7 +2,7 @@
 
 // Command checkconfig checks the plugin's configuration without Envoy
 // (`make lint CONFIG=file`): it runs each configuration it finds through
-// the plugin's own validation (plugin.CheckConfiguration, what OnPluginStart
+// the plugin's own validation (engine.CheckConfiguration, what OnPluginStart
 // runs) natively, and prints, for a configuration the plugin refuses, the
 // very line the plugin logs in Envoy ("tokenbucket: invalid configuration,
 // refusing to start: config: rules[0]..."). It reads:
@@ -45,8 +45,8 @@ import (
 	kyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/ratelimit-wasm/tokenbucket/engine"
 	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
-	"github.com/ratelimit-wasm/tokenbucket/plugin"
 )
 
 func main() {
@@ -85,7 +85,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			if c.where != "" {
 				where += " (" + c.where + ")"
 			}
-			if err := plugin.CheckConfiguration(c.data); err != nil {
+			if err := engine.CheckConfiguration(c.data); err != nil {
 				fmt.Fprintf(stdout, "FAIL %s: %v\n", where, err)
 				code = max(code, 1)
 				continue

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/plugin"
+	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
 const (
@@ -124,13 +124,13 @@ func TestStdin(t *testing.T) {
 }
 
 // TestLineIsThePlugins: the line printed after "FAIL <where>: " is the
-// plugin's own refusal (plugin.CheckConfiguration, whose text
+// plugin's own refusal (engine.CheckConfiguration, whose text
 // plugin.TestCheckConfigurationIsTheLoggedLine pins to OnPluginStart's
 // critical log; e2e's TestCheckConfigMatchesEnvoy to Envoy's).
 func TestLineIsThePlugins(t *testing.T) {
-	want := plugin.CheckConfiguration([]byte(bad))
+	want := engine.CheckConfiguration([]byte(bad))
 	if want == nil || want.Error() != badLine {
-		t.Fatalf("plugin.CheckConfiguration = %v, want %q", want, badLine)
+		t.Fatalf("engine.CheckConfiguration = %v, want %q", want, badLine)
 	}
 }
 

@@ -16,14 +16,14 @@ import (
 )
 
 // pluginMetrics returns the metrics the plugin defines, name to kind
-// ("counter" or "gauge"), read from every call of defineCounter and
-// defineGauge in plugin/: the name's parts are string literals, string
+// ("counter" or "gauge"), read from every call of the host's Counter and
+// Gauge in engine/: the name's parts are string literals, string
 // constants of the package, and local variables assigned once from those;
 // any other part (a rule's name) is written <name>.
 func pluginMetrics(t *testing.T) map[string]string {
 	t.Helper()
 	fset := token.NewFileSet()
-	dir := filepath.Join(root, "plugin")
+	dir := filepath.Join(root, "engine")
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -108,14 +108,17 @@ func pluginMetrics(t *testing.T) map[string]string {
 				if !ok || len(call.Args) != 1 {
 					return true
 				}
-				id, ok := call.Fun.(*ast.Ident)
+				sel, ok := call.Fun.(*ast.SelectorExpr)
 				if !ok {
 					return true
 				}
-				switch id.Name {
-				case "defineCounter":
+				if h, ok := sel.X.(*ast.SelectorExpr); !ok || h.Sel.Name != "host" {
+					return true // p.host.Counter(...), p.host.Gauge(...)
+				}
+				switch sel.Sel.Name {
+				case "Counter":
 					out[name(call.Args[0], 0)] = "counter"
-				case "defineGauge":
+				case "Gauge":
 					out[name(call.Args[0], 0)] = "gauge"
 				}
 				return true
@@ -123,7 +126,7 @@ func pluginMetrics(t *testing.T) map[string]string {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatal("no defineCounter or defineGauge calls in plugin/: the reader is broken")
+		t.Fatal("no host.Counter or host.Gauge calls in engine/: the reader is broken")
 	}
 	return out
 }

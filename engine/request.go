@@ -1,11 +1,10 @@
-package plugin
+package engine
 
 import (
 	"encoding/base64"
 	"hash"
 	"strings"
 
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tidwall/gjson"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -25,6 +24,7 @@ const (
 // condition is the value a limit key then uses. It lives for one
 // OnHttpRequestHeaders.
 type request struct {
+	s      Stream
 	cfg    *config.Config
 	values []cachedValue
 	// cookies are the values of every Cookie header, read once for all
@@ -37,18 +37,6 @@ type cachedValue struct {
 	src config.Source
 	v   string
 	ok  bool
-}
-
-// header reads a request header from the host.
-func header(name string) (string, bool) {
-	v, err := proxywasm.GetHttpRequestHeader(name)
-	return v, err == nil
-}
-
-// property reads a property from the host.
-func property(path ...string) ([]byte, bool) {
-	v, err := proxywasm.GetProperty(path)
-	return v, err == nil
 }
 
 // value returns the value of src for this request and whether it has one.
@@ -67,11 +55,11 @@ func (r *request) value(src config.Source) (string, bool) {
 func (r *request) read(src config.Source) (string, bool) {
 	switch src.Kind {
 	case config.SourceHeader:
-		return header(src.Name)
+		return r.s.RequestHeader(src.Name)
 	case config.SourceMethod:
-		return header(":method")
+		return r.s.RequestHeader(":method")
 	case config.SourceAuthority:
-		return header(":authority")
+		return r.s.RequestHeader(":authority")
 	case config.SourcePath:
 		p := r.rawPath()
 		if i := strings.IndexByte(p, '?'); i >= 0 {
@@ -104,7 +92,7 @@ func (r *request) rawPath() string {
 func (r *request) cookie(name string) (string, bool) {
 	if !r.cookiesRead {
 		r.cookiesRead = true
-		if hs, err := proxywasm.GetHttpRequestHeaders(); err == nil {
+		if hs := r.s.RequestHeaders(); len(hs) > 0 {
 			for _, h := range hs {
 				if h[0] == "cookie" {
 					r.cookies = append(r.cookies, h[1])
@@ -130,13 +118,13 @@ func (r *request) cookie(name string) (string, bool) {
 // addresses than that it falls back to the downstream address.
 func (r *request) clientIP() (string, bool) {
 	if n := r.cfg.XFFNumTrustedHops; n > 0 {
-		if xff, ok := header("x-forwarded-for"); ok {
+		if xff, ok := r.s.RequestHeader("x-forwarded-for"); ok {
 			if ip, ok := xffClient(xff, n+1); ok {
 				return ip, true
 			}
 		}
 	}
-	a, ok := property("source", "address")
+	a, ok := r.s.Property("source", "address")
 	return stripPort(string(a)), ok && len(a) > 0
 }
 
@@ -146,13 +134,13 @@ func (r *request) clientIP() (string, bool) {
 func (r *request) jwtClaim(claim string) (string, bool) {
 	path := []string{"metadata", "filter_metadata", r.cfg.JWTMetadataNamespace, r.cfg.JWTPayloadKey}
 	path = append(path, strings.Split(claim, ".")...)
-	if v, ok := property(path...); ok && len(v) > 0 {
+	if v, ok := r.s.Property(path...); ok && len(v) > 0 {
 		return string(v), true
 	}
 	if !r.cfg.TrustUnverifiedJWT {
 		return "", false
 	}
-	auth, ok := header("authorization")
+	auth, ok := r.s.RequestHeader("authorization")
 	if !ok {
 		return "", false
 	}
@@ -320,7 +308,7 @@ func escapeClaimPath(p string) string {
 // matches reports whether every condition holds for the request. A regex
 // reads at most the condition's RegexMaxInput bytes: a longer value does not
 // match, and is counted in long.
-func (r *request) matches(conds []config.Condition, long counter) bool {
+func (r *request) matches(conds []config.Condition, long Counter) bool {
 	for i := range conds {
 		c := &conds[i]
 		v, ok := r.value(c.Source)

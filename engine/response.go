@@ -1,11 +1,8 @@
-package plugin
+package engine
 
 import (
 	"strconv"
 	"strings"
-
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -43,7 +40,7 @@ import (
 const bodyPiece = 64 << 10
 
 // maxBodyHeld is a VM's budget for the state of in-flight body scans
-// (scanBytes per response_json rule of a response): past it, a response's
+// (ScanBytes per response_json rule of a response): past it, a response's
 // cost is missing (counted) rather than scanned. At about 330 bytes a
 // target it admits some 12,000 concurrent scans per worker.
 const maxBodyHeld = 4 << 20
@@ -65,37 +62,38 @@ type bodyScan struct {
 	targetsBuf [2]bodyTarget
 }
 
-// OnHttpResponseHeaders implements types.HttpContext: it settles what the
-// response decides (see above) and adds the RateLimit headers to allowed
-// responses; a local reply of ours already has them.
-func (c *httpContext) OnHttpResponseHeaders(_ int, endOfStream bool) types.Action {
+// OnResponseHeaders settles what the response decides (see above) and adds
+// the RateLimit headers to allowed responses; a local reply of ours already
+// has them.
+func (c *Request) OnResponseHeaders(endOfStream bool) Action {
 	// A request still waiting for a call was answered by Envoy itself (a
 	// stream timeout): its decision is over, and the call's answer, if it
 	// comes, changes nothing of it.
 	c.paused, c.ended = false, true
 	if c.localReply {
-		return types.ActionContinue
+		return Continue
 	}
 	if c.plan.charges {
 		c.settleHeaders(endOfStream)
 	}
 	if c.shown == nil {
-		return types.ActionContinue
+		return Continue
 	}
 	p := c.plugin
 	c.rateLimitHeaders(c.shown, c.decision, func(name, value string) {
-		if err := proxywasm.AddHttpResponseHeader(name, value); err != nil {
+		if err := c.stream.AddResponseHeader(name, value); err != nil {
 			p.warn(&p.headerLog, "adding response header "+name+": "+err.Error())
 		}
 	})
-	return types.ActionContinue
+	return Continue
 }
 
-// OnHttpResponseBody implements types.HttpContext. It never holds a chunk,
-// and reads of it only what some target still needs, in pieces.
-func (c *httpContext) OnHttpResponseBody(size int, endOfStream bool) types.Action {
+// OnResponseBody takes a chunk of size bytes of the response body. It never
+// holds a chunk, and reads of it only what some target still needs, in
+// pieces.
+func (c *Request) OnResponseBody(size int, endOfStream bool) Action {
 	if !c.body.active {
-		return types.ActionContinue
+		return Continue
 	}
 	b := &c.body
 	if !b.stream && b.size+size > b.max {
@@ -107,7 +105,7 @@ func (c *httpContext) OnHttpResponseBody(size int, endOfStream bool) types.Actio
 	}
 	for off := 0; off < size && b.wants(); {
 		n := min(size-off, bodyPiece)
-		piece, err := proxywasm.GetHttpResponseBody(off, n)
+		piece, err := c.stream.ResponseBody(off, n)
 		if err != nil {
 			p := c.plugin
 			p.warn(&p.headerLog, "reading the response body: "+err.Error())
@@ -120,16 +118,15 @@ func (c *httpContext) OnHttpResponseBody(size int, endOfStream bool) types.Actio
 	if endOfStream {
 		c.finishBody()
 	}
-	return types.ActionContinue
+	return Continue
 }
 
-// OnHttpResponseTrailers implements types.HttpContext: trailers end the
-// body.
-func (c *httpContext) OnHttpResponseTrailers(int) types.Action {
+// OnResponseTrailers: trailers end the body.
+func (c *Request) OnResponseTrailers() Action {
 	if c.body.active {
 		c.finishBody()
 	}
-	return types.ActionContinue
+	return Continue
 }
 
 // wants reports whether the rest of the body may still change a cost.
@@ -161,7 +158,7 @@ func (b *bodyScan) write(piece []byte) {
 }
 
 // endScan stops the scan and gives its share of the VM's budget back.
-func (c *httpContext) endScan() {
+func (c *Request) endScan() {
 	b := &c.body
 	b.active = false
 	c.plugin.bodyHeld -= b.held
@@ -169,7 +166,7 @@ func (c *httpContext) endScan() {
 }
 
 // finishBody charges the costs the body gave, and counts those it did not.
-func (c *httpContext) finishBody() {
+func (c *Request) finishBody() {
 	c.endScan()
 	b := &c.body
 	if b.stream {
@@ -195,7 +192,7 @@ func (c *httpContext) finishBody() {
 // client chose. Each take is charged its rule's truncated_cost (counted in
 // cost_truncated), except that an event stream whose events already gave
 // a cost is charged that cost.
-func (c *httpContext) cutShort() {
+func (c *Request) cutShort() {
 	c.endScan()
 	b := &c.body
 	for i, t := range b.takes {
@@ -215,14 +212,14 @@ func (c *httpContext) cutShort() {
 // the plugin does not decode bodies, and a client must not lower its cost
 // by accepting gzip. It replaces the request's accept-encoding (absent
 // means any coding) with identity. Called once the rules are planned.
-func (c *httpContext) askIdentityEncoding() {
+func (c *Request) askIdentityEncoding() {
 	pl := &c.plan
 	for _, takes := range [...][]take{pl.local, pl.cluster, pl.leased, pl.shadowLocal, pl.shadowC} {
 		for i := range takes {
 			if takes[i].rule.Cost.Source.Kind != config.SourceResponseJSON {
 				continue
 			}
-			if err := proxywasm.ReplaceHttpRequestHeader("accept-encoding", "identity"); err != nil {
+			if err := c.stream.ReplaceRequestHeader("accept-encoding", "identity"); err != nil {
 				p := c.plugin
 				p.warn(&p.headerLog, "replacing accept-encoding: "+err.Error())
 			}
@@ -233,7 +230,7 @@ func (c *httpContext) askIdentityEncoding() {
 
 // settleHeaders settles the takes that the response's headers decide, and
 // prepares the body scan for response_json costs.
-func (c *httpContext) settleHeaders(endOfStream bool) {
+func (c *Request) settleHeaders(endOfStream bool) {
 	pl := &c.plan
 	status, statusRead := 0, false
 	encoded, encodingRead := false, false
@@ -251,7 +248,7 @@ func (c *httpContext) settleHeaders(endOfStream bool) {
 			if ru.ChargeOn.Listed {
 				if !statusRead {
 					statusRead = true
-					if v, err := proxywasm.GetHttpResponseHeader(":status"); err == nil {
+					if v, ok := c.stream.ResponseHeader(":status"); ok {
 						status, _ = strconv.Atoi(v)
 					}
 				}
@@ -263,9 +260,9 @@ func (c *httpContext) settleHeaders(endOfStream bool) {
 			}
 			switch ru.Cost.Source.Kind {
 			case config.SourceResponseHeader:
-				v, err := proxywasm.GetHttpResponseHeader(ru.Cost.Source.Name)
+				v, found := c.stream.ResponseHeader(ru.Cost.Source.Name)
 				cost, ok := parseResponseCost(v)
-				if err != nil || !ok {
+				if !found || !ok {
 					ru.costMissing.Increment(1)
 					continue
 				}
@@ -278,8 +275,8 @@ func (c *httpContext) settleHeaders(endOfStream bool) {
 				}
 				if !encodingRead {
 					encodingRead = true
-					v, err := proxywasm.GetHttpResponseHeader("content-encoding")
-					encoded = err == nil && isEncoded(v)
+					v, found := c.stream.ResponseHeader("content-encoding")
+					encoded = found && isEncoded(v)
 				}
 				if encoded {
 					// Not decoded here: charged as a body cut short.
@@ -296,7 +293,7 @@ func (c *httpContext) settleHeaders(endOfStream bool) {
 	}
 	if n := len(b.takes); n > 0 {
 		p := c.plugin
-		if p.bodyHeld+n*scanBytes > p.bodyBudget {
+		if p.bodyHeld+n*ScanBytes > p.bodyBudget {
 			// The VM's budget is spent: these costs are not read.
 			for _, t := range b.takes {
 				t.rule.costMissing.Increment(1)
@@ -304,12 +301,12 @@ func (c *httpContext) settleHeaders(endOfStream bool) {
 			p.warn(&p.headerLog, "response body scans past the VM's budget of "+strconv.Itoa(p.bodyBudget)+" bytes: costs counted missing")
 		} else {
 			b.active = true
-			b.held = n * scanBytes
+			b.held = n * ScanBytes
 			p.bodyHeld += b.held
 			for i := range b.targets {
 				b.targets[i].reset()
 			}
-			if v, err := proxywasm.GetHttpResponseHeader("content-type"); err == nil && isEventStream(v) {
+			if v, ok := c.stream.ResponseHeader("content-type"); ok && isEventStream(v) {
 				b.stream = true
 			}
 		}
@@ -352,7 +349,7 @@ func isEventStream(ct string) bool {
 // becomes what its bucket holds after the charge (a cluster bucket's as
 // estimated from the service's answer less the amount). It reports whether
 // it settled anything.
-func (c *httpContext) settle(takes []*take) bool {
+func (c *Request) settle(takes []*take) bool {
 	if len(takes) == 0 {
 		return false
 	}
@@ -388,7 +385,7 @@ func (c *httpContext) settle(takes []*take) bool {
 
 // reshow makes the response headers report, again, the enforced bucket
 // closest to its limit among those the request holds, as they are now.
-func (c *httpContext) reshow() {
+func (c *Request) reshow() {
 	c.shown = nil
 	for _, takes := range [...][]take{c.plan.local, c.plan.cluster, c.plan.leased} {
 		for i := range takes {
@@ -410,7 +407,7 @@ func clampCharge(amount, burst float64) float64 {
 // bucket holds after it (as it is, for an amount of 0). A charge that
 // cannot be written counts in the rule's failed_open: the request went
 // through without paying it.
-func (c *httpContext) chargeLocal(t *take, now int64) {
+func (c *Request) chargeLocal(t *take, now int64) {
 	p := c.plugin
 	reqs := [1]store.Request{{ID: t.id, Limit: t.rule.limit, Cost: t.amount}}
 	var out [1]bucket.Decision
@@ -428,7 +425,7 @@ func (c *httpContext) chargeLocal(t *take, now int64) {
 // the lease could not cover, for the global bucket; t.d becomes what the
 // response headers report. The change is a pure function of the record;
 // what it covered comes from the write that won.
-func (c *httpContext) chargeLease(t *take, now int64) (rest float64) {
+func (c *Request) chargeLease(t *take, now int64) (rest float64) {
 	p := c.plugin
 	amount := t.amount
 	ch, err := p.updateLease(t.id, now, func(r lease.Record) (lease.Record, bool) {
@@ -452,7 +449,7 @@ func (c *httpContext) chargeLease(t *take, now int64) (rest float64) {
 // context owns it, so the response is never held and a late answer is
 // still counted. A call that fails counts in service_errors; its charge is
 // lost (the reservation stands).
-func (c *httpContext) chargeCluster(takes []*take) {
+func (c *Request) chargeCluster(takes []*take) {
 	p := c.plugin
 	req := &wire.ChargeRequest{Buckets: make([]wire.ChargeBucket, len(takes))}
 	counted := make([]take, len(takes)) // for serviceFailed: rule and service
@@ -462,8 +459,8 @@ func (c *httpContext) chargeCluster(takes []*take) {
 		counted[i] = take{rule: t.rule}
 	}
 	s := takes[0].rule.Service // config.Parse: one service for all cluster rules
-	answer := func(numHeaders, bodySize, _ int) {
-		raw, why := answerBody(numHeaders, bodySize)
+	answer := func(a *Answer) {
+		raw, why := answerBody(a)
 		if why == "" {
 			if _, err := wire.DecodeChargeAnswer(raw, req); err != nil {
 				why = "malformed response body: " + err.Error()
@@ -474,9 +471,7 @@ func (c *httpContext) chargeCluster(takes []*take) {
 		}
 	}
 	p.metrics.chargeCalls.Increment(1)
-	err := p.asPlugin(c.id, func() error {
-		return post(s, s.ChargePath, wire.AppendChargeRequest(make([]byte, 0, 128*len(takes)), req), answer)
-	})
+	err := post(p.host, s, s.ChargePath, wire.AppendChargeRequest(make([]byte, 0, 128*len(takes)), req), answer)
 	if err != nil {
 		p.serviceFailed(counted, "dispatching the charge call: "+err.Error())
 	}

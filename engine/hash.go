@@ -1,4 +1,4 @@
-package plugin
+package engine
 
 // hasher builds a bucket identity: a 64-bit FNV-1a hash over a
 // length-prefixed encoding of the rule name, the limit-key sources and their

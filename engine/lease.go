@@ -1,9 +1,7 @@
-package plugin
+package engine
 
 import (
 	"time"
-
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -90,7 +88,7 @@ func leasePolicy(cr *config.Rule) lease.Policy {
 }
 
 // updateLease is p.leases.Update, with its eviction counted.
-func (p *pluginContext) updateLease(id uint64, now int64, f func(lease.Record) (lease.Record, bool)) (lease.Change, error) {
+func (p *Plugin) updateLease(id uint64, now int64, f func(lease.Record) (lease.Record, bool)) (lease.Change, error) {
 	ch, err := p.leases.Update(id, now, f)
 	if ch.Evicted {
 		p.metrics.evictions.Increment(1)
@@ -100,7 +98,7 @@ func (p *pluginContext) updateLease(id uint64, now int64, f func(lease.Record) (
 
 // spendLeases spends the request's leased takes. It returns a rejection,
 // or wait when the request waits for a lease call.
-func (c *httpContext) spendLeases() (rej *rejection, wait bool) {
+func (c *Request) spendLeases() (rej *rejection, wait bool) {
 	p, pl := c.plugin, &c.plan
 	n := len(pl.leased)
 	pl.spends = pl.spends[:0]
@@ -121,7 +119,7 @@ func (c *httpContext) spendLeases() (rej *rejection, wait bool) {
 			p.metrics.evictions.Increment(1)
 		}
 		if r.Refill != 0 {
-			p.refill(pl.leased[i], r.Record, r.Refill, c.id)
+			p.refill(pl.leased[i], r.Record, r.Refill)
 		}
 	}
 	if ok {
@@ -163,7 +161,7 @@ func (c *httpContext) spendLeases() (rej *rejection, wait bool) {
 // leaseServiceDown applies failure_mode for a request whose lease is short
 // while the service is failing: deny rejects it, allow lets it through
 // (counted as failed open).
-func (c *httpContext) leaseServiceDown(ru *rule) *rejection {
+func (c *Request) leaseServiceDown(ru *rule) *rejection {
 	if ru.Service.FailureMode == config.FailDeny {
 		return &rejection{rule: ru, reason: reasonServiceDown}
 	}
@@ -176,7 +174,7 @@ func (c *httpContext) leaseServiceDown(ru *rule) *rejection {
 // leaseCall sends the lease call a short request waits for, over its short
 // leases: its cost from each at least, and each lease's size for the leases
 // whose refill marker it claimed.
-func (c *httpContext) leaseCall(short []take) error {
+func (c *Request) leaseCall(short []take) error {
 	p, now := c.plugin, c.plan.now
 	req := &wire.LeaseRequest{Buckets: make([]wire.LeaseBucket, len(short))}
 	claims := make([]int64, len(short))
@@ -191,8 +189,8 @@ func (c *httpContext) leaseCall(short []take) error {
 		req.Buckets[i] = wire.LeaseBucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst, Want: want, Min: t.cost}
 		p.held.add(t)
 	}
-	err := p.leasePost(short[0].rule.Service, req, func(numHeaders, bodySize, _ int) {
-		c.onLeaseAnswer(short, req, claims, numHeaders, bodySize)
+	err := p.leasePost(c.stream, short[0].rule.Service, req, func(a *Answer) {
+		c.onLeaseAnswer(short, req, claims, a)
 	})
 	if err != nil {
 		p.settleLeases(short, nil, claims, nil, now)
@@ -205,10 +203,10 @@ func (c *httpContext) leaseCall(short []take) error {
 // costs from the grants (the rest goes to the leases) and from its other
 // leases, all or none. An answer that comes after Envoy answered the
 // request itself puts the whole grant into the leases.
-func (c *httpContext) onLeaseAnswer(short []take, req *wire.LeaseRequest, claims []int64, numHeaders, bodySize int) {
+func (c *Request) onLeaseAnswer(short []take, req *wire.LeaseRequest, claims []int64, ans *Answer) {
 	p, pl := c.plugin, &c.plan
 	now := p.now()
-	a, why := readLeaseAnswer(req, numHeaders, bodySize)
+	a, why := readLeaseAnswer(req, ans)
 	waiting := c.waiting()
 	var costs []float64 // nil: the request takes nothing from the grants
 	if waiting {
@@ -273,7 +271,7 @@ func (c *httpContext) onLeaseAnswer(short []take, req *wire.LeaseRequest, claims
 				p.metrics.evictions.Increment(1)
 			}
 			if r.Refill != 0 {
-				p.refill(*t, r.Record, r.Refill, c.id)
+				p.refill(*t, r.Record, r.Refill)
 			}
 			t.d = leaseDecision(t.rule, &r.Record, now)
 			k++
@@ -298,7 +296,7 @@ func indexOf(takes []take, t take) int {
 // costs is nil) is what the waiting request takes from take i's grant; the
 // rest goes into the lease. claims[i] is the marker stamp take i's call
 // claimed (0: none), which only this answer releases.
-func (p *pluginContext) settleLeases(takes []take, costs []float64, claims []int64, a *wire.LeaseAnswer, now int64) []lease.Record {
+func (p *Plugin) settleLeases(takes []take, costs []float64, claims []int64, a *wire.LeaseAnswer, now int64) []lease.Record {
 	recs := make([]lease.Record, len(takes))
 	for i, t := range takes {
 		pol, claim, cost := t.rule.lease, claims[i], 0.0
@@ -325,8 +323,8 @@ func (p *pluginContext) settleLeases(takes []take, costs []float64, claims []int
 }
 
 // readLeaseAnswer reads the answer to a lease call, or why it is unusable.
-func readLeaseAnswer(req *wire.LeaseRequest, numHeaders, bodySize int) (*wire.LeaseAnswer, string) {
-	raw, why := answerBody(numHeaders, bodySize)
+func readLeaseAnswer(req *wire.LeaseRequest, ans *Answer) (*wire.LeaseAnswer, string) {
+	raw, why := answerBody(ans)
 	if why != "" {
 		return nil, why
 	}
@@ -338,25 +336,24 @@ func readLeaseAnswer(req *wire.LeaseRequest, numHeaders, bodySize int) (*wire.Le
 }
 
 // refill sends the refill a spend claimed (claim: the marker's stamp),
-// detached from the request.
-func (p *pluginContext) refill(t take, rec lease.Record, claim int64, from uint32) {
+// owned by the plugin, not the request.
+func (p *Plugin) refill(t take, rec lease.Record, claim int64) {
 	p.held.add(t)
 	req := &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{
 		Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst, Want: t.rule.lease.Want(&rec, 0)}}}
-	p.detached([]take{t}, []int64{claim}, req, from)
+	p.detached([]take{t}, []int64{claim}, req)
 }
 
 // detached sends a refill or return call over takes (claims: their marker
-// stamps) owned by the plugin context, so its answer is recorded whatever
-// becomes of the request that caused it; from is the context the callback
-// runs in. A detached call that fails only releases its claims: no request
+// stamps) owned by the plugin, so its answer is recorded whatever becomes
+// of the request that caused it. A detached call that fails only releases its claims: no request
 // waited for it, and the next request that finds a lease short asks the
 // service itself (a failed refill marking the lease down would let that
 // key's requests pass unchecked under failure_mode allow, as when a flood
 // of other keys slows the service).
-func (p *pluginContext) detached(takes []take, claims []int64, req *wire.LeaseRequest, from uint32) {
-	answer := func(numHeaders, bodySize, _ int) {
-		a, why := readLeaseAnswer(req, numHeaders, bodySize)
+func (p *Plugin) detached(takes []take, claims []int64, req *wire.LeaseRequest) {
+	answer := func(ans *Answer) {
+		a, why := readLeaseAnswer(req, ans)
 		if why != "" {
 			p.serviceFailed(takes, why)
 			p.releaseLeases(takes, claims, p.now())
@@ -364,7 +361,7 @@ func (p *pluginContext) detached(takes []take, claims []int64, req *wire.LeaseRe
 		}
 		p.settleLeases(takes, nil, claims, a, p.now())
 	}
-	err := p.asPlugin(from, func() error { return p.leasePost(takes[0].rule.Service, req, answer) })
+	err := p.leasePost(p.host, takes[0].rule.Service, req, answer)
 	if err != nil {
 		p.serviceFailed(takes, "dispatching a lease call: "+err.Error())
 		p.releaseLeases(takes, claims, p.now())
@@ -372,7 +369,7 @@ func (p *pluginContext) detached(takes []take, claims []int64, req *wire.LeaseRe
 }
 
 // releaseLeases releases the call markers claims of takes' leases.
-func (p *pluginContext) releaseLeases(takes []take, claims []int64, now int64) {
+func (p *Plugin) releaseLeases(takes []take, claims []int64, now int64) {
 	for i, t := range takes {
 		claim := claims[i]
 		_, _ = p.updateLease(t.id, now, func(r lease.Record) (lease.Record, bool) {
@@ -386,9 +383,9 @@ func (p *pluginContext) releaseLeases(takes []take, claims []int64, now int64) {
 }
 
 // leasePost sends one lease call, counted.
-func (p *pluginContext) leasePost(s *config.Service, req *wire.LeaseRequest, answer func(int, int, int)) error {
+func (p *Plugin) leasePost(by caller, s *config.Service, req *wire.LeaseRequest, answer func(*Answer)) error {
 	p.metrics.leaseCalls.Increment(1)
-	return post(s, s.LeasePath, wire.AppendLeaseRequest(make([]byte, 0, 160*len(req.Buckets)), req), answer)
+	return post(by, s, s.LeasePath, wire.AppendLeaseRequest(make([]byte, 0, 160*len(req.Buckets)), req), answer)
 }
 
 // returnExpired hands back the tokens of this worker's expired leases and
@@ -398,7 +395,7 @@ func (p *pluginContext) leasePost(s *config.Service, req *wire.LeaseRequest, ans
 // amount is what the winning write took out of its lease (lease.Policy
 // Return), so a lease another worker spent from or returned meanwhile
 // never sends more than it held.
-func (p *pluginContext) returnExpired() {
+func (p *Plugin) returnExpired() {
 	now := p.now()
 	h := &p.held
 	var takes []take
@@ -406,7 +403,7 @@ func (p *pluginContext) returnExpired() {
 	var req *wire.LeaseRequest
 	flush := func() {
 		if req != nil {
-			p.detached(takes, claims, req, p.id)
+			p.detached(takes, claims, req)
 			takes, claims, req = nil, nil, nil
 		}
 	}
@@ -454,21 +451,4 @@ func leaseDecision(ru *rule, r *lease.Record, now int64) bucket.Decision {
 		Remaining:  int64(min(r.Tokens+r.Remaining, ru.limit.Burst)),
 		ResetAfter: time.Duration(max(min(r.ResetAt-now, longest), 0)),
 	}
-}
-
-// asPlugin runs f with the plugin context as the host's effective context,
-// so the calls f dispatches belong to it, then returns to context from (the
-// callback's own).
-func (p *pluginContext) asPlugin(from uint32, f func() error) error {
-	if from == p.id {
-		return f()
-	}
-	if err := proxywasm.SetEffectiveContext(p.id); err != nil {
-		return err
-	}
-	err := f()
-	if err := proxywasm.SetEffectiveContext(from); err != nil {
-		p.warn(&p.serviceLog, "back to the request's context: "+err.Error())
-	}
-	return err
 }

@@ -1,4 +1,4 @@
-package plugin
+package engine
 
 import (
 	"math"
@@ -27,7 +27,7 @@ type take struct {
 	amount float64
 }
 
-// plan is one request's decision in the making. It lives on the httpContext
+// plan is one request's decision in the making. It lives on the Request
 // because a cluster rule's answer arrives in a later callback.
 type plan struct {
 	now                  int64
@@ -50,7 +50,7 @@ type plan struct {
 // (its keys are present, or missing_key is "shared"), or rejects for
 // missing_key "deny"; one that matches but lacks a key with "skip" does not
 // apply, and the next member is tried.
-func (c *httpContext) planRules(r *request) *rejection {
+func (c *Request) planRules(r *request) *rejection {
 	p := c.plugin
 	var claimedBuf [4]string
 	claimed := claimedBuf[:0] // groups whose member applied

@@ -1,9 +1,7 @@
-package plugin
+package engine
 
 import (
 	"strconv"
-
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/lease"
@@ -12,7 +10,7 @@ import (
 
 // decideShadows runs each local shadow rule's bucket on its own: it consumes
 // as an enforced rule would, counts what it would reject, and never rejects.
-func (c *httpContext) decideShadows() {
+func (c *Request) decideShadows() {
 	for i := range c.plan.shadowLocal {
 		t := &c.plan.shadowLocal[i]
 		ok, _, err := c.decide(c.plan.now, c.plan.shadowLocal[i:i+1])
@@ -30,7 +28,7 @@ func (c *httpContext) decideShadows() {
 
 // enforceLocal decides the enforced local rules as one atomic stack. On a
 // shared-data error it fails open: nothing was consumed, the rules count it.
-func (c *httpContext) enforceLocal() *rejection {
+func (c *Request) enforceLocal() *rejection {
 	pl := &c.plan
 	if len(pl.local) == 0 {
 		return nil
@@ -59,7 +57,7 @@ func (c *httpContext) enforceLocal() *rejection {
 // decide takes every take's cost from its bucket in shared data, all or
 // nothing; out (the request's scratch) holds the decisions until the next
 // call.
-func (c *httpContext) decide(now int64, takes []take) (ok bool, out []bucket.Decision, err error) {
+func (c *Request) decide(now int64, takes []take) (ok bool, out []bucket.Decision, err error) {
 	p, s := c.plugin, &c.scratch
 	s.reqs = s.reqs[:0]
 	for _, t := range takes {
@@ -75,7 +73,7 @@ func (c *httpContext) decide(now int64, takes []take) (ok bool, out []bucket.Dec
 // spends from leases and its local rules' tokens (a later check rejected
 // it). It is called only by end, so each token is given back at most once;
 // the held flags it clears are the record of what was taken.
-func (c *httpContext) giveBack() {
+func (c *Request) giveBack() {
 	pl := &c.plan
 	p := c.plugin
 	now := p.now()
@@ -116,7 +114,7 @@ func rejecting(takes []take, out []bucket.Decision) *rejection {
 
 // show makes ru's decision the one the response headers report if ru is the
 // closest to its limit so far (the smallest fraction of its burst left).
-func (c *httpContext) show(ru *rule, d bucket.Decision) {
+func (c *Request) show(ru *rule, d bucket.Decision) {
 	f := float64(d.Remaining) / ru.limit.Burst
 	if c.shown == nil || f < c.shownLeft {
 		c.shown, c.decision, c.shownLeft = ru, d, f
@@ -125,9 +123,9 @@ func (c *httpContext) show(ru *rule, d bucket.Decision) {
 
 // shadowRejected counts a shadow rule's would-be rejection and logs it at
 // most once a second per rule.
-func (c *httpContext) shadowRejected(ru *rule) {
+func (c *Request) shadowRejected(ru *rule) {
 	ru.shadowRej.Increment(1)
 	if n, ok := ru.shadowLog.allow(c.plugin.now()); ok {
-		proxywasm.LogInfo(Name + ": shadow rule " + strconv.Quote(ru.Name) + " would have rejected a request (" + strconv.Itoa(n) + " similar lines suppressed)")
+		c.plugin.host.Log(LogInfo, Name+": shadow rule "+strconv.Quote(ru.Name)+" would have rejected a request ("+strconv.Itoa(n)+" similar lines suppressed)")
 	}
 }

@@ -1,4 +1,4 @@
-package plugin
+package engine
 
 import (
 	"crypto/hmac"
@@ -7,8 +7,6 @@ import (
 	"hash"
 	"strconv"
 	"time"
-
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -73,10 +71,10 @@ func appendHex(b []byte, v uint64) []byte {
 // dispatch sends the request's enforced cluster buckets, with its shadow
 // cluster buckets riding along, to the limit service in one callout; the
 // request waits for the answer (or Envoy's timeout).
-func (c *httpContext) dispatch() (rej *rejection, wait bool) {
+func (c *Request) dispatch() (rej *rejection, wait bool) {
 	takes := append(append([]take(nil), c.plan.cluster...), c.plan.shadowC...)
 	c.shadowsSent = true
-	err := c.call(takes, func(numHeaders, bodySize, _ int) { c.onAnswer(takes, numHeaders, bodySize) })
+	err := call(c.stream, takes, func(a *Answer) { c.onAnswer(takes, a) })
 	if err != nil {
 		return c.serviceFailed(takes, "dispatching the call: "+err.Error()), false
 	}
@@ -86,31 +84,34 @@ func (c *httpContext) dispatch() (rej *rejection, wait bool) {
 // dispatchShadow sends the request's shadow cluster buckets on their own,
 // without pausing the request. The plugin context owns the call, so the
 // answer is counted even when it arrives after the request has ended.
-func (c *httpContext) dispatchShadow() {
+func (c *Request) dispatchShadow() {
 	p := c.plugin
 	takes := c.plan.shadowC
 	c.shadowsSent = true
-	err := p.asPlugin(c.id, func() error {
-		return c.call(takes, func(numHeaders, bodySize, _ int) { p.onShadowAnswer(takes, numHeaders, bodySize) })
-	})
+	err := call(p.host, takes, func(a *Answer) { p.onShadowAnswer(takes, a) })
 	if err != nil {
 		p.serviceFailed(takes, "dispatching the shadow call: "+err.Error())
 	}
 }
 
-// call sends one decision over takes to the limit service.
-func (c *httpContext) call(takes []take, answer func(numHeaders, bodySize, numTrailers int)) error {
+// caller is who owns a call: the plugin (Host) or one request (Stream).
+type caller interface {
+	Callout(call *Call, answer func(*Answer)) error
+}
+
+// call sends one decision over takes to the limit service, owned by by.
+func call(by caller, takes []take, answer func(*Answer)) error {
 	req := &wire.Request{Buckets: make([]wire.Bucket, len(takes))}
 	for i, t := range takes {
 		req.Buckets[i] = wire.Bucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst,
 			Cost: t.cost, Shadow: t.rule.Mode == config.ModeShadow}
 	}
-	return post(takes[0].rule.Service, "", wire.AppendRequest(make([]byte, 0, 64+112*len(takes)), req), answer)
+	return post(by, takes[0].rule.Service, "", wire.AppendRequest(make([]byte, 0, 64+112*len(takes)), req), answer)
 }
 
 // post sends body to the limit service's path (the configured decide path
 // when path is ""), with the service's bearer token.
-func post(s *config.Service, path string, body []byte, answer func(numHeaders, bodySize, numTrailers int)) error {
+func post(by caller, s *config.Service, path string, body []byte, answer func(*Answer)) error {
 	if path == "" {
 		path = s.Path
 	}
@@ -121,17 +122,16 @@ func post(s *config.Service, path string, body []byte, answer func(numHeaders, b
 	if s.Token != "" {
 		hs = append(hs, [2]string{"authorization", "Bearer " + s.Token})
 	}
-	_, err := proxywasm.DispatchHttpCall(s.Cluster, hs, body, nil, uint32(s.TimeoutMS), answer)
-	return err
+	return by.Callout(&Call{Cluster: s.Cluster, Headers: hs, Body: body, TimeoutMS: uint32(s.TimeoutMS), MaxBody: wire.MaxAnswerBytes}, answer)
 }
 
 // onAnswer applies the limit service's answer to the paused request and
 // goes on with its decision. The shadow buckets riding in the call are
 // counted whatever became of the request; an answer that comes after Envoy
 // answered the request itself changes nothing of it.
-func (c *httpContext) onAnswer(takes []take, numHeaders, bodySize int) {
+func (c *Request) onAnswer(takes []take, a *Answer) {
 	n := len(c.plan.cluster)
-	ds, why := readAnswer(takes, numHeaders, bodySize)
+	ds, why := readAnswer(takes, a)
 	if why == "" {
 		countShadows(c.plugin, takes, ds)
 		for i := range c.plan.shadowC {
@@ -161,8 +161,8 @@ func (c *httpContext) onAnswer(takes []take, numHeaders, bodySize int) {
 }
 
 // onShadowAnswer counts what a shadow-only call's buckets decided.
-func (p *pluginContext) onShadowAnswer(takes []take, numHeaders, bodySize int) {
-	ds, why := readAnswer(takes, numHeaders, bodySize)
+func (p *Plugin) onShadowAnswer(takes []take, a *Answer) {
+	ds, why := readAnswer(takes, a)
 	if why != "" {
 		p.serviceFailed(takes, why)
 		return
@@ -177,7 +177,7 @@ func (p *pluginContext) onShadowAnswer(takes []take, numHeaders, bodySize int) {
 }
 
 // countShadows counts the shadow buckets' decisions of an answer.
-func countShadows(p *pluginContext, takes []take, ds []bucket.Decision) {
+func countShadows(p *Plugin, takes []take, ds []bucket.Decision) {
 	for i, t := range takes {
 		if t.rule.Mode != config.ModeShadow {
 			continue
@@ -188,7 +188,7 @@ func countShadows(p *pluginContext, takes []take, ds []bucket.Decision) {
 		}
 		t.rule.shadowRej.Increment(1)
 		if n, ok := t.rule.shadowLog.allow(p.now()); ok {
-			proxywasm.LogInfo(Name + ": shadow rule " + strconv.Quote(t.rule.Name) + " would have rejected a request (" + strconv.Itoa(n) + " similar lines suppressed)")
+			p.host.Log(LogInfo, Name+": shadow rule "+strconv.Quote(t.rule.Name)+" would have rejected a request ("+strconv.Itoa(n)+" similar lines suppressed)")
 		}
 	}
 }
@@ -196,8 +196,8 @@ func countShadows(p *pluginContext, takes []take, ds []bucket.Decision) {
 // readAnswer reads the limit service's answer to a call over takes: one
 // decision per take, or why the answer is unusable (wire.DecodeAnswer
 // bounds and checks it: it is untrusted input).
-func readAnswer(takes []take, numHeaders, bodySize int) ([]bucket.Decision, string) {
-	raw, why := answerBody(numHeaders, bodySize)
+func readAnswer(takes []take, ans *Answer) ([]bucket.Decision, string) {
+	raw, why := answerBody(ans)
 	if why != "" {
 		return nil, why
 	}
@@ -219,36 +219,25 @@ func readAnswer(takes []take, numHeaders, bodySize int) ([]bucket.Decision, stri
 
 // answerBody is the body of a 200 answer from the limit service, or why
 // there is none to read.
-func answerBody(numHeaders, bodySize int) ([]byte, string) {
-	if numHeaders == 0 { // Envoy's sign of a failed call: reset, timeout, no cluster
+func answerBody(a *Answer) ([]byte, string) {
+	switch {
+	case a.Failed:
 		return nil, "no response (timeout or connection failure)"
-	}
-	status := ""
-	if hs, err := proxywasm.GetHttpCallResponseHeaders(); err == nil {
-		for _, h := range hs {
-			if h[0] == ":status" {
-				status = h[1]
-			}
-		}
-	}
-	if status != "200" {
-		return nil, "status " + status
-	}
-	if bodySize > wire.MaxAnswerBytes {
+	case a.Status != "200":
+		return nil, "status " + a.Status
+	case a.TooLarge:
 		return nil, "malformed response body: larger than " + strconv.Itoa(wire.MaxAnswerBytes) + " bytes"
+	case a.Err != nil:
+		return nil, "reading the response body: " + a.Err.Error()
 	}
-	raw, err := proxywasm.GetHttpCallResponseBody(0, bodySize)
-	if err != nil {
-		return nil, "reading the response body: " + err.Error()
-	}
-	return raw, ""
+	return a.Body, ""
 }
 
 // serviceFailed counts and logs a failed call and applies failure_mode: for
 // "deny" it returns the rejection (end gives back what the request took),
 // for "allow" the cluster rules count a fail-open and it returns nil.
 // Shadow buckets never reject: they count nothing more.
-func (c *httpContext) serviceFailed(takes []take, why string) *rejection {
+func (c *Request) serviceFailed(takes []take, why string) *rejection {
 	c.plugin.serviceFailed(takes, why)
 	first := takes[0].rule
 	if first.Mode == config.ModeShadow {
@@ -264,7 +253,7 @@ func (c *httpContext) serviceFailed(takes []take, why string) *rejection {
 }
 
 // serviceFailed counts and logs (rate-limited) a failed limit-service call.
-func (p *pluginContext) serviceFailed(takes []take, why string) {
+func (p *Plugin) serviceFailed(takes []take, why string) {
 	p.metrics.serviceErrors.Increment(1)
 	s := takes[0].rule.Service
 	p.warn(&p.serviceLog, "limit service "+s.Cluster+": "+why+" (failure_mode "+s.FailureMode.String()+")")

@@ -1,18 +1,16 @@
-package plugin
+package engine
 
 import (
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
-
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/lease"
 	"github.com/ratelimit-wasm/tokenbucket/store"
 )
 
-// httpContext decides one request.
-type httpContext struct {
-	types.DefaultHttpContext
-	plugin *pluginContext
-	id     uint32
+// Request decides one request. The host makes one with Plugin.NewRequest
+// and may use it again for another request after Done.
+type Request struct {
+	plugin *Plugin
+	stream Stream
 
 	plan plan
 	// The decision's progress: the next step (step), whether the request
@@ -22,6 +20,7 @@ type httpContext struct {
 	step        step
 	paused      bool
 	ended       bool
+	done        bool // Done ran: the next callback starts a new request
 	shadowsSent bool // the shadow cluster rules went out (alone or riding a call)
 	// What the response headers report: the enforced rule closest to its
 	// limit, or none.
@@ -82,31 +81,29 @@ const (
 	stepDone
 )
 
-// maxFreeContexts bounds the contexts a plugin context keeps for reuse
-// (pluginContext.free): a burst of concurrent requests leaves at most that
-// many behind, about 1.6 KB each (with a response_json scan state inline).
-const maxFreeContexts = 128
+// NewRequest returns a Request on s for the host to drive: OnRequestHeaders,
+// then the response's callbacks, then Done.
+func (p *Plugin) NewRequest(s Stream) *Request { return &Request{plugin: p, stream: s} }
 
-// OnHttpStreamDone implements types.HttpContext: the SDK forgets the
-// context after this (natively after proxy_on_log; on wasip1 our glue calls
-// it from proxy_on_delete, since proxy_on_log is not exported), so its
-// memory serves a later request. An answer to a callout of this request
-// that arrives later is dropped by the SDK (its context id is gone), and
-// shadow callouts keep their own takes, never the context's.
-func (c *httpContext) OnHttpStreamDone() {
-	p := c.plugin
-	if p == nil {
-		return // already free (a host calling both proxy_on_log and proxy_on_delete)
+// Done ends the request's life in the engine: a body scan still waiting
+// (a reset, or the client gone, before the body's end) is settled as cut
+// short. The Request is then empty, holding only its scratch buffers, and
+// the host may use it for another request of the same plugin. An answer to
+// a callout of this request that arrives later must not be delivered (a
+// proxy-wasm host drops it with the context); shadow callouts keep their
+// own takes, never the request's.
+func (c *Request) Done() {
+	if c.done {
+		return // already done (a host calling it twice)
 	}
 	if c.body.active {
-		c.cutShort() // a reset, or the client gone, before the body's end
+		c.cutShort()
 	}
+	p, s := c.plugin, c.stream
 	keep := c.scratch.keep()
-	*c = httpContext{} // drop every reference: the free list holds nothing alive
-	c.scratch = keep
-	if len(p.free) < maxFreeContexts {
-		p.free = append(p.free, c)
-	}
+	*c = Request{} // drop every reference
+	c.plugin, c.stream, c.scratch = p, s, keep
+	c.done = true
 }
 
 // rejection is why a request is answered by the plugin.
@@ -127,11 +124,12 @@ const (
 
 // OnHttpRequestHeaders implements types.HttpContext: read the request once,
 // decide once, answer once.
-func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
+func (c *Request) OnRequestHeaders() Action {
 	p := c.plugin
+	c.done = false
 	c.plan = plan{now: p.now()}
 	c.plan.local = c.plan.buf[:0]
-	rej := c.planRules(&request{cfg: p.cfg, values: c.values[:0]})
+	rej := c.planRules(&request{s: c.stream, cfg: p.cfg, values: c.values[:0]})
 	c.askIdentityEncoding()
 	c.decideShadows()
 	if rej == nil {
@@ -146,7 +144,7 @@ func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 // waits for a call (the request pauses; the call's answer calls next
 // again) or none is left, and then ends the request. Every step and every
 // answer returns through here, so a request ends in one place: end.
-func (c *httpContext) next(rej *rejection) types.Action {
+func (c *Request) next(rej *rejection) Action {
 	for rej == nil && c.step != stepDone {
 		wait := false
 		switch c.step {
@@ -163,7 +161,7 @@ func (c *httpContext) next(rej *rejection) types.Action {
 		}
 		if wait {
 			c.paused = true
-			return types.ActionPause
+			return Pause
 		}
 	}
 	return c.end(rej)
@@ -175,7 +173,7 @@ func (c *httpContext) next(rej *rejection) types.Action {
 // alone; a paused request is resumed unless the reply answered it. It
 // returns the action for the request-headers callback (a callout's answer
 // ignores it).
-func (c *httpContext) end(rej *rejection) types.Action {
+func (c *Request) end(rej *rejection) Action {
 	paused := c.paused
 	c.step, c.paused, c.ended = stepDone, false, true
 	if rej != nil {
@@ -185,15 +183,15 @@ func (c *httpContext) end(rej *rejection) types.Action {
 		c.dispatchShadow()
 	}
 	if rej != nil && c.sendReply(*rej) {
-		return types.ActionPause
+		return Pause
 	}
 	if paused {
-		resume(c.plugin)
+		c.resume()
 	}
-	return types.ActionContinue
+	return Continue
 }
 
 // waiting reports whether the request still waits for the answer of a
 // call: false once Envoy answered it itself (a stream timeout, a reset),
 // when a late answer may only record what it says of the buckets.
-func (c *httpContext) waiting() bool { return c.paused && !c.ended }
+func (c *Request) waiting() bool { return c.paused && !c.ended }

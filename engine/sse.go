@@ -1,4 +1,4 @@
-package plugin
+package engine
 
 import (
 	"math"
@@ -27,9 +27,9 @@ type bodyTarget struct {
 	cost  float64
 }
 
-// scanBytes is what one target's scan holds, for the VM's budget of
-// in-flight scans (maxBodyHeld).
-const scanBytes = int(unsafe.Sizeof(bodyTarget{}))
+// ScanBytes is what one response_json target's scan holds, in bytes, for
+// the budget of in-flight scans (maxBodyHeld, Options.BodyBudget).
+const ScanBytes = int(unsafe.Sizeof(bodyTarget{}))
 
 // reset makes the target ready for the next document.
 func (t *bodyTarget) reset() {

@@ -1,20 +1,20 @@
-package plugin
+package engine
 
 import (
 	"math"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+	"unsafe"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
 )
 
 // resume continues the paused request.
-func resume(p *pluginContext) {
-	if err := proxywasm.ResumeHttpRequest(); err != nil {
+func (c *Request) resume() {
+	if err := c.stream.Resume(); err != nil {
+		p := c.plugin
 		p.warn(&p.replyLog, "resuming the request: "+err.Error())
 	}
 }
@@ -29,7 +29,7 @@ func resume(p *pluginContext) {
 // carries "Retry-After: 1" (the outage is the service's, its end unknown);
 // cost_exceeds_burst and missing_limit_key never pass by waiting and carry
 // neither.
-func (c *httpContext) sendReply(rej rejection) bool {
+func (c *Request) sendReply(rej rejection) bool {
 	ru := rej.rule
 	status, errName := ru.Status, "rate_limited"
 	if rej.reason == reasonMissingKey {
@@ -57,7 +57,7 @@ func (c *httpContext) sendReply(rej rejection) bool {
 		hs = append(hs, [2]string{"content-type", "application/json"})
 		body = defaultBody(errName, ru.Name, rej.reason, retry)
 	}
-	if err := proxywasm.SendHttpResponse(uint32(status), hs, []byte(body), -1); err != nil {
+	if err := c.stream.SendReply(status, hs, []byte(body)); err != nil {
 		ru.failedOpen.Increment(1)
 		p := c.plugin
 		p.warn(&p.replyLog, "sending the "+strconv.Itoa(status)+" reply failed, the request goes on (counted in rule."+ru.Name+".failed_open): "+err.Error())
@@ -81,7 +81,7 @@ func wholeSeconds(d time.Duration) int64 {
 // time until the bucket is full again. The values it formats alias the
 // plugin's scratch buffer and are valid only during the call to add (see
 // hostString), so the allowed path allocates nothing here.
-func (c *httpContext) rateLimitHeaders(ru *rule, d bucket.Decision, add func(name, value string)) {
+func (c *Request) rateLimitHeaders(ru *rule, d bucket.Decision, add func(name, value string)) {
 	style := c.plugin.cfg.Headers
 	if style == config.HeadersNone {
 		return
@@ -100,14 +100,14 @@ func (c *httpContext) rateLimitHeaders(ru *rule, d bucket.Decision, add func(nam
 		*b = strconv.AppendInt(*b, remaining, 10)
 		*b = append(*b, ";t="...)
 		*b = strconv.AppendInt(*b, t, 10)
-		add("ratelimit", hostString(*b))
+		add("ratelimit", aliasString(*b))
 	}
 	if style == config.HeadersBoth || style == config.HeadersLegacy {
 		add("ratelimit-limit", ru.burst)
 		*b = strconv.AppendInt((*b)[:0], remaining, 10)
-		add("ratelimit-remaining", hostString(*b))
+		add("ratelimit-remaining", aliasString(*b))
 		*b = strconv.AppendInt((*b)[:0], t, 10)
-		add("ratelimit-reset", hostString(*b))
+		add("ratelimit-reset", aliasString(*b))
 	}
 }
 
@@ -137,3 +137,8 @@ func defaultBody(errName, rule, reason string, retry int64) string {
 	}
 	return string(append(b, '}'))
 }
+
+// aliasString lends b to a host call as a string without copying. The
+// string is valid only during the call: Stream.AddResponseHeader's contract
+// (a host that keeps a value copies it).
+func aliasString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }

@@ -1,0 +1,305 @@
+// Package engine is the rate limiter's engine: it parses a configuration,
+// decides each request against its rules (local buckets in shared data,
+// leases and the limit service for cluster rules), answers it, and settles
+// costs known from the response. It sees its host only through two small
+// interfaces, Host (the plugin's: clock, shared data, metrics, logs,
+// callouts it owns) and Stream (one request's: headers, body, reply,
+// resume, callouts it owns), and imports no host SDK: package plugin adapts
+// it to proxy-wasm (the Wasm module), and a test drives it with a fake host.
+//
+// One request, file by file in the order it happens: its values and bucket
+// identities are read from the host at most once each (request.go); the
+// rules are walked once into a plan of takes, the buckets it asks of each
+// rule (plan.go); local shadow rules are decided alone and the enforced
+// local rules as one atomic stack in shared data (local.go); then the
+// leased cluster rules (lease.go) and the per-request ones, in one callout
+// (cluster.go). Every step and every answer goes on through one function,
+// and the request ends in one place (http.go: next and end), which gives
+// back what the request took, once, when it is rejected, and answers it by
+// continuing it or by one local reply (reply.go). The response settles
+// costs known from it (response.go, sse.go). A take's held flag is the one
+// record of what was taken, so a refund can only give back what was taken.
+//
+// # Concurrency
+//
+// A Plugin and its Requests are called from one thread at a time, as a
+// proxy-wasm VM calls them (each Envoy worker has its own VM and its own
+// Plugin; they share state only through the host's shared data, whose
+// compare-and-swap makes every decision exact across workers). A Request
+// keeps everything it needs on itself: nothing is shared through the Plugin
+// between calls except plugin-wide state (held leases, log throttles, the
+// body budget). A host that calls from several threads at once gives each
+// thread its own Plugin over the same shared data, or serializes calls to
+// one.
+//
+// Configuration errors fail New (the host refuses the plugin); errors on a
+// request fail open and are counted per rule; every log line a request can
+// trigger is rate-limited (at most one a second per kind and per Plugin).
+package engine
+
+import (
+	"math"
+	"runtime"
+	"strconv"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/internal/jsonpath"
+	"github.com/ratelimit-wasm/tokenbucket/lease"
+	"github.com/ratelimit-wasm/tokenbucket/store"
+)
+
+// Name prefixes the plugin's shared-data keys, metrics and logs.
+const Name = "tokenbucket"
+
+// SeedKey holds the placement seed of the bucket and lease tables: one per
+// Envoy process, shared by every worker and configuration (slots.LoadSeed).
+const SeedKey = Name + ":seed"
+
+// Plugin is one configuration's compiled rules over a Host. Build it with
+// New.
+type Plugin struct {
+	host Host
+
+	cfg     *config.Config
+	rules   []*rule
+	table   *store.Table
+	leases  *lease.Table
+	held    heldLeases // leases this worker called for (returnExpired)
+	metrics globalMetrics
+	// One rate limit per kind of log line a request can trigger.
+	failLog, serviceLog, replyLog, headerLog throttle
+
+	// bodyHeld is the state of this VM's in-flight body scans, in bytes,
+	// within bodyBudget (see maxBodyHeld in response.go).
+	bodyHeld, bodyBudget int
+}
+
+// Options tune a Plugin beyond its configuration.
+type Options struct {
+	// BodyBudget bounds the bytes of in-flight body scans (0: maxBodyHeld).
+	BodyBudget int
+}
+
+// New parses and compiles a configuration for host, under the shared-data
+// prefix of rootID. A configuration the plugin refuses is a *RefusalError,
+// whose text is the line the host should log.
+func New(host Host, data []byte, rootID string, o Options) (*Plugin, error) {
+	p := &Plugin{host: host, bodyBudget: o.BodyBudget}
+	if p.bodyBudget <= 0 {
+		p.bodyBudget = maxBodyHeld
+	}
+	if err := p.configure(data, rootID); err != nil {
+		return nil, &RefusalError{Err: err}
+	}
+	return p, nil
+}
+
+// Rules is the number of rules the plugin runs, and MaxKeys its table's size.
+func (p *Plugin) Rules() int   { return len(p.rules) }
+func (p *Plugin) MaxKeys() int { return p.cfg.MaxKeys }
+
+// rule is a config.Rule with what the request path needs precomputed.
+type rule struct {
+	*config.Rule
+	limit      bucket.Limit
+	policy     string       // RateLimit-Policy value
+	quotedName string       // the name as a structured-field string: "name"
+	burst      string       // RateLimit-Limit value
+	identity   hasher       // hash of the rule name and its limit-key sources
+	lease      lease.Policy // sync "lease"
+	allowed    Counter
+	rejected   Counter
+	failedOpen Counter
+	shadowRej  Counter
+	shadowLog  throttle
+	// charges: the rule settles with the response (cost_source
+	// response_header or response_json, or charge_on); costMissing counts
+	// responses whose cost could not be read (defined only for rules whose
+	// cost comes from the response).
+	charges     bool
+	costMissing Counter
+	// response_json: the compiled path, and costTruncated counts responses
+	// charged truncated_cost (cut short, or encoded).
+	costPath      *jsonpath.Path
+	costTruncated Counter
+}
+
+type globalMetrics struct {
+	evictions, retries, refunds, serviceErrors, longValues, gcCycles, leaseCalls, chargeCalls Counter
+	heapBytes, sysBytes                                                                       Gauge
+}
+
+// RefusalError is a configuration the plugin refuses: OnPluginStart logs
+// its text as a critical line and fails, so Envoy refuses the plugin.
+type RefusalError struct{ Err error }
+
+func (e *RefusalError) Error() string {
+	return Name + ": invalid configuration, refusing to start: " + e.Err.Error()
+}
+
+func (e *RefusalError) Unwrap() error { return e.Err }
+
+// CheckConfiguration returns the *RefusalError OnPluginStart logs for data
+// as the plugin's configuration, or nil when the plugin would start with
+// it. It runs configure's validation (config.Parse, the only validator)
+// and needs no host, so a command can check a configuration without Envoy
+// (cmd/checkconfig).
+func CheckConfiguration(data []byte) error {
+	if _, err := parseConfiguration(data); err != nil {
+		return &RefusalError{Err: err}
+	}
+	return nil
+}
+
+// parseConfiguration is the validation of configure and of
+// CheckConfiguration.
+func parseConfiguration(data []byte) (*config.Config, error) { return config.Parse(data) }
+
+// Tick is the plugin's once-a-second work: it reports the Go runtime's
+// memory figures (ms, read by the host) and hands back expired leases. Every
+// worker's VM adds the change since its own last report, so the gauges are
+// sums over Envoy's workers and gc_cycles counts all their collections.
+func (p *Plugin) Tick(ms *runtime.MemStats) {
+	p.metrics.heapBytes.Add(int64(ms.HeapAlloc) - int64(reported.heap))
+	p.metrics.sysBytes.Add(int64(ms.Sys) - int64(reported.sys))
+	if gc := uint64(ms.NumGC); gc > reported.gc {
+		p.metrics.gcCycles.Increment(gc - reported.gc)
+	}
+	reported.heap, reported.sys, reported.gc = ms.HeapAlloc, ms.Sys, uint64(ms.NumGC)
+	if len(p.held.list) > 0 {
+		p.returnExpired()
+	}
+}
+
+// reported is what this VM has added to the memory metrics so far. It is
+// per VM, not per plugin context, so a reconfiguration carries on from it.
+var reported struct{ heap, sys, gc uint64 }
+
+// configure parses and compiles a configuration (config.Parse is the only
+// validator). Buckets live in shared data under a prefix of the root id, so
+// a new configuration (or another worker) finds the same buckets for rules
+// whose name and limit keys are unchanged.
+func (p *Plugin) configure(data []byte, rootID string) error {
+	cfg, err := parseConfiguration(data)
+	if err != nil {
+		return err
+	}
+	table, err := store.New(p.host.SharedData(), Name+":v2:"+rootID+":", cfg.MaxKeys)
+	if err != nil {
+		return err
+	}
+	table.WithSeed(SeedKey)
+	leases, err := lease.New(p.host.SharedData(), Name+":lease:v2:"+rootID+":", cfg.MaxKeys)
+	if err != nil {
+		return err
+	}
+	leases.WithSeed(SeedKey)
+	p.cfg, p.table, p.leases, p.held = cfg, table, leases, heldLeases{}
+	p.rules = make([]*rule, len(cfg.Rules))
+	for i := range cfg.Rules {
+		p.rules[i] = p.compile(&cfg.Rules[i])
+	}
+	p.metrics = globalMetrics{
+		evictions: p.host.Counter(Name + ".evictions"),
+		retries:   p.host.Counter(Name + ".cas_retries"),
+		refunds:   p.host.Counter(Name + ".refunds"),
+		// calls to the limit service that failed: timeout, connection, status, body
+		serviceErrors: p.host.Counter(Name + ".service_errors"),
+		// values longer than a regex condition reads (config.RegexBudget)
+		longValues: p.host.Counter(Name + ".regex_value_too_long"),
+		heapBytes:  p.host.Gauge(Name + ".memory.heap_bytes"),
+		sysBytes:   p.host.Gauge(Name + ".memory.sys_bytes"),
+		gcCycles:   p.host.Counter(Name + ".memory.gc_cycles"),
+		// lease calls sent: a request waiting, a refill, a return
+		leaseCalls: p.host.Counter(Name + ".lease_calls"),
+		// charge calls sent to the limit service (costs known from the
+		// response, charge_on refunds of cluster rules)
+		chargeCalls: p.host.Counter(Name + ".charge_calls"),
+	}
+	return nil
+}
+
+func (p *Plugin) compile(cr *config.Rule) *rule {
+	r := &rule{Rule: cr, limit: bucket.Limit{Rate: cr.Limit.TokensPerSecond, Burst: cr.Limit.Burst}}
+	h := newHasher().field(cr.Name)
+	for _, k := range cr.LimitKeys {
+		h = h.uvarint(int(k.Kind)).field(k.Name)
+	}
+	r.identity = h
+	if cr.Sync == config.SyncLease {
+		r.lease = leasePolicy(cr)
+	}
+	if cr.Action == config.ActionLimit {
+		window := int64(math.Ceil(cr.Limit.Burst / cr.Limit.TokensPerSecond))
+		r.quotedName = `"` + cr.Name + `"`
+		r.burst = formatNumber(cr.Limit.Burst)
+		r.policy = r.quotedName + ";q=" + r.burst + ";w=" + strconv.FormatInt(window, 10)
+	}
+	m := Name + ".rule." + cr.Name + "."
+	r.allowed = p.host.Counter(m + "allowed")
+	r.rejected = p.host.Counter(m + "rejected")
+	r.failedOpen = p.host.Counter(m + "failed_open")
+	r.shadowRej = p.host.Counter(m + "shadow_rejected")
+	if cr.Cost.FromResponse() {
+		r.costMissing = p.host.Counter(m + "cost_missing")
+	}
+	if cr.Cost.Source.Kind == config.SourceResponseJSON {
+		r.costPath = jsonpath.NewPath(cr.Cost.Source.Name)
+		r.costTruncated = p.host.Counter(m + "cost_truncated")
+	}
+	r.charges = cr.Cost.FromResponse() || cr.ChargeOn.Listed
+	return r
+}
+
+// formatNumber prints an integral float without a fraction.
+func formatNumber(f float64) string {
+	if f == math.Trunc(f) && math.Abs(f) < 1e15 {
+		return strconv.FormatInt(int64(f), 10)
+	}
+	return strconv.FormatFloat(f, 'f', -1, 64)
+}
+
+// count adds what a shared-data decision did besides deciding.
+func (p *Plugin) count(o store.Outcome) {
+	if o.Evictions > 0 {
+		p.metrics.evictions.Increment(uint64(o.Evictions))
+	}
+	if o.Retries > 0 {
+		p.metrics.retries.Increment(uint64(o.Retries))
+	}
+	if o.Refunds > 0 {
+		p.metrics.refunds.Increment(uint64(o.Refunds))
+	}
+}
+
+// throttle lets one log line a second through and counts the others, so no
+// request, however many arrive, can flood Envoy's log.
+type throttle struct {
+	last       int64 // Unix ns of the last line let through
+	suppressed int
+}
+
+// allow reports whether a line may be logged at now, and how many were
+// suppressed since the last one.
+func (t *throttle) allow(now int64) (suppressed int, ok bool) {
+	if t.last != 0 && now-t.last < 1e9 {
+		t.suppressed++
+		return 0, false
+	}
+	suppressed, t.last, t.suppressed = t.suppressed, now, 0
+	return suppressed, true
+}
+
+// warn logs a warning through t: at most one line a second.
+func (p *Plugin) warn(t *throttle, msg string) {
+	if n, ok := t.allow(p.now()); ok {
+		if n > 0 {
+			msg += " (" + strconv.Itoa(n) + " similar lines suppressed)"
+		}
+		p.host.Log(LogWarn, Name+": "+msg)
+	}
+}
+
+// now is the host's clock, Unix ns.
+func (p *Plugin) now() int64 { return p.host.Now() }

@@ -1,0 +1,90 @@
+package engine
+
+import "github.com/ratelimit-wasm/tokenbucket/internal/slots"
+
+// Host is what the engine needs from the proxy for the whole plugin.
+type Host interface {
+	// Now is the wall clock in Unix nanoseconds, the same for every worker.
+	Now() int64
+	// SharedData is the proxy's shared key/value store (every worker's),
+	// with Envoy's compare-and-swap semantics.
+	SharedData() slots.SharedData
+	// Counter and Gauge define a metric by name (at configuration time).
+	Counter(name string) Counter
+	Gauge(name string) Gauge
+	// Log writes one line at level.
+	Log(level LogLevel, msg string)
+	// Callout sends an HTTP call owned by the plugin: its answer is
+	// delivered whatever becomes of the request that caused it.
+	Callout(call *Call, answer func(*Answer)) error
+}
+
+// Stream is one request as the host offers it. Its methods act on that
+// request only.
+type Stream interface {
+	RequestHeader(name string) (string, bool)
+	// RequestHeaders are all the request's headers (names lower case).
+	RequestHeaders() [][2]string
+	// Property is the host's property at path (source address, metadata).
+	Property(path ...string) ([]byte, bool)
+	ReplaceRequestHeader(name, value string) error
+	ResponseHeader(name string) (string, bool)
+	// AddResponseHeader adds a header to the response. value is valid only
+	// during the call (it may alias the engine's scratch buffer): a host
+	// that keeps it must copy it.
+	AddResponseHeader(name, value string) error
+	// ResponseBody reads size bytes of the response body's current chunk
+	// from offset.
+	ResponseBody(offset, size int) ([]byte, error)
+	// SendReply answers the request with a local reply.
+	SendReply(status int, headers [][2]string, body []byte) error
+	// Resume goes on with a request the engine paused.
+	Resume() error
+	// Callout sends an HTTP call owned by this request: its answer is
+	// dropped when the request is gone.
+	Callout(call *Call, answer func(*Answer)) error
+}
+
+// Action is what the host does with a request after a callback: go on, or
+// hold it (the engine answered it, or waits for a call).
+type Action uint8
+
+const (
+	Continue Action = iota
+	Pause
+)
+
+// Counter and Gauge are metrics the host keeps (shown in Envoy's /stats).
+type (
+	Counter interface{ Increment(n uint64) }
+	Gauge   interface{ Add(n int64) }
+)
+
+// LogLevel is a log line's level.
+type LogLevel uint8
+
+const (
+	LogInfo LogLevel = iota
+	LogWarn
+	LogCritical
+)
+
+// Call is an HTTP call to a cluster of the proxy.
+type Call struct {
+	Cluster   string
+	Headers   [][2]string
+	Body      []byte
+	TimeoutMS uint32
+	// MaxBody bounds the answer's body the host reads (a larger one is
+	// TooLarge, unread).
+	MaxBody int
+}
+
+// Answer is what came back from a Call.
+type Answer struct {
+	Failed   bool   // no answer: reset, timeout, no cluster
+	Status   string // ":status"
+	Body     []byte // the body, unless TooLarge or Err
+	TooLarge bool   // the body was larger than Call.MaxBody
+	Err      error  // reading the answer failed
+}
