@@ -118,7 +118,7 @@ check: sdk
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
 	$(GO) test -count=1 ./internal/lint/
-	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue . ./plugin/
+	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue . ./plugin/ ./engine/
 	@# the glue lives in the SDK's package, whose own code trips unsafeptr
 	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue,sdkglue_full -unsafeptr=false $(SDK_MOD)/proxywasm/internal
 	@for m in . bench; do \
