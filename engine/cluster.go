@@ -82,7 +82,7 @@ func (c *Request) dispatch() (rej *rejection, wait bool) {
 }
 
 // dispatchShadow sends the request's shadow cluster buckets on their own,
-// without pausing the request. The plugin context owns the call, so the
+// without pausing the request. The plugin owns the call (Host.Callout), so the
 // answer is counted even when it arrives after the request has ended.
 func (c *Request) dispatchShadow() {
 	p := c.plugin

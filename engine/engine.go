@@ -173,7 +173,7 @@ func (p *Plugin) Tick(ms *runtime.MemStats) {
 }
 
 // reported is what this VM has added to the memory metrics so far. It is
-// per VM, not per plugin context, so a reconfiguration carries on from it.
+// per VM, not per Plugin, so a reconfiguration carries on from it.
 var reported struct{ heap, sys, gc uint64 }
 
 // configure parses and compiles a configuration (config.Parse is the only

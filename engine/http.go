@@ -13,14 +13,12 @@ type Request struct {
 	stream Stream
 
 	plan plan
-	// The decision's progress: the next step (step), whether the request
-	// waits for a call whose answer goes on (paused), and whether the
-	// decision is over (ended: continued, rejected, or answered by Envoy
-	// itself, after which a late answer changes nothing of the request).
+	// The decision's progress: the next step (step), and whether the
+	// request waits for a call whose answer goes on (paused: cleared when
+	// the decision ends, or when the host answered the request itself,
+	// after which a late answer changes nothing of the request).
 	step        step
 	paused      bool
-	ended       bool
-	done        bool // Done ran: the next callback starts a new request
 	shadowsSent bool // the shadow cluster rules went out (alone or riding a call)
 	// What the response headers report: the enforced rule closest to its
 	// limit, or none.
@@ -45,13 +43,14 @@ type Request struct {
 type scratch struct {
 	reqs    []store.Request
 	out     []bucket.Decision
+	spends  []lease.Spend
 	results []lease.Result
 	text    []byte // header values being formatted
 }
 
 // keep is s emptied, for the context's next request.
 func (s *scratch) keep() scratch {
-	return scratch{reqs: s.reqs[:0], out: s.out[:0], results: s.results[:0], text: s.text[:0]}
+	return scratch{reqs: s.reqs[:0], out: s.out[:0], spends: s.spends[:0], results: s.results[:0], text: s.text[:0]}
 }
 
 // decisions is s.out with n elements.
@@ -71,7 +70,7 @@ func (s *scratch) leaseResults(n int) []lease.Result {
 }
 
 // step is where a request's decision stands: the enforced local rules are
-// decided in OnHttpRequestHeaders, then the leased cluster rules, then the
+// decided in OnRequestHeaders, then the leased cluster rules, then the
 // per-request cluster rules, each of which may wait for a call.
 type step uint8
 
@@ -91,11 +90,8 @@ func (p *Plugin) NewRequest(s Stream) *Request { return &Request{plugin: p, stre
 // the host may use it for another request of the same plugin. An answer to
 // a callout of this request that arrives later must not be delivered (a
 // proxy-wasm host drops it with the context); shadow callouts keep their
-// own takes, never the request's.
+// own takes, never the request's. Done is idempotent.
 func (c *Request) Done() {
-	if c.done {
-		return // already done (a host calling it twice)
-	}
 	if c.body.active {
 		c.cutShort()
 	}
@@ -103,7 +99,6 @@ func (c *Request) Done() {
 	keep := c.scratch.keep()
 	*c = Request{} // drop every reference
 	c.plugin, c.stream, c.scratch = p, s, keep
-	c.done = true
 }
 
 // rejection is why a request is answered by the plugin.
@@ -122,11 +117,11 @@ const (
 	reasonServiceDown = "limit_service_unavailable"
 )
 
-// OnHttpRequestHeaders implements types.HttpContext: read the request once,
-// decide once, answer once.
+// OnRequestHeaders decides the request from its headers: read the request
+// once, decide once, answer once (Pause: it waits for a call, or the
+// engine answered it).
 func (c *Request) OnRequestHeaders() Action {
 	p := c.plugin
-	c.done = false
 	c.plan = plan{now: p.now()}
 	c.plan.local = c.plan.buf[:0]
 	rej := c.planRules(&request{s: c.stream, cfg: p.cfg, values: c.values[:0]})
@@ -175,7 +170,7 @@ func (c *Request) next(rej *rejection) Action {
 // ignores it).
 func (c *Request) end(rej *rejection) Action {
 	paused := c.paused
-	c.step, c.paused, c.ended = stepDone, false, true
+	c.step, c.paused = stepDone, false
 	if rej != nil {
 		c.giveBack()
 	}
@@ -194,4 +189,4 @@ func (c *Request) end(rej *rejection) Action {
 // waiting reports whether the request still waits for the answer of a
 // call: false once Envoy answered it itself (a stream timeout, a reset),
 // when a late answer may only record what it says of the buckets.
-func (c *Request) waiting() bool { return c.paused && !c.ended }
+func (c *Request) waiting() bool { return c.paused }

@@ -13,7 +13,7 @@ import (
 //
 // A request spends from its rules' leases in shared data, all or none, with
 // no callout. A spend that leaves a lease below half its size claims the
-// lease's refill, sent detached (the plugin context owns the call), never
+// lease's refill, sent detached (the plugin owns the call), never
 // holding a request. A request that finds a lease short waits for one lease
 // call over all its short leases (min: its costs; want: the leases' sizes),
 // unless the service failed lately (failure_mode applies at once) or the
@@ -100,13 +100,13 @@ func (p *Plugin) updateLease(id uint64, now int64, f func(lease.Record) (lease.R
 // or wait when the request waits for a lease call.
 func (c *Request) spendLeases() (rej *rejection, wait bool) {
 	p, pl := c.plugin, &c.plan
-	n := len(pl.leased)
-	pl.spends = pl.spends[:0]
+	spends := c.scratch.spends[:0]
 	for _, t := range pl.leased {
-		pl.spends = append(pl.spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
+		spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
 	}
-	out := c.scratch.leaseResults(n)
-	ok, err := p.leases.Spend(pl.now, pl.spends, out)
+	c.scratch.spends = spends
+	out := c.scratch.leaseResults(len(spends))
+	ok, err := p.leases.Spend(pl.now, spends, out)
 	if err != nil {
 		for _, t := range pl.leased {
 			t.rule.failedOpen.Increment(1)
@@ -114,13 +114,8 @@ func (c *Request) spendLeases() (rej *rejection, wait bool) {
 		p.warn(&p.failLog, "failing open (counted in rule.<name>.failed_open): "+err.Error())
 		return nil, false
 	}
-	for i, r := range out {
-		if r.Evicted {
-			p.metrics.evictions.Increment(1)
-		}
-		if r.Refill != 0 {
-			p.refill(pl.leased[i], r.Record, r.Refill)
-		}
+	for i := range out {
+		p.spent(pl.leased[i], &out[i])
 	}
 	if ok {
 		for i := range pl.leased {
@@ -156,6 +151,17 @@ func (c *Request) spendLeases() (rej *rejection, wait bool) {
 		return c.leaseServiceDown(short[0].rule), false
 	}
 	return nil, true
+}
+
+// spent does what a spend from t's lease asks besides spending: it counts
+// an eviction, and sends the refill the spend claimed.
+func (p *Plugin) spent(t take, r *lease.Result) {
+	if r.Evicted {
+		p.metrics.evictions.Increment(1)
+	}
+	if r.Refill != 0 {
+		p.refill(t, r.Record, r.Refill)
+	}
 }
 
 // leaseServiceDown applies failure_mode for a request whose lease is short
@@ -239,15 +245,15 @@ func (c *Request) onLeaseAnswer(short []take, req *wire.LeaseRequest, claims []i
 	// The other leases had the tokens when the request looked; spend them
 	// now. If another request spent them meanwhile, the grants' costs go to
 	// the leases and the request is refused (under-admission, never over).
-	pl.spends = pl.spends[:0]
+	spends := c.scratch.spends[:0]
 	for _, t := range pl.leased {
 		if indexOf(short, t) < 0 {
-			pl.spends = append(pl.spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
+			spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
 		}
 	}
-	n := len(pl.spends)
-	results := c.scratch.leaseResults(n)
-	ok, err := p.leases.Spend(now, pl.spends, results)
+	c.scratch.spends = spends
+	results := c.scratch.leaseResults(len(spends))
+	ok, err := p.leases.Spend(now, spends, results)
 	if err != nil || !ok {
 		back := make([]lease.Spend, len(short))
 		for i, t := range short {
@@ -267,12 +273,7 @@ func (c *Request) onLeaseAnswer(short []take, req *wire.LeaseRequest, claims []i
 			t.d = leaseDecision(t.rule, &recs[j], now)
 		} else {
 			r := &results[k]
-			if r.Evicted {
-				p.metrics.evictions.Increment(1)
-			}
-			if r.Refill != 0 {
-				p.refill(*t, r.Record, r.Refill)
-			}
+			p.spent(*t, r)
 			t.d = leaseDecision(t.rule, &r.Record, now)
 			k++
 		}

@@ -77,14 +77,14 @@ func (c *Request) giveBack() {
 	pl := &c.plan
 	p := c.plugin
 	now := p.now()
-	spends := pl.spends[:0]
+	spends := c.scratch.spends[:0]
 	for i := range pl.leased {
 		if t := &pl.leased[i]; t.held {
 			t.held = false
 			spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost})
 		}
 	}
-	pl.spends = spends
+	c.scratch.spends = spends
 	if len(spends) > 0 {
 		p.leases.Refund(now, spends)
 	}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/lease"
 )
 
 // take is one bucket a request asks of one rule.
@@ -34,7 +33,6 @@ type plan struct {
 	local, cluster       []take // enforced rules (cluster: sync per_request)
 	leased               []take // enforced cluster rules with sync lease
 	shadowLocal, shadowC []take // shadow rules, decided on their own
-	spends               []lease.Spend
 	// charges: some take's rule settles with the response (a cost known
 	// from the response, or charge_on).
 	charges bool

@@ -22,7 +22,7 @@ const (
 // request reads the values a request offers to limit keys, match conditions
 // and costs, each at most once from the host: a value read for a match
 // condition is the value a limit key then uses. It lives for one
-// OnHttpRequestHeaders.
+// OnRequestHeaders.
 type request struct {
 	s      Stream
 	cfg    *config.Config

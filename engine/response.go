@@ -13,7 +13,7 @@ import (
 
 // The response's part of a request, one way and in order:
 //
-//  1. OnHttpResponseHeaders: when a rule of the request settles with the
+//  1. OnResponseHeaders: when a rule of the request settles with the
 //     response (plan.charges), the takes that actually hold tokens are
 //     settled: a status that charge_on does not list refunds the
 //     reservation; a response_header cost charges the difference at once;
@@ -22,13 +22,13 @@ import (
 //     at once) or the VM's budget of in-flight scans is spent (the cost is
 //     missing). Then the RateLimit headers go out, describing the buckets
 //     after what was settled.
-//  2. OnHttpResponseBody: only when a response_json cost waits
+//  2. OnResponseBody: only when a response_json cost waits
 //     (bodyScan.active). Every chunk continues at once, and is read in
 //     pieces of at most bodyPiece bytes, only as far as some target still
 //     needs it; each piece is scanned as it passes (package jsonpath; an
 //     event stream by events, eventStream) and never kept. At the end of
 //     the stream (or at its trailers) the costs found are charged.
-//  3. OnHttpStreamDone: a body that never reached its end (a reset, the
+//  3. Done: a body that never reached its end (a reset, the
 //     client gone) is cut short: it is charged truncated_cost and counted
 //     in cost_truncated, unless an event stream already delivered its cost.
 //
@@ -69,7 +69,7 @@ func (c *Request) OnResponseHeaders(endOfStream bool) Action {
 	// A request still waiting for a call was answered by Envoy itself (a
 	// stream timeout): its decision is over, and the call's answer, if it
 	// comes, changes nothing of it.
-	c.paused, c.ended = false, true
+	c.paused = false
 	if c.localReply {
 		return Continue
 	}
