@@ -26,23 +26,27 @@ for i = 1, #KEYS do
   if not tok then
     return at
   end
-  local before = tok
   if amount > 2 * burst then
     amount = 2 * burst
   elseif amount < 0 then
     amount = -give(led, 'r', -amount)
   end
+  -- What the charge took: the amount, or what the bounds of the bucket
+  -- leave (said as the amount itself: a difference of two token counts
+  -- would carry their rounding).
+  local applied = 0
   if amount ~= 0 then
-    tok = tok - amount
-    if tok < -burst then
-      tok = -burst
-    elseif tok > burst then
-      tok = burst
+    if tok - amount < -burst then
+      applied, tok = tok + burst, -burst
+    elseif tok - amount > burst then
+      applied, tok = tok - burst, burst
+    else
+      applied, tok = amount, tok - amount
     end
     store(KEYS[i], tok, at, rate, burst, led)
   end
   out[#out + 1] = string.format('%.17g', tok)
   out[#out + 1] = (at - now) * 1000
-  out[#out + 1] = string.format('%.17g', before - tok)
+  out[#out + 1] = string.format('%.17g', applied)
 end
 return out

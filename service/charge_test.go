@@ -71,12 +71,14 @@ func TestChargeMatchesModel(t *testing.T) {
 				if amount < 0 {
 					took = -give(&led.resv, -amount) // a refund: at most what is reserved
 				}
+				applied := 0.0
 				if took != 0 {
+					applied = chargeTook(before, took, lim.Burst)
 					state = lim.Charge(state, now, took)
 				}
 				tokens := lim.Tokens(state, now)
 				want := charged(&req.Buckets[0], tokens, max(state.At, now)-now)
-				want.Applied = before - tokens
+				want.Applied = applied
 				if ar.Buckets[0] != want || am.Buckets[0] != want {
 					t.Fatalf("step %d: charge %v: redis %+v, memory %+v, model %+v (tokens %v)", step, amount, ar.Buckets[0], am.Buckets[0], want, tokens)
 				}

@@ -139,6 +139,28 @@ func waitClosed(c net.Conn) bool {
 	return err != nil && !isTimeout(err)
 }
 
+// waitIdle waits, at most 5 s, until n connections that never
+// authenticated are idle in g.
+func waitIdle(t *testing.T, g *ConnGuard, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		g.mu.Lock()
+		idle := 0
+		for c := range g.conns {
+			if c.idle && !c.authed {
+				idle++
+			}
+		}
+		g.mu.Unlock()
+		if idle >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle unauthenticated connections after 5 s, want %d", idle, n)
+		}
+	}
+}
+
 func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
@@ -182,6 +204,9 @@ func TestConnGuard(t *testing.T) {
 		t.Fatalf("%d connections open after the eviction, want 3", g.Len())
 	}
 	// The sweep closes the anonymous idle ones, not the authenticated one.
+	// The server marks a connection idle after writing its answer, which
+	// the client may read first: wait (bounded) until it has.
+	waitIdle(t, g, 2)
 	if n := g.Sweep(time.Now().Add(6 * time.Second)); n != 2 {
 		t.Fatalf("Sweep closed %d connections, want 2 (the anonymous one left and the fourth)", n)
 	}

@@ -32,15 +32,19 @@ for i = 1, n do
     return at
   end
   ret = take_return(led, ret, burst)
-  local before = tok
+  -- What the return adds: all of it, or what a full bucket leaves room
+  -- for; said as the amount itself (a difference of two token counts
+  -- would carry their rounding).
+  local took = 0
   if ret > 0 and tok < burst then
-    tok = tok + ret
-    if tok > burst then
-      tok = burst
+    if tok + ret > burst then
+      took, tok = burst - tok, burst
+    else
+      took, tok = ret, tok + ret
     end
   end
   p[i] = {rate = rate, burst = burst, want = want, lo = lo, ret = ret}
-  tokens[i], ats[i], leds[i], returned[i] = tok, at, led, tok - before
+  tokens[i], ats[i], leds[i], returned[i] = tok, at, led, took
   if not (lo <= want and want <= burst and tok + slack(rate, burst) >= lo) then
     all = 0
   end

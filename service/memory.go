@@ -212,9 +212,11 @@ func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer
 	for i, b := range req.Buckets {
 		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
 		st := states[i]
-		before := lim.Tokens(st, now)
 		next, granted := lim.Refund(st, now, rets[i]), 0.0 // refused: only the return
-		returned := lim.Tokens(next, now) - before
+		returned := 0.0
+		if st.At > 0 {
+			returned = returnTook(lim.Tokens(st, now), rets[i], b.Burst)
+		}
 		if a.Granted {
 			next, granted, _, _ = lim.Lease(st, now, rets[i], b.Want, b.Min)
 			leds[i].lease[0] += granted
@@ -260,13 +262,14 @@ func (m *MemoryStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAns
 		} else if amount < 0 {
 			amount = -give(&led.resv, -amount)
 		}
-		next := st
+		next, applied := st, 0.0
 		if amount != 0 {
+			applied = chargeTook(lim.Tokens(st, now), amount, b.Burst)
 			next = lim.Charge(st, now, amount)
 			m.put(k, lim, next, led, now)
 		}
 		a.Buckets[i] = charged(&req.Buckets[i], lim.Tokens(next, now), max(next.At, now)-now)
-		a.Buckets[i].Applied = lim.Tokens(st, now) - lim.Tokens(next, now)
+		a.Buckets[i].Applied = applied
 	}
 	return a, nil
 }
@@ -311,3 +314,32 @@ func (m *MemoryStore) Ping(context.Context) error { return nil }
 
 // Close implements Store.
 func (m *MemoryStore) Close() error { return nil }
+
+// What a return or a charge took from a bucket holding before tokens, said
+// as the amount itself, as lease.lua and charge.lua say it: a difference of
+// two token counts would carry their rounding, and amounts that add up
+// exactly (returns of 5 to a grant of 40) would not.
+
+// returnTook is what a return of ret adds: all of it, or what a full
+// bucket leaves room for.
+func returnTook(before, ret, burst float64) float64 {
+	switch {
+	case !(ret > 0) || before >= burst:
+		return 0
+	case before+ret > burst:
+		return burst - before
+	}
+	return ret
+}
+
+// chargeTook is what a charge of amount (clamped) takes: the amount, or what
+// the bucket's bounds, -burst and burst, leave.
+func chargeTook(before, amount, burst float64) float64 {
+	switch {
+	case before-amount < -burst:
+		return before + burst
+	case before-amount > burst:
+		return before - burst
+	}
+	return amount
+}
