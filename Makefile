@@ -159,4 +159,5 @@ clean:
 #   service.mk  build-service, test-service, test-service-redis, fuzz-service, oci-limitd
 #   soak.mk     soak-versions (the Envoy version floor, measured; not in CI)
 #   istio.mk    test-istio (Istio 1.31's discovery server configures a real Envoy from examples/istio)
+#   native.mk   build-native, run-native (the engine as an Envoy dynamic module: docs/native.md)
 -include mk/*.mk bench/mk/*.mk

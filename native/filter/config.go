@@ -1,0 +1,228 @@
+package filter
+
+import (
+	"errors"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+)
+
+// Name is the filter's name (filter_name in Envoy's configuration) and the
+// prefix of its metrics and logs.
+const Name = engine.Name
+
+// processStore is the shared data of every configuration in this Envoy
+// process: buckets and leases outlive a reconfiguration, as in Envoy's
+// proxy-wasm shared data.
+var processStore = NewStore()
+
+// ConfigFactory is the module's shared.HttpFilterConfigFactory: it turns a
+// filter_config (the engine's JSON, the same as the Wasm plugin's) into a
+// filter factory. Register it under Name.
+type ConfigFactory struct{}
+
+// Create implements shared.HttpFilterConfigFactory. It runs on Envoy's main
+// thread. An error makes Envoy refuse the filter's configuration; the line
+// saying why is logged first.
+func (ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []byte) (f shared.HttpFilterFactory, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			f, err = nil, errors.New(Name+": panic while loading the configuration: "+panicText(r))
+			handle.Log(shared.LogLevelCritical, "%s", err.Error())
+		}
+	}()
+	if !cgocheckOff(os.Getenv("GODEBUG")) {
+		handle.Log(shared.LogLevelCritical, "%s", errGodebug)
+		return nil, errors.New(errGodebug)
+	}
+	tuneRuntime()
+	c := &filterConfig{
+		handle:  handle,
+		data:    append([]byte(nil), unparsed...), // Envoy's buffer lives only during this call
+		store:   processStore,
+		metrics: newMetrics(),
+		stop:    make(chan struct{}),
+	}
+	// This Plugin checks the configuration and defines its metrics; each
+	// worker builds its own from the same bytes (newWorker).
+	if _, err := engine.New(&host{c: c, defining: true}, c.data, "", engine.Options{}); err != nil {
+		handle.Log(shared.LogLevelCritical, "%s", err.Error()) // an *engine.RefusalError: the line to log
+		return nil, err
+	}
+	if err := checkHost(c.data); err != nil {
+		handle.Log(shared.LogLevelCritical, "%s", err.Error())
+		return nil, err
+	}
+	c.panics = c.metrics.define(handle, Name+".panics", false)
+	c.sched = handle.GetScheduler()
+	go c.ticker()
+	handle.Log(shared.LogLevelInfo, "%s", Name+": native module started, GOMAXPROCS "+strconv.Itoa(runtime.GOMAXPROCS(0)))
+	return c, nil
+}
+
+// CreatePerRoute implements shared.HttpFilterConfigFactory: the filter has
+// no per-route configuration.
+func (ConfigFactory) CreatePerRoute([]byte) (any, error) {
+	return nil, errors.New(Name + ": no per-route configuration: configure the filter itself")
+}
+
+// filterConfig is one configuration: its workers and what they share.
+type filterConfig struct {
+	handle  shared.HttpFilterConfigHandle
+	data    []byte
+	store   *Store
+	metrics *metrics
+	panics  *metric
+	workers workers
+
+	mu      sync.Mutex // guards sched against OnDestroy
+	sched   shared.Scheduler
+	stopped bool
+	stop    chan struct{}
+}
+
+// Create implements shared.HttpFilterFactory: a filter for one stream, on
+// the worker thread that runs it, with that thread's engine Plugin.
+func (c *filterConfig) Create(handle shared.HttpFilterHandle) shared.HttpFilter {
+	w, err := c.workers.get(syscall.Gettid(), c.newWorker)
+	if err != nil {
+		c.log(engine.LogCritical, Name+": no engine for this worker, requests pass unchecked: "+err.Error())
+		return &shared.EmptyHttpFilter{}
+	}
+	h := w.enter(nil)
+	defer w.exit(h)
+	var f *httpFilter
+	if n := len(w.free); n > 0 {
+		f = w.free[n-1]
+		w.free[n-1] = nil
+		w.free = w.free[:n-1]
+	} else {
+		f = &httpFilter{c: c, w: w}
+	}
+	if f.e != w.e { // new, or the worker's engine was replaced after a panic
+		f.e, f.r = w.e, w.e.NewRequest(f)
+	}
+	f.handle = handle
+	return f
+}
+
+// newWorker builds a worker's Plugin.
+func (c *filterConfig) newWorker() (*worker, error) {
+	w := &worker{}
+	e, err := engine.New(&host{c: c, w: w}, c.data, "", engine.Options{})
+	if err != nil {
+		return nil, err
+	}
+	w.e = e
+	return w, nil
+}
+
+// OnDestroy implements shared.HttpFilterFactory: Envoy dropped the
+// configuration; nothing is scheduled for it any more.
+func (c *filterConfig) OnDestroy() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.stopped {
+		c.stopped = true
+		close(c.stop)
+	}
+}
+
+// errStopped is the error of work scheduled after the configuration is gone.
+var errStopped = errors.New(Name + ": the configuration was removed")
+
+// schedule runs f on Envoy's main thread (any thread may call it). A panic
+// in f is recovered and counted.
+func (c *filterConfig) schedule(f func()) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return errStopped
+	}
+	c.sched.Schedule(func() {
+		defer c.recoverMain("scheduled work", nil)
+		f()
+	})
+	return nil
+}
+
+// ticker asks for the engine's tick once a second, on the main thread; it
+// touches nothing of Envoy's but the scheduler.
+func (c *filterConfig) ticker() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			if c.schedule(c.tick) != nil {
+				return
+			}
+		}
+	}
+}
+
+// tick is every worker Plugin's tick, one after the other, each under its
+// worker's lock. The memory figures are the process's: the first Plugin
+// reports them, and the others find nothing changed since.
+func (c *filterConfig) tick() {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	c.workers.each(func(w *worker) {
+		w.enterMain()
+		defer w.exitMain()
+		defer c.recoverMain("tick", w)
+		w.e.Tick(&ms)
+	})
+}
+
+// recoverMain recovers a panic on the main thread: counted (pending, see
+// metrics), logged, and w's engine replaced.
+func (c *filterConfig) recoverMain(where string, w *worker) {
+	if r := recover(); r != nil {
+		c.metrics.add(c.panics, nil, 1)
+		c.log(engine.LogCritical, Name+": panic in "+where+" (counted in "+Name+".panics): "+panicText(r))
+		if w != nil {
+			c.replaceEngine(w)
+		}
+	}
+}
+
+// replaceEngine gives w a new Plugin after a panic left its state unknown
+// (held with w's lock). Requests in flight keep the old one.
+func (c *filterConfig) replaceEngine(w *worker) {
+	if e, err := engine.New(&host{c: c, w: w}, c.data, "", engine.Options{}); err == nil {
+		w.e = e
+	}
+}
+
+// log writes one line to Envoy's log (safe from any thread).
+func (c *filterConfig) log(level engine.LogLevel, msg string) {
+	l := shared.LogLevelInfo
+	switch level {
+	case engine.LogCritical:
+		l = shared.LogLevelCritical
+	case engine.LogWarn:
+		l = shared.LogLevelWarn
+	}
+	c.handle.Log(l, "%s", msg)
+}
+
+// panicText is a recovered value as text.
+func panicText(r any) string {
+	switch v := r.(type) {
+	case error:
+		return v.Error()
+	case string:
+		return v
+	}
+	return "unknown panic value"
+}

@@ -1,0 +1,44 @@
+// Package filter runs the rate limiter's engine (package engine) as an
+// Envoy dynamic-module HTTP filter, on Envoy's Go SDK for dynamic modules:
+// the same configuration, rules, responses and metric names as the Wasm
+// plugin (package plugin), called natively in Envoy's process. Command
+// native registers it and builds libtokenbucket.so.
+//
+// # Model
+//
+// Envoy calls filter callbacks on many worker threads at once; the engine
+// is called from one thread at a time. The adapter keeps one engine.Plugin
+// per Envoy thread, found by the OS thread id when Envoy creates a filter
+// (workers: a read-mostly map, lock-free on reads), each with its own lock
+// held during that Plugin's engine calls. A worker only takes its own
+// Plugin's lock, so no worker waits on another, and each worker's Plugin
+// behaves as one Wasm VM does. The workers share buckets and leases through
+// one process-wide Store with the semantics of Envoy's proxy-wasm shared
+// data (compare-and-swap, no delete), sharded by key, bounded by max_keys
+// as in Wasm: every decision is exact across workers.
+//
+// Calls the Plugin owns (lease refills and returns, charges) go out from
+// Envoy's main thread: dispatched in a function given to the
+// configuration's scheduler, answered on the main thread, handed to the
+// engine under the owning worker's lock. Calls a request owns go out from
+// its worker through the filter's handle. The engine's once-a-second tick
+// is scheduled the same way: a goroutine only asks the scheduler, and the
+// scheduled function ticks each worker's Plugin under its lock. No
+// goroutine of ours touches Envoy objects.
+//
+// Metrics are defined when Envoy loads the configuration and incremented
+// through the handle of the filter callback in progress; increments made on
+// the main thread wait (atomically) for the next filter callback.
+//
+// # Failures
+//
+// No callback lets a panic reach Envoy (which would abort): each recovers,
+// counts it in tokenbucket.panics, fails the request open (as the engine
+// fails a request open on any error), and replaces the worker's Plugin,
+// whose state is unknown (the buckets, in the Store, survive: as Wasm's
+// FAIL_RELOAD). Envoy refuses a configuration the engine refuses (its
+// RefusalError, with the JSON path, in Envoy's log), one the host cannot
+// run as Wasm does (checkHost), and any configuration when Envoy's
+// environment lacks GODEBUG=cgocheck=0 (without it Go's cgo pointer check
+// aborts Envoy as the SDK hands Go pointers to Envoy).
+package filter

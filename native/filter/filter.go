@@ -1,0 +1,286 @@
+package filter
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+)
+
+// httpFilter hands one stream's callbacks to its engine.Request, under its
+// worker's lock, and is the engine.Stream of that request. Envoy calls it
+// on the worker's thread only. It is reused for a later stream of the same
+// worker once Envoy destroys it.
+type httpFilter struct {
+	c      *filterConfig
+	w      *worker
+	handle shared.HttpFilterHandle
+	e      *engine.Plugin // the Plugin r belongs to
+	r      *engine.Request
+	// body is the response body chunk of the OnResponseBody in progress.
+	body shared.BodyBuffer
+	// paused: the request waits for the engine (OnRequestHeaders paused it,
+	// and it was neither resumed nor answered): a panic resumes it.
+	paused bool
+}
+
+// enter takes the worker for a callback and flushes pending metrics.
+func (f *httpFilter) enter() hold {
+	h := f.w.enter(f.handle)
+	f.c.metrics.flush(f.handle)
+	return h
+}
+
+// recover recovers a panic in a filter callback: counted, logged, the
+// request fails open (a paused one is resumed, a callback returns
+// Continue), and the worker's engine, whose state is unknown, replaced.
+// It runs with the worker held.
+func (f *httpFilter) recover(where string) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	c := f.c
+	c.metrics.add(c.panics, f.handle, 1)
+	c.log(engine.LogCritical, Name+": panic in "+where+", the request goes on (counted in "+Name+".panics): "+panicText(r))
+	if f.e == f.w.e {
+		c.replaceEngine(f.w)
+	}
+	f.e, f.r = nil, nil // never reused: Create gives it a new Request
+	if f.paused {
+		f.paused = false
+		f.handle.ContinueRequest()
+	}
+}
+
+// OnRequestHeaders implements shared.HttpFilter.
+func (f *httpFilter) OnRequestHeaders(_ shared.HeaderMap, _ bool) (st shared.HeadersStatus) {
+	defer f.w.exit(f.enter())
+	defer f.recover("request headers")
+	if f.r == nil {
+		return shared.HeadersStatusContinue
+	}
+	if f.r.OnRequestHeaders() == engine.Pause {
+		f.paused = true
+		return shared.HeadersStatusStopAllAndWatermark
+	}
+	return shared.HeadersStatusContinue
+}
+
+// OnRequestBody implements shared.HttpFilter: the engine never reads it.
+func (f *httpFilter) OnRequestBody(shared.BodyBuffer, bool) shared.BodyStatus {
+	return shared.BodyStatusContinue
+}
+
+// OnRequestTrailers implements shared.HttpFilter.
+func (f *httpFilter) OnRequestTrailers(shared.HeaderMap) shared.TrailersStatus {
+	return shared.TrailersStatusContinue
+}
+
+// OnResponseHeaders implements shared.HttpFilter.
+func (f *httpFilter) OnResponseHeaders(_ shared.HeaderMap, endOfStream bool) shared.HeadersStatus {
+	defer f.w.exit(f.enter())
+	defer f.recover("response headers")
+	f.paused = false // Envoy answered the request itself (a timeout)
+	if f.r != nil {
+		f.r.OnResponseHeaders(endOfStream)
+	}
+	return shared.HeadersStatusContinue
+}
+
+// OnResponseBody implements shared.HttpFilter.
+func (f *httpFilter) OnResponseBody(body shared.BodyBuffer, endOfStream bool) shared.BodyStatus {
+	defer f.w.exit(f.enter())
+	defer f.recover("response body")
+	if f.r != nil {
+		f.body = body
+		f.r.OnResponseBody(int(body.GetSize()), endOfStream)
+		f.body = nil
+	}
+	return shared.BodyStatusContinue
+}
+
+// OnResponseTrailers implements shared.HttpFilter.
+func (f *httpFilter) OnResponseTrailers(shared.HeaderMap) shared.TrailersStatus {
+	defer f.w.exit(f.enter())
+	defer f.recover("response trailers")
+	if f.r != nil {
+		f.r.OnResponseTrailers()
+	}
+	return shared.TrailersStatusContinue
+}
+
+// OnStreamComplete implements shared.HttpFilter: the request's life in the
+// engine ends (answers of its callouts that come later are dropped by the
+// SDK).
+func (f *httpFilter) OnStreamComplete() {
+	defer f.w.exit(f.enter())
+	defer f.recover("stream complete")
+	f.paused = false
+	if f.r != nil {
+		f.r.Done()
+	}
+}
+
+// OnDestroy implements shared.HttpFilter: the filter waits for reuse.
+func (f *httpFilter) OnDestroy() {
+	w := f.w
+	defer w.exit(w.enter(nil))
+	defer f.recover("destroy")
+	if f.r != nil {
+		f.r.Done() // idempotent: a stream Envoy never completed
+	}
+	f.handle, f.body, f.paused = nil, nil, false
+	if len(w.free) < maxFreeFilters {
+		w.free = append(w.free, f)
+	}
+}
+
+// maxFreeFilters bounds the filters a worker keeps for reuse.
+const maxFreeFilters = 128
+
+// The engine.Stream methods: called by the engine during a callback, with
+// the worker held.
+
+func (f *httpFilter) RequestHeader(name string) (string, bool) {
+	return header(f.handle.RequestHeaders(), name)
+}
+
+func (f *httpFilter) ResponseHeader(name string) (string, bool) {
+	return header(f.handle.ResponseHeaders(), name)
+}
+
+// header reads the first value of name, copied (Envoy's buffer changes
+// after the callback). An empty value is told from none.
+func header(m shared.HeaderMap, name string) (string, bool) {
+	if v := m.GetOne(name); v.Len > 0 {
+		return v.ToString(), true
+	}
+	return "", len(m.Get(name)) > 0
+}
+
+func (f *httpFilter) RequestHeaders() [][2]string {
+	all := f.handle.RequestHeaders().GetAll()
+	hs := make([][2]string, len(all))
+	for i, h := range all {
+		hs[i] = [2]string{h[0].ToString(), h[1].ToString()}
+	}
+	return hs
+}
+
+// Property reads what the engine asks of proxy-wasm's properties:
+// source.address, and dynamic metadata one level deep
+// (metadata.filter_metadata.<namespace>.<key>, a string). Deeper paths
+// (jwt_authn's claims) are out of the SDK's reach: checkHost refuses the
+// configurations that need them.
+func (f *httpFilter) Property(path ...string) ([]byte, bool) {
+	switch {
+	case len(path) == 2 && path[0] == "source" && path[1] == "address":
+		v, ok := f.handle.GetAttributeString(shared.AttributeIDSourceAddress)
+		return v.ToBytes(), ok
+	case len(path) == 4 && path[0] == "metadata" && path[1] == "filter_metadata":
+		if v, ok := f.handle.GetMetadataString(shared.MetadataSourceTypeDynamic, path[2], path[3]); ok {
+			return v.ToBytes(), true
+		}
+	}
+	return nil, false
+}
+
+func (f *httpFilter) ReplaceRequestHeader(name, value string) error {
+	f.handle.RequestHeaders().Set(name, value)
+	return nil
+}
+
+// AddResponseHeader adds a header; Envoy copies value during the call.
+func (f *httpFilter) AddResponseHeader(name, value string) error {
+	f.handle.ResponseHeaders().Add(name, value)
+	return nil
+}
+
+var errNoBody = errors.New(Name + ": no response body chunk in this callback")
+
+// ResponseBody copies size bytes from offset of the chunk OnResponseBody
+// received.
+func (f *httpFilter) ResponseBody(offset, size int) ([]byte, error) {
+	if f.body == nil {
+		return nil, errNoBody
+	}
+	out := make([]byte, 0, size)
+	for _, c := range f.body.GetChunks() {
+		b := c.ToUnsafeBytes()
+		if offset >= len(b) {
+			offset -= len(b)
+			continue
+		}
+		b = b[offset:]
+		offset = 0
+		out = append(out, b[:min(len(b), size-len(out))]...)
+		if len(out) == size {
+			break
+		}
+	}
+	return out, nil
+}
+
+// SendReply answers the request with a local reply. Envoy does not run
+// this filter's response callbacks for it (the SDK skips them), as the
+// engine's local replies carry their headers already.
+func (f *httpFilter) SendReply(status int, headers [][2]string, body []byte) error {
+	f.paused = false
+	f.handle.SendLocalResponse(uint32(status), headers, body, Name)
+	return nil
+}
+
+func (f *httpFilter) Resume() error {
+	f.paused = false
+	f.handle.ContinueRequest()
+	return nil
+}
+
+// Callout sends a call owned by this request, from its worker: its answer
+// comes on the same thread, and the SDK drops it once the stream is done.
+func (f *httpFilter) Callout(call *engine.Call, answer func(*engine.Answer)) error {
+	a := &streamAnswer{f: f, answer: answer, maxBody: call.MaxBody}
+	res, _ := f.handle.HttpCallout(call.Cluster, call.Headers, call.Body, uint64(call.TimeoutMS), a)
+	if res != shared.HttpCalloutInitSuccess {
+		return errors.New(Name + ": callout to cluster " + strconv.Quote(call.Cluster) + " not started: " + initResultText(res))
+	}
+	return nil
+}
+
+// streamAnswer delivers the answer of a request's call.
+type streamAnswer struct {
+	f       *httpFilter
+	answer  func(*engine.Answer)
+	maxBody int
+}
+
+// OnHttpCalloutDone implements shared.HttpCalloutCallback (the worker's
+// thread).
+func (a *streamAnswer) OnHttpCalloutDone(_ uint64, result shared.HttpCalloutResult, headers [][2]shared.UnsafeEnvoyBuffer, body []shared.UnsafeEnvoyBuffer) {
+	f := a.f
+	defer f.w.exit(f.enter())
+	defer f.recover("the answer of a request's call")
+	a.answer(readAnswer(result, headers, body, a.maxBody))
+}
+
+func initResultText(r shared.HttpCalloutInitResult) string {
+	switch r {
+	case shared.HttpCalloutInitMissingRequiredHeaders:
+		return "missing required headers"
+	case shared.HttpCalloutInitClusterNotFound:
+		return "no such cluster"
+	case shared.HttpCalloutInitDuplicateCalloutId:
+		return "duplicate callout id"
+	case shared.HttpCalloutInitCannotCreateRequest:
+		return "cannot create the request"
+	}
+	return "result " + strconv.Itoa(int(r))
+}
+
+var (
+	_ shared.HttpFilter = (*httpFilter)(nil)
+	_ engine.Stream     = (*httpFilter)(nil)
+)

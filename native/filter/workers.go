@@ -1,0 +1,133 @@
+package filter
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+)
+
+// workers is one configuration's engine Plugins, one per Envoy thread that
+// runs the filter, found by the thread's id. Reads (every filter Envoy
+// creates) load an immutable map without a lock; a thread seen for the
+// first time builds its worker under mu and publishes a new map.
+type workers struct {
+	m  atomic.Pointer[map[int]*worker]
+	mu sync.Mutex
+}
+
+// get returns the worker of thread tid, building it with build the first
+// time.
+func (ws *workers) get(tid int, build func() (*worker, error)) (*worker, error) {
+	if m := ws.m.Load(); m != nil {
+		if w := (*m)[tid]; w != nil {
+			return w, nil
+		}
+	}
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	old := ws.m.Load()
+	var n int
+	if old != nil {
+		if w := (*old)[tid]; w != nil {
+			return w, nil
+		}
+		n = len(*old)
+	}
+	w, err := build()
+	if err != nil {
+		return nil, err
+	}
+	next := make(map[int]*worker, n+1)
+	if old != nil {
+		for k, v := range *old {
+			next[k] = v
+		}
+	}
+	next[tid] = w
+	ws.m.Store(&next)
+	return w, nil
+}
+
+// each calls f with every worker.
+func (ws *workers) each(f func(*worker)) {
+	if m := ws.m.Load(); m != nil {
+		for _, w := range *m {
+			f(w)
+		}
+	}
+}
+
+// worker is the engine Plugin of one Envoy thread, with the lock held
+// during every call into it: the engine's contract is one thread at a time.
+// Its own thread takes it for filter callbacks and the answers of requests'
+// callouts; Envoy's main thread takes it to deliver the answers of the
+// Plugin's callouts and for the tick. A worker only ever takes its own
+// lock, so no worker waits on another.
+//
+// The lock is reentrant for the worker's own thread only: Envoy may call a
+// filter callback from inside one of ours (resuming a request can run its
+// response at once, as a local reply of a later filter does), and a
+// sync.Mutex would deadlock there. Only the worker's thread sets
+// owner to ownedByWorker, so reading that value means this thread holds the
+// lock.
+type worker struct {
+	mu    sync.Mutex
+	owner atomic.Uint32
+	// e is the engine, replaced by a new one after a panic (the buckets
+	// live in the Store, so they survive).
+	e *engine.Plugin
+	// sink increments metrics: the handle of the filter callback in
+	// progress, or nil outside one (the main thread).
+	sink sink
+	// free holds filters whose stream is done, for reuse.
+	free []*httpFilter
+}
+
+const (
+	ownedByNone uint32 = iota
+	ownedByWorker
+	ownedByMain
+)
+
+// hold is what enter returns for exit to restore.
+type hold struct {
+	prev   sink
+	nested bool
+}
+
+// enter takes the worker for a callback on its own thread; s is the
+// callback's handle (nil for none).
+func (w *worker) enter(s sink) hold {
+	if w.owner.Load() == ownedByWorker {
+		h := hold{prev: w.sink, nested: true}
+		w.sink = s
+		return h
+	}
+	w.mu.Lock()
+	w.owner.Store(ownedByWorker)
+	w.sink = s
+	return hold{}
+}
+
+// exit ends what enter began.
+func (w *worker) exit(h hold) {
+	w.sink = h.prev
+	if !h.nested {
+		w.owner.Store(ownedByNone)
+		w.mu.Unlock()
+	}
+}
+
+// enterMain takes the worker on Envoy's main thread (no filter handle:
+// metrics wait for the next callback, see metrics).
+func (w *worker) enterMain() {
+	w.mu.Lock()
+	w.owner.Store(ownedByMain)
+	w.sink = nil
+}
+
+func (w *worker) exitMain() {
+	w.owner.Store(ownedByNone)
+	w.mu.Unlock()
+}
