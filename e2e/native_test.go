@@ -1,0 +1,249 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+)
+
+// The native module (native/, build/libtokenbucket.so) on real Envoy: the
+// same configuration as the Wasm plugin's tests, loaded by Envoy's
+// dynamic-module filter.
+
+// nativeDir is the folder of libtokenbucket.so ($NATIVE_SO's, else
+// build/), skipping the test (failing it under CI=true) when it is not
+// built.
+func nativeDir(t *testing.T) string {
+	t.Helper()
+	so := os.Getenv("NATIVE_SO")
+	if so == "" {
+		so = filepath.Join("..", "build", "libtokenbucket.so")
+	}
+	abs, err := filepath.Abs(so)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(abs); err != nil {
+		ci.Skip(t, "native: %s is not built (run `make build-native`)", abs)
+	}
+	return filepath.Dir(abs)
+}
+
+// nativeFilter is the dynamic-module filter running pluginConfig, as YAML
+// for envoytest.Options.Filters.
+func nativeFilter(t *testing.T, pluginConfig string) string {
+	t.Helper()
+	value, err := json.Marshal(pluginConfig) // a JSON string is a YAML string
+	if err != nil {
+		t.Fatal(err)
+	}
+	return `- name: envoy.filters.http.dynamic_modules
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+    dynamic_module_config: {name: tokenbucket, do_not_close: true}
+    filter_name: tokenbucket
+    filter_config:
+      "@type": type.googleapis.com/google.protobuf.StringValue
+      value: ` + string(value)
+}
+
+// nativeOptions are the options of an Envoy running the native module
+// with pluginConfig, and the environment it needs (the test process's,
+// which func-e passes on to Envoy).
+func nativeOptions(t *testing.T, pluginConfig string, upstreamPort int) envoytest.Options {
+	t.Helper()
+	t.Setenv("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", nativeDir(t))
+	t.Setenv("GODEBUG", "cgocheck=0")
+	return envoytest.Options{NoWasm: true, Filters: nativeFilter(t, pluginConfig),
+		UpstreamPort: upstreamPort, Concurrency: 4}
+}
+
+const nativePrefix, wasmPrefix = "dynamicmodulescustom.tokenbucket.", "wasmcustom.tokenbucket."
+
+func TestNative(t *testing.T) {
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	e := envoytest.Start(t, nativeOptions(t, mainConfig, up.Port()))
+	c := e.Client()
+	t.Cleanup(c.Close)
+
+	t.Run("concurrent burst admits exactly burst over 4 workers", func(t *testing.T) {
+		for round, key := range []string{"burst-1", "burst-2", "burst-3"} {
+			res := c.Burst(200, func(int) *http.Request {
+				return c.NewRequest("GET", "/exact", map[string]string{"x-api-key": key})
+			})
+			st := envoytest.Statuses(res)
+			if st[200] != 50 || st[429] != 150 {
+				t.Fatalf("round %d: statuses %v, want exactly 50 admitted and 150 rejected", round, st)
+			}
+		}
+		if n := e.Stat(nativePrefix + "rule.exact.failed_open"); n != 0 {
+			t.Fatalf("%d requests failed open during the bursts", n)
+		}
+		if n := e.Stat(nativePrefix + "panics"); n != 0 {
+			t.Fatalf("%d panics", n)
+		}
+		t.Logf("CAS retries: %d", e.Stat(nativePrefix+"cas_retries"))
+		// The bursts were served by several workers, each with its own
+		// engine: exactness came from the shared store.
+		workers := 0
+		for name, v := range e.Stats() {
+			if strings.Contains(name, ".worker_") && strings.HasSuffix(name, ".downstream_cx_total") && v > 0 {
+				workers++
+			}
+		}
+		if workers < 2 {
+			t.Fatalf("the bursts reached %d workers, want several", workers)
+		}
+	})
+}
+
+// TestNativeDemoRule: the demo's rule (envoy.yaml's, the one `make
+// run-native` runs) admits exactly its burst of 200 concurrent requests
+// over 4 workers, per key.
+func TestNativeDemoRule(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tree any
+	if err := yaml.Unmarshal(b, &tree); err != nil {
+		t.Fatal(err)
+	}
+	confs := wasmConfigurations(tree)
+	if len(confs) != 1 {
+		t.Fatalf("envoy.yaml has %d plugin configurations, want 1", len(confs))
+	}
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	e := envoytest.Start(t, nativeOptions(t, confs[0], up.Port()))
+	c := e.Client()
+	t.Cleanup(c.Close)
+	for _, key := range []string{"a", "b"} {
+		res := c.Burst(200, func(int) *http.Request { return c.NewRequest("GET", "/", map[string]string{"x-api-key": key}) })
+		if st := envoytest.Statuses(res); st[200] != 5 || st[429] != 195 {
+			t.Fatalf("key %s: statuses %v, want exactly the burst of 5 admitted", key, st)
+		}
+	}
+}
+
+// TestNativeSameAsWasm sends the same requests to the Wasm plugin and to
+// the native module, each in its own Envoy with the same configuration,
+// and demands the same statuses, rate-limit headers, bodies and metrics.
+func TestNativeSameAsWasm(t *testing.T) {
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	wasm := envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML, PluginConfig: mainConfig,
+		UpstreamPort: up.Port(), Concurrency: 4})
+	native := envoytest.Start(t, nativeOptions(t, mainConfig, up.Port()))
+	wc, nc := wasm.Client(), native.Client()
+	t.Cleanup(wc.Close)
+	t.Cleanup(nc.Close)
+
+	type step struct{ path, key, cost string }
+	var steps []step
+	for i := range 3 {
+		steps = append(steps, step{"/slow", "same-slow", ""}, step{"/api/same", "same-" + strconv.Itoa(i), "7"})
+	}
+	for range 8 {
+		steps = append(steps, step{"/api/same", "same-big", "9"})
+	}
+	steps = append(steps, step{"/api/same", "same-big", "lots"}, step{"/exact", "", ""}, step{"/other", "x", ""})
+	for i, s := range steps {
+		h := map[string]string{}
+		if s.key != "" {
+			h["x-api-key"] = s.key
+		}
+		if s.cost != "" {
+			h["x-cost"] = s.cost
+		}
+		w, n := wc.Get(s.path, h), nc.Get(s.path, h)
+		if w.Err != nil || n.Err != nil {
+			t.Fatalf("step %d: %v / %v", i, w.Err, n.Err)
+		}
+		if w.Status != n.Status || string(w.Body) != string(n.Body) {
+			t.Errorf("step %d %+v: Wasm %d %q, native %d %q", i, s, w.Status, w.Body, n.Status, n.Body)
+		}
+		if wh, nh := limitHeaders(w.Header), limitHeaders(n.Header); wh != nh {
+			t.Errorf("step %d %+v: headers differ\nWasm:   %s\nnative: %s", i, s, wh, nh)
+		}
+	}
+
+	ws, ns := suffixes(wasm.Stats(), wasmPrefix), suffixes(native.Stats(), nativePrefix)
+	for name, v := range ws {
+		nv, ok := ns[name]
+		switch {
+		case !ok:
+			t.Errorf("the native module has no metric %s%s", nativePrefix, name)
+		case strings.HasPrefix(name, "memory."):
+			// the Go runtime's figures: one process, not one VM per worker
+		case nv != v:
+			t.Errorf("%s: Wasm %d, native %d", name, v, nv)
+		}
+	}
+	for name := range ns {
+		if _, ok := ws[name]; !ok && name != "panics" {
+			t.Errorf("the native module has a metric the Wasm plugin lacks: %s%s", nativePrefix, name)
+		}
+	}
+}
+
+// limitHeaders is the response headers a rule decides, in one line.
+func limitHeaders(h http.Header) string {
+	var out []string
+	for k, vs := range h {
+		switch strings.ToLower(k) {
+		case "date", "x-envoy-upstream-service-time", "server":
+			continue
+		}
+		out = append(out, strings.ToLower(k)+": "+strings.Join(vs, ", "))
+	}
+	slices.Sort(out)
+	return strings.Join(out, " | ")
+}
+
+// suffixes is the stats whose names start with prefix, by the rest.
+func suffixes(stats map[string]uint64, prefix string) map[string]uint64 {
+	m := map[string]uint64{}
+	for k, v := range stats {
+		if rest, ok := strings.CutPrefix(k, prefix); ok {
+			m[rest] = v
+		}
+	}
+	return m
+}
+
+// TestNativeRefusals: Envoy refuses the filter when the engine refuses the
+// configuration (its text, with the JSON path, in Envoy's log) and when
+// Envoy's environment lacks GODEBUG=cgocheck=0 (a line saying how to set
+// it), instead of aborting.
+func TestNativeRefusals(t *testing.T) {
+	t.Run("configuration", func(t *testing.T) {
+		bad := `{"rules": [{"name": "r", "algorithm": "token_bucket",
+		  "algorithm_config": {"tokens_per_second": 10, "burst": 5}}]}`
+		want := engine.CheckConfiguration([]byte(bad))
+		if want == nil {
+			t.Fatal("the engine accepts the configuration meant to be refused")
+		}
+		f := envoytest.ExpectStartFailure(t, nativeOptions(t, bad, 0))
+		if !strings.Contains(f.Log, want.Error()) {
+			t.Fatalf("%v; Envoy's log lacks the engine's refusal %q:\n%s", f, want, tail(f.Log, 15))
+		}
+	})
+	t.Run("GODEBUG", func(t *testing.T) {
+		opts := nativeOptions(t, mainConfig, 0)
+		t.Setenv("GODEBUG", "")
+		f := envoytest.ExpectStartFailure(t, opts)
+		if !strings.Contains(f.Log, "lacks GODEBUG=cgocheck=0") || !strings.Contains(f.Log, "start Envoy with GODEBUG=cgocheck=0") {
+			t.Fatalf("%v; Envoy's log lacks the GODEBUG hint:\n%s", f, tail(f.Log, 15))
+		}
+	})
+}
