@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"sigs.k8s.io/yaml"
@@ -15,6 +16,7 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/engine"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
 // The native module (native/, build/libtokenbucket.so) on real Envoy: the
@@ -246,4 +248,67 @@ func TestNativeRefusals(t *testing.T) {
 			t.Fatalf("%v; Envoy's log lacks the GODEBUG hint:\n%s", f, tail(f.Log, 15))
 		}
 	})
+}
+
+// TestNativeClusterWide: a native Envoy and a Wasm Envoy share one limitd
+// and one redis-server. A per-request cluster rule admits exactly its burst
+// of 300 concurrent requests over both; a leased one at most its burst, the
+// native module's lease calls going out from Envoy's main thread.
+func TestNativeClusterWide(t *testing.T) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	for _, tc := range []struct {
+		name, config string
+		exact        bool
+	}{
+		{"per request", clusterConfig("allow"), true},
+		{"lease", leaseConfig("allow"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := nativeOptions(t, tc.config, up.Port())
+			opts.ServicePort, opts.Concurrency = svc, 2
+			var native, wasm *envoytest.Envoy
+			var wg sync.WaitGroup
+			wg.Go(func() { native = envoytest.Start(t, opts) })
+			wg.Go(func() {
+				wasm = envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML, PluginConfig: tc.config,
+					UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 2})
+			})
+			wg.Wait()
+			if t.Failed() || t.Skipped() {
+				return
+			}
+			n, w := native.Client(), wasm.Client()
+			t.Cleanup(n.Close)
+			t.Cleanup(w.Close)
+			var res [2][]envoytest.Result
+			for i, c := range []*envoytest.Client{n, w} {
+				wg.Go(func() {
+					res[i] = c.Burst(150, func(int) *http.Request {
+						return c.NewRequest("GET", "/", map[string]string{"x-test": "burst", "x-api-key": "shared-" + tc.name})
+					})
+				})
+			}
+			wg.Wait()
+			st := envoytest.Statuses(append(res[0], res[1]...))
+			ok := st[200] == 40
+			if !tc.exact {
+				ok = st[200] <= 40 && st[200] >= 36
+			}
+			if !ok || st[200]+st[429] != 300 {
+				t.Fatalf("statuses %v (native %v, Wasm %v), want 40 admitted (36 to 40 with leases)",
+					st, envoytest.Statuses(res[0]), envoytest.Statuses(res[1]))
+			}
+			t.Logf("%v (native %v, Wasm %v)", st, envoytest.Statuses(res[0]), envoytest.Statuses(res[1]))
+			if !tc.exact && native.Stat(nativePrefix+"lease_calls") == 0 {
+				t.Error("the native module made no lease calls")
+			}
+			for _, name := range []string{"service_errors", "panics"} {
+				if v := native.Stat(nativePrefix + name); v != 0 {
+					t.Errorf("%s%s = %d", nativePrefix, name, v)
+				}
+			}
+		})
+	}
 }
