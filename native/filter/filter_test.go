@@ -1,0 +1,183 @@
+package filter
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
+	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared/fake"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+)
+
+// These tests drive the adapter without Envoy through the few handle
+// methods it uses (the e2e tests run it in real Envoy); they cover what
+// Envoy cannot be made to do on purpose: a panic inside a callback.
+
+// configHandle is the configuration handle's part the adapter uses.
+type configHandle struct {
+	shared.HttpFilterConfigHandle // nil: any other method panics
+	ids                           idDefiner
+	mu                            sync.Mutex
+	logs                          []string
+	scheduled                     int
+}
+
+func (h *configHandle) DefineCounter(name string, tags ...string) (shared.MetricID, shared.MetricsResult) {
+	return h.ids.DefineCounter(name, tags...)
+}
+
+func (h *configHandle) DefineGauge(name string, tags ...string) (shared.MetricID, shared.MetricsResult) {
+	return h.ids.DefineGauge(name, tags...)
+}
+
+func (h *configHandle) Log(_ shared.LogLevel, format string, args ...any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.logs = append(h.logs, fmt.Sprintf(format, args...))
+}
+
+func (h *configHandle) GetScheduler() shared.Scheduler { return h }
+
+// Schedule implements shared.Scheduler: the ticker's work is counted, not
+// run (no main thread here).
+func (h *configHandle) Schedule(func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.scheduled++
+}
+
+func (h *configHandle) id(name string) shared.MetricID {
+	for i, n := range h.ids.names {
+		if n == name {
+			return shared.MetricID(i + 1)
+		}
+	}
+	return 0
+}
+
+func (h *configHandle) log() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return strings.Join(h.logs, "\n")
+}
+
+// filterHandle is a stream's handle, the part the adapter uses.
+type filterHandle struct {
+	shared.HttpFilterHandle
+	countingSink
+	req, resp shared.HeaderMap
+	continued int
+}
+
+func (h *filterHandle) IncrementCounterValue(id shared.MetricID, v uint64, tags ...string) shared.MetricsResult {
+	return h.countingSink.IncrementCounterValue(id, v, tags...)
+}
+
+func (h *filterHandle) IncrementGaugeValue(id shared.MetricID, v uint64, tags ...string) shared.MetricsResult {
+	return h.countingSink.IncrementGaugeValue(id, v, tags...)
+}
+
+func (h *filterHandle) DecrementGaugeValue(id shared.MetricID, v uint64, tags ...string) shared.MetricsResult {
+	return h.countingSink.DecrementGaugeValue(id, v, tags...)
+}
+
+func (h *filterHandle) RequestHeaders() shared.HeaderMap  { return h.req }
+func (h *filterHandle) ResponseHeaders() shared.HeaderMap { return h.resp }
+func (h *filterHandle) ContinueRequest()                  { h.continued++ }
+
+// brokenHeaders panics when a header is read, as a fault in the SDK or in
+// Envoy's answer could make it.
+type brokenHeaders struct{ *fake.FakeHeaderMap }
+
+func (brokenHeaders) GetOne(string) shared.UnsafeEnvoyBuffer { panic("header map broken") }
+
+// envoyHeaders copies what it is given, as Envoy does (the engine lends
+// response header values from a scratch buffer).
+type envoyHeaders struct{ *fake.FakeHeaderMap }
+
+func (h envoyHeaders) Add(k, v string) { h.FakeHeaderMap.Add(k, strings.Clone(v)) }
+
+func newHeaders(m map[string][]string) envoyHeaders { return envoyHeaders{fake.NewFakeHeaderMap(m)} }
+
+const demoConfig = `{"rules": [{"name": "per-key", "limit_keys": ["header:x-api-key"],
+  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.02, "burst": 5}}]}`
+
+func newConfig(t *testing.T, data string) (*configHandle, *filterConfig) {
+	t.Helper()
+	t.Setenv("GODEBUG", "cgocheck=0")
+	ch := &configHandle{}
+	f, err := ConfigFactory{}.Create(ch, []byte(data))
+	if err != nil {
+		t.Fatalf("Create: %v\n%s", err, ch.log())
+	}
+	t.Cleanup(f.OnDestroy)
+	return ch, f.(*filterConfig)
+}
+
+// TestPanicFailsOpen: a panic inside a filter callback does not reach
+// Envoy: the request goes on, the panic is counted in tokenbucket.panics
+// through the callback's handle and logged, the worker's lock is released
+// and its engine replaced; the buckets, in the store, are intact.
+func TestPanicFailsOpen(t *testing.T) {
+	ch, c := newConfig(t, demoConfig)
+	broken := &filterHandle{req: brokenHeaders{fake.NewFakeHeaderMap(nil)}, resp: newHeaders(nil)}
+	f := c.Create(broken).(*httpFilter)
+	w, before := f.w, f.w.e
+	if st := f.OnRequestHeaders(broken.req, true); st != shared.HeadersStatusContinue {
+		t.Fatalf("OnRequestHeaders after a panic = %d, want Continue", st)
+	}
+	if n := broken.counters[ch.id(Name+".panics")]; n != 1 {
+		t.Fatalf("%s.panics = %d, want 1", Name, n)
+	}
+	if !strings.Contains(ch.log(), "panic in request headers") || !strings.Contains(ch.log(), "header map broken") {
+		t.Fatalf("no log line for the panic:\n%s", ch.log())
+	}
+	if w.e == before {
+		t.Fatal("the worker kept the engine the panic interrupted")
+	}
+	if !w.mu.TryLock() {
+		t.Fatal("the worker's lock is still held")
+	}
+	w.mu.Unlock()
+	f.OnStreamComplete()
+	f.OnDestroy()
+
+	// The next requests run on the new engine.
+	for i := range 6 {
+		h := &filterHandle{req: newHeaders(map[string][]string{"x-api-key": {"a"}}), resp: newHeaders(nil)}
+		g := c.Create(h).(*httpFilter)
+		if g.e != g.w.e {
+			t.Fatal("a filter kept a replaced engine's request")
+		}
+		st := g.OnRequestHeaders(h.req, true)
+		if i == 5 {
+			break // the sixth is over the burst: a local reply, which this handle cannot send
+		}
+		g.OnResponseHeaders(h.resp, true)
+		if st != shared.HeadersStatusContinue || h.resp.GetOne("ratelimit-remaining").ToString() != fmt.Sprint(4-i) {
+			t.Fatalf("request %d: %d, remaining %q", i, st, h.resp.GetOne("ratelimit-remaining").ToString())
+		}
+		g.OnStreamComplete()
+		g.OnDestroy()
+	}
+}
+
+// TestCreateRefuses: without GODEBUG=cgocheck=0, and with a configuration
+// the engine refuses, Create fails after logging the line that says why.
+func TestCreateRefuses(t *testing.T) {
+	t.Setenv("GODEBUG", "")
+	ch := &configHandle{}
+	if _, err := (ConfigFactory{}).Create(ch, []byte(demoConfig)); err == nil || !strings.Contains(ch.log(), "GODEBUG=cgocheck=0") {
+		t.Fatalf("without GODEBUG: %v\n%s", err, ch.log())
+	}
+	t.Setenv("GODEBUG", "cgocheck=0")
+	bad := `{"rules": [{"name": "r", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 5}}]}`
+	want := engine.CheckConfiguration([]byte(bad))
+	ch = &configHandle{}
+	if _, err := (ConfigFactory{}).Create(ch, []byte(bad)); err == nil || want == nil || !strings.Contains(ch.log(), want.Error()) {
+		t.Fatalf("bad configuration: %v; log %q, want %q", err, ch.log(), want)
+	}
+}

@@ -1,0 +1,84 @@
+package filter
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestWorkersOnePerThread: every thread id gets one worker, built once,
+// however many goroutines ask at once.
+func TestWorkersOnePerThread(t *testing.T) {
+	var ws workers
+	var builds atomic.Int32
+	build := func() (*worker, error) { builds.Add(1); return &worker{}, nil }
+	const threads, askers = 4, 16
+	got := make([][threads]*worker, askers)
+	var wg sync.WaitGroup
+	for a := range askers {
+		wg.Go(func() {
+			for tid := range threads {
+				w, err := ws.get(100+tid, build)
+				if err != nil {
+					t.Error(err)
+				}
+				got[a][tid] = w
+			}
+		})
+	}
+	wg.Wait()
+	if n := builds.Load(); n != threads {
+		t.Fatalf("%d workers built for %d threads", n, threads)
+	}
+	for a := range askers {
+		for tid := range threads {
+			if got[a][tid] != got[0][tid] {
+				t.Fatalf("thread %d got two workers", tid)
+			}
+			for other := range tid {
+				if got[a][tid] == got[a][other] {
+					t.Fatalf("threads %d and %d share a worker", tid, other)
+				}
+			}
+		}
+	}
+	n := 0
+	ws.each(func(*worker) { n++ })
+	if n != threads {
+		t.Fatalf("each visited %d workers, want %d", n, threads)
+	}
+}
+
+// TestWorkerLockReentrant: a callback Envoy makes from inside one of ours
+// on the worker's thread re-enters without deadlock and restores the outer
+// callback's handle; the main thread waits until the worker lets go.
+func TestWorkerLockReentrant(t *testing.T) {
+	w := &worker{}
+	outer, inner := &countingSink{}, &countingSink{}
+	h1 := w.enter(outer)
+	h2 := w.enter(inner) // would deadlock with a plain mutex
+	if w.sink != inner {
+		t.Fatal("the nested callback does not see its handle")
+	}
+	w.exit(h2)
+	if w.sink != outer {
+		t.Fatal("the outer callback's handle is not restored")
+	}
+	entered := make(chan struct{})
+	go func() {
+		w.enterMain()
+		close(entered)
+		w.exitMain()
+	}()
+	select {
+	case <-entered:
+		t.Fatal("the main thread entered while the worker held its lock")
+	case <-time.After(20 * time.Millisecond): // bounded: only proves the wait
+	}
+	w.exit(h1)
+	<-entered
+	if w.owner.Load() != ownedByNone || w.sink != nil {
+		t.Fatalf("after both let go: owner %d, sink %v", w.owner.Load(), w.sink)
+	}
+}
