@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	clientext "istio.io/client-go/pkg/apis/extensions/v1alpha1"
 	clientnet "istio.io/client-go/pkg/apis/networking/v1"
+	clientnet3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	clientsec "istio.io/client-go/pkg/apis/security/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -45,7 +46,8 @@ type Doc struct {
 	Raw []byte
 	// Obj is the typed object: *clientext.WasmPlugin, *clientnet.ServiceEntry,
 	// *clientnet.DestinationRule, *clientsec.AuthorizationPolicy,
-	// *clientsec.PeerAuthentication,
+	// *clientsec.PeerAuthentication, *clientnet3.EnvoyFilter (the native
+	// module's),
 	// *corev1.Service, *appsv1.Deployment, *corev1.Secret or
 	// *corev1.ServiceAccount.
 	Obj any
@@ -182,6 +184,9 @@ func DecodeStrict(j []byte) (any, error) {
 		obj, spec = o, &o.Spec
 	case clientnet.SchemeGroupVersion.String() + " DestinationRule":
 		o := &clientnet.DestinationRule{TypeMeta: tm, ObjectMeta: env.Metadata}
+		obj, spec = o, &o.Spec
+	case clientnet3.SchemeGroupVersion.String() + " EnvoyFilter":
+		o := &clientnet3.EnvoyFilter{TypeMeta: tm, ObjectMeta: env.Metadata}
 		obj, spec = o, &o.Spec
 	case clientsec.SchemeGroupVersion.String() + " AuthorizationPolicy":
 		o := &clientsec.AuthorizationPolicy{TypeMeta: tm, ObjectMeta: env.Metadata}
