@@ -59,7 +59,9 @@ func TestDocsEnvoyFilter(t *testing.T) {
 				t.Fatal(err)
 			}
 		} else if strings.HasPrefix(block, "http_filters:") {
-			var list struct{ HTTPFilters []map[string]any `json:"http_filters"` }
+			var list struct {
+				HTTPFilters []map[string]any `json:"http_filters"`
+			}
 			if err := yaml.UnmarshalStrict([]byte(block), &list); err != nil {
 				t.Fatal(err)
 			}
