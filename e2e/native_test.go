@@ -312,3 +312,28 @@ func TestNativeClusterWide(t *testing.T) {
 		})
 	}
 }
+
+// TestNativeResumeAnsweredAtOnce: a request waiting for the limit service
+// is resumed from the callout's answer, and Envoy answers it at once inside
+// that resume (here the route's direct response: no upstream), running the
+// module's response callback from inside its answer callback on the same
+// thread. The worker's lock is reentrant for its own thread, so this
+// neither deadlocks the worker nor loses the response headers.
+func TestNativeResumeAnsweredAtOnce(t *testing.T) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	opts := nativeOptions(t, clusterConfig("allow"), 0) // upstream 0: Envoy answers 200 itself
+	opts.ServicePort, opts.Concurrency = svc, 2
+	e := envoytest.Start(t, opts)
+	c := e.Client()
+	t.Cleanup(c.Close)
+	for i := range 3 {
+		r := c.Get("/", map[string]string{"x-api-key": "resume"})
+		if r.Err != nil || r.Status != 200 || r.Header.Get("RateLimit-Remaining") != strconv.Itoa(39-i) {
+			t.Fatalf("request %d: %v, remaining %q, want 200 and %d", i, r, r.Header.Get("RateLimit-Remaining"), 39-i)
+		}
+	}
+	if v := e.Stat(nativePrefix + "panics"); v != 0 {
+		t.Fatalf("%d panics", v)
+	}
+}
