@@ -337,3 +337,52 @@ func TestNativeResumeAnsweredAtOnce(t *testing.T) {
 		t.Fatalf("%d panics", v)
 	}
 }
+
+// TestNativeResponseCosts: costs known from the response (a header, a JSON
+// body read in pieces as it passes, an event stream) and charge_on settle
+// in the native module as in the Wasm plugin (TestResponseCosts).
+func TestNativeResponseCosts(t *testing.T) {
+	up := startLLMUpstream(t)
+	opts := nativeOptions(t, responseConfig, up.port(t))
+	opts.Concurrency = 2
+	e := envoytest.Start(t, opts)
+	c := e.Client()
+	t.Cleanup(c.Close)
+	for _, tc := range []struct{ rule, path string }{
+		{"by-header", "/header"}, {"by-json", "/json"}, {"by-sse", "/sse"},
+	} {
+		var statuses []int
+		for i := range 6 {
+			r := c.Do("POST", tc.path, map[string]string{"x-api-key": "k"})
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+			statuses = append(statuses, r.Status)
+			if r.Status == 429 && r.Header.Get("RateLimit") != `"`+tc.rule+`";r=0;t=21000` {
+				t.Fatalf("%s request %d: RateLimit %q", tc.rule, i, r.Header.Get("RateLimit"))
+			}
+		}
+		if want := []int{200, 200, 200, 200, 429, 429}; !slicesEqual(statuses, want) {
+			t.Errorf("%s: statuses %v, want %v (a budget of 100, 30 a response)", tc.rule, statuses, want)
+		}
+		if n := e.Stat(nativePrefix + "rule." + tc.rule + ".cost_missing"); n != 0 {
+			t.Errorf("%s: cost_missing = %d", tc.rule, n)
+		}
+	}
+	login := func(password string) int {
+		return c.Do("POST", "/login", map[string]string{"x-user": "alice", "x-password": password}).Status
+	}
+	for range 10 {
+		if s := login("right"); s != 200 {
+			t.Fatalf("login: %d, want 200", s)
+		}
+	}
+	for range 5 {
+		if s := login("wrong"); s != 401 {
+			t.Fatalf("failed login: %d, want 401", s)
+		}
+	}
+	if s := login("right"); s != 429 {
+		t.Fatalf("after 5 failed logins: %d, want 429 (charge_on [\"401\"])", s)
+	}
+}
