@@ -4,6 +4,8 @@ package envoy
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -102,5 +104,31 @@ func TestTail(t *testing.T) {
 		if got := Tail(tt.s, tt.n); got != tt.want {
 			t.Errorf("Tail(%.20q, %d) = %.20q, want %.20q", tt.s, tt.n, got, tt.want)
 		}
+	}
+}
+
+// TestWhichErrors: a missing tool or version is an error that says what to
+// run, before func-e is asked (it would try to download a missing version).
+func TestWhichErrors(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("FUNC_E_BIN", filepath.Join(home, "no-func-e"))
+	if _, err := Which(home, "9.9.9"); err == nil || !strings.Contains(err.Error(), "no Envoy 9.9.9") {
+		t.Errorf("Which(empty home) = %v, want no Envoy 9.9.9", err)
+	}
+	bin := BinaryIn(home, "9.9.9")
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Which(home, "9.9.9"); err == nil || !strings.Contains(err.Error(), "FUNC_E_BIN") ||
+		!strings.Contains(err.Error(), "make setup") {
+		t.Errorf("Which(no tool) = %v, want FUNC_E_BIN ... make setup", err)
+	}
+	t.Setenv("FUNC_E_BIN", "")
+	t.Setenv("PATH", home)
+	if _, err := FuncE(); err == nil || !strings.Contains(err.Error(), "make setup") {
+		t.Errorf("FuncE(not on PATH) = %v, want an error naming make setup", err)
 	}
 }

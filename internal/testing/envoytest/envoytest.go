@@ -1,6 +1,6 @@
 // Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
 
-// Package envoytest wraps package envoy (Envoy started by func-e) for tests:
+// Package envoytest wraps package envoy (the Envoy func-e's tool resolves) for tests:
 // [Start] fails the test instead of returning an error and stops Envoy in
 // t.Cleanup; [Envoy]'s Stat, Stats, WaitStat, WaitLog and RSS fail the test
 // on error. It also holds the tests' in-process HTTP upstream
@@ -48,12 +48,12 @@ type Envoy struct {
 	t testing.TB
 }
 
-// Needs skips the test (fails it under CI=true) unless func-e's home has
-// Envoy and, when plugin is true, the plugin is built.
+// Needs skips the test (fails it under CI=true) unless func-e's tool finds
+// Envoy in its home and, when plugin is true, the plugin is built.
 func Needs(t testing.TB, plugin bool) {
 	t.Helper()
-	if _, err := os.Stat(envoy.DefaultBinary()); os.Getenv("FUNC_E_DATA_HOME") == "" || err != nil {
-		ci.Skip(t, "envoytest: no Envoy in func-e's home %q (run `make setup`)", os.Getenv("FUNC_E_DATA_HOME"))
+	if _, err := envoy.Which("", ""); err != nil {
+		ci.Skip(t, "envoytest: %v", err)
 	}
 	if plugin {
 		PluginWasm(t)
@@ -218,7 +218,7 @@ func (o Outcome) String() string {
 // StartFailure describes how Envoy refused a configuration.
 type StartFailure struct {
 	Outcome  Outcome
-	ExitCode int    // -1 when unknown: func-e's Run reports a failed /ready poll, not the code, for an exit before /ready
+	ExitCode int    // -1 when Envoy was killed by a signal (a start that never became ready is stopped)
 	Log      string // the whole log
 }
 
@@ -265,10 +265,13 @@ func FreePort(t testing.TB) int {
 	return p
 }
 
-// EnvoyBin is the Envoy binary in func-e's home (skipping the test, or
-// failing it under CI=true, when it is missing).
+// EnvoyBin is the Envoy binary func-e's tool resolves (skipping the test,
+// or failing it under CI=true, when it is missing).
 func EnvoyBin(t testing.TB) string {
 	t.Helper()
-	Needs(t, false)
-	return envoy.DefaultBinary()
+	bin, err := envoy.Which("", "")
+	if err != nil {
+		ci.Skip(t, "envoytest: %v", err)
+	}
+	return bin
 }

@@ -5,8 +5,10 @@ package envoytest
 import (
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -122,6 +124,32 @@ func TestEnvoyPlain(t *testing.T) {
 	}
 }
 
+// TestEnvoyEnvAndExit: Options.Env reaches Envoy's own environment (the
+// native module needs GODEBUG there), and an exit code is Envoy's.
+func TestEnvoyEnvAndExit(t *testing.T) {
+	e := Start(t, Options{NoWasm: true, Concurrency: 1, Env: []string{"TB_PROBE=native", "HOME=/tb-probe"}})
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(e.PID()) + "/environ")
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	vars := "\x00" + string(env)
+	for _, want := range []string{"\x00TB_PROBE=native\x00", "\x00HOME=/tb-probe\x00"} {
+		if !strings.Contains(vars, want) {
+			t.Errorf("envoy's environment lacks %q", strings.Trim(want, "\x00"))
+		}
+	}
+	if err := syscall.Kill(e.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !e.Exited() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code := e.Stop(); code != -1 {
+		t.Errorf("exit code after SIGKILL = %d, want -1 (a signal)", code)
+	}
+}
+
 func TestEnvoyDirectAndLDS(t *testing.T) {
 	e := Start(t, Options{NoWasm: true, LDS: true, Concurrency: 1})
 	c := e.Client()
@@ -204,15 +232,15 @@ func TestDemoConfigWasm(t *testing.T) {
 
 // TestDemoConfigWasmRejected shows how Envoy 1.40 refuses a plugin
 // configuration that the plugin rejects in OnPluginStart: on a static
-// listener the process exits, whatever the failure_policy. (Its exit code,
-// 1, is lost: func-e's Run reports its failed readiness poll instead.)
+// listener the process exits with code 1, whatever the failure_policy.
 func TestDemoConfigWasmRejected(t *testing.T) {
 	for _, policy := range []string{"FAIL_CLOSED", "FAIL_OPEN"} {
 		t.Run(policy, func(t *testing.T) {
 			f := ExpectStartFailure(t, Options{PluginConfig: `{"no_such_field":1}`, FailurePolicy: policy,
 				UpstreamPort: 9, Concurrency: 1})
-			if f.Outcome != Exited || !strings.Contains(f.Log, "Unable to create Wasm plugin") {
-				t.Fatalf("ExpectStartFailure() = %v, want an exit and \"Unable to create Wasm plugin\"\n%s", f, f.Log)
+			if f.Outcome != Exited || f.ExitCode != 1 || !strings.Contains(f.Log, "Unable to create Wasm plugin") {
+				t.Fatalf("ExpectStartFailure() = %v (code %d), want an exit with code 1 and \"Unable to create Wasm plugin\"\n%s",
+					f, f.ExitCode, f.Log)
 			}
 		})
 	}
