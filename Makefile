@@ -19,6 +19,8 @@ export FUNC_E_STATE_HOME ?= $(abspath $(BUILD)/func-e/state)
 export FUNC_E_RUNTIME_DIR ?= $(abspath $(BUILD)/func-e/run)
 ENVOY := $(FUNC_E_DATA_HOME)/envoy-versions/$(ENVOY_VERSION)/bin/envoy
 export PLUGIN_WASM ?= $(abspath $(BUILD)/plugin.wasm)
+# The native module (make build-native): the e2e table runs every case on both builds.
+export NATIVE_MODULE ?= $(abspath $(BUILD)/libtokenbucket.so)
 
 .PHONY: all build sdk setup setup-redis run run-cluster test unit e2e check fuzz clean
 
@@ -107,7 +109,7 @@ unit: setup build setup-redis
 	cd third_party/pretty && $(GO) test -race -count=1 ./...
 	cd bench && $(GO) test -race -count=1 ./...
 
-e2e: setup setup-redis build build-service
+e2e: setup setup-redis build build-native build-service
 	$(GO) test -count=1 -timeout 20m -v ./e2e/... 2>&1 | tee $(BUILD)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
 
 # The README's test command: every test, e2e included.

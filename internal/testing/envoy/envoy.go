@@ -68,6 +68,41 @@ const (
 //go:embed bootstrap.yaml
 var Bootstrap string
 
+// Build is which build of the plugin runs: the Wasm module in Envoy's Wasm
+// filter, or the native module (a Go shared object) in Envoy's dynamic
+// modules filter. Both take the same JSON configuration.
+type Build int
+
+const (
+	// Wasm is plugin.wasm ($PLUGIN_WASM) in envoy.filters.http.wasm.
+	Wasm Build = iota
+	// Native is libtokenbucket.so ($NATIVE_MODULE) in
+	// envoy.filters.http.dynamic_modules.
+	Native
+)
+
+// Builds are both builds, in the order tests run them.
+var Builds = []Build{Wasm, Native}
+
+func (b Build) String() string {
+	switch b {
+	case Wasm:
+		return "wasm"
+	case Native:
+		return "native"
+	}
+	return "Build(" + strconv.Itoa(int(b)) + ")"
+}
+
+// StatPrefix is what Envoy puts before the plugin's own metrics
+// ("tokenbucket.rule.x.allowed") in /stats for build b.
+func (b Build) StatPrefix() string {
+	if b == Native {
+		return "dynamicmodulescustom."
+	}
+	return "wasmcustom."
+}
+
 // Listener is one listener of Bootstrap. Start fills the zero fields from
 // Options: Name "main", StatPrefix "ingress", RootID and VMID "tokenbucket".
 type Listener struct {
@@ -77,7 +112,11 @@ type Listener struct {
 	// Direct answers 200 without an upstream (set when Options.UpstreamPort is 0).
 	Direct bool
 	// Wasm is the plugin's path; "" leaves the Wasm filter out.
-	Wasm, PluginConfig, FailurePolicy, RootID, VMID string
+	// Native is the native module's path (lib<name>.so); "" leaves the
+	// dynamic modules filter out. Every Native listener of one Envoy names
+	// the same file: Envoy finds it by name in one search path, and only
+	// one Go shared object can be loaded per process.
+	Wasm, Native, PluginConfig, FailurePolicy, RootID, VMID string
 	// Filters are HTTP filters (a YAML list) before the plugin; HCM are
 	// extra HttpConnectionManager fields (YAML).
 	Filters, HCM string
@@ -90,7 +129,13 @@ type Options struct {
 	// PluginConfig (JSON), PluginWasm ("" = $PLUGIN_WASM) and FailurePolicy
 	// ("" = FAIL_CLOSED) of the main listener's plugin.
 	PluginConfig, PluginWasm, FailurePolicy string
-	// NoWasm leaves the Wasm filter out of the main listener.
+	// Build is the main listener's build of the plugin: with Native it runs
+	// NativeModule ("" = $NATIVE_MODULE, else DefaultNativeModule) with
+	// PluginConfig instead of the Wasm filter (FailurePolicy, a Wasm filter
+	// field, does not apply).
+	Build        Build
+	NativeModule string
+	// NoWasm leaves the plugin (either build) out of the main listener.
 	NoWasm bool
 	// Filters and HCM: see Listener.
 	Filters, HCM string
@@ -127,7 +172,10 @@ type Options struct {
 type TemplateData struct {
 	ListenerPort, AdminPort, UpstreamPort, ServicePort int
 	PluginWasm, PluginConfig, FailurePolicy            string
-	Listeners                                          []Listener
+	// NativeModule is the native module's path when a listener runs it;
+	// NativeName is Envoy's name for it (libNAME.so).
+	NativeModule, NativeName string
+	Listeners                []Listener
 	// LDSDir is the watched directory of the listener file, when Options.LDS.
 	LDSDir string
 	// Version is the listener file's version_info (WriteLDS).
@@ -137,14 +185,15 @@ type TemplateData struct {
 
 // Render executes the bootstrap template tmpl with d. Besides the standard
 // functions it offers yamlstr (a double-quoted YAML scalar), json (compact
-// JSON), indent n s and dict k v... . A missing key of d.Data is an error.
+// JSON), indent n s, dict k v... and nativeName path (NAME of libNAME.so). A
+// missing key of d.Data is an error.
 func Render(tmpl string, d TemplateData) (string, error) {
 	return render(tmpl, "", d)
 }
 
 func render(tmpl, name string, d TemplateData) (string, error) {
 	tp, err := template.New("envoy.yaml").Option("missingkey=error").Funcs(template.FuncMap{
-		"yamlstr": jsonText, "json": jsonText, "indent": indent, "dict": dict,
+		"yamlstr": jsonText, "json": jsonText, "indent": indent, "dict": dict, "nativeName": nativeName,
 	}).Parse(tmpl)
 	if err != nil {
 		return "", fmt.Errorf("envoy: template: %w", err)
@@ -258,14 +307,18 @@ func Data(opts Options) (TemplateData, error) {
 		ls = []Listener{{Port: opts.ListenerPort, PluginConfig: opts.PluginConfig, Filters: opts.Filters, HCM: opts.HCM}}
 	}
 	needPlugin := (custom && strings.Contains(opts.Config, ".PluginWasm")) ||
-		(!custom && len(opts.Listeners) == 0 && !opts.NoWasm)
+		(!custom && len(opts.Listeners) == 0 && !opts.NoWasm && opts.Build != Native)
 	if needPlugin && d.PluginWasm == "" {
 		if d.PluginWasm = os.Getenv("PLUGIN_WASM"); d.PluginWasm == "" {
 			return d, errors.New("envoy: PLUGIN_WASM is not set (run `make build`)")
 		}
 	}
 	if len(opts.Listeners) == 0 && !opts.NoWasm {
-		ls[0].Wasm = d.PluginWasm
+		if opts.Build == Native {
+			ls[0].Native = cmp.Or(opts.NativeModule, os.Getenv("NATIVE_MODULE"), DefaultNativeModule())
+		} else {
+			ls[0].Wasm = d.PluginWasm
+		}
 	}
 	if d.AdminPort == 0 {
 		var err error
@@ -288,6 +341,23 @@ func Data(opts Options) (TemplateData, error) {
 		l.FailurePolicy = cmp.Or(l.FailurePolicy, d.FailurePolicy)
 		l.Direct = d.UpstreamPort == 0
 		d.Listeners[i] = l
+	}
+	for _, l := range d.Listeners {
+		switch {
+		case l.Native == "":
+		case l.Wasm != "":
+			return d, fmt.Errorf("envoy: listener %s: both Wasm and Native", l.Name)
+		case d.NativeModule != "" && l.Native != d.NativeModule:
+			return d, fmt.Errorf("envoy: listener %s: native module %s, another listener's is %s: Envoy loads one Go module", l.Name, l.Native, d.NativeModule)
+		default:
+			d.NativeModule = l.Native
+		}
+	}
+	if d.NativeModule != "" {
+		var err error
+		if d.NativeName, err = nativeName(d.NativeModule); err != nil {
+			return d, err
+		}
 	}
 	d.ListenerPort = d.Listeners[0].Port
 	if d.ListenerPort == d.AdminPort {
@@ -348,7 +418,7 @@ func Spawn(opts Options) (*Process, error) {
 	args = append(args, opts.ExtraArgs...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Dir = p.dir
-	p.cmd.Env = append(os.Environ(), opts.Env...) // on a repeated key the last wins
+	p.cmd.Env = append(append(os.Environ(), NativeEnv(p.data.NativeModule)...), opts.Env...) // on a repeated key the last wins
 	p.cmd.Stdout, p.cmd.Stderr = out, out
 	setDeathSignal(p.cmd)
 	if err := p.cmd.Start(); err != nil {
@@ -361,6 +431,49 @@ func Spawn(opts Options) (*Process, error) {
 		out.Close()
 	}()
 	return p, nil
+}
+
+// nativeName is Envoy's name for the module at path: NAME of libNAME.so.
+func nativeName(path string) (string, error) {
+	base := filepath.Base(path)
+	name, ok := strings.CutSuffix(strings.TrimPrefix(base, "lib"), ".so")
+	if !ok || !strings.HasPrefix(base, "lib") || name == "" {
+		return "", fmt.Errorf("envoy: native module %s: Envoy finds a module by name, as libNAME.so", path)
+	}
+	return name, nil
+}
+
+// NativeEnv is what Envoy's environment needs to load the native module at
+// path ("": nothing): the search path Envoy finds lib<name>.so in, and
+// GODEBUG=cgocheck=0, without which a Go 1.26 module built on Envoy's Go SDK
+// aborts Envoy at its first configuration (docs/native.md).
+func NativeEnv(path string) []string {
+	if path == "" {
+		return nil
+	}
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		dir = filepath.Dir(path)
+	}
+	return []string{"ENVOY_DYNAMIC_MODULES_SEARCH_PATH=" + dir, "GODEBUG=cgocheck=0"}
+}
+
+// DefaultNativeModule is build/libtokenbucket.so in the checkout that holds
+// the working directory (found by its go.mod), or "" outside one.
+func DefaultNativeModule() string {
+	dir, err := os.Getwd()
+	for err == nil {
+		if b, e := os.ReadFile(filepath.Join(dir, "go.mod")); e == nil &&
+			bytes.HasPrefix(b, []byte("module github.com/ratelimit-wasm/tokenbucket\n")) {
+			return filepath.Join(dir, "build", "libtokenbucket.so")
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return ""
 }
 
 // Which asks func-e's tool (`func-e which`) for the path of Envoy version
@@ -581,6 +694,15 @@ func (p *Process) Stop() (int, error) {
 // PID is Envoy's process id (a child of this process). The error is kept
 // for callers written when the id had to be looked up; it is always nil.
 func (p *Process) PID() (int, error) { return p.cmd.Process.Pid, nil }
+
+// Build is the build of the plugin this Envoy runs: Native when a listener
+// runs the native module, else Wasm.
+func (p *Process) Build() Build {
+	if p.data.NativeModule != "" {
+		return Native
+	}
+	return Wasm
+}
 
 // ListenerPort and AdminPort are Envoy's ports.
 func (p *Process) ListenerPort() int { return p.data.ListenerPort }

@@ -6,9 +6,14 @@
 // on error. It also holds the tests' in-process HTTP upstream
 // ([StartUpstream]) and keep-alive [Client].
 //
-// Locally a test whose Envoy or plugin is missing is skipped; under CI=true
-// it fails. Methods that fail the test must be called from its goroutine;
-// [Client] is safe for concurrent use.
+// One test runs either build of the plugin ([Build]: the Wasm module or the
+// native module) from the same JSON configuration: Options.Build picks the
+// main listener's, [PluginListener] a listener's, and [Envoy.PluginStat]
+// reads the plugin's metrics under either build's prefix.
+//
+// Locally a test whose Envoy or plugin (of the build it runs) is missing is
+// skipped; under CI=true it fails. Methods that fail the test must be called
+// from its goroutine; [Client] is safe for concurrent use.
 package envoytest
 
 import (
@@ -30,7 +35,16 @@ type (
 	Options      = envoy.Options
 	TemplateData = envoy.TemplateData
 	Listener     = envoy.Listener
+	Build        = envoy.Build
 )
+
+// The builds of the plugin; Builds lists both.
+const (
+	Wasm   = envoy.Wasm
+	Native = envoy.Native
+)
+
+var Builds = envoy.Builds
 
 // DemoConfigYAML is envoy.Bootstrap: a listener whose Wasm filter runs the
 // plugin (unless Options.NoWasm), the cluster "upstream" (Envoy answers
@@ -49,7 +63,7 @@ type Envoy struct {
 }
 
 // Needs skips the test (fails it under CI=true) unless func-e's tool finds
-// Envoy in its home and, when plugin is true, the plugin is built.
+// Envoy in its home and, when plugin is true, the Wasm plugin is built.
 func Needs(t testing.TB, plugin bool) {
 	t.Helper()
 	if _, err := envoy.Which("", ""); err != nil {
@@ -58,6 +72,47 @@ func Needs(t testing.TB, plugin bool) {
 	if plugin {
 		PluginWasm(t)
 	}
+}
+
+// NeedsBuild is Needs for build b of the plugin.
+func NeedsBuild(t testing.TB, b Build) {
+	t.Helper()
+	Needs(t, false)
+	PluginPath(t, b)
+}
+
+// PluginPath is the file of build b: PluginWasm or NativeModule.
+func PluginPath(t testing.TB, b Build) string {
+	t.Helper()
+	if b == Native {
+		return NativeModule(t)
+	}
+	return PluginWasm(t)
+}
+
+// NativeModule returns $NATIVE_MODULE, else build/libtokenbucket.so of this
+// checkout, skipping the test (failing it under CI=true) when it names no
+// file.
+func NativeModule(t testing.TB) string {
+	t.Helper()
+	p := cmp.Or(os.Getenv("NATIVE_MODULE"), envoy.DefaultNativeModule())
+	if st, err := os.Stat(p); p == "" || err != nil || st.IsDir() {
+		ci.Skip(t, "envoytest: NATIVE_MODULE=%q names no file (run `make build-native`)", p)
+	}
+	return p
+}
+
+// PluginListener returns l running build b of the plugin (its Wasm or
+// Native path set, the other cleared) with l.PluginConfig.
+func PluginListener(t testing.TB, b Build, l Listener) Listener {
+	t.Helper()
+	l.Wasm, l.Native = "", ""
+	if b == Native {
+		l.Native = NativeModule(t)
+	} else {
+		l.Wasm = PluginWasm(t)
+	}
+	return l
 }
 
 // PluginWasm returns $PLUGIN_WASM, skipping the test (failing it under
@@ -71,18 +126,32 @@ func PluginWasm(t testing.TB) string {
 	return p
 }
 
-func usesPlugin(opts Options) bool {
-	if opts.Config != "" && opts.Config != envoy.Bootstrap {
-		return strings.Contains(opts.Config, ".PluginWasm") && opts.PluginWasm == ""
+// needs is Needs for what opts run: the Wasm plugin when its path comes
+// from the environment, the native module (filled into opts) when the main
+// listener runs that build.
+func needs(t testing.TB, opts *Options) {
+	t.Helper()
+	custom := opts.Config != "" && opts.Config != envoy.Bootstrap
+	switch {
+	case custom:
+		Needs(t, strings.Contains(opts.Config, ".PluginWasm") && opts.PluginWasm == "")
+	case opts.NoWasm || len(opts.Listeners) > 0:
+		Needs(t, false)
+	case opts.Build == Native:
+		Needs(t, false)
+		if opts.NativeModule == "" {
+			opts.NativeModule = NativeModule(t)
+		}
+	default:
+		Needs(t, opts.PluginWasm == "")
 	}
-	return !opts.NoWasm && opts.PluginWasm == "" && len(opts.Listeners) == 0
 }
 
 // Start starts Envoy and waits until it serves; see envoy.Start. Envoy is
 // stopped in t.Cleanup, and the test fails if it exited on its own before.
 func Start(t testing.TB, opts Options) *Envoy {
 	t.Helper()
-	Needs(t, usesPlugin(opts))
+	needs(t, &opts)
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir() // kept after Stop, for the log
 	}
@@ -142,6 +211,20 @@ func (e *Envoy) Stat(name string) uint64 {
 		e.t.Fatalf("envoytest: %v", err)
 	}
 	return v
+}
+
+// PluginStat returns the plugin's counter or gauge name (as the plugin
+// defines it: "tokenbucket.rule.x.allowed") under the prefix of the build
+// this Envoy runs, 0 when Envoy has none.
+func (e *Envoy) PluginStat(name string) uint64 {
+	e.t.Helper()
+	return e.Stat(e.Build().StatPrefix() + name)
+}
+
+// WaitPluginStat is WaitStat for the plugin's counter or gauge name.
+func (e *Envoy) WaitPluginStat(name string, want uint64, timeout time.Duration) {
+	e.t.Helper()
+	e.WaitStat(e.Build().StatPrefix()+name, want, timeout)
 }
 
 // WaitStat waits until the counter or gauge name equals want, at most timeout.
@@ -229,7 +312,7 @@ func (f StartFailure) String() string { return f.Outcome.String() }
 // becoming LIVE.
 func ExpectStartFailure(t testing.TB, opts Options) StartFailure {
 	t.Helper()
-	Needs(t, usesPlugin(opts))
+	needs(t, &opts)
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()
 	}

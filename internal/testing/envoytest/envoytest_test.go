@@ -245,3 +245,30 @@ func TestDemoConfigWasmRejected(t *testing.T) {
 		})
 	}
 }
+
+// TestDemoConfigNative proves the bootstrap against the native module: the
+// same JSON reaches it through the dynamic modules filter, requests pass
+// and its metrics read under the native prefix.
+func TestDemoConfigNative(t *testing.T) {
+	u := StartUpstream(t, UpstreamOptions{})
+	e := Start(t, Options{Build: Native,
+		PluginConfig: `{"rules":[{"name":"r","body":"quoted \" and: colon # hash {{x}}",` +
+			`"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1000,"burst":1000}}]}`,
+		UpstreamPort: u.Port(), ServicePort: u.Port(), Concurrency: 2,
+	})
+	c := e.Client()
+	defer c.Close()
+	if r := c.Get("/", nil); r.Err != nil || r.Status != 200 {
+		t.Fatalf("GET / through the native module = %v, want 200", r)
+	}
+	if e.Build() != Native {
+		t.Errorf("Build() = %v, want native", e.Build())
+	}
+	e.WaitPluginStat("tokenbucket.rule.r.allowed", 1, 5*time.Second)
+	if got := e.Stat("dynamicmodulescustom.tokenbucket.rule.r.allowed"); got != 1 {
+		t.Errorf("dynamicmodulescustom.tokenbucket.rule.r.allowed = %d, want 1", got)
+	}
+	if got := e.Stat("wasm.envoy.wasm.runtime.v8.active"); got != 0 {
+		t.Errorf("%d active V8 Wasm VMs, want none", got)
+	}
+}
