@@ -446,7 +446,7 @@ func nativeName(path string) (string, error) {
 // NativeEnv is what Envoy's environment needs to load the native module at
 // path ("": nothing): the search path Envoy finds lib<name>.so in, and
 // GODEBUG=cgocheck=0, without which a Go 1.26 module built on Envoy's Go SDK
-// aborts Envoy at its first configuration (docs/native.md).
+// aborts Envoy at its first configuration.
 func NativeEnv(path string) []string {
 	if path == "" {
 		return nil
