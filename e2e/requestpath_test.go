@@ -85,10 +85,10 @@ func testShadowClusterRule(t *testing.T, build envoytest.Build) {
 		c.Close()
 	}
 	// The answers are counted when they arrive, after the responses.
-	const name = "wasmcustom.tokenbucket.rule.trial.shadow_rejected"
+	const name = "tokenbucket.rule.trial.shadow_rejected"
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		rej := envoys[0].Stat(name) + envoys[1].Stat(name)
+		rej := envoys[0].PluginStat(name) + envoys[1].PluginStat(name)
 		decided := rej + envoys[0].PluginStat("tokenbucket.rule.trial.allowed") + envoys[1].PluginStat("tokenbucket.rule.trial.allowed")
 		if decided == 4 {
 			if rej != 2 {
