@@ -104,7 +104,7 @@ run: setup build
 run-cluster: setup build build-service
 	examples/cluster-wide/run.sh
 
-unit: setup build setup-redis
+unit: setup build build-native setup-redis
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 	cd third_party/pretty && $(GO) test -race -count=1 ./...
 	cd bench && $(GO) test -race -count=1 ./...
