@@ -50,7 +50,9 @@ var Builds = envoy.Builds
 // plugin (unless Options.NoWasm), the cluster "upstream" (Envoy answers
 // directly when Options.UpstreamPort is 0) and, when Options.ServicePort is
 // set, the cluster "limit_service". Plugin metrics read as
-// Stat("wasmcustom.<name>"), the listener's as "http.ingress.".
+// PluginStat("tokenbucket.<name>") for either build (Stat sees them as
+// "wasmcustom.tokenbucket.<name>" or "dynamicmodulescustom.tokenbucket.<name>"),
+// the listener's as Stat("http.ingress.<name>").
 var DemoConfigYAML = envoy.Bootstrap
 
 // RenderConfig is envoy.Render.
