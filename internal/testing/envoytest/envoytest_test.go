@@ -130,7 +130,7 @@ func TestEnvoyEnvAndExit(t *testing.T) {
 	e := Start(t, Options{NoWasm: true, Concurrency: 1, Env: []string{"TB_PROBE=native", "HOME=/tb-probe"}})
 	env, err := os.ReadFile("/proc/" + strconv.Itoa(e.PID()) + "/environ")
 	if err != nil {
-		t.Skipf("no /proc: %v", err)
+		t.Fatal(err)
 	}
 	vars := "\x00" + string(env)
 	for _, want := range []string{"\x00TB_PROBE=native\x00", "\x00HOME=/tb-probe\x00"} {
