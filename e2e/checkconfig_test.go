@@ -15,8 +15,10 @@ import (
 // when it refuses the plugin. The cases are TestBadConfigurationRefused's
 // and the parser's other kinds of refusal (invalid JSON, an unknown field,
 // a relation between rules).
-func TestCheckConfigMatchesEnvoy(t *testing.T) {
-	envoytest.Needs(t, true)
+func TestCheckConfigMatchesEnvoy(t *testing.T) { forEachBuild(t, testCheckConfigMatchesEnvoy) }
+
+func testCheckConfigMatchesEnvoy(t *testing.T, build envoytest.Build) {
+	envoytest.NeedsBuild(t, build)
 	bin := filepath.Join(t.TempDir(), "checkconfig")
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/checkconfig").CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/checkconfig: %v\n%s", err, out)
@@ -44,7 +46,7 @@ func TestCheckConfigMatchesEnvoy(t *testing.T) {
 			if !ok || strings.Contains(line, "\n") {
 				t.Fatalf("checkconfig printed %q, want one FAIL line for %s", out, path)
 			}
-			f := envoytest.ExpectStartFailure(t, envoytest.Options{Config: envoytest.DemoConfigYAML, PluginConfig: tt.config, UpstreamPort: 1})
+			f := envoytest.ExpectStartFailure(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML, PluginConfig: tt.config, UpstreamPort: 1})
 			if !strings.Contains(f.Log, line+"\n") {
 				t.Fatalf("Envoy (%v) did not log checkconfig's line %q:\n%s", f, line, f.Log)
 			}

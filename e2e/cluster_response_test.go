@@ -49,11 +49,13 @@ func limitdCounter(t *testing.T, port int, name string) float64 {
 // cluster rule's budget of 100 per key, with answers costing 30 (1
 // reserved, 29 charged after the response), admits exactly 4 requests
 // across both Envoys before the first 429.
-func TestClusterResponseCost(t *testing.T) {
+func TestClusterResponseCost(t *testing.T) { forEachBuild(t, testClusterResponseCost) }
+
+func testClusterResponseCost(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := startLLMUpstream(t)
-	envoys, ok := twoEnvoys(t, up.port(t), svc, [2]string{clusterResponseConfig, clusterResponseConfig})
+	envoys, ok := twoEnvoys(t, build, up.port(t), svc, [2]string{clusterResponseConfig, clusterResponseConfig})
 	if !ok {
 		return
 	}
@@ -79,7 +81,7 @@ func TestClusterResponseCost(t *testing.T) {
 				// decides the outcome).
 				deadline := time.Now().Add(10 * time.Second)
 				for {
-					sent := envoys[0].Stat("wasmcustom.tokenbucket.charge_calls") + envoys[1].Stat("wasmcustom.tokenbucket.charge_calls")
+					sent := envoys[0].PluginStat("tokenbucket.charge_calls") + envoys[1].PluginStat("tokenbucket.charge_calls")
 					if limitdCounter(t, svc, "limitd_charges_total") >= float64(sent) {
 						break
 					}
@@ -95,7 +97,7 @@ func TestClusterResponseCost(t *testing.T) {
 		})
 	}
 	for i, e := range envoys {
-		if n := e.Stat("wasmcustom.tokenbucket.service_errors"); n != 0 {
+		if n := e.PluginStat("tokenbucket.service_errors"); n != 0 {
 			t.Errorf("envoy %d: service_errors = %d", i, n)
 		}
 	}

@@ -78,17 +78,17 @@ func startLimitd(t *testing.T, redisAddr string) int {
 	}
 }
 
-// twoEnvoys boots two Envoys (two workers each) at once, Envoy i with the
-// plugin configured by configs[i], behind upstreamPort, sharing the limit
+// twoEnvoys boots two Envoys (two workers each) at once, Envoy i with
+// build of the plugin configured by configs[i], behind upstreamPort, sharing the limit
 // service on servicePort: V8 compiles the plugin for seconds, so they boot
 // side by side. It returns false when t failed or skipped meanwhile.
-func twoEnvoys(t *testing.T, upstreamPort, servicePort int, configs [2]string) ([2]*envoytest.Envoy, bool) {
+func twoEnvoys(t *testing.T, build envoytest.Build, upstreamPort, servicePort int, configs [2]string) ([2]*envoytest.Envoy, bool) {
 	t.Helper()
 	var envoys [2]*envoytest.Envoy
 	var wg sync.WaitGroup
 	for i := range envoys {
 		wg.Go(func() {
-			envoys[i] = envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML,
+			envoys[i] = envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
 				PluginConfig: configs[i], UpstreamPort: upstreamPort, ServicePort: servicePort, Concurrency: 2})
 		})
 	}
@@ -111,11 +111,13 @@ func clusterConfig(failureMode string) string {
 // TestClusterWide: two Envoys with the plugin share one limit service and
 // one Redis. One key's burst of 40 holds across both; then Redis dies
 // mid-load and comes back.
-func TestClusterWide(t *testing.T) {
+func TestClusterWide(t *testing.T) { forEachBuild(t, testClusterWide) }
+
+func testClusterWide(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	envoys, ok := twoEnvoys(t, up.Port(), svc, [2]string{clusterConfig("allow"), clusterConfig("deny")})
+	envoys, ok := twoEnvoys(t, build, up.Port(), svc, [2]string{clusterConfig("allow"), clusterConfig("deny")})
 	if !ok {
 		return
 	}
@@ -142,7 +144,7 @@ func TestClusterWide(t *testing.T) {
 			t.Fatalf("statuses %v (Envoy A %v, B %v), want exactly 40 admitted", st, envoytest.Statuses(res[0]), envoytest.Statuses(res[1]))
 		}
 		for _, e := range envoys {
-			if n := e.Stat("wasmcustom.tokenbucket.service_errors"); n != 0 {
+			if n := e.PluginStat("tokenbucket.service_errors"); n != 0 {
 				t.Fatalf("%d failed calls to the service during the burst", n)
 			}
 		}

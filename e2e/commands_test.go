@@ -29,6 +29,8 @@ var startCmdRE = regexp.MustCompile(`(?m)^(build/venv/bin/envoy) -c (\S+)$`)
 // replaced; this checks what it replaces: the binary's path, the file's path
 // and the plugin's path as a user runs them. It needs `make setup build`,
 // as the READMEs say.
+//
+// Wasm only: the examples' start commands load the Wasm filter.
 func TestExampleStartCommands(t *testing.T) {
 	root, err := filepath.Abs("..")
 	if err != nil {

@@ -196,6 +196,8 @@ func TestExampleFiles(t *testing.T) {
 
 // TestExamples boots every example on real Envoy and replays its README.
 // The examples run in parallel, each Envoy with one worker.
+//
+// Wasm only: it replays shipped configurations, which load the Wasm filter.
 func TestExamples(t *testing.T) {
 	envoytest.Needs(t, true)
 	envoytest.PluginWasm(t)

@@ -28,6 +28,8 @@ var failOpenRE = regexp.MustCompile(`(?m)^\s*fail_open:`)
 // TestShippedWasmFiltersSetFailurePolicy: every Envoy configuration of the
 // repository (YAML files, and templates embedded in Go files) sets the Wasm
 // filter's failure_policy explicitly and never the deprecated fail_open.
+//
+// Wasm only: failure_policy is a field of the Wasm filter.
 func TestShippedWasmFiltersSetFailurePolicy(t *testing.T) {
 	root := filepath.Join("..")
 	files, err := exec.Command("git", "-C", root, "ls-files", "*.yaml", "*.yml", "*.go").Output()

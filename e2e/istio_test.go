@@ -74,6 +74,8 @@ func burstElapsed(res []envoytest.Result) time.Duration {
 // V8, failure_policy FAIL_OPEN, clusters named outbound|port||host), with that
 // WasmPlugin's pluginConfig exactly as Istio passes it, and the limit service
 // (in-memory store) on loopback behind the cluster the configuration names.
+//
+// Wasm only: it boots what Istio generates from a WasmPlugin (V8, the Wasm filter).
 func TestIstioGatewayShape(t *testing.T) {
 	const dir = "../examples/istio/"
 	pc := istioPluginConfig(t, dir+"wasmplugin-gateway.yaml")

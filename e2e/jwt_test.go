@@ -36,12 +36,14 @@ type jwtListener struct {
 	config string
 }
 
-// jwtListeners turns listeners into the bootstrap's listeners.
-func jwtListeners(t *testing.T, listeners []jwtListener) []envoytest.Listener {
+// jwtListeners turns listeners into the bootstrap's listeners, each running
+// build of the plugin.
+func jwtListeners(t *testing.T, build envoytest.Build, listeners []jwtListener) []envoytest.Listener {
 	out := make([]envoytest.Listener, len(listeners))
 	for i, l := range listeners {
 		out[i] = envoytest.Listener{Name: l.name, Port: l.port, StatPrefix: strings.ReplaceAll(l.name, "-", "_"),
-			RootID: l.name, Wasm: envoytest.PluginWasm(t), PluginConfig: l.config, HCM: strings.Join(l.hcm, "\n")}
+			RootID: l.name, PluginConfig: l.config, HCM: strings.Join(l.hcm, "\n")}
+		out[i] = envoytest.PluginListener(t, build, out[i])
 		if l.jwt {
 			jwks, err := json.Marshal(l.jwks)
 			if err != nil {
@@ -258,13 +260,15 @@ func shortHeaders(h map[string]string) string {
 // "jwt_payload", nested claims by dots), a token nobody verified never
 // becomes a key unless trust_unverified_jwt says so, and tiers match on a
 // verified claim.
-func TestJWT(t *testing.T) {
+func TestJWT(t *testing.T) { forEachBuild(t, testJWT) }
+
+func testJWT(t *testing.T, build envoytest.Build) {
 	t.Parallel()
 	signer := newJWTSigner(t)
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	trustPort := envoytest.FreePort(t)
-	e := envoytest.Start(t, envoytest.Options{
-		Listeners: jwtListeners(t, []jwtListener{
+	e := envoytest.Start(t, envoytest.Options{Build: build,
+		Listeners: jwtListeners(t, build, []jwtListener{
 			{name: "jwt", jwt: true, jwks: signer.jwks(t), config: jwtVerifiedConfig},
 			{name: "trusting", port: trustPort, config: jwtTrustingConfig},
 		}),
@@ -352,7 +356,9 @@ func TestJWT(t *testing.T) {
 // (use_remote_address true), with the plugin's xff_num_trusted_hops 0 (the
 // header must not matter) and 1 (one trusted proxy in front, which appends
 // the client's address).
-func TestXFF(t *testing.T) {
+func TestXFF(t *testing.T) { forEachBuild(t, testXFF) }
+
+func testXFF(t *testing.T, build envoytest.Build) {
 	t.Parallel()
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	ports := map[string]int{}
@@ -377,7 +383,7 @@ func TestXFF(t *testing.T) {
 		l.port = ports[l.name]
 		l.config = xffConfig(int(l.name[len(l.name)-1] - '0'))
 	}
-	envoytest.Start(t, envoytest.Options{Listeners: jwtListeners(t, listeners), UpstreamPort: up.Port(), Concurrency: 1})
+	envoytest.Start(t, envoytest.Options{Build: build, Listeners: jwtListeners(t, build, listeners), UpstreamPort: up.Port(), Concurrency: 1})
 	client := func(name string) *envoytest.Client {
 		c := envoytest.NewClient("http://127.0.0.1:" + strconv.Itoa(ports[name]))
 		t.Cleanup(c.Close)

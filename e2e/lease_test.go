@@ -29,11 +29,13 @@ func leaseConfig(failureMode string) string {
 // workers each), one limitd and a real redis-server: no over-admission,
 // bounded under-admission in a steady run, and an outage that spends the
 // leases in hand, then applies failure_mode, and ends without a restart.
-func TestLeaseClusterWide(t *testing.T) {
+func TestLeaseClusterWide(t *testing.T) { forEachBuild(t, testLeaseClusterWide) }
+
+func testLeaseClusterWide(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	envoys, ok := twoEnvoys(t, up.Port(), svc, [2]string{leaseConfig("allow"), leaseConfig("deny")})
+	envoys, ok := twoEnvoys(t, build, up.Port(), svc, [2]string{leaseConfig("allow"), leaseConfig("deny")})
 	if !ok {
 		return
 	}
@@ -41,7 +43,7 @@ func TestLeaseClusterWide(t *testing.T) {
 	t.Cleanup(a.Close)
 	t.Cleanup(b.Close)
 	calls := func() uint64 {
-		return envoys[0].Stat("wasmcustom.tokenbucket.lease_calls") + envoys[1].Stat("wasmcustom.tokenbucket.lease_calls")
+		return envoys[0].PluginStat("tokenbucket.lease_calls") + envoys[1].PluginStat("tokenbucket.lease_calls")
 	}
 
 	t.Run("300 concurrent over two Envoys admit at most 40", func(t *testing.T) {
@@ -204,7 +206,9 @@ func TestLeaseClusterWide(t *testing.T) {
 // limitd call per key (its leftovers go back 16 leases a call), the hot key
 // stays within burst + rate × t, and after the flood each tick hands back a
 // bounded number of leases (no second-long walk over thousands of them).
-func TestLeaseKeyFlood(t *testing.T) {
+func TestLeaseKeyFlood(t *testing.T) { forEachBuild(t, testLeaseKeyFlood) }
+
+func testLeaseKeyFlood(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
@@ -214,14 +218,14 @@ func TestLeaseKeyFlood(t *testing.T) {
 	}
 	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 250, "failure_mode": "allow"},
 	 "rules": [` + rule("hot", "10", "10") + `, ` + rule("flood", "100", "100") + `]}`
-	e := envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML, PluginConfig: cfg,
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML, PluginConfig: cfg,
 		UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 2})
 	if t.Failed() || t.Skipped() {
 		return
 	}
 	c := e.Client()
 	t.Cleanup(c.Close)
-	calls := func() uint64 { return e.Stat("wasmcustom.tokenbucket.lease_calls") }
+	calls := func() uint64 { return e.PluginStat("tokenbucket.lease_calls") }
 
 	// The flood: 16 clients, each key once, for 4 s or 16,000 keys.
 	const maxKeys, workers = 16000, 16
@@ -284,7 +288,7 @@ func TestLeaseKeyFlood(t *testing.T) {
 	total := calls() - before
 	ceiling := 10 + 10*elapsed
 	t.Logf("%.1f s flood of %d keys: %d lease calls during it, %d in all after the returns (%.2f a key); hot key %d of %d admitted (ceiling %.1f), failed_open %d; lease calls per second after: %v; slowest request meanwhile %v",
-		elapsed, keys, floodCalls, total, float64(total)/float64(keys), hotAdmitted, hotSent, ceiling, e.Stat("wasmcustom.tokenbucket.rule.hot.failed_open"), perSecond, slowest.Round(time.Millisecond))
+		elapsed, keys, floodCalls, total, float64(total)/float64(keys), hotAdmitted, hotSent, ceiling, e.PluginStat("tokenbucket.rule.hot.failed_open"), perSecond, slowest.Round(time.Millisecond))
 	if float64(hotAdmitted) > ceiling+1 {
 		t.Errorf("hot key: %d admitted, over burst + rate × t = %.1f", hotAdmitted, ceiling)
 	}

@@ -86,16 +86,18 @@ const (
 // throughout (no fresh burst from an eviction); the store must evict only
 // when the table is full of buckets that are not full, and then never a
 // steady client's.
-func TestMemoryBound(t *testing.T) {
+func TestMemoryBound(t *testing.T) { forEachBuild(t, testMemoryBound) }
+
+func testMemoryBound(t *testing.T, build envoytest.Build) {
 	floodKeys := floodKeysFromEnv(t)
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	e := envoytest.Start(t, envoytest.Options{
+	e := envoytest.Start(t, envoytest.Options{Build: build,
 		Config: envoytest.DemoConfigYAML, PluginConfig: memoryConfig,
 		UpstreamPort: up.Port(), Concurrency: 2,
 	})
 	c := e.Client()
 	t.Cleanup(c.Close)
-	stat := func(name string) uint64 { return e.Stat("wasmcustom.tokenbucket." + name) }
+	stat := func(name string) uint64 { return e.PluginStat("tokenbucket." + name) }
 
 	steady := newSteadyClients(steadyCount)
 	// Warm up: the steady clients' first round creates their buckets;

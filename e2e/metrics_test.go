@@ -18,16 +18,18 @@ import (
 // wasmcustom.tokenbucket.…; in /stats/prometheus Envoy drops its custom
 // namespace "wasmcustom" and the envoy_ prefix, and writes dots and dashes as
 // underscores: tokenbucket_rule_per_key_allowed{} 1.
-func TestPrometheusNames(t *testing.T) {
+func TestPrometheusNames(t *testing.T) { forEachBuild(t, testPrometheusNames) }
+
+func testPrometheusNames(t *testing.T, build envoytest.Build) {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	e := envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(), Concurrency: 1,
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(), Concurrency: 1,
 		PluginConfig: `{"rules": [{"name": "per-key", "limit_keys": ["header:x-api-key"],
 		  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.01, "burst": 1}}]}`})
 	c := e.Client()
 	t.Cleanup(c.Close)
 	c.Get("/", map[string]string{"x-api-key": "a"})
 	c.Get("/", map[string]string{"x-api-key": "a"})
-	e.WaitStat("wasmcustom.tokenbucket.rule.per-key.rejected", 1, 5e9)
+	e.WaitPluginStat("tokenbucket.rule.per-key.rejected", 1, 5e9)
 	resp, err := http.Get(e.AdminURL("/stats/prometheus"))
 	if err != nil {
 		t.Fatal(err)
@@ -48,8 +50,8 @@ func TestPrometheusNames(t *testing.T) {
 			t.Errorf("/stats/prometheus has no line %q", want)
 		}
 	}
-	if strings.Contains(text, "envoy_wasmcustom") {
-		t.Error("/stats/prometheus names a metric envoy_wasmcustom_…: the names of docs/responses.md are wrong")
+	if ns := "envoy_" + strings.TrimSuffix(build.StatPrefix(), "."); strings.Contains(text, ns) {
+		t.Errorf("/stats/prometheus names a metric %s_…: the names of docs/responses.md are wrong", ns)
 	}
 }
 
@@ -60,6 +62,8 @@ func TestPrometheusNames(t *testing.T) {
 // in /stats. A second configuration gives a rule name with dots
 // ("tier.gold"), which the tag keeps whole; a third gives the tag through
 // the custom bootstrap docs/istio.md prescribes for Istio.
+//
+// Wasm only: the demo's envoy.yaml and Istio's bootstrap load the Wasm filter.
 func TestPrometheusRuleLabel(t *testing.T) {
 	envoytest.Needs(t, true)
 	ex := loadExample(t, "quickstart", "..")

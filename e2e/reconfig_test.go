@@ -105,11 +105,13 @@ func (r *reconfigEnv) update(pluginConfig, marker string) {
 // from their current tokens clamped to the new burst. A renamed or re-keyed
 // rule starts afresh, and so does every rule when max_keys changes (it sets
 // the number of shared-data groups, which is part of the keys' prefix).
-func TestReconfigure(t *testing.T) {
+func TestReconfigure(t *testing.T) { forEachBuild(t, testReconfigure) }
+
+func testReconfigure(t *testing.T, build envoytest.Build) {
 	t.Parallel()
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	r := &reconfigEnv{t: t, version: 1}
-	r.e = envoytest.Start(t, envoytest.Options{LDS: true, PluginConfig: reconfigV1, UpstreamPort: up.Port(), Concurrency: 2})
+	r.e = envoytest.Start(t, envoytest.Options{Build: build, LDS: true, PluginConfig: reconfigV1, UpstreamPort: up.Port(), Concurrency: 2})
 	r.e.WaitStat("listener_manager.total_listeners_active", 1, 60*time.Second)
 	t.Logf("started: Wasm VMs created %d, active %d", r.e.Stat("wasm.envoy.wasm.runtime.v8.created"), r.e.Stat("wasm.envoy.wasm.runtime.v8.active"))
 

@@ -12,9 +12,11 @@ import (
 // TestTierMemberWithoutKey (issue 10, defect 1) on real Envoy: a request
 // that matches the enterprise member but lacks its key is limited by the
 // next member of the tier, not exempted from the tier.
-func TestTierMemberWithoutKey(t *testing.T) {
+func TestTierMemberWithoutKey(t *testing.T) { forEachBuild(t, testTierMemberWithoutKey) }
+
+func testTierMemberWithoutKey(t *testing.T, build envoytest.Build) {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	e := envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(), Concurrency: 2,
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(), Concurrency: 2,
 		PluginConfig: `{"rules": [
 		  {"name": "enterprise", "group": "plan", "match": {"header:x-plan": {"equals": "enterprise"}}, "limit_keys": ["header:x-user"],
 		   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1000, "burst": 1000}},
@@ -50,7 +52,9 @@ func equalInts(a, b []int) bool {
 // limitd and Redis; a shadow cluster rule with burst 2 sees two requests at
 // each Envoy. All four pass, and the two Envoys' shadow_rejected counters
 // sum to 2: the one fleet-wide bucket decided, not each Envoy's own table.
-func TestShadowClusterRule(t *testing.T) {
+func TestShadowClusterRule(t *testing.T) { forEachBuild(t, testShadowClusterRule) }
+
+func testShadowClusterRule(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
@@ -63,7 +67,7 @@ func TestShadowClusterRule(t *testing.T) {
 		wg.Add(1)
 		go func() { // boot both at once: V8 compiles the plugin for seconds
 			defer wg.Done()
-			envoys[i] = envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML,
+			envoys[i] = envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
 				PluginConfig: cfg, UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 2})
 		}()
 	}
@@ -81,11 +85,11 @@ func TestShadowClusterRule(t *testing.T) {
 		c.Close()
 	}
 	// The answers are counted when they arrive, after the responses.
-	const name = "wasmcustom.tokenbucket.rule.trial.shadow_rejected"
+	const name = "tokenbucket.rule.trial.shadow_rejected"
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		rej := envoys[0].Stat(name) + envoys[1].Stat(name)
-		decided := rej + envoys[0].Stat("wasmcustom.tokenbucket.rule.trial.allowed") + envoys[1].Stat("wasmcustom.tokenbucket.rule.trial.allowed")
+		rej := envoys[0].PluginStat(name) + envoys[1].PluginStat(name)
+		decided := rej + envoys[0].PluginStat("tokenbucket.rule.trial.allowed") + envoys[1].PluginStat("tokenbucket.rule.trial.allowed")
 		if decided == 4 {
 			if rej != 2 {
 				t.Fatalf("shadow_rejected sums to %d over both Envoys, want 2", rej)
@@ -94,14 +98,14 @@ func TestShadowClusterRule(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			for i, e := range envoys {
-				t.Logf("Envoy %d: service_errors %d", i, e.Stat("wasmcustom.tokenbucket.service_errors"))
+				t.Logf("Envoy %d: service_errors %d", i, e.PluginStat("tokenbucket.service_errors"))
 			}
 			t.Fatalf("after 5 s, %d of 4 shadow decisions counted", decided)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	for _, e := range envoys {
-		if n := e.Stat("wasmcustom.tokenbucket.service_errors"); n != 0 {
+		if n := e.PluginStat("tokenbucket.service_errors"); n != 0 {
 			t.Fatalf("%d failed calls to the service", n)
 		}
 	}
@@ -110,9 +114,11 @@ func TestShadowClusterRule(t *testing.T) {
 // TestCookieAsUpstreamsSeeIt (issue 10, defect 8) on real Envoy: an
 // exhausted session stays limited when the client writes "sid =victim" or
 // splits its cookies over two Cookie headers.
-func TestCookieAsUpstreamsSeeIt(t *testing.T) {
+func TestCookieAsUpstreamsSeeIt(t *testing.T) { forEachBuild(t, testCookieAsUpstreamsSeeIt) }
+
+func testCookieAsUpstreamsSeeIt(t *testing.T, build envoytest.Build) {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	e := envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(), Concurrency: 2,
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(), Concurrency: 2,
 		PluginConfig: `{"rules": [{"name": "session", "limit_keys": ["cookie:sid"],
 		  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.01, "burst": 2}}]}`})
 	c := e.Client()

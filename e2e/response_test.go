@@ -110,15 +110,17 @@ const responseConfig = `{"rules": [
   "charge_on": ["401"], "algorithm": "token_bucket",
   "algorithm_config": {"tokens_per_second": 0.001, "burst": 5}}]}`
 
-func TestResponseCosts(t *testing.T) {
+func TestResponseCosts(t *testing.T) { forEachBuild(t, testResponseCosts) }
+
+func testResponseCosts(t *testing.T, build envoytest.Build) {
 	up := startLLMUpstream(t)
-	e := envoytest.Start(t, envoytest.Options{
+	e := envoytest.Start(t, envoytest.Options{Build: build,
 		Config: envoytest.DemoConfigYAML, PluginConfig: responseConfig,
 		UpstreamPort: up.port(t), Concurrency: 2,
 	})
 	c := e.Client()
 	t.Cleanup(c.Close)
-	stat := func(name string) uint64 { return e.Stat("wasmcustom.tokenbucket." + name) }
+	stat := func(name string) uint64 { return e.PluginStat("tokenbucket." + name) }
 
 	for _, tc := range []struct{ rule, path string }{
 		{"by-header", "/header"}, {"by-json", "/json"}, {"by-sse", "/sse"},

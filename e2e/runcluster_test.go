@@ -44,6 +44,8 @@ var runClusterBlockRE = regexp.MustCompile("(?m)^```console run-cluster[ \t]*$")
 // the limit service are ready, replays the README session, checks that Redis
 // wrote its log where run.sh says, and that stopping the script stops
 // everything it started.
+//
+// Wasm only: run.sh starts the example's Envoy configuration, which loads the Wasm filter.
 func TestRunCluster(t *testing.T) {
 	envoyBin := envoytest.EnvoyBin(t)
 	redistest.Require(t)

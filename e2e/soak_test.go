@@ -32,6 +32,8 @@ import (
 // request failed or got a 5xx, and that the log has no Go runtime fatal
 // error. A table of what was measured goes to SOAK_OUT (default
 // ../build/soak/results.md).
+//
+// Wasm only: it soaks the Go runtime inside the Wasm VMs (the host's poll_oneoff) on each Envoy release.
 func TestSoakVersions(t *testing.T) {
 	spec := os.Getenv("SOAK_ENVOYS")
 	if spec == "" {

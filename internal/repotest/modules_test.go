@@ -11,33 +11,36 @@ import (
 
 // labOnly are modules only the benchmark lab (the module in bench/) uses:
 // plots and process statistics. The root module, which users download to
-// build the plugin or the service, requires none of them directly.
-// gopsutil still reaches the root's build list through func-e's Go API
-// (internal/testing/envoy), so it may stay there as an indirect requirement;
-// gonum/plot must not appear at all.
-var labOnly = map[string]bool{ // module path: allowed as // indirect
-	"gonum.org/v1/plot":             false,
-	"github.com/shirou/gopsutil/v4": true,
-}
+// build the plugin or the service, requires none of them, not even
+// indirectly (go.sum may still list them: it records what `go mod tidy`
+// checked, not what a build downloads).
+var labOnly = []string{"gonum.org/v1/plot", "github.com/shirou/gopsutil/v4"}
+
+// notAModule are tools the project runs as programs, never links: func-e's
+// CLI starts every Envoy (`make setup` installs it at a pinned version), so
+// its Go module, which brings gopsutil, is in no go.mod of the repository.
+var notAModule = []string{"github.com/tetratelabs/func-e"}
 
 // TestLabDependenciesStayInTheLab: the root go.mod requires no module that
-// only the benchmark lab needs, and the lab is a module of its own whose
-// go.mod points back at this checkout.
+// only the benchmark lab needs, nor func-e's Go module, and the lab is a
+// module of its own whose go.mod points back at this checkout.
 func TestLabDependenciesStayInTheLab(t *testing.T) {
 	root := filepath.Join("..", "..")
 	reqs := requires(t, filepath.Join(root, "go.mod"))
-	for mod, indirectOK := range labOnly {
-		indirect, ok := reqs[mod]
-		switch {
-		case !ok:
-		case !indirect:
-			t.Errorf("go.mod requires %s directly: only the benchmark lab (bench/go.mod) may", mod)
-		case !indirectOK:
-			t.Errorf("go.mod requires %s (indirect): a root package reaches it; only the benchmark lab may", mod)
+	for _, mod := range labOnly {
+		if indirect, ok := reqs[mod]; ok {
+			t.Errorf("go.mod requires %s (indirect %v): a root package reaches it; only the benchmark lab (bench/go.mod) may", mod, indirect)
 		}
 	}
 	lab := requires(t, filepath.Join(root, "bench", "go.mod"))
-	for mod := range labOnly {
+	for name, gomod := range map[string]map[string]bool{"go.mod": reqs, "bench/go.mod": lab} {
+		for _, mod := range notAModule {
+			if _, ok := gomod[mod]; ok {
+				t.Errorf("%s requires %s: it is run as a program (`make setup` installs it), not linked", name, mod)
+			}
+		}
+	}
+	for _, mod := range labOnly {
 		if indirect, ok := lab[mod]; !ok || indirect {
 			t.Errorf("bench/go.mod does not require %s directly (ok %v, indirect %v)", mod, ok, indirect)
 		}

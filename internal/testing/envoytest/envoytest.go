@@ -1,14 +1,19 @@
 // Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
 
-// Package envoytest wraps package envoy (Envoy started by func-e) for tests:
+// Package envoytest wraps package envoy (the Envoy func-e's tool resolves) for tests:
 // [Start] fails the test instead of returning an error and stops Envoy in
 // t.Cleanup; [Envoy]'s Stat, Stats, WaitStat, WaitLog and RSS fail the test
 // on error. It also holds the tests' in-process HTTP upstream
 // ([StartUpstream]) and keep-alive [Client].
 //
-// Locally a test whose Envoy or plugin is missing is skipped; under CI=true
-// it fails. Methods that fail the test must be called from its goroutine;
-// [Client] is safe for concurrent use.
+// One test runs either build of the plugin ([Build]: the Wasm module or the
+// native module) from the same JSON configuration: Options.Build picks the
+// main listener's, [PluginListener] a listener's, and [Envoy.PluginStat]
+// reads the plugin's metrics under either build's prefix.
+//
+// Locally a test whose Envoy or plugin (of the build it runs) is missing is
+// skipped; under CI=true it fails. Methods that fail the test must be called
+// from its goroutine; [Client] is safe for concurrent use.
 package envoytest
 
 import (
@@ -30,13 +35,24 @@ type (
 	Options      = envoy.Options
 	TemplateData = envoy.TemplateData
 	Listener     = envoy.Listener
+	Build        = envoy.Build
 )
+
+// The builds of the plugin; Builds lists both.
+const (
+	Wasm   = envoy.Wasm
+	Native = envoy.Native
+)
+
+var Builds = envoy.Builds
 
 // DemoConfigYAML is envoy.Bootstrap: a listener whose Wasm filter runs the
 // plugin (unless Options.NoWasm), the cluster "upstream" (Envoy answers
 // directly when Options.UpstreamPort is 0) and, when Options.ServicePort is
 // set, the cluster "limit_service". Plugin metrics read as
-// Stat("wasmcustom.<name>"), the listener's as "http.ingress.".
+// PluginStat("tokenbucket.<name>") for either build (Stat sees them as
+// "wasmcustom.tokenbucket.<name>" or "dynamicmodulescustom.tokenbucket.<name>"),
+// the listener's as Stat("http.ingress.<name>").
 var DemoConfigYAML = envoy.Bootstrap
 
 // RenderConfig is envoy.Render.
@@ -48,16 +64,57 @@ type Envoy struct {
 	t testing.TB
 }
 
-// Needs skips the test (fails it under CI=true) unless func-e's home has
-// Envoy and, when plugin is true, the plugin is built.
+// Needs skips the test (fails it under CI=true) unless func-e's tool finds
+// Envoy in its home and, when plugin is true, the Wasm plugin is built.
 func Needs(t testing.TB, plugin bool) {
 	t.Helper()
-	if _, err := os.Stat(envoy.DefaultBinary()); os.Getenv("FUNC_E_DATA_HOME") == "" || err != nil {
-		ci.Skip(t, "envoytest: no Envoy in func-e's home %q (run `make setup`)", os.Getenv("FUNC_E_DATA_HOME"))
+	if _, err := envoy.Which("", ""); err != nil {
+		ci.Skip(t, "envoytest: %v", err)
 	}
 	if plugin {
 		PluginWasm(t)
 	}
+}
+
+// NeedsBuild is Needs for build b of the plugin.
+func NeedsBuild(t testing.TB, b Build) {
+	t.Helper()
+	Needs(t, false)
+	PluginPath(t, b)
+}
+
+// PluginPath is the file of build b: PluginWasm or NativeModule.
+func PluginPath(t testing.TB, b Build) string {
+	t.Helper()
+	if b == Native {
+		return NativeModule(t)
+	}
+	return PluginWasm(t)
+}
+
+// NativeModule returns $NATIVE_MODULE, else build/libtokenbucket.so of this
+// checkout, skipping the test (failing it under CI=true) when it names no
+// file.
+func NativeModule(t testing.TB) string {
+	t.Helper()
+	p := cmp.Or(os.Getenv("NATIVE_MODULE"), envoy.DefaultNativeModule())
+	if st, err := os.Stat(p); p == "" || err != nil || st.IsDir() {
+		ci.Skip(t, "envoytest: NATIVE_MODULE=%q names no file (run `make build-native`)", p)
+	}
+	return p
+}
+
+// PluginListener returns l running build b of the plugin (its Wasm or
+// Native path set, the other cleared) with l.PluginConfig.
+func PluginListener(t testing.TB, b Build, l Listener) Listener {
+	t.Helper()
+	l.Wasm, l.Native = "", ""
+	if b == Native {
+		l.Native = NativeModule(t)
+	} else {
+		l.Wasm = PluginWasm(t)
+	}
+	return l
 }
 
 // PluginWasm returns $PLUGIN_WASM, skipping the test (failing it under
@@ -71,18 +128,32 @@ func PluginWasm(t testing.TB) string {
 	return p
 }
 
-func usesPlugin(opts Options) bool {
-	if opts.Config != "" && opts.Config != envoy.Bootstrap {
-		return strings.Contains(opts.Config, ".PluginWasm") && opts.PluginWasm == ""
+// needs is Needs for what opts run: the Wasm plugin when its path comes
+// from the environment, the native module (filled into opts) when the main
+// listener runs that build.
+func needs(t testing.TB, opts *Options) {
+	t.Helper()
+	custom := opts.Config != "" && opts.Config != envoy.Bootstrap
+	switch {
+	case custom:
+		Needs(t, strings.Contains(opts.Config, ".PluginWasm") && opts.PluginWasm == "")
+	case opts.NoWasm || len(opts.Listeners) > 0:
+		Needs(t, false)
+	case opts.Build == Native:
+		Needs(t, false)
+		if opts.NativeModule == "" {
+			opts.NativeModule = NativeModule(t)
+		}
+	default:
+		Needs(t, opts.PluginWasm == "")
 	}
-	return !opts.NoWasm && opts.PluginWasm == "" && len(opts.Listeners) == 0
 }
 
 // Start starts Envoy and waits until it serves; see envoy.Start. Envoy is
 // stopped in t.Cleanup, and the test fails if it exited on its own before.
 func Start(t testing.TB, opts Options) *Envoy {
 	t.Helper()
-	Needs(t, usesPlugin(opts))
+	needs(t, &opts)
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir() // kept after Stop, for the log
 	}
@@ -142,6 +213,20 @@ func (e *Envoy) Stat(name string) uint64 {
 		e.t.Fatalf("envoytest: %v", err)
 	}
 	return v
+}
+
+// PluginStat returns the plugin's counter or gauge name (as the plugin
+// defines it: "tokenbucket.rule.x.allowed") under the prefix of the build
+// this Envoy runs, 0 when Envoy has none.
+func (e *Envoy) PluginStat(name string) uint64 {
+	e.t.Helper()
+	return e.Stat(e.Build().StatPrefix() + name)
+}
+
+// WaitPluginStat is WaitStat for the plugin's counter or gauge name.
+func (e *Envoy) WaitPluginStat(name string, want uint64, timeout time.Duration) {
+	e.t.Helper()
+	e.WaitStat(e.Build().StatPrefix()+name, want, timeout)
 }
 
 // WaitStat waits until the counter or gauge name equals want, at most timeout.
@@ -218,7 +303,7 @@ func (o Outcome) String() string {
 // StartFailure describes how Envoy refused a configuration.
 type StartFailure struct {
 	Outcome  Outcome
-	ExitCode int    // -1 when unknown: func-e's Run reports a failed /ready poll, not the code, for an exit before /ready
+	ExitCode int    // -1 when Envoy was killed by a signal (a start that never became ready is stopped)
 	Log      string // the whole log
 }
 
@@ -229,7 +314,7 @@ func (f StartFailure) String() string { return f.Outcome.String() }
 // becoming LIVE.
 func ExpectStartFailure(t testing.TB, opts Options) StartFailure {
 	t.Helper()
-	Needs(t, usesPlugin(opts))
+	needs(t, &opts)
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()
 	}
@@ -265,10 +350,13 @@ func FreePort(t testing.TB) int {
 	return p
 }
 
-// EnvoyBin is the Envoy binary in func-e's home (skipping the test, or
-// failing it under CI=true, when it is missing).
+// EnvoyBin is the Envoy binary func-e's tool resolves (skipping the test,
+// or failing it under CI=true, when it is missing).
 func EnvoyBin(t testing.TB) string {
 	t.Helper()
-	Needs(t, false)
-	return envoy.DefaultBinary()
+	bin, err := envoy.Which("", "")
+	if err != nil {
+		ci.Skip(t, "envoytest: %v", err)
+	}
+	return bin
 }

@@ -5,8 +5,10 @@ package envoytest
 import (
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -122,6 +124,32 @@ func TestEnvoyPlain(t *testing.T) {
 	}
 }
 
+// TestEnvoyEnvAndExit: Options.Env reaches Envoy's own environment (the
+// native module needs GODEBUG there), and an exit code is Envoy's.
+func TestEnvoyEnvAndExit(t *testing.T) {
+	e := Start(t, Options{NoWasm: true, Concurrency: 1, Env: []string{"TB_PROBE=native", "HOME=/tb-probe"}})
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(e.PID()) + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := "\x00" + string(env)
+	for _, want := range []string{"\x00TB_PROBE=native\x00", "\x00HOME=/tb-probe\x00"} {
+		if !strings.Contains(vars, want) {
+			t.Errorf("envoy's environment lacks %q", strings.Trim(want, "\x00"))
+		}
+	}
+	if err := syscall.Kill(e.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !e.Exited() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code := e.Stop(); code != -1 {
+		t.Errorf("exit code after SIGKILL = %d, want -1 (a signal)", code)
+	}
+}
+
 func TestEnvoyDirectAndLDS(t *testing.T) {
 	e := Start(t, Options{NoWasm: true, LDS: true, Concurrency: 1})
 	c := e.Client()
@@ -204,16 +232,43 @@ func TestDemoConfigWasm(t *testing.T) {
 
 // TestDemoConfigWasmRejected shows how Envoy 1.40 refuses a plugin
 // configuration that the plugin rejects in OnPluginStart: on a static
-// listener the process exits, whatever the failure_policy. (Its exit code,
-// 1, is lost: func-e's Run reports its failed readiness poll instead.)
+// listener the process exits with code 1, whatever the failure_policy.
 func TestDemoConfigWasmRejected(t *testing.T) {
 	for _, policy := range []string{"FAIL_CLOSED", "FAIL_OPEN"} {
 		t.Run(policy, func(t *testing.T) {
 			f := ExpectStartFailure(t, Options{PluginConfig: `{"no_such_field":1}`, FailurePolicy: policy,
 				UpstreamPort: 9, Concurrency: 1})
-			if f.Outcome != Exited || !strings.Contains(f.Log, "Unable to create Wasm plugin") {
-				t.Fatalf("ExpectStartFailure() = %v, want an exit and \"Unable to create Wasm plugin\"\n%s", f, f.Log)
+			if f.Outcome != Exited || f.ExitCode != 1 || !strings.Contains(f.Log, "Unable to create Wasm plugin") {
+				t.Fatalf("ExpectStartFailure() = %v (code %d), want an exit with code 1 and \"Unable to create Wasm plugin\"\n%s",
+					f, f.ExitCode, f.Log)
 			}
 		})
+	}
+}
+
+// TestDemoConfigNative proves the bootstrap against the native module: the
+// same JSON reaches it through the dynamic modules filter, requests pass
+// and its metrics read under the native prefix.
+func TestDemoConfigNative(t *testing.T) {
+	u := StartUpstream(t, UpstreamOptions{})
+	e := Start(t, Options{Build: Native,
+		PluginConfig: `{"rules":[{"name":"r","body":"quoted \" and: colon # hash {{x}}",` +
+			`"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1000,"burst":1000}}]}`,
+		UpstreamPort: u.Port(), ServicePort: u.Port(), Concurrency: 2,
+	})
+	c := e.Client()
+	defer c.Close()
+	if r := c.Get("/", nil); r.Err != nil || r.Status != 200 {
+		t.Fatalf("GET / through the native module = %v, want 200", r)
+	}
+	if e.Build() != Native {
+		t.Errorf("Build() = %v, want native", e.Build())
+	}
+	e.WaitPluginStat("tokenbucket.rule.r.allowed", 1, 5*time.Second)
+	if got := e.Stat("dynamicmodulescustom.tokenbucket.rule.r.allowed"); got != 1 {
+		t.Errorf("dynamicmodulescustom.tokenbucket.rule.r.allowed = %d, want 1", got)
+	}
+	if got := e.Stat("wasm.envoy.wasm.runtime.v8.active"); got != 0 {
+		t.Errorf("%d active V8 Wasm VMs, want none", got)
 	}
 }
