@@ -38,6 +38,9 @@ type bench struct {
 	svcPort  int
 	svcPID   int
 	pinned   bool
+	// allCPUs is the affinity this process started with: a Free setup's
+	// Envoy gets it back (it inherits this process's pinning).
+	allCPUs unix.CPUSet
 	// nullWasm and nullCalls are the paths of package nullwasm's modules for
 	// setups 9 and 10, nullPath its module making the plugin's host calls
 	// (layersSetup).
@@ -46,6 +49,8 @@ type bench struct {
 	targets []*target
 	rate    float64 // offered rate of the latency runs
 	cal     map[int]satResult
+	// startups are the start measurements (starts), by configuration name.
+	startups []startup
 }
 
 // target is one configuration with its running Envoy and its results.
@@ -164,6 +169,7 @@ func (b *bench) pin() {
 	p := b.p
 	var allowed unix.CPUSet
 	err := unix.SchedGetaffinity(0, &allowed)
+	b.allCPUs = allowed
 	switch {
 	case p.noPin:
 		b.info.Pinning = "none (-no-pin)"
@@ -272,6 +278,8 @@ func (b *bench) startEnvoy(t *target, l limit) error {
 		opts.PluginWasm = b.nullCalls
 	case t.s.isOps():
 		opts.PluginWasm = absPath(b.p.opsWasm)
+	case t.s.Kind == kindModule:
+		opts.Env = moduleEnv(absPath(b.p.module))
 	case t.s.ID == layersSetup.ID:
 		ls, err := b.layerListeners(l)
 		if err != nil {
@@ -294,7 +302,12 @@ func (b *bench) startEnvoy(t *target, l limit) error {
 	if err != nil {
 		return err
 	}
-	if b.pinned {
+	switch {
+	case b.pinned && t.s.Free:
+		if err := setAffinity(pid, &b.allCPUs); err != nil {
+			return err
+		}
+	case b.pinned:
 		if err := pinProcess(pid, b.p.envoyCPU); err != nil {
 			return err
 		}
@@ -337,6 +350,12 @@ func (b *bench) stopEnvoy(t *target) {
 func (b *bench) startAll(sel []setup) error {
 	for _, s := range sel {
 		t := &target{s: s}
+		if s.Kind == kindModule && !fileExists(b.p.module) {
+			gap := fmt.Sprintf("(%d) %s not measured: %s: no such file (make build-native)", s.ID, s.Label, b.p.module)
+			b.info.Gaps = append(b.info.Gaps, gap)
+			b.logf("%s", gap)
+			continue
+		}
 		if s.usesLimitd() {
 			if err := b.startLimitd(); err != nil {
 				gap := fmt.Sprintf("(%d) %s not measured: %v", s.ID, s.Label, err)

@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -21,6 +22,7 @@ const (
 	kindPlugin              // this plugin, a local rule
 	kindCluster             // this plugin, a cluster rule through limitd
 	kindLease               // this plugin, a cluster rule in lease mode
+	kindModule              // this plugin built as an Envoy dynamic module, a local rule
 )
 
 // usesLimitd reports whether s needs the limit service.
@@ -38,30 +40,52 @@ type setup struct {
 	// standard rule). Diagnostic setups run only when asked for (-diag or
 	// -only) and split the plugin's cost into parts.
 	Plugin func(limit) string
+	// Free leaves Envoy's threads free to run on every CPU (not pinned),
+	// as Envoy runs in a container without a CPU limit.
+	Free bool
 }
 
 var setups = []setup{
-	{1, "none", "no filter", "no filter", kindNone, false, nil},
-	{2, "native", "native local_ratelimit", "native", kindNative, false, nil},
-	{3, "plugin", "plugin, local rule", "plugin", kindPlugin, false, nil},
-	{4, "plugin-reject", "plugin, ~50% rejected", "plugin\n~50% rej.", kindPlugin, true, nil},
-	{5, "native-reject", "native, ~50% rejected", "native\n~50% rej.", kindNative, true, nil},
-	{6, "cluster", "plugin, cluster rule per request", "plugin\ncluster", kindCluster, false, nil},
+	{1, "none", "no filter", "no filter", kindNone, false, nil, false},
+	{2, "native", "native local_ratelimit", "native", kindNative, false, nil, false},
+	{3, "plugin", "plugin, local rule", "plugin", kindPlugin, false, nil, false},
+	{4, "plugin-reject", "plugin, ~50% rejected", "plugin\n~50% rej.", kindPlugin, true, nil, false},
+	{5, "native-reject", "native, ~50% rejected", "native\n~50% rej.", kindNative, true, nil, false},
+	{6, "cluster", "plugin, cluster rule per request", "plugin\ncluster", kindCluster, false, nil, false},
 	// Diagnostics: the cost of a Go Wasm filter that does nothing but read
 	// one header, and of the plugin without its response headers.
-	{7, "plugin-idle", "plugin, rule never applies", "plugin\nidle", kindPlugin, false, idleRule},
-	{8, "plugin-noheaders", "plugin, no response headers", "plugin\nno hdrs", kindPlugin, false, noHeadersRule},
+	{7, "plugin-idle", "plugin, rule never applies", "plugin\nidle", kindPlugin, false, idleRule, false},
+	{8, "plugin-noheaders", "plugin, no response headers", "plugin\nno hdrs", kindPlugin, false, noHeadersRule, false},
 	// The same Wasm filter running a module whose callbacks do nothing
 	// (package nullwasm): what Envoy and V8 cost per request before any
 	// guest code runs.
-	{9, "null-wasm", "no-op Wasm module", "no-op\nWasm", kindPlugin, false, idleRule},
+	{9, "null-wasm", "no-op Wasm module", "no-op\nWasm", kindPlugin, false, idleRule, false},
 	// The no-op module calling the host nullHostCalls times per request:
 	// (10) − (9) is the cost of that many calls from a module into Envoy.
-	{10, "null-wasm-calls", "no-op Wasm module, 10 host calls", "no-op +10\nhost calls", kindPlugin, false, idleRule},
+	{10, "null-wasm-calls", "no-op Wasm module, 10 host calls", "no-op +10\nhost calls", kindPlugin, false, idleRule, false},
 	// A cluster rule with "sync": "lease" on one hot key (one bucket for all
 	// requests, as a fleet-wide API limit): spent from a lease in shared
 	// data, limitd called once per lease.
-	{11, "cluster-lease", "plugin, cluster rule with leases", "plugin\nlease", kindLease, false, nil},
+	{11, "cluster-lease", "plugin, cluster rule with leases", "plugin\nlease", kindLease, false, nil, false},
+	// The same rule run by the same engine built as an Envoy dynamic module
+	// (make build-native): native code in Envoy's process, its buckets in
+	// process memory.
+	{12, "module", "native module, local rule", "native\nmodule", kindModule, false, nil, false},
+	// Envoy free on every CPU: the Go runtime of the native module then has
+	// a CPU besides the one Envoy's worker holds (docs/native.md).
+	{13, "none-free", "no filter, Envoy on any CPU", "no filter\nany CPU", kindNone, false, nil, true},
+	{14, "plugin-free", "plugin, local rule, Envoy on any CPU", "plugin\nany CPU", kindPlugin, false, nil, true},
+	{15, "module-free", "native module, local rule, Envoy on any CPU", "native module\nany CPU", kindModule, false, nil, true},
+}
+
+// setupByID is the configuration numbered id.
+func setupByID(id int) (setup, bool) {
+	for _, s := range setups {
+		if s.ID == id {
+			return s, true
+		}
+	}
+	return setup{}, false
 }
 
 // nullHostCalls is how many host calls configuration 10 makes per request.
@@ -90,6 +114,10 @@ const neverLimit = 1e9
 type limit struct{ Rate, Burst int64 }
 
 var unlimited = limit{neverLimit, neverLimit}
+
+// moduleStatPrefix is what Envoy puts before the metrics a dynamic module
+// defines (the Wasm filter's is "wasmcustom.").
+const moduleStatPrefix = "dynamicmodulescustom."
 
 // nativeStatPrefix is the stat_prefix of the native filter: its statistics
 // are <prefix>.http_local_rate_limit.{enabled,ok,rate_limited,enforced}.
@@ -181,8 +209,33 @@ func (s setup) options(upstreamPort, servicePort, keys int, l limit) envoy.Optio
 	case kindLease:
 		o.PluginConfig = clusterRuleSync(l, "lease", "")
 		o.ServicePort = servicePort
+	case kindModule:
+		o.NoWasm = true
+		o.Filters = moduleFilter(pluginRule(l))
 	}
 	return o
+}
+
+// moduleFilter is the dynamic-module filter running the plugin's engine
+// (build/libtokenbucket.so, found on ENVOY_DYNAMIC_MODULES_SEARCH_PATH)
+// with the JSON configuration cfg: the same configuration as the Wasm
+// plugin's, given as a StringValue.
+func moduleFilter(cfg string) string {
+	return `- name: envoy.filters.http.dynamic_modules
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+    dynamic_module_config: {name: tokenbucket, do_not_close: true}
+    filter_name: tokenbucket
+    filter_config:
+      "@type": type.googleapis.com/google.protobuf.StringValue
+      value: ` + strconv.Quote(cfg)
+}
+
+// moduleEnv is the environment Envoy needs to load the module at path:
+// where to find it, and the cgo check the Go runtime must not make on
+// Envoy's calls (docs/native.md).
+func moduleEnv(path string) []string {
+	return []string{"ENVOY_DYNAMIC_MODULES_SEARCH_PATH=" + filepath.Dir(path), "GODEBUG=cgocheck=0"}
 }
 
 // maxDescriptors is the native filter's max_dynamic_descriptors: room for
@@ -202,6 +255,8 @@ func (s setup) allowedStat() string {
 		return nativeStatPrefix + ".http_local_rate_limit.ok"
 	case kindPlugin:
 		return "wasmcustom.tokenbucket.rule.per-key.allowed"
+	case kindModule:
+		return moduleStatPrefix + "tokenbucket.rule.per-key.allowed"
 	case kindCluster, kindLease:
 		return "wasmcustom.tokenbucket.rule.fleet.allowed"
 	}
@@ -214,6 +269,8 @@ func (s setup) rejectedStat() string {
 		return nativeStatPrefix + ".http_local_rate_limit.rate_limited"
 	case kindPlugin:
 		return "wasmcustom.tokenbucket.rule.per-key.rejected"
+	case kindModule:
+		return moduleStatPrefix + "tokenbucket.rule.per-key.rejected"
 	case kindCluster, kindLease:
 		return "wasmcustom.tokenbucket.rule.fleet.rejected"
 	}

@@ -91,6 +91,8 @@ type params struct {
 	attrib       bool
 	opsWasm      string
 	compareWasm  string
+	module       string
+	startRounds  int
 }
 
 func parseParams(args []string) (*params, error) {
@@ -121,6 +123,8 @@ func parseParams(args []string) (*params, error) {
 	fs.BoolVar(&p.attrib, "attrib", false, "instead of the rounds: the attribution configurations (the Go floor and one host operation each, with (1) and (9)), saturation runs only, into attribution.md (make bench-attrib)")
 	fs.StringVar(&p.opsWasm, "ops-wasm", "build/bench-ops.wasm", "the attribution module (bench/internal/footprint/ops), for -attrib")
 	fs.StringVar(&p.compareWasm, "compare-wasm", "", "with -attrib: another build of the plugin, run with (3)'s rule as one more listener of (23), so a change is measured against PLUGIN_WASM in one Envoy")
+	fs.StringVar(&p.module, "module", envOr("NATIVE_MODULE", "build/libtokenbucket.so"), "the native module (make build-native) for configurations 12 and 15 (a gap when absent)")
+	fs.IntVar(&p.startRounds, "start-rounds", 3, "starts of Envoy with no filter, the plugin and the native module, each measured from start to the first 200 and its RSS after 1000 requests (0: none)")
 	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -134,6 +138,7 @@ func parseParams(args []string) (*params, error) {
 		p.front = ""
 	}
 	if p.smoke {
+		p.startRounds = min(p.startRounds, 1)
 		p.rounds = 1
 		p.warmup = 500 * time.Millisecond
 		p.satWindow = 1500 * time.Millisecond
@@ -238,6 +243,14 @@ func main() {
 	}
 }
 
+// envOr is the environment variable name, or def when it is unset.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
 func run(p *params) error {
 	if p.render != "" {
 		rep, err := readReport(p.render)
@@ -286,6 +299,9 @@ func run(p *params) error {
 		return err
 	}
 	if err := b.verify(); err != nil {
+		return err
+	}
+	if err := b.starts(); err != nil {
 		return err
 	}
 	b.info.Machine.LoadEnd = loadAvg()

@@ -22,6 +22,11 @@ import (
 func pinProcess(pid, cpu int) error {
 	var s unix.CPUSet
 	s.Set(cpu)
+	return setAffinity(pid, &s)
+}
+
+// setAffinity sets the affinity of every thread of process pid to s.
+func setAffinity(pid int, s *unix.CPUSet) error {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
 		return fmt.Errorf("bench: pin pid %d: %w", pid, err)
@@ -31,8 +36,8 @@ func pinProcess(pid, cpu int) error {
 		if err != nil {
 			continue
 		}
-		if err := unix.SchedSetaffinity(tid, &s); err != nil && err != unix.ESRCH {
-			return fmt.Errorf("bench: pin pid %d thread %d to cpu %d: %w", pid, tid, cpu, err)
+		if err := unix.SchedSetaffinity(tid, s); err != nil && err != unix.ESRCH {
+			return fmt.Errorf("bench: pin pid %d thread %d to CPUs %d: %w", pid, tid, s.Count(), err)
 		}
 	}
 	return nil

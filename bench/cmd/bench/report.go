@@ -85,12 +85,20 @@ type report struct {
 	Info    info       `json:"info"`
 	Rate    float64    `json:"fixed_rate_rps"`
 	Results []*summary `json:"results"`
+	// Startups are Envoy's starts with no filter, the plugin and the
+	// native module (bench.starts).
+	Startups []startup `json:"startups,omitempty"`
 }
 
 func (b *bench) report() *report {
-	rep := &report{Info: b.info, Rate: b.rate}
-	ref1, ref2 := b.target(1), b.target(2)
+	rep := &report{Info: b.info, Rate: b.rate, Startups: b.startups}
 	for _, t := range b.targets {
+		// A configuration with Envoy on any CPU compares with no filter on
+		// any CPU, and with no native local_ratelimit.
+		ref1, ref2 := b.target(1), b.target(2)
+		if t.s.Free {
+			ref1, ref2 = b.target(13), nil
+		}
 		s := &summary{ID: t.s.ID, Name: t.s.Name, Label: t.s.Label, Limit: t.limit, Stats: t.stats, Note: t.note, Sat: t.sat, Lat: t.lat, Half: t.half}
 		if t.s.Kind == kindNone {
 			s.Limit = limit{}
@@ -227,7 +235,7 @@ func (r *report) meaning() []string {
 		return nil
 	}
 	var out []string
-	for _, id := range []int{2, 3, 6, 11} {
+	for _, id := range []int{2, 3, 12, 6, 11} {
 		s := r.result(id)
 		if s == nil || s.CapVs1.N == 0 {
 			continue
@@ -243,7 +251,7 @@ func (r *report) meaning() []string {
 			line += fmt.Sprintf("; resident memory %s MiB", fsigned(one(s.RSSMiB.Median-none.RSSMiB.Median), 0))
 		}
 		if id == 11 {
-			lease := setups[len(setups)-1]
+			lease, _ := setupByID(11)
 			if n := s.Stats[lease.allowedStat()] + s.Stats[lease.rejectedStat()]; n > 0 {
 				line += fmt.Sprintf(". It called limitd %.2f times per 1000 requests on one hot key (a cluster rule per request calls it 1000 times)",
 					1000*float64(s.Stats[leaseCallsStat])/float64(n))
@@ -305,6 +313,7 @@ func (r *report) markdown() string {
 	}
 	w("\n*req/s per Envoy core* is 1 / (Envoy CPU per request): the throughput Envoy would reach with its core to itself. On this shared machine it is the steadier comparison; measured throughput also moves with how much of its core Envoy got.\n")
 	r.breakdown(w)
+	r.wasmOrNative(w)
 	w("\n## Latency at a fixed rate\n\n")
 	w("Open loop at %.0f req/s (%.0f%% of the no-filter saturated throughput measured in calibration), %d connections; latency from writing the request to reading the whole response, every sample of the %s window. A send counts as late when it started more than 1 ms behind its schedule (the connection was still busy, or the generator's CPU was taken); a connection more than 100 ms behind skips the sends it missed (dropped). Latency runs from the actual send, so late and dropped sends are the sign that the rate was not met and the percentiles understate the wait.\n\n", r.Rate, 100*in.Load, in.OpenConns, in.LatWindow)
 	saturatedGen := 0

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ratelimit-wasm/tokenbucket/bench/cmd/bench/nullwasm"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 )
@@ -66,14 +68,13 @@ func runStart(args []string) error {
 	if err := os.WriteFile(noop, nullwasm.Module, 0o644); err != nil {
 		return err
 	}
-	type run struct{ name, wasm string }
-	runs := []run{{"no filter", ""}, {"no-op module", noop}}
+	runs := []startRun{{"no filter", ""}, {"no-op module", noop}}
 	for _, a := range fs.Args() {
 		name, path, ok := strings.Cut(a, "=")
 		if !ok {
-			return fmt.Errorf("bench start: arguments are name=module.wasm, got %s", a)
+			return fmt.Errorf("bench start: arguments are name=module.wasm or name=module.so, got %s", a)
 		}
-		runs = append(runs, run{name, absPath(path)})
+		runs = append(runs, startRun{name, absPath(path)})
 	}
 	fmt.Printf("load average at the start: %s\n", loadAvg())
 	type key struct {
@@ -85,7 +86,7 @@ func runStart(args []string) error {
 	for r := 0; r < *rounds; r++ {
 		for _, c := range concs {
 			for _, ru := range runs {
-				m, err := startOnce(ru.wasm, c, *timeout)
+				m, err := startOnce(ru.module, c, *timeout)
 				if err != nil {
 					return fmt.Errorf("bench start: %s, concurrency %d: %w", ru.name, c, err)
 				}
@@ -159,14 +160,30 @@ func runStart(args []string) error {
 // Wasm VMs' linear memories, the isolates' heaps) and Envoy's binary.
 type startMeasure struct{ cpu, wall, rssMiB, allocMiB, freeMiB float64 }
 
-// startOnce runs Envoy once through the project's launcher (func-e) and
-// measures it.
-func startOnce(wasm string, concurrency int, timeout time.Duration) (m startMeasure, err error) {
+// startRun is one configuration of a start: a name, and the module Envoy
+// runs with startConfig (none, a Wasm module, or a dynamic module: a
+// path ending in .so).
+type startRun struct{ name, module string }
+
+// startOptions are Envoy's options to run module ("" = no filter).
+func startOptions(module string, concurrency int) envoy.Options {
+	o := envoy.Options{PluginConfig: startConfig, Concurrency: concurrency, LogLevel: "error"}
+	switch {
+	case module == "":
+		o.NoWasm = true
+	case strings.HasSuffix(module, ".so"):
+		o.NoWasm, o.Filters, o.Env = true, moduleFilter(startConfig), moduleEnv(module)
+	default:
+		o.PluginWasm = module
+	}
+	return o
+}
+
+// startOnce runs Envoy once through the project's launcher (func-e) with
+// module and measures it.
+func startOnce(module string, concurrency int, timeout time.Duration) (m startMeasure, err error) {
 	t0 := time.Now()
-	p, err := envoy.Spawn(envoy.Options{
-		NoWasm: wasm == "", PluginWasm: wasm, PluginConfig: startConfig,
-		Concurrency: concurrency, LogLevel: "error",
-	})
+	p, err := envoy.Spawn(startOptions(module, concurrency))
 	if err != nil {
 		return m, err
 	}
@@ -232,4 +249,51 @@ func startLoad(client *http.Client, url string) error {
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// startup is what starting Envoy with one configuration cost in `make
+// bench`: medians over -start-rounds starts at --concurrency 1.
+type startup struct {
+	Name   string `json:"name"`
+	CPU    spread `json:"cpu_s_to_first_200"`
+	Wall   spread `json:"wall_s_to_first_200"`
+	RSSMiB spread `json:"rss_mib_after_1000_requests"`
+}
+
+// starts measures Envoy's start with no filter, the plugin and the native
+// module (when built), in turn, round after round: CPU and wall time until
+// the first 200, and VmRSS after startRequests more (startOnce). Envoy
+// runs on every CPU this process started with.
+func (b *bench) starts() error {
+	if b.p.startRounds == 0 {
+		return nil
+	}
+	runs := []startRun{{"no filter", ""}, {"plugin", absPath(os.Getenv("PLUGIN_WASM"))}}
+	if fileExists(b.p.module) {
+		runs = append(runs, startRun{"native module", absPath(b.p.module)})
+	}
+	if b.pinned {
+		// Envoys spawned from here inherit this process's CPU.
+		if err := unix.SchedSetaffinity(0, &b.allCPUs); err != nil {
+			return err
+		}
+		defer pinProcess(os.Getpid(), b.p.loadCPU)
+	}
+	cpu, wall, rss := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
+	for r := range b.p.startRounds {
+		for _, ru := range runs {
+			m, err := startOnce(ru.module, 1, b.p.startTimeout)
+			if err != nil {
+				return fmt.Errorf("bench: start of %s: %w", ru.name, err)
+			}
+			b.logf("start %d %-14s CPU %.2f s, wall %.2f s to the first 200; RSS %.1f MiB after %d requests", r+1, ru.name, m.cpu, m.wall, m.rssMiB, startRequests)
+			cpu[ru.name] = append(cpu[ru.name], m.cpu)
+			wall[ru.name] = append(wall[ru.name], m.wall)
+			rss[ru.name] = append(rss[ru.name], m.rssMiB)
+		}
+	}
+	for _, ru := range runs {
+		b.startups = append(b.startups, startup{Name: ru.name, CPU: spreadOf(cpu[ru.name]), Wall: spreadOf(wall[ru.name]), RSSMiB: spreadOf(rss[ru.name])})
+	}
+	return nil
 }
