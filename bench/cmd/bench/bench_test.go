@@ -153,21 +153,21 @@ func TestParams(t *testing.T) {
 	if err != nil || len(sel) != 2 || sel[0].ID != 1 || sel[1].ID != 3 {
 		t.Errorf("-only 3,1 selected %v, %v", sel, err)
 	}
-	p, _ = parseParams([]string{"-only", "16"})
+	p, _ = parseParams([]string{"-only", "18"})
 	if _, err := p.selected(); err == nil {
-		t.Errorf("-only 16: no error")
+		t.Errorf("-only 18: no error")
 	}
 	p, _ = parseParams([]string{"-diag=false"})
-	if sel, _ := p.selected(); len(sel) != 11 {
-		t.Errorf("-diag=false selection has %d configurations, want 11 (1-6 and 11-15)", len(sel))
+	if sel, _ := p.selected(); len(sel) != 13 {
+		t.Errorf("-diag=false selection has %d configurations, want 13 (1-6 and 11-17)", len(sel))
 	}
 	p, _ = parseParams([]string{"-smoke"})
-	if sel, _ := p.selected(); len(sel) != 11 {
-		t.Errorf("-smoke selection has %d configurations, want 11", len(sel))
+	if sel, _ := p.selected(); len(sel) != 13 {
+		t.Errorf("-smoke selection has %d configurations, want 13", len(sel))
 	}
 	p, _ = parseParams(nil)
-	if sel, _ := p.selected(); len(sel) != 15 {
-		t.Errorf("default selection has %d configurations, want 15", len(sel))
+	if sel, _ := p.selected(); len(sel) != 17 {
+		t.Errorf("default selection has %d configurations, want 17", len(sel))
 	}
 	// Only a full run (or -render) rewrites the front page's sentence,
 	// unless -front says otherwise.

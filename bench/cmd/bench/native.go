@@ -17,12 +17,21 @@ const (
 	targetOverheadPinned    = 0.6
 	targetStartCPUSeconds   = 0.5
 	targetRSSOverNoFilterMB = 20
+	// The module's throughput from one worker to four, as a fraction of
+	// no filter's: at least this (a lock shared by workers would hold it
+	// near 1 ÷ no filter's growth).
+	targetScaling = 0.9
 )
 
 // perRound is f of the saturated CPU per request of the configurations
 // ids, round by round (rounds where one of them got no answer are left
 // out), summarised.
 func (r *report) perRound(f func(cpu []float64) float64, ids ...int) spread {
+	return r.perRoundOf(func(s satResult) float64 { return s.CPUPerReqUS }, f, ids...)
+}
+
+// perRoundOf is perRound of another figure v of the saturation runs.
+func (r *report) perRoundOf(v func(satResult) float64, f func([]float64) float64, ids ...int) spread {
 	var ss []*summary
 	for _, id := range ids {
 		s := r.result(id)
@@ -40,7 +49,7 @@ func (r *report) perRound(f func(cpu []float64) float64, ids ...int) spread {
 				ok = false
 				break
 			}
-			cpu[j] = s.Sat[i].CPUPerReqUS
+			cpu[j] = v(s.Sat[i])
 		}
 		if ok {
 			xs = append(xs, f(cpu))
@@ -57,6 +66,18 @@ func overhead(c []float64) float64 {
 		return math.NaN()
 	}
 	return (c[1] - c[0]) / (c[2] - c[0])
+}
+
+// atLeast is verdict for a target of at least min.
+func atLeast(v spread, min float64) string {
+	switch {
+	case v.N == 0:
+		return "not measured"
+	case v.Median >= min:
+		return "met"
+	default:
+		return "**not met**"
+	}
 }
 
 func ratio(c []float64) float64 { return c[0] / c[1] }
@@ -91,6 +112,12 @@ func (r *report) wasmOrNative(w func(string, ...any)) {
 	row("native module ÷ native local_ratelimit, Envoy CPU per request (pinned)", r.perRound(ratio, 12, 2), targetModuleVsNative)
 	row("native module's overhead ÷ the plugin's, pinned: (12 − 1) ÷ (3 − 1)", r.perRound(overhead, 1, 12, 3), targetOverheadPinned)
 	row("native module's overhead ÷ the plugin's, any CPU: (15 − 13) ÷ (14 − 13)", r.perRound(overhead, 13, 15, 14), targetOverheadFree)
+	thr := func(s satResult) float64 { return s.Throughput }
+	none4, mod4 := r.perRoundOf(thr, ratio, 16, 13), r.perRoundOf(thr, ratio, 17, 15)
+	scale := r.perRoundOf(thr, func(t []float64) float64 { return (t[0] / t[1]) / (t[2] / t[3]) }, 17, 15, 16, 13)
+	w("| saturated throughput, 4 workers ÷ 1, any CPU: no filter (16 ÷ 13) | %s | | |\n", f(none4, 2))
+	w("| saturated throughput, 4 workers ÷ 1, any CPU: native module (17 ÷ 15) | %s | | |\n", f(mod4, 2))
+	w("| the native module's growth ÷ no filter's | %s | ≥ %.2f | %s |\n", f(scale, 2), targetScaling, atLeast(scale, targetScaling))
 	if len(r.Startups) == 0 {
 		return
 	}
