@@ -81,11 +81,11 @@ $(BENCH_BIN): $(BENCH_SRC) bench/go.mod bench/go.sum go.mod
 	@mkdir -p $(BUILD)
 	$(BENCH_GO) build -o $(abspath $@) ./cmd/bench
 
-bench: build setup build-service $(BENCH_BIN)
-	$(BENCH_BIN) -out docs/benchmarks -limitd $(BUILD)/limitd $(BENCH_FLAGS)
+bench: build build-native setup build-service $(BENCH_BIN)
+	$(BENCH_BIN) -out docs/benchmarks -limitd $(BUILD)/limitd -module $(NATIVE_SO) $(BENCH_FLAGS)
 
-bench-smoke: build setup build-service $(BENCH_BIN)
-	$(BENCH_BIN) -smoke -out $(BUILD)/bench-smoke -limitd $(BUILD)/limitd $(BENCH_FLAGS)
+bench-smoke: build build-native setup build-service $(BENCH_BIN)
+	$(BENCH_BIN) -smoke -out $(BUILD)/bench-smoke -limitd $(BUILD)/limitd -module $(NATIVE_SO) $(BENCH_FLAGS)
 
 $(BUILD)/bench-ops.wasm: $(BENCH_WASM_MOD) bench/internal/footprint/ops/*.go
 	$(call bench_wasm,./internal/footprint/ops)

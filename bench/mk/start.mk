@@ -41,7 +41,7 @@ footprint: build $(FP)/floor.wasm $(FP)/deps.wasm
 
 START_FLAGS ?=
 START_MODULES ?=
-bench-start: setup build $(FP)/floor.wasm $(FP)/deps.wasm $(BENCH_BIN)
+bench-start: setup build build-native $(FP)/floor.wasm $(FP)/deps.wasm $(BENCH_BIN)
 	@uptime
 	$(BENCH_BIN) start $(START_FLAGS) \
-		floor=$(FP)/floor.wasm deps=$(FP)/deps.wasm $(START_MODULES) plugin=$(BUILD)/plugin.wasm
+		floor=$(FP)/floor.wasm deps=$(FP)/deps.wasm $(START_MODULES) plugin=$(BUILD)/plugin.wasm native=$(NATIVE_SO)

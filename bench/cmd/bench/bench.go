@@ -279,7 +279,7 @@ func (b *bench) startEnvoy(t *target, l limit) error {
 	case t.s.isOps():
 		opts.PluginWasm = absPath(b.p.opsWasm)
 	case t.s.Kind == kindModule:
-		opts.Env = moduleEnv(absPath(b.p.module))
+		opts.NativeModule = absPath(b.p.module)
 	case t.s.ID == layersSetup.ID:
 		ls, err := b.layerListeners(l)
 		if err != nil {

@@ -4,7 +4,6 @@ package main
 
 import (
 	"fmt"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -121,10 +120,6 @@ type limit struct{ Rate, Burst int64 }
 
 var unlimited = limit{neverLimit, neverLimit}
 
-// moduleStatPrefix is what Envoy puts before the metrics a dynamic module
-// defines (the Wasm filter's is "wasmcustom.").
-const moduleStatPrefix = "dynamicmodulescustom."
-
 // nativeStatPrefix is the stat_prefix of the native filter: its statistics
 // are <prefix>.http_local_rate_limit.{enabled,ok,rate_limited,enforced}.
 const nativeStatPrefix = "bench_native"
@@ -216,32 +211,10 @@ func (s setup) options(upstreamPort, servicePort, keys int, l limit) envoy.Optio
 		o.PluginConfig = clusterRuleSync(l, "lease", "")
 		o.ServicePort = servicePort
 	case kindModule:
-		o.NoWasm = true
-		o.Filters = moduleFilter(pluginRule(l))
+		o.Build = envoy.Native
+		o.PluginConfig = pluginRule(l)
 	}
 	return o
-}
-
-// moduleFilter is the dynamic-module filter running the plugin's engine
-// (build/libtokenbucket.so, found on ENVOY_DYNAMIC_MODULES_SEARCH_PATH)
-// with the JSON configuration cfg: the same configuration as the Wasm
-// plugin's, given as a StringValue.
-func moduleFilter(cfg string) string {
-	return `- name: envoy.filters.http.dynamic_modules
-  typed_config:
-    "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
-    dynamic_module_config: {name: tokenbucket, do_not_close: true}
-    filter_name: tokenbucket
-    filter_config:
-      "@type": type.googleapis.com/google.protobuf.StringValue
-      value: ` + strconv.Quote(cfg)
-}
-
-// moduleEnv is the environment Envoy needs to load the module at path:
-// where to find it, and the cgo check the Go runtime must not make on
-// Envoy's calls (docs/native.md).
-func moduleEnv(path string) []string {
-	return []string{"ENVOY_DYNAMIC_MODULES_SEARCH_PATH=" + filepath.Dir(path), "GODEBUG=cgocheck=0"}
 }
 
 // maxDescriptors is the native filter's max_dynamic_descriptors: room for
@@ -262,7 +235,7 @@ func (s setup) allowedStat() string {
 	case kindPlugin:
 		return "wasmcustom.tokenbucket.rule.per-key.allowed"
 	case kindModule:
-		return moduleStatPrefix + "tokenbucket.rule.per-key.allowed"
+		return envoy.Native.StatPrefix() + "tokenbucket.rule.per-key.allowed"
 	case kindCluster, kindLease:
 		return "wasmcustom.tokenbucket.rule.fleet.allowed"
 	}
@@ -276,7 +249,7 @@ func (s setup) rejectedStat() string {
 	case kindPlugin:
 		return "wasmcustom.tokenbucket.rule.per-key.rejected"
 	case kindModule:
-		return moduleStatPrefix + "tokenbucket.rule.per-key.rejected"
+		return envoy.Native.StatPrefix() + "tokenbucket.rule.per-key.rejected"
 	case kindCluster, kindLease:
 		return "wasmcustom.tokenbucket.rule.fleet.rejected"
 	}

@@ -51,6 +51,8 @@
 package main
 
 import (
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
+
 	"errors"
 	"flag"
 	"fmt"
@@ -123,7 +125,7 @@ func parseParams(args []string) (*params, error) {
 	fs.BoolVar(&p.attrib, "attrib", false, "instead of the rounds: the attribution configurations (the Go floor and one host operation each, with (1) and (9)), saturation runs only, into attribution.md (make bench-attrib)")
 	fs.StringVar(&p.opsWasm, "ops-wasm", "build/bench-ops.wasm", "the attribution module (bench/internal/footprint/ops), for -attrib")
 	fs.StringVar(&p.compareWasm, "compare-wasm", "", "with -attrib: another build of the plugin, run with (3)'s rule as one more listener of (23), so a change is measured against PLUGIN_WASM in one Envoy")
-	fs.StringVar(&p.module, "module", envOr("NATIVE_MODULE", "build/libtokenbucket.so"), "the native module (make build-native) for configurations 12 and 15 (a gap when absent)")
+	fs.StringVar(&p.module, "module", envOr("NATIVE_MODULE", envoy.DefaultNativeModule()), "the native module (make build-native) for configurations 12 and 15 (a gap when absent)")
 	fs.IntVar(&p.startRounds, "start-rounds", 3, "starts of Envoy with no filter, the plugin and the native module, each measured from start to the first 200 and its RSS after 1000 requests (0: none)")
 	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {

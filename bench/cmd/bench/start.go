@@ -172,7 +172,7 @@ func startOptions(module string, concurrency int) envoy.Options {
 	case module == "":
 		o.NoWasm = true
 	case strings.HasSuffix(module, ".so"):
-		o.NoWasm, o.Filters, o.Env = true, moduleFilter(startConfig), moduleEnv(module)
+		o.Build, o.NativeModule = envoy.Native, module
 	default:
 		o.PluginWasm = module
 	}
