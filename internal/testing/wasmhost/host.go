@@ -30,6 +30,10 @@
 //     local reply passes through the plugin's own proxy_on_response_headers.
 //     HTTP callouts are recorded; the test answers or fails them with
 //     VM.AnswerCallout and VM.FailCallout, which resume the stream.
+//   - Shared queues are the process's, by name; proxy_on_queue_ready runs
+//     for the last registration's root context once the callbacks of the
+//     VM's current step have returned, as Envoy posts it to the worker's
+//     event loop (queue.go).
 //   - Header maps are available when Envoy makes them available: request
 //     headers until the request continues upstream, response headers until
 //     they continue downstream, both read-only in proxy_on_log, callout
@@ -37,7 +41,7 @@
 //
 // Not modelled: request bodies and trailers, VM-wide properties, unknown
 // upstream clusters (every name is accepted), and the host functions neither
-// the plugin nor the test guest imports: shared queues, gRPC calls, foreign
+// the plugin nor the test guest imports: gRPC calls, foreign
 // functions, proxy_set_property, proxy_set_buffer_bytes,
 // proxy_set_header_map_pairs, proxy_close_stream, proxy_done and
 // proxy_get_metric all answer Unimplemented (a body buffer Envoy does not
@@ -80,6 +84,10 @@ type Host struct {
 	onGet     func(key string) (value []byte, cas uint32, st Status, override bool)
 	onSet     func(key string, value []byte, cas uint32) (st Status, override bool)
 	onReply   func(status int) Status
+
+	queueTokens map[string]uint32 // shared queues by name (queue.go)
+	queues      map[uint32]*sharedQueue
+	nextQueue   uint32
 }
 
 // LogEntry is one line the guest logged with proxy_log, or wrote to stdout
@@ -139,6 +147,9 @@ func NewHost(ctx context.Context, wasm []byte, opts ...Option) (*Host, error) {
 		nextCAS:   1,
 		metrics:   make(map[metricKey]*metric),
 		metricIDs: make(map[uint32]*metric),
+
+		queueTokens: make(map[string]uint32),
+		queues:      make(map[uint32]*sharedQueue),
 	}
 	h.now.Store(o.start.UnixNano())
 	return h, nil
