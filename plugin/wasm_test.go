@@ -382,21 +382,7 @@ func TestWasmShadowAnswerAfterTheRequest(t *testing.T) {
 func TestWasmRefillOutlivesItsRequest(t *testing.T) {
 	h := newHost(t)
 	vm := newVM(t, h, wasmLeased)
-	srv, err := service.NewServer(service.Config{Store: service.NewMemoryStore(service.MemoryOptions{
-		Now: func() int64 { return h.Now().UnixNano() }})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer := func(c wasmhost.Callout) wasmhost.Response {
-		t.Helper()
-		w := httptest.NewRecorder()
-		srv.ServeHTTP(w, httptest.NewRequest(c.Headers.Get(":method"), c.Headers.Get(":path"), bytes.NewReader(c.Body)))
-		r, err := vm.AnswerCallout(c.ID, wasmhost.Headers{{":status", strconv.Itoa(w.Code)}}, w.Body.Bytes())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
+	answer := limitdAnswers(t, h, vm)
 	first := send(t, vm, "k", "hot") // an empty lease: the request waits for its lease call
 	if !first.Paused || len(first.Callouts) != 1 {
 		t.Fatalf("first request: %+v, want paused on its lease call", first)
@@ -415,6 +401,60 @@ func TestWasmRefillOutlivesItsRequest(t *testing.T) {
 	if third.Paused || third.Status != 200 || len(vm.PendingCallouts()) != 0 {
 		t.Fatalf("third request: %d paused %v, pending %+v; want 200 from the refilled lease, no call",
 			third.Status, third.Paused, vm.PendingCallouts())
+	}
+}
+
+// TestWasmRefusedRefill: a refill the plugin sends from its queue's
+// callback, which the host refuses, ends as a refused dispatch does: counted
+// in service_errors, its claim released, and the next request that finds
+// the lease short asks the service itself.
+func TestWasmRefusedRefill(t *testing.T) {
+	h := newHost(t)
+	vm := newVM(t, h, wasmLeased)
+	answer := limitdAnswers(t, h, vm)
+	if r := send(t, vm, "k", "hot"); !r.Paused || answer(r.Callouts[0]).Status != 200 {
+		t.Fatalf("first request: %+v, want paused on its lease call, then 200", r)
+	}
+	h.OnHTTPCall(func(string) wasmhost.Status { return wasmhost.StatusBadArgument })
+	if r := send(t, vm, "k", "hot"); r.Paused || r.Status != 200 {
+		t.Fatalf("second request (claims the refill): %d paused %v, want 200", r.Status, r.Paused)
+	}
+	h.OnHTTPCall(nil)
+	if n, _ := h.Metric("tokenbucket.service_errors"); n != 1 || len(vm.PendingCallouts()) != 0 {
+		t.Fatalf("service_errors %d, pending %+v; want the refused refill counted once, nothing pending", n, vm.PendingCallouts())
+	}
+	third := send(t, vm, "k", "hot") // half a token left: short
+	if !third.Paused || len(third.Callouts) != 1 {
+		t.Fatalf("third request: %+v, want paused on its own lease call", third)
+	}
+	if !strings.Contains(string(third.Callouts[0].Body), `"want":2`) {
+		t.Fatalf("third request's lease call %s: want the lease's size (the refused refill's claim released)", third.Callouts[0].Body)
+	}
+	if r := answer(third.Callouts[0]); r.Status != 200 {
+		t.Fatalf("third request after its lease call: %d", r.Status)
+	}
+	if n, _ := h.Metric("tokenbucket.rule.fleet.failed_open"); n != 0 {
+		t.Fatalf("failed_open %d, want 0", n)
+	}
+}
+
+// limitdAnswers returns a function that answers a callout of vm with a real
+// limit service (package service on a memory store, on h's clock).
+func limitdAnswers(t *testing.T, h *wasmhost.Host, vm *wasmhost.VM) func(wasmhost.Callout) wasmhost.Response {
+	srv, err := service.NewServer(service.Config{Store: service.NewMemoryStore(service.MemoryOptions{
+		Now: func() int64 { return h.Now().UnixNano() }})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(c wasmhost.Callout) wasmhost.Response {
+		t.Helper()
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, httptest.NewRequest(c.Headers.Get(":method"), c.Headers.Get(":path"), bytes.NewReader(c.Body)))
+		r, err := vm.AnswerCallout(c.ID, wasmhost.Headers{{":status", strconv.Itoa(w.Code)}}, w.Body.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
 	}
 }
 

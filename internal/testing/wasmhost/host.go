@@ -84,6 +84,7 @@ type Host struct {
 	onGet     func(key string) (value []byte, cas uint32, st Status, override bool)
 	onSet     func(key string, value []byte, cas uint32) (st Status, override bool)
 	onReply   func(status int) Status
+	onCall    func(cluster string) Status
 
 	queueTokens map[string]uint32 // shared queues by name (queue.go)
 	queues      map[uint32]*sharedQueue
@@ -256,6 +257,26 @@ func (h *Host) OnSetSharedData(f func(key string, value []byte, cas uint32) (st 
 	h.mu.Lock()
 	h.onSet = f
 	h.mu.Unlock()
+}
+
+// OnHTTPCall installs f to run before each of the guest's proxy_http_call
+// calls (nil removes it). If f returns a status other than StatusOK, the call
+// is not made and the guest gets that status, as from a host that refuses it
+// (Envoy: an unknown cluster, a connection limit).
+func (h *Host) OnHTTPCall(f func(cluster string) Status) {
+	h.mu.Lock()
+	h.onCall = f
+	h.mu.Unlock()
+}
+
+func (h *Host) guestHTTPCall(cluster string) Status {
+	h.mu.Lock()
+	f := h.onCall
+	h.mu.Unlock()
+	if f == nil {
+		return StatusOK
+	}
+	return f(cluster)
 }
 
 // OnSendLocalResponse installs f to run before each of the guest's

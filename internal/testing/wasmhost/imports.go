@@ -466,6 +466,9 @@ func hostHTTPCall(vm *VM, mem api.Memory, a []uint64) Status {
 			return StatusBadArgument
 		}
 	}
+	if st := vm.h.guestHTTPCall(cluster); st != StatusOK {
+		return st
+	}
 	if len(body) > 0 {
 		headers.replace("content-length", fmt.Sprint(len(body)))
 	}

@@ -375,6 +375,26 @@ func TestClock(t *testing.T) {
 	}
 }
 
+// TestCalloutRefused: a call OnHTTPCall refuses is not made; the guest gets
+// the status.
+func TestCalloutRefused(t *testing.T) {
+	h := newHost(t)
+	vm := newVM(t, h, "")
+	var clusters []string
+	h.OnHTTPCall(func(cluster string) Status {
+		clusters = append(clusters, cluster)
+		return StatusBadArgument
+	})
+	resp := do(t, vm, get("/callout"))
+	if resp.Status != 500 || len(vm.PendingCallouts()) != 0 || fmt.Sprint(clusters) != "[auth]" {
+		t.Fatalf("response %d, pending %v, refused %v; want 500 (the guest's answer to a refused call), none pending, [auth]",
+			resp.Status, vm.PendingCallouts(), clusters)
+	}
+	if !hasLog(h, "guest: dispatch: error status returned by host: bad argument") {
+		t.Errorf("no dispatch error log: %v", h.Logs())
+	}
+}
+
 func TestCallout(t *testing.T) {
 	h := newHost(t)
 	vm := newVM(t, h, "")
