@@ -39,6 +39,15 @@
 //     they continue downstream, both read-only in proxy_on_log, callout
 //     response headers and body during proxy_on_http_call_response.
 //
+// Why not the SDK's own (proxytest.NewWasmVMContext, which also runs a
+// compiled module on wazero and calls _initialize): it has no
+// proxy_get_current_time_nanoseconds (the plugin imports it, so the module
+// does not instantiate there) and gives the guest wazero's fake clock where
+// a test sets the time; its shared data refuses a set with CAS 0 on an
+// existing key, which Envoy accepts; it runs proxy_on_queue_ready
+// inside the enqueue instead of posting it; and it compiles the module on
+// every call (seconds for a Go module), with no cache.
+//
 // Not modelled: request bodies and trailers, VM-wide properties, unknown
 // upstream clusters (every name is accepted), and the host functions neither
 // the plugin nor the test guest imports: gRPC calls, foreign
