@@ -172,6 +172,14 @@ func (h *host) onQueueReady(queueID uint32) {
 	h.sendWaiting()
 }
 
+// onTick sends the calls that still wait. A wake-up the host accepted but
+// never delivered would otherwise hold every later call until a tick: the
+// next call enqueues a fresh one (a late one then finds nothing to send).
+func (h *host) onTick() {
+	h.woken = false
+	h.sendWaiting()
+}
+
 // sendWaiting sends the calls that wait, in order. It runs in a callback
 // of the plugin context. A call whose dispatch fails gets a failed answer
 // (engine.Answer.Failed) at once: the engine then does what it does when a

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
@@ -16,10 +17,6 @@ import (
 func TestWaitingCallsBounded(t *testing.T) {
 	e := start(t, perKey)
 	h := &host{id: proxytest.PluginContextID, now: e.clk.now, sd: sharedData{}} // no queue: nothing wakes it
-	call := func(path string) *engine.Call {
-		return &engine.Call{Cluster: "limit_service", MaxBody: 100,
-			Headers: [][2]string{{":method", "POST"}, {":path", path}, {":authority", "limitd"}}}
-	}
 	defer func(a uint32) { active = a }(active)
 	active = h.id + 1 // a request's callback
 	for i := range maxWaitingCalls {
@@ -51,4 +48,43 @@ func TestWaitingCallsBounded(t *testing.T) {
 	if n := len(e.host.GetCalloutAttributesFromContext(proxytest.PluginContextID)); n != maxWaitingCalls+1 {
 		t.Fatalf("%d calls sent, want the one made in the plugin context's callback sent at once", n)
 	}
+}
+
+// TestLostWakeUpHealsAtTick: a wake-up the host accepted but never
+// delivered holds the calls that wait until the tick, which sends them;
+// the next call then wakes the plugin context again.
+func TestLostWakeUpHealsAtTick(t *testing.T) {
+	e := start(t, perKey)
+	q, err := proxywasm.RegisterSharedQueue("lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &host{id: proxytest.PluginContextID, now: e.clk.now, sd: sharedData{}, queue: q, hasQueue: true,
+		woken: true} // a wake-up the host lost
+	defer func(a uint32) { active = a }(active)
+	active = h.id + 1 // a request's callback
+	if err := h.Callout(call("/a"), func(*engine.Answer) {}); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.host.GetQueueSize(q); n != 0 || len(h.waiting) != 1 {
+		t.Fatalf("queue %d, waiting %d; want the call waiting for the wake-up thought to be coming", n, len(h.waiting))
+	}
+	active = h.id
+	h.onTick()
+	if n := len(e.host.GetCalloutAttributesFromContext(proxytest.PluginContextID)); n != 1 || len(h.waiting) != 0 {
+		t.Fatalf("after the tick: %d sent, %d waiting; want 1 and none", n, len(h.waiting))
+	}
+	active = h.id + 1
+	if err := h.Callout(call("/b"), func(*engine.Answer) {}); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.host.GetQueueSize(q); n != 1 {
+		t.Fatalf("queue %d after the next call, want its wake-up enqueued", n)
+	}
+}
+
+// call is a limit-service call for these tests.
+func call(path string) *engine.Call {
+	return &engine.Call{Cluster: "limit_service", MaxBody: 100,
+		Headers: [][2]string{{":method", "POST"}, {":path", path}, {":authority", "limitd"}}}
 }

@@ -135,7 +135,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 // when due.
 func (p *pluginContext) OnTick() {
 	active = p.id
-	p.host.sendWaiting()
+	p.host.onTick()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	p.e.Tick(&ms)
