@@ -32,9 +32,9 @@ func guestWasm(t testing.TB) []byte {
 	return guest.wasm
 }
 
-// buildGuest runs `make sdk` and builds testdata/guest into
-// build/testguest.wasm. The go command's cache makes a rebuild cheap, so it
-// always rebuilds rather than trusting a file that may be stale.
+// buildGuest builds testdata/guest into build/testguest.wasm. The go
+// command's cache makes a rebuild cheap, so it always rebuilds rather than
+// trusting a file that may be stale.
 func buildGuest() ([]byte, error) {
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
