@@ -89,6 +89,7 @@ test: unit e2e
 # gofmt, go vet (native and wasip1), import groups (internal/lint), go mod tidy;
 # vet and tidy for the benchmark lab's module (bench/) too.
 check:
+	@mkdir -p $(BUILD)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo 'gofmt would change the files above'; exit 1)
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
