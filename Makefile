@@ -2,8 +2,6 @@
 SHELL := /bin/bash
 GO ?= go
 BUILD := build
-SDK_MOD := github.com/tetratelabs/proxy-wasm-go-sdk
-SDK_VER := v0.24.0
 VENV := $(BUILD)/venv
 # func-e's tool, at a pinned version, finds every Envoy: `make run` runs it,
 # tests and benchmarks (internal/testing/envoy) run what `func-e which` names.
@@ -22,31 +20,12 @@ export PLUGIN_WASM ?= $(abspath $(BUILD)/plugin.wasm)
 # The native module (make build-native): the e2e table runs every case on both builds.
 export NATIVE_MODULE ?= $(abspath $(BUILD)/libtokenbucket.so)
 
-.PHONY: all build sdk setup setup-redis run run-cluster test unit e2e check fuzz clean
+.PHONY: all build setup setup-redis run run-cluster test unit e2e check fuzz clean
 
 all: build
 
 # Everything but e2e runs with the race detector; e2e drives real processes.
 UNIT_PKGS = $$($(GO) list ./... | grep -v /e2e)
-
-# The SDK copy with our glue file (sdkglue/) in its package internal, and a
-# go.mod for the wasm build that points at it. Regenerated whenever the glue,
-# go.mod or go.sum change, so it cannot go stale.
-$(BUILD)/sdk.stamp: sdkglue/*.go go.mod go.sum
-	@mkdir -p $(BUILD)
-	$(GO) mod download $(SDK_MOD)
-	rm -rf $(BUILD)/sdk
-	cp -r "$$($(GO) list -m -f '{{.Dir}}' $(SDK_MOD))" $(BUILD)/sdk
-	chmod -R u+w $(BUILD)/sdk
-	cp sdkglue/*.go $(BUILD)/sdk/proxywasm/internal/
-	cp go.mod $(BUILD)/go.wasm.mod
-	cp go.sum $(BUILD)/go.wasm.sum
-	@# Relative to the module root, so that the build info the binary embeds
-	@# (=> ./build/sdk) is the same from any checkout path.
-	echo 'replace $(SDK_MOD) => ./$(BUILD)/sdk' >> $(BUILD)/go.wasm.mod
-	touch $@
-
-sdk: $(BUILD)/sdk.stamp
 
 # Reproducible: no file system paths (-trimpath), no VCS stamp (a copy without
 # .git or with local changes would differ), no symbol tables. The same sources
@@ -56,17 +35,13 @@ REPRO_FLAGS := -trimpath -buildvcs=false -ldflags='-s -w'
 
 WASM_SRC := $(shell find . -name '*.go' -not -path './build/*' -not -path './bench/*' -not -name '*_test.go' 2>/dev/null)
 
-# build_wasm builds the Go package $(1) into the proxy-wasm module $@ with
-# the standard compiler, against the SDK copy (bench/mk/bench.mk has its twin,
-# bench_wasm, for the lab module's Go packages).
-define build_wasm
-GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue \
-	-buildmode=c-shared $(REPRO_FLAGS) -o $@ $(1)
-@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
-endef
-
-$(BUILD)/plugin.wasm: $(BUILD)/sdk.stamp $(WASM_SRC)
-	$(call build_wasm,.)
+# The standard compiler builds the plugin as a WASI reactor; the proxy-wasm
+# SDK declares its host imports and callback exports itself (//go:wasmimport,
+# //go:wasmexport), so nothing else is needed.
+$(BUILD)/plugin.wasm: $(WASM_SRC) go.mod go.sum
+	@mkdir -p $(BUILD)
+	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared $(REPRO_FLAGS) -o $@ .
+	@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
 
 build: $(BUILD)/plugin.wasm
 
@@ -117,14 +92,15 @@ test: unit e2e
 
 # gofmt, go vet (native and wasip1), import groups (internal/lint), go mod tidy;
 # vet and tidy for the benchmark lab's module (bench/) too.
-check: sdk
-	@test -z "$$(gofmt -l $$(git ls-files '*.go') sdkglue)" || (gofmt -l $$(git ls-files '*.go') sdkglue; echo 'gofmt would change the files above'; exit 1)
+check:
+	@mkdir -p $(BUILD)
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo 'gofmt would change the files above'; exit 1)
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
 	$(GO) test -count=1 ./internal/lint/
-	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue . ./plugin/ ./engine/
-	@# the glue lives in the SDK's package, whose own code trips unsafeptr
-	GOOS=wasip1 GOARCH=wasm $(GO) vet -modfile=$(BUILD)/go.wasm.mod -tags sdkglue,sdkglue_full -unsafeptr=false $(SDK_MOD)/proxywasm/internal
+	GOOS=wasip1 GOARCH=wasm $(GO) vet . ./engine/
+	@# the plugin's own files: its tests run natively (the SDK's proxytest does not build for wasip1)
+	GOOS=wasip1 GOARCH=wasm $(GO) vet $$(GOOS=wasip1 GOARCH=wasm $(GO) list -f '{{range .GoFiles}}{{$$.Dir}}/{{.}} {{end}}' ./plugin/)
 	@for m in . bench; do \
 		cp $$m/go.mod $(BUILD)/tidy.mod; cp $$m/go.sum $(BUILD)/tidy.sum; \
 		(cd $$m && $(GO) mod tidy -modfile=$(abspath $(BUILD))/tidy.mod >/dev/null 2>&1); \

@@ -3,7 +3,7 @@
 package main
 
 import (
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 
 	"github.com/ratelimit-wasm/tokenbucket/plugin"
 )

@@ -2,7 +2,7 @@
 
 package plugin
 
-import "github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+import "github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 
 func defineCounter(name string) counter { return counter(proxywasm.DefineCounterMetric(name)) }
 

@@ -21,8 +21,8 @@ import (
 	"runtime/debug"
 	"strconv"
 
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
 	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
@@ -123,18 +123,30 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	if err := proxywasm.SetTickPeriodMilliSeconds(1000); err != nil {
 		proxywasm.LogWarn(Name + ": no ticks, memory gauges stay at 0: " + err.Error())
 	}
+	if err := p.host.registerQueue(); err != nil {
+		proxywasm.LogWarn(Name + ": no shared queue, calls the plugin owns wait for its tick: " + err.Error())
+	}
 	proxywasm.LogInfo(Name + ": started with " + strconv.Itoa(e.Rules()) + " rules, max_keys " + strconv.Itoa(e.MaxKeys()))
 	return types.OnPluginStartStatusOK
 }
 
-// OnTick implements types.PluginContext: the engine's tick, then garbage
-// collection when due.
+// OnTick implements types.PluginContext: the calls still waiting for the
+// plugin context (see host), the engine's tick, then garbage collection
+// when due.
 func (p *pluginContext) OnTick() {
 	active = p.id
+	p.host.onTick()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	p.e.Tick(&ms)
 	collectOnTick(ms.HeapAlloc) // after the report: its collection shows at the next tick
+}
+
+// OnQueueReady implements types.PluginContext: the plugin context is woken
+// to send the calls it owns that a request caused (see host).
+func (p *pluginContext) OnQueueReady(queueID uint32) {
+	active = p.id
+	p.host.onQueueReady(queueID)
 }
 
 // NewHttpContext implements types.PluginContext. It reuses a context whose
@@ -147,7 +159,9 @@ func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
 		c.id = contextID
 		return c
 	}
-	return &httpContext{plugin: p, id: contextID, r: p.e.NewRequest(stream{})}
+	c := &httpContext{plugin: p, id: contextID}
+	c.r = p.e.NewRequest(stream{c})
+	return c
 }
 
 // httpContext hands one request's callbacks to its engine.Request.
@@ -155,6 +169,7 @@ type httpContext struct {
 	types.DefaultHttpContext
 	plugin *pluginContext
 	id     uint32
+	gen    uint64 // the requests this context has finished
 	r      *engine.Request
 }
 
@@ -182,12 +197,10 @@ func (c *httpContext) OnHttpResponseTrailers(int) types.Action {
 	return action(c.r.OnResponseTrailers())
 }
 
-// OnHttpStreamDone implements types.HttpContext: the SDK forgets the
-// context after this (natively after proxy_on_log; on wasip1 our glue calls
-// it from proxy_on_delete, since proxy_on_log is not exported), so the
-// context and its engine request serve a later request. An answer to a
-// callout of this request that arrives later is dropped by the SDK (its
-// context id is gone).
+// OnHttpStreamDone implements types.HttpContext (the SDK calls it from
+// proxy_on_log): the request is done, so the context and its engine request
+// serve a later request. An answer to a callout of this request that
+// arrives later is dropped (stream.Callout).
 func (c *httpContext) OnHttpStreamDone() {
 	p := c.plugin
 	if c.id == 0 {
@@ -196,6 +209,7 @@ func (c *httpContext) OnHttpStreamDone() {
 	active = c.id
 	c.r.Done()
 	c.id = 0
+	c.gen++
 	if len(p.free) < maxFreeContexts {
 		p.free = append(p.free, c)
 	}
@@ -206,133 +220,4 @@ func action(a engine.Action) types.Action {
 		return types.ActionPause
 	}
 	return types.ActionContinue
-}
-
-// active is the context whose callback runs: a call the plugin owns is
-// dispatched as the plugin context, then the host is set back to it.
-var active uint32
-
-// host is engine.Host on proxy-wasm, for one plugin context.
-type host struct {
-	id  uint32
-	now func() int64
-	sd  slots.SharedData
-}
-
-func (h *host) Now() int64                         { return h.now() }
-func (h *host) SharedData() slots.SharedData       { return h.sd }
-func (h *host) Counter(name string) engine.Counter { return defineCounter(name) }
-func (h *host) Gauge(name string) engine.Gauge     { return defineGauge(name) }
-
-func (h *host) Log(level engine.LogLevel, msg string) {
-	switch level {
-	case engine.LogCritical:
-		proxywasm.LogCritical(msg)
-	case engine.LogWarn:
-		proxywasm.LogWarn(msg)
-	default:
-		proxywasm.LogInfo(msg)
-	}
-}
-
-// Callout dispatches call as the plugin context, so its answer is
-// delivered whatever becomes of the request that caused it (Envoy owns
-// every callout by the root context anyway; the SDK registers the callback
-// with its active context), then returns to the context whose callback
-// runs.
-func (h *host) Callout(call *engine.Call, answer func(*engine.Answer)) error {
-	from := active
-	if from != h.id {
-		if err := proxywasm.SetEffectiveContext(h.id); err != nil {
-			return err
-		}
-	}
-	err := dispatch(call, h.id, answer)
-	if from != h.id {
-		if err := proxywasm.SetEffectiveContext(from); err != nil {
-			proxywasm.LogWarn(Name + ": back to the request's context: " + err.Error())
-		}
-	}
-	return err
-}
-
-// dispatch sends call and delivers its answer in context owner.
-func dispatch(call *engine.Call, owner uint32, answer func(*engine.Answer)) error {
-	_, err := proxywasm.DispatchHttpCall(call.Cluster, call.Headers, call.Body, nil, call.TimeoutMS,
-		func(numHeaders, bodySize, _ int) {
-			active = owner
-			answer(readAnswer(numHeaders, bodySize, call.MaxBody))
-		})
-	return err
-}
-
-// readAnswer reads a callout's answer from the host.
-func readAnswer(numHeaders, bodySize, maxBody int) *engine.Answer {
-	a := &engine.Answer{}
-	if numHeaders == 0 { // Envoy's sign of a failed call: reset, timeout, no cluster
-		a.Failed = true
-		return a
-	}
-	if hs, err := proxywasm.GetHttpCallResponseHeaders(); err == nil {
-		for _, h := range hs {
-			if h[0] == ":status" {
-				a.Status = h[1]
-			}
-		}
-	}
-	if bodySize > maxBody {
-		a.TooLarge = true
-		return a
-	}
-	a.Body, a.Err = proxywasm.GetHttpCallResponseBody(0, bodySize)
-	return a
-}
-
-// stream is engine.Stream on proxy-wasm: the SDK's calls act on the
-// context whose callback runs, so one value serves every request.
-type stream struct{}
-
-func (stream) RequestHeader(name string) (string, bool) {
-	v, err := proxywasm.GetHttpRequestHeader(name)
-	return v, err == nil
-}
-
-func (stream) RequestHeaders() [][2]string {
-	hs, _ := proxywasm.GetHttpRequestHeaders()
-	return hs
-}
-
-func (stream) Property(path ...string) ([]byte, bool) {
-	v, err := proxywasm.GetProperty(path)
-	return v, err == nil
-}
-
-func (stream) ReplaceRequestHeader(name, value string) error {
-	return proxywasm.ReplaceHttpRequestHeader(name, value)
-}
-
-func (stream) ResponseHeader(name string) (string, bool) {
-	v, err := proxywasm.GetHttpResponseHeader(name)
-	return v, err == nil
-}
-
-// AddResponseHeader lends value to the host (see hostString).
-func (stream) AddResponseHeader(name, value string) error {
-	return proxywasm.AddHttpResponseHeader(name, hostString(value))
-}
-
-func (stream) ResponseBody(offset, size int) ([]byte, error) {
-	return proxywasm.GetHttpResponseBody(offset, size)
-}
-
-func (stream) SendReply(status int, headers [][2]string, body []byte) error {
-	return proxywasm.SendHttpResponse(uint32(status), headers, body, -1)
-}
-
-func (stream) Resume() error { return proxywasm.ResumeHttpRequest() }
-
-// Callout dispatches call as the request's own: the SDK drops its answer
-// once the request is gone.
-func (stream) Callout(call *engine.Call, answer func(*engine.Answer)) error {
-	return dispatch(call, active, answer)
 }

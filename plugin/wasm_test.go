@@ -7,8 +7,10 @@ package plugin_test
 // and several VMs playing Envoy's workers.
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/wasmhost"
+	"github.com/ratelimit-wasm/tokenbucket/service"
 )
 
 var (
@@ -30,7 +33,7 @@ var (
 func newHost(t *testing.T) *wasmhost.Host {
 	t.Helper()
 	compiledOnce.Do(func() {
-		wasmBytes, wasmErr = wasmhost.BuildModule("..", ".", "plugin-test.wasm", "sdkglue")
+		wasmBytes, wasmErr = wasmhost.BuildModule("..", ".", "plugin-test.wasm")
 	})
 	if wasmErr != nil {
 		t.Fatal(wasmErr)
@@ -173,6 +176,7 @@ func TestWasmRefillHeadersAndReconfigure(t *testing.T) {
 func TestWasmFailOpen(t *testing.T) {
 	h := newHost(t)
 	vm := newVM(t, h, wasmPerKey)
+	keys := h.SharedDataLen() // the plugin's own at start (its queue's number)
 	h.OnGetSharedData(func(string) ([]byte, uint32, wasmhost.Status, bool) {
 		return nil, 0, wasmhost.Status(2), true // BadArgument: the host refuses
 	})
@@ -184,7 +188,7 @@ func TestWasmFailOpen(t *testing.T) {
 	if v, _ := h.Metric("tokenbucket.rule.per-key.failed_open"); v != 60 {
 		t.Fatalf("failed_open = %d, want 60", v)
 	}
-	if h.SharedDataLen() != 0 {
+	if h.SharedDataLen() != keys {
 		t.Fatal("a failed decision wrote shared data")
 	}
 }
@@ -367,6 +371,97 @@ func TestWasmShadowAnswerAfterTheRequest(t *testing.T) {
 		t.Fatalf("shadow_rejected = %d, want 1: the answer was dropped", v)
 	}
 }
+
+// TestWasmRefillOutlivesItsRequest: a lease refill is the plugin's call,
+// sent while a request spends from the lease; the request has ended when
+// the answer arrives, and the grant goes into the lease all the same, so
+// the next request spends from it without a call. (The SDK files a call's
+// answer under the context whose callback sent it and drops it once that
+// context is gone: the plugin sends its calls from a plugin-context
+// callback, woken through its shared queue.)
+func TestWasmRefillOutlivesItsRequest(t *testing.T) {
+	h := newHost(t)
+	vm := newVM(t, h, wasmLeased)
+	answer := limitdAnswers(t, h, vm)
+	first := send(t, vm, "k", "hot") // an empty lease: the request waits for its lease call
+	if !first.Paused || len(first.Callouts) != 1 {
+		t.Fatalf("first request: %+v, want paused on its lease call", first)
+	}
+	if r := answer(first.Callouts[0]); r.Status != 200 {
+		t.Fatalf("first request after its lease call: %d", r.Status)
+	}
+	second := send(t, vm, "k", "hot") // spends below half the lease: claims a refill
+	pending := vm.PendingCallouts()
+	if second.Paused || second.Status != 200 || len(pending) != 1 || pending[0].ContextID != vm.RootContextID() {
+		t.Fatalf("second request: %d paused %v, pending %+v; want 200 at once and the refill sent by the plugin context (%d)",
+			second.Status, second.Paused, pending, vm.RootContextID())
+	}
+	answer(pending[0]) // the second request has ended
+	third := send(t, vm, "k", "hot")
+	if third.Paused || third.Status != 200 || len(vm.PendingCallouts()) != 0 {
+		t.Fatalf("third request: %d paused %v, pending %+v; want 200 from the refilled lease, no call",
+			third.Status, third.Paused, vm.PendingCallouts())
+	}
+}
+
+// TestWasmRefusedRefill: a refill the plugin sends from its queue's
+// callback, which the host refuses, ends as a refused dispatch does: counted
+// in service_errors, its claim released, and the next request that finds
+// the lease short asks the service itself.
+func TestWasmRefusedRefill(t *testing.T) {
+	h := newHost(t)
+	vm := newVM(t, h, wasmLeased)
+	answer := limitdAnswers(t, h, vm)
+	if r := send(t, vm, "k", "hot"); !r.Paused || answer(r.Callouts[0]).Status != 200 {
+		t.Fatalf("first request: %+v, want paused on its lease call, then 200", r)
+	}
+	h.OnHTTPCall(func(string) wasmhost.Status { return wasmhost.StatusBadArgument })
+	if r := send(t, vm, "k", "hot"); r.Paused || r.Status != 200 {
+		t.Fatalf("second request (claims the refill): %d paused %v, want 200", r.Status, r.Paused)
+	}
+	h.OnHTTPCall(nil)
+	if n, _ := h.Metric("tokenbucket.service_errors"); n != 1 || len(vm.PendingCallouts()) != 0 {
+		t.Fatalf("service_errors %d, pending %+v; want the refused refill counted once, nothing pending", n, vm.PendingCallouts())
+	}
+	third := send(t, vm, "k", "hot") // half a token left: short
+	if !third.Paused || len(third.Callouts) != 1 {
+		t.Fatalf("third request: %+v, want paused on its own lease call", third)
+	}
+	if !strings.Contains(string(third.Callouts[0].Body), `"want":2`) {
+		t.Fatalf("third request's lease call %s: want the lease's size (the refused refill's claim released)", third.Callouts[0].Body)
+	}
+	if r := answer(third.Callouts[0]); r.Status != 200 {
+		t.Fatalf("third request after its lease call: %d", r.Status)
+	}
+	if n, _ := h.Metric("tokenbucket.rule.fleet.failed_open"); n != 0 {
+		t.Fatalf("failed_open %d, want 0", n)
+	}
+}
+
+// limitdAnswers returns a function that answers a callout of vm with a real
+// limit service (package service on a memory store, on h's clock).
+func limitdAnswers(t *testing.T, h *wasmhost.Host, vm *wasmhost.VM) func(wasmhost.Callout) wasmhost.Response {
+	srv, err := service.NewServer(service.Config{Store: service.NewMemoryStore(service.MemoryOptions{
+		Now: func() int64 { return h.Now().UnixNano() }})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(c wasmhost.Callout) wasmhost.Response {
+		t.Helper()
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, httptest.NewRequest(c.Headers.Get(":method"), c.Headers.Get(":path"), bytes.NewReader(c.Body)))
+		r, err := vm.AnswerCallout(c.ID, wasmhost.Headers{{":status", strconv.Itoa(w.Code)}}, w.Body.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+}
+
+// wasmLeased is one leased cluster rule.
+const wasmLeased = `{"service": {"cluster": "limitd", "timeout_ms": 30},
+ "rules": [{"name": "fleet", "scope": "cluster", "sync": "lease", "limit_keys": ["header:k"],
+   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 40}}]}`
 
 // TestWasmLateAnswerToAnEndedRequest: a request paused on its callout ends
 // (the client goes away); its HTTP context is reused by the next request;

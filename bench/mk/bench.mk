@@ -3,8 +3,7 @@
 # the plugin's and the service's module. Its programs run from the
 # repository root, where their default paths (docs/, build/) point.
 # BENCH_GO runs the go command in the lab's module; bench_wasm builds one of
-# its Go packages into a proxy-wasm module like the plugin (build_wasm),
-# against the same SDK copy.
+# its Go packages into a proxy-wasm module as the plugin is built.
 #
 # The overhead benchmark (issue 7): bench/cmd/bench runs the real Envoy with
 # no filter, Envoy's native local_ratelimit, the plugin, and a cluster rule
@@ -48,18 +47,9 @@
 .PHONY: bench bench-smoke bench-profile bench-perf bench-attrib bench-body bench-guest bench-service
 
 BENCH_GO := $(GO) -C bench
-BENCH_WASM_MOD := $(BUILD)/go.bench-wasm.mod
-
-# bench/go.mod with the SDK copy, as $(BUILD)/go.wasm.mod is go.mod with it
-# (paths in it are relative to bench/).
-$(BENCH_WASM_MOD): $(BUILD)/sdk.stamp bench/go.mod bench/go.sum
-	cp bench/go.mod $@
-	cp bench/go.sum $(BUILD)/go.bench-wasm.sum
-	echo 'replace $(SDK_MOD) => ../$(BUILD)/sdk' >> $@
-
 define bench_wasm
-GOOS=wasip1 GOARCH=wasm $(BENCH_GO) build -modfile=$(abspath $(BENCH_WASM_MOD)) -tags sdkglue \
-	-buildmode=c-shared $(REPRO_FLAGS) -o $(abspath $@) $(1)
+@mkdir -p $(@D)
+GOOS=wasip1 GOARCH=wasm $(BENCH_GO) build -buildmode=c-shared $(REPRO_FLAGS) -o $(abspath $@) $(1)
 @ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
 endef
 
@@ -87,7 +77,7 @@ bench: build build-native setup build-service $(BENCH_BIN)
 bench-smoke: build build-native setup build-service $(BENCH_BIN)
 	$(BENCH_BIN) -smoke -out $(BUILD)/bench-smoke -limitd $(BUILD)/limitd -module $(NATIVE_SO) $(BENCH_FLAGS)
 
-$(BUILD)/bench-ops.wasm: $(BENCH_WASM_MOD) bench/internal/footprint/ops/*.go
+$(BUILD)/bench-ops.wasm: bench/internal/footprint/ops/*.go bench/go.mod bench/go.sum
 	$(call bench_wasm,./internal/footprint/ops)
 
 ATTRIB_FLAGS ?=
@@ -111,10 +101,10 @@ bench-body: setup build
 
 GUEST_NODE := node --no-liftoff --no-wasm-lazy-compilation
 GUEST_REQUESTS ?= 1000000
-bench-guest: $(BUILD)/sdk.stamp
+bench-guest:
 	@command -v node >/dev/null || { echo "bench-guest: node is not installed: no guest profile"; exit 0; }; \
 	mkdir -p $(BUILD)/footprint && \
-	GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue -trimpath -buildmode=c-shared -o $(BUILD)/footprint/plugin-full.wasm . && \
+	GOOS=wasip1 GOARCH=wasm $(GO) build -trimpath -buildmode=c-shared -o $(BUILD)/footprint/plugin-full.wasm . && \
 	uptime && \
 	$(GUEST_NODE) bench/cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 allow && \
 	$(GUEST_NODE) bench/cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 idle && \

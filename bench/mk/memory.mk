@@ -8,7 +8,7 @@
 PERKEY_SRC := $(wildcard bench/cmd/bench/perkeyplugin/*.go)
 
 # The comparison plugin, built like the real one (see $(BUILD)/plugin.wasm).
-$(BUILD)/perkey.wasm: $(BENCH_WASM_MOD) $(PERKEY_SRC)
+$(BUILD)/perkey.wasm: $(PERKEY_SRC) bench/go.mod bench/go.sum
 	$(call bench_wasm,./cmd/bench/perkeyplugin)
 
 # BENCH_MEMORY_FLAGS passes options, e.g. BENCH_MEMORY_FLAGS='-keys 1000,10000'.

@@ -16,16 +16,14 @@
 .PHONY: footprint bench-start
 
 FP := $(BUILD)/footprint
-# Unstripped builds for the size tables (make build's recipe, build_wasm, strips).
-WASM_BUILD := GOOS=wasip1 GOARCH=wasm $(GO) build -modfile=$(BUILD)/go.wasm.mod -tags sdkglue -trimpath
-BENCH_WASM_BUILD := GOOS=wasip1 GOARCH=wasm $(BENCH_GO) build -modfile=$(abspath $(BENCH_WASM_MOD)) -tags sdkglue -trimpath
+# Unstripped builds for the size tables (make build's recipe strips).
+WASM_BUILD := GOOS=wasip1 GOARCH=wasm $(GO) build -trimpath
+BENCH_WASM_BUILD := GOOS=wasip1 GOARCH=wasm $(BENCH_GO) build -trimpath
 
-$(FP)/floor.wasm: $(BENCH_WASM_MOD) bench/internal/footprint/floor/*.go
-	@mkdir -p $(FP)
+$(FP)/floor.wasm: bench/internal/footprint/floor/*.go bench/go.mod bench/go.sum
 	$(call bench_wasm,./internal/footprint/floor)
 
-$(FP)/deps.wasm: $(BENCH_WASM_MOD) bench/internal/footprint/deps/*.go
-	@mkdir -p $(FP)
+$(FP)/deps.wasm: bench/internal/footprint/deps/*.go bench/go.mod bench/go.sum
 	$(call bench_wasm,./internal/footprint/deps)
 
 footprint: build $(FP)/floor.wasm $(FP)/deps.wasm

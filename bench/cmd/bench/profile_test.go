@@ -231,7 +231,7 @@ func profileWasm(tb testing.TB) []byte {
 			profileBuild.err = err
 			return
 		}
-		profileBuild.wasm, profileBuild.err = wasmhost.BuildModule(root, ".", "plugin-profile.wasm", "sdkglue")
+		profileBuild.wasm, profileBuild.err = wasmhost.BuildModule(root, ".", "plugin-profile.wasm")
 	})
 	if profileBuild.err != nil {
 		ci.Skip(tb, "building the profile plugin: %v", profileBuild.err)

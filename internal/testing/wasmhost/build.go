@@ -9,13 +9,12 @@ import (
 )
 
 // BuildModule builds the Go package pkg (relative to the repository root
-// root) for wasip1 the way the Makefile builds the plugin: `make sdk`, then
-// the standard compiler against build/go.wasm.mod with the build tags tags
-// (sdkglue, plus sdkglue_full for a module that needs every callback). It
-// writes root/build/<out> and returns its bytes. The go command's cache makes
-// a rebuild cheap, so callers rebuild rather than trust a file that may be
+// root) for wasip1 the way the Makefile builds the plugin: the standard
+// compiler, -buildmode=c-shared (a WASI reactor). It writes
+// root/build/<out> and returns its bytes. The go command's cache makes a
+// rebuild cheap, so callers rebuild rather than trust a file that may be
 // stale.
-func BuildModule(root, pkg, out, tags string) ([]byte, error) {
+func BuildModule(root, pkg, out string) ([]byte, error) {
 	root, err := filepath.Abs(root)
 	if err != nil {
 		return nil, err
@@ -30,11 +29,7 @@ func BuildModule(root, pkg, out, tags string) ([]byte, error) {
 		}
 		return nil
 	}
-	if err := run(nil, "make", "-s", "sdk"); err != nil {
-		return nil, err
-	}
 	if err := run([]string{"GOOS=wasip1", "GOARCH=wasm"}, "go", "build",
-		"-modfile="+filepath.Join(root, "build", "go.wasm.mod"), "-tags", tags,
 		"-buildmode=c-shared", "-trimpath", "-o", out, pkg); err != nil {
 		return nil, err
 	}

@@ -30,14 +30,27 @@
 //     local reply passes through the plugin's own proxy_on_response_headers.
 //     HTTP callouts are recorded; the test answers or fails them with
 //     VM.AnswerCallout and VM.FailCallout, which resume the stream.
+//   - Shared queues are the process's, by name; proxy_on_queue_ready runs
+//     for the last registration's root context once the callbacks of the
+//     VM's current step have returned, as Envoy posts it to the worker's
+//     event loop (queue.go).
 //   - Header maps are available when Envoy makes them available: request
 //     headers until the request continues upstream, response headers until
 //     they continue downstream, both read-only in proxy_on_log, callout
 //     response headers and body during proxy_on_http_call_response.
 //
+// Why not the SDK's own (proxytest.NewWasmVMContext, which also runs a
+// compiled module on wazero and calls _initialize): it has no
+// proxy_get_current_time_nanoseconds (the plugin imports it, so the module
+// does not instantiate there) and gives the guest wazero's fake clock where
+// a test sets the time; its shared data refuses a set with CAS 0 on an
+// existing key, which Envoy accepts; it runs proxy_on_queue_ready
+// inside the enqueue instead of posting it; and it compiles the module on
+// every call (seconds for a Go module), with no cache.
+//
 // Not modelled: request bodies and trailers, VM-wide properties, unknown
 // upstream clusters (every name is accepted), and the host functions neither
-// the plugin nor the test guest imports: shared queues, gRPC calls, foreign
+// the plugin nor the test guest imports: gRPC calls, foreign
 // functions, proxy_set_property, proxy_set_buffer_bytes,
 // proxy_set_header_map_pairs, proxy_close_stream, proxy_done and
 // proxy_get_metric all answer Unimplemented (a body buffer Envoy does not
@@ -80,6 +93,11 @@ type Host struct {
 	onGet     func(key string) (value []byte, cas uint32, st Status, override bool)
 	onSet     func(key string, value []byte, cas uint32) (st Status, override bool)
 	onReply   func(status int) Status
+	onCall    func(cluster string) Status
+
+	queueTokens map[string]uint32 // shared queues by name (queue.go)
+	queues      map[uint32]*sharedQueue
+	nextQueue   uint32
 }
 
 // LogEntry is one line the guest logged with proxy_log, or wrote to stdout
@@ -139,6 +157,9 @@ func NewHost(ctx context.Context, wasm []byte, opts ...Option) (*Host, error) {
 		nextCAS:   1,
 		metrics:   make(map[metricKey]*metric),
 		metricIDs: make(map[uint32]*metric),
+
+		queueTokens: make(map[string]uint32),
+		queues:      make(map[uint32]*sharedQueue),
 	}
 	h.now.Store(o.start.UnixNano())
 	return h, nil
@@ -245,6 +266,26 @@ func (h *Host) OnSetSharedData(f func(key string, value []byte, cas uint32) (st 
 	h.mu.Lock()
 	h.onSet = f
 	h.mu.Unlock()
+}
+
+// OnHTTPCall installs f to run before each of the guest's proxy_http_call
+// calls (nil removes it). If f returns a status other than StatusOK, the call
+// is not made and the guest gets that status, as from a host that refuses it
+// (Envoy: an unknown cluster, a connection limit).
+func (h *Host) OnHTTPCall(f func(cluster string) Status) {
+	h.mu.Lock()
+	h.onCall = f
+	h.mu.Unlock()
+}
+
+func (h *Host) guestHTTPCall(cluster string) Status {
+	h.mu.Lock()
+	f := h.onCall
+	h.mu.Unlock()
+	if f == nil {
+		return StatusOK
+	}
+	return f(cluster)
 }
 
 // OnSendLocalResponse installs f to run before each of the guest's

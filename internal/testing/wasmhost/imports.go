@@ -32,8 +32,8 @@ func i32s(n int) []api.ValueType {
 	return ts
 }
 
-// hostFunctions are the imports declared in sdkglue/hostcalls.go that the
-// host implements; the signatures there are the ABI's.
+// hostFunctions are the env imports the host implements, with the ABI's
+// signatures (those of the SDK's wasmimport declarations).
 func hostFunctions() map[string]hostFunc {
 	return map[string]hostFunc{
 		"proxy_log":                          {i32s(3), hostLog},
@@ -55,6 +55,10 @@ func hostFunctions() map[string]hostFunc {
 		"proxy_increment_metric":             {[]api.ValueType{i32, i64}, hostIncrementMetric},
 		"proxy_record_metric":                {[]api.ValueType{i32, i64}, hostRecordMetric},
 		"proxy_get_current_time_nanoseconds": {i32s(1), hostGetCurrentTime},
+		"proxy_register_shared_queue":        {i32s(3), hostRegisterSharedQueue},
+		"proxy_resolve_shared_queue":         {i32s(5), hostResolveSharedQueue},
+		"proxy_enqueue_shared_queue":         {i32s(3), hostEnqueueSharedQueue},
+		"proxy_dequeue_shared_queue":         {i32s(3), hostDequeueSharedQueue},
 	}
 }
 
@@ -461,6 +465,9 @@ func hostHTTPCall(vm *VM, mem api.Memory, a []uint64) Status {
 		if _, ok := headers.Lookup(required); !ok {
 			return StatusBadArgument
 		}
+	}
+	if st := vm.h.guestHTTPCall(cluster); st != StatusOK {
+		return st
 	}
 	if len(body) > 0 {
 		headers.replace("content-length", fmt.Sprint(len(body)))

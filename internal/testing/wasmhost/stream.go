@@ -146,7 +146,8 @@ func (vm *VM) HTTP(req Request) (Response, error) {
 	if err := vm.settle(s, action, true); err != nil {
 		return vm.response(s), err
 	}
-	return vm.response(s), vm.settleTouched()
+	err = vm.endStep()
+	return vm.response(s), err
 }
 
 // AnswerCallout delivers the upstream's answer to callout id: the plugin's
@@ -181,7 +182,7 @@ func (vm *VM) deliver(id uint32, cr *callResponse) (Response, error) {
 	if err != nil {
 		return Response{}, err
 	}
-	if err := vm.settleTouched(); err != nil {
+	if err := vm.endStep(); err != nil {
 		return Response{}, err
 	}
 	if s, ok := vm.streams[c.ContextID]; ok {
@@ -210,7 +211,8 @@ func (vm *VM) ResetStream(id uint32) (Response, error) {
 	if err := vm.settle(s, 0, false); err != nil {
 		return vm.response(s), err
 	}
-	return vm.response(s), vm.settleTouched()
+	err := vm.endStep()
+	return vm.response(s), err
 }
 
 // PendingCallouts returns the callouts not yet answered, by id.

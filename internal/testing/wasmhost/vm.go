@@ -40,6 +40,9 @@ type VM struct {
 	stderr    *lineLog
 	stdout    *lineLog
 
+	postMu sync.Mutex   // guards posted: another VM's enqueue posts too
+	posted []queueReady // proxy_on_queue_ready callbacks to run (queue.go)
+
 	// State of the callback in progress.
 	effective   uint32        // context the host calls act on
 	configuring *rootContext  // PLUGIN_CONFIGURATION is readable
@@ -49,7 +52,7 @@ type VM struct {
 
 type exports struct {
 	initialize, malloc, contextCreate, vmStart, configure, requestHeaders,
-	responseHeaders, responseBody, callResponse, tick, log, done, delete api.Function
+	responseHeaders, responseBody, callResponse, tick, queueReady, log, done, delete api.Function
 }
 
 type rootContext struct {
@@ -114,6 +117,7 @@ func (h *Host) NewVM(pluginConfig []byte, rootID string) (*VM, error) {
 		"proxy_on_response_body":      &vm.fn.responseBody,
 		"proxy_on_http_call_response": &vm.fn.callResponse,
 		"proxy_on_tick":               &vm.fn.tick,
+		"proxy_on_queue_ready":        &vm.fn.queueReady,
 		"proxy_on_log":                &vm.fn.log,
 		"proxy_on_done":               &vm.fn.done,
 		"proxy_on_delete":             &vm.fn.delete,
@@ -247,7 +251,7 @@ func (vm *VM) Tick() error {
 	if _, err := vm.call(vm.fn.tick, "proxy_on_tick", vm.root.id, uint64(vm.root.id)); err != nil {
 		return err
 	}
-	return vm.settleTouched()
+	return vm.endStep()
 }
 
 // Close retires the root contexts (proxy_on_done, proxy_on_delete) and closes

@@ -32,15 +32,15 @@ func guestWasm(t testing.TB) []byte {
 	return guest.wasm
 }
 
-// buildGuest runs `make sdk` and builds testdata/guest into
-// build/testguest.wasm. The go command's cache makes a rebuild cheap, so it
-// always rebuilds rather than trusting a file that may be stale.
+// buildGuest builds testdata/guest into build/testguest.wasm. The go
+// command's cache makes a rebuild cheap, so it always rebuilds rather than
+// trusting a file that may be stale.
 func buildGuest() ([]byte, error) {
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		return nil, err
 	}
-	return BuildModule(root, "./internal/testing/wasmhost/testdata/guest", "testguest.wasm", "sdkglue,sdkglue_full")
+	return BuildModule(root, "./internal/testing/wasmhost/testdata/guest", "testguest.wasm")
 }
 
 // newHost returns a host for the guest; its log is printed if the test fails.
@@ -124,6 +124,63 @@ func TestStartConfigureTick(t *testing.T) {
 	}
 	if !hasLog(h, fmt.Sprintf("tick root=%d", root)) {
 		t.Error("no tick log")
+	}
+	noErrorLogs(t, h)
+}
+
+// TestSharedQueue: the last registration of a name takes the queue; an
+// enqueue runs proxy_on_queue_ready for that VM's root context once the
+// callbacks of its current step have returned, or at its next step when
+// another VM enqueued.
+func TestSharedQueue(t *testing.T) {
+	h := newHost(t)
+	a, b := newVM(t, h, "a"), newVM(t, h, "b") // b registers last
+	enqueue := func(vm *VM, item string) {
+		t.Helper()
+		r, err := vm.HTTP(Request{Headers: Headers{{":method", "GET"}, {":path", "/enqueue"}, {":authority", "x"}, {"x-item", item}}})
+		if err != nil || r.Status != 200 {
+			t.Fatalf("enqueue %s: %d, %v", item, r.Status, err)
+		}
+	}
+	dequeued := func() []LogEntry {
+		var out []LogEntry
+		for _, e := range h.Logs() {
+			if strings.Contains(e.Message, "dequeued") {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	enqueue(a, "one")
+	if d := dequeued(); len(d) != 0 {
+		t.Fatalf("dequeued in a's step: %v; want it posted to b", d)
+	}
+	if n, _ := h.QueueLen("guest.q"); n != 1 {
+		t.Fatalf("queue length %d, want 1", n)
+	}
+	if err := b.Tick(); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("guest: dequeued root=%d items=[one]", b.RootContextID())
+	if d := dequeued(); len(d) != 1 || d[0].VM != 2 || d[0].Message != want {
+		t.Fatalf("after b's tick: %v; want b's %q", d, want)
+	}
+	enqueue(b, "two")
+	logs := h.Logs()
+	done, ready := -1, -1
+	for i, e := range logs {
+		switch {
+		case strings.Contains(e.Message, "done /enqueue") && e.VM == 2:
+			done = i
+		case strings.Contains(e.Message, "items=[two]"):
+			ready = i
+		}
+	}
+	if done < 0 || ready < done {
+		t.Fatalf("stream done at log %d, queue ready at %d: want the queue's callback after the step's", done, ready)
+	}
+	if n, ok := h.QueueLen("guest.q"); !ok || n != 0 {
+		t.Fatalf("queue length %d (registered %v), want 0", n, ok)
 	}
 	noErrorLogs(t, h)
 }
@@ -315,6 +372,26 @@ func TestClock(t *testing.T) {
 	check(t1)
 	if !h.Now().Equal(t1) {
 		t.Errorf("Now = %v, want %v", h.Now(), t1)
+	}
+}
+
+// TestCalloutRefused: a call OnHTTPCall refuses is not made; the guest gets
+// the status.
+func TestCalloutRefused(t *testing.T) {
+	h := newHost(t)
+	vm := newVM(t, h, "")
+	var clusters []string
+	h.OnHTTPCall(func(cluster string) Status {
+		clusters = append(clusters, cluster)
+		return StatusBadArgument
+	})
+	resp := do(t, vm, get("/callout"))
+	if resp.Status != 500 || len(vm.PendingCallouts()) != 0 || fmt.Sprint(clusters) != "[auth]" {
+		t.Fatalf("response %d, pending %v, refused %v; want 500 (the guest's answer to a refused call), none pending, [auth]",
+			resp.Status, vm.PendingCallouts(), clusters)
+	}
+	if !hasLog(h, "guest: dispatch: error status returned by host: bad argument") {
+		t.Errorf("no dispatch error log: %v", h.Logs())
 	}
 }
 

@@ -66,6 +66,9 @@ const env = {
   proxy_http_call: () => 12,
   proxy_set_tick_period_milliseconds: () => 0,
   proxy_set_effective_context: () => 0,
+  proxy_register_shared_queue: (np, ns, rp) => { dv().setUint32(rp, 1, true); return 0; },
+  proxy_enqueue_shared_queue: () => 0,
+  proxy_dequeue_shared_queue: () => 7, // empty
   proxy_get_current_time_nanoseconds: (rp) => { now += 1000n; dv().setBigUint64(rp, now, true); return 0; },
   proxy_define_metric: (t, np, ns, rp) => { dv().setUint32(rp, 1, true); return 0; },
   proxy_increment_metric: () => 0,
@@ -97,6 +100,8 @@ function run(n) {
     ex.proxy_on_request_headers(id, 5, 1);
     ex.proxy_on_response_headers(id, 3, 0);
     ex.proxy_on_response_body(id, 2, 1);
+    ex.proxy_on_log(id); // as Envoy: the stream is done
+    ex.proxy_on_done(id);
     ex.proxy_on_delete(id);
   }
 }

@@ -1,12 +1,12 @@
 // Command floor is the "Go floor" module of docs/benchmarks/footprint.md: the
-// proxy-wasm SDK and our glue (sdkglue) with an HTTP context whose callbacks
-// do nothing. What the plugin costs beyond it is ours. Built by
+// proxy-wasm SDK with an HTTP context whose callbacks do nothing. What the
+// plugin costs beyond it is ours. Built by
 // `make footprint` (mk/start.mk) with the plugin's recipe.
 package main
 
 import (
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
 
 func main() {}

@@ -1,5 +1,5 @@
 // Command ops is the attribution module of `make bench-attrib`: the Go floor
-// (the SDK and our glue) making n of one host operation per request, so that
+// (the SDK) making n of one host operation per request, so that
 // (ops with n) − (ops with "none"), divided by n, is what one such operation
 // costs Envoy. Its plugin configuration is "<op> <n>", op one of:
 //
@@ -29,8 +29,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
 
 func main() {}

@@ -12,6 +12,9 @@
 //	/count    increments the shared-data key "count" in a bounded CAS loop
 //	/deny     sends a local reply 429
 //	/callout  dispatches an HTTP call to cluster "auth" and waits for it
+//	/enqueue  enqueues the header x-item to the shared queue "guest.q", which
+//	          every plugin context registers; proxy_on_queue_ready logs what
+//	          it dequeues
 //	/alloc    allocates garbage (for the GC soak test)
 //	/gc       reports runtime.NumGC in a response header
 //	/time     reports time.Now in a response header
@@ -23,8 +26,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 )
 
 func main() {}
@@ -66,6 +69,9 @@ func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	if err := proxywasm.SetTickPeriodMilliSeconds(1000); err != nil {
 		proxywasm.LogErrorf("guest: tick: %v", err)
 	}
+	if _, err := proxywasm.RegisterSharedQueue(queueName); err != nil {
+		proxywasm.LogErrorf("guest: register queue: %v", err)
+	}
 	proxywasm.LogInfof("guest: configured root=%d config=%q vm_config=%q", p.id, p.config, vmCfg)
 	return types.OnPluginStartStatusOK
 }
@@ -78,6 +84,25 @@ func (p *plugin) OnPluginDone() bool {
 
 // OnTick implements types.PluginContext.
 func (p *plugin) OnTick() { proxywasm.LogInfof("guest: tick root=%d", p.id) }
+
+const queueName = "guest.q"
+
+// OnQueueReady implements types.PluginContext.
+func (p *plugin) OnQueueReady(queueID uint32) {
+	var items []string
+	for {
+		item, err := proxywasm.DequeueSharedQueue(queueID)
+		if err == types.ErrorStatusEmpty {
+			break
+		}
+		if err != nil {
+			proxywasm.LogErrorf("guest: dequeue: %v", err)
+			return
+		}
+		items = append(items, string(item))
+	}
+	proxywasm.LogInfof("guest: dequeued root=%d items=%v", p.id, items)
+}
 
 // NewHttpContext implements types.PluginContext.
 func (p *plugin) NewHttpContext(id uint32) types.HttpContext { return &stream{id: id, plugin: p} }
@@ -116,6 +141,15 @@ func (s *stream) OnHttpRequestHeaders(int, bool) types.Action {
 		return types.ActionPause
 	case "/callout":
 		return s.callout()
+	case "/enqueue":
+		item, _ := proxywasm.GetHttpRequestHeader("x-item")
+		id, err := proxywasm.ResolveSharedQueue("", queueName)
+		if err == nil {
+			err = proxywasm.EnqueueSharedQueue(id, []byte(item))
+		}
+		if err != nil {
+			proxywasm.LogErrorf("guest: enqueue: %v", err)
+		}
 	case "/panic":
 		panic("guest: boom")
 	case "/alloc":
