@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,8 @@ import (
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
@@ -408,4 +411,27 @@ func dynamicModuleConfig(t *testing.T, e *envoytest.Envoy) string {
 	}
 	t.Fatal("no dynamic-modules filter of the native module in Envoy's listeners")
 	return ""
+}
+
+// TestNativeFieldsMatchEnvoy: the field lists manifest.NativeFilters checks
+// a patch value's keys against are those of Envoy's messages, as Istio's
+// copy of go-control-plane (the one istiod converts with) defines them.
+func TestNativeFieldsMatchEnvoy(t *testing.T) {
+	for name, fields := range manifest.NativeFields {
+		mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		var want []string
+		fds := mt.Descriptor().Fields()
+		for i := range fds.Len() {
+			want = append(want, string(fds.Get(i).Name()))
+		}
+		got := slices.Sorted(slices.Values(fields))
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: manifest.NativeFields %v, Envoy's fields %v", name, got, want)
+		}
+	}
 }

@@ -190,11 +190,24 @@ func TestNativeFilters(t *testing.T) {
 		t.Fatalf("NativeFilters = %+v, %v", fs, err)
 	}
 	ok1 := fmt.Sprintf(envoyFilter, "5")
+	// The JSON spellings Istio's conversion accepts too.
+	camel := strings.NewReplacer("typed_config", "typedConfig", "dynamic_module_config", "dynamicModuleConfig",
+		"do_not_close", "doNotClose", "filter_name", "filterName", "filter_config", "filterConfig").Replace(ok1)
+	if docs, err := Decode("ef.yaml", []byte(camel)); err != nil {
+		t.Fatal(err)
+	} else if fs, err := NativeFilters(docs[0].Obj.(*clientnetv1a3.EnvoyFilter)); err != nil || len(fs) != 1 {
+		t.Errorf("camelCase keys: %+v, %v", fs, err)
+	}
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"not an HTTP filter patch", strings.Replace(ok1, "applyTo: HTTP_FILTER", "applyTo: NETWORK_FILTER", 1), "applyTo"},
 		{"another filter name", strings.Replace(ok1, "filter_name: tokenbucket", "filter_name: other", 1), "filter_name"},
 		{"no filter_config", strings.Replace(ok1, "filter_config:", "filter_configs:", 1), "filter_config"},
 		{"configuration not a StringValue", strings.Replace(ok1, "google.protobuf.StringValue", "google.protobuf.Struct", 1), "StringValue"},
+		{"misspelt module field", strings.Replace(ok1, "do_not_close", "do_not_clos", 1), "do_not_clos"},
+		{"misspelt filter field", strings.Replace(ok1, "filter_name: tokenbucket", "filter_name: tokenbucket\n          terminal: true", 1), "terminal"},
+		{"misspelt HTTP filter field", strings.Replace(ok1, "name: envoy.filters.http.dynamic_modules", "name: envoy.filters.http.dynamic_modules\n        is_optinal: true", 1), "is_optinal"},
+		{"more in the StringValue", strings.Replace(ok1, `"@type": type.googleapis.com/google.protobuf.StringValue`, `"@type": type.googleapis.com/google.protobuf.StringValue
+            values: x`, 1), "values"},
 	} {
 		docs, err := Decode("ef.yaml", []byte(tc.yaml))
 		if err != nil {

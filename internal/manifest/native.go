@@ -46,6 +46,59 @@ const (
 	injectLabel               = "sidecar.istio.io/inject"
 )
 
+// NativeFields are the fields, by proto name, of the Envoy messages of the
+// filter block NativeFilters reads, keyed by message name. A patch value is
+// a free-form google.protobuf.Struct to Istio, and istiod converts it to
+// Envoy's types ignoring unknown fields (its validation only warns): a
+// misspelt field of the block would be dropped without an error, so
+// NativeFilters refuses keys that are none of these. e2e/istio checks the
+// lists against Envoy's own protos.
+var NativeFields = map[string][]string{
+	"envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter": {
+		"name", "typed_config", "config_discovery", "is_optional", "disabled"},
+	"envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter": {
+		"dynamic_module_config", "filter_name", "filter_config", "terminal_filter"},
+	"envoy.extensions.dynamic_modules.v3.DynamicModuleConfig": {
+		"name", "do_not_close", "load_globally", "metrics_namespace", "module", "nack_on_cache_miss"},
+}
+
+// checkFields refuses a key of m (the JSON of message msg, at path at)
+// that is neither the proto nor the JSON name of one of its NativeFields,
+// "@type" aside.
+func checkFields(m map[string]any, msg, at string) error {
+	for k := range m {
+		if k == "@type" {
+			continue
+		}
+		known := false
+		for _, f := range NativeFields[msg] {
+			known = known || k == f || k == lowerCamel(f)
+		}
+		if !known {
+			return fmt.Errorf("%s.%s: unknown field of %s (istiod would drop it)", at, k, msg)
+		}
+	}
+	return nil
+}
+
+// lowerCamel is the JSON name protobuf gives the field name f.
+func lowerCamel(f string) string {
+	var b strings.Builder
+	up := false
+	for _, r := range f {
+		switch {
+		case r == '_':
+			up = true
+		case up:
+			b.WriteString(strings.ToUpper(string(r)))
+			up = false
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
 // NativeFilter is one configuration of the native module in an EnvoyFilter.
 type NativeFilter struct {
 	// Patch is the index of its patch in spec.configPatches.
@@ -59,7 +112,10 @@ type NativeFilter struct {
 // patch must apply to HTTP_FILTER, name the filter NativeFilterName and
 // carry the configuration as a StringValue, or it is an error; filters of
 // other dynamic modules are left alone. Keys may have the proto (snake_case)
-// or the JSON (camelCase) spelling, as Istio's conversion accepts both.
+// or the JSON (camelCase) spelling, as Istio's conversion accepts both; a
+// key of the filter, its typed_config or dynamic_module_config that is no
+// field of Envoy's messages (NativeFields) is an error, and filter_config
+// may hold only @type and value.
 func NativeFilters(ef *clientnetv1a3.EnvoyFilter) ([]NativeFilter, error) {
 	var out []NativeFilter
 	for i, cp := range ef.Spec.ConfigPatches {
@@ -76,10 +132,22 @@ func NativeFilters(ef *clientnetv1a3.EnvoyFilter) ([]NativeFilter, error) {
 		if dmc["name"] != NativeModule {
 			continue
 		}
-		at += ".typed_config"
 		if cp.ApplyTo != networking.EnvoyFilter_HTTP_FILTER {
 			return nil, fmt.Errorf("spec.configPatches[%d].applyTo: %s, want HTTP_FILTER for the dynamic-modules HTTP filter", i, cp.ApplyTo)
 		}
+		for _, c := range []struct {
+			m       map[string]any
+			msg, at string
+		}{
+			{value, "envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter", at},
+			{tc, "envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter", at + ".typed_config"},
+			{dmc, "envoy.extensions.dynamic_modules.v3.DynamicModuleConfig", at + ".typed_config.dynamic_module_config"},
+		} {
+			if err := checkFields(c.m, c.msg, c.at); err != nil {
+				return nil, err
+			}
+		}
+		at += ".typed_config"
 		if name := field(tc, "filter_name", "filterName"); name != NativeFilterName {
 			return nil, fmt.Errorf("%s.filter_name: %v, want %q", at, name, NativeFilterName)
 		}
@@ -89,6 +157,11 @@ func NativeFilters(ef *clientnetv1a3.EnvoyFilter) ([]NativeFilter, error) {
 		}
 		if fc["@type"] != stringValueType {
 			return nil, fmt.Errorf("%s.filter_config: @type %v, want %s holding the JSON configuration", at, fc["@type"], stringValueType)
+		}
+		for k := range fc {
+			if k != "@type" && k != "value" {
+				return nil, fmt.Errorf("%s.filter_config.%s: unknown field of a StringValue", at, k)
+			}
 		}
 		s, ok := fc["value"].(string)
 		if !ok {
