@@ -248,6 +248,7 @@ func TestValidateNative(t *testing.T) {
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"module refuses", strings.Replace(valid, ef, fmt.Sprintf(envoyFilter, "0.5"), 1), "burst"},
 		{"no Service, required", ef + "---\n" + gw, "no Service or ServiceEntry"},
+		{"cgocheck set again", strings.Replace(valid, `"madvdontneed=1,cgocheck=0"`, `"cgocheck=0,cgocheck=1"`, 1), "cgocheck=0"},
 		{"no GODEBUG", strings.Replace(valid, `"madvdontneed=1,cgocheck=0"`, "madvdontneed=1", 1), "cgocheck=0"},
 		{"no search path", strings.Replace(valid, "- {name: ENVOY_DYNAMIC_MODULES_SEARCH_PATH, value: /opt/tb}\n", "", 1), "ENVOY_DYNAMIC_MODULES_SEARCH_PATH"},
 		{"search path not mounted", strings.Replace(valid, "- {name: tb, mountPath: /opt/tb, readOnly: true}", "- {name: tb, mountPath: /opt/other}", 1), "/opt/tb"},

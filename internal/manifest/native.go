@@ -263,6 +263,18 @@ func readProxySetup(d *appsv1.Deployment) (*proxySetup, error) {
 	return s, nil
 }
 
+// cgocheckOff reports whether the GODEBUG value v turns the cgo pointer
+// check off: its last cgocheck setting, the one the Go runtime keeps, is 0.
+func cgocheckOff(v string) bool {
+	off := false
+	for _, kv := range strings.Split(v, ",") {
+		if k, val, ok := strings.Cut(strings.TrimSpace(kv), "="); ok && k == "cgocheck" {
+			off = val == "0"
+		}
+	}
+	return off
+}
+
 // checkNativeProxy returns what keeps the istio-proxy of d from loading the
 // native module: Envoy's environment needs GODEBUG with cgocheck=0 and
 // SearchPathEnv naming a folder mounted from a volume of the pod.
@@ -284,7 +296,7 @@ func checkNativeProxy(d *appsv1.Deployment) []string {
 		}
 		return "", false
 	}
-	if v, ok := one("GODEBUG", "cgocheck=0"); ok && !slices.Contains(strings.Split(v, ","), "cgocheck=0") {
+	if v, ok := one("GODEBUG", "cgocheck=0"); ok && !cgocheckOff(v) {
 		problems = append(problems, fmt.Sprintf("%s: GODEBUG %q lacks cgocheck=0: the Go runtime aborts Envoy at the module's first configuration", ProxyContainer, v))
 	}
 	if dir, ok := one(SearchPathEnv, "the folder of lib"+NativeModule+".so"); ok {
