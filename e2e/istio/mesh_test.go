@@ -266,6 +266,9 @@ func (m *mesh) gatewayOptions() envoytest.Options {
 			"NodeCluster": "istio-ingressgateway." + gatewayNamespace,
 			"Metadata":    meta,
 			"XDSPort":     m.xdsPort,
+			// StatsMatcher, when set, is the bootstrap's
+			// stats_config.stats_matcher (see istioStatsMatcher).
+			"StatsMatcher": nil,
 		},
 	}
 }

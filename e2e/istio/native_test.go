@@ -1,13 +1,16 @@
 package istio
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,9 +30,13 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 	clientnetv1a3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"istio.io/istio/pilot/pkg/config/kube/crd"
+	"istio.io/istio/pkg/bootstrap"
+	"istio.io/istio/pkg/bootstrap/platform"
 	istioconfig "istio.io/istio/pkg/config"
+	istiomesh "istio.io/istio/pkg/config/mesh"
 	"istio.io/istio/pkg/config/validation/envoyfilter"
 	"istio.io/istio/pkg/config/xds"
+	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -248,7 +255,8 @@ type nativeSetup struct {
 // environment has what the example's gateway Deployment gives istio-proxy:
 // ENVOY_DYNAMIC_MODULES_SEARCH_PATH (the folder of the module) and
 // GODEBUG=cgocheck=0. Envoy inherits them from this process, as it
-// inherits pilot-agent's in a pod.
+// inherits pilot-agent's in a pod. Its bootstrap keeps the stats Istio's
+// would keep for that Deployment's proxy configuration.
 func startNativeSetup(t *testing.T) *nativeSetup {
 	t.Helper()
 	dir := nativeModule(t)
@@ -279,7 +287,69 @@ func startNativeSetup(t *testing.T) *nativeSetup {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	m := startMesh(t, meshObjects{GatewayPort: envoytest.FreePort(t), UpstreamPort: up.Port(),
 		LimitdPort: limitd.Listener.Addr().(*net.TCPAddr).Port, Configs: []string{filter}})
-	return &nativeSetup{envoy: m.startGateway(t), config: cfgJSON, decides: decides}
+	opts := m.gatewayOptions()
+	opts.Data["StatsMatcher"] = istioStatsMatcher(t, gatewayProxyConfig(t))
+	return &nativeSetup{envoy: envoytest.Start(t, opts), config: cfgJSON, decides: decides}
+}
+
+// gatewayProxyConfig is the proxy.istio.io/config annotation of the
+// example's gateway Deployment.
+func gatewayProxyConfig(t *testing.T) string {
+	t.Helper()
+	docs, err := manifest.DecodeFile(nativeExample)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range docs {
+		if dep, ok := d.Obj.(*appsv1.Deployment); ok && dep.Spec.Template.Labels["istio"] == "ingressgateway" {
+			if a, ok := dep.Spec.Template.Annotations["proxy.istio.io/config"]; ok {
+				return a
+			}
+			t.Fatalf("%s: the gateway Deployment has no proxy.istio.io/config annotation", nativeExample)
+		}
+	}
+	t.Fatalf("%s: no gateway Deployment", nativeExample)
+	return ""
+}
+
+// istioStatsMatcher returns the stats matcher of the bootstrap Istio's
+// agent writes for a gateway whose proxy configuration is the mesh default
+// merged with the annotation proxyConfig (pkg/bootstrap, what pilot-agent
+// runs, with Istio's own bootstrap template): without an inclusion for
+// them, Envoy keeps none of the module's counters.
+func istioStatsMatcher(t *testing.T, proxyConfig string) any {
+	t.Helper()
+	pc, err := istiomesh.MergeProxyConfig(proxyConfig, istiomesh.DefaultProxyConfig())
+	if err != nil {
+		t.Fatalf("proxy.istio.io/config: %v", err)
+	}
+	node, err := bootstrap.GetNodeMetaData(bootstrap.MetadataOptions{
+		ID:          fmt.Sprintf("router~%s~%s.%s~%s.svc.cluster.local", gatewayIP, gatewayPod, gatewayNamespace, gatewayNamespace),
+		InstanceIPs: []string{gatewayIP},
+		Platform:    &platform.Unknown{},
+		ProxyConfig: pc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/istio").Output()
+	if err != nil {
+		t.Fatalf("go list -m istio.io/istio: %v", err)
+	}
+	var b bytes.Buffer
+	tmpl := filepath.Join(strings.TrimSpace(string(dir)), "tools/packaging/common/envoy_bootstrap.json")
+	if err := bootstrap.New(bootstrap.Config{Node: node}).WriteTo(tmpl, &b); err != nil {
+		t.Fatalf("Istio's bootstrap: %v", err)
+	}
+	var boot struct {
+		StatsConfig struct {
+			StatsMatcher any `json:"stats_matcher"`
+		} `json:"stats_config"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &boot); err != nil || boot.StatsConfig.StatsMatcher == nil {
+		t.Fatalf("Istio's bootstrap: no stats_config.stats_matcher (%v)", err)
+	}
+	return boot.StatsConfig.StatsMatcher
 }
 
 // TestIstioNative: Istio's discovery server patches the example's
