@@ -249,9 +249,25 @@ type nativeSetup struct {
 	decides *atomic.Int64 // limit service decisions with the example's Host
 }
 
+// nativeMesh starts Istio's discovery server with the gateway objects and
+// the example's gateway EnvoyFilter (its limit service on port limitdPort)
+// and returns it with the gateway's Envoy options: the bootstrap keeps the
+// stats Istio's would keep for the example gateway's proxy configuration.
+func nativeMesh(t *testing.T, limitdPort int) (*mesh, envoytest.Options, []byte) {
+	t.Helper()
+	filter, cfgJSON := nativeGatewayFilter(t)
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	m := startMesh(t, meshObjects{GatewayPort: envoytest.FreePort(t), UpstreamPort: up.Port(),
+		LimitdPort: limitdPort, Configs: []string{filter, denyAdmin("", 0)}})
+	opts := m.gatewayOptions()
+	opts.Data["StatsMatcher"] = istioStatsMatcher(t, gatewayProxyConfig(t))
+	return m, opts, cfgJSON
+}
+
 // startNativeSetup starts the limit service (in-memory store) and an
-// upstream on loopback, Istio's discovery server with the gateway objects
-// and the example's gateway EnvoyFilter, and the gateway Envoy, whose
+// upstream on loopback, Istio's discovery server with the gateway objects,
+// the example's gateway EnvoyFilter and an AuthorizationPolicy denying
+// /admin (denyAdmin), and the gateway Envoy, whose
 // environment has what the example's gateway Deployment gives istio-proxy:
 // ENVOY_DYNAMIC_MODULES_SEARCH_PATH (the folder of the module) and
 // GODEBUG=cgocheck=0. Envoy inherits them from this process, as it
@@ -262,7 +278,7 @@ func startNativeSetup(t *testing.T) *nativeSetup {
 	dir := nativeModule(t)
 	t.Setenv(manifest.SearchPathEnv, dir)
 	t.Setenv("GODEBUG", "cgocheck=0")
-	filter, cfgJSON := nativeGatewayFilter(t)
+	_, cfgJSON := nativeGatewayFilter(t)
 	cfg, err := config.Parse(cfgJSON)
 	if err != nil {
 		t.Fatalf("the gateway EnvoyFilter's configuration: %v", err)
@@ -284,11 +300,7 @@ func startNativeSetup(t *testing.T) *nativeSetup {
 		srv.ServeHTTP(w, r)
 	}))
 	t.Cleanup(limitd.Close)
-	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	m := startMesh(t, meshObjects{GatewayPort: envoytest.FreePort(t), UpstreamPort: up.Port(),
-		LimitdPort: limitd.Listener.Addr().(*net.TCPAddr).Port, Configs: []string{filter}})
-	opts := m.gatewayOptions()
-	opts.Data["StatsMatcher"] = istioStatsMatcher(t, gatewayProxyConfig(t))
+	_, opts, _ := nativeMesh(t, limitd.Listener.Addr().(*net.TCPAddr).Port)
 	return &nativeSetup{envoy: envoytest.Start(t, opts), config: cfgJSON, decides: decides}
 }
 
@@ -425,6 +437,33 @@ func TestIstioNative(t *testing.T) {
 		}
 	})
 
+	// Before the router: after Istio's authorization filter, so a request
+	// the AuthorizationPolicy denies never reaches the module.
+	t.Run("after Istio's authorization filter: denied requests spend nothing", func(t *testing.T) {
+		filters := httpFilters(t, e)
+		if rbac, dm := index(filters, "envoy.filters.http.rbac"), index(filters, "envoy.filters.http.dynamic_modules"); rbac < 0 || dm < rbac {
+			t.Fatalf("filters %v: want envoy.filters.http.rbac before the module", filters)
+		}
+		c := newSourceClient(t, e, "127.0.0.8")
+		for i := range anonBurst + 5 {
+			if st, h := c.get("/admin", nil); st != 403 || h.Get("RateLimit-Policy") != "" {
+				t.Fatalf("/admin request %d: %d %v, want 403 from the DENY policy without RateLimit headers", i, st, h)
+			}
+		}
+		start := time.Now()
+		ok := 0
+		for range anonBurst + 2 {
+			if st, _ := c.get("/public", nil); st == 200 {
+				ok++
+			}
+		}
+		if refill := refillBound(anonRate, time.Since(start)); ok < anonBurst || ok > anonBurst+refill {
+			t.Fatalf("/public after %d denied requests: %d allowed, want the whole burst %d (+ at most %d refilled)", anonBurst+5, ok, anonBurst, refill)
+		}
+		anonAllowed += uint64(ok)
+		anonRejected += uint64(anonBurst + 2 - ok)
+	})
+
 	t.Run("stats count per rule", func(t *testing.T) {
 		for name, want := range map[string]uint64{
 			"rule.anonymous-per-ip.allowed": anonAllowed, "rule.anonymous-per-ip.rejected": anonRejected,
@@ -503,5 +542,43 @@ func TestNativeFieldsMatchEnvoy(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("%s: manifest.NativeFields %v, Envoy's fields %v", name, got, want)
 		}
+	}
+}
+
+// TestIstioNativeNotLoadable: a gateway whose Envoy cannot load the module
+// (the search path names a folder without it, or GODEBUG lacks
+// cgocheck=0) refuses the listener Istio sends with the filter, and never
+// serves it; Envoy keeps running and says why.
+func TestIstioNativeNotLoadable(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		searchPath func(dir string) string
+		godebug    string
+		log        string
+	}{
+		{"no module in the search path", func(string) string { return t.TempDir() }, "cgocheck=0", "libtokenbucket.so"},
+		{"no GODEBUG=cgocheck=0", func(dir string) string { return dir }, "", "cgocheck=0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := nativeModule(t)
+			t.Setenv(manifest.SearchPathEnv, tc.searchPath(dir))
+			t.Setenv("GODEBUG", tc.godebug)
+			_, opts, _ := nativeMesh(t, envoytest.FreePort(t))
+			// How long to wait for a listener that should never come:
+			// Istio's push and Envoy's refusal take well under a second.
+			opts.StartTimeout = 20 * time.Second
+			f := envoytest.ExpectStartFailure(t, opts)
+			var lines []string
+			for _, l := range strings.Split(f.Log, "\n") {
+				if strings.Contains(l, tc.log) && (strings.Contains(l, "[warning]") || strings.Contains(l, "[error]") || strings.Contains(l, "[critical]")) {
+					lines = append(lines, l)
+				}
+			}
+			t.Logf("outcome %v, exit code %d; log lines naming %q:\n%s", f, f.ExitCode, tc.log, strings.Join(lines, "\n"))
+			if f.Outcome != envoytest.ListenerRefused || len(lines) == 0 {
+				t.Fatalf("outcome %v (exit code %d), %d log lines naming %q: want the listener refused with a reason in the log\n%s",
+					f, f.ExitCode, len(lines), tc.log, f.Log)
+			}
+		})
 	}
 }
