@@ -125,7 +125,7 @@ func TestNativeEnvoyFilterIstio(t *testing.T) {
 		// Istio's validation warns about unknown fields (it refuses only
 		// what its types cannot hold at all); the one warning allowed is
 		// the one every EnvoyFilter gets.
-		if warn != nil && (!strings.Contains(warn.Error(), istioGenericWarning) || strings.Contains(warn.Error(), "2 errors")) {
+		if warn != nil && (!strings.HasPrefix(warn.Error(), istioGenericWarning) || strings.Contains(warn.Error(), "\n")) {
 			t.Errorf("%s: Istio's validation warns: %v", name, warn)
 		}
 		var native []manifest.NativeFilter
