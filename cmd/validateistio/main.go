@@ -3,11 +3,13 @@
 // Command validateistio checks Kubernetes manifests for the plugin before
 // they are applied (`make validate-istio`): each document is decoded strictly
 // into the Istio or Kubernetes API type of its kind (WasmPlugin,
-// ServiceEntry, DestinationRule, AuthorizationPolicy, PeerAuthentication,
-// Service, Deployment, Secret, ServiceAccount; an unknown or misspelt field,
-// a duplicate key or a wrong type fails), and every WasmPlugin's
-// pluginConfig goes through the plugin's own parser in the JSON form Istio
-// hands it (package manifest).
+// EnvoyFilter, ServiceEntry, DestinationRule, AuthorizationPolicy,
+// PeerAuthentication, Service, Deployment, Secret, ServiceAccount; an
+// unknown or misspelt field, a duplicate key or a wrong type fails), every
+// WasmPlugin's pluginConfig and every native-module configuration of an
+// EnvoyFilter goes through the plugin's own parser in the form the plugin
+// receives it, and the Deployments an EnvoyFilter selects must give Envoy
+// what it needs to load the native module (package manifest).
 // The manifests' own choices (failStrategy, phase, limits) are not judged.
 //
 //	go run ./cmd/validateistio build/istio/*.yaml
@@ -120,7 +122,8 @@ func validate(paths []string, opts manifest.Options, img *image, w io.Writer) er
 	if failed || len(r.Errors) > 0 {
 		return errFailed
 	}
-	fmt.Fprintf(w, "%d file(s) valid: %d WasmPlugin(s), %d rule(s) accepted by the plugin's parser\n", len(paths), r.Plugins, r.Rules)
+	fmt.Fprintf(w, "%d file(s) valid: %d WasmPlugin(s), %d native-module filter(s) in EnvoyFilters, %d rule(s) accepted by the plugin's parser\n",
+		len(paths), r.Plugins, r.NativeFilters, r.Rules)
 	return nil
 }
 

@@ -38,7 +38,7 @@ func runValidate(args ...string) (int, string) {
 
 func TestExamplesAreValid(t *testing.T) {
 	code, out := runValidate(append([]string{"-require-clusters"}, examples(t)...)...)
-	if code != 0 || !strings.Contains(out, "2 WasmPlugin(s)") {
+	if code != 0 || !strings.Contains(out, "2 WasmPlugin(s), 2 native-module filter(s) in EnvoyFilters") {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 }

@@ -5,12 +5,18 @@
 // real Envoy 1.40 (func-e's, as every e2e test) connects as that gateway
 // with nothing but the ADS cluster in its bootstrap, and the tests check
 // what Istio generated and what the plugin then does with real requests.
+// The native module (libtokenbucket.so) runs the same way from the
+// EnvoyFilter of examples/istio/native-envoyfilter.yaml (native_test.go),
+// and Istio's own injector runs over that file's Deployments
+// (inject_test.go).
 //
 // It is a Go module of its own so that istio.io/istio and its dependencies
 // never enter the plugin's go.mod; it uses this repository's packages
 // through a replace directive. No Kubernetes API server (Istio's fake
-// client), no istio-agent (WasmPlugin urls are file://), no sidecar. Locally
-// a missing Envoy or plugin skips the tests; under CI=true they fail.
+// client), no istio-agent (WasmPlugin urls are file://; Envoy inherits the
+// test's environment as it would pilot-agent's), no sidecar. Locally a
+// missing Envoy, plugin or native module skips the tests; under CI=true
+// they fail.
 package istio
 
 import (
@@ -266,6 +272,9 @@ func (m *mesh) gatewayOptions() envoytest.Options {
 			"NodeCluster": "istio-ingressgateway." + gatewayNamespace,
 			"Metadata":    meta,
 			"XDSPort":     m.xdsPort,
+			// StatsMatcher, when set, is the bootstrap's
+			// stats_config.stats_matcher (see istioStatsMatcher).
+			"StatsMatcher": nil,
 		},
 	}
 }

@@ -59,7 +59,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	for _, d := range docs {
 		count[d.Kind]++
 	}
-	for _, k := range []string{"WasmPlugin", "Service", "ServiceEntry", "DestinationRule", "AuthorizationPolicy", "PeerAuthentication", "Deployment", "Secret"} {
+	for _, k := range []string{"WasmPlugin", "EnvoyFilter", "Service", "ServiceEntry", "DestinationRule", "AuthorizationPolicy", "PeerAuthentication", "Deployment", "Secret"} {
 		if count[k] == 0 {
 			t.Errorf("no %s in the examples (all: %v)", k, count)
 		}

@@ -4,10 +4,12 @@
 // (istio.io/client-go) and Kubernetes (k8s.io/api) API types, as the API
 // server would with field validation Strict: an unknown or misspelt field,
 // a duplicate key or a wrong type is an error. Validate then checks what the
-// API server cannot: every WasmPlugin's pluginConfig passes the plugin's own
-// parser (package config) in the JSON form Istio hands the plugin, and the
-// limit-service clusters its cluster rules name. It is used by `make
-// validate-istio` (cmd/validateistio) and by the tests of examples/istio.
+// API server cannot: every WasmPlugin's pluginConfig, and every native-module
+// configuration an EnvoyFilter carries, passes the plugin's own parser
+// (package config) in the form the plugin receives it, the limit-service
+// clusters its cluster rules name exist, and the proxies an EnvoyFilter
+// selects can load the native module. It is used by `make validate-istio`
+// (cmd/validateistio) and by the tests of examples/istio.
 package manifest
 
 import (
@@ -26,7 +28,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	clientext "istio.io/client-go/pkg/apis/extensions/v1alpha1"
 	clientnet "istio.io/client-go/pkg/apis/networking/v1"
-	clientnet3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	clientnetv1a3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	clientsec "istio.io/client-go/pkg/apis/security/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -45,9 +47,9 @@ type Doc struct {
 	// Raw is the document as JSON (what kubectl sends to the API server).
 	Raw []byte
 	// Obj is the typed object: *clientext.WasmPlugin, *clientnet.ServiceEntry,
-	// *clientnet.DestinationRule, *clientsec.AuthorizationPolicy,
-	// *clientsec.PeerAuthentication, *clientnet3.EnvoyFilter (the native
-	// module's),
+	// *clientnet.DestinationRule, *clientnetv1a3.EnvoyFilter,
+	// *clientsec.AuthorizationPolicy,
+	// *clientsec.PeerAuthentication,
 	// *corev1.Service, *appsv1.Deployment, *corev1.Secret or
 	// *corev1.ServiceAccount.
 	Obj any
@@ -135,8 +137,10 @@ func decodeKube[T any](j []byte, obj *T) (*T, error) {
 // (so Istio's spellings, like 100ms durations, work) with unknown fields
 // refused, after a check that every name is the camelCase JSON name of a
 // field, as the CRD schema demands (jsonpb alone also accepts proto names
-// such as plugin_config). google.protobuf.Struct values (pluginConfig) are
-// free-form by design; the plugin's own parser checks them.
+// such as plugin_config). google.protobuf.Struct values (a WasmPlugin's
+// pluginConfig, an EnvoyFilter's patch value) are free-form by design: the
+// plugin's own parser checks the first, NativeFilters and Validate the part
+// of the second that configures the native module.
 func DecodeStrict(j []byte) (any, error) {
 	var tm metav1.TypeMeta
 	if err := json.Unmarshal(j, &tm); err != nil {
@@ -185,8 +189,8 @@ func DecodeStrict(j []byte) (any, error) {
 	case clientnet.SchemeGroupVersion.String() + " DestinationRule":
 		o := &clientnet.DestinationRule{TypeMeta: tm, ObjectMeta: env.Metadata}
 		obj, spec = o, &o.Spec
-	case clientnet3.SchemeGroupVersion.String() + " EnvoyFilter":
-		o := &clientnet3.EnvoyFilter{TypeMeta: tm, ObjectMeta: env.Metadata}
+	case clientnetv1a3.SchemeGroupVersion.String() + " EnvoyFilter":
+		o := &clientnetv1a3.EnvoyFilter{TypeMeta: tm, ObjectMeta: env.Metadata}
 		obj, spec = o, &o.Spec
 	case clientsec.SchemeGroupVersion.String() + " AuthorizationPolicy":
 		o := &clientsec.AuthorizationPolicy{TypeMeta: tm, ObjectMeta: env.Metadata}

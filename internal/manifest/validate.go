@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	clientext "istio.io/client-go/pkg/apis/extensions/v1alpha1"
 	clientnet "istio.io/client-go/pkg/apis/networking/v1"
+	clientnetv1a3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -65,7 +66,14 @@ type Options struct {
 	// documents creates an error; otherwise it is a note (the Service may
 	// be applied from elsewhere).
 	RequireClusters bool
+	// RootNamespace is Istio's root namespace (meshConfig.rootNamespace),
+	// where an EnvoyFilter applies to workloads of every namespace;
+	// "" means DefaultRootNamespace.
+	RootNamespace string
 }
+
+// DefaultRootNamespace is Istio's default root namespace.
+const DefaultRootNamespace = "istio-system"
 
 // Report is what Validate found.
 type Report struct {
@@ -74,8 +82,9 @@ type Report struct {
 	Errors []error
 	// Notes are what could not be checked from these documents alone.
 	Notes []string
-	// Plugins counts the WasmPlugins checked, Rules their rules.
-	Plugins, Rules int
+	// Plugins counts the WasmPlugins checked, NativeFilters the native
+	// module's filters in EnvoyFilters, Rules the rules of both.
+	Plugins, NativeFilters, Rules int
 }
 
 // Validate checks, beyond the strict decoding, what neither the API server
@@ -91,7 +100,17 @@ type Report struct {
 //     when a Service or ServiceEntry of docs creates it, service.authority is
 //     that host (otherwise a note, or an error with RequireClusters);
 //   - no two WasmPlugins of one namespace share a pluginName (their
-//     buckets would mix in shared data).
+//     buckets would mix in shared data);
+//   - an EnvoyFilter that loads the native module (NativeFilters) does so
+//     well-formed, its configuration passes the plugin's parser as the
+//     module receives it (filter_config's StringValue), its cluster rules
+//     pass the checks above, and every Deployment of docs it selects gives
+//     its istio-proxy container what Envoy needs to load the module:
+//     GODEBUG with cgocheck=0 and ENVOY_DYNAMIC_MODULES_SEARCH_PATH naming a
+//     folder mounted from a volume, through the container's own fields or
+//     the injector's annotations (sidecar.istio.io/userVolume,
+//     sidecar.istio.io/userVolumeMount, proxy.istio.io/config's
+//     proxyMetadata). With no selected Deployment among docs, a note.
 func Validate(docs []Doc, opts Options) Report {
 	var r Report
 	known := Clusters(docs)
@@ -128,32 +147,74 @@ func Validate(docs []Doc, opts Options) Report {
 			continue
 		}
 		r.Rules += len(cfg.Rules)
-		for _, rule := range cfg.Rules {
-			if rule.Scope != config.ScopeCluster {
+		r.checkClusterRules(d, cfg, known, opts, fail)
+	}
+	root := opts.RootNamespace
+	if root == "" {
+		root = DefaultRootNamespace
+	}
+	for _, d := range docs {
+		ef, ok := d.Obj.(*clientnetv1a3.EnvoyFilter)
+		if !ok {
+			continue
+		}
+		fail := func(format string, args ...any) {
+			r.Errors = append(r.Errors, fmt.Errorf("%s (EnvoyFilter %s/%s): %s", d, ef.Namespace, ef.Name, fmt.Sprintf(format, args...)))
+		}
+		filters, err := NativeFilters(ef)
+		if err != nil {
+			fail("%v", err)
+			continue
+		}
+		if len(filters) == 0 {
+			continue
+		}
+		for _, f := range filters {
+			r.NativeFilters++
+			cfg, err := config.Parse(f.Config)
+			if err != nil {
+				fail("spec.configPatches[%d]: filter_config, as the module receives it, is refused by the plugin: %v", f.Patch, err)
 				continue
 			}
-			c := rule.Service.Cluster
-			parts := strings.Split(c, "|")
-			if len(parts) != 4 || parts[0] != "outbound" || parts[3] == "" {
-				fail("rule %s: service.cluster %q: not a cluster Istio builds (outbound|<port>|<subset>|<host>)", rule.Name, c)
-				continue
-			}
-			if p, err := strconv.Atoi(parts[1]); err != nil || p < 1 || p > 65535 {
-				fail("rule %s: service.cluster %q: port %q", rule.Name, c, parts[1])
-				continue
-			}
-			host, ok := known[c]
-			switch {
-			case !ok && opts.RequireClusters:
-				fail("rule %s: service.cluster %q: no Service or ServiceEntry here creates it (these do: %v)", rule.Name, c, sortedKeys(known))
-			case !ok:
-				r.Notes = append(r.Notes, fmt.Sprintf("%s: rule %s: service.cluster %q: not created by these manifests; apply a Service or ServiceEntry for %s port %s", d, rule.Name, c, parts[3], parts[1]))
-			case rule.Service.Authority != host:
-				fail("rule %s: service.authority %q, want the service host %q", rule.Name, rule.Service.Authority, host)
-			}
+			r.Rules += len(cfg.Rules)
+			r.checkClusterRules(d, cfg, known, opts, fail)
+		}
+		errs, note := checkNativeWorkloads(docs, d, ef, root)
+		r.Errors = append(r.Errors, errs...)
+		if note != "" {
+			r.Notes = append(r.Notes, note)
 		}
 	}
 	return r
+}
+
+// checkClusterRules checks the cluster rules of cfg, the configuration of
+// the plugin in document d, against the clusters docs create (known).
+func (r *Report) checkClusterRules(d Doc, cfg *config.Config, known map[string]string, opts Options, fail func(string, ...any)) {
+	for _, rule := range cfg.Rules {
+		if rule.Scope != config.ScopeCluster {
+			continue
+		}
+		c := rule.Service.Cluster
+		parts := strings.Split(c, "|")
+		if len(parts) != 4 || parts[0] != "outbound" || parts[3] == "" {
+			fail("rule %s: service.cluster %q: not a cluster Istio builds (outbound|<port>|<subset>|<host>)", rule.Name, c)
+			continue
+		}
+		if p, err := strconv.Atoi(parts[1]); err != nil || p < 1 || p > 65535 {
+			fail("rule %s: service.cluster %q: port %q", rule.Name, c, parts[1])
+			continue
+		}
+		host, ok := known[c]
+		switch {
+		case !ok && opts.RequireClusters:
+			fail("rule %s: service.cluster %q: no Service or ServiceEntry here creates it (these do: %v)", rule.Name, c, sortedKeys(known))
+		case !ok:
+			r.Notes = append(r.Notes, fmt.Sprintf("%s: rule %s: service.cluster %q: not created by these manifests; apply a Service or ServiceEntry for %s port %s", d, rule.Name, c, parts[3], parts[1]))
+		case rule.Service.Authority != host:
+			fail("rule %s: service.authority %q, want the service host %q", rule.Name, rule.Service.Authority, host)
+		}
+	}
 }
 
 func hasScheme(url string) bool {
