@@ -393,7 +393,7 @@ func TestNativeResponseCosts(t *testing.T) {
 // read) is refused with the field named.
 func TestNativeJWT(t *testing.T) {
 	signer := newJWTSigner(t)
-	jwtAuthn := jwtListeners(t, []jwtListener{{name: "jwt", jwt: true, jwks: signer.jwks(t)}})[0].Filters
+	jwtAuthn := jwtListeners(t, envoytest.Native, []jwtListener{{name: "jwt", jwt: true, jwks: signer.jwks(t)}})[0].Filters
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	opts := nativeOptions(t, jwtTrustingConfig, up.Port())
 	opts.Filters, opts.Concurrency = jwtAuthn+"\n"+opts.Filters, 1
