@@ -26,12 +26,16 @@ var processStore = NewStore()
 // ConfigFactory is the module's shared.HttpFilterConfigFactory: it turns a
 // filter_config (the engine's JSON, the same as the Wasm plugin's) into a
 // filter factory. Register it under Name.
-type ConfigFactory struct{}
+type ConfigFactory struct {
+	// metricsFor gives the sink of a configuration's metrics; nil is
+	// newEnvoyMetrics (Envoy's config-level calls).
+	metricsFor func(shared.HttpFilterConfigHandle) (sink, error)
+}
 
 // Create implements shared.HttpFilterConfigFactory. It runs on Envoy's main
 // thread. An error makes Envoy refuse the filter's configuration; the line
 // saying why is logged first.
-func (ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []byte) (f shared.HttpFilterFactory, err error) {
+func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []byte) (f shared.HttpFilterFactory, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			f, err = nil, errors.New(Name+": panic while loading the configuration: "+panicText(r))
@@ -43,11 +47,20 @@ func (ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []byt
 		return nil, errors.New(errGodebug)
 	}
 	tuneRuntime()
+	metricsFor := cf.metricsFor
+	if metricsFor == nil {
+		metricsFor = newEnvoyMetrics
+	}
+	s, err := metricsFor(handle)
+	if err != nil {
+		handle.Log(shared.LogLevelCritical, "%s", err.Error())
+		return nil, err
+	}
 	c := &filterConfig{
 		handle:  handle,
 		data:    append([]byte(nil), unparsed...), // Envoy's buffer lives only during this call
 		store:   processStore,
-		metrics: newMetrics(),
+		metrics: newMetrics(s),
 		stop:    make(chan struct{}),
 	}
 	// This Plugin checks the configuration and defines its metrics; each
@@ -96,7 +109,7 @@ func (c *filterConfig) Create(handle shared.HttpFilterHandle) shared.HttpFilter 
 		c.log(engine.LogCritical, Name+": no engine for this worker, requests pass unchecked: "+err.Error())
 		return &shared.EmptyHttpFilter{}
 	}
-	h := w.enter(nil)
+	h := w.enter()
 	defer w.exit(h)
 	var f *httpFilter
 	if n := len(w.free); n > 0 {
@@ -184,11 +197,11 @@ func (c *filterConfig) tick() {
 	})
 }
 
-// recoverMain recovers a panic on the main thread: counted (pending, see
-// metrics), logged, and w's engine replaced.
+// recoverMain recovers a panic on the main thread: counted, logged, and
+// w's engine replaced.
 func (c *filterConfig) recoverMain(where string, w *worker) {
 	if r := recover(); r != nil {
-		c.metrics.add(c.panics, nil, 1)
+		c.metrics.add(c.panics, 1)
 		c.log(engine.LogCritical, Name+": panic in "+where+" (counted in "+Name+".panics): "+panicText(r))
 		if w != nil {
 			c.replaceEngine(w)

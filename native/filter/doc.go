@@ -26,9 +26,12 @@
 // scheduled function ticks each worker's Plugin under its lock. No
 // goroutine of ours touches Envoy objects.
 //
-// Metrics are defined when Envoy loads the configuration and incremented
-// through the handle of the filter callback in progress; increments made on
-// the main thread wait (atomically) for the next filter callback.
+// Metrics are defined when Envoy loads the configuration and changed
+// through Envoy's config-level metric calls, from whichever thread counts
+// (metrics.go): a change on the main thread shows in /stats at once. The
+// SDK snapshot does not wrap those calls; envoyabi.go declares them and
+// envoyptr.go reads the configuration's Envoy pointer out of the SDK's
+// handle, checked against the SDK's type (TestSDKHandleLayout).
 //
 // # Failures
 //
