@@ -47,5 +47,5 @@ func checkHost(data []byte) error {
 func jwtRefusal(path string) error {
 	return &engine.RefusalError{Err: errors.New("config: " + path + ": the native module cannot read the claims " +
 		"jwt_authn verified (Envoy's dynamic-module SDK reads no nested metadata): set trust_unverified_jwt " +
-		"with jwt_authn in front reading the token from the Authorization header, or use the Wasm plugin")}
+		"with jwt_authn in front requiring the token from the Authorization header and forward: true, or use the Wasm plugin")}
 }
