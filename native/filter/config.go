@@ -104,7 +104,7 @@ type filterConfig struct {
 // Create implements shared.HttpFilterFactory: a filter for one stream, on
 // the worker thread that runs it, with that thread's engine Plugin.
 func (c *filterConfig) Create(handle shared.HttpFilterHandle) shared.HttpFilter {
-	w, err := c.workers.get(syscall.Gettid(), c.newWorker)
+	w, err := c.workers.get(threadKey(handle), c.newWorker)
 	if err != nil {
 		c.log(engine.LogCritical, Name+": no engine for this worker, requests pass unchecked: "+err.Error())
 		return &shared.EmptyHttpFilter{}
@@ -238,4 +238,15 @@ func panicText(r any) string {
 		return v
 	}
 	return "unknown panic value"
+}
+
+// threadKey names the Envoy thread running handle's filter: Envoy's worker
+// index (one cgo call), or, should the SDK's handle ever not be the type
+// envoyptr.go reads, the OS thread id (a system call), kept apart from the
+// indexes by its sign.
+func threadKey(handle shared.HttpFilterHandle) int {
+	if i, ok := workerIndex(handle); ok {
+		return i
+	}
+	return -syscall.Gettid()
 }

@@ -8,7 +8,7 @@
 //
 // Envoy calls filter callbacks on many worker threads at once; the engine
 // is called from one thread at a time. The adapter keeps one engine.Plugin
-// per Envoy thread, found by the OS thread id when Envoy creates a filter
+// per Envoy thread, found by Envoy's worker index when it creates a filter
 // (workers: a read-mostly map, lock-free on reads), each with its own lock
 // held during that Plugin's engine calls. A worker only takes its own
 // Plugin's lock, so no worker waits on another, and each worker's Plugin

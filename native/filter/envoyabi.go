@@ -26,6 +26,9 @@ int envoy_dynamic_module_callback_http_filter_config_increment_gauge(
 int envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
     void* config_envoy_ptr, size_t id, tb_module_buffer* label_values, size_t label_values_length,
     uint64_t value);
+
+// In the SDK snapshot's abi.h, not wrapped by its Go package.
+uint32_t envoy_dynamic_module_callback_http_filter_get_worker_index(void* filter_envoy_ptr);
 */
 import "C"
 
@@ -60,4 +63,15 @@ func (m envoyMetrics) incrementGauge(id shared.MetricID, n uint64) {
 
 func (m envoyMetrics) decrementGauge(id shared.MetricID, n uint64) {
 	C.envoy_dynamic_module_callback_http_filter_config_decrement_gauge(m.config, C.size_t(id), nil, 0, C.uint64_t(n))
+}
+
+// workerIndex is the index of the Envoy worker running the filter behind
+// handle (0 to --concurrency − 1), or false when handle is not the SDK's
+// filter handle envoyPtr can read.
+func workerIndex(handle shared.HttpFilterHandle) (int, bool) {
+	p, ok := filterPtr(handle)
+	if !ok {
+		return 0, false
+	}
+	return int(C.envoy_dynamic_module_callback_http_filter_get_worker_index(p)), true
 }

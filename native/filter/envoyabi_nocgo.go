@@ -13,3 +13,6 @@ import (
 func newEnvoyMetrics(shared.HttpFilterConfigHandle) (sink, error) {
 	return nil, errors.New(Name + ": built without cgo: no Envoy to count metrics in")
 }
+
+// workerIndex has no Envoy to ask without cgo.
+func workerIndex(shared.HttpFilterHandle) (int, bool) { return 0, false }

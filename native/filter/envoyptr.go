@@ -3,7 +3,10 @@ package filter
 import (
 	"errors"
 	"reflect"
+	"sync/atomic"
 	"unsafe"
+
+	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 )
 
 // Envoy 1.40 exports calls that the SDK snapshot the module is built on
@@ -21,6 +24,8 @@ const sdkABIPackage = "github.com/envoyproxy/envoy/source/extensions/dynamic_mod
 const (
 	sdkConfigHandleType  = "dymConfigHandle"
 	sdkConfigHandleField = "hostConfigPtr"
+	sdkFilterHandleType  = "dymHttpFilterHandle"
+	sdkFilterHandleField = "hostPluginPtr"
 )
 
 // envoyPtr returns the Envoy pointer that handle (a pointer to the SDK's
@@ -54,4 +59,29 @@ func describe(t reflect.Type) string {
 		return "nil"
 	}
 	return t.String()
+}
+
+// filterHandleType is the dynamic type of the SDK's filter handles, once
+// envoyPtr has checked one; nil before, or if the check failed.
+var filterHandleType atomic.Pointer[reflect.Type]
+
+// filterPtr is the Envoy pointer of a filter handle, read without
+// reflection once the handle's type has been checked (a filter is created
+// per request: this is on the request path).
+func filterPtr(handle shared.HttpFilterHandle) (unsafe.Pointer, bool) {
+	if t := filterHandleType.Load(); t != nil && reflect.TypeOf(handle) == *t {
+		// An interface holding a pointer keeps it as its data word.
+		data := (*[2]unsafe.Pointer)(unsafe.Pointer(&handle))[1]
+		if p := *(*unsafe.Pointer)(data); p != nil {
+			return p, true
+		}
+		return nil, false
+	}
+	p, err := envoyPtr(handle, sdkABIPackage, sdkFilterHandleType, sdkFilterHandleField)
+	if err != nil {
+		return nil, false
+	}
+	t := reflect.TypeOf(handle)
+	filterHandleType.Store(&t)
+	return p, true
 }

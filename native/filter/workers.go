@@ -8,7 +8,7 @@ import (
 )
 
 // workers is one configuration's engine Plugins, one per Envoy thread that
-// runs the filter, found by the thread's id. Reads (every filter Envoy
+// runs the filter, found by its key (threadKey). Reads (every filter Envoy
 // creates) load an immutable map without a lock; a thread seen for the
 // first time builds its worker under mu and publishes a new map.
 type workers struct {
