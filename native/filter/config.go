@@ -11,6 +11,7 @@ import (
 
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 
+	"github.com/ratelimit-wasm/tokenbucket/config"
 	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
@@ -69,10 +70,15 @@ func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []
 		handle.Log(shared.LogLevelCritical, "%s", err.Error()) // an *engine.RefusalError: the line to log
 		return nil, err
 	}
-	if err := checkHost(c.data); err != nil {
+	cfg, err := config.Parse(c.data)
+	if err == nil {
+		err = checkHost(cfg)
+	}
+	if err != nil {
 		handle.Log(shared.LogLevelCritical, "%s", err.Error())
 		return nil, err
 	}
+	c.readsBody = readsBody(cfg)
 	c.panics = c.metrics.define(handle, Name+".panics", false)
 	c.sched = handle.GetScheduler()
 	go c.ticker()
@@ -94,6 +100,9 @@ type filterConfig struct {
 	metrics *metrics
 	panics  *metric
 	workers workers
+	// readsBody: some rule takes its cost from the response body (the
+	// body callbacks are the engine's only then).
+	readsBody bool
 
 	mu      sync.Mutex // guards sched against OnDestroy
 	sched   shared.Scheduler

@@ -88,6 +88,9 @@ func (f *httpFilter) OnResponseHeaders(_ shared.HeaderMap, endOfStream bool) sha
 
 // OnResponseBody implements shared.HttpFilter.
 func (f *httpFilter) OnResponseBody(body shared.BodyBuffer, endOfStream bool) shared.BodyStatus {
+	if !f.c.readsBody {
+		return shared.BodyStatusContinue
+	}
 	defer f.w.exit(f.enter())
 	defer f.recover("response body")
 	if f.r != nil {
@@ -100,6 +103,9 @@ func (f *httpFilter) OnResponseBody(body shared.BodyBuffer, endOfStream bool) sh
 
 // OnResponseTrailers implements shared.HttpFilter.
 func (f *httpFilter) OnResponseTrailers(shared.HeaderMap) shared.TrailersStatus {
+	if !f.c.readsBody {
+		return shared.TrailersStatusContinue
+	}
 	defer f.w.exit(f.enter())
 	defer f.recover("response trailers")
 	if f.r != nil {

@@ -175,3 +175,32 @@ func TestCreateRefuses(t *testing.T) {
 		t.Fatalf("bad configuration: %v; log %q, want %q", err, ch.log(), want)
 	}
 }
+
+// untouchableBody is a response body chunk that must not be read.
+type untouchableBody struct{ shared.BodyBuffer }
+
+func (untouchableBody) GetSize() uint64 { panic("the body was asked for its size") }
+
+// TestBodyCallbacksOnlyForBodyCosts: with no rule taking its cost from the
+// response body, the body and trailer callbacks ask Envoy nothing (each
+// question is a crossing into Envoy) and leave the engine alone; with one,
+// the body reaches the engine.
+func TestBodyCallbacksOnlyForBodyCosts(t *testing.T) {
+	ch, c := newConfig(t, demoConfig)
+	h := &filterHandle{req: newHeaders(map[string][]string{"x-api-key": {"body"}}), resp: newHeaders(nil)}
+	f := c.Create(h).(*httpFilter)
+	f.OnRequestHeaders(h.req, true)
+	f.OnResponseHeaders(h.resp, false)
+	if st := f.OnResponseBody(untouchableBody{}, true); st != shared.BodyStatusContinue {
+		t.Fatalf("OnResponseBody = %d, want Continue", st)
+	}
+	f.OnResponseTrailers(nil)
+	if n := ch.counter(ch.id(Name + ".panics")); n != 0 {
+		t.Fatalf("the body was read without a body cost (%d panics):\n%s", n, ch.log())
+	}
+	const bodyCost = `{"rules": [{"name": "tokens", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+	  "algorithm_config": {"tokens_per_second": 10, "burst": 100, "cost_source": "response_json:usage.total_tokens"}}]}`
+	if _, c := newConfig(t, bodyCost); !c.readsBody {
+		t.Fatal("a configuration with a response body cost does not read bodies")
+	}
+}
