@@ -13,12 +13,28 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
-// TestPrometheusNames checks the metric names docs/responses.md documents against
-// what Envoy really exports: in /stats the plugin's counters are
-// wasmcustom.tokenbucket.…; in /stats/prometheus Envoy drops its custom
-// namespace "wasmcustom" and the envoy_ prefix, and writes dots and dashes as
-// underscores: tokenbucket_rule_per_key_allowed{} 1.
+// TestPrometheusNames checks the metric names the docs give each build
+// against what Envoy really exports. Wasm (docs/responses.md): in /stats the
+// plugin's counters are wasmcustom.tokenbucket.…; in /stats/prometheus Envoy
+// drops its custom namespace "wasmcustom" and the envoy_ prefix, and writes
+// dots and dashes as underscores: tokenbucket_rule_per_key_allowed{} 1.
+// Native (docs/native.md): Envoy 1.40 registers no namespace of a dynamic
+// module with its Prometheus output, whatever metrics_namespace says, so the
+// names keep envoy_ and the namespace: envoy_dynamicmodulescustom_tokenbucket_….
 func TestPrometheusNames(t *testing.T) { forEachBuild(t, testPrometheusNames) }
+
+// prometheusPrefix is what /stats/prometheus puts before tokenbucket_ for
+// build's metrics (as its doc page says: nativePrometheusDoc).
+func prometheusPrefix(build envoytest.Build) string {
+	if build == envoytest.Native {
+		return "envoy_dynamicmodulescustom_"
+	}
+	return ""
+}
+
+// nativePrometheusDoc is the sentence of docs/native.md that gives the native
+// module's Prometheus names.
+const nativePrometheusDoc = "as `envoy_dynamicmodulescustom_tokenbucket_…` in `/stats/prometheus`"
 
 func testPrometheusNames(t *testing.T, build envoytest.Build) {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
@@ -40,18 +56,30 @@ func testPrometheusNames(t *testing.T, build envoytest.Build) {
 		t.Fatal(err)
 	}
 	text := string(body)
+	prefix := prometheusPrefix(build)
 	for _, want := range []string{
 		"tokenbucket_rule_per_key_allowed{} 1", "tokenbucket_rule_per_key_rejected{} 1",
 		"tokenbucket_rule_per_key_failed_open{} 0", "tokenbucket_rule_per_key_shadow_rejected{} 0",
 		"tokenbucket_service_errors{} 0", "tokenbucket_evictions{} 0", "tokenbucket_cas_retries{} 0", "tokenbucket_refunds{} 0",
 		"tokenbucket_regex_value_too_long{} 0", "tokenbucket_memory_gc_cycles{} ", "tokenbucket_memory_heap_bytes{} ",
 	} {
-		if !strings.Contains(text, "\n"+want) {
-			t.Errorf("/stats/prometheus has no line %q", want)
+		if !strings.Contains(text, "\n"+prefix+want) {
+			t.Errorf("/stats/prometheus has no line %q", prefix+want)
 		}
 	}
-	if ns := "envoy_" + strings.TrimSuffix(build.StatPrefix(), "."); strings.Contains(text, ns) {
-		t.Errorf("/stats/prometheus names a metric %s_…: the names of docs/responses.md are wrong", ns)
+	switch build {
+	case envoytest.Wasm:
+		if ns := "envoy_" + strings.TrimSuffix(build.StatPrefix(), "."); strings.Contains(text, ns) {
+			t.Errorf("/stats/prometheus names a metric %s_…: the names of docs/responses.md are wrong", ns)
+		}
+	case envoytest.Native:
+		doc, err := os.ReadFile("../docs/native.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(strings.Join(strings.Fields(string(doc)), " "), nativePrometheusDoc) {
+			t.Errorf("docs/native.md does not say %q", nativePrometheusDoc)
+		}
 	}
 }
 

@@ -386,36 +386,3 @@ func TestNativeResponseCosts(t *testing.T) {
 		t.Fatalf("after 5 failed logins: %d, want 429 (charge_on [\"401\"])", s)
 	}
 }
-
-// TestNativeJWT: behind jwt_authn, trust_unverified_jwt keys buckets by
-// the bearer token's claims, as in the Wasm plugin; a configuration that
-// needs the claims jwt_authn verified (dynamic metadata the SDK cannot
-// read) is refused with the field named.
-func TestNativeJWT(t *testing.T) {
-	signer := newJWTSigner(t)
-	jwtAuthn := jwtListeners(t, []jwtListener{{name: "jwt", jwt: true, jwks: signer.jwks(t)}})[0].Filters
-	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	opts := nativeOptions(t, jwtTrustingConfig, up.Port())
-	opts.Filters, opts.Concurrency = jwtAuthn+"\n"+opts.Filters, 1
-	e := envoytest.Start(t, opts)
-	c := e.Client()
-	t.Cleanup(c.Close)
-	bearer := func(claims map[string]any) map[string]string {
-		return map[string]string{"authorization": "Bearer " + signer.sign(t, claims)}
-	}
-	bob, carol := bearer(map[string]any{"sub": "bob", "org": map[string]any{"id": "acme"}}), bearer(map[string]any{"sub": "carol"})
-	runSteps(t, c, []rlStep{
-		{"/verified/sub", bob, rl{200, "trusting-sub", "999", ""}},
-		{"/verified/sub", bob, rl{200, "trusting-sub", "998", ""}},
-		{"/verified/sub", carol, rl{200, "trusting-sub", "999", ""}},
-		{"/other", map[string]string{}, rl{400, "trusting-sub", "", "missing_limit_key"}},
-	})
-	if r := c.Get("/verified/sub", map[string]string{"authorization": "Bearer " + signer.forge(t, map[string]any{"sub": "bob"})}); r.Status != 401 {
-		t.Errorf("a forged token: %d, want jwt_authn's 401", r.Status)
-	}
-
-	f := envoytest.ExpectStartFailure(t, nativeOptions(t, jwtVerifiedConfig, 0))
-	if !strings.Contains(f.Log, "config: rules[0].limit_keys[0]: the native module cannot read the claims jwt_authn verified") {
-		t.Fatalf("%v; Envoy's log lacks the refusal of a verified claim:\n%s", f, tail(f.Log, 15))
-	}
-}

@@ -30,7 +30,7 @@ var classNames = []string{"standard library", "third party", "this module"}
 // TestImportGroups checks every Go file of the repository (build/ and
 // testdata aside): each block of imports holds one class, and the blocks
 // come in the order standard library, third party, this module, each at
-// most once.
+// most once (cgo's import "C" aside).
 func TestImportGroups(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -79,6 +79,12 @@ func checkFile(path string) string {
 	last, lastLine, lastClass := -1, -1, -1
 	for _, imp := range f.Imports {
 		p, _ := strconv.Unquote(imp.Path.Value)
+		if p == "C" {
+			// cgo's pseudo-package stands alone after its preamble: the
+			// blocks are counted from the next import.
+			lastLine, lastClass = -1, -1
+			continue
+		}
 		c := class(p)
 		line := fset.Position(imp.Pos()).Line
 		newBlock := lastLine >= 0 && line > lastLine+1
@@ -95,4 +101,22 @@ func checkFile(path string) string {
 		lastLine, lastClass = line, c
 	}
 	return ""
+}
+
+// TestImportGroupsCgo: import "C" is no block of its own; the groups after
+// it are checked as in any file.
+func TestImportGroupsCgo(t *testing.T) {
+	dir := t.TempDir()
+	for src, want := range map[string]string{
+		"package p\n\n// int f();\nimport \"C\"\n\nimport (\n\t\"unsafe\"\n\n\t\"example.com/x\"\n)\n": "",
+		"package p\n\nimport \"C\"\n\nimport (\n\t\"example.com/x\"\n\n\t\"unsafe\"\n)\n":              "unsafe starts a block",
+	} {
+		path := filepath.Join(dir, "f.go")
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := checkFile(path); (want == "") != (got == "") || !strings.Contains(got, want) {
+			t.Errorf("checkFile(%q) = %q, want %q", src, got, want)
+		}
+	}
 }

@@ -1,7 +1,8 @@
 // Command envoyconfig writes the native module's Envoy configuration from
 // a Wasm plugin's: every envoy.filters.http.wasm filter becomes the
-// dynamic-module filter with the same JSON configuration, so the demo's
-// rules have one home (envoy.yaml). `make run-native` runs it:
+// dynamic-module filter with the same JSON configuration, and tag rules on
+// the plugin's metrics move to the module's namespace, so the demo's rules
+// have one home (envoy.yaml). `make run-native` runs it:
 //
 //	go run ./native/envoyconfig < envoy.yaml > build/envoy-native.yaml
 package main
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"sigs.k8s.io/yaml"
 )
@@ -48,6 +50,7 @@ func Convert(in []byte) ([]byte, error) {
 	if n == 0 {
 		return nil, errors.New("envoyconfig: no envoy.filters.http.wasm filter to replace")
 	}
+	retag(doc)
 	out, err := yaml.Marshal(doc)
 	if err != nil {
 		return nil, fmt.Errorf("envoyconfig: %w", err)
@@ -115,6 +118,28 @@ func nativeFilter(f map[string]any) (map[string]any, error) {
 			},
 		},
 	}, nil
+}
+
+// Envoy names the Wasm plugin's metrics wasmcustom.tokenbucket.… and the
+// native module's dynamicmodulescustom.tokenbucket.… (docs/native.md).
+const (
+	wasmStatRegex   = `^wasmcustom\.tokenbucket\.`
+	nativeStatRegex = `^dynamicmodulescustom\.tokenbucket\.`
+)
+
+// retag moves the stats_config tag rules written for the Wasm plugin's
+// metrics (a rule name as a label) onto the native module's.
+func retag(doc any) {
+	tags, _ := lookup(doc, "stats_config", "stats_tags").([]any)
+	for _, t := range tags {
+		tag, ok := t.(map[string]any)
+		if !ok {
+			continue
+		}
+		if re, ok := tag["regex"].(string); ok && strings.HasPrefix(re, wasmStatRegex) {
+			tag["regex"] = nativeStatRegex + strings.TrimPrefix(re, wasmStatRegex)
+		}
+	}
 }
 
 func lookup(v any, path ...string) any {

@@ -39,6 +39,11 @@ func TestConvertDemo(t *testing.T) {
 	if name := at(t, doc, filters+"filter_name"); name != "tokenbucket" {
 		t.Errorf("filter_name = %v", name)
 	}
+	// The rule label's tag extraction follows the metrics to their native
+	// namespace (docs/native.md).
+	if re := at(t, doc, "stats_config.stats_tags.0.regex").(string); re != `^dynamicmodulescustom\.tokenbucket\.rule\.((.+)\.)[a-z_]+$` {
+		t.Errorf("stats_tags[0].regex = %s, want the demo's on the native namespace", re)
+	}
 }
 
 func TestConvertRefusesNoWasm(t *testing.T) {

@@ -15,12 +15,8 @@ import (
 // payload_in_metadata: a jwt: source needs trust_unverified_jwt, with
 // which the module reads the bearer token's payload (the one jwt_authn
 // verified when it reads the token from the Authorization header).
-// data has passed engine.New already.
-func checkHost(data []byte) error {
-	cfg, err := config.Parse(data)
-	if err != nil {
-		return &engine.RefusalError{Err: err}
-	}
+// cfg has passed engine.New already.
+func checkHost(cfg *config.Config) error {
 	if cfg.TrustUnverifiedJWT {
 		return nil
 	}
@@ -47,5 +43,19 @@ func checkHost(data []byte) error {
 func jwtRefusal(path string) error {
 	return &engine.RefusalError{Err: errors.New("config: " + path + ": the native module cannot read the claims " +
 		"jwt_authn verified (Envoy's dynamic-module SDK reads no nested metadata): set trust_unverified_jwt " +
-		"with jwt_authn in front reading the token from the Authorization header, or use the Wasm plugin")}
+		"with jwt_authn in front requiring the token from the Authorization header and forward: true, or use the Wasm plugin")}
+}
+
+// readsBody reports whether the engine may read a response body under cfg:
+// only a cost taken from the response's JSON does (engine.Request's
+// OnResponseBody and OnResponseTrailers do nothing otherwise), so without
+// one the filter hands no body callback to the engine and asks Envoy
+// nothing about the body.
+func readsBody(cfg *config.Config) bool {
+	for i := range cfg.Rules {
+		if cfg.Rules[i].Cost.Source.Kind == config.SourceResponseJSON {
+			return true
+		}
+	}
+	return false
 }

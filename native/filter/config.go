@@ -11,6 +11,7 @@ import (
 
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 
+	"github.com/ratelimit-wasm/tokenbucket/config"
 	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
@@ -26,12 +27,16 @@ var processStore = NewStore()
 // ConfigFactory is the module's shared.HttpFilterConfigFactory: it turns a
 // filter_config (the engine's JSON, the same as the Wasm plugin's) into a
 // filter factory. Register it under Name.
-type ConfigFactory struct{}
+type ConfigFactory struct {
+	// metricsFor gives the sink of a configuration's metrics; nil is
+	// newEnvoyMetrics (Envoy's config-level calls).
+	metricsFor func(shared.HttpFilterConfigHandle) (sink, error)
+}
 
 // Create implements shared.HttpFilterConfigFactory. It runs on Envoy's main
 // thread. An error makes Envoy refuse the filter's configuration; the line
 // saying why is logged first.
-func (ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []byte) (f shared.HttpFilterFactory, err error) {
+func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []byte) (f shared.HttpFilterFactory, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			f, err = nil, errors.New(Name+": panic while loading the configuration: "+panicText(r))
@@ -43,11 +48,20 @@ func (ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []byt
 		return nil, errors.New(errGodebug)
 	}
 	tuneRuntime()
+	metricsFor := cf.metricsFor
+	if metricsFor == nil {
+		metricsFor = newEnvoyMetrics
+	}
+	s, err := metricsFor(handle)
+	if err != nil {
+		handle.Log(shared.LogLevelCritical, "%s", err.Error())
+		return nil, err
+	}
 	c := &filterConfig{
 		handle:  handle,
 		data:    append([]byte(nil), unparsed...), // Envoy's buffer lives only during this call
 		store:   processStore,
-		metrics: newMetrics(),
+		metrics: newMetrics(s),
 		stop:    make(chan struct{}),
 	}
 	// This Plugin checks the configuration and defines its metrics; each
@@ -56,10 +70,15 @@ func (ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []byt
 		handle.Log(shared.LogLevelCritical, "%s", err.Error()) // an *engine.RefusalError: the line to log
 		return nil, err
 	}
-	if err := checkHost(c.data); err != nil {
+	cfg, err := config.Parse(c.data)
+	if err == nil {
+		err = checkHost(cfg)
+	}
+	if err != nil {
 		handle.Log(shared.LogLevelCritical, "%s", err.Error())
 		return nil, err
 	}
+	c.readsBody = readsBody(cfg)
 	c.panics = c.metrics.define(handle, Name+".panics", false)
 	c.sched = handle.GetScheduler()
 	go c.ticker()
@@ -81,6 +100,9 @@ type filterConfig struct {
 	metrics *metrics
 	panics  *metric
 	workers workers
+	// readsBody: some rule takes its cost from the response body (the
+	// body callbacks are the engine's only then).
+	readsBody bool
 
 	mu      sync.Mutex // guards sched against OnDestroy
 	sched   shared.Scheduler
@@ -91,12 +113,12 @@ type filterConfig struct {
 // Create implements shared.HttpFilterFactory: a filter for one stream, on
 // the worker thread that runs it, with that thread's engine Plugin.
 func (c *filterConfig) Create(handle shared.HttpFilterHandle) shared.HttpFilter {
-	w, err := c.workers.get(syscall.Gettid(), c.newWorker)
+	w, err := c.workers.get(threadKey(handle), c.newWorker)
 	if err != nil {
 		c.log(engine.LogCritical, Name+": no engine for this worker, requests pass unchecked: "+err.Error())
 		return &shared.EmptyHttpFilter{}
 	}
-	h := w.enter(nil)
+	h := w.enter()
 	defer w.exit(h)
 	var f *httpFilter
 	if n := len(w.free); n > 0 {
@@ -184,11 +206,11 @@ func (c *filterConfig) tick() {
 	})
 }
 
-// recoverMain recovers a panic on the main thread: counted (pending, see
-// metrics), logged, and w's engine replaced.
+// recoverMain recovers a panic on the main thread: counted, logged, and
+// w's engine replaced.
 func (c *filterConfig) recoverMain(where string, w *worker) {
 	if r := recover(); r != nil {
-		c.metrics.add(c.panics, nil, 1)
+		c.metrics.add(c.panics, 1)
 		c.log(engine.LogCritical, Name+": panic in "+where+" (counted in "+Name+".panics): "+panicText(r))
 		if w != nil {
 			c.replaceEngine(w)
@@ -225,4 +247,15 @@ func panicText(r any) string {
 		return v
 	}
 	return "unknown panic value"
+}
+
+// threadKey names the Envoy thread running handle's filter: Envoy's worker
+// index (one cgo call), or, should the SDK's handle ever not be the type
+// envoyptr.go reads, the OS thread id (a system call), kept apart from the
+// indexes by its sign.
+func threadKey(handle shared.HttpFilterHandle) int {
+	if i, ok := workerIndex(handle); ok {
+		return i
+	}
+	return -syscall.Gettid()
 }

@@ -8,7 +8,7 @@
 //
 // Envoy calls filter callbacks on many worker threads at once; the engine
 // is called from one thread at a time. The adapter keeps one engine.Plugin
-// per Envoy thread, found by the OS thread id when Envoy creates a filter
+// per Envoy thread, found by Envoy's worker index when it creates a filter
 // (workers: a read-mostly map, lock-free on reads), each with its own lock
 // held during that Plugin's engine calls. A worker only takes its own
 // Plugin's lock, so no worker waits on another, and each worker's Plugin
@@ -26,9 +26,12 @@
 // scheduled function ticks each worker's Plugin under its lock. No
 // goroutine of ours touches Envoy objects.
 //
-// Metrics are defined when Envoy loads the configuration and incremented
-// through the handle of the filter callback in progress; increments made on
-// the main thread wait (atomically) for the next filter callback.
+// Metrics are defined when Envoy loads the configuration and changed
+// through Envoy's config-level metric calls, from whichever thread counts
+// (metrics.go): a change on the main thread shows in /stats at once. The
+// SDK snapshot does not wrap those calls; envoyabi.go declares them and
+// envoyptr.go reads the configuration's Envoy pointer out of the SDK's
+// handle, checked against the SDK's type (TestSDKHandleLayout).
 //
 // # Failures
 //

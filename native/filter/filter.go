@@ -26,12 +26,8 @@ type httpFilter struct {
 	paused bool
 }
 
-// enter takes the worker for a callback and flushes pending metrics.
-func (f *httpFilter) enter() hold {
-	h := f.w.enter(f.handle)
-	f.c.metrics.flush(f.handle)
-	return h
-}
+// enter takes the worker for a callback.
+func (f *httpFilter) enter() hold { return f.w.enter() }
 
 // recover recovers a panic in a filter callback: counted, logged, the
 // request fails open (a paused one is resumed, a callback returns
@@ -43,7 +39,7 @@ func (f *httpFilter) recover(where string) {
 		return
 	}
 	c := f.c
-	c.metrics.add(c.panics, f.handle, 1)
+	c.metrics.add(c.panics, 1)
 	c.log(engine.LogCritical, Name+": panic in "+where+", the request goes on (counted in "+Name+".panics): "+panicText(r))
 	if f.e == f.w.e {
 		c.replaceEngine(f.w)
@@ -92,6 +88,9 @@ func (f *httpFilter) OnResponseHeaders(_ shared.HeaderMap, endOfStream bool) sha
 
 // OnResponseBody implements shared.HttpFilter.
 func (f *httpFilter) OnResponseBody(body shared.BodyBuffer, endOfStream bool) shared.BodyStatus {
+	if !f.c.readsBody {
+		return shared.BodyStatusContinue
+	}
 	defer f.w.exit(f.enter())
 	defer f.recover("response body")
 	if f.r != nil {
@@ -104,6 +103,9 @@ func (f *httpFilter) OnResponseBody(body shared.BodyBuffer, endOfStream bool) sh
 
 // OnResponseTrailers implements shared.HttpFilter.
 func (f *httpFilter) OnResponseTrailers(shared.HeaderMap) shared.TrailersStatus {
+	if !f.c.readsBody {
+		return shared.TrailersStatusContinue
+	}
 	defer f.w.exit(f.enter())
 	defer f.recover("response trailers")
 	if f.r != nil {
@@ -127,7 +129,7 @@ func (f *httpFilter) OnStreamComplete() {
 // OnDestroy implements shared.HttpFilter: the filter waits for reuse.
 func (f *httpFilter) OnDestroy() {
 	w := f.w
-	defer w.exit(w.enter(nil))
+	defer w.exit(w.enter())
 	defer f.recover("destroy")
 	if f.r != nil {
 		f.r.Done() // idempotent: a stream Envoy never completed

@@ -20,6 +20,7 @@ import (
 type configHandle struct {
 	shared.HttpFilterConfigHandle // nil: any other method panics
 	ids                           idDefiner
+	countingSink                  // the configuration's metrics in Envoy
 	mu                            sync.Mutex
 	logs                          []string
 	scheduled                     int
@@ -64,24 +65,17 @@ func (h *configHandle) log() string {
 	return strings.Join(h.logs, "\n")
 }
 
+// sinkOf is ConfigFactory.metricsFor in these tests: the fake handle's
+// own counts.
+func sinkOf(h shared.HttpFilterConfigHandle) (sink, error) {
+	return &h.(*configHandle).countingSink, nil
+}
+
 // filterHandle is a stream's handle, the part the adapter uses.
 type filterHandle struct {
 	shared.HttpFilterHandle
-	countingSink
 	req, resp shared.HeaderMap
 	continued int
-}
-
-func (h *filterHandle) IncrementCounterValue(id shared.MetricID, v uint64, tags ...string) shared.MetricsResult {
-	return h.countingSink.IncrementCounterValue(id, v, tags...)
-}
-
-func (h *filterHandle) IncrementGaugeValue(id shared.MetricID, v uint64, tags ...string) shared.MetricsResult {
-	return h.countingSink.IncrementGaugeValue(id, v, tags...)
-}
-
-func (h *filterHandle) DecrementGaugeValue(id shared.MetricID, v uint64, tags ...string) shared.MetricsResult {
-	return h.countingSink.DecrementGaugeValue(id, v, tags...)
 }
 
 func (h *filterHandle) RequestHeaders() shared.HeaderMap  { return h.req }
@@ -109,7 +103,7 @@ func newConfig(t *testing.T, data string) (*configHandle, *filterConfig) {
 	t.Helper()
 	t.Setenv("GODEBUG", "cgocheck=0")
 	ch := &configHandle{}
-	f, err := ConfigFactory{}.Create(ch, []byte(data))
+	f, err := ConfigFactory{metricsFor: sinkOf}.Create(ch, []byte(data))
 	if err != nil {
 		t.Fatalf("Create: %v\n%s", err, ch.log())
 	}
@@ -119,7 +113,7 @@ func newConfig(t *testing.T, data string) (*configHandle, *filterConfig) {
 
 // TestPanicFailsOpen: a panic inside a filter callback does not reach
 // Envoy: the request goes on, the panic is counted in tokenbucket.panics
-// through the callback's handle and logged, the worker's lock is released
+// in Envoy and logged, the worker's lock is released
 // and its engine replaced; the buckets, in the store, are intact.
 func TestPanicFailsOpen(t *testing.T) {
 	ch, c := newConfig(t, demoConfig)
@@ -129,7 +123,7 @@ func TestPanicFailsOpen(t *testing.T) {
 	if st := f.OnRequestHeaders(broken.req, true); st != shared.HeadersStatusContinue {
 		t.Fatalf("OnRequestHeaders after a panic = %d, want Continue", st)
 	}
-	if n := broken.counters[ch.id(Name+".panics")]; n != 1 {
+	if n := ch.counter(ch.id(Name + ".panics")); n != 1 {
 		t.Fatalf("%s.panics = %d, want 1", Name, n)
 	}
 	if !strings.Contains(ch.log(), "panic in request headers") || !strings.Contains(ch.log(), "header map broken") {
@@ -177,7 +171,36 @@ func TestCreateRefuses(t *testing.T) {
 	bad := `{"rules": [{"name": "r", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 5}}]}`
 	want := engine.CheckConfiguration([]byte(bad))
 	ch = &configHandle{}
-	if _, err := (ConfigFactory{}).Create(ch, []byte(bad)); err == nil || want == nil || !strings.Contains(ch.log(), want.Error()) {
+	if _, err := (ConfigFactory{metricsFor: sinkOf}).Create(ch, []byte(bad)); err == nil || want == nil || !strings.Contains(ch.log(), want.Error()) {
 		t.Fatalf("bad configuration: %v; log %q, want %q", err, ch.log(), want)
+	}
+}
+
+// untouchableBody is a response body chunk that must not be read.
+type untouchableBody struct{ shared.BodyBuffer }
+
+func (untouchableBody) GetSize() uint64 { panic("the body was asked for its size") }
+
+// TestBodyCallbacksOnlyForBodyCosts: with no rule taking its cost from the
+// response body, the body and trailer callbacks ask Envoy nothing (each
+// question is a crossing into Envoy) and leave the engine alone; with one,
+// the body reaches the engine.
+func TestBodyCallbacksOnlyForBodyCosts(t *testing.T) {
+	ch, c := newConfig(t, demoConfig)
+	h := &filterHandle{req: newHeaders(map[string][]string{"x-api-key": {"body"}}), resp: newHeaders(nil)}
+	f := c.Create(h).(*httpFilter)
+	f.OnRequestHeaders(h.req, true)
+	f.OnResponseHeaders(h.resp, false)
+	if st := f.OnResponseBody(untouchableBody{}, true); st != shared.BodyStatusContinue {
+		t.Fatalf("OnResponseBody = %d, want Continue", st)
+	}
+	f.OnResponseTrailers(nil)
+	if n := ch.counter(ch.id(Name + ".panics")); n != 0 {
+		t.Fatalf("the body was read without a body cost (%d panics):\n%s", n, ch.log())
+	}
+	const bodyCost = `{"rules": [{"name": "tokens", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+	  "algorithm_config": {"tokens_per_second": 10, "burst": 100, "cost_source": "response_json:usage.total_tokens"}}]}`
+	if _, c := newConfig(t, bodyCost); !c.readsBody {
+		t.Fatal("a configuration with a response body cost does not read bodies")
 	}
 }

@@ -3,6 +3,8 @@ package filter
 import (
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/config"
 )
 
 func TestCgocheckOff(t *testing.T) {
@@ -32,7 +34,11 @@ func TestCheckHostJWT(t *testing.T) {
 		{`{"trust_unverified_jwt": true, "rules": [` + rule + `, "limit_keys": ["jwt:sub"]}]}`, ""},
 		{`{"rules": [` + rule + `, "limit_keys": ["header:x-api-key"]}]}`, ""},
 	} {
-		err := checkHost([]byte(tc.config))
+		cfg, err := config.Parse([]byte(tc.config))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.config, err)
+		}
+		err = checkHost(cfg)
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s: refused: %v", tc.config, err)

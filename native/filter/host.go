@@ -24,11 +24,11 @@ func (h *host) Now() int64 { return time.Now().UnixNano() }
 func (h *host) SharedData() slots.SharedData { return h.c.store }
 
 func (h *host) Counter(name string) engine.Counter {
-	return counter{ms: h.c.metrics, m: h.metric(name, false), w: h.w}
+	return counter{ms: h.c.metrics, m: h.metric(name, false)}
 }
 
 func (h *host) Gauge(name string) engine.Gauge {
-	return gauge{ms: h.c.metrics, m: h.metric(name, true), w: h.w}
+	return gauge{ms: h.c.metrics, m: h.metric(name, true)}
 }
 
 func (h *host) metric(name string, gauge bool) *metric {

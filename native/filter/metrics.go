@@ -1,22 +1,16 @@
 package filter
 
 import (
-	"sync/atomic"
-
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
-// Metrics. Envoy's dynamic-module ABI defines metrics on the configuration
-// (at configuration time, on the main thread) but increments them only
-// through a filter's handle. So an increment made inside a filter callback
-// goes through that callback's handle at once; one made with no filter
-// callback in progress (the answer of a callout the Plugin owns, the tick:
-// Envoy's main thread) is added to the metric's pending amount, and the
-// next filter callback of the same configuration, on any worker, flushes
-// every pending amount through its handle. A counter or gauge changed on
-// the main thread therefore shows in /stats at the next request.
+// Metrics. The module defines its metrics on the configuration when Envoy
+// loads it (main thread) and changes them through Envoy's config-level
+// calls (envoyabi.go), which any thread may make: an increment inside a
+// filter callback, in the answer of a call the Plugin owns or in the tick
+// (Envoy's main thread) shows in /stats at once. Nothing is kept pending.
 
 // definer defines metrics (shared.HttpFilterConfigHandle).
 type definer interface {
@@ -24,28 +18,28 @@ type definer interface {
 	DefineGauge(name string, tagKeys ...string) (shared.MetricID, shared.MetricsResult)
 }
 
-// sink increments metrics (shared.HttpFilterHandle).
+// sink changes the metrics of one configuration in Envoy; safe for
+// concurrent use.
 type sink interface {
-	IncrementCounterValue(id shared.MetricID, value uint64, tagsValues ...string) shared.MetricsResult
-	IncrementGaugeValue(id shared.MetricID, value uint64, tagsValues ...string) shared.MetricsResult
-	DecrementGaugeValue(id shared.MetricID, value uint64, tagsValues ...string) shared.MetricsResult
+	incrementCounter(id shared.MetricID, n uint64)
+	incrementGauge(id shared.MetricID, n uint64)
+	decrementGauge(id shared.MetricID, n uint64)
 }
 
-// metrics is one configuration's metrics by name. byName and list are
-// written only while the configuration is created.
+// metrics is one configuration's metrics by name. byName is written only
+// while the configuration is created.
 type metrics struct {
 	byName map[string]*metric
-	list   []*metric
-	dirty  atomic.Bool // some metric has a pending amount
+	s      sink
 }
 
 type metric struct {
 	id      shared.MetricID
 	gauge   bool
-	pending atomic.Int64
+	defined bool // false: a name Envoy refused or never defined, which counts nothing
 }
 
-func newMetrics() *metrics { return &metrics{byName: map[string]*metric{}} }
+func newMetrics(s sink) *metrics { return &metrics{byName: map[string]*metric{}, s: s} }
 
 // define defines name in Envoy (once). A name Envoy refuses gives a metric
 // that counts nothing.
@@ -59,11 +53,10 @@ func (ms *metrics) define(d definer, name string, gauge bool) *metric {
 	}
 	id, res := define(name)
 	if res != shared.MetricsSuccess {
-		return &metric{gauge: gauge} // not listed: never flushed
+		return &metric{gauge: gauge}
 	}
-	m := &metric{id: id, gauge: gauge}
+	m := &metric{id: id, gauge: gauge, defined: true}
 	ms.byName[name] = m
-	ms.list = append(ms.list, m)
 	return m
 }
 
@@ -75,61 +68,31 @@ func (ms *metrics) lookup(name string) *metric {
 	return &metric{}
 }
 
-// add adds n to m through s, or keeps it pending when s is nil.
-func (ms *metrics) add(m *metric, s sink, n int64) {
-	if s == nil {
-		m.pending.Add(n)
-		ms.dirty.Store(true)
-		return
-	}
-	apply(s, m, n)
-}
-
-// flush moves every pending amount to Envoy through s.
-func (ms *metrics) flush(s sink) {
-	if !ms.dirty.CompareAndSwap(true, false) {
-		return
-	}
-	for _, m := range ms.list {
-		if n := m.pending.Swap(0); n != 0 {
-			apply(s, m, n)
-		}
-	}
-}
-
-func apply(s sink, m *metric, n int64) {
+// add adds n to m in Envoy, from any thread.
+func (ms *metrics) add(m *metric, n int64) {
 	switch {
+	case !m.defined || n == 0:
 	case !m.gauge:
-		s.IncrementCounterValue(m.id, uint64(n))
-	case n >= 0:
-		s.IncrementGaugeValue(m.id, uint64(n))
+		ms.s.incrementCounter(m.id, uint64(n))
+	case n > 0:
+		ms.s.incrementGauge(m.id, uint64(n))
 	default:
-		s.DecrementGaugeValue(m.id, uint64(-n))
+		ms.s.decrementGauge(m.id, uint64(-n))
 	}
 }
 
-// counter is engine.Counter for one worker's Plugin.
+// counter is engine.Counter.
 type counter struct {
 	ms *metrics
 	m  *metric
-	w  *worker // nil for the Plugin built to check the configuration
 }
 
-func (c counter) Increment(n uint64) { c.ms.add(c.m, c.w.sinkOrNil(), int64(n)) }
+func (c counter) Increment(n uint64) { c.ms.add(c.m, int64(n)) }
 
-// gauge is engine.Gauge for one worker's Plugin.
+// gauge is engine.Gauge.
 type gauge counter
 
-func (g gauge) Add(n int64) { g.ms.add(g.m, g.w.sinkOrNil(), n) }
-
-// sinkOrNil is the handle of the filter callback in progress on w (called
-// with w held), or nil.
-func (w *worker) sinkOrNil() sink {
-	if w == nil {
-		return nil
-	}
-	return w.sink
-}
+func (g gauge) Add(n int64) { g.ms.add(g.m, n) }
 
 var (
 	_ engine.Counter = counter{}

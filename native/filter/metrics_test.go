@@ -1,39 +1,44 @@
 package filter
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 )
 
-// countingSink is a filter handle's metric calls, recorded.
+// countingSink is the metrics of one configuration in Envoy, recorded; safe
+// for concurrent use as Envoy's are.
 type countingSink struct {
+	mu       sync.Mutex
 	counters map[shared.MetricID]uint64
 	gauges   map[shared.MetricID]int64
 }
 
-func (s *countingSink) init() {
+func (s *countingSink) change(id shared.MetricID, counter uint64, gauge int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.counters == nil {
 		s.counters, s.gauges = map[shared.MetricID]uint64{}, map[shared.MetricID]int64{}
 	}
+	s.counters[id] += counter
+	s.gauges[id] += gauge
 }
 
-func (s *countingSink) IncrementCounterValue(id shared.MetricID, v uint64, _ ...string) shared.MetricsResult {
-	s.init()
-	s.counters[id] += v
-	return shared.MetricsSuccess
+func (s *countingSink) incrementCounter(id shared.MetricID, n uint64) { s.change(id, n, 0) }
+func (s *countingSink) incrementGauge(id shared.MetricID, n uint64)   { s.change(id, 0, int64(n)) }
+func (s *countingSink) decrementGauge(id shared.MetricID, n uint64)   { s.change(id, 0, -int64(n)) }
+
+func (s *countingSink) counter(id shared.MetricID) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counters[id]
 }
 
-func (s *countingSink) IncrementGaugeValue(id shared.MetricID, v uint64, _ ...string) shared.MetricsResult {
-	s.init()
-	s.gauges[id] += int64(v)
-	return shared.MetricsSuccess
-}
-
-func (s *countingSink) DecrementGaugeValue(id shared.MetricID, v uint64, _ ...string) shared.MetricsResult {
-	s.init()
-	s.gauges[id] -= int64(v)
-	return shared.MetricsSuccess
+func (s *countingSink) gauge(id shared.MetricID) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gauges[id]
 }
 
 // idDefiner gives metric ids in order of definition.
@@ -48,46 +53,43 @@ func (d *idDefiner) DefineGauge(name string, _ ...string) (shared.MetricID, shar
 	return d.DefineCounter(name)
 }
 
-// TestMetricsPendingUntilCallback: increments with no filter callback in
-// progress (the main thread) wait, and the next callback's handle flushes
-// them once; increments inside a callback go through its handle at once.
-func TestMetricsPendingUntilCallback(t *testing.T) {
-	ms, d := newMetrics(), &idDefiner{}
+// TestMetricsNeverPending: a metric changed with no filter callback in
+// progress (Envoy's main thread: the answer of a call the Plugin owns, the
+// tick) reaches Envoy at once, through the configuration. Before, such
+// changes waited for the next request's callback, and with no request
+// after them (the answers of a shadow cluster rule's calls) never showed.
+func TestMetricsNeverPending(t *testing.T) {
+	s, d := &countingSink{}, &idDefiner{}
+	ms := newMetrics(s)
 	calls := ms.define(d, "tokenbucket.lease_calls", false)
 	heap := ms.define(d, "tokenbucket.memory.heap_bytes", true)
 	if again := ms.define(d, "tokenbucket.lease_calls", false); again != calls || len(d.names) != 2 {
 		t.Fatalf("defining a name twice defined it again: %v", d.names)
 	}
 	w := &worker{}
-	c, g := counter{ms: ms, m: calls, w: w}, gauge{ms: ms, m: heap, w: w}
-
+	c, g := counter{ms: ms, m: calls}, gauge{ms: ms, m: heap}
 	w.enterMain()
 	c.Increment(2)
 	c.Increment(3)
 	g.Add(1000)
 	g.Add(-400)
 	w.exitMain()
-
-	s := &countingSink{}
-	h := w.enter(s)
-	ms.flush(s)
-	c.Increment(1) // inside the callback: at once
-	w.exit(h)
-	if s.counters[calls.id] != 6 || s.gauges[heap.id] != 600 {
-		t.Fatalf("after the first callback: counter %d gauge %d, want 6 and 600", s.counters[calls.id], s.gauges[heap.id])
+	if s.counter(calls.id) != 5 || s.gauge(heap.id) != 600 {
+		t.Fatalf("after the main thread's changes: counter %d gauge %d, want 5 and 600 at once", s.counter(calls.id), s.gauge(heap.id))
 	}
-	ms.flush(s) // nothing pending: nothing added
-	if s.counters[calls.id] != 6 || s.gauges[heap.id] != 600 {
-		t.Fatalf("a second flush added again: counter %d gauge %d", s.counters[calls.id], s.gauges[heap.id])
-	}
-	w.enterMain()
-	g.Add(-700)
-	w.exitMain()
-	ms.flush(s)
-	if s.gauges[heap.id] != -100 {
-		t.Fatalf("gauge %d after a decrease on the main thread, want -100", s.gauges[heap.id])
-	}
-	if m := ms.lookup("tokenbucket.unknown"); m.gauge || m.pending.Load() != 0 {
+	if m := ms.lookup("tokenbucket.unknown"); m.defined {
 		t.Fatal("an unknown name is not an inert metric")
+	}
+	ms.add(ms.lookup("tokenbucket.unknown"), 1) // counts nothing, calls nothing
+}
+
+// TestTickCountsAtOnce: the engine's tick, run on the main thread with no
+// request before or after it, shows the memory gauges in Envoy at once.
+func TestTickCountsAtOnce(t *testing.T) {
+	ch, c := newConfig(t, demoConfig)
+	remaining(t, c, "tick") // a worker, so that there is a Plugin to tick
+	c.tick()
+	if n := ch.gauge(ch.id(Name + ".memory.heap_bytes")); n <= 0 {
+		t.Fatalf("%s.memory.heap_bytes = %d after a tick with no request after it, want the heap's size", Name, n)
 	}
 }

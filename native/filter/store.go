@@ -36,9 +36,15 @@ type Store struct {
 // storeShards is the number of independently locked maps.
 const storeShards = 64
 
+// A shard's map is assigned only when a key is created, with a copy of the
+// caller's key; an existing entry is changed through its pointer. Assigning
+// an existing string key again would store the caller's string as the map's
+// key (Go updates string keys on assignment), and callers pass keys that
+// alias a buffer they rewrite (package slots): the entry would change name
+// with the buffer and vanish.
 type storeShard struct {
 	mu sync.Mutex
-	m  map[string]storeEntry
+	m  map[string]*storeEntry
 	_  [40]byte // keeps two shards' mutexes off one cache line
 }
 
@@ -51,7 +57,7 @@ type storeEntry struct {
 func NewStore() *Store {
 	s := &Store{seed: maphash.MakeSeed()}
 	for i := range s.shards {
-		s.shards[i].m = map[string]storeEntry{}
+		s.shards[i].m = map[string]*storeEntry{}
 	}
 	return s
 }
@@ -75,13 +81,18 @@ func (s *Store) Get(key string) ([]byte, uint32, error) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	e, ok := sh.m[key]
+	var value []byte
+	var cas uint32
+	if ok {
+		value, cas = e.value, e.cas
+	}
 	sh.mu.Unlock()
 	if !ok {
 		return nil, 0, slots.ErrNotFound
 	}
-	// e.value is never changed in place (Set stores a new slice), so it can
+	// A value is never changed in place (Set stores a new slice), so it can
 	// be copied outside the lock.
-	return append([]byte(nil), e.value...), e.cas, nil
+	return append([]byte(nil), value...), cas, nil
 }
 
 // Set implements slots.SharedData. It keeps a copy of value.
@@ -91,13 +102,14 @@ func (s *Store) Set(key string, value []byte, cas uint32) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[key]
-	if ok && cas != 0 && cas != e.cas {
+	switch {
+	case !ok:
+		sh.m[strings.Clone(key)] = &storeEntry{value: v, cas: s.nextCAS()}
+	case cas != 0 && cas != e.cas:
 		return slots.ErrCASMismatch
+	default:
+		e.value, e.cas = v, s.nextCAS() // never sh.m[key] = ...: see storeShard
 	}
-	if !ok {
-		key = strings.Clone(key) // the caller's key may alias a buffer it reuses
-	}
-	sh.m[key] = storeEntry{value: v, cas: s.nextCAS()}
 	return nil
 }
 

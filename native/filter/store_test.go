@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/shareddata"
@@ -149,5 +150,38 @@ func TestStoreHammer(t *testing.T) {
 	}
 	if wins != 1 {
 		t.Errorf("%d workers created the key with a CAS read before it existed, want 1", wins)
+	}
+}
+
+// TestStoreKeysFromReusedBuffer: slots.Table passes keys that alias a
+// scratch buffer it rewrites for the next key (hosts copy keys). A second
+// Set of an existing key must not leave the caller's buffer as the map's
+// key: Go's map assignment stores the new key's string header for string
+// keys, and the entry then changes name with the buffer (it vanishes, and
+// its bucket starts afresh). Found as buckets lost across a listener update
+// and steady clients given fresh bursts under a flood of keys.
+func TestStoreKeysFromReusedBuffer(t *testing.T) {
+	s := NewStore()
+	buf := []byte("tokenbucket:v2::25000:10013")
+	key := func() string { return unsafe.String(unsafe.SliceData(buf), len(buf)) }
+	if err := s.Set(key(), []byte("v1"), 0); err != nil { // created: the Store copies the key
+		t.Fatal(err)
+	}
+	_, cas, err := s.Get(key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Set(key(), []byte("v2"), cas); err != nil { // an update of the existing key
+		t.Fatal(err)
+	}
+	copy(buf[len(buf)-5:], "15130") // the caller's next key
+	if v, _, err := s.Get("tokenbucket:v2::25000:10013"); err != nil || string(v) != "v2" {
+		t.Fatalf("after the caller reused its buffer: Get = %q, %v; want \"v2\"", v, err)
+	}
+	if _, _, err := s.Get("tokenbucket:v2::25000:15130"); !errors.Is(err, slots.ErrNotFound) {
+		t.Fatalf("a key never set reads as %v, want slots.ErrNotFound", err)
+	}
+	if n := s.Len(); n != 1 {
+		t.Fatalf("Len = %d, want 1", n)
 	}
 }

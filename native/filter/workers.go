@@ -8,7 +8,7 @@ import (
 )
 
 // workers is one configuration's engine Plugins, one per Envoy thread that
-// runs the filter, found by the thread's id. Reads (every filter Envoy
+// runs the filter, found by its key (threadKey). Reads (every filter Envoy
 // creates) load an immutable map without a lock; a thread seen for the
 // first time builds its worker under mu and publishes a new map.
 type workers struct {
@@ -77,9 +77,6 @@ type worker struct {
 	// e is the engine, replaced by a new one after a panic (the buckets
 	// live in the Store, so they survive).
 	e *engine.Plugin
-	// sink increments metrics: the handle of the filter callback in
-	// progress, or nil outside one (the main thread).
-	sink sink
 	// free holds filters whose stream is done, for reuse.
 	free []*httpFilter
 }
@@ -90,41 +87,32 @@ const (
 	ownedByMain
 )
 
-// hold is what enter returns for exit to restore.
-type hold struct {
-	prev   sink
-	nested bool
-}
+// hold is what enter returns for exit: whether the callback is nested in
+// another of the same thread (which keeps the lock).
+type hold struct{ nested bool }
 
-// enter takes the worker for a callback on its own thread; s is the
-// callback's handle (nil for none).
-func (w *worker) enter(s sink) hold {
+// enter takes the worker for a callback on its own thread.
+func (w *worker) enter() hold {
 	if w.owner.Load() == ownedByWorker {
-		h := hold{prev: w.sink, nested: true}
-		w.sink = s
-		return h
+		return hold{nested: true}
 	}
 	w.mu.Lock()
 	w.owner.Store(ownedByWorker)
-	w.sink = s
 	return hold{}
 }
 
 // exit ends what enter began.
 func (w *worker) exit(h hold) {
-	w.sink = h.prev
 	if !h.nested {
 		w.owner.Store(ownedByNone)
 		w.mu.Unlock()
 	}
 }
 
-// enterMain takes the worker on Envoy's main thread (no filter handle:
-// metrics wait for the next callback, see metrics).
+// enterMain takes the worker on Envoy's main thread.
 func (w *worker) enterMain() {
 	w.mu.Lock()
 	w.owner.Store(ownedByMain)
-	w.sink = nil
 }
 
 func (w *worker) exitMain() {
