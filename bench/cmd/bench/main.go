@@ -51,8 +51,6 @@
 package main
 
 import (
-	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
-
 	"errors"
 	"flag"
 	"fmt"
@@ -63,6 +61,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 )
 
 // params are the command-line settings.

@@ -24,5 +24,24 @@
   (func (export "proxy_on_response_trailers") (param i32 i32) (result i32)
     i32.const 0)
   (func (export "proxy_on_delete") (param i32))
+  ;; The rest of the successor SDK's exports: Envoy calls proxy_on_log and
+  ;; proxy_on_done on every stream; the others are never called by an HTTP
+  ;; filter, but a module exporting them is what Envoy loads.
+  (func (export "proxy_on_log") (param i32))
+  (func (export "proxy_on_done") (param i32) (result i32)
+    i32.const 1) ;; done
+  (func (export "proxy_on_queue_ready") (param i32 i32))
+  (func (export "proxy_on_request_body") (param i32 i32 i32) (result i32)
+    i32.const 0)
+  (func (export "proxy_on_request_trailers") (param i32 i32) (result i32)
+    i32.const 0)
+  (func (export "proxy_on_new_connection") (param i32) (result i32)
+    i32.const 0)
+  (func (export "proxy_on_downstream_data") (param i32 i32 i32) (result i32)
+    i32.const 0)
+  (func (export "proxy_on_downstream_connection_close") (param i32 i32))
+  (func (export "proxy_on_upstream_data") (param i32 i32 i32) (result i32)
+    i32.const 0)
+  (func (export "proxy_on_upstream_connection_close") (param i32 i32))
   (func (export "proxy_on_tick") (param i32))
   (func (export "proxy_on_http_call_response") (param i32 i32 i32 i32 i32)))
