@@ -263,7 +263,9 @@ func (stream) AddResponseHeader(name, value string) error {
 }
 
 func (stream) ResponseBody(offset, size int) ([]byte, error) {
-	return proxywasm.GetHttpResponseBody(offset, size)
+	b, err := proxywasm.GetHttpResponseBody(offset, size)
+	readBody(len(b))
+	return b, err
 }
 
 func (stream) SendReply(status int, headers [][2]string, body []byte) error {

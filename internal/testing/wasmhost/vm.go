@@ -240,6 +240,14 @@ func (vm *VM) TickPeriod() time.Duration {
 	return vm.root.tickPeriod
 }
 
+// MemoryBytes is the size of the module's linear memory: what the guest
+// took from the host and never gives back (wasm memory only grows).
+func (vm *VM) MemoryBytes() uint64 {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return uint64(vm.mod.Memory().Size())
+}
+
 // Tick runs proxy_on_tick on the root context in force. The test decides when
 // ticks happen; the host never fires them on its own.
 func (vm *VM) Tick() error {
