@@ -7,8 +7,10 @@
 // Gateway's EnvoyProxy registers, with the module's filter name and a JSON
 // configuration the plugin's engine accepts (the demo rule of envoy.yaml);
 // the EnvoyProxy mounts the file where it registers it and sets
-// GODEBUG=cgocheck=0 in Envoy's container. Then a real Envoy runs the
-// module configured the way Envoy Gateway's translator configures it.
+// GODEBUG=cgocheck=0 in Envoy's container. docs/native.md's excerpt of the
+// example must decode alike and show the example's values. Then a real
+// Envoy runs the module configured the way Envoy Gateway's translator
+// configures it (that translator is internal to Envoy Gateway's module).
 //
 // It is a Go module of its own so that Envoy Gateway and the Kubernetes
 // packages it needs never enter the plugin's go.mod; it uses this

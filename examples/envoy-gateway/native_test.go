@@ -403,3 +403,127 @@ func TestConfigAsString(t *testing.T) {
 		t.Fatalf("error %v, want not a JSON object", err)
 	}
 }
+
+// docsPage is the page whose "Envoy Gateway" section shows an excerpt of
+// the example.
+const docsPage = "../../docs/native.md"
+
+// TestDocsExcerpt: the YAML block of docs/native.md's "Envoy Gateway"
+// section, an EnvoyProxy spec and an EnvoyExtensionPolicy spec, decodes
+// strictly into Envoy Gateway's types and is an excerpt of the example:
+// every value it shows is the example's, placeholders ("<...>" and [...])
+// aside. So the page cannot drift from the tested file.
+func TestDocsExcerpt(t *testing.T) {
+	page, err := os.ReadFile(docsPage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(page), "\n## Envoy Gateway")
+	if !ok {
+		t.Fatalf("%s: no Envoy Gateway section", docsPage)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	_, block, ok := strings.Cut(section, "```yaml\n")
+	if ok {
+		block, _, ok = strings.Cut(block, "```")
+	}
+	if !ok {
+		t.Fatalf("%s: the Envoy Gateway section has no closed yaml block", docsPage)
+	}
+	docs := strings.Split(block, "\n---\n")
+	if len(docs) != 2 {
+		t.Fatalf("%s: %d documents in the Envoy Gateway block, want an EnvoyProxy and an EnvoyExtensionPolicy", docsPage, len(docs))
+	}
+	b, err := os.ReadFile(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []map[string]any // the example's EnvoyProxy and EnvoyExtensionPolicy, as JSON trees
+	for _, kind := range []string{egv1a1.KindEnvoyProxy, egv1a1.KindEnvoyExtensionPolicy} {
+		for y := range strings.SplitSeq(string(b), "\n---\n") {
+			var tree map[string]any
+			if err := yaml.Unmarshal([]byte(y), &tree); err != nil {
+				t.Fatal(err)
+			}
+			if tree["kind"] == kind {
+				kinds = append(kinds, tree)
+			}
+		}
+	}
+	if len(kinds) != 2 {
+		t.Fatalf("%s: %d EnvoyProxy and EnvoyExtensionPolicy, want one each", example, len(kinds))
+	}
+	for i, doc := range docs {
+		j, err := yaml.YAMLToJSONStrict([]byte(doc))
+		if err != nil {
+			t.Fatalf("%s, document %d: %v", docsPage, i, err)
+		}
+		if i == 0 {
+			var into []*struct {
+				Spec egv1a1.EnvoyProxySpec `json:"spec"`
+			}
+			err = strictInto(j, &into)
+		} else {
+			var into []*struct {
+				Spec egv1a1.EnvoyExtensionPolicySpec `json:"spec"`
+			}
+			err = strictInto(j, &into)
+		}
+		if err != nil {
+			t.Fatalf("%s, document %d: %v", docsPage, i, err)
+		}
+		var tree map[string]any
+		if err := json.Unmarshal(j, &tree); err != nil {
+			t.Fatal(err)
+		}
+		if err := excerpt(tree, kinds[i], ""); err != nil {
+			t.Errorf("%s, document %d (%s) is not an excerpt of %s: %v", docsPage, i, kinds[i]["kind"], example, err)
+		}
+	}
+}
+
+// excerpt returns an error unless every value of doc is the one at the same
+// place in full; a string "<...>" and a list of one "..." are placeholders.
+func excerpt(doc, full any, at string) error {
+	switch d := doc.(type) {
+	case map[string]any:
+		f, ok := full.(map[string]any)
+		if !ok {
+			return fmt.Errorf("%s: an object, the example has %v", at, full)
+		}
+		for k, v := range d {
+			fv, ok := f[k]
+			if !ok {
+				return fmt.Errorf("%s.%s: not in the example", at, k)
+			}
+			if err := excerpt(v, fv, at+"."+k); err != nil {
+				return err
+			}
+		}
+	case []any:
+		if len(d) == 1 && d[0] == "..." {
+			return nil
+		}
+		f, ok := full.([]any)
+		if !ok || len(f) != len(d) {
+			return fmt.Errorf("%s: %d elements, the example has %v", at, len(d), full)
+		}
+		for i := range d {
+			if err := excerpt(d[i], f[i], fmt.Sprintf("%s[%d]", at, i)); err != nil {
+				return err
+			}
+		}
+	case string:
+		if strings.HasPrefix(d, "<") && strings.HasSuffix(d, ">") {
+			return nil
+		}
+		if d != full {
+			return fmt.Errorf("%s: %q, the example has %v", at, d, full)
+		}
+	default:
+		if !reflect.DeepEqual(doc, full) {
+			return fmt.Errorf("%s: %v, the example has %v", at, doc, full)
+		}
+	}
+	return nil
+}
