@@ -1,0 +1,25 @@
+# The native module in Envoy Gateway (docs/native.md, "Envoy Gateway"):
+# examples/envoy-gateway/native.yaml decoded strictly by Envoy Gateway's own
+# API types (github.com/envoyproxy/gateway/api/v1alpha1, v1.9.1) and the
+# Gateway API's, its module configuration checked by the engine, and a real
+# Envoy running the module's filter in the form Envoy Gateway's translator
+# writes.
+#
+# examples/envoy-gateway is a Go module of its own (its go.mod pins Envoy
+# Gateway), so Envoy Gateway and its Kubernetes packages never enter the
+# product's go.mod; it reaches this module's packages through a replace
+# directive (../..). `make check` vets it and checks `go mod tidy` there.
+#
+#   make test-gateway   its tests under CI=true (a missing Envoy or native
+#                       module fails, never skips); part of `make test`
+#
+# Cold (empty Go build cache) the first run compiles the Kubernetes and
+# Gateway API packages: about a minute on 2 shared cores.
+
+.PHONY: test-gateway
+
+GATEWAY_MOD := examples/envoy-gateway
+
+test-gateway: setup build-native
+	cd $(GATEWAY_MOD) && CI=true $(GO) test -count=1 -v ./... 2>&1 | tee $(abspath $(BUILD))/gateway.log | \
+		grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
