@@ -113,7 +113,11 @@ type filterConfig struct {
 // Create implements shared.HttpFilterFactory: a filter for one stream, on
 // the worker thread that runs it, with that thread's engine Plugin.
 func (c *filterConfig) Create(handle shared.HttpFilterHandle) shared.HttpFilter {
-	w, err := c.workers.get(threadKey(handle), c.newWorker)
+	key := threadKey(handle)
+	w, err := c.workers.get(key, func() (*worker, error) {
+		threadSeen(key)
+		return c.newWorker()
+	})
 	if err != nil {
 		c.log(engine.LogCritical, Name+": no engine for this worker, requests pass unchecked: "+err.Error())
 		return &shared.EmptyHttpFilter{}

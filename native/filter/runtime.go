@@ -6,14 +6,48 @@ import (
 	"sync"
 )
 
-// minProcs is the fewest Ps the module gives the Go runtime. With Envoy
+// The Go runtime's Ps. Every Envoy thread that calls the module needs a P
+// for the length of each callback, and between callbacks it keeps its P as
+// a thread "in a system call" as long as another P is idle; when none is,
+// Go's monitor takes the P back and the next callback gets one through the
+// scheduler's slow path, under its global lock. With fewer Ps than threads
+// the workers wait on each other there (make bench's configurations 16 and
+// 17 measure four workers against one). So the module gives the runtime a P for every
+// Envoy thread that has run a filter, one for the main thread and one to
+// spare (threadSeen), and at least minProcs from the start: with Envoy
 // confined to one CPU (taskset, a container's CPU set) the runtime would
-// take GOMAXPROCS=1: then Envoy's thread holds the only P during a callback
-// while the runtime's own work (the collector's background marking,
-// sysmon's hand-offs) waits for it, and each request pays for that. Two Ps
-// let that work run beside the callback (docs/native.md has the
-// measurement). A GOMAXPROCS in Envoy's environment is left as it is.
-const minProcs = 2
+// take GOMAXPROCS=1. Idle Ps cost nothing. A GOMAXPROCS in Envoy's
+// environment is left as it is.
+const (
+	minProcs   = 2
+	spareProcs = 2 // the main thread's, and one idle
+)
+
+// threads are the Envoy threads seen running a filter, by threadKey.
+var threads struct {
+	sync.Mutex
+	seen map[int]bool
+}
+
+// threadSeen records that thread key runs filters and raises GOMAXPROCS
+// to a P per such thread plus spareProcs.
+func threadSeen(key int) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return
+	}
+	threads.Lock()
+	defer threads.Unlock()
+	if threads.seen[key] {
+		return
+	}
+	if threads.seen == nil {
+		threads.seen = map[int]bool{}
+	}
+	threads.seen[key] = true
+	if want := len(threads.seen) + spareProcs; runtime.GOMAXPROCS(0) < want {
+		runtime.GOMAXPROCS(want)
+	}
+}
 
 var tuneOnce sync.Once
 
