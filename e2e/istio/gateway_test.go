@@ -311,69 +311,8 @@ func TestIstioGateway(t *testing.T) {
 		}
 	})
 
-	// What the requests below saw, to compare with /stats.
-	var anonAllowed, anonRejected, keyAllowed, keyRejected uint64
-
-	t.Run("anonymous clients: the burst, then 429 with the RateLimit headers", func(t *testing.T) {
-		start := time.Now()
-		res := c.Burst(40, func(int) *http.Request { return c.NewRequest("GET", "/public", nil) })
-		st := envoytest.Statuses(res)
-		refill := refillBound(anonRate, time.Since(start))
-		if st[200] < anonBurst || st[200] > anonBurst+refill || st[200]+st[429] != 40 {
-			t.Fatalf("statuses %v, want %d (+ at most %d refilled) 200s, the rest 429", st, anonBurst, refill)
-		}
-		anonAllowed, anonRejected = uint64(st[200]), uint64(st[429])
-		r := c.Get("/public", nil)
-		if r.Status != 429 || policyName(r.Header) != "anonymous-per-ip" || r.Header.Get("Retry-After") == "" ||
-			!strings.HasPrefix(r.Header.Get("RateLimit-Policy"), `"anonymous-per-ip";q=10`) {
-			t.Fatalf("after the burst: %d %v, want 429 from anonymous-per-ip with Retry-After and RateLimit headers", r.Status, r.Header)
-		}
-		anonRejected++
-	})
-
-	t.Run("per API key: the limit service behind the cluster Istio names", func(t *testing.T) {
-		before := g.decides.Load()
-		start := time.Now()
-		for i := range 60 {
-			r := c.Get("/api/orders", map[string]string{"x-api-key": "key-a"})
-			switch {
-			case r.Status == 200:
-				keyAllowed++
-			case r.Status == 429 && policyName(r.Header) == "per-api-key":
-				keyRejected++
-			default:
-				t.Fatalf("request %d: %d RateLimit %q, want 200, or 429 from per-api-key", i, r.Status, r.Header.Get("RateLimit"))
-			}
-		}
-		refill := refillBound(20, time.Since(start))
-		if keyAllowed < 40 || keyAllowed > 40+uint64(refill) {
-			t.Fatalf("key-a: %d of 60 allowed, want 40 (+ at most %d refilled)", keyAllowed, refill)
-		}
-		if got := g.decides.Load() - before; got < 60 {
-			t.Fatalf("the limit service took %d decisions with Host limitd.ratelimit.svc.cluster.local for 60 requests", got)
-		}
-	})
-
-	t.Run("health checks are never limited", func(t *testing.T) {
-		res := c.Burst(30, func(int) *http.Request { return c.NewRequest("GET", "/healthz", nil) })
-		if st := envoytest.Statuses(res); st[200] != 30 {
-			t.Fatalf("/healthz x30: %v, want 30 x 200", st)
-		}
-	})
-
-	t.Run("stats count per rule", func(t *testing.T) {
-		for name, want := range map[string]uint64{
-			"rule.anonymous-per-ip.allowed": anonAllowed, "rule.anonymous-per-ip.rejected": anonRejected,
-			"rule.per-api-key.allowed": keyAllowed, "rule.per-api-key.rejected": keyRejected,
-			// Every request a rule above let through, none it rejected.
-			"rule.global-ceiling.allowed": anonAllowed + keyAllowed, "rule.global-ceiling.rejected": 0,
-			"service_errors": 0,
-		} {
-			if v := stat(name); v != want {
-				t.Errorf("wasmcustom.tokenbucket.%s = %d, want %d", name, v, want)
-			}
-		}
-	})
+	n := checkGatewayLimits(t, c, g.decides)
+	checkGatewayStats(t, "wasmcustom.", stat, n)
 
 	// The example's phase AUTHZ: after Istio's authentication filters,
 	// before its authorization filters, so a flood is limited before an
@@ -632,4 +571,81 @@ func TestIstioPluginUpdate(t *testing.T) {
 	if len(res) < 20 {
 		t.Fatalf("only %d requests during the update", len(res))
 	}
+}
+
+// gatewayCounts is what the gateway example's requests saw, to compare with
+// /stats.
+type gatewayCounts struct{ anonAllowed, anonRejected, keyAllowed, keyRejected uint64 }
+
+// checkGatewayLimits sends the gateway example's traffic through c and checks
+// each rule's answers, with either build of the limiter: the anonymous burst,
+// the per-key limit through the limit service (decides counts its decisions),
+// and health checks never limited.
+func checkGatewayLimits(t *testing.T, c *envoytest.Client, decides *atomic.Int64) *gatewayCounts {
+	n := &gatewayCounts{}
+	t.Run("anonymous clients: the burst, then 429 with the RateLimit headers", func(t *testing.T) {
+		start := time.Now()
+		res := c.Burst(40, func(int) *http.Request { return c.NewRequest("GET", "/public", nil) })
+		st := envoytest.Statuses(res)
+		refill := refillBound(anonRate, time.Since(start))
+		if st[200] < anonBurst || st[200] > anonBurst+refill || st[200]+st[429] != 40 {
+			t.Fatalf("statuses %v, want %d (+ at most %d refilled) 200s, the rest 429", st, anonBurst, refill)
+		}
+		n.anonAllowed, n.anonRejected = uint64(st[200]), uint64(st[429])
+		r := c.Get("/public", nil)
+		if r.Status != 429 || policyName(r.Header) != "anonymous-per-ip" || r.Header.Get("Retry-After") == "" ||
+			!strings.HasPrefix(r.Header.Get("RateLimit-Policy"), `"anonymous-per-ip";q=10`) {
+			t.Fatalf("after the burst: %d %v, want 429 from anonymous-per-ip with Retry-After and RateLimit headers", r.Status, r.Header)
+		}
+		n.anonRejected++
+	})
+
+	t.Run("per API key: the limit service behind the cluster Istio names", func(t *testing.T) {
+		before := decides.Load()
+		start := time.Now()
+		for i := range 60 {
+			r := c.Get("/api/orders", map[string]string{"x-api-key": "key-a"})
+			switch {
+			case r.Status == 200:
+				n.keyAllowed++
+			case r.Status == 429 && policyName(r.Header) == "per-api-key":
+				n.keyRejected++
+			default:
+				t.Fatalf("request %d: %d RateLimit %q, want 200, or 429 from per-api-key", i, r.Status, r.Header.Get("RateLimit"))
+			}
+		}
+		refill := refillBound(20, time.Since(start))
+		if n.keyAllowed < 40 || n.keyAllowed > 40+uint64(refill) {
+			t.Fatalf("key-a: %d of 60 allowed, want 40 (+ at most %d refilled)", n.keyAllowed, refill)
+		}
+		if got := decides.Load() - before; got < 60 {
+			t.Fatalf("the limit service took %d decisions with Host limitd.ratelimit.svc.cluster.local for 60 requests", got)
+		}
+	})
+
+	t.Run("health checks are never limited", func(t *testing.T) {
+		res := c.Burst(30, func(int) *http.Request { return c.NewRequest("GET", "/healthz", nil) })
+		if st := envoytest.Statuses(res); st[200] != 30 {
+			t.Fatalf("/healthz x30: %v, want 30 x 200", st)
+		}
+	})
+	return n
+}
+
+// checkGatewayStats compares the limiter's counters (stat reads
+// tokenbucket.<name> under the build's prefix) with what n saw.
+func checkGatewayStats(t *testing.T, prefix string, stat func(string) uint64, n *gatewayCounts) {
+	t.Run("stats count per rule", func(t *testing.T) {
+		for name, want := range map[string]uint64{
+			"rule.anonymous-per-ip.allowed": n.anonAllowed, "rule.anonymous-per-ip.rejected": n.anonRejected,
+			"rule.per-api-key.allowed": n.keyAllowed, "rule.per-api-key.rejected": n.keyRejected,
+			// Every request a rule above let through, none it rejected.
+			"rule.global-ceiling.allowed": n.anonAllowed + n.keyAllowed, "rule.global-ceiling.rejected": 0,
+			"service_errors": 0,
+		} {
+			if v := stat(name); v != want {
+				t.Errorf("%stokenbucket.%s = %d, want %d", prefix, name, v, want)
+			}
+		}
+	})
 }
