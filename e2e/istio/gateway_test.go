@@ -57,6 +57,24 @@ func startGatewaySetup(t *testing.T, extra ...func(wasm string, port int) string
 	wasm := pluginCopy(t)
 	y := wasmPlugin(t, gatewayExample, wasm, 0, nil)
 	cfg := parsePluginConfig(t, y)
+	limitdPort, decides := startCountingLimitd(t, cfg)
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+
+	port := envoytest.FreePort(t)
+	configs := []string{wasmPlugin(t, gatewayExample, wasm, port, gatewayPluginEdit(t))}
+	for _, f := range extra {
+		configs = append(configs, f(wasm, port))
+	}
+	m := startMesh(t, meshObjects{GatewayPort: port, UpstreamPort: up.Port(),
+		LimitdPort: limitdPort, Configs: configs})
+	return &gatewaySetup{mesh: m, envoy: m.startGateway(t), wasm: wasm, decides: decides}
+}
+
+// startCountingLimitd serves the limit service (in memory, with cfg's
+// token) on a loopback port and counts its decisions whose Host is cfg's
+// service authority (the name Istio's cluster gives it).
+func startCountingLimitd(t *testing.T, cfg *config.Config) (port int, decides *atomic.Int64) {
+	t.Helper()
 	srv, err := service.NewServer(service.Config{
 		Store:     service.NewMemoryStore(service.MemoryOptions{}),
 		StoreName: "memory",
@@ -66,7 +84,7 @@ func startGatewaySetup(t *testing.T, extra ...func(wasm string, port int) string
 	if err != nil {
 		t.Fatal(err)
 	}
-	decides := new(atomic.Int64)
+	decides = new(atomic.Int64)
 	limitd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/decide" && r.Host == cfg.Service.Authority {
 			decides.Add(1)
@@ -74,16 +92,7 @@ func startGatewaySetup(t *testing.T, extra ...func(wasm string, port int) string
 		srv.ServeHTTP(w, r)
 	}))
 	t.Cleanup(limitd.Close)
-	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-
-	port := envoytest.FreePort(t)
-	configs := []string{wasmPlugin(t, gatewayExample, wasm, port, gatewayPluginEdit(t))}
-	for _, f := range extra {
-		configs = append(configs, f(wasm, port))
-	}
-	m := startMesh(t, meshObjects{GatewayPort: port, UpstreamPort: up.Port(),
-		LimitdPort: limitd.Listener.Addr().(*net.TCPAddr).Port, Configs: configs})
-	return &gatewaySetup{mesh: m, envoy: m.startGateway(t), wasm: wasm, decides: decides}
+	return limitd.Listener.Addr().(*net.TCPAddr).Port, decides
 }
 
 // parsePluginConfig returns the pluginConfig of the WasmPlugin y as the

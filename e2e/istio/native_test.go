@@ -5,10 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,7 +39,6 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
-	"github.com/ratelimit-wasm/tokenbucket/service"
 )
 
 const (
@@ -283,24 +278,8 @@ func startNativeSetup(t *testing.T) *nativeSetup {
 	if err != nil {
 		t.Fatalf("the gateway EnvoyFilter's configuration: %v", err)
 	}
-	srv, err := service.NewServer(service.Config{
-		Store:     service.NewMemoryStore(service.MemoryOptions{}),
-		StoreName: "memory",
-		Token:     cfg.Service.Token,
-		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	decides := new(atomic.Int64)
-	limitd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/decide" && r.Host == cfg.Service.Authority {
-			decides.Add(1)
-		}
-		srv.ServeHTTP(w, r)
-	}))
-	t.Cleanup(limitd.Close)
-	_, opts, _ := nativeMesh(t, limitd.Listener.Addr().(*net.TCPAddr).Port)
+	limitdPort, decides := startCountingLimitd(t, cfg)
+	_, opts, _ := nativeMesh(t, limitdPort)
 	return &nativeSetup{envoy: envoytest.Start(t, opts), config: cfgJSON, decides: decides}
 }
 
