@@ -66,6 +66,7 @@ type fakeStream struct {
 	replyErr error
 	resumed  int
 	calls    []*fakeCall
+	body     []byte // the response body's current chunk
 }
 
 func newFakeStream(kv ...string) *fakeStream {
@@ -96,7 +97,12 @@ func (s *fakeStream) AddResponseHeader(name, value string) error {
 	s.added = append(s.added, [2]string{name, strings.Clone(value)})
 	return nil
 }
-func (s *fakeStream) ResponseBody(int, int) ([]byte, error) { return nil, errors.New("no body") }
+func (s *fakeStream) ResponseBody(off, size int) ([]byte, error) {
+	if off < 0 || size < 0 || off+size > len(s.body) {
+		return nil, errors.New("no such body bytes")
+	}
+	return s.body[off : off+size], nil
+}
 func (s *fakeStream) SendReply(status int, _ [][2]string, _ []byte) error {
 	if s.replyErr != nil {
 		return s.replyErr

@@ -30,7 +30,8 @@ import (
 //     the stream (or at its trailers) the costs found are charged.
 //  3. Done: a body that never reached its end (a reset, the
 //     client gone) is cut short: it is charged truncated_cost and counted
-//     in cost_truncated, unless an event stream already delivered its cost.
+//     in cost_truncated, unless an event stream already marked its cost
+//     final (an end event after it).
 //
 // A missing or unusable cost keeps the reservation and counts in the rule's
 // cost_missing. Nothing here rejects or delays a response.
@@ -190,14 +191,16 @@ func (c *Request) finishBody() {
 // cutShort settles a body that ended before its end of stream: the client
 // went away or the stream was reset, so what arrived may be any prefix the
 // client chose. Each take is charged its rule's truncated_cost (counted in
-// cost_truncated), except that an event stream whose events already gave
-// a cost is charged that cost.
+// cost_truncated), except that an event stream that already marked its
+// end (an end event, see eventStream) after its cost is charged that cost:
+// a count the stream has not marked final is a running count, never the
+// bill.
 func (c *Request) cutShort() {
 	c.endScan()
 	b := &c.body
 	for i, t := range b.takes {
 		tg := &b.targets[i]
-		if b.stream && !b.failed && tg.found && tg.ok {
+		if b.stream && !b.failed && tg.final && tg.ok {
 			t.amount = tg.cost - t.cost
 			continue
 		}

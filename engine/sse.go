@@ -25,6 +25,10 @@ type bodyTarget struct {
 	found bool
 	ok    bool // the value is a cost
 	cost  float64
+	// final: the stream marked its end (an end event, see eventStream)
+	// after, or with, the event that gave cost: cost is the stream's bill,
+	// not a running count.
+	final bool
 }
 
 // ScanBytes is what one response_json target's scan holds, in bytes, for
@@ -54,11 +58,11 @@ func (t *bodyTarget) write(piece []byte, size int) {
 }
 
 // end ends the document: when it held the path, the target takes its
-// value, replacing an earlier document's.
+// value, replacing an earlier document's (a value not yet marked final).
 func (t *bodyTarget) end() {
 	if !t.skip {
 		if v := t.scan.End(); v.Kind != jsonpath.Absent {
-			t.found = true
+			t.found, t.final = true, false
 			t.cost, t.ok = responseCost(v)
 		}
 	}
@@ -72,24 +76,56 @@ func (t *bodyTarget) end() {
 // length, with lines and events of any size, costs the targets' fixed
 // state. Events are read as the WHATWG server-sent events format says:
 // lines end in LF, CRLF or CR; a blank line ends an event; the data of an
-// event is its "data:" lines (one leading space dropped) joined by LF;
-// other fields and comments are ignored. An event whose data is larger than
-// a target's max is skipped for that target; an event not ended by a blank
-// line is dropped. The zero eventStream is ready for use.
+// event is its "data:" lines (one leading space dropped) joined by LF; its
+// type is its last "event:" line's value (one leading space dropped); an
+// event with no data line is not dispatched; other fields and comments are
+// ignored. An event whose data is larger than a target's max is skipped
+// for that target; an event not ended by a blank line is dropped.
+//
+// An end event marks the stream's end: its data is exactly "[DONE]" (the
+// OpenAI chat completions format and those that copy it), or its type is
+// one of endTypes. The last cost found up to and with an end event is
+// final (bodyTarget.final): a later event at the path is a running count
+// again. The zero eventStream is ready for use.
 type eventStream struct {
 	state   uint8
-	field   int  // bytes of the field name read, while they spell a prefix of "data"
-	hasData bool // the event has a data line
-	size    int  // bytes of the event's data so far
-	cr      bool // the previous byte was CR: an LF right after it ends nothing
+	field   int   // bytes of the field name read
+	names   uint8 // fieldData, fieldEvent: the names the field read so far may still be
+	hasData bool  // the event has a data line
+	size    int   // bytes of the event's data so far
+	cr      bool  // the previous byte was CR: an LF right after it ends nothing
+	// done is how many bytes of the event's data match "[DONE]", or -1
+	// once they cannot.
+	done int
+	// The event's type as matched against endTypes: typeLen bytes read,
+	// typeOf holds bit i while they are a prefix of endTypes[i].
+	typeLen int
+	typeOf  uint8
 }
+
+// endTypes are the event types that end a stream: the Anthropic Messages
+// API's message_stop (after message_delta, whose usage is cumulative), and
+// the OpenAI Responses API's terminal events (which carry the usage
+// themselves, with no [DONE] after them).
+var endTypes = [...]string{"message_stop", "response.completed", "response.incomplete", "response.failed"}
+
+// endData is the data of the OpenAI chat completions format's end event.
+const endData = "[DONE]"
+
+// Field names an eventStream reads (eventStream.names).
+const (
+	fieldData uint8 = 1 << iota
+	fieldEvent
+)
 
 // line states of an eventStream.
 const (
 	lineStart  uint8 = iota // nothing of the line read
-	lineField               // the field name, a prefix of "data" so far
+	lineField               // the field name, a prefix of "data" or "event" so far
 	lineSpace               // after "data:": one space is dropped
 	lineData                // the data line's value
+	lineTypeSp              // after "event:": one space is dropped
+	lineType                // the event line's value
 	lineIgnore              // another field, or a comment
 )
 
@@ -111,37 +147,68 @@ func (s *eventStream) write(chunk []byte, targets []bodyTarget) {
 		}
 		switch s.state {
 		case lineStart, lineField:
-			const name = "data"
-			switch {
-			case c == ':' && s.field == len(name):
-				s.state = lineSpace
-				s.startData(targets)
-			case s.field < len(name) && c == name[s.field]:
-				s.state = lineField
-				s.field++
-			default:
-				s.state = lineIgnore
+			if s.state == lineStart {
+				s.state, s.names = lineField, fieldData|fieldEvent
 			}
+			s.fieldByte(c, targets)
 			chunk = chunk[1:]
-		case lineSpace:
-			s.state = lineData
+		case lineSpace, lineTypeSp:
+			if s.state == lineSpace {
+				s.state = lineData
+			} else {
+				s.state = lineType
+			}
 			if c == ' ' {
 				chunk = chunk[1:]
 			}
 		case lineData:
-			i := 0
-			for i < len(chunk) && chunk[i] != '\n' && chunk[i] != '\r' {
-				i++
-			}
+			i := lineEnd(chunk)
 			s.feed(chunk[:i], targets)
 			chunk = chunk[i:]
-		default: // lineIgnore
-			i := 0
-			for i < len(chunk) && chunk[i] != '\n' && chunk[i] != '\r' {
-				i++
-			}
+		case lineType:
+			i := lineEnd(chunk)
+			s.typeBytes(chunk[:i])
 			chunk = chunk[i:]
+		default: // lineIgnore
+			chunk = chunk[lineEnd(chunk):]
 		}
+	}
+}
+
+// lineEnd is the length of chunk up to its first CR or LF.
+func lineEnd(chunk []byte) int {
+	i := 0
+	for i < len(chunk) && chunk[i] != '\n' && chunk[i] != '\r' {
+		i++
+	}
+	return i
+}
+
+// fieldByte reads one byte of a field name, or the colon after it.
+func (s *eventStream) fieldByte(c byte, targets []bodyTarget) {
+	const data, event = "data", "event"
+	if c == ':' {
+		switch {
+		case s.names&fieldData != 0 && s.field == len(data):
+			s.state = lineSpace
+			s.startData(targets)
+		case s.names&fieldEvent != 0 && s.field == len(event):
+			s.state = lineTypeSp
+			s.startType()
+		default:
+			s.state = lineIgnore
+		}
+		return
+	}
+	if s.field >= len(data) || data[s.field] != c {
+		s.names &^= fieldData
+	}
+	if s.field >= len(event) || event[s.field] != c {
+		s.names &^= fieldEvent
+	}
+	s.field++
+	if s.names == 0 {
+		s.state = lineIgnore
 	}
 }
 
@@ -154,10 +221,37 @@ func (s *eventStream) startData(targets []bodyTarget) {
 	s.hasData = true
 }
 
+// startType begins an event line's value: it replaces the event's type.
+func (s *eventStream) startType() {
+	s.typeLen, s.typeOf = 0, 1<<len(endTypes)-1
+}
+
+// typeBytes reads bytes of the event's type.
+func (s *eventStream) typeBytes(p []byte) {
+	for _, c := range p {
+		if s.typeOf == 0 {
+			return
+		}
+		for i, t := range endTypes {
+			if s.typeOf&(1<<i) != 0 && (s.typeLen >= len(t) || t[s.typeLen] != c) {
+				s.typeOf &^= 1 << i
+			}
+		}
+		s.typeLen++
+	}
+}
+
 // feed passes data bytes of the event to every target.
 func (s *eventStream) feed(p []byte, targets []bodyTarget) {
 	if len(p) == 0 {
 		return
+	}
+	if s.done >= 0 {
+		if len(p) <= len(endData)-s.done && string(p) == endData[s.done:s.done+len(p)] {
+			s.done += len(p)
+		} else {
+			s.done = -1
+		}
 	}
 	s.size += len(p)
 	for i := range targets {
@@ -175,14 +269,35 @@ func (s *eventStream) endLine(targets []bodyTarget) {
 			for i := range targets {
 				targets[i].end()
 			}
+			if s.ends() {
+				for i := range targets {
+					targets[i].final = targets[i].found
+				}
+			}
 		}
-		s.hasData, s.size = false, 0
+		s.hasData, s.size, s.done, s.typeOf = false, 0, 0, 0
 	case lineField:
-		if s.field == len("data") { // "data" alone: a data line with no value
+		switch {
+		case s.names&fieldData != 0 && s.field == len("data"): // "data" alone: a data line with no value
 			s.startData(targets)
+		case s.names&fieldEvent != 0 && s.field == len("event"): // "event" alone: an empty type
+			s.startType()
 		}
 	}
 	s.state, s.field = lineStart, 0
+}
+
+// ends reports whether the event being dispatched is an end event.
+func (s *eventStream) ends() bool {
+	if s.done == len(endData) {
+		return true
+	}
+	for i, t := range endTypes {
+		if s.typeOf&(1<<i) != 0 && s.typeLen == len(t) {
+			return true
+		}
+	}
+	return false
 }
 
 // end finishes the stream: an event not ended by a blank line is dropped,

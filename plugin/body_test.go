@@ -233,7 +233,9 @@ func TestEncodedResponseChargedTruncated(t *testing.T) {
 
 // TestCutShortChargedTruncated: a body that ends before its end of stream
 // (client gone, reset) is charged truncated_cost and counted apart from
-// cost_missing; a stream cut after its usage event is charged the usage.
+// cost_missing; a stream cut after its end event ([DONE]) is charged the
+// usage before it, and one cut between its usage and its end event is
+// charged truncated_cost (the usage is not yet known to be final).
 func TestCutShortChargedTruncated(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -243,7 +245,8 @@ func TestCutShortChargedTruncated(t *testing.T) {
 		truncated uint64
 	}{
 		{"stream before its usage", sseType, []string{"data: {\"choices\":[{\"delta\":\"hi\"}]}\n\n", "data: {\"choices\":[]}\n\n"}, "30", 1},
-		{"stream after its usage", sseType, []string{"data: {\"usage\":{\"total_tokens\":7}}\n\n"}, "83", 0},
+		{"stream after its end event", sseType, []string{"data: {\"usage\":{\"total_tokens\":7}}\n\n", "data: [DONE]\n\n"}, "83", 0},
+		{"stream after its usage, before its end event", sseType, []string{"data: {\"usage\":{\"total_tokens\":7}}\n\n"}, "30", 1},
 		{"stream within its usage event", sseType, []string{"data: {\"usage\":{\"total_tokens\":7}}\n"}, "30", 1},
 		{"JSON body", jsonType, []string{`{"usage":{"total_tokens":7}}`}, "30", 1},
 		{"nothing of the body", jsonType, nil, "30", 1},
