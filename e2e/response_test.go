@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -20,7 +21,10 @@ import (
 // counts). /login answers 401 when the request has "x-password: wrong",
 // else 200. /slow-sse sends its first event, then waits for the client to
 // say (through release) that it has read it before sending the rest: a
-// stream the plugin held back would never get there.
+// stream the plugin held back would never get there. /partial-sse sends an
+// early partial count (1 token), content and finish_reason, then, unless
+// the client left first (or after 10 s), the usage (3000) and [DONE];
+// /partial-sse/quick sends a usage of 0 and [DONE] at once.
 type llmUpstream struct {
 	srv     *httptest.Server
 	release chan struct{}
@@ -80,6 +84,21 @@ func (u *llmUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"i\"}}]}\n\ndata: {\"choices\":[],\"us")
 		flush()
 		_, _ = io.WriteString(w, "age\":{\"prompt_tokens\":12,\"completion_tokens\":18,\"total_tokens\":30}}\n\ndata: [DONE]\n\n")
+	case r.URL.Path == "/partial-sse/quick":
+		w.Header().Set("content-type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"total_tokens\":0}}\n\ndata: [DONE]\n\n")
+	case strings.HasPrefix(r.URL.Path, "/partial-sse"):
+		w.Header().Set("content-type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"usage\":{\"total_tokens\":1}}\n\n"+
+			"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n"+
+			"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n")
+		flush()
+		select {
+		case <-r.Context().Done():
+			return // the client left: the usage never comes
+		case <-time.After(10 * time.Second):
+		}
+		_, _ = io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"total_tokens\":3000}}\n\ndata: [DONE]\n\n")
 	case strings.HasPrefix(r.URL.Path, "/login"):
 		if r.Header.Get("x-password") == "wrong" {
 			w.WriteHeader(http.StatusUnauthorized)
@@ -106,6 +125,9 @@ const responseConfig = `{"rules": [
  {"name": "slow-sse", "match": {"path": {"prefix": "/slow-sse"}}, "limit_keys": ["header:x-api-key"],
   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 100,
   "cost_source": "response_json:usage.total_tokens", "default_cost": 1}},
+ {"name": "partial-sse", "match": {"path": {"prefix": "/partial-sse"}}, "limit_keys": ["header:x-api-key"],
+  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 10000,
+  "cost_source": "response_json:usage.total_tokens", "default_cost": 10, "truncated_cost": 5000}},
  {"name": "failed-logins", "match": {"path": {"prefix": "/login"}}, "limit_keys": ["header:x-user"],
   "charge_on": ["401"], "algorithm": "token_bucket",
   "algorithm_config": {"tokens_per_second": 0.001, "burst": 5}}]}`
@@ -190,6 +212,44 @@ func testResponseCosts(t *testing.T, build envoytest.Build) {
 			t.Fatalf("after the stream: remaining %q, want 69", r.Header.Get("RateLimit-Remaining"))
 		}
 		if n := stat("rule.slow-sse.cost_missing"); n != 0 {
+			t.Fatalf("cost_missing = %d", n)
+		}
+	})
+
+	t.Run("a client that leaves at finish_reason after an early partial count", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		req := c.NewRequest("POST", "/partial-sse", map[string]string{"x-api-key": "p"}).WithContext(ctx)
+		hc := &http.Client{Timeout: 15 * time.Second}
+		res, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(res.Body)
+		var read []string
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("after %q: %v", read, err)
+			}
+			read = append(read, line)
+			if strings.Contains(line, "finish_reason") {
+				break
+			}
+		}
+		if !strings.Contains(read[0], `"total_tokens":1}`) {
+			t.Fatalf("first event %q, want the partial count", read[0])
+		}
+		cancel() // leave: the upstream never sends the usage
+		_ = res.Body.Close()
+		e.WaitPluginStat("tokenbucket.rule.partial-sse.cost_truncated", 1, 10*time.Second)
+		// Charged truncated_cost (5000), not the partial count (1): the next
+		// request finds 10000 − 5000 and reserves 10.
+		r := c.Do("POST", "/partial-sse/quick", map[string]string{"x-api-key": "p"})
+		if r.Err != nil || r.Header.Get("RateLimit-Remaining") != "4990" {
+			t.Fatalf("after the stream: %v, remaining %q, want 4990", r.Err, r.Header.Get("RateLimit-Remaining"))
+		}
+		if n := stat("rule.partial-sse.cost_missing"); n != 0 {
 			t.Fatalf("cost_missing = %d", n)
 		}
 	})
