@@ -73,6 +73,8 @@ type Plugin struct {
 	// bodyHeld is the state of this VM's in-flight body scans, in bytes,
 	// within bodyBudget (see maxBodyHeld in response.go).
 	bodyHeld, bodyBudget int
+	// keyed: the rules' identities are keyed (keyIdentities).
+	keyed bool
 }
 
 // Options tune a Plugin beyond its configuration.
@@ -103,16 +105,20 @@ func (p *Plugin) MaxKeys() int { return p.cfg.MaxKeys }
 type rule struct {
 	*config.Rule
 	limit      bucket.Limit
-	policy     string       // RateLimit-Policy value
-	quotedName string       // the name as a structured-field string: "name"
-	burst      string       // RateLimit-Limit value
-	identity   hasher       // hash of the rule name and its limit-key sources
-	lease      lease.Policy // sync "lease"
-	allowed    Counter
-	rejected   Counter
-	failedOpen Counter
-	shadowRej  Counter
-	shadowLog  throttle
+	policy     string // RateLimit-Policy value
+	quotedName string // the name as a structured-field string: "name"
+	burst      string // RateLimit-Limit value
+	// identity is the keyed hash (hash.go) of the rule name and its
+	// limit-key sources, to which a request's values are added;
+	// clusterName the same, unkeyed, for a cluster bucket's name.
+	identity    idHash
+	clusterName hasher
+	lease       lease.Policy // sync "lease"
+	allowed     Counter
+	rejected    Counter
+	failedOpen  Counter
+	shadowRej   Counter
+	shadowLog   throttle
 	// charges: the rule settles with the response (cost_source
 	// response_header or response_json, or charge_on); costMissing counts
 	// responses whose cost could not be read (defined only for rules whose
@@ -200,6 +206,8 @@ func (p *Plugin) configure(data []byte, rootID string) error {
 	for i := range cfg.Rules {
 		p.rules[i] = p.compile(&cfg.Rules[i])
 	}
+	p.keyed = false
+	p.keyIdentities()
 	p.metrics = globalMetrics{
 		evictions: p.host.Counter(Name + ".evictions"),
 		retries:   p.host.Counter(Name + ".cas_retries"),
@@ -220,13 +228,52 @@ func (p *Plugin) configure(data []byte, rootID string) error {
 	return nil
 }
 
+// keySecret is the configuration's key_secret: the top-level service's, or
+// else the first a rule's own service has ("" when none).
+func keySecret(cfg *config.Config) string {
+	if cfg.Service != nil && cfg.Service.KeySecret != "" {
+		return cfg.Service.KeySecret
+	}
+	for i := range cfg.Rules {
+		if s := cfg.Rules[i].Service; s != nil && s.KeySecret != "" {
+			return s.KeySecret
+		}
+	}
+	return ""
+}
+
+// keyIdentities keys the rules' identities (hash.go) once the identity
+// key can be read: at configuration, or at a later request when shared data
+// failed until then (meanwhile the rules that need an identity fail open,
+// planRules). It reports whether they are keyed.
+func (p *Plugin) keyIdentities() bool {
+	if p.keyed {
+		return true
+	}
+	k0, k1, err := identityKey(p.host.SharedData(), keySecret(p.cfg))
+	if err != nil {
+		p.warn(&p.failLog, "reading the identity key "+IdentityKeyKey+" from shared data: "+err.Error())
+		return false
+	}
+	for _, r := range p.rules {
+		r.identity = newIDHash(k0, k1)
+		r.identity.field(r.Name)
+		for _, k := range r.LimitKeys {
+			r.identity.uvarint(int(k.Kind))
+			r.identity.field(k.Name)
+		}
+	}
+	p.keyed = true
+	return true
+}
+
 func (p *Plugin) compile(cr *config.Rule) *rule {
 	r := &rule{Rule: cr, limit: bucket.Limit{Rate: cr.Limit.TokensPerSecond, Burst: cr.Limit.Burst}}
 	h := newHasher().field(cr.Name)
 	for _, k := range cr.LimitKeys {
 		h = h.uvarint(int(k.Kind)).field(k.Name)
 	}
-	r.identity = h
+	r.clusterName = h
 	if cr.Sync == config.SyncLease {
 		r.lease = leasePolicy(cr)
 	}

@@ -116,7 +116,7 @@ func (s *fakeStream) Callout(call *Call, answer func(*Answer)) error {
 	return nil
 }
 
-func newPlugin(t *testing.T, h *fakeHost, cfg string) *Plugin {
+func newPlugin(t testing.TB, h *fakeHost, cfg string) *Plugin {
 	t.Helper()
 	p, err := New(h, []byte(cfg), "", Options{})
 	if err != nil {
@@ -170,11 +170,11 @@ func TestReplyThatCannotBeSentResumes(t *testing.T) {
 }
 
 // lossy is shared data whose every bucket write loses its compare-and-swap
-// (the placement seed is written as usual).
+// (the placement seed and the identity key are written as usual).
 type lossy struct{ slots.SharedData }
 
 func (l lossy) Set(key string, value []byte, cas uint32) error {
-	if key == SeedKey {
+	if key == SeedKey || key == IdentityKeyKey {
 		return l.SharedData.Set(key, value, cas)
 	}
 	return slots.ErrCASMismatch

@@ -82,6 +82,11 @@ func (c *Request) planRules(r *request) *rejection {
 		if ru.Group != "" {
 			claimed = append(claimed, ru.Group)
 		}
+		if !p.keyed && (ru.Scope == config.ScopeLocal || ru.Sync == config.SyncLease) {
+			// No identity without the key (shared data failed): fail open.
+			ru.failedOpen.Increment(1)
+			continue
+		}
 		t := take{rule: ru, id: id, key: key, cost: requestCost(ru, r)}
 		if t.cost > ru.limit.Burst {
 			if ru.Mode == config.ModeShadow {

@@ -352,31 +352,35 @@ func contains(list []string, v string) bool {
 	return false
 }
 
-// identity is the bucket of ru for this request: the hash of the rule and
-// its key values, and for a cluster rule also the bucket's name in the limit
-// service (see clusterKey), both from one read of each value. present is
-// false when a key has no value; id and key are then the rule's one bucket
-// for all such requests (what missing_key "shared" uses).
+// identity is the bucket of ru for this request: the keyed hash of the
+// rule and its key values (hash.go), and for a cluster rule also the
+// bucket's name in the limit service (see clusterKey), all from one read of
+// each value. present is false when a key has no value; id and key are
+// then the rule's one bucket for all such requests (what missing_key
+// "shared" uses).
 func identity(ru *rule, r *request) (id uint64, key string, present bool) {
 	cluster := ru.Scope == config.ScopeCluster
 	var mac hash.Hash // keyed cluster keys: see keyMAC
 	if cluster && ru.Service != nil && ru.Service.KeySecret != "" {
 		mac = keyMAC(ru)
 	}
-	lo, hi := ru.identity, ru.identity.byte(0x5c)
+	own := ru.identity
+	lo, hi := ru.clusterName, ru.clusterName.byte(0x5c)
 	present = true
 	for _, k := range ru.LimitKeys {
 		v, has := r.value(k)
 		if !has {
-			lo, hi, present = ru.identity.byte(0xff), ru.identity.byte(0x5c).byte(0xff), false
+			own = ru.identity
+			own.byte(0xff)
+			lo, hi, present = ru.clusterName.byte(0xff), ru.clusterName.byte(0x5c).byte(0xff), false
 			break
 		}
-		lo = lo.field(v)
-		if cluster {
-			hi = hi.field(v)
-			if mac != nil {
-				macField(mac, v)
-			}
+		own.field(v)
+		switch {
+		case mac != nil:
+			macField(mac, v)
+		case cluster:
+			lo, hi = lo.field(v), hi.field(v)
 		}
 	}
 	switch {
@@ -385,5 +389,5 @@ func identity(ru *rule, r *request) (id uint64, key string, present bool) {
 	case cluster:
 		key = clusterKey(ru.Name, lo.sum(), hi.sum())
 	}
-	return lo.sum(), key, present
+	return own.sum(), key, present
 }

@@ -24,11 +24,11 @@ type bodyTarget struct {
 	// path; for a stream, cost and ok are those of the last such event.
 	found bool
 	ok    bool // the value is a cost
-	cost  float64
 	// final: the stream marked its end (an end event, see eventStream)
 	// after, or with, the event that gave cost: cost is the stream's bill,
 	// not a running count.
 	final bool
+	cost  float64
 }
 
 // ScanBytes is what one response_json target's scan holds, in bytes, for

@@ -18,26 +18,49 @@ import (
 // the winner's (a creation with a CAS no key can have fails once the key
 // exists).
 func LoadSeed(sd SharedData, key string) (uint64, error) {
+	b, err := loadRandom(sd, key, 8, func(b []byte) {
+		b[0] |= 1 // never 0 (Place's unseeded layout)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint64(b), nil
+}
+
+// LoadSecret returns the size random bytes stored under key, creating them
+// once, as LoadSeed does: every worker of the process, and every
+// configuration, reads the same bytes, and the first to find none draws
+// them (crypto/rand). A value of another size under key is never used:
+// the call fails (ErrContention).
+func LoadSecret(sd SharedData, key string, size int) ([]byte, error) {
+	return loadRandom(sd, key, size, nil)
+}
+
+// loadRandom reads the size bytes under key, or creates them with the
+// exact-creation rule: adjust (when not nil) shapes what is drawn.
+func loadRandom(sd SharedData, key string, size int, adjust func([]byte)) ([]byte, error) {
 	for range MaxAttempts {
 		v, _, err := sd.Get(key)
 		switch {
-		case err == nil && len(v) == 8:
-			return binary.LittleEndian.Uint64(v), nil
+		case err == nil && len(v) == size:
+			return v, nil
 		case err != nil && !errors.Is(err, ErrNotFound):
-			return 0, err
+			return nil, err
 		}
-		var b [8]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return 0, err
+		b := make([]byte, size)
+		if _, err := rand.Read(b); err != nil {
+			return nil, err
 		}
-		b[0] |= 1 // never 0 (Place's unseeded layout)
+		if adjust != nil {
+			adjust(b)
+		}
 		// noCAS: succeeds only while the key is missing (Envoy ignores the
 		// CAS of a missing key) or holds a value with that CAS (none does).
-		if err := sd.Set(key, b[:], noCAS); err != nil && !errors.Is(err, ErrCASMismatch) {
-			return 0, err
+		if err := sd.Set(key, b, noCAS); err != nil && !errors.Is(err, ErrCASMismatch) {
+			return nil, err
 		}
 	}
-	return 0, ErrContention
+	return nil, ErrContention
 }
 
 // Place is the group of id among groups under seed; seed 0 places by the

@@ -181,3 +181,23 @@ func TestSeededPlacement(t *testing.T) {
 		t.Fatalf("%d of 64 chosen identities share a group under the seed", same)
 	}
 }
+
+// TestLoadSecret: a secret is drawn once per shared data and read back by
+// every later load (every worker); another process draws another; a value
+// of another size under the key is never used.
+func TestLoadSecret(t *testing.T) {
+	sd := shareddata.New()
+	a, err := slots.LoadSecret(sd, "secret", 16)
+	if err != nil || len(a) != 16 {
+		t.Fatalf("LoadSecret: %x, %v", a, err)
+	}
+	if b, err := slots.LoadSecret(sd, "secret", 16); err != nil || string(b) != string(a) {
+		t.Fatalf("a second load: %x, %v; want %x", b, err, a)
+	}
+	if c, _ := slots.LoadSecret(shareddata.New(), "secret", 16); string(c) == string(a) {
+		t.Fatalf("two processes drew the same secret %x", a)
+	}
+	if _, err := slots.LoadSecret(sd, "secret", 8); err == nil {
+		t.Fatal("a 16-byte value was read as an 8-byte secret")
+	}
+}
