@@ -124,7 +124,9 @@ func (c *Request) OnRequestHeaders() Action {
 	p := c.plugin
 	c.plan = plan{now: p.now()}
 	c.plan.local = c.plan.buf[:0]
-	p.keyIdentities()
+	if !p.keyed {
+		p.keyIdentities()
+	}
 	rej := c.planRules(&request{s: c.stream, cfg: p.cfg, values: c.values[:0]})
 	c.askIdentityEncoding()
 	c.decideShadows()
