@@ -66,6 +66,14 @@ type fakeStream struct {
 	replyErr error
 	resumed  int
 	calls    []*fakeCall
+	// done: the request is gone (reset, or answered): the host drops the
+	// answers of its calls and runs nothing more for it.
+	done bool
+	// deferRun holds what Run is asked to run until the test runs it
+	// (runDeferred), as a host whose answer arrives on another thread
+	// does; otherwise Run runs it at once.
+	deferRun bool
+	deferred []func()
 }
 
 func newFakeStream(kv ...string) *fakeStream {
@@ -105,6 +113,29 @@ func (s *fakeStream) SendReply(status int, _ [][2]string, _ []byte) error {
 	return nil
 }
 func (s *fakeStream) Resume() error { s.resumed++; return nil }
+func (s *fakeStream) Run(f func()) error {
+	switch {
+	case s.done:
+		return errors.New("fake: the request is gone")
+	case s.deferRun:
+		s.deferred = append(s.deferred, f)
+	default:
+		f()
+	}
+	return nil
+}
+
+// runDeferred runs what Run deferred, unless the request is gone (the host
+// drops it).
+func (s *fakeStream) runDeferred() {
+	fs := s.deferred
+	s.deferred = nil
+	for _, f := range fs {
+		if !s.done {
+			f()
+		}
+	}
+}
 func (s *fakeStream) Callout(call *Call, answer func(*Answer)) error {
 	s.calls = append(s.calls, &fakeCall{call, answer})
 	return nil
