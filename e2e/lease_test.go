@@ -2,7 +2,11 @@ package e2e
 
 import (
 	"io"
+	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -335,4 +339,172 @@ func offerSteadily(clients [2]*envoytest.Client, key map[string]string, start, e
 	}
 	wg.Wait()
 	return admitted, sent, last
+}
+
+// TestLeaseSlowService: limitd answers every call 50 ms late (a proxy on
+// loopback holds each one), twice the default timeout_ms, while a flood of
+// new keys runs beside a hot key offered twice its rate, under
+// failure_mode allow. Lease calls wait lease_timeout_ms (250 ms by default),
+// so none fails and the hot key stays within burst + rate × t. With
+// lease_timeout_ms below the delay every lease call fails, and allow lets
+// the hot key's requests through unchecked once its lease is empty: what
+// allow costs on a leased rule when limitd is slower than the lease
+// timeout (logged, and asserted to exceed the bound so that the first case
+// is known to test something).
+func TestLeaseSlowService(t *testing.T) { forEachBuild(t, testLeaseSlowService) }
+
+func testLeaseSlowService(t *testing.T, build envoytest.Build) {
+	const delay = 50 * time.Millisecond
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	slow := startSlowProxy(t, svc, delay)
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	rule := func(name, rate, burst string) string {
+		return `{"name": "` + name + `", "scope": "cluster", "sync": "lease", "match": {"header:x-test": {"equals": "` + name + `"}},
+		  "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": ` + rate + `, "burst": ` + burst + `}}`
+	}
+	for i, c := range []struct {
+		name, service string
+		over          bool // the hot key is expected over its bound
+	}{
+		{"default lease_timeout_ms", `"failure_mode": "allow"`, false},
+		{"lease_timeout_ms below the delay", `"failure_mode": "allow", "lease_timeout_ms": 25`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := `{"service": {"cluster": "limit_service", ` + c.service + `},
+			 "rules": [` + rule("hot", "10", "10") + `, ` + rule("flood", "100", "100") + `]}`
+			e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML, PluginConfig: cfg,
+				UpstreamPort: up.Port(), ServicePort: slow.port, Concurrency: 2})
+			if t.Failed() || t.Skipped() {
+				return
+			}
+			cl := e.Client()
+			t.Cleanup(cl.Close)
+			slow.reset()
+			hotKey := "hot-" + strconv.Itoa(i)
+			start := time.Now()
+			admitted, sent, keys := hotBesideFlood(cl, hotKey, "flood-"+strconv.Itoa(i)+"-", start, start.Add(3*time.Second))
+			elapsed := time.Since(start).Seconds()
+			ceiling := 10 + 10*elapsed
+			p50, p99, most, answered := slow.latencies()
+			t.Logf("limitd %v late: hot key %d of %d admitted (bound burst + rate × t = %.1f: %+.0f%%), hot failed_open %d; flood of %d keys, flood failed_open %d; %d lease calls timed out in Envoy; limitd's own answer time over %d calls p50 %v, p99 %v, max %v",
+				delay, admitted, sent, ceiling, 100*(float64(admitted)-ceiling)/ceiling, e.PluginStat("tokenbucket.rule.hot.failed_open"), keys,
+				e.PluginStat("tokenbucket.rule.flood.failed_open"), e.Stat("cluster.limit_service.upstream_rq_timeout"), answered,
+				p50.Round(100*time.Microsecond), p99.Round(100*time.Microsecond), most.Round(100*time.Microsecond))
+			switch over := float64(admitted) > ceiling+1; {
+			case !c.over && over:
+				t.Errorf("hot key: %d admitted, over burst + rate × t = %.1f", admitted, ceiling)
+			case c.over && !over:
+				t.Errorf("hot key: %d admitted, within burst + rate × t = %.1f although every lease call times out: the case no longer shows what allow costs", admitted, ceiling)
+			}
+		})
+	}
+}
+
+// hotBesideFlood offers the hot key 20 requests a second while 16 clients
+// send one request on each of up to 16,000 new keys of the flood rule, from
+// start until end (every loop bounded by end). It returns the hot key's
+// admitted and sent requests, and the flood's keys.
+func hotBesideFlood(c *envoytest.Client, hotKey, floodPrefix string, start, end time.Time) (admitted, sent, keys int) {
+	const maxKeys, workers = 16000, 16
+	var wg sync.WaitGroup
+	var floodSent [workers]int
+	for w := range workers {
+		wg.Go(func() {
+			for k := w; k < maxKeys && time.Now().Before(end); k += workers {
+				c.Get("/", map[string]string{"x-test": "flood", "x-api-key": floodPrefix + strconv.Itoa(k)})
+				floodSent[w]++
+			}
+		})
+	}
+	for at := start; at.Before(end); at = at.Add(50 * time.Millisecond) {
+		time.Sleep(time.Until(at))
+		sent++
+		if r := c.Get("/", map[string]string{"x-test": "hot", "x-api-key": hotKey}); r.Status == 200 {
+			admitted++
+		}
+	}
+	wg.Wait()
+	for _, n := range floodSent {
+		keys += n
+	}
+	return admitted, sent, keys
+}
+
+// slowProxy forwards HTTP calls to limitd on loopback, each answered delay
+// after limitd answered it: a limitd that is slow by a fixed time, whatever
+// the machine's load. It records limitd's own answer times.
+type slowProxy struct {
+	port  int
+	mu    sync.Mutex
+	times []time.Duration
+}
+
+// startSlowProxy starts a slowProxy in front of limitd's port.
+func startSlowProxy(t *testing.T, limitdPort int, delay time.Duration) *slowProxy {
+	t.Helper()
+	target, err := url.Parse("http://127.0.0.1:" + strconv.Itoa(limitdPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256}
+	p := &slowProxy{}
+	rp.ModifyResponse = func(*http.Response) error {
+		time.Sleep(delay) // hold limitd's answer: the service is slow by delay
+		return nil
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.port = l.Addr().(*net.TCPAddr).Port
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		at := time.Now()
+		rec := &timedWriter{ResponseWriter: w, at: at, p: p, delay: delay}
+		rp.ServeHTTP(rec, r)
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return p
+}
+
+// timedWriter records, at the first header written, the time limitd took
+// (the time since the call arrived, less the proxy's delay).
+type timedWriter struct {
+	http.ResponseWriter
+	at    time.Time
+	p     *slowProxy
+	delay time.Duration
+	done  bool
+}
+
+func (w *timedWriter) WriteHeader(code int) {
+	if !w.done {
+		w.done = true
+		w.p.mu.Lock()
+		w.p.times = append(w.p.times, time.Since(w.at)-w.delay)
+		w.p.mu.Unlock()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// reset forgets the answer times recorded so far.
+func (p *slowProxy) reset() {
+	p.mu.Lock()
+	p.times = p.times[:0]
+	p.mu.Unlock()
+}
+
+// latencies returns limitd's answer times recorded since reset: median,
+// 99th percentile, longest, and how many.
+func (p *slowProxy) latencies() (p50, p99, most time.Duration, n int) {
+	p.mu.Lock()
+	ts := slices.Clone(p.times)
+	p.mu.Unlock()
+	if len(ts) == 0 {
+		return 0, 0, 0, 0
+	}
+	slices.Sort(ts)
+	return ts[len(ts)/2], ts[len(ts)*99/100], ts[len(ts)-1], len(ts)
 }
