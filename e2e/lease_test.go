@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -401,6 +402,61 @@ func testLeaseSlowService(t *testing.T, build envoytest.Build) {
 	}
 }
 
+// TestLeaseGrantOutlivesAResetRequest: a request waits for its lease call
+// (limitd answers 300 ms late) and its client goes away before the answer;
+// the grant goes into the lease all the same, so the next request on the
+// key is admitted from it without a call. Both builds.
+func TestLeaseGrantOutlivesAResetRequest(t *testing.T) {
+	forEachBuild(t, testLeaseGrantOutlivesAResetRequest)
+}
+
+func testLeaseGrantOutlivesAResetRequest(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	slow := startSlowProxy(t, svc, 300*time.Millisecond)
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 5000, "failure_mode": "deny"},
+	 "rules": [{"name": "fleet", "scope": "cluster", "sync": "lease", "limit_keys": ["header:x-api-key"],
+	   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 40}}]}`
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML, PluginConfig: cfg,
+		UpstreamPort: up.Port(), ServicePort: slow.port, Concurrency: 1})
+	if t.Failed() || t.Skipped() {
+		return
+	}
+	u, err := url.Parse(e.URL(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte("GET / HTTP/1.1\r\nHost: example\r\nx-api-key: reset\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); slow.arrived.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request's lease call did not reach limitd within 10 s")
+		}
+	}
+	conn.Close() // the client goes away while its request waits
+	// The answer comes 300 ms later; Envoy counts the call complete in the
+	// event that hands it to the plugin, and /stats is read after that event.
+	for deadline := time.Now().Add(10 * time.Second); e.Stat("cluster.limit_service.upstream_rq_completed") == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the lease call's answer did not reach Envoy within 10 s")
+		}
+	}
+	c := e.Client()
+	t.Cleanup(c.Close)
+	r := c.Get("/", map[string]string{"x-api-key": "reset"})
+	calls := e.PluginStat("tokenbucket.lease_calls")
+	t.Logf("after the reset request's grant: %d, %d lease calls in all", r.Status, calls)
+	if r.Status != 200 || calls != 1 {
+		t.Fatalf("next request: %d with %d lease calls in all; want 200 from the reset request's grant, no second call", r.Status, calls)
+	}
+}
+
 // hotBesideFlood offers the hot key 20 requests a second while 16 clients
 // send one request on each of up to 16,000 new keys of the flood rule, from
 // start until end (every loop bounded by end). It returns the hot key's
@@ -435,9 +491,10 @@ func hotBesideFlood(c *envoytest.Client, hotKey, floodPrefix string, start, end 
 // after limitd answered it: a limitd that is slow by a fixed time, whatever
 // the machine's load. It records limitd's own answer times.
 type slowProxy struct {
-	port  int
-	mu    sync.Mutex
-	times []time.Duration
+	port    int
+	arrived atomic.Int64 // calls that reached the proxy
+	mu      sync.Mutex
+	times   []time.Duration
 }
 
 // startSlowProxy starts a slowProxy in front of limitd's port.
@@ -461,6 +518,7 @@ func startSlowProxy(t *testing.T, limitdPort int, delay time.Duration) *slowProx
 	p.port = l.Addr().(*net.TCPAddr).Port
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		at := time.Now()
+		p.arrived.Add(1)
 		rec := &timedWriter{ResponseWriter: w, at: at, p: p, delay: delay}
 		rp.ServeHTTP(rec, r)
 	})}
