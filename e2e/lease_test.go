@@ -64,8 +64,16 @@ func testLeaseClusterWide(t *testing.T, build envoytest.Build) {
 		}
 		wg.Wait()
 		st := envoytest.Statuses(append(res[0], res[1]...))
-		if st[200] > 40 || st[200] < 36 || st[200]+st[429] != 300 {
-			t.Fatalf("statuses %v (Envoy A %v, B %v), want 36 to 40 admitted", st, envoytest.Statuses(res[0]), envoytest.Statuses(res[1]))
+		// Never over 40. Under it by what the leases hold when the burst is
+		// over: a lease's call claims at most its size (2.5 tokens: a
+		// quarter of max_share × burst) while it holds less than half of
+		// that, so each Envoy's lease ends with at most 3.75 unspent, and
+		// the global bucket with less than one token no request's min
+		// fits: at least 40 − 2 × 3.75 − 1 = 31.5 admitted. (A request's
+		// lease call leaves from the plugin context: on a loaded machine
+		// a whole burst can be waiting before the first call goes out.)
+		if st[200] > 40 || st[200] < 32 || st[200]+st[429] != 300 {
+			t.Fatalf("statuses %v (Envoy A %v, B %v), want 32 to 40 admitted", st, envoytest.Statuses(res[0]), envoytest.Statuses(res[1]))
 		}
 		t.Logf("both Envoys: %v (A %v, B %v); %d lease calls", st, envoytest.Statuses(res[0]), envoytest.Statuses(res[1]), calls()-before)
 	})
