@@ -18,6 +18,9 @@ type fakeHost struct {
 	counters map[string]*fakeCounter
 	logs     []string
 	calls    []*fakeCall // the plugin's own
+	// atOnce, when set, answers each of the plugin's calls within Callout
+	// (a host that delivers an answer before the call is handed off).
+	atOnce *Answer
 }
 
 type fakeCounter struct{ n int64 }
@@ -50,6 +53,10 @@ func (h *fakeHost) metric(name string) *fakeCounter {
 }
 
 func (h *fakeHost) Callout(call *Call, answer func(*Answer)) error {
+	if h.atOnce != nil {
+		answer(h.atOnce)
+		return nil
+	}
 	h.calls = append(h.calls, &fakeCall{call, answer})
 	return nil
 }

@@ -23,8 +23,12 @@ type Request struct {
 	// to a call the plugin sent for an earlier one is not this request's.
 	gen uint64
 	// leaseAnswer is the answer to the request's lease call, waiting for
-	// Stream.Run to hand it to the request (nil: none).
+	// Stream.Run to hand it to the request (nil: none). calling: the
+	// request is handing its lease call to the host, and early the answer
+	// a host gave before that returned.
 	leaseAnswer *leaseWait
+	calling     bool
+	early       *leaseWait
 	shadowsSent bool // the shadow cluster rules went out (alone or riding a call)
 	// What the response headers report: the enforced rule closest to its
 	// limit, or none.

@@ -159,7 +159,41 @@ func (c *Request) spendLeases() (rej *rejection, wait bool) {
 		p.serviceFailed(short, "dispatching the lease call: "+err.Error())
 		return c.leaseServiceDown(short[0].rule, false), false
 	}
+	if w := c.early; w != nil {
+		c.early = nil
+		return c.answeredAtOnce(w), false
+	}
 	return nil, true
+}
+
+// answeredAtOnce decides a request whose lease call the host answered
+// before handing it off returned (the request never paused): the answer is
+// recorded, and the request spends from its leases as they are then; a
+// lease still short answers as a recorded failure or refusal does, or, when
+// other requests took the grant meanwhile, refuses the request (never
+// over). No second call is made.
+func (c *Request) answeredAtOnce(w *leaseWait) *rejection {
+	p, pl := c.plugin, &c.plan
+	p.recordLeaseAnswer(w)
+	now := p.now()
+	if c.spendAll(now) {
+		return nil
+	}
+	for _, t := range pl.leased {
+		rec, err := p.leases.Get(t.id, now)
+		if err != nil || rec.Tokens+1e-9 >= t.cost {
+			continue
+		}
+		if t.rule.lease.Down(&rec, now) {
+			return c.leaseServiceDown(t.rule, false)
+		}
+		if wait, refusing := t.rule.lease.Refusing(&rec, now, t.cost); refusing {
+			return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
+				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-now, 0))}}
+		}
+		return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{RetryAfter: time.Millisecond}}
+	}
+	return nil
 }
 
 // spent does what a spend from t's lease asks besides spending: it counts
@@ -263,10 +297,13 @@ func (c *Request) leaseCall(short []take) error {
 		p.held.add(t)
 	}
 	gen := c.gen
+	c.calling = true
 	err := p.leasePost(p.host, short[0].rule.Service, req, func(a *Answer) {
 		p.leaseAnswered(c, gen, &leaseWait{short: short, req: req, claims: claims, ans: a})
 	})
+	c.calling = false
 	if err != nil {
+		c.early = nil
 		p.settleLeases(short, nil, claims, nil, now)
 	}
 	return err
@@ -277,6 +314,10 @@ func (c *Request) leaseCall(short []take) error {
 // its own context (Stream.Run; Done records it if the request ends first);
 // otherwise the answer is recorded in the leases, its grant whole.
 func (p *Plugin) leaseAnswered(c *Request, gen uint64, w *leaseWait) {
+	if c.gen == gen && c.calling {
+		c.early = w // the host answered within Callout: leaseCall's caller decides
+		return
+	}
 	if c.gen == gen && c.waiting() && c.leaseAnswer == nil {
 		c.leaseAnswer = w
 		err := c.stream.Run(func() {

@@ -288,3 +288,30 @@ func TestLeaseFailureAfterAGrantLanded(t *testing.T) {
 		t.Fatalf("allowed %d, want 2", h.count("rule.fleet.allowed"))
 	}
 }
+
+// TestLeaseAnsweredWithinTheCall: a host answers the plugin's lease call
+// before handing it off returns; the request never pauses, and is decided
+// from the answer as recorded: a grant admits it, a failure applies
+// failure_mode, with no second call.
+func TestLeaseAnsweredWithinTheCall(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		answer *Answer
+		want   Action
+		status int
+	}{
+		{"granted", grant(2.5), Continue, 0},
+		{"failed: deny", &Answer{Failed: true}, Pause, 429},
+	} {
+		h := newFakeHost()
+		p := newPlugin(t, h, leasedFleet)
+		h.atOnce = c.answer
+		s := newFakeStream("k", "a")
+		if a := p.NewRequest(s).OnRequestHeaders(); a != c.want || s.replied != c.status || s.resumed != 0 {
+			t.Fatalf("%s: action %v, replied %d, resumed %d; want %v and %d", c.name, a, s.replied, s.resumed, c.want, c.status)
+		}
+		if n := h.count("lease_calls"); n != 1 {
+			t.Fatalf("%s: %d lease calls, want 1", c.name, n)
+		}
+	}
+}
