@@ -623,7 +623,7 @@ func TestMarshalJSON(t *testing.T) {
 		`"fixed_cost":1,"default_cost":1},"status":429,"body":"","scope":"cluster"},{"name":"b","action":"allow","group":"g"}],` +
 		`"xff_num_trusted_hops":0,"trust_unverified_jwt":false,"jwt_metadata_namespace":"envoy.filters.http.jwt_authn",` +
 		`"jwt_payload_key":"jwt_payload","headers":"both","max_keys":100000,"service":{"cluster":"limitd","authority":"limitd",` +
-		`"path":"/v1/decide","lease_path":"/v1/lease","charge_path":"/v1/charge","timeout_ms":25,"lease_timeout_ms":250,"failure_mode":"allow"}}`
+		`"path":"/v1/decide","lease_path":"/v1/lease","charge_path":"/v1/charge","timeout_ms":25,"lease_timeout_ms":500,"failure_mode":"allow"}}`
 	if string(got) != want {
 		t.Errorf("MarshalJSON:\n got %s\nwant %s", got, want)
 	}

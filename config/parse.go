@@ -25,7 +25,7 @@ const (
 	MaxTimeoutMS                = 60000
 	// DefaultLeaseTimeoutMS is lease_timeout_ms when timeout_ms is below
 	// it (docs/configuration.md says why).
-	DefaultLeaseTimeoutMS = 250
+	DefaultLeaseTimeoutMS = 500
 	// MinKeySecretBytes is the shortest service.key_secret.
 	MinKeySecretBytes = 16
 

@@ -353,7 +353,7 @@ func offerSteadily(clients [2]*envoytest.Client, key map[string]string, start, e
 // TestLeaseSlowService: limitd answers every call 50 ms late (a proxy on
 // loopback holds each one), twice the default timeout_ms, while a flood of
 // new keys runs beside a hot key offered twice its rate, under
-// failure_mode allow. Lease calls wait lease_timeout_ms (250 ms by default),
+// failure_mode allow. Lease calls wait lease_timeout_ms (500 ms by default),
 // so none fails and the hot key stays within burst + rate × t. With
 // lease_timeout_ms below the delay every lease call fails, and allow lets
 // the hot key's requests through unchecked once its lease is empty: what

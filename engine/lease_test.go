@@ -160,7 +160,7 @@ func TestReusedRequestIgnoresAnEarlierLeaseAnswer(t *testing.T) {
 }
 
 // TestLeaseCallTimeouts: lease calls (the one a request waits for, and a
-// refill) carry lease_timeout_ms, 250 ms by default; a per-request call
+// refill) carry lease_timeout_ms, 500 ms by default; a per-request call
 // keeps timeout_ms.
 func TestLeaseCallTimeouts(t *testing.T) {
 	h := newFakeHost()
@@ -168,15 +168,15 @@ func TestLeaseCallTimeouts(t *testing.T) {
 	s := newFakeStream("k", "a")
 	p.NewRequest(s).OnRequestHeaders()
 	calls := newCalls(h, 0, s)
-	if len(calls) != 1 || calls[0].call.TimeoutMS != 250 {
-		t.Fatalf("lease call timeouts: %d calls, first %+v; want one of 250 ms", len(calls), calls[0].call)
+	if len(calls) != 1 || calls[0].call.TimeoutMS != 500 {
+		t.Fatalf("lease call timeouts: %d calls, first %+v; want one of 500 ms", len(calls), calls[0].call)
 	}
 	calls[0].deliver(grant(2.5))
 	from := len(h.calls)
 	p.NewRequest(newFakeStream("k", "a")).OnRequestHeaders() // 1.5 → 0.5: claims the refill
 	refill := newCalls(h, from)
-	if len(refill) != 1 || refill[0].call.TimeoutMS != 250 {
-		t.Fatalf("refill: %d calls; want one of 250 ms", len(refill))
+	if len(refill) != 1 || refill[0].call.TimeoutMS != 500 {
+		t.Fatalf("refill: %d calls; want one of 500 ms", len(refill))
 	}
 	h2 := newFakeHost()
 	p2 := newPlugin(t, h2, fleet)
