@@ -158,6 +158,8 @@ var badCases = []badCase{
 	{name: "service path relative", in: doc(`"service":{"cluster":"c","path":"v1/decide"}`, rule("")), want: `config: service.path: must start with / and contain no spaces, got "v1/decide"`},
 	{name: "service timeout zero", in: doc(`"service":{"cluster":"c","timeout_ms":0}`, rule("")), want: `config: service.timeout_ms: must be between 1 and 60000, got 0`},
 	{name: "service timeout large", in: doc(`"service":{"cluster":"c","timeout_ms":60001}`, rule("")), want: `config: service.timeout_ms: must be between 1 and 60000, got 60001`},
+	{name: "lease timeout zero", in: doc(`"service":{"cluster":"c","lease_timeout_ms":0}`, rule("")), want: `config: service.lease_timeout_ms: must be between 1 and 60000, got 0`},
+	{name: "lease timeout below timeout", in: doc(`"service":{"cluster":"c","timeout_ms":100,"lease_timeout_ms":50}`, rule("")), want: `config: service.lease_timeout_ms: must be >= timeout_ms (100), got 50`, gap: gapRelation},
 	{name: "service failure mode", in: doc(`"service":{"cluster":"c","failure_mode":"open"}`, rule("")), want: `config: service.failure_mode: must be one of "allow", "deny", got "open"`},
 	{name: "service token_file", in: doc(`"service":{"cluster":"c","token":"t","token_file":"/f"}`, rule("")), want: `config: service.token_file: unknown field`},
 	{name: "service token space", in: doc(`"service":{"cluster":"c","token":"a b"}`, rule("")), want: `config: service.token: must not contain spaces`},
@@ -441,7 +443,7 @@ var goodCases = []goodCase{
 			"service":{"cluster":"limitd","authority":"limitd.internal","path":"/decide","timeout_ms":60000,"failure_mode":"deny","token":"s3cret"},
 			"rules":[` + rule("") + `]}`,
 		want: func() *Config {
-			s := &Service{Cluster: "limitd", Authority: "limitd.internal", Path: "/decide", LeasePath: "/v1/lease", ChargePath: "/v1/charge", TimeoutMS: 60000, FailureMode: FailDeny, Token: "s3cret"}
+			s := &Service{Cluster: "limitd", Authority: "limitd.internal", Path: "/decide", LeasePath: "/v1/lease", ChargePath: "/v1/charge", TimeoutMS: 60000, LeaseTimeoutMS: 60000, FailureMode: FailDeny, Token: "s3cret"}
 			r := wantRule("r")
 			r.Mode, r.Scope, r.Service = ModeShadow, ScopeCluster, s
 			return &Config{Rules: []Rule{r}, XFFNumTrustedHops: 16, TrustUnverifiedJWT: true, JWTMetadataNamespace: "ns",
@@ -483,7 +485,7 @@ var goodCases = []goodCase{
 				Body:            "{\"error\":\"slow down\"}\n",
 				ResponseHeaders: []HeaderPair{{"x-reason", "plan\tlimit"}, {"cache-control", "no-store"}},
 				Scope:           ScopeCluster,
-				Service:         &Service{Cluster: "limitd", Authority: "limitd", Path: "/v1/decide", LeasePath: "/v1/lease", ChargePath: "/v1/charge", TimeoutMS: 25, Token: "s3cr3t"},
+				Service:         &Service{Cluster: "limitd", Authority: "limitd", Path: "/v1/decide", LeasePath: "/v1/lease", ChargePath: "/v1/charge", TimeoutMS: 25, LeaseTimeoutMS: DefaultLeaseTimeoutMS, Token: "s3cr3t"},
 			})
 			c.Headers = HeadersDraft
 			return c
@@ -621,7 +623,7 @@ func TestMarshalJSON(t *testing.T) {
 		`"fixed_cost":1,"default_cost":1},"status":429,"body":"","scope":"cluster"},{"name":"b","action":"allow","group":"g"}],` +
 		`"xff_num_trusted_hops":0,"trust_unverified_jwt":false,"jwt_metadata_namespace":"envoy.filters.http.jwt_authn",` +
 		`"jwt_payload_key":"jwt_payload","headers":"both","max_keys":100000,"service":{"cluster":"limitd","authority":"limitd",` +
-		`"path":"/v1/decide","lease_path":"/v1/lease","charge_path":"/v1/charge","timeout_ms":25,"failure_mode":"allow"}}`
+		`"path":"/v1/decide","lease_path":"/v1/lease","charge_path":"/v1/charge","timeout_ms":25,"lease_timeout_ms":500,"failure_mode":"allow"}}`
 	if string(got) != want {
 		t.Errorf("MarshalJSON:\n got %s\nwant %s", got, want)
 	}

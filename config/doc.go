@@ -41,7 +41,8 @@
 // fixed_cost 1, default_cost 1, truncated_cost burst (response_json only),
 // max_body_bytes 1 MiB (response_json only), status 429, body "" (the
 // plugin's default JSON body); per service: authority = cluster, path
-// "/v1/decide", timeout_ms 25, failure_mode "allow".
+// "/v1/decide", timeout_ms 25, lease_timeout_ms the larger of 500 and
+// timeout_ms, failure_mode "allow".
 //
 // # Guarantees
 //

@@ -189,6 +189,8 @@ func appendService(b []byte, s *Service) []byte {
 	b = appendField(b, "charge_path", s.ChargePath)
 	b = append(b, `,"timeout_ms":`...)
 	b = strconv.AppendInt(b, int64(s.TimeoutMS), 10)
+	b = append(b, `,"lease_timeout_ms":`...)
+	b = strconv.AppendInt(b, int64(s.LeaseTimeoutMS), 10)
 	b = appendField(b, "failure_mode", s.FailureMode.String())
 	if s.Token != "" {
 		b = appendField(b, "token", s.Token)

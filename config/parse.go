@@ -23,6 +23,9 @@ const (
 	DefaultChargePath           = "/v1/charge"
 	DefaultTimeoutMS            = 25
 	MaxTimeoutMS                = 60000
+	// DefaultLeaseTimeoutMS is lease_timeout_ms when timeout_ms is below
+	// it (docs/configuration.md says why).
+	DefaultLeaseTimeoutMS = 500
 	// MinKeySecretBytes is the shortest service.key_secret.
 	MinKeySecretBytes = 16
 

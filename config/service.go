@@ -59,6 +59,7 @@ var serviceFields = [...]struct {
 	{"lease_path", func(s *Service) string { return strconv.Quote(s.LeasePath) }, ""},
 	{"charge_path", func(s *Service) string { return strconv.Quote(s.ChargePath) }, ""},
 	{"timeout_ms", func(s *Service) string { return strconv.Itoa(s.TimeoutMS) }, ""},
+	{"lease_timeout_ms", func(s *Service) string { return strconv.Itoa(s.LeaseTimeoutMS) }, ""},
 	{"failure_mode", func(s *Service) string { return strconv.Quote(failureModeNames[s.FailureMode]) }, ""},
 	{"token", func(s *Service) string { return strconv.Quote(s.Token) }, "tokens"},
 	{"key_secret", func(s *Service) string { return strconv.Quote(s.KeySecret) }, "key secrets"},
@@ -88,7 +89,7 @@ func serviceDiff(a, b *Service) (field, av, bv string) {
 }
 
 func parseService(path string, v gjson.Result) (*Service, error) {
-	o, err := fields(path, v, "cluster", "authority", "path", "lease_path", "charge_path", "timeout_ms", "failure_mode", "token", "key_secret")
+	o, err := fields(path, v, "cluster", "authority", "path", "lease_path", "charge_path", "timeout_ms", "lease_timeout_ms", "failure_mode", "token", "key_secret")
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +125,12 @@ func parseService(path string, v gjson.Result) (*Service, error) {
 	}
 	if s.TimeoutMS, err = o.integer("timeout_ms", DefaultTimeoutMS, 1, MaxTimeoutMS); err != nil {
 		return nil, err
+	}
+	if s.LeaseTimeoutMS, err = o.integer("lease_timeout_ms", max(DefaultLeaseTimeoutMS, s.TimeoutMS), 1, MaxTimeoutMS); err != nil {
+		return nil, err
+	}
+	if s.LeaseTimeoutMS < s.TimeoutMS {
+		return nil, errorf(path+".lease_timeout_ms", "must be >= timeout_ms ("+strconv.Itoa(s.TimeoutMS)+"), got "+strconv.Itoa(s.LeaseTimeoutMS))
 	}
 	fm, err := o.enum("failure_mode", failureModeNames, int(FailAllow))
 	if err != nil {

@@ -165,14 +165,18 @@ type HeaderPair struct{ Name, Value string }
 
 // Service locates the limit service through an Envoy cluster.
 type Service struct {
-	Cluster     string
-	Authority   string
-	Path        string // default /v1/decide
-	LeasePath   string // default /v1/lease
-	ChargePath  string // default /v1/charge: costs known from the response
-	TimeoutMS   int    // default 25
-	FailureMode FailureMode
-	Token       string // bearer token ("token"; empty when none)
+	Cluster    string
+	Authority  string
+	Path       string // default /v1/decide
+	LeasePath  string // default /v1/lease
+	ChargePath string // default /v1/charge: costs known from the response
+	TimeoutMS  int    // default 25
+	// LeaseTimeoutMS ("lease_timeout_ms") is the timeout of a lease call
+	// (rules with sync "lease"): at least TimeoutMS; default
+	// max(DefaultLeaseTimeoutMS, TimeoutMS).
+	LeaseTimeoutMS int
+	FailureMode    FailureMode
+	Token          string // bearer token ("token"; empty when none)
 	// KeySecret ("key_secret", at least MinKeySecretBytes; empty when none)
 	// keys the hash that names a cluster bucket: HMAC-SHA256 of its values,
 	// so a bucket's key cannot be computed from a header value without it.

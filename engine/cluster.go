@@ -110,8 +110,13 @@ func call(by caller, takes []take, answer func(*Answer)) error {
 }
 
 // post sends body to the limit service's path (the configured decide path
-// when path is ""), with the service's bearer token.
+// when path is ""), with the service's bearer token and timeout_ms.
 func post(by caller, s *config.Service, path string, body []byte, answer func(*Answer)) error {
+	return postWithin(by, s, path, body, s.TimeoutMS, answer)
+}
+
+// postWithin is post with a timeout of its own (lease calls).
+func postWithin(by caller, s *config.Service, path string, body []byte, timeoutMS int, answer func(*Answer)) error {
 	if path == "" {
 		path = s.Path
 	}
@@ -122,7 +127,7 @@ func post(by caller, s *config.Service, path string, body []byte, answer func(*A
 	if s.Token != "" {
 		hs = append(hs, [2]string{"authorization", "Bearer " + s.Token})
 	}
-	return by.Callout(&Call{Cluster: s.Cluster, Headers: hs, Body: body, TimeoutMS: uint32(s.TimeoutMS), MaxBody: wire.MaxAnswerBytes}, answer)
+	return by.Callout(&Call{Cluster: s.Cluster, Headers: hs, Body: body, TimeoutMS: uint32(timeoutMS), MaxBody: wire.MaxAnswerBytes}, answer)
 }
 
 // onAnswer applies the limit service's answer to the paused request and

@@ -18,6 +18,9 @@ type fakeHost struct {
 	counters map[string]*fakeCounter
 	logs     []string
 	calls    []*fakeCall // the plugin's own
+	// atOnce, when set, answers each of the plugin's calls within Callout
+	// (a host that delivers an answer before the call is handed off).
+	atOnce *Answer
 }
 
 type fakeCounter struct{ n int64 }
@@ -50,6 +53,10 @@ func (h *fakeHost) metric(name string) *fakeCounter {
 }
 
 func (h *fakeHost) Callout(call *Call, answer func(*Answer)) error {
+	if h.atOnce != nil {
+		answer(h.atOnce)
+		return nil
+	}
 	h.calls = append(h.calls, &fakeCall{call, answer})
 	return nil
 }
@@ -67,6 +74,14 @@ type fakeStream struct {
 	resumed  int
 	calls    []*fakeCall
 	body     []byte // the response body's current chunk
+	// done: the request is gone (reset, or answered): the host drops the
+	// answers of its calls and runs nothing more for it.
+	done bool
+	// deferRun holds what Run is asked to run until the test runs it
+	// (runDeferred), as a host whose answer arrives on another thread
+	// does; otherwise Run runs it at once.
+	deferRun bool
+	deferred []func()
 }
 
 func newFakeStream(kv ...string) *fakeStream {
@@ -111,6 +126,29 @@ func (s *fakeStream) SendReply(status int, _ [][2]string, _ []byte) error {
 	return nil
 }
 func (s *fakeStream) Resume() error { s.resumed++; return nil }
+func (s *fakeStream) Run(f func()) error {
+	switch {
+	case s.done:
+		return errors.New("fake: the request is gone")
+	case s.deferRun:
+		s.deferred = append(s.deferred, f)
+	default:
+		f()
+	}
+	return nil
+}
+
+// runDeferred runs what Run deferred, unless the request is gone (the host
+// drops it).
+func (s *fakeStream) runDeferred() {
+	fs := s.deferred
+	s.deferred = nil
+	for _, f := range fs {
+		if !s.done {
+			f()
+		}
+	}
+}
 func (s *fakeStream) Callout(call *Call, answer func(*Answer)) error {
 	s.calls = append(s.calls, &fakeCall{call, answer})
 	return nil

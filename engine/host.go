@@ -43,6 +43,13 @@ type Stream interface {
 	// Callout sends an HTTP call owned by this request: its answer is
 	// dropped when the request is gone.
 	Callout(call *Call, answer func(*Answer)) error
+	// Run runs f as part of this request, the Stream's methods acting on
+	// it, for an answer that arrived outside the request's callbacks (a
+	// call the plugin owns): at once if the host can act on the request
+	// from where the caller runs, else soon, from the request's thread.
+	// The host drops f once the request is done (Request.Done settles what
+	// f would have), and returns an error when it cannot run f at all.
+	Run(f func()) error
 }
 
 // Action is what the host does with a request after a callback: go on, or

@@ -17,8 +17,18 @@ type Request struct {
 	// request waits for a call whose answer goes on (paused: cleared when
 	// the decision ends, or when the host answered the request itself,
 	// after which a late answer changes nothing of the request).
-	step        step
-	paused      bool
+	step   step
+	paused bool
+	// gen counts the requests this Request has served (Done): an answer
+	// to a call the plugin sent for an earlier one is not this request's.
+	gen uint64
+	// leaseAnswer is the answer to the request's lease call, waiting for
+	// Stream.Run to hand it to the request (nil: none). calling: the
+	// request is handing its lease call to the host, and early the answer
+	// a host gave before that returned.
+	leaseAnswer *leaseWait
+	calling     bool
+	early       *leaseWait
 	shadowsSent bool // the shadow cluster rules went out (alone or riding a call)
 	// What the response headers report: the enforced rule closest to its
 	// limit, or none.
@@ -86,19 +96,26 @@ func (p *Plugin) NewRequest(s Stream) *Request { return &Request{plugin: p, stre
 
 // Done ends the request's life in the engine: a body scan still waiting
 // (a reset, or the client gone, before the body's end) is settled as cut
-// short. The Request is then empty, holding only its scratch buffers, and
-// the host may use it for another request of the same plugin. An answer to
-// a callout of this request that arrives later must not be delivered (a
-// proxy-wasm host drops it with the context); shadow callouts keep their
-// own takes, never the request's. Done is idempotent.
+// short, and a lease answer not yet handed to the request is recorded in
+// the leases, its grant whole. The Request is then empty, holding only its
+// scratch buffers, and the host may use it for another request of the same
+// plugin. An answer to a callout of this request (Stream.Callout) that
+// arrives later must not be delivered (a proxy-wasm host drops it with the
+// context); the calls the plugin owns (shadows, leases) keep their own
+// takes, never the request's, and find the request gone by its gen. Done
+// is idempotent.
 func (c *Request) Done() {
 	if c.body.active {
 		c.cutShort()
 	}
-	p, s := c.plugin, c.stream
+	if w := c.leaseAnswer; w != nil {
+		c.leaseAnswer = nil
+		c.plugin.recordLeaseAnswer(w)
+	}
+	p, s, gen := c.plugin, c.stream, c.gen+1
 	keep := c.scratch.keep()
 	*c = Request{} // drop every reference
-	c.plugin, c.stream, c.scratch = p, s, keep
+	c.plugin, c.stream, c.scratch, c.gen = p, s, keep, gen
 }
 
 // rejection is why a request is answered by the plugin.

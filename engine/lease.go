@@ -18,10 +18,19 @@ import (
 // call over all its short leases (min: its costs; want: the leases' sizes),
 // unless the service failed lately (failure_mode applies at once) or the
 // global bucket refused lately and cannot hold this request's cost (it is
-// rejected at once, with the wait for its own cost). Every worker remembers
-// the leases it called for; each tick it looks at a bounded number of them
-// and hands back, in calls of up to wire.MaxBuckets leases, the tokens of
-// those that expired.
+// rejected at once, with the wait for its own cost). That call is the
+// plugin's too, so its grant lands in the leases whatever becomes of the
+// request; its answer goes on with the request through Stream.Run while
+// the request waits. Every lease call waits at most the service's
+// lease_timeout_ms. Every worker remembers the leases it called for; each
+// tick it looks at a bounded number of them and hands back, in calls of up
+// to wire.MaxBuckets leases, the tokens of those that expired.
+//
+// failure_mode applies to a lease only when it lacks the request's cost:
+// a request whose lease call failed first spends what its leases hold
+// (another call may have refilled them meanwhile), and under allow only
+// the leases that lack its cost pass it unchecked (failed_open); the others
+// are spent as usual.
 //
 // Every change to a lease is a pure function of its record (lease.Table
 // runs it under compare-and-swap), and what follows a change (the amount
@@ -82,7 +91,7 @@ func leasePolicy(cr *config.Rule) lease.Policy {
 	return lease.Policy{
 		TTL:   time.Duration(cr.Lease.TTLMS) * time.Millisecond,
 		Cap:   cr.Lease.MaxShare * cr.Limit.Burst,
-		Stale: time.Duration(cr.Service.TimeoutMS)*time.Millisecond + time.Second,
+		Stale: time.Duration(cr.Service.LeaseTimeoutMS)*time.Millisecond + time.Second,
 		Rate:  cr.Limit.TokensPerSecond,
 	}
 }
@@ -133,7 +142,7 @@ func (c *Request) spendLeases() (rej *rejection, wait bool) {
 			continue
 		}
 		if t.rule.lease.Down(rec, pl.now) {
-			return c.leaseServiceDown(t.rule), false
+			return c.leaseServiceDown(t.rule, false), false
 		}
 		if wait, refusing := t.rule.lease.Refusing(rec, pl.now, t.cost); refusing {
 			return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
@@ -148,9 +157,43 @@ func (c *Request) spendLeases() (rej *rejection, wait bool) {
 	}
 	if err := c.leaseCall(short); err != nil {
 		p.serviceFailed(short, "dispatching the lease call: "+err.Error())
-		return c.leaseServiceDown(short[0].rule), false
+		return c.leaseServiceDown(short[0].rule, false), false
+	}
+	if w := c.early; w != nil {
+		c.early = nil
+		return c.answeredAtOnce(w), false
 	}
 	return nil, true
+}
+
+// answeredAtOnce decides a request whose lease call the host answered
+// before handing it off returned (the request never paused): the answer is
+// recorded, and the request spends from its leases as they are then; a
+// lease still short answers as a recorded failure or refusal does, or, when
+// other requests took the grant meanwhile, refuses the request (never
+// over). No second call is made.
+func (c *Request) answeredAtOnce(w *leaseWait) *rejection {
+	p, pl := c.plugin, &c.plan
+	p.recordLeaseAnswer(w)
+	now := p.now()
+	if c.spendAll(now) {
+		return nil
+	}
+	for _, t := range pl.leased {
+		rec, err := p.leases.Get(t.id, now)
+		if err != nil || rec.Tokens+1e-9 >= t.cost {
+			continue
+		}
+		if t.rule.lease.Down(&rec, now) {
+			return c.leaseServiceDown(t.rule, false)
+		}
+		if wait, refusing := t.rule.lease.Refusing(&rec, now, t.cost); refusing {
+			return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
+				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-now, 0))}}
+		}
+		return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{RetryAfter: time.Millisecond}}
+	}
+	return nil
 }
 
 // spent does what a spend from t's lease asks besides spending: it counts
@@ -164,22 +207,80 @@ func (p *Plugin) spent(t take, r *lease.Result) {
 	}
 }
 
-// leaseServiceDown applies failure_mode for a request whose lease is short
-// while the service is failing: deny rejects it, allow lets it through
-// (counted as failed open).
-func (c *Request) leaseServiceDown(ru *rule) *rejection {
+// leaseServiceDown applies failure_mode for a request some of whose leases
+// lack its cost while the service is failing (ru: the first such lease's
+// rule). With retry (its lease call failed: another call may have filled
+// the leases meanwhile), the request first spends from all its leases, all
+// or none, as if no call had been needed. Then deny rejects it; allow lets
+// it through, spending each lease that holds its cost (that rule still
+// counts it) and passing it unchecked only on the leases that lack it
+// (counted as failed open): a lease with tokens in hand is never bypassed.
+func (c *Request) leaseServiceDown(ru *rule, retry bool) *rejection {
+	p, pl := c.plugin, &c.plan
+	now := p.now()
+	if retry && c.spendAll(now) {
+		return nil
+	}
 	if ru.Service.FailureMode == config.FailDeny {
 		return &rejection{rule: ru, reason: reasonServiceDown}
 	}
-	for _, t := range c.plan.leased {
-		t.rule.failedOpen.Increment(1)
+	for i := range pl.leased {
+		t := &pl.leased[i]
+		if t.held {
+			continue
+		}
+		spends := append(c.scratch.spends[:0], lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
+		c.scratch.spends = spends
+		out := c.scratch.leaseResults(1)
+		if ok, err := p.leases.Spend(now, spends, out); err != nil || !ok {
+			t.rule.failedOpen.Increment(1)
+			continue
+		}
+		p.spent(*t, &out[0])
+		t.held, t.d = true, leaseDecision(t.rule, &out[0].Record, now)
+		t.rule.allowed.Increment(1)
+		c.show(t.rule, t.d)
 	}
 	return nil
 }
 
+// spendAll spends the request's cost from each of its leases, all or none,
+// and reports whether it did.
+func (c *Request) spendAll(now int64) bool {
+	p, pl := c.plugin, &c.plan
+	spends := c.scratch.spends[:0]
+	for _, t := range pl.leased {
+		spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
+	}
+	c.scratch.spends = spends
+	out := c.scratch.leaseResults(len(spends))
+	ok, err := p.leases.Spend(now, spends, out)
+	if err != nil || !ok {
+		return false
+	}
+	for i := range pl.leased {
+		t := &pl.leased[i]
+		p.spent(*t, &out[i])
+		t.held, t.d = true, leaseDecision(t.rule, &out[i].Record, now)
+		t.rule.allowed.Increment(1)
+		c.show(t.rule, t.d)
+	}
+	return true
+}
+
+// leaseWait is a request's lease call: the short leases it covers, the
+// call, the marker stamps it claimed, and its answer once it came.
+type leaseWait struct {
+	short  []take
+	req    *wire.LeaseRequest
+	claims []int64
+	ans    *Answer
+}
+
 // leaseCall sends the lease call a short request waits for, over its short
 // leases: its cost from each at least, and each lease's size for the leases
-// whose refill marker it claimed.
+// whose refill marker it claimed. The plugin owns the call, so its answer
+// is recorded even when the request is gone (leaseAnswered).
 func (c *Request) leaseCall(short []take) error {
 	p, now := c.plugin, c.plan.now
 	req := &wire.LeaseRequest{Buckets: make([]wire.LeaseBucket, len(short))}
@@ -195,42 +296,90 @@ func (c *Request) leaseCall(short []take) error {
 		req.Buckets[i] = wire.LeaseBucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst, Want: want, Min: t.cost}
 		p.held.add(t)
 	}
-	err := p.leasePost(c.stream, short[0].rule.Service, req, func(a *Answer) {
-		c.onLeaseAnswer(short, req, claims, a)
+	gen := c.gen
+	c.calling = true
+	err := p.leasePost(p.host, short[0].rule.Service, req, func(a *Answer) {
+		p.leaseAnswered(c, gen, &leaseWait{short: short, req: req, claims: claims, ans: a})
 	})
+	c.calling = false
 	if err != nil {
+		c.early = nil
 		p.settleLeases(short, nil, claims, nil, now)
 	}
 	return err
 }
 
+// leaseAnswered takes the answer to the lease call request c sent in its
+// generation gen. While that request waits, the answer goes on with it in
+// its own context (Stream.Run; Done records it if the request ends first);
+// otherwise the answer is recorded in the leases, its grant whole.
+func (p *Plugin) leaseAnswered(c *Request, gen uint64, w *leaseWait) {
+	if c.gen == gen && c.calling {
+		c.early = w // the host answered within Callout: leaseCall's caller decides
+		return
+	}
+	if c.gen == gen && c.waiting() && c.leaseAnswer == nil {
+		c.leaseAnswer = w
+		err := c.stream.Run(func() {
+			if c.gen == gen {
+				c.takeLeaseAnswer()
+			}
+		})
+		if err == nil {
+			return
+		}
+		c.leaseAnswer = nil
+	}
+	p.recordLeaseAnswer(w)
+}
+
+// takeLeaseAnswer hands the request the answer leaseAnswered kept for it.
+func (c *Request) takeLeaseAnswer() {
+	w := c.leaseAnswer
+	if w == nil {
+		return
+	}
+	c.leaseAnswer = nil
+	c.onLeaseAnswer(w)
+}
+
+// recordLeaseAnswer records an answer no request takes from: the whole
+// grant goes into the leases.
+func (p *Plugin) recordLeaseAnswer(w *leaseWait) {
+	a, why := readLeaseAnswer(w.req, w.ans)
+	p.settleLeases(w.short, nil, w.claims, a, p.now())
+	if why != "" {
+		p.serviceFailed(w.short, why)
+	}
+}
+
 // onLeaseAnswer records a lease call's answer in the short leases and goes
 // on with the request that waited for it: granted, the request takes its
 // costs from the grants (the rest goes to the leases) and from its other
-// leases, all or none. An answer that comes after Envoy answered the
+// leases, all or none; failed, it spends what its leases hold, else
+// failure_mode applies. An answer that comes after Envoy answered the
 // request itself puts the whole grant into the leases.
-func (c *Request) onLeaseAnswer(short []take, req *wire.LeaseRequest, claims []int64, ans *Answer) {
+func (c *Request) onLeaseAnswer(w *leaseWait) {
+	if !c.waiting() {
+		c.plugin.recordLeaseAnswer(w)
+		return
+	}
 	p, pl := c.plugin, &c.plan
+	short := w.short
 	now := p.now()
-	a, why := readLeaseAnswer(req, ans)
-	waiting := c.waiting()
+	a, why := readLeaseAnswer(w.req, w.ans)
 	var costs []float64 // nil: the request takes nothing from the grants
-	if waiting {
+	if why == "" {
 		costs = make([]float64, len(short))
 		for i, t := range short {
 			costs[i] = t.cost
 		}
 	}
-	recs := p.settleLeases(short, costs, claims, a, now)
-	if why != "" {
-		p.serviceFailed(short, why)
-	}
-	if !waiting {
-		return
-	}
+	recs := p.settleLeases(short, costs, w.claims, a, now)
 	switch {
 	case why != "":
-		c.next(c.leaseServiceDown(short[0].rule))
+		p.serviceFailed(short, why)
+		c.next(c.leaseServiceDown(short[0].rule, true))
 		return
 	case !a.Granted:
 		for i, g := range a.Buckets {
@@ -383,10 +532,10 @@ func (p *Plugin) releaseLeases(takes []take, claims []int64, now int64) {
 	}
 }
 
-// leasePost sends one lease call, counted.
+// leasePost sends one lease call, counted, within lease_timeout_ms.
 func (p *Plugin) leasePost(by caller, s *config.Service, req *wire.LeaseRequest, answer func(*Answer)) error {
 	p.metrics.leaseCalls.Increment(1)
-	return post(by, s, s.LeasePath, wire.AppendLeaseRequest(make([]byte, 0, 160*len(req.Buckets)), req), answer)
+	return postWithin(by, s, s.LeasePath, wire.AppendLeaseRequest(make([]byte, 0, 160*len(req.Buckets)), req), s.LeaseTimeoutMS, answer)
 }
 
 // returnExpired hands back the tokens of this worker's expired leases and

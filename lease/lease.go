@@ -263,8 +263,8 @@ func (t *Table) refund(now int64, spends []Spend, out []Result) {
 // InFlight reports whether r has a refill or return call in flight: one left
 // less than stale nanoseconds ago. A call's answer arrives within its
 // timeout, if only as a failure, and clears Pending; stale (the timeout and
-// a margin) covers an answer that never lands, such as one for a request
-// that ended while it waited. A marker further ahead of now than stale was
+// a margin) covers an answer that never lands, such as one for a plugin
+// configuration replaced while its call was in flight. A marker further ahead of now than stale was
 // set before the clock stepped back: it is stale too.
 func InFlight(r *Record, now, stale int64) bool {
 	return r.Pending != 0 && within(r.Pending, now, stale)

@@ -4,7 +4,7 @@ import "time"
 
 // Policy is one rule's lease tuning: how long leased tokens stay (TTL), the
 // most one lease asks for (Cap: max_share × burst), how long a call may be
-// in flight (Stale: the service's timeout and a margin), and the global
+// in flight (Stale: the service's lease_timeout_ms and a margin), and the global
 // bucket's refill rate (tokens per second), which bounds what it can hold
 // since its last answer.
 type Policy struct {

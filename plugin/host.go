@@ -31,8 +31,14 @@ func (sharedData) Set(key string, value []byte, cas uint32) error {
 }
 
 // active is the context whose callback runs: a plugin context's (its
-// tick, its queue, the answer to a call it owns) or a request's.
+// tick, its queue, the answer to a call it owns) or a request's, or the
+// request a plugin context's callback acts on (stream.Run).
 var active uint32
+
+// lent is set while a plugin context's callback acts on a request
+// (stream.Run): the SDK files a call dispatched then under the plugin
+// context, so its answer must make the request's context effective again.
+var lent bool
 
 // host is engine.Host on proxy-wasm, for one plugin context.
 //
@@ -206,6 +212,20 @@ func dispatch(call *engine.Call, owner uint32, answer func(*engine.Answer)) erro
 	return err
 }
 
+// dispatchLent is dispatch for a request's call sent while a plugin
+// context's callback acts on the request (lent): the SDK delivers the
+// answer in the plugin context, so the request's context is made
+// effective first, and the answer is dropped when the host no longer has
+// it.
+func dispatchLent(call *engine.Call, owner uint32, answer func(*engine.Answer)) error {
+	return dispatch(call, owner, func(a *engine.Answer) {
+		if err := proxywasm.SetEffectiveContext(owner); err != nil {
+			return
+		}
+		answer(a)
+	})
+}
+
 // readAnswer reads a callout's answer from the host.
 func readAnswer(numHeaders, bodySize, maxBody int) *engine.Answer {
 	a := &engine.Answer{}
@@ -281,9 +301,43 @@ func (stream) Resume() error { return proxywasm.ResumeHttpRequest() }
 // serve another request by then: see OnHttpStreamDone).
 func (s stream) Callout(call *engine.Call, answer func(*engine.Answer)) error {
 	c, gen := s.c, s.c.gen
-	return dispatch(call, c.id, func(a *engine.Answer) {
+	send := dispatch
+	if lent {
+		send = dispatchLent
+	}
+	return send(call, c.id, func(a *engine.Answer) {
 		if c.gen == gen {
 			answer(a)
 		}
 	})
+}
+
+// errStreamDone refuses Run for a context whose request is done.
+var errStreamDone = errors.New(Name + ": the request is done")
+
+// Run runs f acting on the request: at once in the request's callback;
+// from a plugin context's callback (the answer to a call the plugin owns)
+// by making the request's context effective for f (proxy_set_effective_
+// context, which the host refuses once the context is gone), then the
+// plugin context's again.
+func (s stream) Run(f func()) error {
+	c := s.c
+	if active == c.id {
+		f()
+		return nil
+	}
+	if c.id == 0 {
+		return errStreamDone
+	}
+	from, wasLent := active, lent
+	if err := proxywasm.SetEffectiveContext(c.id); err != nil {
+		return err
+	}
+	active, lent = c.id, true
+	f()
+	active, lent = from, wasLent
+	if err := proxywasm.SetEffectiveContext(from); err != nil {
+		proxywasm.LogWarn(Name + ": back to the plugin context: " + err.Error())
+	}
+	return nil
 }

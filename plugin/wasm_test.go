@@ -384,10 +384,8 @@ func TestWasmRefillOutlivesItsRequest(t *testing.T) {
 	vm := newVM(t, h, wasmLeased)
 	answer := limitdAnswers(t, h, vm)
 	first := send(t, vm, "k", "hot") // an empty lease: the request waits for its lease call
-	if !first.Paused || len(first.Callouts) != 1 {
-		t.Fatalf("first request: %+v, want paused on its lease call", first)
-	}
-	if r := answer(first.Callouts[0]); r.Status != 200 {
+	answer(waitedCall(t, vm, first))
+	if r := streamState(t, vm, first.StreamID); r.Status != 200 {
 		t.Fatalf("first request after its lease call: %d", r.Status)
 	}
 	second := send(t, vm, "k", "hot") // spends below half the lease: claims a refill
@@ -404,6 +402,33 @@ func TestWasmRefillOutlivesItsRequest(t *testing.T) {
 	}
 }
 
+// TestWasmLeaseGrantOutlivesAResetRequest: a request waits for its lease
+// call and is reset (the client goes away) before the answer; the grant
+// goes into the lease all the same, so the next request spends from it
+// without a call.
+func TestWasmLeaseGrantOutlivesAResetRequest(t *testing.T) {
+	h := newHost(t)
+	vm := newVM(t, h, wasmLeased)
+	answer := limitdAnswers(t, h, vm)
+	first := send(t, vm, "k", "hot")
+	if !first.Paused {
+		t.Fatalf("first request: %+v, want paused on its lease call", first)
+	}
+	pending := vm.PendingCallouts()
+	if len(pending) != 1 {
+		t.Fatalf("pending %+v, want the lease call", pending)
+	}
+	if _, err := vm.ResetStream(first.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	answer(pending[0])
+	second := send(t, vm, "k", "hot")
+	if second.Paused || second.Status != 200 || len(vm.PendingCallouts()) != 0 {
+		t.Fatalf("next request: %d paused %v, pending %+v; want 200 from the grant the reset request's call brought, no call",
+			second.Status, second.Paused, vm.PendingCallouts())
+	}
+}
+
 // TestWasmRefusedRefill: a refill the plugin sends from its queue's
 // callback, which the host refuses, ends as a refused dispatch does: counted
 // in service_errors, its claim released, and the next request that finds
@@ -412,8 +437,9 @@ func TestWasmRefusedRefill(t *testing.T) {
 	h := newHost(t)
 	vm := newVM(t, h, wasmLeased)
 	answer := limitdAnswers(t, h, vm)
-	if r := send(t, vm, "k", "hot"); !r.Paused || answer(r.Callouts[0]).Status != 200 {
-		t.Fatalf("first request: %+v, want paused on its lease call, then 200", r)
+	first := send(t, vm, "k", "hot")
+	if answer(waitedCall(t, vm, first)); streamState(t, vm, first.StreamID).Status != 200 {
+		t.Fatalf("first request: %+v, want paused on its lease call, then 200", streamState(t, vm, first.StreamID))
 	}
 	h.OnHTTPCall(func(string) wasmhost.Status { return wasmhost.StatusBadArgument })
 	if r := send(t, vm, "k", "hot"); r.Paused || r.Status != 200 {
@@ -424,18 +450,38 @@ func TestWasmRefusedRefill(t *testing.T) {
 		t.Fatalf("service_errors %d, pending %+v; want the refused refill counted once, nothing pending", n, vm.PendingCallouts())
 	}
 	third := send(t, vm, "k", "hot") // half a token left: short
-	if !third.Paused || len(third.Callouts) != 1 {
-		t.Fatalf("third request: %+v, want paused on its own lease call", third)
+	c := waitedCall(t, vm, third)
+	if !strings.Contains(string(c.Body), `"want":2`) {
+		t.Fatalf("third request's lease call %s: want the lease's size (the refused refill's claim released)", c.Body)
 	}
-	if !strings.Contains(string(third.Callouts[0].Body), `"want":2`) {
-		t.Fatalf("third request's lease call %s: want the lease's size (the refused refill's claim released)", third.Callouts[0].Body)
-	}
-	if r := answer(third.Callouts[0]); r.Status != 200 {
-		t.Fatalf("third request after its lease call: %d", r.Status)
+	if answer(c); streamState(t, vm, third.StreamID).Status != 200 {
+		t.Fatalf("third request after its lease call: %+v", streamState(t, vm, third.StreamID))
 	}
 	if n, _ := h.Metric("tokenbucket.rule.fleet.failed_open"); n != 0 {
 		t.Fatalf("failed_open %d, want 0", n)
 	}
+}
+
+// waitedCall returns the lease call request r waits for: the plugin
+// context's one pending call (a request's lease call is the plugin's, so
+// that its grant lands whatever becomes of the request).
+func waitedCall(t *testing.T, vm *wasmhost.VM, r wasmhost.Response) wasmhost.Callout {
+	t.Helper()
+	pending := vm.PendingCallouts()
+	if !r.Paused || len(r.Callouts) != 0 || len(pending) != 1 || pending[0].ContextID != vm.RootContextID() {
+		t.Fatalf("request %+v, pending %+v: want it paused on one lease call of the plugin context (%d)", r, pending, vm.RootContextID())
+	}
+	return pending[0]
+}
+
+// streamState is the state of stream id (in flight or ended).
+func streamState(t *testing.T, vm *wasmhost.VM, id uint32) wasmhost.Response {
+	t.Helper()
+	r, ok := vm.Stream(id)
+	if !ok {
+		t.Fatalf("stream %d: unknown", id)
+	}
+	return r
 }
 
 // limitdAnswers returns a function that answers a callout of vm with a real

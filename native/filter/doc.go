@@ -17,11 +17,14 @@
 // data (compare-and-swap, no delete), sharded by key, bounded by max_keys
 // as in Wasm: every decision is exact across workers.
 //
-// Calls the Plugin owns (lease refills and returns, charges) go out from
-// Envoy's main thread: dispatched in a function given to the
+// Calls the Plugin owns (every lease call, charges, shadow calls) go out
+// from Envoy's main thread: dispatched in a function given to the
 // configuration's scheduler, answered on the main thread, handed to the
-// engine under the owning worker's lock. Calls a request owns go out from
-// its worker through the filter's handle. The engine's once-a-second tick
+// engine under the owning worker's lock. When such an answer goes on with
+// a request that waits for it (a lease call's), the engine asks the filter
+// to run that on the request's worker (httpFilter.Run, through the
+// stream's scheduler, which Envoy ignores once the stream is complete).
+// Calls a request owns go out from its worker through the filter's handle. The engine's once-a-second tick
 // is scheduled the same way: a goroutine only asks the scheduler, and the
 // scheduled function ticks each worker's Plugin under its lock. No
 // goroutine of ours touches Envoy objects.

@@ -24,6 +24,9 @@ type httpFilter struct {
 	// paused: the request waits for the engine (OnRequestHeaders paused it,
 	// and it was neither resumed nor answered): a panic resumes it.
 	paused bool
+	// sched runs work on the stream's thread (Run), taken while the
+	// request is paused (Envoy hands it out only in a stream callback).
+	sched shared.Scheduler
 }
 
 // enter takes the worker for a callback.
@@ -60,6 +63,9 @@ func (f *httpFilter) OnRequestHeaders(_ shared.HeaderMap, _ bool) (st shared.Hea
 	}
 	if f.r.OnRequestHeaders() == engine.Pause {
 		f.paused = true
+		if f.sched == nil {
+			f.sched = f.handle.GetScheduler()
+		}
 		return shared.HeadersStatusStopAllAndWatermark
 	}
 	return shared.HeadersStatusContinue
@@ -134,7 +140,7 @@ func (f *httpFilter) OnDestroy() {
 	if f.r != nil {
 		f.r.Done() // idempotent: a stream Envoy never completed
 	}
-	f.handle, f.body, f.paused = nil, nil, false
+	f.handle, f.body, f.paused, f.sched = nil, nil, false, nil
 	if len(w.free) < maxFreeFilters {
 		w.free = append(w.free, f)
 	}
@@ -238,6 +244,30 @@ func (f *httpFilter) SendReply(status int, headers [][2]string, body []byte) err
 func (f *httpFilter) Resume() error {
 	f.paused = false
 	f.handle.ContinueRequest()
+	return nil
+}
+
+var errNoScheduler = errors.New(Name + ": the request has no scheduler (it never paused)")
+
+// Run runs fn acting on the request, with the worker held: at once on the
+// worker's own thread; from Envoy's main thread (the answer to a call the
+// Plugin owns) through the stream's scheduler, on the worker's thread once
+// the main thread lets the worker go. Envoy drops the scheduled work once
+// the stream is complete (the engine's Done has settled it by then).
+func (f *httpFilter) Run(fn func()) error {
+	if f.w.owner.Load() == ownedByWorker {
+		fn()
+		return nil
+	}
+	sched := f.sched
+	if sched == nil {
+		return errNoScheduler
+	}
+	sched.Schedule(func() {
+		defer f.w.exit(f.enter())
+		defer f.recover("work scheduled for a request")
+		fn()
+	})
 	return nil
 }
 

@@ -215,6 +215,19 @@ func (vm *VM) ResetStream(id uint32) (Response, error) {
 	return vm.response(s), err
 }
 
+// Stream returns the state of stream id: in flight, or as it ended (the
+// last 1024 ended streams are kept). A stream resumed by the answer to a
+// callout of the root context shows here, not in AnswerCallout's result.
+func (vm *VM) Stream(id uint32) (Response, bool) {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	if s, ok := vm.streams[id]; ok {
+		return vm.response(s), true
+	}
+	r, ok := vm.ended[id]
+	return r, ok
+}
+
 // PendingCallouts returns the callouts not yet answered, by id.
 func (vm *VM) PendingCallouts() []Callout {
 	vm.mu.Lock()
