@@ -42,12 +42,13 @@ func limitd(t *testing.T) string {
 	return limitdPath
 }
 
-// startLimitd runs the limit service on a free loopback port against redis
-// and stops it when t ends.
-func startLimitd(t *testing.T, redisAddr string) int {
+// startLimitd runs the limit service on a free loopback port against redis,
+// with extra flags after its own, and stops it when t ends.
+func startLimitd(t *testing.T, redisAddr string, extra ...string) int {
 	t.Helper()
 	port := envoytest.FreePort(t)
-	cmd := exec.Command(limitd(t), "--listen", "127.0.0.1:"+strconv.Itoa(port), "--redis", redisAddr, "--timeout", "800ms")
+	args := append([]string{"--listen", "127.0.0.1:" + strconv.Itoa(port), "--redis", redisAddr, "--timeout", "800ms"}, extra...)
+	cmd := exec.Command(limitd(t), args...)
 	logf, err := os.Create(filepath.Join(t.TempDir(), "limitd.log"))
 	if err != nil {
 		t.Fatal(err)

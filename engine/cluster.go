@@ -99,12 +99,15 @@ type caller interface {
 	Callout(call *Call, answer func(*Answer)) error
 }
 
-// call sends one decision over takes to the limit service, owned by by.
+// call sends one decision over takes to the limit service, owned by by. A
+// take whose rule settles with the response (a cost known from it, or
+// charge_on) is sent refundable, so the service records its cost for the
+// refund that may follow; the others hold nothing to refund.
 func call(by caller, takes []take, answer func(*Answer)) error {
 	req := &wire.Request{Buckets: make([]wire.Bucket, len(takes))}
 	for i, t := range takes {
 		req.Buckets[i] = wire.Bucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst,
-			Cost: t.cost, Shadow: t.rule.Mode == config.ModeShadow}
+			Cost: t.cost, Shadow: t.rule.Mode == config.ModeShadow, Refundable: t.rule.charges}
 	}
 	return post(by, takes[0].rule.Service, "", wire.AppendRequest(make([]byte, 0, 64+112*len(takes)), req), answer)
 }

@@ -6,12 +6,18 @@
 -- with 17 significant digits so it reads back bit for bit) at time <at> (Unix
 -- microseconds). A missing key is a full bucket, like the zero bucket.State.
 -- A bucket with a ledger (ledger.go: what leases granted and decisions
--- reserved, that a return or a refund may give back) holds
--- "<tokens> <at> <gen> <lease_cur> <lease_prev> <resv_cur> <resv_prev>
--- <returned>": gen is the index of the ledger window (Unix microseconds /
--- window), then the two generations of each side, and the returns taken back
--- in the current window (at most a burst). The window, in microseconds, is
--- every script's last ARGV.
+-- reserved, per caller, that the same caller's return or refund may give
+-- back) holds "<tokens> <at> <gen> <returned> <reserved> <refunded>"
+-- followed, for each caller with something outstanding, by "<caller>
+-- <lease_cur> <lease_prev> <resv_cur> <resv_prev>": gen is the index of the
+-- ledger window (Unix microseconds / window), returned what the current
+-- window took back in returns (at most a burst), reserved what it reserved
+-- and refunded what it took back in refunds (at most reserved plus a burst),
+-- then each caller's two generations of each side. A caller's name has no spaces (CheckCaller). The record of an older
+-- limitd, "<tokens> <at> <gen> <lease_cur> <lease_prev> <resv_cur>
+-- <resv_prev> <returned>", names no caller: only its tokens and its return
+-- budget are read. The window, in microseconds, is every script's last
+-- ARGV; the caller is the one before it.
 -- The arithmetic mirrors package bucket (Tokens, Take, Lease) operation for
 -- operation, in nanoseconds, so both give bit-identical tokens: keep them in
 -- step. The clock is Redis's own TIME; times are kept in microseconds because
@@ -32,6 +38,7 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local window = tonumber(ARGV[#ARGV])
+local caller = ARGV[#ARGV - 1]
 local gen = math.floor(now / window)
 
 -- refill_in: whole nanoseconds (rounded up) to refill x tokens at rate.
@@ -53,34 +60,85 @@ local function slack(rate, burst)
   return rate * 1e-9 + 1e-12 * burst
 end
 
--- give takes up to x (>= 0) from one side of led ('l' leases, 'r'
--- reservations), previous generation first, and returns what it took
--- (ledger.go's give).
-local function give(led, side, x)
+-- A ledger is {gen, rt (returned), rs (reserved), rf (refunded), names (the
+-- callers, in order), c (each caller's part {l0, l1, r0, r1}: leases and
+-- reservations, current and previous)}.
+local function new_ledger(g)
+  return {gen = g, rt = 0, rs = 0, rf = 0, names = {}, c = {}}
+end
+
+-- put_caller adds name's part p to led unless p holds nothing.
+local function put_caller(led, name, p)
+  if p.l0 ~= 0 or p.l1 ~= 0 or p.r0 ~= 0 or p.r1 ~= 0 then
+    if not led.c[name] then
+      led.names[#led.names + 1] = name
+    end
+    led.c[name] = p
+  end
+end
+
+-- part returns name's part of led, added (empty) when led has none
+-- (ledger.go's of).
+local function part(led, name)
+  local p = led.c[name]
+  if not p then
+    p = {l0 = 0, l1 = 0, r0 = 0, r1 = 0}
+    led.names[#led.names + 1] = name
+    led.c[name] = p
+  end
+  return p
+end
+
+-- give takes up to x (>= 0) from one side of a caller's part p ('l'
+-- leases, 'r' reservations), previous generation first, and returns what
+-- it took (ledger.go's give).
+local function give(p, side, x)
   if not (x > 0) then
     return 0
   end
   local took = 0
   for _, k in ipairs({side .. '1', side .. '0'}) do
-    local d = math.min(x - took, led[k])
+    local d = math.min(x - took, p[k])
     if d > 0 then
-      led[k] = led[k] - d
+      p[k] = p[k] - d
       took = took + d
     end
   end
   return took
 end
 
--- take_return takes back up to ret (>= 0) of a lease's return: at most the
--- window's return budget left (burst), and the grants outstanding
--- (ledger.go's takeReturn).
+-- take_return takes back up to ret (>= 0) of the caller's lease return: at
+-- most the window's return budget left (burst), and the grants outstanding
+-- to the caller (ledger.go's takeReturn).
 local function take_return(led, ret, burst)
+  local p = led.c[caller]
+  if not p then
+    return 0
+  end
   local budget = burst - led.rt
   if budget < ret then
     ret = budget
   end
-  local took = give(led, 'l', ret)
+  local took = give(p, 'l', ret)
   led.rt = led.rt + took
+  return took
+end
+
+-- take_refund takes back up to ref (>= 0) of the caller's refund: at most
+-- the window's refund budget left (what it reserved, plus a burst, less what
+-- it refunded), and the reservations outstanding to the caller (ledger.go's
+-- takeRefund).
+local function take_refund(led, ref, burst)
+  local p = led.c[caller]
+  if not p then
+    return 0
+  end
+  local budget = burst + led.rs - led.rf
+  if budget < ref then
+    ref = budget
+  end
+  local took = give(p, 'r', ref)
+  led.rf = led.rf + took
   return took
 end
 
@@ -88,26 +146,53 @@ end
 -- time (now, or later when the clock went backwards), and its ledger as of
 -- now (ledger.go's at).
 local function load(key, rate, burst)
-  local led = {gen = gen, l0 = 0, l1 = 0, r0 = 0, r1 = 0, rt = 0}
+  local led = new_ledger(gen)
   local v = redis.call('GET', key)
   if not v then
     return burst, now, led
   end
-  local f = {}
-  for w in string.gmatch(v, '%S+') do
-    f[#f + 1] = tonumber(w)
+  local w = {}
+  for s in string.gmatch(v, '%S+') do
+    w[#w + 1] = s
   end
-  local stored, stored_at = f[1], f[2]
-  if (#f ~= 2 and #f ~= 8) or not stored or not stored_at
-      or (#f == 8 and not (f[3] and f[4] and f[5] and f[6] and f[7] and f[8])) then
-    return nil, redis.error_reply('limitd: malformed bucket value at ' .. key)
+  local n = #w
+  local malformed = redis.error_reply('limitd: malformed bucket value at ' .. key)
+  local stored, stored_at = tonumber(w[1]), tonumber(w[2])
+  if not stored or not stored_at then
+    return nil, malformed
   end
-  if #f == 8 then
-    if gen <= f[3] then
-      led = {gen = f[3], l0 = f[4], l1 = f[5], r0 = f[6], r1 = f[7], rt = f[8]}
-    elseif gen == f[3] + 1 then
-      led = {gen = gen, l0 = 0, l1 = f[4], r0 = 0, r1 = f[6], rt = 0}
+  if n == 8 then
+    -- An older limitd's record: its ledger names no caller.
+    local g, rt = tonumber(w[3]), tonumber(w[8])
+    if not g or not rt or not tonumber(w[4]) or not tonumber(w[5]) or not tonumber(w[6]) or not tonumber(w[7]) then
+      return nil, malformed
     end
+    if gen <= g then
+      led = new_ledger(g)
+      led.rt = rt
+    end
+  elseif n >= 6 and (n - 6) % 5 == 0 then
+    local g, rt, rs, rf = tonumber(w[3]), tonumber(w[4]), tonumber(w[5]), tonumber(w[6])
+    if not g or not rt or not rs or not rf then
+      return nil, malformed
+    end
+    if gen <= g then
+      led = new_ledger(g)
+      led.rt, led.rs, led.rf = rt, rs, rf
+    end
+    for j = 7, n, 5 do
+      local l0, l1, r0, r1 = tonumber(w[j + 1]), tonumber(w[j + 2]), tonumber(w[j + 3]), tonumber(w[j + 4])
+      if not l0 or not l1 or not r0 or not r1 then
+        return nil, malformed
+      end
+      if gen <= g then
+        put_caller(led, w[j], {l0 = l0, l1 = l1, r0 = r0, r1 = r1})
+      elseif gen == g + 1 then
+        put_caller(led, w[j], {l0 = 0, l1 = l0, r0 = 0, r1 = r0})
+      end
+    end
+  elseif n ~= 2 then
+    return nil, malformed
   end
   -- Negative tokens are a debt left by charge.lua, at most a burst
   -- (bucket's level).
@@ -139,28 +224,36 @@ local function load(key, rate, burst)
   return tok, at, led
 end
 
--- store writes tok at time at, and the ledger led, into the bucket at key,
--- with the expiry described above (or, while the window's return budget is
--- in use, the end of the window if later), or deletes it when it is full at
--- once (a full bucket takes nothing back, so the rest of its ledger goes
--- with it).
+-- store writes tok at time at, and the ledger led (callers with nothing
+-- outstanding left out), into the bucket at key, with the expiry described
+-- above (or, while the window's return or refund budget is in use, the end
+-- of the window if later), or deletes it when it is full at once (a full
+-- bucket takes nothing back, so the rest of its ledger goes with it).
 local function store(key, tok, at, rate, burst, led)
   local fill = full_in(tok, rate, burst)
-  -- A return budget in use must outlive the window, full or not (else a
-  -- full bucket would forget it, and a caller could return every grant).
+  -- A budget in use must outlive the window, full or not (else a full
+  -- bucket would forget it, and a caller could give back every grant or
+  -- reservation).
   local keep = 0
-  if led.rt > 0 then
+  if led.rt > 0 or led.rf > 0 then
     keep = ((led.gen + 1) * window - now) * 1000
   end
   if fill == 0 and at == now and keep <= 0 then
     redis.call('DEL', key)
   else
     local ttl = math.ceil(math.max((at - now) * 1000 + fill, keep) / 1000000) + 1
+    local parts = {}
+    for _, name in ipairs(led.names) do
+      local p = led.c[name]
+      if p.l0 ~= 0 or p.l1 ~= 0 or p.r0 ~= 0 or p.r1 ~= 0 then
+        parts[#parts + 1] = string.format(' %s %.17g %.17g %.17g %.17g', name, p.l0, p.l1, p.r0, p.r1)
+      end
+    end
     local v
-    if led.l0 == 0 and led.l1 == 0 and led.r0 == 0 and led.r1 == 0 and led.rt == 0 then
+    if #parts == 0 and led.rt == 0 and led.rs == 0 and led.rf == 0 then
       v = string.format('%.17g %.17g', tok, at)
     else
-      v = string.format('%.17g %.17g %.17g %.17g %.17g %.17g %.17g %.17g', tok, at, led.gen, led.l0, led.l1, led.r0, led.r1, led.rt)
+      v = string.format('%.17g %.17g %.17g %.17g %.17g %.17g', tok, at, led.gen, led.rt, led.rs, led.rf) .. table.concat(parts)
     end
     redis.call('SET', key, v, 'PX', ttl)
   end

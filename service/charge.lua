@@ -4,19 +4,28 @@
 --
 -- KEYS[i]            the Redis key of bucket i (all in one Redis Cluster slot)
 -- ARGV[3i-2 .. 3i]   rate, burst, amount of bucket i
--- ARGV[3n+1]         the ledger window, microseconds
+-- ARGV[3n+1]         the mode: "refund" (a caller's charge) or "undo" (the
+--                    store giving back a take it just made)
+-- ARGV[3n+2]         the caller's name
+-- ARGV[3n+3]         the ledger window, microseconds
 --
 -- A positive amount takes more tokens: clamped to 2 × burst (what can take a
 -- full bucket to its deepest debt), into debt down to -burst at most. A
--- negative one is a refund: clamped to what the bucket's ledger says
--- decisions reserved and were not yet refunded, and given back never above
--- burst; a missing key (a full bucket, no ledger) changes nothing. A charge
--- cannot be refused.
+-- negative one is a refund: clamped to what the bucket's ledger says the
+-- caller's decisions reserved and were not yet refunded, and to the window's
+-- refund budget (what the window reserved, plus a burst, less what it
+-- refunded), and given back never above burst; a
+-- missing key (a full bucket, no ledger) changes nothing. In mode "undo" a
+-- negative amount is given back whole (the caller's reservation of it, if
+-- any, dropped, no budget spent): RedisStore.Decide gives back so, across
+-- Redis Cluster slots, what a decision refused in another slot just took; no
+-- call of a client reaches it. A charge cannot be refused.
 --
 -- Returns {tokens_1, gap_1, applied_1, ...}: tokens_i (a string) is what
 -- bucket i holds after its charge; gap_i as in decide.lua; applied_i (a
 -- string) what the charge took from the bucket (negative for a refund).
 
+local undo = ARGV[#ARGV - 2] == 'undo'
 local out = {}
 for i = 1, #KEYS do
   local rate = tonumber(ARGV[3 * i - 2])
@@ -28,8 +37,13 @@ for i = 1, #KEYS do
   end
   if amount > 2 * burst then
     amount = 2 * burst
+  elseif amount < 0 and undo then
+    local p = led.c[caller]
+    if p then
+      give(p, 'r', -amount)
+    end
   elseif amount < 0 then
-    amount = -give(led, 'r', -amount)
+    amount = -take_refund(led, -amount, burst)
   end
   -- What the charge took: the amount, or what the bounds of the bucket
   -- leave (said as the amount itself: a difference of two token counts

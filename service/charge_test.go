@@ -11,31 +11,32 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 )
 
-// TestChargeMatchesModel runs random decisions and charges (debits into
-// debt, refunds) on one bucket against the Redis store (decide.lua and
-// charge.lua), the memory store and package bucket, and requires the same
-// decisions and the same answers from all three; the bucket never holds
-// less than -burst.
+// TestChargeMatchesModel runs random decisions (refundable or not) and
+// charges (debits into debt, refunds) on one bucket from two callers
+// against the Redis store (decide.lua and charge.lua), the memory store and
+// package bucket with the ledger, and requires the same decisions and the
+// same answers from all three; the bucket never holds less than -burst.
 func TestChargeMatchesModel(t *testing.T) {
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
 			t.Parallel()
 			r := rand.New(rand.NewPCG(seed, 17))
-			m, _, rs := newMini(t, RedisOptions{})
+			m, _, rs := newMini(t, RedisOptions{LedgerWindow: 10 * time.Second})
 			clk := &fakeClock{}
-			ms := NewMemoryStore(MemoryOptions{Now: clk.Now})
+			ms := NewMemoryStore(MemoryOptions{Now: clk.Now, LedgerWindow: 10 * time.Second})
 			lim := randomLimit(r)
 			var state bucket.State
 			var led ledger // the model's ledger: reservations, refunds clamped to them
-			window := int64(DefaultLedgerWindow)
+			window := int64(10 * time.Second)
 			nowUs := t0.UnixMicro()
-			ctx := context.Background()
 			for step := range 300 {
 				nowUs += randomStep(r, lim, lim.Burst/4, false)
 				m.SetTime(time.UnixMicro(nowUs))
 				clk.Set(time.UnixMicro(nowUs))
 				now := nowUs * 1000
-				if lim.FullAt(state) <= now {
+				caller := []string{"gw-a", "gw-b"}[r.IntN(2)]
+				ctx := WithCaller(context.Background(), caller)
+				if lim.FullAt(state) <= now && !(led.refunded > 0 && now < (led.gen+1)*window) {
 					state, led = bucket.State{}, ledger{} // full: forgotten, ledger and all
 				}
 				led = led.at(now, window)
@@ -43,6 +44,7 @@ func TestChargeMatchesModel(t *testing.T) {
 					// Two decimals: miniredis's Lua reads long decimals a unit off.
 					cost := math.Max(0.01, math.Round(r.Float64()*lim.Burst*100)/100)
 					req := one("k", lim.Rate, lim.Burst, cost)
+					req.Buckets[0].Refundable = r.IntN(4) != 0
 					ar, err1 := rs.Decide(ctx, req)
 					am, err2 := ms.Decide(ctx, req)
 					if err1 != nil || err2 != nil {
@@ -50,8 +52,8 @@ func TestChargeMatchesModel(t *testing.T) {
 					}
 					var d bucket.Decision
 					state, d = lim.Take(state, now, cost)
-					if d.Allowed {
-						led.resv[0] += cost
+					if d.Allowed && req.Buckets[0].Refundable {
+						led.reserve(caller, cost)
 					}
 					if ar.Allowed != d.Allowed || am.Allowed != d.Allowed || ar.Buckets[0] != am.Buckets[0] {
 						t.Fatalf("step %d: take %v: redis %+v, memory %+v, model %+v", step, cost, ar, am, d)
@@ -69,7 +71,7 @@ func TestChargeMatchesModel(t *testing.T) {
 				before := lim.Tokens(state, now)
 				took := min(amount, 2*lim.Burst) // clamped: at most 2 × burst
 				if amount < 0 {
-					took = -give(&led.resv, -amount) // a refund: at most what is reserved
+					took = -led.takeRefund(caller, -amount, lim.Burst) // a refund: at most what caller reserved, and the budget
 				}
 				applied := 0.0
 				if took != 0 {

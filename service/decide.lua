@@ -2,12 +2,14 @@
 -- bucket.lua, which it uses).
 --
 -- KEYS[i]            the Redis key of bucket i (all in one Redis Cluster slot)
--- ARGV[3i-2 .. 3i]   rate (tokens per second), burst, cost of bucket i
--- ARGV[3n+1]         the ledger window, microseconds
+-- ARGV[4i-3 .. 4i]   rate (tokens per second), burst, cost, refundable (1
+--                    or 0) of bucket i
+-- ARGV[4n+1]         the caller's name
+-- ARGV[4n+2]         the ledger window, microseconds
 --
--- Either every bucket admits its cost and all are consumed, each recording
--- its cost as a reservation in its ledger (a later charge may refund it), or
--- nothing is written.
+-- Either every bucket admits its cost and all are consumed, each refundable
+-- one recording its cost as the caller's reservation in its ledger (a later
+-- charge of the same caller may refund it), or nothing is written.
 --
 -- Returns {all, ok_1, tokens_1, gap_1, ..., ok_n, tokens_n, gap_n}: all is 1
 -- when the request was admitted; ok_i is 1 when bucket i alone had enough
@@ -17,13 +19,14 @@
 -- when the clock went backwards).
 
 local n = #KEYS
-local rates, bursts, costs, tokens, ats, leds = {}, {}, {}, {}, {}, {}
+local rates, bursts, costs, refundable, tokens, ats, leds = {}, {}, {}, {}, {}, {}, {}
 local all = 1
 local ok = {}
 for i = 1, n do
-  local rate = tonumber(ARGV[3 * i - 2])
-  local burst = tonumber(ARGV[3 * i - 1])
-  local cost = tonumber(ARGV[3 * i])
+  local rate = tonumber(ARGV[4 * i - 3])
+  local burst = tonumber(ARGV[4 * i - 2])
+  local cost = tonumber(ARGV[4 * i - 1])
+  refundable[i] = ARGV[4 * i] == '1'
   if cost < 0 then
     cost = 0
   end
@@ -47,7 +50,11 @@ if all == 1 then
       tok = 0
     end
     tokens[i] = tok
-    leds[i].r0 = leds[i].r0 + costs[i]
+    if refundable[i] then
+      local p = part(leds[i], caller)
+      p.r0 = p.r0 + costs[i]
+      leds[i].rs = leds[i].rs + costs[i]
+    end
     store(KEYS[i], tok, ats[i], rates[i], bursts[i], leds[i])
   end
 end

@@ -46,21 +46,25 @@
 // # Ledger
 //
 // Each bucket's record also holds a ledger (ledger.go, mirrored in
-// bucket.lua): the tokens leases granted and not yet returned, and the tokens
-// decisions reserved and not yet refunded, in two generations of one window
-// (RedisOptions.LedgerWindow): an amount can be given back for one to two
-// windows. A lease's return is clamped to the grants outstanding and a
-// charge's refund to the reservations outstanding, in the same atomic script
-// that changes the bucket; a positive charge is clamped to 2 × burst. So no
-// sequence of calls, from any number of callers, gives back more than was
-// taken within the last two windows: a bucket admits at most burst + rate × t
-// plus what was given back. Returns are also bounded in rate, one burst per
-// window: the gateways spend grants without telling the service, so what they
-// spent still counts as outstanding, and a caller returning every grant at
-// once would otherwise recycle them. The ledger is per bucket; callers are
-// not told apart. A bucket that is full is deleted with its ledger (it takes
-// nothing back anyway), unless its return budget is in use: then it is kept
-// to the window's end.
+// bucket.lua): per caller (WithCaller; Server names the caller by its token),
+// the tokens leases granted and not yet returned, and the tokens refundable
+// decisions (Bucket.Refundable) reserved and not yet refunded, in two
+// generations of one window (RedisOptions.LedgerWindow): an amount can be
+// given back for one to two windows. A lease's return is clamped to the
+// grants outstanding to the same caller and a charge's refund to the
+// reservations outstanding to the same caller, in the same atomic script that
+// changes the bucket; a positive charge is clamped to 2 × burst. So no caller
+// gives back more than it took within the last two windows, and no caller's
+// calls lift what another's take: what all callers' requests take over t, net
+// of what each gave back of its own, is at most burst + rate × t. Returns
+// are also bounded in rate, one burst per window and bucket (the gateways
+// spend grants without telling the service, and a caller returning each at
+// once would otherwise recycle them), and refunds to what the window
+// reserved plus one burst (reservations kept over windows come back a burst
+// per window). A caller with nothing outstanding leaves the record, so its
+// size is bounded by the callers the server knows. A bucket that is full is
+// deleted with its ledger (it takes nothing back anyway), unless a budget is
+// in use: then it is kept to the window's end.
 //
 // Under load, concurrent decisions are pipelined (BatchOptions): a worker
 // sends every decision already waiting in one pipeline of EVALSHA, one
@@ -91,7 +95,9 @@
 //
 //	{"error": "buckets[0].burst: must be >= tokens_per_second (10), got 5"}
 //
-// With a token configured, /v1 requests need "Authorization: Bearer <token>".
+// With a token configured, /v1 requests need "Authorization: Bearer <token>";
+// the token's name is the call's caller, or, for a front proxy's token, the
+// listed identity it forwards (Config.Identities, Config.IdentityHeader).
 //
 // # Concurrency
 //

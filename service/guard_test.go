@@ -79,7 +79,7 @@ func TestMetricsCountWhatWasApplied(t *testing.T) {
 	clk := &fakeClock{}
 	clk.Set(t0)
 	s, reg := newTestServer(t, NewMemoryStore(MemoryOptions{Now: clk.Now}), "")
-	do(s, "POST", "/v1/decide", `{"buckets":[{"key":"k","tokens_per_second":1,"burst":5,"cost":5}]}`)
+	do(s, "POST", "/v1/decide", `{"buckets":[{"key":"k","tokens_per_second":1,"burst":5,"cost":5,"refundable":true}]}`)
 	do(s, "POST", "/v1/lease", `{"buckets":[{"key":"k","tokens_per_second":1,"burst":5,"want":5,"min":0,"return":5}]}`)
 	do(s, "POST", "/v1/charge", `{"buckets":[{"key":"k","tokens_per_second":1,"burst":5,"amount":-5}]}`)
 	do(s, "POST", "/v1/charge", `{"buckets":[{"key":"k","tokens_per_second":1,"burst":5,"amount":-5}]}`)

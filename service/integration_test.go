@@ -455,7 +455,7 @@ func TestIntegrationLedger(t *testing.T) {
 			if returned != 40 {
 				t.Fatalf("200 concurrent returns of 5 after a grant of 40 gave back %v, want 40", returned)
 			}
-			if d, err := s.Decide(ctx, one("ledger-refund", 0.01, 100, 40)); err != nil || !d.Allowed {
+			if d, err := s.Decide(ctx, refundable("ledger-refund", 0.01, 100, 40)); err != nil || !d.Allowed {
 				t.Fatalf("decide 40 = %+v, %v", d, err)
 			}
 			drain := LeaseBucket{Key: "ledger-refund", Rate: 0.01, Burst: 100, Want: 60, Min: 60}

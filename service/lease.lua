@@ -3,13 +3,15 @@
 --
 -- KEYS[i]            the Redis key of bucket i (all in one Redis Cluster slot)
 -- ARGV[5i-4 .. 5i]   rate, burst, want, min, return of bucket i
--- ARGV[5n+1]         the ledger window, microseconds
+-- ARGV[5n+1]         the caller's name
+-- ARGV[5n+2]         the ledger window, microseconds
 --
 -- Every bucket first takes back its return, clamped to what its ledger says
--- leases granted and were not yet returned, and to the window's return
--- budget (a burst per window), and to its burst. Then, if
+-- leases granted to the caller and were not yet returned, and to the
+-- window's return budget (a burst per window), and to its burst. Then, if
 -- every bucket holds its min, each grants min(want, tokens) (never less
--- than min), is debited that much and records the grant in its ledger;
+-- than min), is debited that much and records the grant as the caller's in
+-- its ledger;
 -- otherwise nothing is granted, and only the buckets that took a return are
 -- written (as package bucket's Lease).
 --
@@ -70,7 +72,8 @@ for i = 1, n do
       tok = floor
     end
     tokens[i] = tok
-    leds[i].l0 = leds[i].l0 + g
+    local lp = part(leds[i], caller)
+    lp.l0 = lp.l0 + g
   end
   granted[i] = g
   if all == 1 or p[i].ret > 0 then

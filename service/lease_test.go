@@ -54,8 +54,10 @@ func TestLeaseMatchesModel(t *testing.T) {
 				nowUs += randomStep(r, lims[0], req.Buckets[0].Min, false)
 				m.SetTime(time.UnixMicro(nowUs))
 				clk.Set(time.UnixMicro(nowUs))
-				ar, err1 := rs.Lease(context.Background(), req)
-				am, err2 := ms.Lease(context.Background(), req)
+				caller := []string{"gw-a", "gw-b"}[r.IntN(2)]
+				ctx := WithCaller(context.Background(), caller)
+				ar, err1 := rs.Lease(ctx, req)
+				am, err2 := ms.Lease(ctx, req)
 				if err1 != nil || err2 != nil {
 					t.Fatalf("step %d: %v, %v", step, err1, err2)
 				}
@@ -65,11 +67,11 @@ func TestLeaseMatchesModel(t *testing.T) {
 				for i, b := range req.Buckets {
 					// The stores forget a full bucket, ledger and all,
 					// unless its window's return budget is in use.
-					if lims[i].FullAt(states[i]) <= now && !(leds[i].returned > 0 && now < (leds[i].gen+1)*window) {
+					if lims[i].FullAt(states[i]) <= now && !((leds[i].returned > 0 || leds[i].refunded > 0) && now < (leds[i].gen+1)*window) {
 						states[i], leds[i] = bucket.State{}, ledger{}
 					}
 					leds[i] = leds[i].at(now, window)
-					rets[i] = leds[i].takeReturn(b.Return, b.Burst)
+					rets[i] = leds[i].takeReturn(caller, b.Return, b.Burst)
 					if _, _, ok, _ := lims[i].Lease(states[i], now, rets[i], b.Want, b.Min); !ok {
 						all = false
 					}
@@ -81,7 +83,7 @@ func TestLeaseMatchesModel(t *testing.T) {
 					g := 0.0
 					if all {
 						states[i], g, _, _ = lims[i].Lease(states[i], now, rets[i], b.Want, b.Min)
-						leds[i].lease[0] += g
+						leds[i].grant(caller, g)
 					} else {
 						states[i] = lims[i].Refund(states[i], now, rets[i])
 					}

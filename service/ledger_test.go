@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -14,32 +15,32 @@ func TestLedgerGenerations(t *testing.T) {
 	const w = int64(time.Minute)
 	var l ledger
 	l = l.at(10*w, w)
-	l.lease[0] += 5
-	if got := give(&l.lease, 3); got != 3 || l.lease != [2]float64{2, 0} {
-		t.Fatalf("give 3 of 5 = %v, ledger %+v", got, l)
+	l.grant("a", 5)
+	if got := l.takeReturn("a", 3, 100); got != 3 || l.of("a").lease != [2]float64{2, 0} {
+		t.Fatalf("return 3 of 5 = %v, ledger %+v", got, l)
 	}
 	l = l.at(11*w+1, w) // next window: current becomes previous
-	l.lease[0] += 4
-	if got := give(&l.lease, 3); got != 3 || l.lease != [2]float64{3, 0} {
-		t.Fatalf("give 3 (previous first) = %v, ledger %+v", got, l)
+	l.grant("a", 4)
+	if got := l.takeReturn("a", 3, 100); got != 3 || l.of("a").lease != [2]float64{3, 0} {
+		t.Fatalf("return 3 (previous first) = %v, ledger %+v", got, l)
 	}
 	l = l.at(11*w-1, w) // the clock went backwards: nothing turns
-	if l.lease != [2]float64{3, 0} {
+	if l.of("a").lease != [2]float64{3, 0} {
 		t.Fatalf("after a backwards clock: %+v", l)
 	}
-	l = l.at(13*w, w) // a window skipped: both dropped
-	if l != (ledger{gen: 13}) {
+	l = l.at(13*w, w) // a window skipped: both dropped, and the caller
+	if l.gen != 13 || l.returned != 0 || len(l.callers) != 0 {
 		t.Fatalf("two windows later: %+v, want empty", l)
 	}
-	if got := give(&l.resv, math.NaN()); got != 0 {
+	if got := give(&l.of("a").resv, math.NaN()); got != 0 {
 		t.Fatalf("give NaN = %v", got)
 	}
 	// The return budget: a burst per window.
-	l.lease[0] = 100
-	if got := l.takeReturn(8, 10); got != 8 {
+	l.grant("a", 100)
+	if got := l.takeReturn("a", 8, 10); got != 8 {
 		t.Fatalf("takeReturn 8 of a budget of 10 = %v", got)
 	}
-	if got := l.takeReturn(8, 10); got != 2 {
+	if got := l.takeReturn("a", 8, 10); got != 2 {
 		t.Fatalf("takeReturn 8 of the 2 left = %v", got)
 	}
 	if l = l.at(14*w, w); l.returned != 0 {
@@ -47,14 +48,86 @@ func TestLedgerGenerations(t *testing.T) {
 	}
 }
 
-// TestLedgerProperty runs random sequences of decide, lease (with returns)
-// and charge (debits and refunds) calls from several clients, some honest
-// (returning and refunding only what they hold) and some not (returning and
-// refunding at random), against the Redis scripts and the memory store, and
-// requires at every step: identical answers from both stores; returns never
-// above the grants and refunds never above the reservations made so far;
-// and what was admitted (decisions and grants, net of what came back)
-// within burst + rate × t.
+// TestLedgerPerCaller: a caller gives back only what it reserved or was
+// granted, never another caller's; a caller with nothing outstanding is
+// dropped when the ledger is next read, so a ledger holds one entry per
+// caller with something outstanding; the copy at returns shares nothing.
+func TestLedgerPerCaller(t *testing.T) {
+	const w = int64(time.Minute)
+	l := ledger{}.at(10*w, w)
+	l.reserve("a", 30)
+	l.grant("a", 7)
+	if got := l.takeRefund("b", 20, 100); got != 0 {
+		t.Fatalf("b refunds 20 of a's reservations: took %v, want 0", got)
+	}
+	if got := l.takeReturn("b", 5, 100); got != 0 {
+		t.Fatalf("b returns 5 of a's grants: took %v, want 0", got)
+	}
+	if len(l.callers) != 1 {
+		t.Fatalf("a refund and a return of a caller holding nothing added it: %+v", l.callers)
+	}
+	l.reserve("b", 4)
+	if got := l.takeRefund("b", 20, 100); got != 4 {
+		t.Fatalf("b refunds 20 of its 4: took %v", got)
+	}
+	if got := l.takeRefund("a", 50, 100); got != 30 {
+		t.Fatalf("a refunds 50 of its 30: took %v", got)
+	}
+	c := l.at(10*w, w)
+	if len(c.callers) != 1 || c.callers[0].name != "a" || c.callers[0].lease != [2]float64{7, 0} {
+		t.Fatalf("after the refunds: %+v, want a's grant of 7 alone", c.callers)
+	}
+	c.grant("a", 1)
+	if l.of("a").lease != [2]float64{7, 0} {
+		t.Fatalf("a change to the copy changed the ledger: %+v", l.callers)
+	}
+}
+
+// TestLedgerRefundBudget: a window takes back in refunds at most what it
+// reserved plus a burst, whoever refunds; the next window brings a new
+// budget, so reservations kept over a window come back a burst at a time.
+func TestLedgerRefundBudget(t *testing.T) {
+	const w = int64(time.Minute)
+	l := ledger{}.at(10*w, w)
+	l.reserve("a", 100)
+	l.reserve("b", 100)
+	if got := l.takeRefund("a", 100, 10); got != 100 {
+		t.Fatalf("a refunds all it reserved in the window = %v", got)
+	}
+	if got := l.takeRefund("b", 100, 10); got != 100 {
+		t.Fatalf("b refunds all it reserved in the window = %v", got)
+	}
+	l.reserve("a", 50)
+	l.reserve("b", 50)
+	l = l.at(11*w, w) // the next window: 100 outstanding from the last one
+	if got := l.takeRefund("a", 50, 10); got != 10 {
+		t.Fatalf("refund 50 of the last window's reservations = %v, want a burst (10)", got)
+	}
+	if got := l.takeRefund("b", 50, 10); got != 0 {
+		t.Fatalf("b refunds 50 of a spent budget = %v", got)
+	}
+	l.reserve("b", 5)
+	if got := l.takeRefund("b", 50, 10); got != 5 || l.refunded != 15 {
+		t.Fatalf("b refunds 50 after reserving 5 = %v (refunded %v), want 5", got, l.refunded)
+	}
+	if l.of("a").resv != [2]float64{0, 40} || l.of("b").resv != [2]float64{5, 45} { // oldest first
+		t.Fatalf("reservations after the refunds: %+v", l.callers)
+	}
+	l = l.at(13*w, w)
+	if l.refunded != 0 || l.reserved != 0 || len(l.callers) != 0 {
+		t.Fatalf("two windows later: %+v, want a new budget and nothing outstanding", l)
+	}
+}
+
+// TestLedgerProperty runs random sequences of decide (refundable or not),
+// lease (with returns) and charge (debits and refunds) calls from several
+// callers, some honest (returning and refunding only what they hold) and
+// some not (returning and refunding at random), against the Redis scripts
+// and the memory store, and requires at every step: identical answers from
+// both stores; each caller's returns never above its grants and its refunds
+// never above its refundable reservations made so far; and what was
+// admitted (decisions and grants, net of what came back) within burst +
+// rate × t.
 func TestLedgerProperty(t *testing.T) {
 	for seed := uint64(1); seed <= 8; seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
@@ -68,7 +141,8 @@ func TestLedgerProperty(t *testing.T) {
 			const clients = 4
 			held := make([]float64, clients)     // an honest client's unspent grants
 			reserved := make([]float64, clients) // an honest client's unsettled reservations
-			var admitted, granted, returned, reservedAll, refunded float64
+			var admitted, returned, refunded float64
+			var grantedBy, returnedBy, reservedBy, refundedBy [clients]float64
 			start := t0.UnixNano()
 			nowUs := t0.UnixMicro()
 			two := func(x float64) float64 { return math.Round(x*100) / 100 }
@@ -78,11 +152,13 @@ func TestLedgerProperty(t *testing.T) {
 				clk.Set(time.UnixMicro(nowUs))
 				c := r.IntN(clients)
 				honest := c%2 == 0
+				ctx := WithCaller(ctx, "gw-"+strconv.Itoa(c))
 				var desc string
 				switch r.IntN(3) {
 				case 0:
 					cost := two(r.Float64() * burst / 2)
 					req := one("k", rate, burst, cost)
+					req.Buckets[0].Refundable = r.IntN(3) != 0
 					ar, err1 := rs.Decide(ctx, req)
 					am, err2 := ms.Decide(ctx, req)
 					if err1 != nil || err2 != nil || ar.Allowed != am.Allowed || ar.Buckets[0] != am.Buckets[0] {
@@ -90,7 +166,9 @@ func TestLedgerProperty(t *testing.T) {
 					}
 					if ar.Allowed {
 						admitted += cost
-						reservedAll += cost
+					}
+					if ar.Allowed && req.Buckets[0].Refundable {
+						reservedBy[c] += cost
 						reserved[c] += cost
 					}
 					desc = fmt.Sprintf("decide %v: %v", cost, ar.Allowed)
@@ -110,7 +188,8 @@ func TestLedgerProperty(t *testing.T) {
 						t.Fatalf("step %d: lease %+v: redis %+v %v, memory %+v %v", step, b, ar, err1, am, err2)
 					}
 					g := ar.Buckets[0]
-					granted += g.Tokens
+					grantedBy[c] += g.Tokens
+					returnedBy[c] += g.Returned
 					admitted += g.Tokens
 					returned += g.Returned
 					if honest {
@@ -131,14 +210,15 @@ func TestLedgerProperty(t *testing.T) {
 					}
 					if a := ar.Buckets[0].Applied; a < 0 {
 						refunded -= a // a debit (into debt) only lowers what can be admitted
+						refundedBy[c] -= a
 					}
 					desc = fmt.Sprintf("charge %v: %+v", amount, ar.Buckets[0])
 				}
-				if returned > granted+1e-9 {
-					t.Fatalf("step %d (%s): returned %v of %v granted", step, desc, returned, granted)
+				if returnedBy[c] > grantedBy[c]+1e-9 {
+					t.Fatalf("step %d (%s): caller %d returned %v of %v granted to it", step, desc, c, returnedBy[c], grantedBy[c])
 				}
-				if refunded > reservedAll+1e-9 {
-					t.Fatalf("step %d (%s): refunded %v of %v reserved", step, desc, refunded, reservedAll)
+				if refundedBy[c] > reservedBy[c]+1e-9 {
+					t.Fatalf("step %d (%s): caller %d refunded %v of %v it reserved", step, desc, c, refundedBy[c], reservedBy[c])
 				}
 				elapsed := float64(nowUs*1000-start) / 1e9
 				if over := admitted - returned - refunded - (burst + rate*elapsed); over > 1e-6*burst {

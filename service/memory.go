@@ -107,6 +107,10 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 	if err := ctx.Err(); err != nil {
 		return Answer{}, err
 	}
+	caller, err := callerOf(ctx)
+	if err != nil {
+		return Answer{}, err
+	}
 	n := len(req.Buckets)
 	keys := make([]string, n)
 	for i := range req.Buckets {
@@ -136,7 +140,9 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 		}
 		st.old = e.state
 		st.ledger = e.ledger.at(now, m.window)
-		st.ledger.resv[0] += b.Cost // kept only when admitted
+		if b.Refundable {
+			st.ledger.reserve(caller, b.Cost) // kept only when admitted
+		}
 		var dec bucket.Decision
 		st.next, dec = st.limit.Take(e.state, now, b.Cost)
 		st.ok = dec.Allowed
@@ -174,12 +180,17 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 }
 
 // Lease implements Store under the store's mutex: each bucket's return is
-// clamped to its ledger's outstanding grants; a dry run of package bucket's
+// clamped to its ledger's grants outstanding to the caller (WithCaller) and
+// to the window's return budget; a dry run of package bucket's
 // Limit.Lease on every bucket decides whether the call grants; then each
 // bucket is leased (the grant recorded in its ledger), or, when refused,
 // takes back only its return.
 func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error) {
 	if err := ctx.Err(); err != nil {
+		return LeaseAnswer{}, err
+	}
+	caller, err := callerOf(ctx)
+	if err != nil {
 		return LeaseAnswer{}, err
 	}
 	n := len(req.Buckets)
@@ -197,7 +208,7 @@ func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer
 			states[i], leds[i] = e.state, e.ledger
 		}
 		leds[i] = leds[i].at(now, m.window)
-		rets[i] = leds[i].takeReturn(b.Return, b.Burst)
+		rets[i] = leds[i].takeReturn(caller, b.Return, b.Burst)
 		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
 		if _, _, ok, _ := lim.Lease(states[i], now, rets[i], b.Want, b.Min); !ok {
 			a.Granted = false
@@ -219,7 +230,7 @@ func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer
 		}
 		if a.Granted {
 			next, granted, _, _ = lim.Lease(st, now, rets[i], b.Want, b.Min)
-			leds[i].lease[0] += granted
+			leds[i].grant(caller, granted)
 		}
 		if a.Granted || rets[i] > 0 {
 			m.put(keys[i], lim, next, leds[i], now)
@@ -232,9 +243,14 @@ func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer
 
 // Charge implements Store under the store's mutex: package bucket's
 // Limit.Charge on every bucket, a positive amount clamped to 2 × burst and a
-// refund to the ledger's outstanding reservations.
+// refund to the ledger's reservations outstanding to the caller (WithCaller)
+// and to the window's refund budget.
 func (m *MemoryStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error) {
 	if err := ctx.Err(); err != nil {
+		return ChargeAnswer{}, err
+	}
+	caller, err := callerOf(ctx)
+	if err != nil {
 		return ChargeAnswer{}, err
 	}
 	n := len(req.Buckets)
@@ -260,7 +276,7 @@ func (m *MemoryStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAns
 		if amount > 2*b.Burst {
 			amount = 2 * b.Burst
 		} else if amount < 0 {
-			amount = -give(&led.resv, -amount)
+			amount = -led.takeRefund(caller, -amount, b.Burst)
 		}
 		next, applied := st, 0.0
 		if amount != 0 {
@@ -274,13 +290,15 @@ func (m *MemoryStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAns
 	return a, nil
 }
 
-// put stores a bucket's state and ledger, or forgets it when it is full at
-// now (a full bucket takes nothing back, so its ledger goes with it), unless
-// the window's return budget is in use: then it is kept to the window's end,
-// as bucket.lua does. Called with m.mu held.
+// put stores a bucket's state and ledger (callers with nothing outstanding
+// dropped), or forgets it when it is full at now (a full bucket takes
+// nothing back, so its ledger goes with it), unless the window's return or
+// refund budget is in use: then it is kept to the window's end, as
+// bucket.lua does. Called with m.mu held.
 func (m *MemoryStore) put(k string, lim bucket.Limit, st bucket.State, led ledger, now int64) {
+	led = led.at(now, m.window)
 	keep := lim.FullAt(st)
-	if led.returned > 0 {
+	if led.returned > 0 || led.refunded > 0 {
 		keep = max(keep, (led.gen+1)*m.window)
 	}
 	if keep > now {

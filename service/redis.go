@@ -151,6 +151,10 @@ func (s *RedisStore) Batching() bool { return s.batch != nil }
 // than one decided atomically would: never over, briefly under (between a
 // group's take and its give-back, another request may find it short).
 func (s *RedisStore) Decide(ctx context.Context, req *Request) (Answer, error) {
+	caller, err := callerOf(ctx)
+	if err != nil {
+		return Answer{}, err
+	}
 	keys := s.keys(len(req.Buckets), func(i int) (string, float64, float64) {
 		b := &req.Buckets[i]
 		return b.Key, b.Rate, b.Burst
@@ -160,13 +164,17 @@ func (s *RedisStore) Decide(ctx context.Context, req *Request) (Answer, error) {
 	admitted := make([]bool, len(groups))
 	for g, idx := range groups {
 		gkeys := make([]string, len(idx))
-		args := make([]any, 0, 3*len(idx)+1)
+		args := make([]any, 0, 4*len(idx)+2)
 		for j, i := range idx {
 			b := &req.Buckets[i]
 			gkeys[j] = keys[i]
-			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost))
+			refundable := "0"
+			if b.Refundable {
+				refundable = "1"
+			}
+			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost), refundable)
 		}
-		args = append(args, s.window)
+		args = append(args, caller, s.window)
 		var res any
 		var err error
 		if s.batch != nil {
@@ -178,22 +186,23 @@ func (s *RedisStore) Decide(ctx context.Context, req *Request) (Answer, error) {
 			admitted[g], err = parseResult(req, idx, res, d.Buckets)
 		}
 		if err != nil {
-			s.giveBack(req, keys, groups[:g], admitted, d.Buckets)
+			s.giveBack(req, caller, keys, groups[:g], admitted, d.Buckets)
 			return Answer{}, err
 		}
 	}
 	d.Settle(req)
 	if !d.Allowed {
-		s.giveBack(req, keys, groups, admitted, d.Buckets)
+		s.giveBack(req, caller, keys, groups, admitted, d.Buckets)
 	}
 	return d, nil
 }
 
-// giveBack refunds, with charge.lua, the costs the admitted groups of a
-// refused (or failed) request just took, and reports their buckets as they
-// are after it in out. A give-back that fails leaves the bucket short of
-// those tokens until it refills: under, never over.
-func (s *RedisStore) giveBack(req *Request, keys []string, groups [][]int, admitted []bool, out []BucketAnswer) {
+// giveBack gives back, with charge.lua in mode "undo", the costs the
+// admitted groups of caller's refused (or failed) request just took (and
+// drops their reservations), and reports their buckets as they are after it
+// in out. A give-back that fails leaves the bucket short of those tokens
+// until it refills: under, never over.
+func (s *RedisStore) giveBack(req *Request, caller string, keys []string, groups [][]int, admitted []bool, out []BucketAnswer) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	for g, idx := range groups {
@@ -201,13 +210,13 @@ func (s *RedisStore) giveBack(req *Request, keys []string, groups [][]int, admit
 			continue
 		}
 		gkeys := make([]string, len(idx))
-		args := make([]any, 0, 3*len(idx)+1)
+		args := make([]any, 0, 3*len(idx)+3)
 		for j, i := range idx {
 			b := &req.Buckets[i]
 			gkeys[j] = keys[i]
 			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(-b.Cost))
 		}
-		args = append(args, s.window)
+		args = append(args, "undo", caller, s.window)
 		vals, err := s.run(ctx, s.charge, "charge", gkeys, args, 3*len(idx))
 		if err != nil {
 			continue // under, never over: see above
@@ -228,6 +237,10 @@ func (s *RedisStore) giveBack(req *Request, keys []string, groups [][]int, admit
 // group grants and another's does not, the granted tokens go back at once (a
 // return of what was just granted), so the call grants all or nothing.
 func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error) {
+	caller, err := callerOf(ctx)
+	if err != nil {
+		return LeaseAnswer{}, err
+	}
 	keys := s.keys(len(req.Buckets), func(i int) (string, float64, float64) {
 		b := &req.Buckets[i]
 		return b.Key, b.Rate, b.Burst
@@ -243,7 +256,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer,
 			gkeys[j] = keys[i]
 			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Want), formatFloat(b.Min), formatFloat(b.Return))
 		}
-		args = append(args, s.window)
+		args = append(args, caller, s.window)
 		vals, err := s.run(ctx, s.lease, "lease", gkeys, args, 1+4*len(idx))
 		if err != nil {
 			return LeaseAnswer{}, err
@@ -280,7 +293,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer,
 				args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), "0", "0", formatFloat(a.Buckets[i].Tokens))
 				a.Buckets[i].Tokens = 0
 			}
-			args = append(args, s.window)
+			args = append(args, caller, s.window)
 			vals, err := s.run(ctx, s.lease, "lease", gkeys, args, 1+4*len(idx))
 			if err != nil {
 				continue // a lost give-back: under, never over
@@ -304,6 +317,10 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer,
 // response of a rule whose cost is known from the response, after it, so
 // they are never batched.
 func (s *RedisStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error) {
+	caller, err := callerOf(ctx)
+	if err != nil {
+		return ChargeAnswer{}, err
+	}
 	keys := s.keys(len(req.Buckets), func(i int) (string, float64, float64) {
 		b := &req.Buckets[i]
 		return b.Key, b.Rate, b.Burst
@@ -317,7 +334,7 @@ func (s *RedisStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnsw
 			gkeys[j] = keys[i]
 			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Amount))
 		}
-		args = append(args, s.window)
+		args = append(args, "refund", caller, s.window)
 		vals, err := s.run(ctx, s.charge, "charge", gkeys, args, 3*len(idx))
 		if err != nil {
 			return ChargeAnswer{}, err

@@ -43,6 +43,14 @@ func one(key string, rate, burst, cost float64) *Request {
 	return &Request{Buckets: []Bucket{{Key: key, Rate: rate, Burst: burst, Cost: cost}}}
 }
 
+// refundable is one's decision for a rule that can refund: its cost is
+// recorded as the caller's reservation.
+func refundable(key string, rate, burst, cost float64) *Request {
+	r := one(key, rate, burst, cost)
+	r.Buckets[0].Refundable = true
+	return r
+}
+
 func TestRedisTimeline(t *testing.T) {
 	m, c, s := newMini(t, RedisOptions{})
 	ctx := context.Background()
@@ -349,6 +357,47 @@ func TestRedisMalformedValue(t *testing.T) {
 	}
 	if _, err := s.Decide(context.Background(), one("k", 1, 5, 1)); err == nil || !strings.Contains(err.Error(), "malformed") {
 		t.Fatalf("Decide on a malformed value: %v, want a malformed-value error", err)
+	}
+}
+
+// TestRedisLedgerRecords: malformed ledgers are refused, not guessed; the
+// record of a limitd before the ledger per caller (eight fields) is read
+// with its tokens and its return budget, its callerless reservations
+// dropped.
+func TestRedisLedgerRecords(t *testing.T) {
+	m, _, s := newMini(t, RedisOptions{})
+	key := storageKey(DefaultKeyPrefix, "k", 1, 5)
+	gen := strconv.FormatInt(t0.UnixMicro()/DefaultLedgerWindow.Microseconds(), 10)
+	at := strconv.FormatInt(t0.UnixMicro(), 10)
+	for _, v := range []string{
+		"1 " + at + " " + gen + " 0 0 gw-a 1 0",       // a caller's part cut short
+		"1 " + at + " " + gen + " 0 0 0 gw-a 1 0 x 0", // not a number
+		"1 " + at + " " + gen + " 0",                  // no refund budget
+		"1 " + at + " " + gen + " 0 0 0 0 x",          // an old record's budget not a number
+		"1 " + at + " " + gen + " 0 0 gw-a 1 0 0 0 9", // trailing field
+	} {
+		if err := m.Set(key, v); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Decide(context.Background(), one("k", 1, 5, 1)); err == nil || !strings.Contains(err.Error(), "malformed") {
+			t.Errorf("Decide on %q: %v, want a malformed-value error", v, err)
+		}
+	}
+	// An old record: 2 tokens, 3 granted, 4 reserved, 5 returned this window
+	// (the whole budget of a burst of 5).
+	if err := m.Set(key, "2 "+at+" "+gen+" 3 0 4 0 5"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Charge(context.Background(), &ChargeRequest{Buckets: []ChargeBucket{{Key: "k", Rate: 1, Burst: 5, Amount: -4}}})
+	if err != nil || c.Buckets[0].Applied != 0 || c.Buckets[0].Remaining != 2 {
+		t.Fatalf("refund of an old record's reservation = %+v, %v; want nothing back, 2 remaining", c, err)
+	}
+	if _, err := s.Lease(context.Background(), &LeaseRequest{Buckets: []LeaseBucket{{Key: "k", Rate: 1, Burst: 5, Want: 1, Min: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Lease(context.Background(), &LeaseRequest{Buckets: []LeaseBucket{{Key: "k", Rate: 1, Burst: 5, Return: 1}}})
+	if err != nil || l.Buckets[0].Returned != 0 {
+		t.Fatalf("a return with the old record's budget spent = %+v, %v; want nothing back", l, err)
 	}
 }
 

@@ -35,8 +35,18 @@ type Config struct {
 	// Tokens are bearer tokens, one per gateway: a /v1 request must carry
 	// one of them (or Token). Their names, distinct, label
 	// limitd_authorized_calls_total, and revoking one gateway is removing
-	// its token.
+	// its token. A token's name is its caller's (WithCaller): a refund or a
+	// return gives back only what the same caller reserved or was granted.
 	Tokens []Token
+	// Identities name the callers a trusted front proxy authenticates
+	// (mTLS) and forwards: a call carrying a FrontProxy token is the call of
+	// the identity named by its IdentityHeader, which must be one of these
+	// (else 401). Their names share the namespace of the tokens'.
+	Identities []Identity
+	// IdentityHeader is the request header in which a front proxy forwards
+	// its client's verified identity (required with a FrontProxy token).
+	// It is read only on calls carrying a FrontProxy token.
+	IdentityHeader string
 	// Limits bound request bodies, keys and bucket counts.
 	Limits Limits
 	// Timeout bounds each decision, Redis round trip included (default 1s).
@@ -56,8 +66,19 @@ type Config struct {
 // DefaultReadyEvery is the default Config.ReadyEvery.
 const DefaultReadyEvery = time.Second
 
-// Token is one caller's bearer token.
+// Token is one caller's bearer token. A FrontProxy token is a front
+// proxy's: its calls are those of the identity it forwards (Identities), not
+// its own.
 type Token struct {
+	Name       string
+	Value      string
+	FrontProxy bool
+}
+
+// Identity is one caller known by the identity a front proxy forwards: the
+// whole value of Config.IdentityHeader, compared exactly (say, the URI SAN
+// of the client's certificate).
+type Identity struct {
 	Name  string
 	Value string
 }
@@ -87,6 +108,9 @@ type Server struct {
 	metrics *metrics
 	errLog  throttle
 	mux     *http.ServeMux
+
+	identities map[string]serverIdentity // a front proxy's callers, by the identity it forwards
+	idHeader   string                    // the header it forwards them in
 
 	now        func() time.Time
 	readyEvery time.Duration
@@ -138,6 +162,7 @@ func NewServer(cfg Config) (*Server, error) {
 		toks = append([]Token{{Name: "default", Value: cfg.Token}}, toks...)
 	}
 	seen := map[string]bool{}
+	proxies := 0
 	for i, t := range toks {
 		switch {
 		case t.Name == "" || t.Value == "":
@@ -145,8 +170,41 @@ func NewServer(cfg Config) (*Server, error) {
 		case seen[t.Name]:
 			return nil, fmt.Errorf("service: config: tokens[%d].name: %q named twice", i, t.Name)
 		}
+		if err := CheckCaller(t.Name); err != nil {
+			return nil, fmt.Errorf("service: config: tokens[%d].name: %w", i, err)
+		}
 		seen[t.Name] = true
-		s.tokens = append(s.tokens, serverToken{sum: sha256.Sum256([]byte(t.Value)), calls: m.authorized.WithLabelValues(t.Name)})
+		if t.FrontProxy {
+			proxies++
+		}
+		s.tokens = append(s.tokens, serverToken{sum: sha256.Sum256([]byte(t.Value)), name: t.Name, frontProxy: t.FrontProxy,
+			calls: m.authorized.WithLabelValues(t.Name)})
+	}
+	switch {
+	case proxies > 0 && cfg.IdentityHeader == "":
+		return nil, errors.New("service: config: identity header: required with a front proxy's token")
+	case len(cfg.Identities) > 0 && proxies == 0:
+		return nil, errors.New("service: config: identities: need a front proxy's token to arrive by")
+	}
+	s.idHeader = http.CanonicalHeaderKey(cfg.IdentityHeader)
+	for i, id := range cfg.Identities {
+		switch {
+		case id.Value == "":
+			return nil, fmt.Errorf("service: config: identities[%d].value: required", i)
+		case seen[id.Name]:
+			return nil, fmt.Errorf("service: config: identities[%d].name: %q named twice", i, id.Name)
+		}
+		if err := CheckCaller(id.Name); err != nil {
+			return nil, fmt.Errorf("service: config: identities[%d].name: %w", i, err)
+		}
+		if _, dup := s.identities[id.Value]; dup {
+			return nil, fmt.Errorf("service: config: identities[%d].value: %q listed twice", i, id.Value)
+		}
+		seen[id.Name] = true
+		if s.identities == nil {
+			s.identities = map[string]serverIdentity{}
+		}
+		s.identities[id.Value] = serverIdentity{name: id.Name, calls: m.authorized.WithLabelValues(id.Name)}
 	}
 	s.mux.HandleFunc("/v1/decide", s.serve(s.decide, m.latency))
 	s.mux.HandleFunc("/v1/lease", s.serve(s.lease, m.leaseLatency))
@@ -232,9 +290,10 @@ func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerF
 			s.fail(w, http.StatusMethodNotAllowed, "method: must be POST")
 			return
 		}
-		if !s.authorized(r) {
+		caller, why := s.authorized(r)
+		if why != "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="limitd"`)
-			s.fail(w, http.StatusUnauthorized, "authorization: missing or wrong bearer token")
+			s.fail(w, http.StatusUnauthorized, why)
 			return
 		}
 		markAuthenticated(r.Context())
@@ -256,7 +315,7 @@ func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerF
 			s.fail(w, http.StatusBadRequest, "body: "+err.Error())
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
+		ctx, cancel := context.WithTimeout(WithCaller(r.Context(), caller), s.timeout)
 		out, err := call(ctx, buf.Bytes(), buf.AvailableBuffer())
 		cancel()
 		if err != nil {
@@ -279,23 +338,35 @@ func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerF
 }
 
 // serverToken is a Token as the server checks it: its SHA-256 (compared in
-// constant time) and its caller's counter.
+// constant time), its caller's name and counter.
 type serverToken struct {
-	sum   [sha256.Size]byte
+	sum        [sha256.Size]byte
+	name       string
+	frontProxy bool
+	calls      prometheus.Counter
+}
+
+// serverIdentity is an Identity as the server knows it.
+type serverIdentity struct {
+	name  string
 	calls prometheus.Counter
 }
 
-// authorized reports whether r carries one of the bearer tokens (or none is
-// needed), and counts the call under its caller's name. Every token is
+// authorized returns the caller of r: the name of the bearer token r
+// carries, or, for a front proxy's token, of the identity it forwards in
+// the identity header (exactly one value, one of Config.Identities);
+// DefaultCaller when no token is needed. It counts the call under the
+// caller's name. Otherwise it returns why r is refused. Every token is
 // compared, so the time taken does not say which one matched.
-func (s *Server) authorized(r *http.Request) bool {
+func (s *Server) authorized(r *http.Request) (caller, why string) {
 	if len(s.tokens) == 0 {
-		return true
+		return DefaultCaller, ""
 	}
 	const scheme = "Bearer "
+	const wrong = "authorization: missing or wrong bearer token"
 	h := r.Header.Get("Authorization")
 	if len(h) <= len(scheme) || !equalFoldASCII(h[:len(scheme)], scheme) {
-		return false
+		return "", wrong
 	}
 	sum := sha256.Sum256([]byte(h[len(scheme):]))
 	var match *serverToken
@@ -305,10 +376,22 @@ func (s *Server) authorized(r *http.Request) bool {
 		}
 	}
 	if match == nil {
-		return false
+		return "", wrong
 	}
-	match.calls.Inc()
-	return true
+	if !match.frontProxy {
+		match.calls.Inc()
+		return match.name, ""
+	}
+	vs := r.Header[s.idHeader]
+	id, ok := serverIdentity{}, len(vs) == 1
+	if ok {
+		id, ok = s.identities[vs[0]]
+	}
+	if !ok {
+		return "", "authorization: front proxy " + strconv.Quote(match.name) + ": " + s.idHeader + " names no known caller"
+	}
+	id.calls.Inc()
+	return id.name, ""
 }
 
 func equalFoldASCII(a, b string) bool {

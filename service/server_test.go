@@ -275,7 +275,7 @@ func TestOpenAPIDocumentsTheWire(t *testing.T) {
 	}
 	for _, field := range []string{
 		"/v1/decide", "/healthz", "/readyz", "/metrics",
-		"hash_tag:", "buckets:", "key:", "tokens_per_second:", "burst:", "cost:",
+		"hash_tag:", "buckets:", "key:", "tokens_per_second:", "burst:", "cost:", "refundable:",
 		"allowed:", "remaining:", "retry_after_ms:", "reset_ms:", "error:",
 		"/v1/lease", "want:", "min:", "return:", "granted:",
 		"maxItems: " + strconv.Itoa(DefaultMaxBuckets), "maxLength: " + strconv.Itoa(DefaultMaxKeyBytes),

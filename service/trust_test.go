@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,7 +160,7 @@ func TestAttackRefundWithoutReservation(t *testing.T) {
 func TestRefundClampedToReservation(t *testing.T) {
 	for _, ts := range trustStores(t) {
 		t.Run(ts.name, func(t *testing.T) {
-			mustDecide(t, ts.st, one("k", 1, 5, 5))
+			mustDecide(t, ts.st, refundable("k", 1, 5, 5))
 			a := mustCharge(t, ts.st, ChargeBucket{Key: "k", Rate: 1, Burst: 5, Amount: -3})
 			if a.Buckets[0].Applied != -3 || a.Buckets[0].Remaining != 3 {
 				t.Errorf("refund 3 of 5 reserved = %+v, want -3 applied, 3 remaining", a.Buckets[0])
@@ -233,5 +235,166 @@ func TestChargeClampedNotRefused(t *testing.T) {
 				t.Errorf("charge 2e9 on burst 100 = %+v, want 200 applied, full in 20s", a.Buckets[0])
 			}
 		})
+	}
+}
+
+// as returns ctx naming caller.
+func as(caller string) context.Context { return WithCaller(context.Background(), caller) }
+
+// TestAttackForeignRefund: the refund attack of issue 30, replayed on both
+// stores. Gateway A admits on a per-request rule (nothing reserved) and on
+// a refundable rule (its cost reserved as A's); gateway B, with its own
+// caller name, refunds 20 on both buckets after every decision of A: it
+// gives back nothing, so A's admissions stay within burst + rate × t.
+func TestAttackForeignRefund(t *testing.T) {
+	for _, ts := range trustStores(t) {
+		t.Run(ts.name, func(t *testing.T) {
+			const rate, burst = 10.0, 20.0
+			for _, key := range []string{"per-request", "refundable"} {
+				admitted := 0
+				now := t0
+				for i := range 300 { // 3 s at one decision per 10 ms
+					now = t0.Add(time.Duration(i) * 10 * time.Millisecond)
+					ts.set(now)
+					req := one(key, rate, burst, 1)
+					req.Buckets[0].Refundable = key == "refundable"
+					a, err := ts.st.Decide(as("gw-a"), req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if a.Allowed {
+						admitted++
+					}
+					c, err := ts.st.Charge(as("gw-b"), &ChargeRequest{Buckets: []ChargeBucket{{Key: key, Rate: rate, Burst: burst, Amount: -20}}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if c.Buckets[0].Applied != 0 {
+						t.Fatalf("%s: step %d: B's refund of A's bucket applied %v, want 0", key, i, c.Buckets[0].Applied)
+					}
+				}
+				if bound := burst + rate*now.Sub(t0).Seconds(); float64(admitted) > bound {
+					t.Errorf("%s: A admitted %d, over burst + rate × t = %v", key, admitted, bound)
+				}
+			}
+		})
+	}
+}
+
+// TestAttackForeignReturn: gateway B cannot return gateway A's grants: A's
+// lease drains the bucket, B's returns give nothing back, A's own return
+// does.
+func TestAttackForeignReturn(t *testing.T) {
+	for _, ts := range trustStores(t) {
+		t.Run(ts.name, func(t *testing.T) {
+			lim := LeaseBucket{Key: "k", Rate: 0.01, Burst: 10}
+			g := lim
+			g.Want, g.Min = 10, 10
+			if a, err := ts.st.Lease(as("gw-a"), &LeaseRequest{Buckets: []LeaseBucket{g}}); err != nil || !a.Granted {
+				t.Fatalf("A's lease = %+v, %v", a, err)
+			}
+			r := lim
+			r.Return = 10
+			for range 5 {
+				a, err := ts.st.Lease(as("gw-b"), &LeaseRequest{Buckets: []LeaseBucket{r}})
+				if err != nil || a.Buckets[0].Returned != 0 {
+					t.Fatalf("B's return of A's grant = %+v, %v; want nothing returned", a, err)
+				}
+			}
+			a, err := ts.st.Lease(as("gw-a"), &LeaseRequest{Buckets: []LeaseBucket{r}})
+			if err != nil || a.Buckets[0].Returned != 10 {
+				t.Fatalf("A's own return = %+v, %v; want 10 returned", a, err)
+			}
+		})
+	}
+}
+
+// TestAttackBankedReservations: gateway B reserves (refundable decisions
+// of 5 every 4.9 s) on a bucket of burst 10 at 1/s shared with gateway A,
+// keeping it just below full (a full bucket forgets its ledger), through a
+// whole window, so it holds 60 in reservations, six bursts; in the next
+// window it refunds them into A's decisions of 1: the bucket takes back at
+// most one burst of them (a window that reserves nothing), so A admits what
+// the bucket held plus 10, not plus 60. Refunds of the window's own
+// reservations stay whole: honest ones come soon after their reservation.
+func TestAttackBankedReservations(t *testing.T) {
+	for _, ts := range trustStores(t) {
+		t.Run(ts.name, func(t *testing.T) {
+			const rate, burst = 1.0, 10.0
+			w := DefaultLedgerWindow
+			start := t0.Truncate(w).Add(w) // a window's start
+			banked, at := 0.0, time.Duration(0)
+			for ; at < w; at += 4900 * time.Millisecond {
+				ts.set(start.Add(at))
+				if a, err := ts.st.Decide(as("gw-b"), refundable("k", rate, burst, 5)); err != nil || !a.Allowed {
+					t.Fatalf("B's decision at %v: %+v, %v", at, a, err)
+				}
+				banked += 5
+			}
+			ts.set(start.Add(at)) // the next window, the bucket still short of full
+			held := mustDecide(t, ts.st, one("k", rate, burst, 0)).Buckets[0].Remaining
+			admitted := 0
+			for range 100 {
+				if a, err := ts.st.Decide(as("gw-a"), one("k", rate, burst, 1)); err != nil {
+					t.Fatal(err)
+				} else if a.Allowed {
+					admitted++
+				}
+				if _, err := ts.st.Charge(as("gw-b"), &ChargeRequest{Buckets: []ChargeBucket{{Key: "k", Rate: rate, Burst: burst, Amount: -5}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Logf("B banked %v; A admitted %d at one instant, the bucket holding %d", banked, admitted, held)
+			if banked <= 2*burst || held < 1 {
+				t.Fatalf("the setup banked %v with %d held, want more than two bursts banked and a bucket not drained", banked, held)
+			}
+			if float64(admitted) > float64(held)+1+burst {
+				t.Errorf("A admitted %d: more than the %d held + one burst of refunds (%v)", admitted, held, burst)
+			}
+			// In a window that reserves, its own reservations come back whole.
+			ts.set(start.Add(w + 40*time.Second))
+			for range 5 {
+				if a := mustDecide(t, ts.st, refundable("k2", rate, burst, 10)); !a.Allowed {
+					t.Fatalf("decision on k2 refused: %+v", a)
+				}
+				if c := mustCharge(t, ts.st, ChargeBucket{Key: "k2", Rate: rate, Burst: burst, Amount: -10}); c.Buckets[0].Applied != -10 {
+					t.Fatalf("an own refund in the window of its reservation: %+v, want 10 back", c.Buckets[0])
+				}
+			}
+		})
+	}
+}
+
+// TestLedgerRecordPerCaller: the Redis record holds one entry per caller
+// with something outstanding, and an entry goes once its caller has settled;
+// a caller name the record cannot hold is refused before Redis.
+func TestLedgerRecordPerCaller(t *testing.T) {
+	m, _, rs := newMini(t, RedisOptions{})
+	for _, c := range []string{"gw-a", "gw-b", "gw-c"} {
+		if _, err := rs.Decide(as(c), refundable("k", 0.01, 100, 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := storageKey(DefaultKeyPrefix, "k", 0.01, 100)
+	fields := func() []string {
+		v, err := m.Get(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Fields(v)
+	}
+	if f := fields(); len(f) != 6+3*5 || f[4] != "30" || f[6] != "gw-a" || f[11] != "gw-b" || f[16] != "gw-c" {
+		t.Fatalf("three callers' reservations: record %q, want 6 fields (30 reserved) and 5 per caller", f)
+	}
+	if _, err := rs.Charge(as("gw-b"), &ChargeRequest{Buckets: []ChargeBucket{{Key: "k", Rate: 0.01, Burst: 100, Amount: -10}}}); err != nil {
+		t.Fatal(err)
+	}
+	if f := fields(); len(f) != 6+2*5 || f[5] != "10" || slices.Contains(f, "gw-b") {
+		t.Fatalf("after gw-b's refund: record %q, want gw-b gone and 10 refunded", f)
+	}
+	for _, bad := range []string{"", "gw a", strings.Repeat("x", MaxCallerBytes+1), "gw\n"} {
+		if _, err := rs.Decide(as(bad), one("k", 0.01, 100, 1)); err == nil {
+			t.Errorf("caller %q: want an error", bad)
+		}
 	}
 }

@@ -48,13 +48,18 @@ func (l Limits) WithDefaults() Limits {
 // with the limit Rate (tokens per second) and Burst, asked for Cost tokens.
 // A Shadow bucket is decided on its own, outside the decision's atomic
 // take, and never refuses it: it measures what a rule in shadow mode would
-// do.
+// do. A Refundable bucket's rule may give back part of its cost after the
+// response (a cost known from the response, or charge_on): the service
+// records the cost as the caller's reservation, which a later charge call
+// of the same caller may refund. Any other decision records nothing, so
+// nothing of it can ever be refunded.
 type Bucket struct {
-	Key    string
-	Rate   float64
-	Burst  float64
-	Cost   float64
-	Shadow bool
+	Key        string
+	Rate       float64
+	Burst      float64
+	Cost       float64
+	Shadow     bool
+	Refundable bool
 }
 
 // Request is one decision (POST /v1/decide) over one or more buckets, taken
@@ -118,9 +123,9 @@ func (a *Answer) Settle(req *Request) {
 
 // AppendRequest appends the JSON body of r:
 //
-//	{"hash_tag":"t","buckets":[{"key":"k","tokens_per_second":10,"burst":20,"cost":1,"shadow":true}]}
+//	{"hash_tag":"t","buckets":[{"key":"k","tokens_per_second":10,"burst":20,"cost":1,"shadow":true,"refundable":true}]}
 //
-// (hash_tag and shadow only when set).
+// (hash_tag, shadow and refundable only when set).
 func AppendRequest(b []byte, r *Request) []byte {
 	b = appendTag(b, r.HashTag)
 	for i := range r.Buckets {
@@ -130,6 +135,9 @@ func AppendRequest(b []byte, r *Request) []byte {
 		b = appendFloat(b, bk.Cost)
 		if bk.Shadow {
 			b = append(b, `,"shadow":true`...)
+		}
+		if bk.Refundable {
+			b = append(b, `,"refundable":true`...)
 		}
 		b = append(b, '}')
 	}
@@ -169,12 +177,12 @@ type head struct {
 }
 
 // DecodeRequest parses and validates the body of POST /v1/decide. cost
-// defaults to 1 and shadow to false; hash_tag is optional. Unknown or
+// defaults to 1, shadow and refundable to false; hash_tag is optional. Unknown or
 // duplicate fields, trailing data and anything out of bounds are refused
 // with a *FieldError naming the field. A returned Request satisfies lim.
 func DecodeRequest(body []byte, lim Limits) (*Request, error) {
 	req := &Request{}
-	err := decodeCall(body, lim, &req.HashTag, []string{"cost", "shadow"}, func(n int) { req.Buckets = make([]Bucket, n) },
+	err := decodeCall(body, lim, &req.HashTag, []string{"cost", "shadow", "refundable"}, func(n int) { req.Buckets = make([]Bucket, n) },
 		func(i int, at string, h head, x []gjson.Result) (err *jsonfield.Error) {
 			b := &req.Buckets[i]
 			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
@@ -182,7 +190,12 @@ func DecodeRequest(body []byte, lim Limits) (*Request, error) {
 				return err
 			}
 			if x[1].Exists() {
-				b.Shadow, err = jsonfield.Bool(at+".shadow", x[1])
+				if b.Shadow, err = jsonfield.Bool(at+".shadow", x[1]); err != nil {
+					return err
+				}
+			}
+			if x[2].Exists() {
+				b.Refundable, err = jsonfield.Bool(at+".refundable", x[2])
 			}
 			return err
 		})

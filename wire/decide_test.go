@@ -14,6 +14,8 @@ func TestDecodeRequest(t *testing.T) {
 	}{
 		{"ok", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":20}]}`, ""},
 		{"ok with tag and cost", `{"hash_tag":"t","buckets":[{"key":"a","tokens_per_second":1,"burst":1,"cost":0.5},{"key":"b","tokens_per_second":2,"burst":3,"cost":0}]}`, ""},
+		{"refundable", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":20,"refundable":true}]}`, ""},
+		{"refundable not a bool", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":20,"refundable":"yes"}]}`, "buckets[0].refundable: must be a boolean, got string"},
 		{"empty body", ``, "body: invalid JSON: unexpected end of JSON input (at byte 0)"},
 		{"not an object", `[1]`, "body: must be an object, got array"},
 		{"syntax", `{"buckets":[}`, "body: invalid JSON: invalid character '}' looking for beginning of value (at byte 13)"},
@@ -87,6 +89,20 @@ func TestDecodeRequestDefaults(t *testing.T) {
 	}
 }
 
+// TestRequestRefundable: refundable goes out only when set and reads back
+// as sent.
+func TestRequestRefundable(t *testing.T) {
+	req := &Request{Buckets: []Bucket{{Key: "a", Rate: 1, Burst: 2, Cost: 1}, {Key: "b", Rate: 1, Burst: 2, Cost: 1, Refundable: true}}}
+	body := AppendRequest(nil, req)
+	if want := `{"buckets":[{"key":"a","tokens_per_second":1,"burst":2,"cost":1},{"key":"b","tokens_per_second":1,"burst":2,"cost":1,"refundable":true}]}`; string(body) != want {
+		t.Fatalf("AppendRequest = %s, want %s", body, want)
+	}
+	again, err := DecodeRequest(body, Limits{})
+	if err != nil || again.Buckets[0] != req.Buckets[0] || again.Buckets[1] != req.Buckets[1] {
+		t.Fatalf("DecodeRequest = %+v, %v; want %+v", again, err, req)
+	}
+}
+
 func TestDecodeRequestLimits(t *testing.T) {
 	lim := Limits{MaxBodyBytes: 100, MaxKeyBytes: 3, MaxBuckets: 1, MaxFill: time.Second}
 	tests := []struct{ body, wantErr string }{
@@ -132,11 +148,12 @@ func checkRequest(req *Request, lim Limits) string {
 // encodeRequest writes req back as a JSON body.
 func encodeRequest(req *Request) []byte {
 	type wb struct {
-		Key    string  `json:"key"`
-		Rate   float64 `json:"tokens_per_second"`
-		Burst  float64 `json:"burst"`
-		Cost   float64 `json:"cost"`
-		Shadow bool    `json:"shadow,omitempty"`
+		Key        string  `json:"key"`
+		Rate       float64 `json:"tokens_per_second"`
+		Burst      float64 `json:"burst"`
+		Cost       float64 `json:"cost"`
+		Shadow     bool    `json:"shadow,omitempty"`
+		Refundable bool    `json:"refundable,omitempty"`
 	}
 	w := struct {
 		HashTag string `json:"hash_tag,omitempty"`
@@ -152,6 +169,8 @@ func encodeRequest(req *Request) []byte {
 func FuzzDecode(f *testing.F) {
 	for _, s := range []string{
 		`{"buckets":[{"key":"a","tokens_per_second":10,"burst":20}]}`,
+		`{"buckets":[{"key":"a","tokens_per_second":10,"burst":20,"cost":3,"refundable":true,"shadow":false}]}`,
+		`{"buckets":[{"key":"a","tokens_per_second":10,"burst":20,"refundable":1}]}`,
 		`{"hash_tag":"t","buckets":[{"key":"a","tokens_per_second":1,"burst":1,"cost":0.5},{"key":"b","tokens_per_second":2,"burst":3,"cost":0}]}`,
 		`{"buckets":[{"key":"a","tokens_per_second":1e9,"burst":1e9,"cost":1e9}]}`,
 		`{"buckets":[{"key":"\u0000\ud800","tokens_per_second":1,"burst":1}]}`,

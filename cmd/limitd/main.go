@@ -58,6 +58,7 @@ type options struct {
 	redisPoolSize   int
 	keyPrefix       string
 	tokenFile       string
+	identityHeader  string
 	batchMax        int
 	batchWindow     time.Duration
 	batchWorkers    int
@@ -81,7 +82,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.redisCluster, "redis-cluster", false, "treat a single --redis address as a Redis Cluster seed")
 	fs.IntVar(&o.redisPoolSize, "redis-pool-size", 0, "connections per Redis node (0 = go-redis default, 10 per CPU)")
 	fs.StringVar(&o.keyPrefix, "key-prefix", service.DefaultKeyPrefix, "prefix of every Redis key")
-	fs.StringVar(&o.tokenFile, "token-file", "", "file of the bearer tokens /v1 requests must carry: one per line, \"<name> <token>\" (one per gateway) or a bare token (else env LIMITD_TOKEN)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file of the callers and their credentials, one per line: \"<name> <token>\" (a gateway's bearer token), \"<name> <token> front-proxy\" (a front proxy's, whose calls are the forwarded identity's), \"<name> identity <value>\" (a caller known by the identity a front proxy forwards) or a bare token (else env LIMITD_TOKEN)")
+	fs.StringVar(&o.identityHeader, "identity-header", "", "header in which a front proxy (a \"front-proxy\" line of --token-file) forwards its client's verified identity, such as the URI SAN of its mTLS certificate")
 	fs.IntVar(&o.batchMax, "batch-max", 64, "most decisions per Redis pipeline; 0 or 1 = no batching")
 	fs.DurationVar(&o.batchWindow, "batch-window", 0, "how long to wait for more decisions before sending a pipeline (0 = send what is queued)")
 	fs.IntVar(&o.batchWorkers, "batch-workers", 4, "pipelines in flight at once")
@@ -118,7 +120,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	tokens, err := loadTokens(o.tokenFile, getenv)
+	tokens, identities, err := loadTokens(o.tokenFile, getenv)
 	if err != nil {
 		return err
 	}
@@ -179,7 +181,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer store.Close()
 
 	srv, err := service.NewServer(service.Config{
-		Store: store, StoreName: storeName, Tokens: tokens, Limits: o.limits,
+		Store: store, StoreName: storeName, Tokens: tokens, Identities: identities, IdentityHeader: o.identityHeader, Limits: o.limits,
 		Timeout: o.timeout, Logger: log, Registry: reg,
 	})
 	if err != nil {
@@ -307,38 +309,47 @@ func waitForRedis(ctx context.Context, load func(context.Context) (string, error
 	}
 }
 
-// loadTokens reads the bearer tokens: from file, one per line, "<name>
-// <token>" (a gateway's name, for the metrics, and its token) or a bare
-// token (named "default"), blank lines and lines starting with # skipped;
-// without a file, the one token in LIMITD_TOKEN, if any.
-func loadTokens(file string, getenv func(string) string) ([]service.Token, error) {
+// loadTokens reads the callers and their credentials: from file, one per
+// line, "<name> <token>" (a gateway: its name, the caller whose ledger its
+// calls use, and its bearer token), "<name> <token> front-proxy" (a front
+// proxy's token: its calls are those of the identity it forwards),
+// "<name> identity <value>" (a caller known by the identity a front proxy
+// forwards) or a bare token (named "default"), blank lines and lines
+// starting with # skipped; without a file, the one token in LIMITD_TOKEN,
+// if any.
+func loadTokens(file string, getenv func(string) string) ([]service.Token, []service.Identity, error) {
 	if file == "" {
 		if tok := strings.TrimSpace(getenv("LIMITD_TOKEN")); tok != "" {
-			return []service.Token{{Name: "default", Value: tok}}, nil
+			return []service.Token{{Name: service.DefaultCaller, Value: tok}}, nil, nil
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("--token-file: %w", err)
+		return nil, nil, fmt.Errorf("--token-file: %w", err)
 	}
 	var toks []service.Token
+	var ids []service.Identity
 	for i, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
 		switch {
 		case len(f) == 0 || strings.HasPrefix(f[0], "#"):
 		case len(f) == 1:
-			toks = append(toks, service.Token{Name: "default", Value: f[0]})
+			toks = append(toks, service.Token{Name: service.DefaultCaller, Value: f[0]})
 		case len(f) == 2:
 			toks = append(toks, service.Token{Name: f[0], Value: f[1]})
+		case len(f) == 3 && f[2] == "front-proxy" && f[1] != "identity":
+			toks = append(toks, service.Token{Name: f[0], Value: f[1], FrontProxy: true})
+		case len(f) == 3 && f[1] == "identity" && f[2] != "front-proxy":
+			ids = append(ids, service.Identity{Name: f[0], Value: f[2]})
 		default:
-			return nil, fmt.Errorf("--token-file %s: line %d: want \"<name> <token>\" or a token, got %d fields", file, i+1, len(f))
+			return nil, nil, fmt.Errorf("--token-file %s: line %d: want \"<name> <token>\", \"<name> <token> front-proxy\", \"<name> identity <value>\" or a token, got %d fields", file, i+1, len(f))
 		}
 	}
 	if len(toks) == 0 {
-		return nil, fmt.Errorf("--token-file %s: empty", file)
+		return nil, nil, fmt.Errorf("--token-file %s: no token", file)
 	}
-	return toks, nil
+	return toks, ids, nil
 }
 
 // isLoopback reports whether a listen address binds only loopback interfaces:

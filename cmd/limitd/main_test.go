@@ -69,16 +69,16 @@ func TestLoadToken(t *testing.T) {
 	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if toks, err := loadTokens(file, env("LIMITD_TOKEN", "other")); err != nil || len(toks) != 1 || toks[0].Value != "s3cret" {
+	if toks, _, err := loadTokens(file, env("LIMITD_TOKEN", "other")); err != nil || len(toks) != 1 || toks[0].Value != "s3cret" {
 		t.Errorf("from file: %+v, %v", toks, err)
 	}
-	if toks, err := loadTokens("", env("LIMITD_TOKEN", " fromenv ")); err != nil || len(toks) != 1 || toks[0].Value != "fromenv" {
+	if toks, _, err := loadTokens("", env("LIMITD_TOKEN", " fromenv ")); err != nil || len(toks) != 1 || toks[0].Value != "fromenv" {
 		t.Errorf("from env: %+v, %v", toks, err)
 	}
-	if _, err := loadTokens(empty, env()); err == nil {
+	if _, _, err := loadTokens(empty, env()); err == nil {
 		t.Error("empty token file: want an error")
 	}
-	if _, err := loadTokens(filepath.Join(dir, "missing"), env()); err == nil {
+	if _, _, err := loadTokens(filepath.Join(dir, "missing"), env()); err == nil {
 		t.Error("missing token file: want an error")
 	}
 }
@@ -92,7 +92,7 @@ func TestLoadTokens(t *testing.T) {
 	if err := os.WriteFile(file, []byte("# gateways\ngw-a tok-a\n\ngw-b  tok-b\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	toks, err := loadTokens(file, env())
+	toks, _, err := loadTokens(file, env())
 	if err != nil || len(toks) != 2 || toks[0] != (service.Token{Name: "gw-a", Value: "tok-a"}) || toks[1] != (service.Token{Name: "gw-b", Value: "tok-b"}) {
 		t.Fatalf("loadTokens = %+v, %v", toks, err)
 	}
@@ -100,21 +100,61 @@ func TestLoadTokens(t *testing.T) {
 	if err := os.WriteFile(bare, []byte("s3cret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if toks, err := loadTokens(bare, env()); err != nil || len(toks) != 1 || toks[0] != (service.Token{Name: "default", Value: "s3cret"}) {
+	if toks, _, err := loadTokens(bare, env()); err != nil || len(toks) != 1 || toks[0] != (service.Token{Name: "default", Value: "s3cret"}) {
 		t.Fatalf("bare token: %+v, %v", toks, err)
 	}
 	bad := filepath.Join(dir, "bad")
 	if err := os.WriteFile(bad, []byte("gw-a tok-a extra\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loadTokens(bad, env()); err == nil || !strings.Contains(err.Error(), "line 1") {
+	if _, _, err := loadTokens(bad, env()); err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("three fields: %v, want an error naming line 1", err)
 	}
-	if toks, err := loadTokens("", env("LIMITD_TOKEN", "e")); err != nil || len(toks) != 1 || toks[0].Value != "e" {
+	if toks, _, err := loadTokens("", env("LIMITD_TOKEN", "e")); err != nil || len(toks) != 1 || toks[0].Value != "e" {
 		t.Fatalf("from env: %+v, %v", toks, err)
 	}
-	if toks, err := loadTokens("", env()); err != nil || len(toks) != 0 {
+	if toks, _, err := loadTokens("", env()); err != nil || len(toks) != 0 {
 		t.Fatalf("none: %+v, %v", toks, err)
+	}
+}
+
+// TestLoadFrontProxy: a token file may name a front proxy's token and the
+// callers known by the identity it forwards; a line that could be either is
+// refused.
+func TestLoadFrontProxy(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "tokens")
+	body := "gw-a tok-a\nedge tok-edge front-proxy\ngw-c identity spiffe://cluster.local/ns/gw/sa/c\n"
+	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	toks, ids, err := loadTokens(file, env())
+	if err != nil || len(toks) != 2 || toks[1] != (service.Token{Name: "edge", Value: "tok-edge", FrontProxy: true}) ||
+		len(ids) != 1 || ids[0] != (service.Identity{Name: "gw-c", Value: "spiffe://cluster.local/ns/gw/sa/c"}) {
+		t.Fatalf("loadTokens = %+v, %+v, %v", toks, ids, err)
+	}
+	for _, line := range []string{"x identity front-proxy", "x tok proxy", "x identity"} {
+		bad := filepath.Join(dir, "bad")
+		if err := os.WriteFile(bad, []byte("gw-a tok-a\n"+line+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, ids, err := loadTokens(bad, env())
+		if line == "x identity" { // a token that happens to read "identity"
+			if err != nil || len(ids) != 0 {
+				t.Errorf("%q: %+v, %v", line, ids, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "line 2") {
+			t.Errorf("%q: %v, want an error naming line 2", line, err)
+		}
+	}
+	only := filepath.Join(dir, "only")
+	if err := os.WriteFile(only, []byte("gw-c identity spiffe://x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := loadTokens(only, env()); err == nil {
+		t.Error("identities without a token: want an error")
 	}
 }
 
