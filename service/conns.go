@@ -37,9 +37,9 @@ type ConnOptions struct {
 
 // Defaults of ConnOptions.
 //
-// DefaultConnGrace is one second: far longer than a loaded server takes to
-// read a request that is already in the socket (a few milliseconds), so a
-// gateway's fresh connection is never evicted before its request is read;
+// DefaultConnGrace is one second: far longer than a server, even a loaded
+// one, takes to read a request that is already in the socket, so a
+// gateway's fresh connection is not evicted before its request is read;
 // and short, because a client that connects and sends nothing holds a slot
 // that cannot be evicted for that long. A client opening connections
 // faster than MaxConns per Grace (512 a second with the defaults) can keep
