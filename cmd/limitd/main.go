@@ -12,9 +12,9 @@
 //
 // It serves HTTP/1.1 and, on the same port, HTTP/2 over cleartext (h2c with
 // prior knowledge), so a gateway can multiplex its callouts over a few
-// connections. It binds loopback by default. Bound to any other address it refuses to
-// start without a bearer token (--token-file, or the environment variable
-// LIMITD_TOKEN), which every /v1 request must then carry. SIGTERM or SIGINT
+// connections. It binds loopback by default. Bound to any other address it
+// refuses to start without a bearer token (--token-file, or the environment
+// variable LIMITD_TOKEN), which every /v1 request must then carry. SIGTERM or SIGINT
 // stops it gracefully: no new connections, requests in flight are answered.
 package main
 
