@@ -87,11 +87,16 @@
 // GET /readyz (the store answered its last Ping, at most Config.ReadyEvery
 // old) and GET /metrics (Prometheus). A shadow bucket is decided on its own
 // and never changes the enforced answer, even when its decision fails (it is
-// then answered allowed and counted as a shadow error). ConnGuard bounds the
-// connections: at most a cap, and those that never carried an authorized /v1
-// call closed once idle, or first when the cap is reached. Request bodies, keys, bucket counts,
-// rates, bursts and costs are bounded (Limits, MaxAmount); anything else is
-// a 400 whose message names the field, e.g.
+// then answered allowed and counted as a shadow error). NewHTTPServer serves
+// it over HTTP/1.1 and h2c on one port, each connection bounded (streams,
+// header sizes, timeouts: the constants beside it). ConnGuard bounds the
+// connections: at most a cap; one that never carried an authorized /v1 call
+// closed once idle, and evictable for a new one whatever its state once its
+// grace is over (accepted a while ago, or a request read from it); a request
+// without the token answered 401 before its body is read, its connection
+// closed. Request bodies, keys, bucket counts, rates, bursts and costs are
+// bounded (Limits, MaxAmount); anything else is a 400 whose message names the
+// field, e.g.
 //
 //	{"error": "buckets[0].burst: must be >= tokens_per_second (10), got 5"}
 //

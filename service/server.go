@@ -215,8 +215,12 @@ func NewServer(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. Behind a ConnGuard, it marks the
+// request's connection as having carried a request (its grace is over).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	MarkRequest(r.Context(), ConnRequest)
+	s.mux.ServeHTTP(w, r)
+}
 
 var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
@@ -285,18 +289,17 @@ func (s *Server) charge(ctx context.Context, body, out []byte) ([]byte, error) {
 func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		caller, why := s.authorized(r)
+		if why != "" {
+			s.refuse(w, r, why)
+			return
+		}
+		MarkRequest(r.Context(), ConnAuthenticated)
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			s.fail(w, http.StatusMethodNotAllowed, "method: must be POST")
 			return
 		}
-		caller, why := s.authorized(r)
-		if why != "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="limitd"`)
-			s.fail(w, http.StatusUnauthorized, why)
-			return
-		}
-		markAuthenticated(r.Context())
 		buf := bodyPool.Get().(*bytes.Buffer)
 		defer func() {
 			if buf.Cap() <= int(s.limits.MaxBodyBytes)+bytes.MinRead {
@@ -335,6 +338,24 @@ func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerF
 		_, _ = w.Write(out)
 		latency.Observe(time.Since(start).Seconds())
 	}
+}
+
+// refuse answers 401 to a request without a valid bearer token, before
+// and without reading its body: a client that sends headers and never
+// finishes its body is answered at once, and holds nothing. The body's
+// read deadline is set to now, so net/http does not drain it either; an
+// HTTP/1.1 connection is then closed (its unread body is in the way of any
+// next request), and so is an HTTP/2 connection that never carried an
+// authenticated request (GOAWAY), while an authenticated HTTP/2 connection
+// only loses the refused stream, which net/http resets.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, why string) {
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+	if r.ProtoMajor < 2 || !MarkRequest(r.Context(), ConnRequest) {
+		MarkRequest(r.Context(), ConnRefused)
+		w.Header().Set("Connection", "close")
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="limitd"`)
+	s.fail(w, http.StatusUnauthorized, why)
 }
 
 // serverToken is a Token as the server checks it: its SHA-256 (compared in

@@ -10,9 +10,11 @@
 //	limitd --redis 10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379      (Redis Cluster)
 //	limitd --redis 10.0.0.1:26379,10.0.0.2:26379 --redis-master mymaster   (Sentinel)
 //
-// It binds loopback by default. Bound to any other address it refuses to
-// start without a bearer token (--token-file, or the environment variable
-// LIMITD_TOKEN), which every /v1 request must then carry. SIGTERM or SIGINT
+// It serves HTTP/1.1 and, on the same port, HTTP/2 over cleartext (h2c with
+// prior knowledge), so a gateway can multiplex its callouts over a few
+// connections. It binds loopback by default. Bound to any other address it
+// refuses to start without a bearer token (--token-file, or the environment
+// variable LIMITD_TOKEN), which every /v1 request must then carry. SIGTERM or SIGINT
 // stops it gracefully: no new connections, requests in flight are answered.
 package main
 
@@ -70,6 +72,7 @@ type options struct {
 	ledgerWindow    time.Duration
 	maxConns        int
 	unauthIdle      time.Duration
+	connGrace       time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -98,6 +101,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.ledgerWindow, "ledger-window", service.DefaultLedgerWindow, "how long tokens a lease grants or a decision reserves can be given back (by a return or a refund): at least one window, at most two")
 	fs.IntVar(&o.maxConns, "max-conns", service.DefaultMaxConns, "most HTTP connections open at once; keep it below the open-file limit minus the Redis connections")
 	fs.DurationVar(&o.unauthIdle, "unauthenticated-idle", service.DefaultUnauthenticatedIdle, "how long a connection that never carried an authenticated /v1 call may stay idle")
+	fs.DurationVar(&o.connGrace, "conn-grace", service.DefaultConnGrace, "how long a new connection with no request read yet is kept from eviction at --max-conns")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -187,7 +191,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Registerer: reg})
+	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace, Registerer: reg})
 	if err != nil {
 		return err
 	}
@@ -209,17 +213,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			}
 		}
 	}()
-	httpSrv := &http.Server{
-		Handler:           srv,
-		ConnState:         guard.ConnState,
-		ConnContext:       guard.ConnContext,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	// HTTP/1.1 and h2c on the one port, each connection bounded (see
+	// service.NewHTTPServer).
+	httpSrv := service.NewHTTPServer(srv, guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(guard.Listener(ln)) }()
 	log.Info("limitd listening", "addr", ln.Addr().String(), "store", storeName, "auth", len(tokens) > 0, "callers", len(tokens))

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -505,5 +506,64 @@ func testIdleHealthzFlood(t *testing.T, max string) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("authenticated call: %d, want 200", resp.StatusCode)
+	}
+}
+
+// TestRunServesH2C: limitd serves HTTP/2 over cleartext (prior knowledge,
+// as an Envoy cluster with http2_protocol_options speaks it) and HTTP/1.1
+// on the same port; many concurrent h2c calls share one connection.
+func TestRunServesH2C(t *testing.T) {
+	addr, _, _, _ := start(t, []string{"--listen", "127.0.0.1:0", "--max-conns", "4"}, env("LIMITD_TOKEN", "tok"))
+	var h2c http.Protocols
+	h2c.SetUnencryptedHTTP2(true)
+	var dials atomic.Int64
+	tr := &http.Transport{Protocols: &h2c, DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+		dials.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, network, a)
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
+	call := func(c *http.Client, key string) (*http.Response, error) {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/decide", strings.NewReader(`{"buckets":[{"key":"`+key+`","tokens_per_second":1,"burst":1}]}`))
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := c.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return resp, err
+	}
+	h2 := &http.Client{Timeout: 10 * time.Second, Transport: tr}
+	resp, err := call(h2, "first")
+	if err != nil {
+		t.Fatalf("h2c call: %v", err)
+	}
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Fatalf("h2c call: %d over %s, want 200 over HTTP/2", resp.StatusCode, resp.Proto)
+	}
+	// 40 concurrent calls, ten times the connection cap: one connection.
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := range 40 {
+		wg.Go(func() {
+			resp, err := call(h2, "k"+strconv.Itoa(i))
+			if err == nil && (resp.StatusCode != 200 || resp.ProtoMajor != 2) {
+				err = errors.New(resp.Proto + " " + resp.Status)
+			}
+			if err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("concurrent h2c call: %v", err)
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("41 h2c calls opened %d connections, want 1", n)
+	}
+	resp, err = call(&http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{}}, "h1")
+	if err != nil || resp.StatusCode != 200 || resp.ProtoMajor != 1 {
+		t.Fatalf("HTTP/1.1 call on the same port: %v %v", resp, err)
 	}
 }
