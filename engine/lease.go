@@ -109,13 +109,7 @@ func (p *Plugin) updateLease(id uint64, now int64, f func(lease.Record) (lease.R
 // or wait when the request waits for a lease call.
 func (c *Request) spendLeases() (rej *rejection, wait bool) {
 	p, pl := c.plugin, &c.plan
-	spends := c.scratch.spends[:0]
-	for _, t := range pl.leased {
-		spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
-	}
-	c.scratch.spends = spends
-	out := c.scratch.leaseResults(len(spends))
-	ok, err := p.leases.Spend(pl.now, spends, out)
+	out, ok, err := c.spend(pl.now)
 	if err != nil {
 		for _, t := range pl.leased {
 			t.rule.failedOpen.Increment(1)
@@ -127,12 +121,7 @@ func (c *Request) spendLeases() (rej *rejection, wait bool) {
 		p.spent(pl.leased[i], &out[i])
 	}
 	if ok {
-		for i := range pl.leased {
-			t := &pl.leased[i]
-			t.held, t.d = true, leaseDecision(t.rule, &out[i].Record, pl.now)
-			t.rule.allowed.Increment(1)
-			c.show(t.rule, t.d)
-		}
+		c.admitLeased(out, pl.now)
 		return nil, false
 	}
 	// A lease is short. Recent answers may settle the request at once.
@@ -247,25 +236,39 @@ func (c *Request) leaseServiceDown(ru *rule, retry bool) *rejection {
 // spendAll spends the request's cost from each of its leases, all or none,
 // and reports whether it did.
 func (c *Request) spendAll(now int64) bool {
-	p, pl := c.plugin, &c.plan
-	spends := c.scratch.spends[:0]
-	for _, t := range pl.leased {
-		spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
-	}
-	c.scratch.spends = spends
-	out := c.scratch.leaseResults(len(spends))
-	ok, err := p.leases.Spend(now, spends, out)
+	out, ok, err := c.spend(now)
 	if err != nil || !ok {
 		return false
 	}
-	for i := range pl.leased {
-		t := &pl.leased[i]
-		p.spent(*t, &out[i])
+	for i := range c.plan.leased {
+		c.plugin.spent(c.plan.leased[i], &out[i])
+	}
+	c.admitLeased(out, now)
+	return true
+}
+
+// spend spends the cost of each of the request's leased takes at now, all
+// or none (lease.Table.Spend), into the request's scratch results.
+func (c *Request) spend(now int64) (out []lease.Result, ok bool, err error) {
+	spends := c.scratch.spends[:0]
+	for _, t := range c.plan.leased {
+		spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
+	}
+	c.scratch.spends = spends
+	out = c.scratch.leaseResults(len(spends))
+	ok, err = c.plugin.leases.Spend(now, spends, out)
+	return out, ok, err
+}
+
+// admitLeased records the leased takes as held and allowed, after a spend
+// of all of them (out) succeeded at now.
+func (c *Request) admitLeased(out []lease.Result, now int64) {
+	for i := range c.plan.leased {
+		t := &c.plan.leased[i]
 		t.held, t.d = true, leaseDecision(t.rule, &out[i].Record, now)
 		t.rule.allowed.Increment(1)
 		c.show(t.rule, t.d)
 	}
-	return true
 }
 
 // leaseWait is a request's lease call: the short leases it covers, the
