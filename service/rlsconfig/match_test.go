@@ -63,14 +63,14 @@ func TestLookup(t *testing.T) {
 		key     string   // statistics key
 		values  []string // nil: the request's
 	}{
-		{[]string{"wild", "foo"}, 3, "d.wild_foo", nil},    // exact first
-		{[]string{"wild", "foo1"}, 1, "d.wild_foo*", nil},  // then wildcards in file order
-		{[]string{"wild", "fa"}, 2, "d.wild_f*", nil},      // the next wildcard
-		{[]string{"wild", "x"}, 4, "d.wild", nil},          // then the key alone
-		{[]string{"wild", ""}, 4, "d.wild", nil},           // an empty value too
-		{[]string{"mid", "barb"}, 0, "", nil},              // "*" inside a value is no wildcard
-		{[]string{"mid", "bar*b"}, 5, "d.mid_bar*b", nil},  // but matches itself
-		{[]string{"nested", "v"}, 6, "d.nested_v", nil},    // a limit with children
+		{[]string{"wild", "foo"}, 3, "d.wild_foo", nil},   // exact first
+		{[]string{"wild", "foo1"}, 1, "d.wild_foo*", nil}, // then wildcards in file order
+		{[]string{"wild", "fa"}, 2, "d.wild_f*", nil},     // the next wildcard
+		{[]string{"wild", "x"}, 4, "d.wild", nil},         // then the key alone
+		{[]string{"wild", ""}, 4, "d.wild", nil},          // an empty value too
+		{[]string{"mid", "barb"}, 0, "", nil},             // "*" inside a value is no wildcard
+		{[]string{"mid", "bar*b"}, 5, "d.mid_bar*b", nil}, // but matches itself
+		{[]string{"nested", "v"}, 6, "d.nested_v", nil},   // a limit with children
 		{[]string{"nested", "v", "inner", "goodness"}, 7, "d.nested_v.inner_goo*", nil},
 		{[]string{"nested", "v", "inner", "bad"}, 0, "", nil},
 		{[]string{"nested", "v", "deep", "x"}, 0, "", nil}, // deep has no limit itself
