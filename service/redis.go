@@ -133,6 +133,9 @@ func (s *RedisStore) Load(ctx context.Context) (string, error) {
 	if err := s.charge.Load(ctx, s.client).Err(); err != nil {
 		return "", fmt.Errorf("service: redis: script load: %w", err)
 	}
+	if err := s.windowScript().Load(ctx, s.client).Err(); err != nil {
+		return "", fmt.Errorf("service: redis: script load: %w", err)
+	}
 	sha, err := s.script.Load(ctx, s.client).Result()
 	if err != nil {
 		return "", fmt.Errorf("service: redis: script load: %w", err)
