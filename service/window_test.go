@@ -36,7 +36,7 @@ var countSteps = []struct {
 func TestCountMemoryAndRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	c := realClient(t, srv.Addr())
-	rs := realStore(t, c, 0)
+	rs := realStore(t, c, 64) // pipelined; TestCountCluster runs unbatched
 	now := time.Unix(1_800_000_000, 0).UnixNano()
 	ms := NewMemoryStore(MemoryOptions{Now: func() int64 { return now }})
 	for i, step := range countSteps {
