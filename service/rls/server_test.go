@@ -200,4 +200,3 @@ func (f failing) Count(context.Context, *service.CountRequest) (service.CountAns
 }
 func (f failing) Ping(context.Context) error { return f.err }
 func (f failing) Close() error               { return nil }
-
