@@ -51,6 +51,7 @@ func main() {
 
 // options are the command-line flags.
 type options struct {
+	rls             rlsOptions // the rate limit service's (rls.go)
 	listen          string
 	redis           string
 	redisMaster     string
@@ -69,13 +70,13 @@ type options struct {
 	ledgerWindow    time.Duration
 	maxConns        int
 	unauthIdle      time.Duration
-	rls             rlsOptions
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("limitd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	o.rls.register(fs)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "address to serve HTTP on; a non-loopback address requires a token")
 	fs.StringVar(&o.redis, "redis", "", "Redis: a URL (redis://[user:pass@]host:port/db, rediss://...), or host:port[,host:port...] (several = Redis Cluster, or Sentinels with --redis-master); empty = in-memory store")
 	fs.StringVar(&o.redisMaster, "redis-master", "", "Sentinel master name: --redis lists the Sentinels")
@@ -97,7 +98,6 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.ledgerWindow, "ledger-window", service.DefaultLedgerWindow, "how long tokens a lease grants or a decision reserves can be given back (by a return or a refund): at least one window, at most two")
 	fs.IntVar(&o.maxConns, "max-conns", service.DefaultMaxConns, "most HTTP connections open at once; keep it below the open-file limit minus the Redis connections")
 	fs.DurationVar(&o.unauthIdle, "unauthenticated-idle", service.DefaultUnauthenticatedIdle, "how long a connection that never carried an authenticated /v1 call may stay idle")
-	o.rls.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -183,13 +183,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	defer store.Close()
 
-	srv, err := service.NewServer(service.Config{
-		Store: store, StoreName: storeName, Tokens: tokens, Limits: o.limits,
-		Timeout: o.timeout, Logger: log, Registry: reg,
-	})
-	if err != nil {
-		return err
-	}
+	// The rate limit service (gRPC), the second front door on the store.
 	rlsCtx, stopRLS := context.WithCancel(ctx)
 	defer stopRLS()
 	door, err := startRLS(rlsCtx, &o.rls, store, tokens, o.timeout, reg, log)
@@ -200,6 +194,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if door != nil {
 		rlsServed = door.served
 		defer door.grpc.Stop() // whatever else ends run; a no-op after GracefulStop
+	}
+
+	srv, err := service.NewServer(service.Config{
+		Store: store, StoreName: storeName, Tokens: tokens, Limits: o.limits,
+		Timeout: o.timeout, Logger: log, Registry: reg,
+	})
+	if err != nil {
+		return err
 	}
 	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Registerer: reg})
 	if err != nil {
