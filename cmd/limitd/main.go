@@ -53,6 +53,7 @@ func main() {
 
 // options are the command-line flags.
 type options struct {
+	rls             rlsOptions // the rate limit service's (rls.go)
 	listen          string
 	redis           string
 	redisMaster     string
@@ -79,6 +80,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("limitd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	o.rls.register(fs)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "address to serve HTTP on; a non-loopback address requires a token")
 	fs.StringVar(&o.redis, "redis", "", "Redis: a URL (redis://[user:pass@]host:port/db, rediss://...), or host:port[,host:port...] (several = Redis Cluster, or Sentinels with --redis-master); empty = in-memory store")
 	fs.StringVar(&o.redisMaster, "redis-master", "", "Sentinel master name: --redis lists the Sentinels")
@@ -135,6 +137,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if !loopback && len(tokens) == 0 {
 		return fmt.Errorf("--listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.listen)
 	}
+	if err := o.rls.check(len(tokens)); err != nil {
+		return err
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -184,6 +189,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	defer store.Close()
 
+	// The rate limit service (gRPC), the second front door on the store.
+	rlsCtx, stopRLS := context.WithCancel(ctx)
+	defer stopRLS()
+	door, err := startRLS(rlsCtx, &o.rls, store, tokens, o.timeout, reg, log)
+	if err != nil {
+		return err
+	}
+	var rlsServed chan error // nil (never ready) without the rate limit service
+	if door != nil {
+		rlsServed = door.served
+		defer door.grpc.Stop() // whatever else ends run; a no-op after GracefulStop
+	}
+
 	srv, err := service.NewServer(service.Config{
 		Store: store, StoreName: storeName, Tokens: tokens, Identities: identities, IdentityHeader: o.identityHeader, Limits: o.limits,
 		Timeout: o.timeout, Logger: log, Registry: reg,
@@ -226,11 +244,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	select {
 	case err := <-served:
 		return err
+	case err := <-rlsServed:
+		return fmt.Errorf("--grpc-listen: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: finishing requests in flight", "timeout", o.shutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
 	defer cancel()
+	if door != nil {
+		door.grpc.GracefulStop(sctx)
+	}
 	if err := httpSrv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
