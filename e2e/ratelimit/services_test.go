@@ -353,3 +353,8 @@ func rlHeaders(r envoytest.Result) string {
 	}
 	return b.String()
 }
+
+// containsLine reports whether text has line as one of its lines.
+func containsLine(text, line string) bool {
+	return slices.Contains(strings.Split(text, "\n"), line)
+}
