@@ -20,9 +20,10 @@ type step struct {
 	note    string
 	headers map[string]string
 	want    []int
-	// atomic, when set, is what limitd answers instead of want: there a
-	// request one descriptor refuses takes nothing from the others,
-	// where envoyproxy/ratelimit counts it on every descriptor.
+	// atomic, when set, is what limitd's token buckets answer instead of
+	// want (of the same length): there a request one descriptor refuses
+	// takes nothing from the others, where a fixed window
+	// (envoyproxy/ratelimit's, limitd's) counts it on every descriptor.
 	atomic []int
 }
 
@@ -57,12 +58,12 @@ func runScript(e *envoytest.Envoy, steps []step) [][]seen {
 }
 
 // checkStatuses compares what a script got with what its steps want
-// (want, or atomic for limitd when set).
-func checkStatuses(t *testing.T, k kind, steps []step, got [][]seen) {
+// (want, or atomic for token buckets when set).
+func checkStatuses(t *testing.T, f flavour, steps []step, got [][]seen) {
 	t.Helper()
 	for i, st := range steps {
 		want := st.want
-		if k == limitd && st.atomic != nil {
+		if !f.window && st.atomic != nil {
 			want = st.atomic
 		}
 		var statuses []int

@@ -358,3 +358,14 @@ func rlHeaders(r envoytest.Result) string {
 func containsLine(text, line string) bool {
 	return slices.Contains(strings.Split(text, "\n"), line)
 }
+
+// grepLines returns the lines of text that contain substr.
+func grepLines(text, substr string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, substr) && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
