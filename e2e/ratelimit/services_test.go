@@ -114,22 +114,32 @@ func startService(t *testing.T, k kind, files map[string]string, args ...string)
 
 func (s *service) startLimitd(t *testing.T, files map[string]string, args []string) {
 	t.Helper()
-	bin := limitdBinary(t)
-	dir := t.TempDir()
-	s.configDir = filepath.Join(dir, "rls")
+	s.configDir = filepath.Join(t.TempDir(), "rls")
 	if err := os.Mkdir(s.configDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range slices.Sorted(maps.Keys(files)) {
 		s.writeFile(t, name, files[name])
 	}
-	logPath := filepath.Join(dir, "limitd.log")
+	if err := s.launchLimitd(t, s.configDir, args); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// launchLimitd runs limitd on s.redis with --rls-config config (a file or
+// a folder) and waits until it is ready. It returns an error, with limitd's
+// log, when limitd exits first (a configuration it refuses at the start)
+// or is not ready in time; else limitd is stopped when t ends.
+func (s *service) launchLimitd(t *testing.T, config string, args []string) error {
+	t.Helper()
+	bin := limitdBinary(t)
+	logPath := filepath.Join(t.TempDir(), "limitd.log")
 	s.log = func() string { b, _ := os.ReadFile(logPath); return string(b) }
 	for attempt := 1; ; attempt++ {
 		s.httpPort, s.grpcPort = freePort(t), freePort(t)
 		argv := append([]string{"--listen", "127.0.0.1:" + strconv.Itoa(s.httpPort),
 			"--grpc-listen", "127.0.0.1:" + strconv.Itoa(s.grpcPort),
-			"--rls-config", s.configDir, "--redis", s.redis.Addr()}, args...)
+			"--rls-config", config, "--redis", s.redis.Addr()}, args...)
 		logf, err := os.Create(logPath)
 		if err != nil {
 			t.Fatal(err)
@@ -164,11 +174,11 @@ func (s *service) startLimitd(t *testing.T, files map[string]string, args []stri
 				}
 				stop()
 			})
-			return
+			return nil
 		}
 		stop()
 		if attempt >= 3 || !strings.Contains(s.log(), "address already in use") {
-			t.Fatalf("limitd did not start: %v\n%s", err, tail(s.log(), 30))
+			return fmt.Errorf("limitd did not start: %w\n%s", err, tail(s.log(), 30))
 		}
 	}
 }
