@@ -114,19 +114,23 @@ func (g *GRPC) SetServing(ok bool) {
 	g.health.SetServingStatus(ServiceName, st)
 }
 
-// WatchStore sets the health from the store's Ping every period until ctx
-// ends.
+// CheckStore pings the store once and sets the health from the answer.
+func (g *GRPC) CheckStore(ctx context.Context, st service.Store, timeout time.Duration) error {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := st.Ping(pctx)
+	if ctx.Err() == nil {
+		g.SetServing(err == nil)
+	}
+	return err
+}
+
+// WatchStore runs CheckStore every period until ctx ends.
 func (g *GRPC) WatchStore(ctx context.Context, st service.Store, period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
-		pctx, cancel := context.WithTimeout(ctx, period)
-		err := st.Ping(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		g.SetServing(err == nil)
+		_ = g.CheckStore(ctx, st, period)
 		select {
 		case <-ctx.Done():
 			return
