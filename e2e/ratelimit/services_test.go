@@ -103,13 +103,13 @@ func startService(t *testing.T, k kind, files map[string]string, args ...string)
 	default:
 		t.Fatalf("unknown service kind %q", k)
 	}
-	conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(s.grpcPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	s.conn = conn
+	s.dial(t)
 	return s
+}
+
+// newConn is a gRPC client of the service on port.
+func newConn(port int) (*grpc.ClientConn, error) {
+	return grpc.NewClient("127.0.0.1:"+strconv.Itoa(port), grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
 func (s *service) startLimitd(t *testing.T, files map[string]string, args []string) {
