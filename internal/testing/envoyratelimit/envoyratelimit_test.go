@@ -3,6 +3,7 @@
 package envoyratelimit
 
 import (
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -145,5 +146,32 @@ descriptors:
 			t.Errorf("4 more hits of the 3 left: %d, want 429", heavy.Status)
 		}
 		break
+	}
+}
+
+// TestVersionIsTheBuilt keeps Version, the version e2e/ratelimit's go.mod
+// names, and the one `make build-ratelimit` builds (mk/ratelimit.mk) the
+// same.
+func TestVersionIsTheBuilt(t *testing.T) {
+	for _, f := range []struct{ path, prefix string }{
+		{"../../../mk/ratelimit.mk", "RATELIMIT_VERSION := "},
+		{"../../../e2e/ratelimit/go.mod", "\tgithub.com/envoyproxy/ratelimit "},
+	} {
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, f.prefix); ok {
+				found = true
+				if v, _, _ = strings.Cut(v, " "); v != Version {
+					t.Errorf("%s: %q, want Version %s", f.path, line, Version)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no line %q...", f.path, f.prefix)
+		}
 	}
 }
