@@ -44,7 +44,8 @@ func decide(t *testing.T, s *Server) string {
 // takes a fixed window's limit, reloads a file under it and stops it.
 func TestStartDecideReloadStop(t *testing.T) {
 	r := redistest.Start(t)
-	s := Start(t, Options{RedisAddr: r.Addr(), Configs: map[string]string{"limits.yaml": fiveAMinute}})
+	s := Start(t, Options{RedisAddr: r.Addr(), Configs: map[string]string{"limits.yaml": fiveAMinute},
+		Env: []string{"STATS_FLUSH_INTERVAL=100ms"}})
 	if got, err := s.LoadedConfig(); err != nil || !strings.Contains(got, "harness.k_v: unit=MINUTE requests_per_unit=5") {
 		t.Fatalf("LoadedConfig() = %q, %v", got, err)
 	}
@@ -59,6 +60,13 @@ func TestStartDecideReloadStop(t *testing.T) {
 	}
 	if over > 1 {
 		t.Fatalf("six requests on a limit of 5 a minute: %d over the limit, want at most 1", over)
+	}
+	stats := s.WaitCountersSettled("ratelimit.service.rate_limit.harness.", time.Second, 30*time.Second)
+	if got := stats["ratelimit.service.rate_limit.harness.k_v.total_hits"]; got != 6 {
+		t.Errorf("counters %v: total_hits %v, want 6", stats, got)
+	}
+	if got := stats["ratelimit.service.rate_limit.harness.k_v.over_limit"]; got != float64(over) {
+		t.Errorf("counters %v: over_limit %v, want %d", stats, got, over)
 	}
 
 	refused := len(s.ConfigErrors())
