@@ -86,4 +86,3 @@ func limitdCounters(metrics, domain string) map[string]float64 {
 	}
 	return m
 }
-
