@@ -181,6 +181,7 @@ type Config struct {
 type node struct {
 	key       string           // the descriptor's key
 	children  map[string]*node // by "<key>_<value>", or "<key>" when no value
+	order     []string         // the children's names in file order
 	wildcards []string         // the children's names ending in "*", in file order
 	limit     *RateLimit
 

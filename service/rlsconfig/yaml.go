@@ -350,6 +350,7 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, field, parentKey string
 			return err
 		}
 		parent.children[final] = nd
+		parent.order = append(parent.order, final)
 	}
 	return nil
 }
