@@ -11,14 +11,14 @@
 // limitd with fixed windows (--rls-algorithm fixed_window) and limitd with
 // token buckets. The black-box tests (TestBurstTwoEnvoys,
 // TestDescriptorKinds, TestHitsAddendFromHeader, TestReloadUnderTraffic,
-// TestRefusedFile, TestRedisStopped) say what each must answer; the
-// differential ones play the same traffic on two or three side by side and
-// compare (TestDifferentialFixedWindow, TestDifferentialTokenBucket,
-// TestDifferentialStats) or feed both every configuration file that ships
-// in envoyproxy/ratelimit's source (TestReferenceConfigurations,
-// TestReferenceConfigurationPairs). Fixed windows are counted on the
-// clock: a script is played inside one window (its start aligned, or
-// replayed when an hour's edge fell inside).
+// TestRefusedFile, TestRedisStopped, and TestExtensions for limitd alone)
+// say what each must answer; the differential ones play the same traffic
+// on two or three side by side and compare (TestDifferentialFixedWindow,
+// TestDifferentialTokenBucket, TestDifferentialStats) or feed both every
+// configuration file that ships in envoyproxy/ratelimit's source
+// (TestReferenceConfigurations, TestReferenceConfigurationPairs). Fixed
+// windows are counted on the clock: a script is played inside one window
+// (its start aligned, or replayed when an edge fell inside).
 //
 // It is a Go module of its own (`make test-ratelimit`): its go.mod names
 // envoyproxy/ratelimit at the version mk/ratelimit.mk builds, so that
