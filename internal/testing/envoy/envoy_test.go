@@ -181,3 +181,105 @@ func TestBootstrapNative(t *testing.T) {
 		}
 	}
 }
+
+// TestBootstrapRateLimit renders Envoy's own rate limit filter with route
+// and filter rate limits and checks the YAML says what RateLimit says.
+func TestBootstrapRateLimit(t *testing.T) {
+	route := RateLimitsYAML(
+		Descriptor{Actions: []Action{RequestHeaders("x-api-key", "api_key")}},
+		Descriptor{Actions: []Action{GenericKey("", "all"), RequestHeaders("x-user", "user")}},
+	)
+	filter := RateLimitsYAML(Descriptor{Actions: []Action{GenericKey("weighted", "yes")}, HitsAddend: "%REQ(x-hits)%"})
+	d, err := Data(Options{NoWasm: true, UpstreamPort: 3, RLSPort: 5,
+		RateLimit: &RateLimit{Domain: "edge", FailureModeDeny: true, RouteRateLimits: route}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Render(Bootstrap, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Listeners[0].RateLimit.RouteRateLimits = ""
+	d.Listeners[0].RateLimit.FilterRateLimits = filter
+	withFilter, err := Render(Bootstrap, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		StaticResources struct {
+			Listeners []struct {
+				FilterChains []struct {
+					Filters []struct {
+						TypedConfig struct {
+							RouteConfig struct {
+								VirtualHosts []struct {
+									Routes []struct {
+										Route struct {
+											RateLimits []struct {
+												Actions []map[string]map[string]string `json:"actions"`
+											} `json:"rate_limits"`
+										} `json:"route"`
+									} `json:"routes"`
+								} `json:"virtual_hosts"`
+							} `json:"route_config"`
+							HTTPFilters []struct {
+								Name        string         `json:"name"`
+								TypedConfig map[string]any `json:"typed_config"`
+							} `json:"http_filters"`
+						} `json:"typed_config"`
+					} `json:"filters"`
+				} `json:"filter_chains"`
+			} `json:"listeners"`
+			Clusters []map[string]any `json:"clusters"`
+		} `json:"static_resources"`
+	}
+	empty := doc
+	if err := yaml.Unmarshal([]byte(got), &doc); err != nil || len(doc.StaticResources.Listeners) != 1 {
+		t.Fatalf("%v\n%s", err, got)
+	}
+	hcm := doc.StaticResources.Listeners[0].FilterChains[0].Filters[0].TypedConfig
+	rls := hcm.RouteConfig.VirtualHosts[0].Routes[0].Route.RateLimits
+	if len(rls) != 2 || rls[0].Actions[0]["request_headers"]["header_name"] != "x-api-key" ||
+		rls[1].Actions[0]["generic_key"]["descriptor_value"] != "all" || rls[1].Actions[1]["request_headers"]["descriptor_key"] != "user" {
+		t.Errorf("route rate_limits = %+v\n%s", rls, got)
+	}
+	if len(hcm.HTTPFilters) != 2 || hcm.HTTPFilters[0].Name != "envoy.filters.http.ratelimit" {
+		t.Fatalf("http_filters = %+v, want the rate limit filter and the router", hcm.HTTPFilters)
+	}
+	doc = empty
+	if err := yaml.Unmarshal([]byte(withFilter), &doc); err != nil {
+		t.Fatalf("%v\n%s", err, withFilter)
+	}
+	hcm = doc.StaticResources.Listeners[0].FilterChains[0].Filters[0].TypedConfig
+	if rls := hcm.RouteConfig.VirtualHosts[0].Routes[0].Route.RateLimits; len(rls) != 0 {
+		t.Errorf("the filter's rate limits: route rate_limits = %+v, want none", rls)
+	}
+	f := hcm.HTTPFilters[0].TypedConfig
+	b, _ := json.Marshal(f)
+	for _, want := range []string{`"domain":"edge"`, `"failure_mode_deny":true`, `"enable_x_ratelimit_headers":"DRAFT_VERSION_03"`,
+		`"cluster_name":"rls"`, `"transport_api_version":"V3"`, `"hits_addend":{"format":"%REQ(x-hits)%"}`, `"descriptor_key":"weighted"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("rate limit filter %s: want %s", b, want)
+		}
+	}
+	var rlsCluster string
+	for _, c := range doc.StaticResources.Clusters {
+		if c["name"] == "rls" {
+			b, _ := json.Marshal(c)
+			rlsCluster = string(b)
+		}
+	}
+	if !strings.Contains(rlsCluster, `"http2_protocol_options":{}`) || !strings.Contains(rlsCluster, `"port_value":5`) {
+		t.Errorf("cluster rls = %s, want HTTP/2 on port 5", rlsCluster)
+	}
+
+	for name, opts := range map[string]Options{
+		"no RLSPort":            {NoWasm: true, UpstreamPort: 3, RateLimit: &RateLimit{Domain: "d"}},
+		"route without a route": {NoWasm: true, RLSPort: 5, RateLimit: &RateLimit{Domain: "d", RouteRateLimits: route}},
+		"route and filter":      {NoWasm: true, UpstreamPort: 3, RLSPort: 5, RateLimit: &RateLimit{Domain: "d", RouteRateLimits: route, FilterRateLimits: filter}},
+	} {
+		if _, err := Data(opts); err == nil {
+			t.Errorf("%s: Data accepted it", name)
+		}
+	}
+}
