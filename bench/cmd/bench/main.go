@@ -353,6 +353,7 @@ func (b *bench) rlsOnly() error {
 	rep, err := readReport(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
+		b.info.Duration, b.info.Machine.LoadEnd = b.rls.Duration, b.rls.LoadEnd
 		rep = &report{Info: b.info}
 	case err != nil:
 		return err

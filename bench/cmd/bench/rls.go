@@ -5,7 +5,6 @@ package main
 import (
 	"bufio"
 	"debug/buildinfo"
-	_ "embed"
 	"fmt"
 	"net"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoyratelimit"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/loopback"
 )
 
@@ -88,10 +88,16 @@ descriptors:
 `
 )
 
-// rlsEnvoyConfig is the bootstrap of the ratelimit filter's Envoys.
-//
-//go:embed rlsenvoy.yaml
-var rlsEnvoyConfig string
+// rlsRateLimit is Envoy's ratelimit filter of the section: one descriptor
+// from x-api-key, another from x-edge-key (each sent only when its header
+// is there). Errors answer 500 (failure_mode_deny) and so fail the run; the
+// timeout is generous for a loaded machine (Envoy's default is 20 ms).
+func rlsRateLimit() *envoy.RateLimit {
+	return &envoy.RateLimit{Domain: rlsDomain, FailureModeDeny: true, Timeout: "1s",
+		FilterRateLimits: envoy.RateLimitsYAML(
+			envoy.Descriptor{Actions: []envoy.Action{envoy.RequestHeaders("x-api-key", "api_key")}},
+			envoy.Descriptor{Actions: []envoy.Action{envoy.RequestHeaders("x-edge-key", "edge")}})}
+}
 
 // rlsTarget is one configuration with its processes and results.
 type rlsTarget struct {
@@ -272,8 +278,7 @@ func (b *bench) rlsStart(t *rlsTarget, tools rlsTools, dir string) error {
 		}
 		switch t.c.Kind {
 		case rlsRatelimit, rlsLimitd:
-			opts.Config, opts.ServicePort = rlsEnvoyConfig, svcPort
-			opts.Data = map[string]any{"domain": rlsDomain}
+			opts.NoWasm, opts.RateLimit, opts.RLSPort = true, rlsRateLimit(), svcPort
 		case rlsPlugin:
 			opts = setup{Kind: kindCluster}.options(b.up.Port(), svcPort, b.p.keys, unlimited)
 		case rlsLease:
@@ -367,17 +372,16 @@ func (b *bench) startService(t *rlsTarget, tools rlsTools, dir string, redisPort
 	port := grpcPort
 	switch t.c.Kind {
 	case rlsRatelimit:
-		// envoyproxy/ratelimit reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
-		// RUNTIME_APPDIRECTORY/*.yaml: here dir/config/bench.yaml. Its
-		// other settings are its defaults.
-		cmd = exec.Command(tools.ratelimit)
-		cmd.Env = append(os.Environ(), "USE_STATSD=false", "LOG_LEVEL=warn", "BACKEND_TYPE=redis",
-			"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redis,
-			"RUNTIME_ROOT="+filepath.Dir(dir), "RUNTIME_SUBDIRECTORY="+filepath.Base(dir),
-			"RUNTIME_APPDIRECTORY=config", "RUNTIME_WATCH_ROOT=false",
-			"HOST=127.0.0.1", "PORT="+strconv.Itoa(httpPort), "GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(grpcPort),
-			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=0")
-		health = fmt.Sprintf("http://127.0.0.1:%d/healthcheck", httpPort)
+		// The project's harness: its defaults (USE_STATSD=false, the
+		// configuration folder under dir), else envoyproxy/ratelimit's own.
+		srv, err := envoyratelimit.StartServer(envoyratelimit.Options{RedisAddr: redis, Binary: tools.ratelimit,
+			Configs: map[string]string{"bench.yaml": rlsYAML}, Dir: filepath.Join(dir, "ratelimit-root")})
+		if err != nil {
+			return 0, err
+		}
+		b.cleanup(srv.Stop)
+		t.svcPID, t.rdsPID = srv.PID(), b.lastRedisPID
+		return srv.GRPCPort(), nil
 	case rlsLimitd:
 		cmd = exec.Command(tools.limitd, "--listen", "127.0.0.1:"+strconv.Itoa(httpPort),
 			"--grpc-listen", "127.0.0.1:"+strconv.Itoa(grpcPort), "--rls-config", config,

@@ -121,7 +121,7 @@ func (r *rlsReport) summarise(targets []*rlsTarget) error {
 		s.P50 = col(func(i int) float64 { return lat(t, i, t.lat[i].P50US) })
 		s.P99 = col(func(i int) float64 { return lat(t, i, t.lat[i].P99US) })
 		s.Achieved = col(func(i int) float64 { return t.lat[i].Achieved })
-		if none != nil {
+		if none != nil && t != none {
 			s.AddP50 = col(func(i int) float64 { return lat(t, i, lat(none, i, t.lat[i].P50US-none.lat[i].P50US)) })
 			s.AddP99 = col(func(i int) float64 { return lat(t, i, lat(none, i, t.lat[i].P99US-none.lat[i].P99US)) })
 		}
