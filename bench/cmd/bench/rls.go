@@ -147,7 +147,7 @@ func (b *bench) rlsRun() error {
 	for _, c := range rlsConfigs {
 		t := &rlsTarget{c: c}
 		if gap := tools.missing(c); gap != "" {
-			b.rls.Gaps = append(b.rls.Gaps, fmt.Sprintf("(%d) %s not measured: %s", c.ID, c.Label, gap))
+			b.rls.Gaps = append(b.rls.Gaps, fmt.Sprintf("%s not measured: %s", c.Label, gap))
 			b.logf("rls: %s", b.rls.Gaps[len(b.rls.Gaps)-1])
 			continue
 		}
