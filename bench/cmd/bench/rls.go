@@ -4,6 +4,8 @@ package main
 
 import (
 	"bufio"
+	"cmp"
+	"context"
 	"debug/buildinfo"
 	"fmt"
 	"net"
@@ -124,7 +126,7 @@ func (b *bench) rlsRun() error {
 	b.rls = &rlsReport{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), LoadStart: loadAvg(),
 		Rounds: p.rounds, Keys: p.keys, Conns: p.conns, OpenConns: p.openConns, Load: rlsLoad, Warmup: p.warmup.String(),
 		SatWindow: p.satWindow.String(), LatWindow: p.latWindow.String(), Smoke: p.smoke, EdgeLimit: rlsEdgeLimit, Pinning: b.info.Pinning}
-	tools := rlsTools{ratelimit: p.ratelimit, limitd: p.limitd}
+	tools := rlsTools{ratelimit: p.ratelimit, limitd: cmp.Or(p.rlsLimitd, p.limitd)}
 	var err error
 	if tools.redis, err = exec.LookPath("redis-server"); err != nil {
 		return fmt.Errorf("bench: the RLS section needs redis-server: %w", err)
@@ -215,6 +217,11 @@ func (b *bench) rlsRun() error {
 			b.logf("rls edge (%d) %s: %d + %d admitted of %d + %d sent across a window edge in %.0f ms (limit %d a second; attempt %d, clean %v)",
 				t.c.ID, t.c.Label, e.Before, e.After, e.Sent/2, e.Sent/2, e.SpanMS, rlsEdgeLimit, e.Attempts, e.Clean)
 			t.edges = append(t.edges, e)
+		}
+	}
+	if !p.smoke {
+		if err := b.rlsProfiles(targets); err != nil {
+			return err
 		}
 	}
 	b.rls.LoadEnd = loadAvg()
@@ -604,4 +611,79 @@ func (b *bench) edgeAttempt(t *rlsTarget, key string) (edgeTrial, error) {
 		SpanMS: float64(r2.last.Sub(r1.first).Microseconds()) / 1e3,
 		Clean:  r1.last.Before(edge) && !r2.first.Before(edge) && r2.last.Before(edge.Add(time.Second)),
 	}, nil
+}
+
+// rlsProfileFor is how long each RLS service is profiled, and
+// rlsProfileTop how many of its functions the page lists.
+const (
+	rlsProfileFor = 5 * time.Second
+	rlsProfileTop = 12
+)
+
+// rlsProfile is where one service's CPU went under a saturating load:
+// perf's samples of its process by function.
+type rlsProfile struct {
+	Label   string         `json:"label"`
+	Samples int            `json:"samples"`
+	Top     []profileEntry `json:"top"`
+}
+
+// rlsProfiles profiles envoyproxy/ratelimit and limitd (token buckets)
+// under a saturating closed loop with `perf record -e cpu-clock -p <pid>`
+// and keeps each one's largest functions. Both binaries must keep their
+// symbols (go install does; make bench-rls builds limitd-symbols). Without
+// perf it says so in the page and profiles nothing.
+func (b *bench) rlsProfiles(targets []*rlsTarget) error {
+	perf, err := exec.LookPath("perf")
+	if err != nil {
+		b.rls.Gaps = append(b.rls.Gaps, "no CPU profile of the services: perf is not installed (Debian: apt-get install linux-perf)")
+		return nil
+	}
+	dir, err := os.MkdirTemp("", "bench-rls-perf-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	for _, t := range targets {
+		if t.c.ID != 41 && t.c.ID != 43 {
+			continue
+		}
+		out := filepath.Join(dir, t.c.Name+".data")
+		done := make(chan error, 1)
+		go func() {
+			_, err := saturate(b.rlsAddr(t), b.rlsProbe(t), b.reqs, b.p.conns, b.p.warmup, rlsProfileFor+time.Second)
+			done <- err
+		}()
+		time.Sleep(b.p.warmup)
+		ctx, cancel := context.WithTimeout(context.Background(), rlsProfileFor+30*time.Second)
+		rec := exec.CommandContext(ctx, perf, "record", "-e", "cpu-clock", "-F", "1999", "-o", out,
+			"-p", strconv.Itoa(t.svcPID), "--", "sleep", strconv.FormatFloat(rlsProfileFor.Seconds(), 'f', 1, 64))
+		recOut, recErr := rec.CombinedOutput()
+		cancel()
+		if err := <-done; err != nil {
+			return err
+		}
+		if recErr != nil {
+			return fmt.Errorf("bench: perf record: %v\n%s", recErr, recOut)
+		}
+		rep, err := exec.Command(perf, "report", "-i", out, "--no-children", "--sort", "sym", "--stdio").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("bench: perf report: %v\n%s", err, rep)
+		}
+		shares, samples, err := parsePerfDSO(rep)
+		if err != nil {
+			return err
+		}
+		pr := rlsProfile{Label: "envoyproxy/ratelimit", Samples: samples}
+		if t.c.Kind == rlsLimitd {
+			pr.Label = "limitd (" + strings.ReplaceAll(t.c.Algorithm, "_", " ") + "s)"
+		}
+		for _, sh := range shares[:min(len(shares), rlsProfileTop)] {
+			_, fn, _ := strings.Cut(sh.DSO, "] ")
+			pr.Top = append(pr.Top, profileEntry{Function: cmp.Or(fn, sh.DSO), Share: sh.Percent / 100})
+		}
+		b.logf("rls profile (%d) %s: %d samples, top %v", t.c.ID, t.c.Label, samples, pr.Top[:min(len(pr.Top), 3)])
+		b.rls.Profiles = append(b.rls.Profiles, pr)
+	}
+	return nil
 }

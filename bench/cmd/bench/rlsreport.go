@@ -15,28 +15,28 @@ const targetRLSCPU = 0.8
 
 // rlsReport is the RLS section's results (results.json "rls").
 type rlsReport struct {
-	Date      string         `json:"date"`
-	Duration  string         `json:"duration"`
-	LoadStart string         `json:"loadavg_at_start"`
-	LoadEnd   string         `json:"loadavg_at_end"`
-	Pinning   string         `json:"pinning"`
-	Ratelimit string         `json:"envoyproxy_ratelimit"`
-	Limitd    string         `json:"limitd"`
-	Redis     string         `json:"redis"`
-	Rounds    int            `json:"rounds"`
-	Keys      int            `json:"keys"`
-	Conns     int            `json:"conns"`
-	OpenConns int            `json:"open_conns"`
-	Load      float64        `json:"load_fraction_of_slowest"`
-	Rate      float64        `json:"fixed_rate_rps"`
-	Warmup    string         `json:"warmup"`
-	SatWindow string         `json:"sat_window"`
-	LatWindow string         `json:"lat_window"`
-	Smoke     bool           `json:"smoke"`
-	EdgeLimit int            `json:"edge_limit_per_second"`
-	Gaps      []string       `json:"gaps"`
-	Results   []*rlsSummary  `json:"results"`
-	Profile   []profileEntry `json:"limitd_profile,omitempty"`
+	Date      string        `json:"date"`
+	Duration  string        `json:"duration"`
+	LoadStart string        `json:"loadavg_at_start"`
+	LoadEnd   string        `json:"loadavg_at_end"`
+	Pinning   string        `json:"pinning"`
+	Ratelimit string        `json:"envoyproxy_ratelimit"`
+	Limitd    string        `json:"limitd"`
+	Redis     string        `json:"redis"`
+	Rounds    int           `json:"rounds"`
+	Keys      int           `json:"keys"`
+	Conns     int           `json:"conns"`
+	OpenConns int           `json:"open_conns"`
+	Load      float64       `json:"load_fraction_of_slowest"`
+	Rate      float64       `json:"fixed_rate_rps"`
+	Warmup    string        `json:"warmup"`
+	SatWindow string        `json:"sat_window"`
+	LatWindow string        `json:"lat_window"`
+	Smoke     bool          `json:"smoke"`
+	EdgeLimit int           `json:"edge_limit_per_second"`
+	Gaps      []string      `json:"gaps"`
+	Results   []*rlsSummary `json:"results"`
+	Profiles  []rlsProfile  `json:"profiles,omitempty"`
 }
 
 // profileEntry is one function's share of limitd's CPU samples.
@@ -269,10 +269,10 @@ func (r *rlsReport) section(w func(string, ...any)) {
 		w("| limitd against envoyproxy/ratelimit | not measured | | |\n")
 	}
 	r.edgeTable(w)
-	if len(r.Profile) > 0 {
-		w("\nWhere limitd's CPU goes (token buckets, saturated; `perf` samples of its process by function, the largest shares):\n\n| function | share |\n|---|---|\n")
-		for _, p := range r.Profile {
-			w("| `%s` | %.1f%% |\n", p.Function, 100*p.Share)
+	for _, p := range r.Profiles {
+		w("\nWhere %s's CPU went under a saturating load: `perf record -e cpu-clock` of its process for %v (%d samples), the largest functions:\n\n| function | share |\n|---|---|\n", p.Label, rlsProfileFor, p.Samples)
+		for _, e := range p.Top {
+			w("| `%s` | %.1f%% |\n", e.Function, 100*e.Share)
 		}
 	}
 	w("\n- Versions: envoyproxy/ratelimit %s (built from source, `make build-ratelimit`; its defaults but `USE_STATSD=false`); limitd %s; %s.\n", r.Ratelimit, r.Limitd, r.Redis)
