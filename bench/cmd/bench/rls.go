@@ -614,25 +614,28 @@ func (b *bench) edgeAttempt(t *rlsTarget, key string) (edgeTrial, error) {
 }
 
 // rlsProfileFor is how long each RLS service is profiled, and
-// rlsProfileTop how many of its functions the page lists.
+// rlsProfileTop how many groups of its samples the page lists.
 const (
 	rlsProfileFor = 5 * time.Second
-	rlsProfileTop = 12
+	rlsProfileTop = 10
 )
 
-// rlsProfile is where one service's CPU went under a saturating load:
-// perf's samples of its process by function.
+// rlsProfile is where one process's CPU went under a saturating load:
+// perf's samples of it, grouped (a Go service's by package, Redis's by
+// function), with the CPU per decision of the same run.
 type rlsProfile struct {
 	Label   string         `json:"label"`
 	Samples int            `json:"samples"`
+	CPUUS   float64        `json:"cpu_us_per_req"`
 	Top     []profileEntry `json:"top"`
 }
 
-// rlsProfiles profiles envoyproxy/ratelimit and limitd (token buckets)
-// under a saturating closed loop with `perf record -e cpu-clock -p <pid>`
-// and keeps each one's largest functions. Both binaries must keep their
-// symbols (go install does; make bench-rls builds limitd-symbols). Without
-// perf it says so in the page and profiles nothing.
+// rlsProfiles profiles envoyproxy/ratelimit and limitd (token buckets),
+// and each one's Redis, under a saturating closed loop with `perf record
+// -e cpu-clock -p <pid>` and keeps the largest groups. The services must
+// keep their symbols (go install does; make bench-rls builds
+// limitd-symbols). Without perf it says so in the page and profiles
+// nothing.
 func (b *bench) rlsProfiles(targets []*rlsTarget) error {
 	perf, err := exec.LookPath("perf")
 	if err != nil {
@@ -648,42 +651,110 @@ func (b *bench) rlsProfiles(targets []*rlsTarget) error {
 		if t.c.ID != 41 && t.c.ID != 43 {
 			continue
 		}
-		out := filepath.Join(dir, t.c.Name+".data")
+		name := "envoyproxy/ratelimit"
+		if t.c.Kind == rlsLimitd {
+			name = "limitd (" + strings.ReplaceAll(t.c.Algorithm, "_", " ") + "s)"
+		}
+		procs := []struct {
+			label  string
+			pid    int
+			byFunc bool
+		}{{name, t.svcPID, false}, {"the Redis of " + name, t.rdsPID, true}}
+		outs := make([]string, len(procs))
 		done := make(chan error, 1)
+		var sat satResult
 		go func() {
-			_, err := saturate(b.rlsAddr(t), b.rlsProbe(t), b.reqs, b.p.conns, b.p.warmup, rlsProfileFor+time.Second)
+			var err error
+			sat, err = saturate(b.rlsAddr(t), b.rlsProbe(t), b.reqs, b.p.conns, b.p.warmup, rlsProfileFor+time.Second)
 			done <- err
 		}()
 		time.Sleep(b.p.warmup)
 		ctx, cancel := context.WithTimeout(context.Background(), rlsProfileFor+30*time.Second)
-		rec := exec.CommandContext(ctx, perf, "record", "-e", "cpu-clock", "-F", "1999", "-o", out,
-			"-p", strconv.Itoa(t.svcPID), "--", "sleep", strconv.FormatFloat(rlsProfileFor.Seconds(), 'f', 1, 64))
-		recOut, recErr := rec.CombinedOutput()
+		recErrs := make([]error, len(procs))
+		var wg sync.WaitGroup
+		for i, pr := range procs {
+			outs[i] = filepath.Join(dir, t.c.Name+"-"+strconv.Itoa(i)+".data")
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rec := exec.CommandContext(ctx, perf, "record", "-e", "cpu-clock", "-F", "1999", "-o", outs[i],
+					"-p", strconv.Itoa(pr.pid), "--", "sleep", strconv.FormatFloat(rlsProfileFor.Seconds(), 'f', 1, 64))
+				if out, err := rec.CombinedOutput(); err != nil {
+					recErrs[i] = fmt.Errorf("bench: perf record -p %d: %v\n%s", pr.pid, err, out)
+				}
+			}()
+		}
+		wg.Wait()
 		cancel()
 		if err := <-done; err != nil {
 			return err
 		}
-		if recErr != nil {
-			return fmt.Errorf("bench: perf record: %v\n%s", recErr, recOut)
+		for i, pr := range procs {
+			if recErrs[i] != nil {
+				return recErrs[i]
+			}
+			rep, err := exec.Command(perf, "report", "-i", outs[i], "--no-children", "--sort", "sym", "--stdio").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("bench: perf report: %v\n%s", err, rep)
+			}
+			groups, samples, err := perfGroups(rep, pr.byFunc)
+			if err != nil {
+				return err
+			}
+			p := rlsProfile{Label: pr.label, Samples: samples, CPUUS: perReq(sat, i), Top: groups[:min(len(groups), rlsProfileTop)]}
+			b.logf("rls profile (%d) %s: %d samples, %.1f µs/req, top %v", t.c.ID, pr.label, samples, p.CPUUS, p.Top[:min(len(p.Top), 4)])
+			b.rls.Profiles = append(b.rls.Profiles, p)
 		}
-		rep, err := exec.Command(perf, "report", "-i", out, "--no-children", "--sort", "sym", "--stdio").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("bench: perf report: %v\n%s", err, rep)
-		}
-		shares, samples, err := parsePerfDSO(rep)
-		if err != nil {
-			return err
-		}
-		pr := rlsProfile{Label: "envoyproxy/ratelimit", Samples: samples}
-		if t.c.Kind == rlsLimitd {
-			pr.Label = "limitd (" + strings.ReplaceAll(t.c.Algorithm, "_", " ") + "s)"
-		}
-		for _, sh := range shares[:min(len(shares), rlsProfileTop)] {
-			_, fn, _ := strings.Cut(sh.DSO, "] ")
-			pr.Top = append(pr.Top, profileEntry{Function: cmp.Or(fn, sh.DSO), Share: sh.Percent / 100})
-		}
-		b.logf("rls profile (%d) %s: %d samples, top %v", t.c.ID, t.c.Label, samples, pr.Top[:min(len(pr.Top), 3)])
-		b.rls.Profiles = append(b.rls.Profiles, pr)
 	}
 	return nil
+}
+
+// perfGroups reads `perf report --sort sym --stdio`: each line's share
+// ("  2.33%  [.] runtime.step"; "[k]" marks the kernel), summed by Go
+// package (byFunc false: "kernel" for the kernel's, the package path for a
+// Go symbol, the symbol itself otherwise) or kept by function; largest
+// first, with the sample count.
+func perfGroups(report []byte, byFunc bool) ([]profileEntry, int, error) {
+	lines, samples, err := parsePerfDSO(report)
+	if err != nil {
+		return nil, 0, err
+	}
+	sum := map[string]float64{}
+	for _, l := range lines {
+		mark, sym, ok := strings.Cut(l.DSO, " ")
+		if !ok {
+			mark, sym = "", l.DSO
+		}
+		g := sym
+		switch {
+		case byFunc:
+		case mark == "[k]":
+			g = "kernel"
+		default:
+			g = goPackage(sym)
+		}
+		sum[g] += l.Percent / 100
+	}
+	var out []profileEntry
+	for g, v := range sum {
+		out = append(out, profileEntry{Function: g, Share: v})
+	}
+	slices.SortFunc(out, func(a, b profileEntry) int {
+		return cmp.Or(cmp.Compare(b.Share, a.Share), strings.Compare(a.Function, b.Function))
+	})
+	return out, samples, nil
+}
+
+// goPackage is the package path of a Go symbol ("runtime.step" →
+// "runtime", "google.golang.org/grpc/internal/transport.(*loopyWriter).run"
+// → "google.golang.org/grpc/internal/transport"); a symbol of another
+// language (no dot after its last slash) is returned as it is.
+func goPackage(sym string) string {
+	slash := strings.LastIndex(sym, "/")
+	rest := sym[slash+1:]
+	dot := strings.Index(rest, ".")
+	if dot <= 0 {
+		return sym
+	}
+	return sym[:slash+1+dot]
 }

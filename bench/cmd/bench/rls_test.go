@@ -115,3 +115,47 @@ func TestRLSOnlyPage(t *testing.T) {
 		t.Errorf("page:\n%s", md)
 	}
 }
+
+// TestGoPackage names the package of Go symbols and leaves others alone.
+func TestGoPackage(t *testing.T) {
+	for sym, want := range map[string]string{
+		"runtime.step": "runtime",
+		"google.golang.org/grpc/internal/transport.(*loopyWriter).run": "google.golang.org/grpc/internal/transport",
+		"github.com/redis/go-redis/v9.(*baseClient).process":           "github.com/redis/go-redis/v9",
+		"sync/atomic.(*Int64).Add":                                     "sync/atomic",
+		"luaV_execute":                                                 "luaV_execute",
+		"finish_task_switch.isra.0":                                    "finish_task_switch",
+	} {
+		if got := goPackage(sym); got != want {
+			t.Errorf("goPackage(%q) = %q, want %q", sym, got, want)
+		}
+	}
+}
+
+// TestPerfGroups sums perf's lines by package, the kernel's apart, or
+// keeps them by function.
+func TestPerfGroups(t *testing.T) {
+	report := []byte("# Samples: 2K of event 'cpu-clock'\n#\n" +
+		"     5.00%  [k] finish_task_switch.isra.0\n" +
+		"     4.00%  [.] runtime.step\n" +
+		"     3.00%  [.] runtime.mallocgc\n" +
+		"     2.00%  [.] google.golang.org/grpc/internal/transport.(*loopyWriter).run\n" +
+		"     1.00%  [k] _raw_spin_unlock_irqrestore\n")
+	got, samples, err := perfGroups(report, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []profileEntry{{"runtime", 0.07}, {"kernel", 0.06}, {"google.golang.org/grpc/internal/transport", 0.02}}
+	if samples != 2000 || len(got) != len(want) {
+		t.Fatalf("got %v (%d samples), want %v (2000)", got, samples, want)
+	}
+	for i := range want {
+		if got[i].Function != want[i].Function || got[i].Share < want[i].Share-1e-9 || got[i].Share > want[i].Share+1e-9 {
+			t.Errorf("group %d: %v, want %v", i, got[i], want[i])
+		}
+	}
+	byFunc, _, err := perfGroups(report, true)
+	if err != nil || len(byFunc) != 5 || byFunc[0].Function != "finish_task_switch.isra.0" {
+		t.Errorf("by function: %v, %v", byFunc, err)
+	}
+}

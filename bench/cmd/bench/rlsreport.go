@@ -269,10 +269,13 @@ func (r *rlsReport) section(w func(string, ...any)) {
 		w("| limitd against envoyproxy/ratelimit | not measured | | |\n")
 	}
 	r.edgeTable(w)
+	if len(r.Profiles) > 0 {
+		w("\nWhere the CPU goes under a saturating load: `perf record -e cpu-clock -p <pid>` of each process for %v, its samples summed by Go package (the kernel's apart) for a service and by function for Redis; each share also in µs per decision, from the CPU per decision of the same run.\n", rlsProfileFor)
+	}
 	for _, p := range r.Profiles {
-		w("\nWhere %s's CPU went under a saturating load: `perf record -e cpu-clock` of its process for %v (%d samples), the largest functions:\n\n| function | share |\n|---|---|\n", p.Label, rlsProfileFor, p.Samples)
+		w("\n%s, %.1f µs per decision (%d samples):\n\n| where | share | µs per decision |\n|---|---|---|\n", p.Label, p.CPUUS, p.Samples)
 		for _, e := range p.Top {
-			w("| `%s` | %.1f%% |\n", e.Function, 100*e.Share)
+			w("| `%s` | %.1f%% | %.1f |\n", e.Function, 100*e.Share, e.Share*p.CPUUS)
 		}
 	}
 	w("\n- Versions: envoyproxy/ratelimit %s (built from source, `make build-ratelimit`; its defaults but `USE_STATSD=false`); limitd %s; %s.\n", r.Ratelimit, r.Limitd, r.Redis)
