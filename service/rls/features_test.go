@@ -274,7 +274,6 @@ func TestInvalidRequests(t *testing.T) {
 	for name, req := range map[string]*pb.RateLimitRequest{
 		"no domain":      request("", desc("k", "v")),
 		"no descriptors": request("apis"),
-		"no entries":     request("apis", &rlpb.RateLimitDescriptor{}),
 		"too many":       request("apis", many...),
 		"hits too large": request("apis", withHits(desc("k", "v"), 1<<40)),
 	} {
@@ -282,7 +281,11 @@ func TestInvalidRequests(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if got := f.counter("limitd_rls_invalid_requests_total", nil); got != 5 {
-		t.Errorf("invalid requests %v, want 5", got)
+	if got := f.counter("limitd_rls_invalid_requests_total", nil); got != 4 {
+		t.Errorf("invalid requests %v, want 4", got)
+	}
+	// A descriptor without entries has no limit, as in envoyproxy/ratelimit.
+	if r := f.call(request("apis", &rlpb.RateLimitDescriptor{})); r.OverallCode != ok || r.Statuses[0].CurrentLimit != nil {
+		t.Errorf("no entries: %v", r)
 	}
 }

@@ -191,3 +191,5 @@ const (
 	ok   = pb.RateLimitResponse_OK
 	over = pb.RateLimitResponse_OVER_LIMIT
 )
+
+func newRegistry() *prometheus.Registry { return prometheus.NewRegistry() }

@@ -28,8 +28,7 @@
 //
 // # Errors
 //
-// A request without a domain or descriptors, with a descriptor without
-// entries, or beyond the bounds (MaxDescriptors, MaxEntries, hits_addend
+// A request without a domain or descriptors, or beyond the bounds (MaxDescriptors, MaxEntries, hits_addend
 // above 2^32-1, an override with an unknown unit) is InvalidArgument; a store
 // failure or timeout is Unavailable, so Envoy's failure_mode_deny decides.
 package rls
@@ -188,9 +187,6 @@ func (s *Server) translate(cfg *rlsconfig.Config, req *pb.RateLimitRequest) ([]d
 	replacing := map[string]bool{}
 	for i, pd := range req.Descriptors {
 		d := &ds[i]
-		if len(pd.GetEntries()) == 0 {
-			return nil, fmt.Errorf("rls: descriptors[%d].entries: must not be empty", i)
-		}
 		if len(pd.Entries) > MaxEntries {
 			return nil, fmt.Errorf("rls: descriptors[%d].entries: at most %d, got %d", i, MaxEntries, len(pd.Entries))
 		}

@@ -179,7 +179,9 @@ type Config struct {
 
 // node is a level of a domain's descriptor tree.
 type node struct {
+	key       string           // the descriptor's key
 	children  map[string]*node // by "<key>_<value>", or "<key>" when no value
+	order     []string         // the children's names in file order
 	wildcards []string         // the children's names ending in "*", in file order
 	limit     *RateLimit
 
@@ -200,14 +202,16 @@ func (c *Config) Domains() []string {
 
 // Parse reads files, each holding one domain; a domain named in two files
 // is refused (envoyproxy/ratelimit's default, MERGE_DOMAIN_CONFIG off).
-func Parse(files []File) (*Config, error) {
+func Parse(files []File) (*Config, error) { return parse(files, MaxNodes) }
+
+func parse(files []File, maxNodes int) (*Config, error) {
 	c := &Config{domains: map[string]*node{}}
 	where := map[string]string{}
 	for _, f := range files {
 		if len(f.Data) > MaxFileBytes {
 			return nil, &Error{File: f.Name, Msg: fmt.Sprintf("larger than %d bytes", MaxFileBytes)}
 		}
-		root, err := parseFile(f)
+		root, err := parseFile(f, maxNodes)
 		if err != nil {
 			return nil, err
 		}

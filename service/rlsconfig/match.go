@@ -1,6 +1,9 @@
 package rlsconfig
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // Entry is one entry of a request's descriptor.
 type Entry struct {
@@ -130,12 +133,8 @@ func (c *Config) Lookup(domain string, entries []Entry) (m Match, known bool) {
 func OverrideKey(domain string, entries []Entry) string {
 	var b strings.Builder
 	b.WriteString(domain)
-	for i, e := range entries {
-		if i == 0 {
-			b.WriteByte('.')
-		} else {
-			b.WriteByte('.')
-		}
+	for _, e := range entries {
+		b.WriteByte('.')
 		b.WriteString(e.Key)
 		if e.Value != "" {
 			b.WriteByte('_')
@@ -143,4 +142,45 @@ func OverrideKey(domain string, entries []Entry) string {
 		}
 	}
 	return b.String()
+}
+
+// Path is one limit of a configuration and the entries that reach it: a
+// value "" where the configuration names the key alone, a value ending in
+// "*" where it names a wildcard.
+type Path struct {
+	Entries []Entry
+	Limit   *RateLimit
+}
+
+// Limits lists the limits of domain, sorted by their statistics key.
+func (c *Config) Limits(domain string) []Path {
+	var out []Path
+	var walk func(n *node, entries []Entry)
+	walk = func(n *node, entries []Entry) {
+		for name, child := range n.children {
+			e := Entry{Key: name}
+			if k, v, ok := child.split(name); ok {
+				e = Entry{Key: k, Value: v}
+			}
+			path := append(slices.Clone(entries), e)
+			if child.limit != nil {
+				out = append(out, Path{Entries: path, Limit: child.limit})
+			}
+			walk(child, path)
+		}
+	}
+	if d := c.domains[domain]; d != nil {
+		walk(d, nil)
+	}
+	slices.SortFunc(out, func(a, b Path) int { return strings.Compare(a.Limit.Key, b.Limit.Key) })
+	return out
+}
+
+// split returns the key and value of a child named name ("<key>_<value>"),
+// from the key the node was loaded with.
+func (n *node) split(name string) (string, string, bool) {
+	if n.key == "" || n.key == name {
+		return "", "", false
+	}
+	return n.key, strings.TrimPrefix(name, n.key+"_"), true
 }

@@ -21,9 +21,10 @@ type fileRoot struct {
 
 // parser walks one file's YAML nodes.
 type parser struct {
-	file   string
-	domain string
-	nodes  int
+	file     string
+	domain   string
+	nodes    int
+	maxNodes int // MaxNodes; less in tests
 }
 
 // Fields of each level: envoyproxy/ratelimit's, plus this service's
@@ -45,15 +46,15 @@ func (p *parser) fail(n *yaml.Node, field, format string, args ...any) error {
 
 // parseFile parses one file. Only its first YAML document is read, as
 // envoyproxy/ratelimit reads it.
-func parseFile(f File) (*fileRoot, error) {
-	p := &parser{file: f.Name}
+func parseFile(f File, maxNodes int) (*fileRoot, error) {
+	p := &parser{file: f.Name, maxNodes: maxNodes}
 	var doc yaml.Node
 	err := yaml.NewDecoder(bytes.NewReader(f.Data)).Decode(&doc)
 	if errors.Is(err, io.EOF) {
 		return nil, p.fail(nil, "domain", "config file cannot have empty domain")
 	}
 	if err != nil {
-		return nil, &Error{File: f.Name, Line: yamlErrorLine(err), Msg: "error loading config file: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+		return nil, &Error{File: f.Name, Line: yamlErrorLine(err), Msg: "error loading config file: " + yamlErrorText(err)}
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
@@ -110,6 +111,17 @@ func yamlErrorLine(err error) int {
 	return n
 }
 
+// yamlErrorText is a YAML error's text without its "yaml: line N: " prefix.
+func yamlErrorText(err error) string {
+	s := strings.TrimPrefix(err.Error(), "yaml: ")
+	if strings.HasPrefix(s, "line ") {
+		if i := strings.Index(s, ": "); i > 0 {
+			s = s[i+2:]
+		}
+	}
+	return s
+}
+
 // deref follows aliases and counts the node against MaxNodes.
 func (p *parser) deref(n *yaml.Node, field string) (*yaml.Node, error) {
 	for hops := 0; n != nil && n.Kind == yaml.AliasNode; hops++ {
@@ -119,8 +131,8 @@ func (p *parser) deref(n *yaml.Node, field string) (*yaml.Node, error) {
 		n = n.Alias
 	}
 	p.nodes++
-	if p.nodes > MaxNodes {
-		return nil, p.fail(n, field, "more than %d YAML nodes (aliases counted each time they are used)", MaxNodes)
+	if p.nodes > p.maxNodes {
+		return nil, p.fail(n, field, "more than %d YAML nodes (aliases counted each time they are used)", p.maxNodes)
 	}
 	return n, nil
 }
@@ -315,7 +327,7 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, field, parentKey string
 				return err
 			}
 		}
-		nd := &node{children: map[string]*node{}, valueToMetric: flags[3], shareThreshold: flags[4]}
+		nd := &node{key: key, children: map[string]*node{}, valueToMetric: flags[3], shareThreshold: flags[4]}
 		if rl := f["rate_limit"]; !isNull(rl) {
 			if nd.limit, err = p.rateLimit(rl, at+".rate_limit"); err != nil {
 				return err
@@ -338,6 +350,7 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, field, parentKey string
 			return err
 		}
 		parent.children[final] = nd
+		parent.order = append(parent.order, final)
 	}
 	return nil
 }
