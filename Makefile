@@ -85,7 +85,7 @@ run-cluster: setup build build-service
 run-envoy-ratelimit: setup build-service
 	examples/envoy-ratelimit/run.sh
 
-unit: setup build build-native setup-redis
+unit: setup build build-native setup-redis build-ratelimit
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 	cd third_party/pretty && $(GO) test -race -count=1 ./...
 	cd bench && $(GO) test -race -count=1 ./...
@@ -94,22 +94,24 @@ e2e: setup setup-redis build build-native build-service build-ratelimit
 	$(GO) test -count=1 -timeout 20m -v ./e2e/... 2>&1 | tee $(BUILD)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
 
 # The README's test command: every test, e2e included.
-test: unit e2e test-gateway
+test: unit e2e test-gateway test-ratelimit
 
 # gofmt, go vet (native and wasip1), import groups (internal/lint), go mod tidy;
 # vet and tidy for the benchmark lab's module (bench/) and the Envoy Gateway
-# example's (examples/envoy-gateway) too.
+# example's (examples/envoy-gateway) and the rate limit service API's e2e
+# module's (e2e/ratelimit) too.
 check:
 	@mkdir -p $(BUILD)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo 'gofmt would change the files above'; exit 1)
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
 	cd examples/envoy-gateway && $(GO) vet ./...
+	cd e2e/ratelimit && $(GO) vet ./...
 	$(GO) test -count=1 ./internal/lint/
 	GOOS=wasip1 GOARCH=wasm $(GO) vet . ./engine/
 	@# the plugin's own files: its tests run natively (the SDK's proxytest does not build for wasip1)
 	GOOS=wasip1 GOARCH=wasm $(GO) vet $$(GOOS=wasip1 GOARCH=wasm $(GO) list -f '{{range .GoFiles}}{{$$.Dir}}/{{.}} {{end}}' ./plugin/)
-	@for m in . bench examples/envoy-gateway; do \
+	@for m in . bench examples/envoy-gateway e2e/ratelimit; do \
 		cp $$m/go.mod $(BUILD)/tidy.mod; cp $$m/go.sum $(BUILD)/tidy.sum; \
 		(cd $$m && $(GO) mod tidy -modfile=$(abspath $(BUILD))/tidy.mod >/dev/null 2>&1); \
 		diff -q $$m/go.mod $(BUILD)/tidy.mod >/dev/null || { echo "go mod tidy would change $$m/go.mod"; exit 1; }; \
@@ -149,4 +151,7 @@ clean:
 #   istio.mk    test-istio (Istio 1.31's discovery server configures a real Envoy from examples/istio)
 #   native.mk   build-native, run-native (the engine as an Envoy dynamic module: docs/native.md)
 #   gateway.mk  test-gateway (the native module's Envoy Gateway example, its own Go module; in `make test`)
+#   ratelimit.mk build-ratelimit (envoyproxy/ratelimit from source), test-ratelimit (limitd behind Envoy's
+#               own rate limit filter, and beside envoyproxy/ratelimit: e2e/ratelimit, its own Go module;
+#               in `make test`)
 -include mk/*.mk bench/mk/*.mk

@@ -15,3 +15,24 @@ $(BUILD)/ratelimit/service_cmd:
 	GOBIN=$(abspath $(@D)) $(GO) install github.com/envoyproxy/ratelimit/src/service_cmd@$(RATELIMIT_VERSION)
 
 build-ratelimit: $(BUILD)/ratelimit/service_cmd
+
+# limitd as the rate limit service of Envoy's own rate limit filter
+# (envoy.filters.http.ratelimit), checked black-box and against
+# envoyproxy/ratelimit (docs/from-envoy-ratelimit.md): e2e/ratelimit, a Go
+# module of its own whose go.mod names envoyproxy/ratelimit at
+# RATELIMIT_VERSION, so that `go mod download` puts its example and test
+# configurations in the module cache, where the tests read them. Real Envoy
+# 1.40, build/limitd, build/ratelimit/service_cmd and redis-server.
+#
+#   make test-ratelimit   its tests under CI=true (a missing Envoy, limitd,
+#                         envoyproxy/ratelimit or redis-server fails, never
+#                         skips); part of `make test`
+
+.PHONY: test-ratelimit
+
+RATELIMIT_MOD := e2e/ratelimit
+export LIMITD_BIN ?= $(abspath $(BUILD)/limitd)
+
+test-ratelimit: setup setup-redis build-service build-ratelimit
+	cd $(RATELIMIT_MOD) && CI=true $(GO) test -count=1 -timeout 20m -v ./... 2>&1 | tee $(abspath $(BUILD))/ratelimit.log | \
+		grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}

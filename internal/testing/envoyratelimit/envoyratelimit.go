@@ -33,6 +33,7 @@ package envoyratelimit
 import (
 	"bytes"
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -413,6 +414,63 @@ func (s *Server) WaitRefused(refusedBefore int, timeout time.Duration) (string, 
 		}
 		time.Sleep(pollInterval)
 	}
+}
+
+// Counters are the server's statistics counters so far, by their names
+// ("ratelimit.service.rate_limit.<domain>.<key>_<value>....over_limit"),
+// summed from its log: without statsd (USE_STATSD=false) the server logs
+// each counter's increase at every flush. The flush comes every
+// STATS_FLUSH_INTERVAL (10s unless Options.Env sets it, e.g.
+// "STATS_FLUSH_INTERVAL=100ms"); see WaitCountersSettled.
+func (s *Server) Counters() map[string]float64 {
+	m := map[string]float64{}
+	for _, l := range strings.Split(s.Log(), "\n") {
+		if !strings.Contains(l, `"msg":"flushing counter"`) {
+			continue
+		}
+		var rec struct {
+			JSON struct {
+				Name  string `json:"name"`
+				Value string `json:"value"`
+			} `json:"json"`
+		}
+		if json.Unmarshal([]byte(l), &rec) != nil {
+			continue
+		}
+		if v, err := strconv.ParseFloat(rec.JSON.Value, 64); err == nil && rec.JSON.Name != "" {
+			m[rec.JSON.Name] += v
+		}
+	}
+	return m
+}
+
+// WaitCountersSettled waits until the counters whose names start with
+// prefix have stayed the same over settle (a few flush intervals) and
+// returns them, or returns what it has after timeout.
+func (s *Server) WaitCountersSettled(prefix string, settle, timeout time.Duration) map[string]float64 {
+	pick := func() map[string]float64 {
+		m := map[string]float64{}
+		for k, v := range s.Counters() {
+			if strings.HasPrefix(k, prefix) {
+				m[k] = v
+			}
+		}
+		return m
+	}
+	deadline := time.Now().Add(timeout)
+	last, since := pick(), time.Now()
+	for time.Now().Before(deadline) {
+		time.Sleep(pollInterval * 5)
+		cur := pick()
+		if !maps.Equal(cur, last) {
+			last, since = cur, time.Now()
+			continue
+		}
+		if len(cur) > 0 && time.Since(since) >= settle {
+			break
+		}
+	}
+	return last
 }
 
 // JSON posts body (a RateLimitRequest in protobuf's JSON form, e.g.

@@ -3,6 +3,7 @@
 package envoyratelimit
 
 import (
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,7 +44,8 @@ func decide(t *testing.T, s *Server) string {
 // takes a fixed window's limit, reloads a file under it and stops it.
 func TestStartDecideReloadStop(t *testing.T) {
 	r := redistest.Start(t)
-	s := Start(t, Options{RedisAddr: r.Addr(), Configs: map[string]string{"limits.yaml": fiveAMinute}})
+	s := Start(t, Options{RedisAddr: r.Addr(), Configs: map[string]string{"limits.yaml": fiveAMinute},
+		Env: []string{"STATS_FLUSH_INTERVAL=100ms"}})
 	if got, err := s.LoadedConfig(); err != nil || !strings.Contains(got, "harness.k_v: unit=MINUTE requests_per_unit=5") {
 		t.Fatalf("LoadedConfig() = %q, %v", got, err)
 	}
@@ -58,6 +60,13 @@ func TestStartDecideReloadStop(t *testing.T) {
 	}
 	if over > 1 {
 		t.Fatalf("six requests on a limit of 5 a minute: %d over the limit, want at most 1", over)
+	}
+	stats := s.WaitCountersSettled("ratelimit.service.rate_limit.harness.", time.Second, 30*time.Second)
+	if got := stats["ratelimit.service.rate_limit.harness.k_v.total_hits"]; got != 6 {
+		t.Errorf("counters %v: total_hits %v, want 6", stats, got)
+	}
+	if got := stats["ratelimit.service.rate_limit.harness.k_v.over_limit"]; got != float64(over) {
+		t.Errorf("counters %v: over_limit %v, want %d", stats, got, over)
 	}
 
 	refused := len(s.ConfigErrors())
@@ -145,5 +154,32 @@ descriptors:
 			t.Errorf("4 more hits of the 3 left: %d, want 429", heavy.Status)
 		}
 		break
+	}
+}
+
+// TestVersionIsTheBuilt keeps Version, the version e2e/ratelimit's go.mod
+// names, and the one `make build-ratelimit` builds (mk/ratelimit.mk) the
+// same.
+func TestVersionIsTheBuilt(t *testing.T) {
+	for _, f := range []struct{ path, prefix string }{
+		{"../../../mk/ratelimit.mk", "RATELIMIT_VERSION := "},
+		{"../../../e2e/ratelimit/go.mod", "\tgithub.com/envoyproxy/ratelimit "},
+	} {
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, f.prefix); ok {
+				found = true
+				if v, _, _ = strings.Cut(v, " "); v != Version {
+					t.Errorf("%s: %q, want Version %s", f.path, line, Version)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no line %q...", f.path, f.prefix)
+		}
 	}
 }
