@@ -43,6 +43,9 @@ limitd | limitd-fixed)
   echo "limitd ($algorithm): gRPC on 127.0.0.1:8081, HTTP on 127.0.0.1:8080"
   ;;
 envoyproxy)
+  # envoyproxy/ratelimit exits when Redis refuses its first connection
+  # (limitd retries): wait for Redis, at most 10 s.
+  for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/6380) 2>/dev/null && break; sleep 0.1; done
   # envoyproxy/ratelimit reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY/*.yaml.
   USE_STATSD=false LOG_LEVEL=warn REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:6380 \
     RUNTIME_ROOT="$PWD/examples" RUNTIME_SUBDIRECTORY=envoy-ratelimit \
