@@ -57,7 +57,8 @@ func validWindows(req *CountRequest) error {
 const MaxWindowHits = 1<<32 - 1
 
 // Count implements Store with window.lua: one run per Redis Cluster slot of
-// its counters (one run on a single Redis or Sentinel). Window keys are
+// its counters (one run on a single Redis or Sentinel), pipelined with
+// other calls' when the store batches. Window keys are
 // stored as named, without the store's key prefix: they are the rate limit
 // service's names, which its caller prefixes as it needs.
 func (s *RedisStore) Count(ctx context.Context, req *CountRequest) (CountAnswer, error) {
@@ -77,7 +78,7 @@ func (s *RedisStore) Count(ctx context.Context, req *CountRequest) (CountAnswer,
 			gkeys[j] = keys[i]
 			args = append(args, strconv.FormatUint(w.Hits, 10), strconv.FormatInt(w.Expiry, 10))
 		}
-		vals, err := s.run(ctx, s.windowScript(), "window", gkeys, args, len(idx))
+		vals, err := s.runWindow(ctx, gkeys, args)
 		if err != nil {
 			return CountAnswer{}, err
 		}
@@ -90,6 +91,23 @@ func (s *RedisStore) Count(ctx context.Context, req *CountRequest) (CountAnswer,
 		}
 	}
 	return a, nil
+}
+
+// runWindow runs window.lua on keys, pipelined with other calls' when the
+// store batches.
+func (s *RedisStore) runWindow(ctx context.Context, keys []string, args []any) ([]any, error) {
+	if s.windows == nil {
+		return s.run(ctx, windowScript, "window", keys, args, len(keys))
+	}
+	res, err := s.windows.run(ctx, keys, args)
+	if err != nil {
+		return nil, fmt.Errorf("service: redis: %w", err)
+	}
+	vals, ok := res.([]any)
+	if !ok || len(vals) != len(keys) {
+		return nil, fmt.Errorf("service: redis: window script reply: want %d values, got %T of %v", len(keys), res, res)
+	}
+	return vals, nil
 }
 
 var windowScript = redis.NewScript(windowLua)

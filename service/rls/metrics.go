@@ -35,7 +35,7 @@ type Metrics struct {
 	unauthorized prometheus.Counter
 	errLog       throttle
 
-	mu     sync.Mutex
+	mu     sync.RWMutex
 	series map[seriesKey]*series
 }
 
@@ -95,6 +95,12 @@ func (m *Metrics) ConfigLoaded(ok bool) {
 func (m *Metrics) of(domain, key string) *series {
 	desc := strings.TrimPrefix(key, domain+".")
 	k := seriesKey{domain, desc}
+	m.mu.RLock()
+	s := m.series[k]
+	m.mu.RUnlock()
+	if s != nil {
+		return s
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if s := m.series[k]; s != nil {
@@ -106,7 +112,7 @@ func (m *Metrics) of(domain, key string) *series {
 			return s
 		}
 	}
-	s := &series{
+	s = &series{
 		total:  m.totalHits.WithLabelValues(k.domain, k.descriptor),
 		over:   m.overLimit.WithLabelValues(k.domain, k.descriptor),
 		near:   m.nearLimit.WithLabelValues(k.domain, k.descriptor),

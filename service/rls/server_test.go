@@ -4,15 +4,17 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
-	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
 
 var epoch = time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
@@ -86,29 +88,80 @@ func TestTokenBucketExact(t *testing.T) {
 	}
 }
 
-// A request refused by one descriptor takes nothing from the others.
+// A request refused by one descriptor takes nothing from the others: on
+// the memory store, on a real redis-server, and on a Redis Cluster where the
+// two buckets fall in different slots (one script per slot, and what one
+// took is given back when the other refuses).
 func TestAtomicDescriptors(t *testing.T) {
-	c := newClock(epoch)
-	f := start(t, `
+	const yaml = `
 domain: d
 descriptors:
   - key: user
     rate_limit: {unit: hour, requests_per_unit: 100}
   - key: route
     rate_limit: {unit: hour, requests_per_unit: 2}
-`, fixtureOpts{store: memory(c), now: c.Now})
-	for range 2 {
-		if r := f.call(request("d", desc("user", "u1"), desc("route", "r"))); r.OverallCode != ok {
-			t.Fatal(codesOf(r))
+`
+	run := func(t *testing.T, st service.Store) {
+		c := newClock(epoch)
+		f := start(t, yaml, fixtureOpts{store: st, now: c.Now})
+		for range 2 {
+			if r := f.call(request("d", desc("user", "u1"), desc("route", "r"))); r.OverallCode != ok {
+				t.Fatal(codesOf(r))
+			}
+		}
+		r := f.call(request("d", desc("user", "u1"), desc("route", "r")))
+		if !slices.Equal(codesOf(r), []pb.RateLimitResponse_Code{over, ok, over}) {
+			t.Fatalf("third: %v", codesOf(r))
+		}
+		if got := r.Statuses[0].LimitRemaining; got != 98 {
+			t.Errorf("user's bucket: %d left, want 98 (the refused request took nothing)", got)
+		}
+		if r := f.call(request("d", desc("user", "u1"))); r.Statuses[0].LimitRemaining != 97 {
+			t.Errorf("user's bucket alone: %v, want 97 left", r.Statuses[0])
 		}
 	}
-	r := f.call(request("d", desc("user", "u1"), desc("route", "r")))
-	if !slices.Equal(codesOf(r), []pb.RateLimitResponse_Code{over, ok, over}) {
-		t.Fatalf("third: %v", codesOf(r))
+	t.Run("memory", func(t *testing.T) { run(t, memory(newClock(epoch))) })
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		run(t, redisStore(t, redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		cl := redistest.StartCluster(t)
+		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1})
+		run(t, redisStore(t, client))
+		slots := map[string]bool{}
+		for _, addr := range cl.Addrs() {
+			keys, err := redistest.Do(addr, "KEYS", "*")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range strings.Fields(keys) {
+				slot, err := redistest.Do(addr, "CLUSTER", "KEYSLOT", k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				slots[slot] = true
+			}
+		}
+		if len(slots) != 2 {
+			t.Errorf("the buckets are in %d slot(s), want 2: the test did not cross slots", len(slots))
+		}
+	})
+}
+
+// redisStore is a batching RedisStore on client, loaded.
+func redisStore(t *testing.T, client redis.UniversalClient) *service.RedisStore {
+	t.Helper()
+	t.Cleanup(func() { client.Close() })
+	st, err := service.NewRedisStore(client, service.RedisOptions{Batch: service.BatchOptions{MaxSize: 64}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := r.Statuses[0].LimitRemaining; got != 98 {
-		t.Errorf("user's bucket: %d left, want 98 (the refused request took nothing)", got)
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Load(t.Context()); err != nil {
+		t.Fatal(err)
 	}
+	return st
 }
 
 // A store failure is a gRPC error (Unavailable), so Envoy's
@@ -147,5 +200,3 @@ func (f failing) Count(context.Context, *service.CountRequest) (service.CountAns
 }
 func (f failing) Ping(context.Context) error { return f.err }
 func (f failing) Close() error               { return nil }
-
-var _ = rlsconfig.FixedWindow

@@ -11,6 +11,9 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
@@ -183,5 +186,49 @@ descriptors:
 				t.Fatalf("admitted %d, refused %d; want 40 and 260", admitted.Load(), refused.Load())
 			}
 		})
+	}
+}
+
+// With the real redis-server stopped, a call is Unavailable (so Envoy's
+// failure_mode_deny decides) and the health turns NOT_SERVING; once Redis is
+// back, both recover, with either algorithm.
+func TestRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+	t.Cleanup(func() { client.Close() })
+	st, err := service.NewRedisStore(client, service.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, featuresYAML, fixtureOpts{store: st, timeout: 5 * time.Second})
+	req := request("rl", desc("wild", "foo1"), withHits(desc("zero", "z"), 0)) // a bucket and a window
+	if r := f.call(req); r.OverallCode != ok {
+		t.Fatalf("with Redis: %v", codesOf(r))
+	}
+	if err := f.grpc.CheckStore(t.Context(), st, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	if _, err := f.try(t.Context(), req); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Redis stopped: %v, want Unavailable", err)
+	}
+	if err := f.grpc.CheckStore(t.Context(), st, time.Second); err == nil {
+		t.Fatal("Redis stopped: the ping succeeded")
+	}
+	h := healthpb.NewHealthClient(f.conn)
+	if r, err := h.Check(t.Context(), &healthpb.HealthCheckRequest{Service: ServiceName}); err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health with Redis stopped: %v %v", r, err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.call(req); r.OverallCode != ok { // Redis restarted empty: a new bucket, an empty window
+		t.Fatalf("after the restart: %v", codesOf(r))
+	}
+	if err := f.grpc.CheckStore(t.Context(), st, time.Second); err != nil {
+		t.Fatalf("Redis back: %v", err)
+	}
+	if got := f.counter("limitd_rls_store_errors_total", nil); got != 1 {
+		t.Errorf("store errors %v, want 1", got)
 	}
 }
