@@ -18,7 +18,8 @@ build-ratelimit: $(BUILD)/ratelimit/service_cmd
 
 # limitd as the rate limit service of Envoy's own rate limit filter
 # (envoy.filters.http.ratelimit), checked black-box and against
-# envoyproxy/ratelimit (docs/from-envoy-ratelimit.md): e2e/ratelimit, a Go
+# envoyproxy/ratelimit (docs/limit-service.md, "Checked against Envoy and
+# envoyproxy/ratelimit"): e2e/ratelimit, a Go
 # module of its own whose go.mod names envoyproxy/ratelimit at
 # RATELIMIT_VERSION, so that `go mod download` puts its example and test
 # configurations in the module cache, where the tests read them. Real Envoy

@@ -174,7 +174,7 @@ func (b *batcher) flush(batch []*call) {
 		if retry == nil {
 			retry = b.client.Pipeline()
 		}
-		cmds[i] = retry.Eval(ctx, decideLua, batch[i].keys, batch[i].args...)
+		cmds[i] = b.script.Eval(ctx, retry, batch[i].keys, batch[i].args...) // this batcher's own script
 	}
 	if retry != nil {
 		_, _ = retry.Exec(ctx)

@@ -51,20 +51,31 @@ func redisesOf(sides []*side) []*redistest.Server {
 
 // lockstep plays steps on every side, each request sent to every side in
 // turn before the next: the sides see the same traffic at nearly the same
-// moments. It returns what each side got, step by step.
-func lockstep(sides []*side, steps []step) [][][]seen {
-	out := make([][][]seen, len(sides))
+// moments. It returns what each side got, step by step. The steps marked
+// second are started at the start of a second; oneSecond says whether they
+// all ended within it (else a per-second window turned among them).
+func lockstep(sides []*side, steps []step) (out [][][]seen, oneSecond bool) {
+	out = make([][][]seen, len(sides))
 	for i := range sides {
 		out[i] = make([][]seen, len(steps))
 	}
+	oneSecond = true
+	var second time.Time
 	for j, st := range steps {
+		if st.second && second.IsZero() {
+			time.Sleep(untilEdge(time.Now(), time.Second) + 10*time.Millisecond)
+			second = time.Now().Truncate(time.Second)
+		}
 		for range st.want {
 			for i, sd := range sides {
 				out[i][j] = append(out[i][j], seenOf(sd.c.Get("/", st.headers)))
 			}
 		}
+		if st.second && !time.Now().Truncate(time.Second).Equal(second) {
+			oneSecond = false
+		}
 	}
-	return out
+	return out, oneSecond
 }
 
 // sameAnswer reports whether two requests got the same status and
@@ -88,8 +99,8 @@ func sameAnswer(a, b seen) bool {
 func minuteScript() []step {
 	return []step{
 		{note: "10 a minute", headers: map[string]string{"x-m": "a"}, want: statuses(10, 2)},
-		{note: "5 a second", headers: map[string]string{"x-s": "a"}, want: statuses(5, 2)},
-		{note: "both at once: the second's is over", headers: map[string]string{"x-m": "b", "x-s": "a"}, want: statuses(0, 2)},
+		{note: "5 a second", headers: map[string]string{"x-s": "a"}, want: statuses(5, 2), second: true},
+		{note: "both at once: the second's is over", headers: map[string]string{"x-m": "b", "x-s": "a"}, want: statuses(0, 2), second: true},
 		{note: "the minute's key b counted the refused requests", headers: map[string]string{"x-m": "b"}, want: statuses(8, 1)},
 	}
 }
@@ -147,17 +158,22 @@ func TestDifferentialFixedWindow(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) {
 			sides := startSides(t, sc.files, sc.rl, pair...)
 			var got [][][]seen
-			play := func() { got = lockstep(sides, sc.steps) }
 			if sc.unit == 0 {
-				inOneWindow(t, redisesOf(sides), play)
+				inOneWindow(t, redisesOf(sides), func() { got, _ = lockstep(sides, sc.steps) })
 			} else {
-				for _, r := range redisesOf(sides) {
-					if _, err := redistest.Do(r.Addr(), "FLUSHALL"); err != nil {
-						t.Fatal(err)
+				for attempt := 1; ; attempt++ {
+					for _, r := range redisesOf(sides) {
+						if _, err := redistest.Do(r.Addr(), "FLUSHALL"); err != nil {
+							t.Fatal(err)
+						}
 					}
+					alignWindow(t, sc.unit, sc.need)
+					var oneSecond bool
+					if got, oneSecond = lockstep(sides, sc.steps); oneSecond || attempt == 3 {
+						break
+					}
+					t.Logf("attempt %d: the per-second steps took more than a second (machine busy): again", attempt)
 				}
-				alignWindow(t, sc.unit, sc.need)
-				play()
 			}
 			for i := range sides {
 				checkStatuses(t, sides[i].f, sc.steps, got[i])
@@ -240,7 +256,7 @@ func TestDifferentialTokenBucket(t *testing.T) {
 		sides := startSides(t, map[string]string{"kinds.yaml": kindsYAML},
 			envoy.RateLimit{Domain: "kinds", FailureModeDeny: true, RouteRateLimits: kindsRateLimits}, flavours[0], flavours[2])
 		var got [][][]seen
-		inOneWindow(t, redisesOf(sides), func() { got = lockstep(sides, kindsScript) })
+		inOneWindow(t, redisesOf(sides), func() { got, _ = lockstep(sides, kindsScript) })
 		for i := range sides {
 			checkStatuses(t, sides[i].f, kindsScript, got[i])
 		}

@@ -7,6 +7,19 @@
 // built from source (build/ratelimit/service_cmd) and real redis-server
 // processes, one per service.
 //
+// Each test runs on flavours of the service: envoyproxy/ratelimit,
+// limitd with fixed windows (--rls-algorithm fixed_window) and limitd with
+// token buckets. The black-box tests (TestBurstTwoEnvoys,
+// TestDescriptorKinds, TestHitsAddendFromHeader, TestReloadUnderTraffic,
+// TestRefusedFile, TestRedisStopped, and TestExtensions for limitd alone)
+// say what each must answer; the differential ones play the same traffic
+// on two or three side by side and compare (TestDifferentialFixedWindow,
+// TestDifferentialTokenBucket, TestDifferentialStats) or feed both every
+// configuration file that ships in envoyproxy/ratelimit's source
+// (TestReferenceConfigurations, TestReferenceConfigurationPairs). Fixed
+// windows are counted on the clock: a script is played inside one window
+// (its start aligned, or replayed when an edge fell inside).
+//
 // It is a Go module of its own (`make test-ratelimit`): its go.mod names
 // envoyproxy/ratelimit at the version mk/ratelimit.mk builds, so that
 // `go mod download` puts that version's source in the module cache, where

@@ -25,6 +25,9 @@ type step struct {
 	// takes nothing from the others, where a fixed window
 	// (envoyproxy/ratelimit's, limitd's) counts it on every descriptor.
 	atomic []int
+	// second marks the steps of a per-second limit: they are played from
+	// the start of a second (see lockstep).
+	second bool
 }
 
 // seen is what one request got: its status and the x-ratelimit-* headers

@@ -24,7 +24,7 @@ func TestDifferentialStats(t *testing.T) {
 	sides := startSides(t, map[string]string{"kinds.yaml": kindsYAML},
 		envoy.RateLimit{Domain: "kinds", FailureModeDeny: true, RouteRateLimits: kindsRateLimits}, ref, flavours[1])
 	var got [][][]seen
-	inOneWindow(t, redisesOf(sides), func() { got = lockstep(sides, kindsScript) })
+	inOneWindow(t, redisesOf(sides), func() { got, _ = lockstep(sides, kindsScript) })
 	for i := range sides {
 		checkStatuses(t, sides[i].f, kindsScript, got[i])
 	}
