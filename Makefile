@@ -20,7 +20,7 @@ export PLUGIN_WASM ?= $(abspath $(BUILD)/plugin.wasm)
 # The native module (make build-native): the e2e table runs every case on both builds.
 export NATIVE_MODULE ?= $(abspath $(BUILD)/libtokenbucket.so)
 
-.PHONY: all build setup setup-redis run run-cluster test unit e2e check fuzz clean
+.PHONY: all build setup setup-redis run run-cluster run-envoy-ratelimit test unit e2e check fuzz clean
 
 all: build
 
@@ -79,12 +79,18 @@ run: setup build
 run-cluster: setup build build-service
 	examples/cluster-wide/run.sh
 
+# Redis, limitd's gRPC front door and stock Envoy with its own ratelimit
+# filter: see examples/envoy-ratelimit (SERVICE=envoyproxy runs
+# envoyproxy/ratelimit instead, built by make build-ratelimit).
+run-envoy-ratelimit: setup build-service
+	examples/envoy-ratelimit/run.sh
+
 unit: setup build build-native setup-redis build-ratelimit
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 	cd third_party/pretty && $(GO) test -race -count=1 ./...
 	cd bench && $(GO) test -race -count=1 ./...
 
-e2e: setup setup-redis build build-native build-service
+e2e: setup setup-redis build build-native build-service build-ratelimit
 	$(GO) test -count=1 -timeout 20m -v ./e2e/... 2>&1 | tee $(BUILD)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
 
 # The README's test command: every test, e2e included.

@@ -117,7 +117,11 @@ func needFile(t *testing.T, path, hint string) {
 // shares (other checkouts included), then checks that each fixed port is
 // free, so that the session talks to the processes this test starts. A busy
 // port skips the test, or fails it with CI=true.
-func ownRunClusterPorts(t *testing.T) {
+func ownRunClusterPorts(t *testing.T) { t.Helper(); ownFixedPorts(t, runClusterPorts) }
+
+// ownFixedPorts is ownRunClusterPorts for another script's fixed ports
+// (several share some: one lock for all of them).
+func ownFixedPorts(t *testing.T, ports []int) {
 	t.Helper()
 	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "tokenbucket-run-cluster.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -136,7 +140,7 @@ func ownRunClusterPorts(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // another run of this test holds the ports
 	}
 	t.Cleanup(func() { lock.Close() }) // closing releases the lock, after the processes stopped
-	for _, p := range runClusterPorts {
+	for _, p := range ports {
 		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 		if err == nil {
 			ln.Close()
@@ -154,6 +158,13 @@ func ownRunClusterPorts(t *testing.T) {
 // envoy.DefaultStartTimeout.
 func awaitRunCluster(t *testing.T, exited chan error, logPath string) {
 	t.Helper()
+	awaitReady(t, exited, logPath, "http://127.0.0.1:8081/readyz", "ready")
+}
+
+// awaitReady is awaitRunCluster for another script whose service says
+// want at serviceURL when ready.
+func awaitReady(t *testing.T, exited chan error, logPath, serviceURL, want string) {
+	t.Helper()
 	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{Proxy: nil}}
 	defer hc.CloseIdleConnections()
 	ready := func(url, want string) bool {
@@ -166,7 +177,7 @@ func awaitRunCluster(t *testing.T, exited chan error, logPath string) {
 		return resp.StatusCode == 200 && strings.Contains(string(b), want)
 	}
 	deadline := time.Now().Add(envoy.DefaultStartTimeout)
-	for !ready("http://127.0.0.1:9901/ready", "LIVE") || !ready("http://127.0.0.1:8081/readyz", "ready") {
+	for !ready("http://127.0.0.1:9901/ready", "LIVE") || !ready(serviceURL, want) {
 		select {
 		case err := <-exited:
 			exited <- err
@@ -184,6 +195,11 @@ func awaitRunCluster(t *testing.T, exited chan error, logPath string) {
 // group), then SIGKILLs whatever is left of the group after
 // envoy.StopGrace, and fails t if a fixed port is still bound.
 func stopRunCluster(t *testing.T, pid int, exited chan error, logPath string) {
+	stopScript(t, pid, exited, logPath, runClusterPorts)
+}
+
+// stopScript is stopRunCluster for another script's fixed ports.
+func stopScript(t *testing.T, pid int, exited chan error, logPath string, ports []int) {
 	_ = syscall.Kill(-pid, syscall.SIGINT)
 	select {
 	case <-exited:
@@ -192,7 +208,7 @@ func stopRunCluster(t *testing.T, pid int, exited chan error, logPath string) {
 	}
 	_ = syscall.Kill(-pid, syscall.SIGKILL) // the group is empty unless something ignored SIGINT
 	deadline := time.Now().Add(envoy.StopGrace)
-	for _, p := range runClusterPorts {
+	for _, p := range ports {
 		for {
 			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 			if err == nil {
@@ -215,6 +231,12 @@ func stopRunCluster(t *testing.T, pid int, exited chan error, logPath string) {
 // run-cluster" blocks, with their README line numbers.
 func runClusterSession(t *testing.T, readme string) []sessionCmd {
 	t.Helper()
+	return scriptSession(t, readme, runClusterBlockRE)
+}
+
+// scriptSession is runClusterSession for the blocks block matches.
+func scriptSession(t *testing.T, readme string, block *regexp.Regexp) []sessionCmd {
+	t.Helper()
 	b, err := os.ReadFile(readme)
 	if err != nil {
 		t.Fatal(err)
@@ -222,13 +244,13 @@ func runClusterSession(t *testing.T, readme string) []sessionCmd {
 	// Make those blocks the only console blocks, line for line, and let
 	// the examples' session parser read them.
 	text := consoleBlockRE.ReplaceAllString(string(b), "```text")
-	text = runClusterBlockRE.ReplaceAllString(text, "```console")
+	text = block.ReplaceAllString(text, "```console")
 	cmds, err := parseSessions(text)
 	if err != nil {
 		t.Fatalf("%s: %v", readme, err)
 	}
 	if len(cmds) == 0 {
-		t.Fatalf("%s: no ```console run-cluster session", readme)
+		t.Fatalf("%s: no session matching %s", readme, block)
 	}
 	return cmds
 }

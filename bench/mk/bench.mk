@@ -36,6 +36,14 @@
 #                        an allowed and an idle request's time, and with perf
 #                        the share of each Go package and function (says so
 #                        and stops where node or perf is missing)
+#   make bench-rls       only the section on Envoy's own ratelimit filter
+#                        (bench/cmd/bench/rls.go): envoyproxy/ratelimit
+#                        (make build-ratelimit) against limitd's gRPC front
+#                        door, each with a redis-server of its own, beside the
+#                        plugin's cluster rule; put into docs/benchmarks/
+#                        results.json and its page (make bench and
+#                        bench-smoke run it too). BENCH_RLS_FLAGS='-smoke
+#                        -out build/bench-rls' for a quick look elsewhere
 #   make bench-service   the limit service's decisions/s and p50/p99 against a
 #                        real Redis, with and without batching, beside
 #                        redis-benchmark EVALSHA (bench/cmd/benchservice);
@@ -44,7 +52,7 @@
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `build/bench -h`).
 
-.PHONY: bench bench-smoke bench-profile bench-perf bench-attrib bench-body bench-guest bench-service
+.PHONY: bench bench-smoke bench-rls bench-profile bench-perf bench-attrib bench-body bench-guest bench-service
 
 BENCH_GO := $(GO) -C bench
 define bench_wasm
@@ -71,11 +79,23 @@ $(BENCH_BIN): $(BENCH_SRC) bench/go.mod bench/go.sum go.mod
 	@mkdir -p $(BUILD)
 	$(BENCH_GO) build -o $(abspath $@) ./cmd/bench
 
-bench: build build-native setup build-service $(BENCH_BIN)
-	$(BENCH_BIN) -out docs/benchmarks -limitd $(BUILD)/limitd -module $(NATIVE_SO) $(BENCH_FLAGS)
+bench: build build-native setup build-service build-ratelimit $(BUILD)/limitd-symbols $(BENCH_BIN)
+	$(BENCH_BIN) -out docs/benchmarks -limitd $(BUILD)/limitd -ratelimit $(RATELIMIT_BIN) -rls-limitd $(BUILD)/limitd-symbols -module $(NATIVE_SO) $(BENCH_FLAGS)
 
-bench-smoke: build build-native setup build-service $(BENCH_BIN)
-	$(BENCH_BIN) -smoke -out $(BUILD)/bench-smoke -limitd $(BUILD)/limitd -module $(NATIVE_SO) $(BENCH_FLAGS)
+bench-smoke: build build-native setup build-service build-ratelimit $(BENCH_BIN)
+	$(BENCH_BIN) -smoke -out $(BUILD)/bench-smoke -limitd $(BUILD)/limitd -ratelimit $(RATELIMIT_BIN) -module $(NATIVE_SO) $(BENCH_FLAGS)
+
+# limitd as build/limitd is built, keeping its symbol table: the RLS
+# section's profile of it names functions (the code is the same).
+$(BUILD)/limitd-symbols: $(LIMITD_SRC) go.mod go.sum
+	@mkdir -p $(BUILD)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./cmd/limitd
+
+BENCH_RLS_FLAGS ?=
+bench-rls: build setup build-service build-ratelimit $(BUILD)/limitd-symbols $(BENCH_BIN)
+	uptime
+	$(BENCH_BIN) -rls-only -out docs/benchmarks -limitd $(BUILD)/limitd -ratelimit $(RATELIMIT_BIN) -rls-limitd $(BUILD)/limitd-symbols $(BENCH_RLS_FLAGS)
+	uptime
 
 $(BUILD)/bench-ops.wasm: bench/internal/footprint/ops/*.go bench/go.mod bench/go.sum
 	$(call bench_wasm,./internal/footprint/ops)

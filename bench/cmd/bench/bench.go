@@ -51,6 +51,10 @@ type bench struct {
 	cal     map[int]satResult
 	// startups are the start measurements (starts), by configuration name.
 	startups []startup
+	// rls is the RLS section (rls.go); lastRedisPID the redis-server it
+	// started last.
+	rls          *rlsReport
+	lastRedisPID int
 }
 
 // target is one configuration with its running Envoy and its results.

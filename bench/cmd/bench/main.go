@@ -56,6 +56,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,6 +96,10 @@ type params struct {
 	compareWasm  string
 	module       string
 	startRounds  int
+	ratelimit    string
+	rls          bool
+	rlsOnly      bool
+	rlsLimitd    string
 }
 
 func parseParams(args []string) (*params, error) {
@@ -127,6 +132,10 @@ func parseParams(args []string) (*params, error) {
 	fs.StringVar(&p.compareWasm, "compare-wasm", "", "with -attrib: another build of the plugin, run with (3)'s rule as one more listener of (23), so a change is measured against PLUGIN_WASM in one Envoy")
 	fs.StringVar(&p.module, "module", envOr("NATIVE_MODULE", envoy.DefaultNativeModule()), "the native module (make build-native) for configurations 12 and 15 (a gap when absent)")
 	fs.IntVar(&p.startRounds, "start-rounds", 3, "starts of Envoy with no filter, the plugin and the native module, each measured from start to the first 200 and its RSS after 1000 requests (0: none)")
+	fs.StringVar(&p.ratelimit, "ratelimit", envOr("RATELIMIT_BIN", "build/ratelimit/service_cmd"), "envoyproxy/ratelimit's server (make build-ratelimit) for the RLS section (a gap when absent)")
+	fs.BoolVar(&p.rls, "rls", true, "also run the RLS section: Envoy's ratelimit filter against envoyproxy/ratelimit and limitd, and the plugin's cluster rule, each with a redis-server of its own (rls.go)")
+	fs.StringVar(&p.rlsLimitd, "rls-limitd", "", "limitd for the RLS section, built with its symbols so that its profile names functions (make bench-rls: build/limitd-symbols; default -limitd)")
+	fs.BoolVar(&p.rlsOnly, "rls-only", false, "run only the RLS section and put it into -out's results.json (kept otherwise), then rewrite -out's README.md (make bench-rls)")
 	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -136,7 +145,7 @@ func parseParams(args []string) (*params, error) {
 	}
 	frontSet := false
 	fs.Visit(func(f *flag.Flag) { frontSet = frontSet || f.Name == "front" })
-	if (p.smoke || p.attrib || p.perf > 0) && !frontSet {
+	if (p.smoke || p.attrib || p.perf > 0 || p.rlsOnly) && !frontSet {
 		p.front = ""
 	}
 	if p.smoke {
@@ -163,6 +172,8 @@ func parseParams(args []string) (*params, error) {
 		return nil, fmt.Errorf("bench: -load: want (0, 1], got %v", p.load)
 	case p.perf < 0 || p.perf > time.Minute:
 		return nil, fmt.Errorf("bench: -perf: want [0, 1m], got %v", p.perf)
+	case p.rlsOnly && (p.attrib || p.perf > 0 || p.render != ""):
+		return nil, errors.New("bench: -rls-only runs alone: not with -attrib, -perf or -render")
 	case p.compareWasm != "" && !p.attrib:
 		return nil, errors.New("bench: -compare-wasm needs -attrib")
 	case p.compareWasm != "" && !fileExists(p.compareWasm):
@@ -285,6 +296,9 @@ func run(p *params) error {
 	if err := b.prepare(); err != nil {
 		return err
 	}
+	if p.rlsOnly {
+		return b.rlsOnly()
+	}
 	if err := b.startAll(sel); err != nil {
 		return err
 	}
@@ -306,6 +320,16 @@ func run(p *params) error {
 	if err := b.starts(); err != nil {
 		return err
 	}
+	if p.rls {
+		// The rounds' Envoys are idle from here on: stop them, so that the
+		// RLS section's processes have the machine.
+		for _, t := range b.targets {
+			b.stopEnvoy(t)
+		}
+		if err := b.rlsRun(); err != nil {
+			return err
+		}
+	}
 	b.info.Machine.LoadEnd = loadAvg()
 	b.info.Duration = time.Since(b.started).Round(time.Second).String()
 	rep := b.report()
@@ -318,5 +342,28 @@ func run(p *params) error {
 		}
 	}
 	fmt.Printf("\n%s\nwrote %s (%s)\n", rep.summary(), p.out, b.info.Duration)
+	return nil
+}
+
+// rlsOnly runs the RLS section alone and puts it into the report in -out
+// (a new one when there is none), whose page it rewrites.
+func (b *bench) rlsOnly() error {
+	if err := b.rlsRun(); err != nil {
+		return err
+	}
+	path := filepath.Join(b.p.out, "results.json")
+	rep, err := readReport(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		b.info.Duration, b.info.Machine.LoadEnd = b.rls.Duration, b.rls.LoadEnd
+		rep = &report{Info: b.info}
+	case err != nil:
+		return err
+	}
+	rep.RLS = b.rls
+	if err := rep.write(b.p.out); err != nil {
+		return err
+	}
+	fmt.Printf("\n%s\nwrote %s (%s)\n", rep.rlsSummary(), b.p.out, b.rls.Duration)
 	return nil
 }

@@ -20,24 +20,28 @@ type satResult struct {
 	Core0Other  float64 `json:"core0_other_fraction"`
 	Core1Other  float64 `json:"core1_other_fraction"`
 	Core1Busy   float64 `json:"core1_busy_fraction"` // ours included
+	// Watched are the CPU seconds of the probe's watched processes over
+	// the window, in their order (the RLS section: the service and Redis).
+	Watched []float64 `json:"watched_cpu_seconds,omitempty"`
 }
 
 // latResult is one open-loop run at a fixed rate.
 type latResult struct {
-	Rate        float64 `json:"offered_rps"`
-	Achieved    float64 `json:"achieved_rps"` // answers per second in the window
-	P50US       float64 `json:"p50_us"`
-	P90US       float64 `json:"p90_us"`
-	P99US       float64 `json:"p99_us"`
-	CPUPerReqUS float64 `json:"envoy_cpu_us_per_req"`
-	Samples     int     `json:"samples"`
-	Late        float64 `json:"late_fraction"`    // of the sends made
-	Dropped     float64 `json:"dropped_fraction"` // of the sends scheduled
-	Rejected    float64 `json:"rejected_fraction"`
-	Errors      int64   `json:"errors"`
-	Core0Other  float64 `json:"core0_other_fraction"`
-	Core1Other  float64 `json:"core1_other_fraction"`
-	Core1Busy   float64 `json:"core1_busy_fraction"` // ours included
+	Rate        float64   `json:"offered_rps"`
+	Achieved    float64   `json:"achieved_rps"` // answers per second in the window
+	P50US       float64   `json:"p50_us"`
+	P90US       float64   `json:"p90_us"`
+	P99US       float64   `json:"p99_us"`
+	CPUPerReqUS float64   `json:"envoy_cpu_us_per_req"`
+	Samples     int       `json:"samples"`
+	Late        float64   `json:"late_fraction"`    // of the sends made
+	Dropped     float64   `json:"dropped_fraction"` // of the sends scheduled
+	Rejected    float64   `json:"rejected_fraction"`
+	Errors      int64     `json:"errors"`
+	Core0Other  float64   `json:"core0_other_fraction"`
+	Core1Other  float64   `json:"core1_other_fraction"`
+	Core1Busy   float64   `json:"core1_busy_fraction"` // ours included
+	Watched     []float64 `json:"watched_cpu_seconds,omitempty"`
 }
 
 // probe names what a run watches: Envoy's process and CPU, and the CPU of
@@ -46,6 +50,9 @@ type probe struct {
 	envoyPID, envoyCPU int
 	loadCPU            int
 	ours               []int // this process, limitd
+	// watch are processes whose CPU seconds over the window each run
+	// reports apart (satResult.Watched).
+	watch []int
 }
 
 // snapshot is what is read at the edges of a measuring window.
@@ -56,6 +63,7 @@ type snapshot struct {
 	oursCPU   float64
 	envoyCore coreTimes
 	loadCore  coreTimes
+	watched   []float64
 }
 
 func take(pr probe, cs []loadgen.Counts) (snapshot, error) {
@@ -68,6 +76,13 @@ func take(pr probe, cs []loadgen.Counts) (snapshot, error) {
 		if c, err := cpuSeconds(pid); err == nil {
 			s.oursCPU += c
 		}
+	}
+	for _, pid := range pr.watch {
+		c, err := cpuSeconds(pid)
+		if err != nil {
+			return s, err
+		}
+		s.watched = append(s.watched, c)
 	}
 	s.envoyCore, _ = readCoreTimes(pr.envoyCPU)
 	s.loadCore, _ = readCoreTimes(pr.loadCPU)
@@ -106,6 +121,7 @@ func saturate(addr string, pr probe, reqs [][]byte, conns int, warmup, window ti
 		Core0Other: otherLoad(a.envoyCore, b.envoyCore, cpu),
 		Core1Other: otherLoad(a.loadCore, b.loadCore, b.oursCPU-a.oursCPU),
 		Core1Busy:  otherLoad(a.loadCore, b.loadCore, 0),
+		Watched:    watchedDiff(a, b),
 	}
 	if d.Total() > 0 {
 		r.CPUPerReqUS = cpu / float64(d.Total()) * 1e6
@@ -152,6 +168,7 @@ func fixedRate(addr string, pr probe, reqs [][]byte, conns int, rate float64, wa
 		Core0Other: otherLoad(a.envoyCore, b.envoyCore, cpu),
 		Core1Other: otherLoad(a.loadCore, b.loadCore, b.oursCPU-a.oursCPU),
 		Core1Busy:  otherLoad(a.loadCore, b.loadCore, 0),
+		Watched:    watchedDiff(a, b),
 	}
 	if d.Total() > 0 {
 		r.CPUPerReqUS = cpu / float64(d.Total()) * 1e6
@@ -164,4 +181,16 @@ func fixedRate(addr string, pr probe, reqs [][]byte, conns int, rate float64, wa
 		r.Dropped = float64(dropped) / float64(n)
 	}
 	return r, nil
+}
+
+// watchedDiff is the CPU seconds each watched process used between a and b.
+func watchedDiff(a, b snapshot) []float64 {
+	if len(a.watched) != len(b.watched) {
+		return nil
+	}
+	var d []float64
+	for i := range a.watched {
+		d = append(d, b.watched[i]-a.watched[i])
+	}
+	return d
 }

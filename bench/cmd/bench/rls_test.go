@@ -1,0 +1,161 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEdgeTimes: the bursts fall 250 ms before and 50 ms after the next
+// whole second that is at least 600 ms away.
+func TestEdgeTimes(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 7, 0, 0, 0, time.UTC)
+	for _, c := range []struct{ now, edge time.Duration }{
+		{0, time.Second},
+		{400 * time.Millisecond, time.Second},
+		{401 * time.Millisecond, 2 * time.Second},
+		{999 * time.Millisecond, 2 * time.Second},
+	} {
+		edge, before, after := edgeTimes(t0.Add(c.now))
+		if want := t0.Add(c.edge); !edge.Equal(want) {
+			t.Errorf("now +%v: edge +%v, want +%v", c.now, edge.Sub(t0), c.edge)
+		}
+		if edge.Sub(before) != 250*time.Millisecond || after.Sub(edge) != 50*time.Millisecond {
+			t.Errorf("now +%v: bursts at edge %v and %v", c.now, before.Sub(edge), after.Sub(edge))
+		}
+	}
+}
+
+// TestEdgeBound: a token bucket of 20 refilled at 20/s admits at most 20 +
+// 20 × span.
+func TestEdgeBound(t *testing.T) {
+	for _, c := range []struct {
+		spanMS float64
+		want   int
+	}{{0, 20}, {300, 26}, {349, 26}, {1000, 40}} {
+		if got := (edgeTrial{SpanMS: c.spanMS}).Bound(); got != c.want {
+			t.Errorf("span %v ms: bound %d, want %d", c.spanMS, got, c.want)
+		}
+	}
+}
+
+// rlsFixture is a report of two rounds with every configuration of the
+// section but the plugin's.
+func rlsFixture(limitdCPU, limitdP99 float64, tokenAdmitted int) *rlsReport {
+	run := func(svc, redis, p99 float64) ([]satResult, []latResult) {
+		var sat []satResult
+		var lat []latResult
+		for range 2 {
+			sat = append(sat, satResult{Requests: 1000, Throughput: 1000, Watched: []float64{svc * 1000 / 1e6, redis * 1000 / 1e6}})
+			lat = append(lat, latResult{Samples: 100, P50US: p99 / 2, P99US: p99})
+		}
+		return sat, lat
+	}
+	r := &rlsReport{EdgeLimit: rlsEdgeLimit, Rounds: 2}
+	add := func(id int, svc, redis, p99 float64, edges []edgeTrial) {
+		c := rlsConfigs[0]
+		for _, x := range rlsConfigs {
+			if x.ID == id {
+				c = x
+			}
+		}
+		s := &rlsSummary{rlsConfig: c, Edges: edges}
+		s.Sat, s.Lat = run(svc, redis, p99)
+		r.Results = append(r.Results, s)
+	}
+	fixed := []edgeTrial{{Before: 20, After: 20, SpanMS: 320, Clean: true, Attempts: 1}}
+	add(40, 0, 0, 500, nil)
+	add(41, 100, 20, 1000, fixed)
+	add(42, limitdCPU, 0, limitdP99, fixed)
+	add(43, limitdCPU, 0, limitdP99, []edgeTrial{{Before: 20, After: tokenAdmitted - 20, SpanMS: 320, Clean: true, Attempts: 2}})
+	return r
+}
+
+// TestRLSSectionVerdicts: the targets' rows say met or not met from the
+// per-round ratios, and the edge rows from the trials.
+func TestRLSSectionVerdicts(t *testing.T) {
+	page := func(r *rlsReport) string {
+		var b strings.Builder
+		r.section(func(format string, args ...any) {
+			b.WriteString(strings.TrimSpace(fmt.Sprintf(format, args...)) + "\n")
+		})
+		return b.String()
+	}
+	good := page(rlsFixture(60, 900, 26))
+	for _, want := range []string{
+		"| ratelimit filter → limitd, token buckets ÷ envoyproxy/ratelimit, service + Redis CPU per decision | 0.50 | ≤ 0.80 | met |",
+		"| ratelimit filter → limitd, token buckets − envoyproxy/ratelimit, p99 µs | -100 | ≤ 0 | met |",
+		"| ratelimit filter → limitd, token buckets: admitted across a window edge, the trial nearest its bound | 26 (bound 26) | ≤ the token bucket's bound | met |",
+		"| ratelimit filter → limitd, fixed_window: admitted across a window edge | 40 | as envoyproxy/ratelimit: 40 | met |",
+	} {
+		if !strings.Contains(good, want) {
+			t.Errorf("page lacks %q:\n%s", want, good)
+		}
+	}
+	bad := page(rlsFixture(120, 1100, 30))
+	for _, want := range []string{
+		"service + Redis CPU per decision | 1.00 | ≤ 0.80 | **not met** |",
+		"p99 µs | 100 | ≤ 0 | **not met** |",
+		"| 30 (bound 26) | ≤ the token bucket's bound | **not met** |",
+	} {
+		if !strings.Contains(bad, want) {
+			t.Errorf("page lacks %q:\n%s", want, bad)
+		}
+	}
+}
+
+// TestRLSOnlyPage: a report holding only the RLS section renders that
+// section, without the rounds' tables.
+func TestRLSOnlyPage(t *testing.T) {
+	md := (&report{RLS: rlsFixture(60, 900, 26)}).markdown()
+	if !strings.Contains(md, "## Envoy's ratelimit filter") || strings.Contains(md, "## Throughput and Envoy CPU") {
+		t.Errorf("page:\n%s", md)
+	}
+}
+
+// TestGoPackage names the package of Go symbols and leaves others alone.
+func TestGoPackage(t *testing.T) {
+	for sym, want := range map[string]string{
+		"runtime.step": "runtime",
+		"google.golang.org/grpc/internal/transport.(*loopyWriter).run": "google.golang.org/grpc/internal/transport",
+		"github.com/redis/go-redis/v9.(*baseClient).process":           "github.com/redis/go-redis/v9",
+		"sync/atomic.(*Int64).Add":                                     "sync/atomic",
+		"luaV_execute":                                                 "luaV_execute",
+		"finish_task_switch.isra.0":                                    "finish_task_switch",
+	} {
+		if got := goPackage(sym); got != want {
+			t.Errorf("goPackage(%q) = %q, want %q", sym, got, want)
+		}
+	}
+}
+
+// TestPerfGroups sums perf's lines by package, the kernel's apart, or
+// keeps them by function.
+func TestPerfGroups(t *testing.T) {
+	report := []byte("# Samples: 2K of event 'cpu-clock'\n#\n" +
+		"     5.00%  [k] finish_task_switch.isra.0\n" +
+		"     4.00%  [.] runtime.step\n" +
+		"     3.00%  [.] runtime.mallocgc\n" +
+		"     2.00%  [.] google.golang.org/grpc/internal/transport.(*loopyWriter).run\n" +
+		"     1.00%  [k] _raw_spin_unlock_irqrestore\n")
+	got, samples, err := perfGroups(report, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []profileEntry{{"runtime", 0.07}, {"kernel", 0.06}, {"google.golang.org/grpc/internal/transport", 0.02}}
+	if samples != 2000 || len(got) != len(want) {
+		t.Fatalf("got %v (%d samples), want %v (2000)", got, samples, want)
+	}
+	for i := range want {
+		if got[i].Function != want[i].Function || got[i].Share < want[i].Share-1e-9 || got[i].Share > want[i].Share+1e-9 {
+			t.Errorf("group %d: %v, want %v", i, got[i], want[i])
+		}
+	}
+	byFunc, _, err := perfGroups(report, true)
+	if err != nil || len(byFunc) != 5 || byFunc[0].Function != "finish_task_switch.isra.0" {
+		t.Errorf("by function: %v, %v", byFunc, err)
+	}
+}

@@ -1,0 +1,359 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Issue 31's targets for limitd behind Envoy's ratelimit filter, against
+// envoyproxy/ratelimit under the same load: CPU per decision (the service's
+// and its Redis's) at most this ratio, and a p99 no worse.
+const targetRLSCPU = 0.8
+
+// rlsReport is the RLS section's results (results.json "rls").
+type rlsReport struct {
+	Date      string        `json:"date"`
+	Duration  string        `json:"duration"`
+	LoadStart string        `json:"loadavg_at_start"`
+	LoadEnd   string        `json:"loadavg_at_end"`
+	Pinning   string        `json:"pinning"`
+	Ratelimit string        `json:"envoyproxy_ratelimit"`
+	Limitd    string        `json:"limitd"`
+	Redis     string        `json:"redis"`
+	Rounds    int           `json:"rounds"`
+	Keys      int           `json:"keys"`
+	Conns     int           `json:"conns"`
+	OpenConns int           `json:"open_conns"`
+	Load      float64       `json:"load_fraction_of_slowest"`
+	Rate      float64       `json:"fixed_rate_rps"`
+	Warmup    string        `json:"warmup"`
+	SatWindow string        `json:"sat_window"`
+	LatWindow string        `json:"lat_window"`
+	Smoke     bool          `json:"smoke"`
+	EdgeLimit int           `json:"edge_limit_per_second"`
+	Gaps      []string      `json:"gaps"`
+	Results   []*rlsSummary `json:"results"`
+	Profiles  []rlsProfile  `json:"profiles,omitempty"`
+}
+
+// profileEntry is one function's share of limitd's CPU samples.
+type profileEntry struct {
+	Function string  `json:"function"`
+	Share    float64 `json:"share"`
+}
+
+// rlsSummary is one configuration's figures across rounds; the CPU figures
+// are microseconds per request (one decision each) at saturation.
+type rlsSummary struct {
+	rlsConfig
+	Throughput spread            `json:"throughput_rps"`
+	EnvoyCPU   spread            `json:"envoy_cpu_us_per_req"`
+	ServiceCPU spread            `json:"service_cpu_us_per_req"`
+	RedisCPU   spread            `json:"redis_cpu_us_per_req"`
+	Decision   spread            `json:"service_and_redis_cpu_us_per_req"`
+	P50        spread            `json:"p50_us"`
+	P99        spread            `json:"p99_us"`
+	AddP50     spread            `json:"added_p50_us_vs_no_filter"`
+	AddP99     spread            `json:"added_p99_us_vs_no_filter"`
+	Achieved   spread            `json:"achieved_rps_fixed_rate"`
+	Stats      map[string]uint64 `json:"envoy_stats"`
+	Edges      []edgeTrial       `json:"edge_trials,omitempty"`
+	Note       string            `json:"note,omitempty"`
+	Sat        []satResult       `json:"saturation_runs"`
+	Lat        []latResult       `json:"fixed_rate_runs"`
+}
+
+// rlsStats are the Envoy statistics kept: requests, 5xx, and the ratelimit
+// filter's counters (under the route's cluster, "upstream").
+var rlsStats = []string{"http.ingress.downstream_rq_total", "http.ingress.downstream_rq_5xx",
+	"cluster.upstream.ratelimit.ok", "cluster.upstream.ratelimit.over_limit", "cluster.upstream.ratelimit.error",
+	"cluster.upstream.ratelimit.failure_mode_allowed", "wasmcustom.tokenbucket.rule.fleet.allowed",
+	"wasmcustom.tokenbucket.rule.fleet.rejected", "wasmcustom.tokenbucket.service_errors", leaseCallsStat}
+
+// summarise fills r.Results from the targets and checks that the load was
+// decided and never refused.
+func (r *rlsReport) summarise(targets []*rlsTarget) error {
+	var none *rlsTarget
+	for _, t := range targets {
+		if t.c.Kind == rlsNone {
+			none = t
+		}
+	}
+	var problems []string
+	for _, t := range targets {
+		s := &rlsSummary{rlsConfig: t.c, Stats: map[string]uint64{}, Edges: t.edges, Sat: t.sat, Lat: t.lat}
+		for _, k := range rlsStats {
+			if v, ok := t.stats[k]; ok {
+				s.Stats[k] = v
+			}
+		}
+		col := func(f func(i int) float64) spread {
+			xs := make([]float64, len(t.sat))
+			for i := range xs {
+				xs[i] = f(i)
+				if math.IsInf(xs[i], 0) {
+					xs[i] = math.NaN()
+				}
+			}
+			return spreadOf(xs)
+		}
+		sat := func(i int, v float64) float64 {
+			if t.sat[i].Requests == 0 {
+				return math.NaN()
+			}
+			return v
+		}
+		lat := func(x *rlsTarget, i int, v float64) float64 {
+			if x.lat[i].Samples == 0 {
+				return math.NaN()
+			}
+			return v
+		}
+		s.Throughput = col(func(i int) float64 { return sat(i, t.sat[i].Throughput) })
+		s.EnvoyCPU = col(func(i int) float64 { return sat(i, t.sat[i].CPUPerReqUS) })
+		if t.c.Kind != rlsNone {
+			s.ServiceCPU = col(func(i int) float64 { return sat(i, perReq(t.sat[i], 0)) })
+			s.RedisCPU = col(func(i int) float64 { return sat(i, perReq(t.sat[i], 1)) })
+			s.Decision = col(func(i int) float64 { return sat(i, perReq(t.sat[i], 0)+perReq(t.sat[i], 1)) })
+		}
+		s.P50 = col(func(i int) float64 { return lat(t, i, t.lat[i].P50US) })
+		s.P99 = col(func(i int) float64 { return lat(t, i, t.lat[i].P99US) })
+		s.Achieved = col(func(i int) float64 { return t.lat[i].Achieved })
+		if none != nil && t != none {
+			s.AddP50 = col(func(i int) float64 { return lat(t, i, lat(none, i, t.lat[i].P50US-none.lat[i].P50US)) })
+			s.AddP99 = col(func(i int) float64 { return lat(t, i, lat(none, i, t.lat[i].P99US-none.lat[i].P99US)) })
+		}
+		var errs int64
+		for i := range t.sat {
+			errs += t.sat[i].Errors + t.lat[i].Errors
+			if t.sat[i].Rejected > 0 || t.lat[i].Rejected > 0 {
+				problems = append(problems, fmt.Sprintf("(%d): requests refused under a load no limit reaches", t.c.ID))
+			}
+		}
+		// Failures are kept and shown, not a void run: on a loaded machine a
+		// call can outlive its 1 s timeout, and how often is a finding.
+		var notes []string
+		if errs > 0 {
+			notes = append(notes, fmt.Sprintf("%d requests failed in the measured windows (transport errors or statuses other than 200 and 429)", errs))
+		}
+		switch t.c.Kind {
+		case rlsRatelimit, rlsLimitd:
+			if s.Stats["cluster.upstream.ratelimit.ok"] == 0 {
+				problems = append(problems, fmt.Sprintf("(%d): cluster.upstream.ratelimit.ok is 0: the service decided nothing", t.c.ID))
+			}
+			if n := s.Stats["cluster.upstream.ratelimit.error"]; n > 0 {
+				notes = append(notes, fmt.Sprintf("%d calls to the service failed (Envoy's cluster.upstream.ratelimit.error: an error or the filter's 1 s timeout), answered 500 by failure_mode_deny", n))
+			}
+		case rlsPlugin, rlsLease:
+			if s.Stats["wasmcustom.tokenbucket.rule.fleet.allowed"] == 0 {
+				problems = append(problems, fmt.Sprintf("(%d): the plugin's cluster rule decided nothing", t.c.ID))
+			}
+			// The plugin fails open (its failure_mode): the request was
+			// answered, and the page says how often (as the rounds' do).
+			if n := s.Stats["wasmcustom.tokenbucket.service_errors"]; n > 0 {
+				notes = append(notes, fmt.Sprintf("%d limit-service calls failed open (an error or the rule's 1 s timeout)", n))
+			}
+		}
+		s.Note = strings.Join(notes, "; ")
+		r.Results = append(r.Results, s)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("bench: the RLS section's results are not valid:\n  %s", strings.Join(problems, "\n  "))
+	}
+	return nil
+}
+
+func (r *rlsReport) result(id int) *rlsSummary {
+	for _, s := range r.Results {
+		if s.ID == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// perRound is f of figure v of the configurations ids, round by round
+// (rounds where one of them got no answer left out), summarised.
+func (r *rlsReport) perRound(v func(s *rlsSummary, i int) float64, f func([]float64) float64, ids ...int) spread {
+	var ss []*rlsSummary
+	for _, id := range ids {
+		s := r.result(id)
+		if s == nil {
+			return spread{}
+		}
+		ss = append(ss, s)
+	}
+	var xs []float64
+	for i := range ss[0].Sat {
+		vals := make([]float64, len(ss))
+		ok := true
+		for j, s := range ss {
+			if i >= len(s.Sat) || s.Sat[i].Requests == 0 || i >= len(s.Lat) || s.Lat[i].Samples == 0 {
+				ok = false
+				break
+			}
+			vals[j] = v(s, i)
+		}
+		if ok {
+			xs = append(xs, f(vals))
+		}
+	}
+	return spreadOf(xs)
+}
+
+// decisionCPU is round i's service + Redis CPU µs per request.
+func decisionCPU(s *rlsSummary, i int) float64 { return perReq(s.Sat[i], 0) + perReq(s.Sat[i], 1) }
+
+// p99 is round i's p99 at the fixed rate.
+func p99(s *rlsSummary, i int) float64 { return s.Lat[i].P99US }
+
+func difference(c []float64) float64 { return c[0] - c[1] }
+
+// section writes the RLS section of the page.
+func (r *rlsReport) section(w func(string, ...any)) {
+	w("\n## Envoy's ratelimit filter: envoyproxy/ratelimit or limitd\n\n")
+	w("Measured by `make bench-rls` (this section alone) or `make bench` on %s in %s", r.Date, r.Duration)
+	if r.Smoke {
+		w(" (**smoke run**: one short round, figures are indicative only)")
+	}
+	w("; load average %s at the start, %s at the end. ", r.LoadStart, r.LoadEnd)
+	w("Envoy's own `envoy.filters.http.ratelimit` filter (no plugin) asks a rate limit service over gRPC with one descriptor per request (`api_key` = the request's `x-api-key`, %d values in turn, a limit no load reaches): envoyproxy/ratelimit, or limitd's gRPC front door, each with a `redis-server` of its own and the same YAML. Beside them, the plugin's cluster rule through limitd's HTTP API on a `redis-server` of its own, per request (`/v1/decide`) and with leases (`/v1/lease`, one hot key). *Service + Redis CPU* is the user + system time of the service's process and of its Redis (`/proc/<pid>/stat`) over the saturation window, divided by the requests answered: each request is one decision. Added latency is against Envoy with no filter at the same fixed rate, %.0f req/s (%.0f%% of the slowest configuration's saturated throughput in calibration), in the same round.\n\n",
+		r.Keys, r.Rate, 100*r.Load)
+	w("| configuration | saturated req/s | Envoy CPU µs/req | service CPU µs/req | Redis CPU µs/req | service + Redis µs/req | p50 µs | p99 µs | p50 − no filter µs | p99 − no filter µs |\n")
+	w("|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, s := range r.Results {
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s.Label, f(s.Throughput, 0), f(s.EnvoyCPU, 1),
+			f(s.ServiceCPU, 1), f(s.RedisCPU, 1), f(s.Decision, 1), f(s.P50, 0), f(s.P99, 0), fsigned(s.AddP50, 0), fsigned(s.AddP99, 0))
+	}
+	for _, s := range r.Results {
+		if s.Note != "" {
+			w("\n*%s:* %s.\n", s.Label, s.Note)
+		}
+	}
+	for _, g := range r.Gaps {
+		w("\n**Gap:** %s\n", g)
+	}
+	w("\nAgainst the issue's targets (ratios and differences within each round, then summarised):\n\n")
+	w("| figure | measured | target | |\n|---|---|---|---|\n")
+	rw := func(name string, v spread, prec int, target string, verdict string) {
+		w("| %s | %s | %s | %s |\n", name, f(v, prec), target, verdict)
+	}
+	for _, id := range []int{43, 42} {
+		lim := r.result(id)
+		if lim == nil {
+			continue
+		}
+		ratio := r.perRound(decisionCPU, ratio, id, 41)
+		rw(fmt.Sprintf("%s ÷ envoyproxy/ratelimit, service + Redis CPU per decision", lim.Label), ratio, 2,
+			fmt.Sprintf("≤ %.2f", targetRLSCPU), verdict(ratio, targetRLSCPU))
+		d := r.perRound(p99, difference, id, 41)
+		rw(fmt.Sprintf("%s − envoyproxy/ratelimit, p99 µs", lim.Label), d, 0, "≤ 0", verdict(d, 0))
+	}
+	if lim := r.result(43); lim != nil && len(lim.Edges) > 0 {
+		most, bound, clean := 0, 0, 0
+		for _, e := range lim.Edges {
+			if e.Clean {
+				clean++
+				if e.Admitted()-e.Bound() > most-bound || clean == 1 {
+					most, bound = e.Admitted(), e.Bound()
+				}
+			}
+		}
+		switch {
+		case clean == 0:
+			w("| %s: admitted across a window edge | no trial on time | ≤ the token bucket's bound | not measured |\n", lim.Label)
+		default:
+			v := "met"
+			if most > bound {
+				v = "**not met**"
+			}
+			w("| %s: admitted across a window edge, the trial nearest its bound | %d (bound %d) | ≤ the token bucket's bound | %s |\n", lim.Label, most, bound, v)
+		}
+	}
+	if fw, up := r.result(42), r.result(41); fw != nil && up != nil && len(fw.Edges) > 0 && len(up.Edges) > 0 {
+		w("| %s: admitted across a window edge | %s | as envoyproxy/ratelimit: %s | %s |\n", fw.Label,
+			admittedList(fw.Edges), admittedList(up.Edges), sameVerdict(fw.Edges, up.Edges))
+	}
+	if r.result(41) == nil || (r.result(42) == nil && r.result(43) == nil) {
+		w("| limitd against envoyproxy/ratelimit | not measured | | |\n")
+	}
+	r.edgeTable(w)
+	if len(r.Profiles) > 0 {
+		w("\nWhere the CPU goes under a saturating load: `perf record -e cpu-clock -p <pid>` of each process for %v, its samples summed by Go package (the kernel's apart) for a service and by function for Redis; each share also in µs per decision, from the CPU per decision of the same run.\n", rlsProfileFor)
+	}
+	for _, p := range r.Profiles {
+		w("\n%s, %.1f µs per decision (%d samples):\n\n| where | share | µs per decision |\n|---|---|---|\n", p.Label, p.CPUUS, p.Samples)
+		for _, e := range p.Top {
+			w("| `%s` | %.1f%% | %.1f |\n", e.Function, 100*e.Share, e.Share*p.CPUUS)
+		}
+	}
+	w("\n- Versions: envoyproxy/ratelimit %s (built from source, `make build-ratelimit`; its defaults but `USE_STATSD=false`); limitd %s; %s.\n", r.Ratelimit, r.Limitd, r.Redis)
+	w("- Pinning: %s; each service and its Redis run on the load generator's CPU.\n", r.Pinning)
+	w("- %d rounds, the order reversed every other round; each a saturation run (%d connections, %s warm-up, %s measured) and a fixed-rate run (%d connections, %s measured). Before the bursts, every Envoy's `/stats` showed every request decided by its service and none refused or failed.\n",
+		r.Rounds, r.Conns, r.Warmup, r.SatWindow, r.OpenConns, r.LatWindow)
+}
+
+// edgeTable shows the bursts across a window edge.
+func (r *rlsReport) edgeTable(w func(string, ...any)) {
+	var rows []*rlsSummary
+	for _, s := range r.Results {
+		if len(s.Edges) > 0 {
+			rows = append(rows, s)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	w("\n**Across a window edge.** A descriptor `edge` of %d requests a second; each trial sends %d requests at once (a connection each) on a fresh value 250 ms before a second starts and %d more 50 ms after it, and counts the 200s. A fixed window admits up to twice the limit across the edge; a token bucket of capacity %d refilled at %d a second admits at most %d + %d × (the span from the first send to the last answer, in seconds), the *bound*. A trial counts when every answer of the first burst came before the edge and every answer of the second within the next second; *tries* says how many it took (at most %d, else the row says so).\n\n",
+		r.EdgeLimit, edgeBurst, edgeBurst, r.EdgeLimit, r.EdgeLimit, r.EdgeLimit, r.EdgeLimit, edgeAttempts)
+	w("| configuration | trial | admitted before the edge | after | in all | ÷ limit | span ms | token bucket's bound | tries |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, s := range rows {
+		for i, e := range s.Edges {
+			tries := fmt.Sprint(e.Attempts)
+			if !e.Clean {
+				tries += ", none on time"
+			}
+			w("| %s | %d | %d | %d | %d | %.2f | %.0f | %d | %s |\n", s.Label, i+1, e.Before, e.After, e.Admitted(),
+				float64(e.Admitted())/float64(r.EdgeLimit), e.SpanMS, e.Bound(), tries)
+		}
+	}
+}
+
+// admittedList is the admitted counts of the trials that ran on time.
+func admittedList(es []edgeTrial) string {
+	var xs []string
+	for _, e := range es {
+		if e.Clean {
+			xs = append(xs, fmt.Sprint(e.Admitted()))
+		}
+	}
+	if len(xs) == 0 {
+		return "none on time"
+	}
+	return strings.Join(xs, ", ")
+}
+
+// sameVerdict says whether every on-time trial of a admitted what every
+// on-time trial of b did (both fixed windows admit twice the limit).
+func sameVerdict(a, b []edgeTrial) string {
+	var vals []int
+	for _, es := range [][]edgeTrial{a, b} {
+		for _, e := range es {
+			if e.Clean {
+				vals = append(vals, e.Admitted())
+			}
+		}
+	}
+	if len(vals) == 0 || admittedList(a) == "none on time" || admittedList(b) == "none on time" {
+		return "not measured"
+	}
+	for _, v := range vals {
+		if v != vals[0] {
+			return "**differs**"
+		}
+	}
+	return "met"
+}
