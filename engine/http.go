@@ -123,7 +123,6 @@ type rejection struct {
 	rule   *rule
 	reason string
 	d      bucket.Decision // token_bucket_exceeded: what the headers report
-	id     uint64          // the bucket: keys Retry-After's jitter
 }
 
 // Reasons named in the X-RateLimit-Reason header and the JSON body.

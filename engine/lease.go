@@ -134,7 +134,7 @@ func (c *Request) spendLeases() (rej *rejection, wait bool) {
 			return c.leaseServiceDown(t.rule, false), false
 		}
 		if wait, refusing := t.rule.lease.Refusing(rec, pl.now, t.cost); refusing {
-			return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
+			return &rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{
 				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-pl.now, 0))}}, false
 		}
 	}
@@ -177,10 +177,10 @@ func (c *Request) answeredAtOnce(w *leaseWait) *rejection {
 			return c.leaseServiceDown(t.rule, false)
 		}
 		if wait, refusing := t.rule.lease.Refusing(&rec, now, t.cost); refusing {
-			return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
+			return &rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{
 				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-now, 0))}}
 		}
-		return &rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{RetryAfter: time.Millisecond}}
+		return &rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{RetryAfter: time.Millisecond}}
 	}
 	return nil
 }
@@ -388,7 +388,7 @@ func (c *Request) onLeaseAnswer(w *leaseWait) {
 		for i, g := range a.Buckets {
 			if g.RetryAfterMs > 0 || i == len(a.Buckets)-1 {
 				t := short[i]
-				c.next(&rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{
+				c.next(&rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{
 					Remaining: g.Remaining, RetryAfter: max(millis(g.RetryAfterMs), time.Millisecond), ResetAfter: millis(g.ResetMs)}})
 				return
 			}
@@ -413,7 +413,7 @@ func (c *Request) onLeaseAnswer(w *leaseWait) {
 		}
 		p.leases.Refund(now, back)
 		t := short[0]
-		c.next(&rejection{rule: t.rule, reason: reasonExceeded, id: t.id, d: bucket.Decision{RetryAfter: time.Millisecond}})
+		c.next(&rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{RetryAfter: time.Millisecond}})
 		return
 	}
 	k := 0 // the next of the other leases' results

@@ -106,7 +106,7 @@ func (c *Request) giveBack() {
 func rejecting(takes []take, out []bucket.Decision) *rejection {
 	for i, t := range takes {
 		if !out[i].Allowed {
-			return &rejection{rule: t.rule, reason: reasonExceeded, d: out[i], id: t.id}
+			return &rejection{rule: t.rule, reason: reasonExceeded, d: out[i]}
 		}
 	}
 	return nil

@@ -39,7 +39,7 @@ func (c *Request) sendReply(rej rejection) bool {
 	retry := int64(0)
 	switch rej.reason {
 	case reasonExceeded:
-		retry = jitter(wholeSeconds(rej.d.RetryAfter), rej.id)
+		retry = jitter(wholeSeconds(rej.d.RetryAfter), c.jitterKey(ru))
 		hs = append(hs, [2]string{"retry-after", strconv.FormatInt(retry, 10)})
 		c.rateLimitHeaders(ru, rej.d, func(name, value string) {
 			hs = append(hs, [2]string{name, strings.Clone(value)}) // value aliases a scratch buffer
@@ -112,14 +112,35 @@ func (c *Request) rateLimitHeaders(ru *rule, d bucket.Decision, add func(name, v
 }
 
 // jitter spreads Retry-After per client: the base wait plus up to 50% more,
-// the same for the same bucket, never below the base, so that clients
-// rejected together do not all come back at the same second.
+// the same for the same client (id: jitterKey), never below the base, so
+// that clients rejected together do not all come back at the same second.
+// The key is not the bucket's identity, which is keyed by a secret of the
+// Envoy process (hash.go): with it a client's Retry-After would change with
+// every restart and differ between the Envoys of a fleet.
 func jitter(base int64, id uint64) int64 {
 	if base < 1 {
 		base = 1
 	}
 	f := float64(mix(id^0x5851f42d4c957f2d)>>11) / (1 << 53) // [0, 1)
 	return base + int64(math.Floor(float64(base)*0.5*f))
+}
+
+// jitterKey keys the jitter of ru's Retry-After for this request's client:
+// the unkeyed hash of the rule and its key values, the same in every Envoy
+// (a missing value hashes as the rule's one shared bucket). It reads the
+// values again from the host, once per rejection: nothing per allowed
+// request.
+func (c *Request) jitterKey(ru *rule) uint64 {
+	r := request{s: c.stream, cfg: c.plugin.cfg}
+	h := ru.clusterName
+	for _, k := range ru.LimitKeys {
+		v, has := r.value(k)
+		if !has {
+			return h.byte(0xff).sum()
+		}
+		h = h.field(v)
+	}
+	return h.sum()
 }
 
 func defaultBody(errName, rule, reason string, retry int64) string {
