@@ -524,7 +524,12 @@ func startSlowProxy(t *testing.T, limitdPort int, delay time.Duration) *slowProx
 		t.Fatal(err)
 	}
 	p.port = l.Addr().(*net.TCPAddr).Port
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// Envoy's limit_service cluster speaks HTTP/2 over cleartext (h2c), as
+	// limitd does; the proxy forwards each call to limitd over HTTP/1.1.
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Protocols: &protos, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		at := time.Now()
 		p.arrived.Add(1)
 		rec := &timedWriter{ResponseWriter: w, at: at, p: p, delay: delay}
