@@ -3,8 +3,6 @@ package service
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -102,11 +100,12 @@ const DefaultTimeout = time.Second
 type Server struct {
 	store   Store
 	tokens  []serverToken // none: no token needed
+	bearer  BearerTokens  // tokens[i]'s value is bearer's i-th
 	limits  Limits
 	timeout time.Duration
 	log     *slog.Logger
 	metrics *metrics
-	errLog  throttle
+	errLog  LogThrottle
 	mux     *http.ServeMux
 
 	identities map[string]serverIdentity // a front proxy's callers, by the identity it forwards
@@ -177,7 +176,8 @@ func NewServer(cfg Config) (*Server, error) {
 		if t.FrontProxy {
 			proxies++
 		}
-		s.tokens = append(s.tokens, serverToken{sum: sha256.Sum256([]byte(t.Value)), name: t.Name, frontProxy: t.FrontProxy,
+		s.bearer.Add(t.Value)
+		s.tokens = append(s.tokens, serverToken{name: t.Name, frontProxy: t.FrontProxy,
 			calls: m.authorized.WithLabelValues(t.Name)})
 	}
 	switch {
@@ -328,7 +328,7 @@ func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerF
 				return
 			}
 			s.metrics.storeErrors.Inc()
-			if n, ok := s.errLog.allow(time.Now()); ok {
+			if n, ok := s.errLog.Allow(time.Now()); ok {
 				s.log.Warn("call failed", "path", r.URL.Path, "err", err, "suppressed", n)
 			}
 			s.fail(w, http.StatusServiceUnavailable, err.Error())
@@ -358,10 +358,9 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, why string) {
 	s.fail(w, http.StatusUnauthorized, why)
 }
 
-// serverToken is a Token as the server checks it: its SHA-256 (compared in
-// constant time), its caller's name and counter.
+// serverToken is a Token as the server knows it (its value is in
+// Server.bearer, at the same index): its caller's name and counter.
 type serverToken struct {
-	sum        [sha256.Size]byte
 	name       string
 	frontProxy bool
 	calls      prometheus.Counter
@@ -383,22 +382,11 @@ func (s *Server) authorized(r *http.Request) (caller, why string) {
 	if len(s.tokens) == 0 {
 		return DefaultCaller, ""
 	}
-	const scheme = "Bearer "
-	const wrong = "authorization: missing or wrong bearer token"
-	h := r.Header.Get("Authorization")
-	if len(h) <= len(scheme) || !equalFoldASCII(h[:len(scheme)], scheme) {
-		return "", wrong
+	i := s.bearer.Match(r.Header.Get("Authorization"))
+	if i < 0 {
+		return "", "authorization: missing or wrong bearer token"
 	}
-	sum := sha256.Sum256([]byte(h[len(scheme):]))
-	var match *serverToken
-	for i := range s.tokens {
-		if subtle.ConstantTimeCompare(sum[:], s.tokens[i].sum[:]) == 1 {
-			match = &s.tokens[i]
-		}
-	}
-	if match == nil {
-		return "", wrong
-	}
+	match := &s.tokens[i]
 	if !match.frontProxy {
 		match.calls.Inc()
 		return match.name, ""
@@ -551,15 +539,17 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 	return m, nil
 }
 
-// throttle lets one event through per second and counts the others.
-type throttle struct {
+// LogThrottle lets one event through per second and counts the others, so
+// that a failure repeated at every call logs a line a second. The zero
+// value is ready; it is safe for concurrent use.
+type LogThrottle struct {
 	last       atomic.Int64
 	suppressed atomic.Int64
 }
 
-// allow reports whether an event at now may be logged, and how many were
+// Allow reports whether an event at now may be logged, and how many were
 // suppressed since the last one that was.
-func (t *throttle) allow(now time.Time) (int64, bool) {
+func (t *LogThrottle) Allow(now time.Time) (int64, bool) {
 	ns := now.UnixNano()
 	last := t.last.Load()
 	if ns-last < int64(time.Second) || !t.last.CompareAndSwap(last, ns) {

@@ -204,17 +204,17 @@ func TestNewServerNeedsStore(t *testing.T) {
 }
 
 func TestThrottle(t *testing.T) {
-	var th throttle
+	var th LogThrottle
 	base := time.Unix(100, 0)
-	if _, ok := th.allow(base); !ok {
+	if _, ok := th.Allow(base); !ok {
 		t.Fatal("first event throttled")
 	}
 	for range 3 {
-		if _, ok := th.allow(base.Add(time.Millisecond)); ok {
+		if _, ok := th.Allow(base.Add(time.Millisecond)); ok {
 			t.Fatal("event within a second let through")
 		}
 	}
-	if n, ok := th.allow(base.Add(time.Second)); !ok || n != 3 {
+	if n, ok := th.Allow(base.Add(time.Second)); !ok || n != 3 {
 		t.Fatalf("allow after a second = %d, %v; want 3 suppressed, true", n, ok)
 	}
 }

@@ -2,8 +2,6 @@ package rls
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
@@ -167,13 +165,9 @@ func (g *GRPC) Stop() { g.srv.Stop() }
 
 // auth checks the bearer token of every call but the health service's.
 type auth struct {
-	tokens  []authToken
+	names   []string // names[i] is the caller of bearer's i-th token
+	bearer  service.BearerTokens
 	metrics *Metrics
-}
-
-type authToken struct {
-	sum  [sha256.Size]byte
-	name string
 }
 
 func newAuth(tokens []service.Token, m *Metrics) (*auth, error) {
@@ -187,7 +181,8 @@ func newAuth(tokens []service.Token, m *Metrics) (*auth, error) {
 			return nil, fmt.Errorf("rls: tokens[%d].name: %q named twice", i, t.Name)
 		}
 		seen[t.Name] = true
-		a.tokens = append(a.tokens, authToken{sum: sha256.Sum256([]byte(t.Value)), name: t.Name})
+		a.bearer.Add(t.Value)
+		a.names = append(a.names, t.Name)
 		m.authorized.WithLabelValues(t.Name)
 	}
 	return a, nil
@@ -196,22 +191,13 @@ func newAuth(tokens []service.Token, m *Metrics) (*auth, error) {
 // check returns nil when ctx's metadata carries one of the tokens (or none
 // is needed), comparing every token in constant time.
 func (a *auth) check(ctx context.Context, method string) error {
-	if len(a.tokens) == 0 || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
+	if a.bearer.Len() == 0 || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
 		return nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get("authorization")
-	const scheme = "bearer "
-	if len(vals) == 1 && len(vals[0]) > len(scheme) && strings.EqualFold(vals[0][:len(scheme)], scheme) {
-		sum := sha256.Sum256([]byte(vals[0][len(scheme):]))
-		var match *authToken
-		for i := range a.tokens {
-			if subtle.ConstantTimeCompare(sum[:], a.tokens[i].sum[:]) == 1 {
-				match = &a.tokens[i]
-			}
-		}
-		if match != nil {
-			a.metrics.authorized.WithLabelValues(match.name).Inc()
+	if vals := md.Get("authorization"); len(vals) == 1 {
+		if i := a.bearer.Match(vals[0]); i >= 0 {
+			a.metrics.authorized.WithLabelValues(a.names[i]).Inc()
 			return nil
 		}
 	}

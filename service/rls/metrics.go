@@ -5,12 +5,11 @@ import (
 	"math"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
 
@@ -34,7 +33,7 @@ type Metrics struct {
 	configLoads  *prometheus.CounterVec
 	authorized   *prometheus.CounterVec
 	unauthorized prometheus.Counter
-	errLog       throttle
+	errLog       service.LogThrottle
 
 	mu     sync.RWMutex
 	series map[seriesKey]*series
@@ -183,22 +182,4 @@ func (m *Metrics) record(domain string, d *descriptor) {
 		}
 	}
 	s.within.Add(hits)
-}
-
-// throttle lets one event through per second and counts the others.
-type throttle struct {
-	last       atomic.Int64
-	suppressed atomic.Int64
-}
-
-// allow reports whether an event at now may be logged, and how many were
-// suppressed since the last one that was.
-func (t *throttle) allow(now time.Time) (int64, bool) {
-	ns := now.UnixNano()
-	last := t.last.Load()
-	if ns-last < int64(time.Second) || !t.last.CompareAndSwap(last, ns) {
-		t.suppressed.Add(1)
-		return 0, false
-	}
-	return t.suppressed.Swap(0), true
 }

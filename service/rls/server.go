@@ -164,7 +164,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) 
 	defer cancel()
 	if err := s.count(ctx, req.Domain, ds); err != nil {
 		s.metrics.storeErrors.Inc()
-		if n, ok := s.metrics.errLog.allow(time.Now()); ok {
+		if n, ok := s.metrics.errLog.Allow(time.Now()); ok {
 			s.log.Warn("rate limit service: store failed", "err", err, "suppressed", n)
 		}
 		return nil, status.Error(codes.Unavailable, "rls: store: "+err.Error())
