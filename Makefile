@@ -124,6 +124,7 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecodeLeaseAnswer -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run XXX -fuzz FuzzDecodeChargeRequest -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run XXX -fuzz FuzzDecodeLease -fuzztime $(FUZZTIME) ./lease/
+	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./service/rlsconfig/
 	cd third_party/pretty && $(GO) test -run XXX -fuzz FuzzUnescape -fuzztime $(FUZZTIME) .
 
 clean:

@@ -3,6 +3,16 @@
 // script, behind a small HTTP API, so every gateway of a fleet shares one
 // limit. cmd/limitd is its binary; openapi.yaml describes the API.
 //
+// # Front doors
+//
+// The service has one decision core (Decide, over a Store) and two front
+// doors that translate into it and never decide: the HTTP API (Server, this
+// package) and Envoy's rate limit service over gRPC (package rls, configured
+// by envoyproxy/ratelimit's YAML through package rlsconfig). Besides token
+// buckets, a Store keeps fixed-window counters (Count, window.lua, and the
+// memory store's mirror), which the rate limit service counts with when a
+// limit asks for envoyproxy/ratelimit's fixed windows.
+//
 // # Model
 //
 // A request (Request) names one or more buckets, each with its limit (rate in

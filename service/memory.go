@@ -25,6 +25,9 @@ type Store interface {
 	// response): into debt down to -burst, or a refund; it cannot be
 	// refused. Errors as for Decide.
 	Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error)
+	// Count adds hits to fixed-window counters (window.go); errors as for
+	// Decide.
+	Count(ctx context.Context, req *CountRequest) (CountAnswer, error)
 	// Ping reports whether the store can take decisions.
 	Ping(ctx context.Context) error
 	// Close releases the store; calls in flight finish first.
@@ -74,6 +77,7 @@ type MemoryStore struct {
 	buckets   map[string]memoryEntry
 	nextSweep int
 	lastSweep int64
+	windows   map[string]windowEntry // fixed-window counters (window.go)
 }
 
 type memoryEntry struct {

@@ -78,6 +78,7 @@ type RedisStore struct {
 	window  string // the ledger window in microseconds, every script's last ARGV
 	cluster bool
 	batch   *batcher
+	windows *batcher // Count's pipelines (window.go), when batching
 }
 
 // NewRedisStore returns a store on client, typically a redis.UniversalClient.
@@ -120,6 +121,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore
 			onBatch = func(n int) { h.Observe(float64(n)) }
 		}
 		s.batch = newBatcher(client, s.script, opts.Batch, onBatch)
+		s.windows = newBatcher(client, windowScript, opts.Batch, nil)
 	}
 	return s, nil
 }
@@ -131,6 +133,9 @@ func (s *RedisStore) Load(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("service: redis: script load: %w", err)
 	}
 	if err := s.charge.Load(ctx, s.client).Err(); err != nil {
+		return "", fmt.Errorf("service: redis: script load: %w", err)
+	}
+	if err := s.windowScript().Load(ctx, s.client).Err(); err != nil {
 		return "", fmt.Errorf("service: redis: script load: %w", err)
 	}
 	sha, err := s.script.Load(ctx, s.client).Result()
@@ -453,6 +458,7 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 func (s *RedisStore) Close() error {
 	if s.batch != nil {
 		s.batch.close()
+		s.windows.close()
 	}
 	return nil
 }

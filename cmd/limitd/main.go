@@ -73,6 +73,7 @@ type options struct {
 	maxConns        int
 	unauthIdle      time.Duration
 	connGrace       time.Duration
+	rls             rlsOptions
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -102,6 +103,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxConns, "max-conns", service.DefaultMaxConns, "most HTTP connections open at once; keep it below the open-file limit minus the Redis connections")
 	fs.DurationVar(&o.unauthIdle, "unauthenticated-idle", service.DefaultUnauthenticatedIdle, "how long a connection that never carried an authenticated /v1 call may stay idle")
 	fs.DurationVar(&o.connGrace, "conn-grace", service.DefaultConnGrace, "how long a new connection with no request read yet is kept from eviction at --max-conns")
+	o.rls.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -134,6 +136,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	if !loopback && len(tokens) == 0 {
 		return fmt.Errorf("--listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.listen)
+	}
+	if err := o.rls.check(len(tokens)); err != nil {
+		return err
 	}
 
 	reg := prometheus.NewRegistry()
@@ -191,6 +196,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
+	rlsCtx, stopRLS := context.WithCancel(ctx)
+	defer stopRLS()
+	door, err := startRLS(rlsCtx, &o.rls, store, tokens, o.timeout, reg, log)
+	if err != nil {
+		return err
+	}
+	var rlsServed chan error // nil (never ready) without the rate limit service
+	if door != nil {
+		rlsServed = door.served
+		defer door.grpc.Stop() // whatever else ends run; a no-op after GracefulStop
+	}
 	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace, Registerer: reg})
 	if err != nil {
 		return err
@@ -226,11 +242,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	select {
 	case err := <-served:
 		return err
+	case err := <-rlsServed:
+		return fmt.Errorf("--grpc-listen: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: finishing requests in flight", "timeout", o.shutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
 	defer cancel()
+	if door != nil {
+		door.grpc.GracefulStop(sctx)
+	}
 	if err := httpSrv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}

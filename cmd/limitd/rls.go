@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/rls"
+	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
+)
+
+// rlsOptions are the flags of the rate limit service's front door.
+type rlsOptions struct {
+	grpcListen   string
+	config       string
+	algorithm    string
+	poll         time.Duration
+	windowPrefix string
+	grpcMaxConns int
+	maxStreams   uint
+	maxRecvBytes int
+}
+
+func (o *rlsOptions) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.grpcListen, "grpc-listen", "", "address to serve Envoy's rate limit service (gRPC) on; empty = off; a non-loopback address requires a token")
+	fs.StringVar(&o.config, "rls-config", "", "the rate limit service's configuration: a YAML file or a folder of them, in envoyproxy/ratelimit's format (required with --grpc-listen)")
+	fs.StringVar(&o.algorithm, "rls-algorithm", "token_bucket", "how the rate limit service counts limits that name no algorithm: token_bucket or fixed_window")
+	fs.DurationVar(&o.poll, "rls-config-poll", rls.DefaultPoll, "how often the rate limit service's configuration files are read again")
+	fs.StringVar(&o.windowPrefix, "rls-window-key-prefix", "", "prefix of the rate limit service's fixed-window counters (envoyproxy/ratelimit's CACHE_KEY_PREFIX)")
+	fs.IntVar(&o.grpcMaxConns, "grpc-max-conns", rls.DefaultMaxConns, "most gRPC connections open at once")
+	fs.UintVar(&o.maxStreams, "grpc-max-streams", rls.DefaultMaxStreams, "most gRPC calls in flight per connection")
+	fs.IntVar(&o.maxRecvBytes, "grpc-max-recv-bytes", rls.DefaultMaxRecvBytes, "largest gRPC request message")
+}
+
+// check validates the flags before anything starts.
+func (o *rlsOptions) check(tokens int) error {
+	if o.grpcListen == "" {
+		if o.config != "" {
+			return fmt.Errorf("--rls-config: needs --grpc-listen")
+		}
+		return nil
+	}
+	if o.config == "" {
+		return fmt.Errorf("--grpc-listen: needs --rls-config")
+	}
+	if _, err := rlsconfig.ParseAlgorithm(o.algorithm); err != nil {
+		return fmt.Errorf("--rls-algorithm: want token_bucket or fixed_window, got %q", o.algorithm)
+	}
+	if o.poll <= 0 {
+		return fmt.Errorf("--rls-config-poll: must be > 0, got %v", o.poll)
+	}
+	loopback, err := isLoopback(o.grpcListen)
+	if err != nil {
+		return fmt.Errorf("--grpc-listen: %w", err)
+	}
+	if !loopback && tokens == 0 {
+		return fmt.Errorf("--grpc-listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.grpcListen)
+	}
+	return nil
+}
+
+// rlsDoor is the running rate limit service.
+type rlsDoor struct {
+	grpc   *rls.GRPC
+	served chan error
+	addr   string
+}
+
+// startRLS loads the configuration (a refused file stops limitd from
+// starting) and serves the rate limit service on the store; nil when
+// --grpc-listen is empty. Its goroutines end with ctx.
+func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []service.Token, timeout time.Duration,
+	reg prometheus.Registerer, log *slog.Logger,
+) (*rlsDoor, error) {
+	if o.grpcListen == "" {
+		return nil, nil
+	}
+	algo, _ := rlsconfig.ParseAlgorithm(o.algorithm)
+	m, err := rls.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := rls.NewServer(rls.Options{Store: store, Algorithm: algo, WindowKeyPrefix: o.windowPrefix,
+		Timeout: timeout, Logger: log, Metrics: m})
+	if err != nil {
+		return nil, err
+	}
+	w, err := rls.NewWatcher(o.config, srv, log)
+	if err != nil {
+		return nil, fmt.Errorf("--rls-config: %w", err)
+	}
+	g, err := rls.NewGRPC(srv, rls.GRPCOptions{Tokens: tokens, MaxConns: o.grpcMaxConns,
+		MaxStreams: uint32(min(o.maxStreams, 1<<31)), MaxRecvBytes: o.maxRecvBytes})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", o.grpcListen)
+	if err != nil {
+		return nil, fmt.Errorf("--grpc-listen: %w", err)
+	}
+	go w.Run(ctx, o.poll)
+	go g.WatchStore(ctx, store, time.Second)
+	d := &rlsDoor{grpc: g, served: make(chan error, 1), addr: ln.Addr().String()}
+	go func() { d.served <- g.Serve(ln) }()
+	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(tokens) > 0)
+	return d, nil
+}

@@ -1,0 +1,193 @@
+package rls
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
+)
+
+// MaxSeries bounds the (domain, descriptor) label pairs of the per-limit
+// counters: descriptors named with the request's values (detailed_metric,
+// value_to_metric, a limit override) would otherwise grow them without
+// bound. Past it, hits are counted under descriptor OverflowDescriptor.
+const MaxSeries = 10000
+
+// OverflowDescriptor is the descriptor label of the hits of limits beyond
+// MaxSeries.
+const OverflowDescriptor = "_overflow"
+
+// Metrics are the rate limit service's Prometheus series.
+type Metrics struct {
+	totalHits, overLimit, nearLimit, withinLimit, shadowMode *prometheus.CounterVec
+
+	invalid      prometheus.Counter
+	storeErrors  prometheus.Counter
+	shadowErrors prometheus.Counter
+	configLoads  *prometheus.CounterVec
+	authorized   *prometheus.CounterVec
+	unauthorized prometheus.Counter
+	errLog       throttle
+
+	mu     sync.RWMutex
+	series map[seriesKey]*series
+}
+
+type seriesKey struct{ domain, descriptor string }
+
+// series are one limit's counters.
+type series struct {
+	total, over, near, within, shadow prometheus.Counter
+}
+
+// NewMetrics registers the rate limit service's series with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	vec := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"domain", "descriptor"})
+	}
+	m := &Metrics{
+		totalHits:   vec("limitd_rls_total_hits_total", "Hits (hits_addend) of rate limit service descriptors that matched a limit, by domain and descriptor (envoyproxy/ratelimit's total_hits)."),
+		overLimit:   vec("limitd_rls_over_limit_total", "Hits over the limit (shadow mode included), by domain and descriptor (envoyproxy/ratelimit's over_limit)."),
+		nearLimit:   vec("limitd_rls_near_limit_total", "Hits past 80% of the limit and within it, by domain and descriptor (envoyproxy/ratelimit's near_limit)."),
+		withinLimit: vec("limitd_rls_within_limit_total", "Hits within the limit, by domain and descriptor (envoyproxy/ratelimit's within_limit)."),
+		shadowMode:  vec("limitd_rls_shadow_mode_total", "Hits over the limit of shadow_mode descriptors, answered OK, by domain and descriptor (envoyproxy/ratelimit's shadow_mode)."),
+		invalid: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rls_invalid_requests_total",
+			Help: "ShouldRateLimit calls refused as InvalidArgument (no domain, no descriptors, beyond the bounds)."}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rls_store_errors_total",
+			Help: "ShouldRateLimit calls that failed in the store (answered Unavailable)."}),
+		shadowErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rls_shadow_errors_total",
+			Help: "Shadow and quota-mode token buckets whose own decision failed in the store (answered OK)."}),
+		configLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "limitd_rls_config_loads_total",
+			Help: "Rate limit service configuration loads, by result: success, or error (the file refused; the previous configuration keeps serving)."}, []string{"result"}),
+		authorized: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "limitd_rls_authorized_calls_total",
+			Help: "ShouldRateLimit calls that carried a valid bearer token, by the token's name."}, []string{"caller"}),
+		unauthorized: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rls_unauthenticated_calls_total",
+			Help: "ShouldRateLimit calls refused for a missing or wrong bearer token."}),
+		series: map[seriesKey]*series{},
+	}
+	for _, c := range []prometheus.Collector{m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode,
+		m.invalid, m.storeErrors, m.shadowErrors, m.configLoads, m.authorized, m.unauthorized} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("rls: metrics: %w", err)
+		}
+	}
+	m.configLoads.WithLabelValues("success")
+	m.configLoads.WithLabelValues("error")
+	return m, nil
+}
+
+// ConfigLoaded counts a configuration load: ok, or refused.
+func (m *Metrics) ConfigLoaded(ok bool) {
+	if ok {
+		m.configLoads.WithLabelValues("success").Inc()
+	} else {
+		m.configLoads.WithLabelValues("error").Inc()
+	}
+}
+
+// of returns the counters of a limit whose statistics key is key.
+func (m *Metrics) of(domain, key string) *series {
+	desc := strings.TrimPrefix(key, domain+".")
+	k := seriesKey{domain, desc}
+	m.mu.RLock()
+	s := m.series[k]
+	m.mu.RUnlock()
+	if s != nil {
+		return s
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.series[k]; s != nil {
+		return s
+	}
+	if len(m.series) >= MaxSeries {
+		k.descriptor = OverflowDescriptor
+		if s := m.series[k]; s != nil {
+			return s
+		}
+	}
+	s = &series{
+		total:  m.totalHits.WithLabelValues(k.domain, k.descriptor),
+		over:   m.overLimit.WithLabelValues(k.domain, k.descriptor),
+		near:   m.nearLimit.WithLabelValues(k.domain, k.descriptor),
+		within: m.withinLimit.WithLabelValues(k.domain, k.descriptor),
+		shadow: m.shadowMode.WithLabelValues(k.domain, k.descriptor),
+	}
+	m.series[k] = s
+	return s
+}
+
+// record counts a descriptor's hits with envoyproxy/ratelimit's meanings.
+// A fixed window's counts are its: of the hits that took the counter past
+// the limit, those past it are over the limit and those between 80% of it
+// and it near the limit. A token bucket's are the same said of the tokens
+// used from a full bucket (capacity minus the whole tokens left): a
+// descriptor that alone had the tokens is within the limit (near when its
+// take left less than 20% of the capacity), one that had not is over the
+// limit with all its hits.
+func (m *Metrics) record(domain string, d *descriptor) {
+	s := m.of(domain, d.limit.Key)
+	hits := float64(d.hits)
+	s.total.Add(hits)
+	var limit, before, after uint64
+	if d.algo == rlsconfig.FixedWindow {
+		limit, before, after = uint64(d.limit.RequestsPerUnit), d.before, d.after
+	} else {
+		limit = uint64(d.limit.Capacity())
+		if d.over {
+			before, after = limit, limit+d.hits // all the hits over
+		} else {
+			after = limit - min(limit, d.remaining)
+			before = after - min(after, d.hits)
+		}
+	}
+	near := uint64(math.Floor(float64(float32(limit) * float32(NearLimitRatio))))
+	if after > limit {
+		if before >= limit {
+			s.over.Add(hits)
+		} else {
+			s.over.Add(float64(after - limit))
+			s.near.Add(float64(limit - max(near, before)))
+		}
+		if d.limit.ShadowMode {
+			if before >= limit {
+				s.shadow.Add(hits)
+			} else {
+				s.shadow.Add(float64(after - limit))
+			}
+		}
+		return
+	}
+	if after > near {
+		if before >= near {
+			s.near.Add(hits)
+		} else {
+			s.near.Add(float64(after - near))
+		}
+	}
+	s.within.Add(hits)
+}
+
+// throttle lets one event through per second and counts the others.
+type throttle struct {
+	last       atomic.Int64
+	suppressed atomic.Int64
+}
+
+// allow reports whether an event at now may be logged, and how many were
+// suppressed since the last one that was.
+func (t *throttle) allow(now time.Time) (int64, bool) {
+	ns := now.UnixNano()
+	last := t.last.Load()
+	if ns-last < int64(time.Second) || !t.last.CompareAndSwap(last, ns) {
+		t.suppressed.Add(1)
+		return 0, false
+	}
+	return t.suppressed.Swap(0), true
+}

@@ -1,0 +1,410 @@
+// Package rls is the service's second front door: Envoy's rate limit service
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit over gRPC),
+// configured by envoyproxy/ratelimit's YAML (package rlsconfig), deciding on
+// the service's one store (package service). It translates a request into
+// the store's calls and their answers into the response; it never decides:
+// token buckets go to service.Decide (all of a request's buckets in one
+// atomic decision), fixed windows to Store.Count.
+//
+// # Decisions
+//
+// Each descriptor's limit is found as envoyproxy/ratelimit finds it (a
+// descriptor's own limit override, unlimited, replaces, shadow_mode,
+// quota_mode included), then counted by its algorithm:
+//
+//   - token_bucket (the default): a bucket of capacity requests_per_unit
+//     (or the extension burst) refilled continuously at requests_per_unit per
+//     unit, named like a /v1/decide bucket whose key is
+//     "<domain>_<key>_<value>_..._" (BucketKey). The buckets of a request are
+//     decided together: when one refuses, none is taken from.
+//   - fixed_window: envoyproxy/ratelimit's counter of the window (now
+//     truncated to the unit), incremented by the hits, over the limit past
+//     requests_per_unit, named as it names them (WindowKey). Every counter
+//     counts, over the limit or not, as there. When an enforced window is
+//     over its limit, the request's token buckets are only read.
+//
+// requests_per_unit 0 is counted as a fixed window whatever the algorithm (a
+// bucket of capacity 0 would never refill): every hit is over the limit.
+//
+// # Errors
+//
+// A request without a domain or descriptors, or beyond the bounds (MaxDescriptors, MaxEntries, hits_addend
+// above 2^32-1, an override with an unknown unit) is InvalidArgument; a store
+// failure or timeout is Unavailable, so Envoy's failure_mode_deny decides.
+package rls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
+)
+
+// Bounds of a request, beyond the gRPC message size.
+const (
+	// MaxDescriptors bounds the descriptors of one request.
+	MaxDescriptors = 64
+	// MaxEntries bounds the entries of one descriptor.
+	MaxEntries = 32
+)
+
+// NearLimitRatio is the share of a limit past which hits count as near the
+// limit (envoyproxy/ratelimit's NEAR_LIMIT_RATIO default).
+const NearLimitRatio = 0.8
+
+// Options configure a Server. Store is required.
+type Options struct {
+	// Store takes the decisions (the HTTP API's store).
+	Store service.Store
+	// Algorithm counts every limit that names none (default TokenBucket).
+	Algorithm rlsconfig.Algorithm
+	// WindowKeyPrefix starts every fixed-window counter's name
+	// (envoyproxy/ratelimit's CACHE_KEY_PREFIX; default none, its default).
+	WindowKeyPrefix string
+	// Timeout bounds each call (default service.DefaultTimeout).
+	Timeout time.Duration
+	// Now is the clock of fixed windows (default time.Now), as
+	// envoyproxy/ratelimit reads its own clock to name a window.
+	Now func() time.Time
+	// Logger receives structured logs (default slog.Default()).
+	Logger *slog.Logger
+	// Metrics receives the statistics (required: NewMetrics).
+	Metrics *Metrics
+}
+
+// Server implements pb.RateLimitServiceServer.
+type Server struct {
+	pb.UnimplementedRateLimitServiceServer
+
+	store   service.Store
+	algo    rlsconfig.Algorithm
+	prefix  string
+	timeout time.Duration
+	now     func() time.Time
+	log     *slog.Logger
+	metrics *Metrics
+	config  atomic.Pointer[rlsconfig.Config]
+}
+
+// NewServer returns a Server for opts, with no configuration: it answers
+// Unavailable until SetConfig.
+func NewServer(opts Options) (*Server, error) {
+	if opts.Store == nil {
+		return nil, errors.New("rls: options: store: required")
+	}
+	if opts.Metrics == nil {
+		return nil, errors.New("rls: options: metrics: required")
+	}
+	if opts.Algorithm == rlsconfig.Default {
+		opts.Algorithm = rlsconfig.TokenBucket
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = service.DefaultTimeout
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Server{
+		store: opts.Store, algo: opts.Algorithm, prefix: opts.WindowKeyPrefix, timeout: opts.Timeout,
+		now: opts.Now, log: opts.Logger, metrics: opts.Metrics,
+	}, nil
+}
+
+// SetConfig makes c the configuration of the calls that start from now on.
+func (s *Server) SetConfig(c *rlsconfig.Config) { s.config.Store(c) }
+
+// Config is the configuration in use (nil before SetConfig).
+func (s *Server) Config() *rlsconfig.Config { return s.config.Load() }
+
+// descriptor is one descriptor of a request as it is counted.
+type descriptor struct {
+	entries   []rlsconfig.Entry
+	hits      uint64
+	limit     *rlsconfig.RateLimit // nil: no limit (none matched, replaced, or unlimited)
+	values    []string
+	unlimited bool
+	algo      rlsconfig.Algorithm
+	index     int // into the bucket request or the window request
+	// what the store answered
+	over      bool // over the limit by its own count
+	remaining uint64
+	reset     time.Duration
+	before    uint64 // fixed window: the count before the hits
+	after     uint64 // fixed window: the count after them
+}
+
+// ShouldRateLimit implements pb.RateLimitServiceServer.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	cfg := s.config.Load()
+	if cfg == nil {
+		return nil, status.Error(codes.Unavailable, "rls: no configuration loaded")
+	}
+	ds, err := s.translate(cfg, req)
+	if err != nil {
+		s.metrics.invalid.Inc()
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.count(ctx, req.Domain, ds); err != nil {
+		s.metrics.storeErrors.Inc()
+		if n, ok := s.metrics.errLog.allow(time.Now()); ok {
+			s.log.Warn("rate limit service: store failed", "err", err, "suppressed", n)
+		}
+		return nil, status.Error(codes.Unavailable, "rls: store: "+err.Error())
+	}
+	return s.answer(req.Domain, ds), nil
+}
+
+// translate finds each descriptor's limit and hits, as envoyproxy/ratelimit
+// does, and checks the request's bounds.
+func (s *Server) translate(cfg *rlsconfig.Config, req *pb.RateLimitRequest) ([]descriptor, error) {
+	switch {
+	case req.GetDomain() == "":
+		return nil, errors.New("rls: domain: must not be empty")
+	case len(req.GetDescriptors()) == 0:
+		return nil, errors.New("rls: descriptors: must not be empty")
+	case len(req.Descriptors) > MaxDescriptors:
+		return nil, fmt.Errorf("rls: descriptors: at most %d, got %d", MaxDescriptors, len(req.Descriptors))
+	}
+	ds := make([]descriptor, len(req.Descriptors))
+	replacing := map[string]bool{}
+	for i, pd := range req.Descriptors {
+		d := &ds[i]
+		if len(pd.Entries) > MaxEntries {
+			return nil, fmt.Errorf("rls: descriptors[%d].entries: at most %d, got %d", i, MaxEntries, len(pd.Entries))
+		}
+		d.entries = make([]rlsconfig.Entry, len(pd.Entries))
+		for j, e := range pd.Entries {
+			d.entries[j] = rlsconfig.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		if h := pd.GetHitsAddend(); h != nil {
+			d.hits = h.GetValue()
+			if d.hits > service.MaxWindowHits {
+				return nil, fmt.Errorf("rls: descriptors[%d].hits_addend: at most %d, got %d", i, uint64(service.MaxWindowHits), d.hits)
+			}
+		} else {
+			d.hits = max(1, uint64(req.GetHitsAddend()))
+		}
+		m, known := cfg.Lookup(req.Domain, d.entries)
+		if known && pd.GetLimit() != nil {
+			unit := rlsconfig.Unit(pd.Limit.GetUnit())
+			if unit.Seconds() == 0 {
+				return nil, fmt.Errorf("rls: descriptors[%d].limit.unit: unknown unit %s", i, pd.Limit.GetUnit())
+			}
+			m.Limit = &rlsconfig.RateLimit{RequestsPerUnit: pd.Limit.GetRequestsPerUnit(), Unit: unit,
+				Key: rlsconfig.OverrideKey(req.Domain, d.entries)}
+			m.Values = make([]string, len(d.entries))
+			for j, e := range d.entries {
+				m.Values[j] = e.Value
+			}
+		}
+		d.limit, d.values = m.Limit, m.Values
+		if d.limit != nil {
+			for _, r := range d.limit.Replaces {
+				replacing[r] = true
+			}
+			if d.limit.Unlimited {
+				d.unlimited, d.limit = true, nil
+			}
+		}
+	}
+	for i := range ds {
+		d := &ds[i]
+		if d.limit != nil && d.limit.Name != "" && replacing[d.limit.Name] {
+			d.limit = nil
+		}
+		if d.limit == nil {
+			continue
+		}
+		d.algo = d.limit.Algorithm
+		if d.algo == rlsconfig.Default {
+			d.algo = s.algo
+		}
+		if d.limit.RequestsPerUnit == 0 {
+			d.algo = rlsconfig.FixedWindow
+		}
+	}
+	return ds, nil
+}
+
+// enforced reports whether a descriptor over its limit refuses the request.
+func (d *descriptor) enforced() bool { return !d.limit.ShadowMode && !d.limit.QuotaMode }
+
+// count asks the store: the fixed windows first (they count whatever
+// happens), then the token buckets in one decision, only read when an
+// enforced window is over its limit.
+func (s *Server) count(ctx context.Context, domain string, ds []descriptor) error {
+	var wreq service.CountRequest
+	var breq service.Request
+	var now time.Time
+	for i := range ds {
+		d := &ds[i]
+		if d.limit == nil {
+			continue
+		}
+		switch d.algo {
+		case rlsconfig.FixedWindow:
+			if now.IsZero() {
+				now = s.now()
+			}
+			div := d.limit.Unit.Seconds()
+			d.index = len(wreq.Windows)
+			wreq.Windows = append(wreq.Windows, service.Window{
+				Key:    WindowKey(s.prefix, domain, d.entries, d.values, now.Unix()/div*div),
+				Hits:   d.hits,
+				Expiry: div,
+			})
+			d.reset = time.Duration(div-now.Unix()%div) * time.Second
+		default:
+			rate := float64(d.limit.RequestsPerUnit) / float64(d.limit.Unit.Seconds())
+			key := BucketKey(domain, d.entries, d.values)
+			b := service.Bucket{Key: key, Rate: rate, Burst: float64(d.limit.Capacity()), Cost: float64(d.hits), Shadow: !d.enforced()}
+			d.index = -1
+			for j := range breq.Buckets { // the same bucket twice: one take of both costs
+				if o := &breq.Buckets[j]; o.Key == b.Key && o.Rate == b.Rate && o.Burst == b.Burst && o.Shadow == b.Shadow {
+					o.Cost += b.Cost
+					d.index = j
+				}
+			}
+			if d.index < 0 {
+				d.index = len(breq.Buckets)
+				breq.Buckets = append(breq.Buckets, b)
+			}
+		}
+	}
+	refused := false
+	if len(wreq.Windows) > 0 {
+		a, err := s.store.Count(ctx, &wreq)
+		if err != nil {
+			return err
+		}
+		for i := range ds {
+			d := &ds[i]
+			if d.limit == nil || d.algo != rlsconfig.FixedWindow {
+				continue
+			}
+			d.after = a.Counts[d.index]
+			d.before = d.after - min(d.after, d.hits)
+			limit := uint64(d.limit.RequestsPerUnit)
+			d.over = d.after > limit
+			if !d.over {
+				d.remaining = limit - d.after
+			}
+			refused = refused || (d.over && d.enforced())
+		}
+	}
+	if len(breq.Buckets) == 0 {
+		return nil
+	}
+	if refused {
+		for j := range breq.Buckets {
+			breq.Buckets[j].Cost = 0
+		}
+	}
+	a, shadowErrs, err := service.Decide(ctx, s.store, &breq)
+	if err != nil {
+		return err
+	}
+	s.metrics.shadowErrors.Add(float64(shadowErrs))
+	for i := range ds {
+		d := &ds[i]
+		if d.limit == nil || d.algo == rlsconfig.FixedWindow {
+			continue
+		}
+		ba := &a.Buckets[d.index]
+		d.over = !ba.Allowed
+		d.remaining = uint64(max(0, ba.Remaining))
+		d.reset = time.Duration(ba.ResetMs) * time.Millisecond
+	}
+	return nil
+}
+
+// answer builds the response and counts the statistics.
+func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
+	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(ds))}
+	for i := range ds {
+		d := &ds[i]
+		switch {
+		case d.unlimited:
+			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+			continue
+		case d.limit == nil:
+			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
+			continue
+		}
+		st := &pb.RateLimitResponse_DescriptorStatus{
+			Code: pb.RateLimitResponse_OK,
+			CurrentLimit: &pb.RateLimitResponse_RateLimit{
+				Name: d.limit.Name, RequestsPerUnit: d.limit.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(d.limit.Unit),
+			},
+			LimitRemaining:     uint32(min(d.remaining, math.MaxUint32)),
+			DurationUntilReset: durationpb.New(d.reset),
+		}
+		s.metrics.record(domain, d)
+		if d.over {
+			switch {
+			case d.limit.QuotaMode:
+				st.DurationUntilReset = nil
+			case d.limit.ShadowMode:
+			default:
+				st.Code = pb.RateLimitResponse_OVER_LIMIT
+				resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+			}
+		}
+		resp.Statuses[i] = st
+	}
+	return resp
+}
+
+// BucketKey is the key of the token bucket of a descriptor of domain whose
+// entries name it with values: "<domain>_<key1>_<value1>_<key2>_<value2>_",
+// envoyproxy/ratelimit's counter name without the window. The store names
+// it as any /v1/decide bucket of that key and limit (see package service).
+func BucketKey(domain string, entries []rlsconfig.Entry, values []string) string {
+	var b strings.Builder
+	writeKey(&b, domain, entries, values)
+	return b.String()
+}
+
+// WindowKey is the name of the fixed-window counter of a descriptor, as
+// envoyproxy/ratelimit names it: prefix, BucketKey, and the window's start
+// in Unix seconds.
+func WindowKey(prefix, domain string, entries []rlsconfig.Entry, values []string, start int64) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	writeKey(&b, domain, entries, values)
+	b.WriteString(strconv.FormatInt(start, 10))
+	return b.String()
+}
+
+func writeKey(b *strings.Builder, domain string, entries []rlsconfig.Entry, values []string) {
+	b.WriteString(domain)
+	b.WriteByte('_')
+	for i, e := range entries {
+		b.WriteString(e.Key)
+		b.WriteByte('_')
+		if i < len(values) {
+			b.WriteString(values[i])
+		} else {
+			b.WriteString(e.Value)
+		}
+		b.WriteByte('_')
+	}
+}
