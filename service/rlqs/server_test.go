@@ -37,8 +37,8 @@ func TestAssignmentFromConfig(t *testing.T) {
 			{map[string]string{"free": "x"}, typev3.RateLimitStrategy_ALLOW_ALL},
 			{map[string]string{"blocked": "x"}, typev3.RateLimitStrategy_DENY_ALL},
 			{map[string]string{"nothing": "x"}, want},
-			{map[string]string{"api_key": "a", "extra": "x"}, want},  // a key left over
-			{map[string]string{"tenant": "t", "other": "o"}, want}, // ambiguous
+			{map[string]string{"api_key": "a", "extra": "x"}, want}, // a key left over
+			{map[string]string{"tenant": "t", "other": "o"}, want},  // ambiguous
 		} {
 			r := exchange(t, s, "quota", usage(c.id, 0, 1, 0))
 			if got := blanket(t, r.BucketAction[0]); got != c.want {
