@@ -47,13 +47,16 @@ func (c *clock) Add(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-// quotaYAML: 40 a minute per api_key value, an unlimited key, a limit of 0,
+// quotaYAML: 40 a minute per api_key value, 600 a minute with a burst of 1200
+// per team, an unlimited key, a limit of 0,
 // a nested descriptor, and a level with two keys (ambiguous together).
 const quotaYAML = `
 domain: quota
 descriptors:
   - key: api_key
     rate_limit: {unit: minute, requests_per_unit: 40}
+  - key: team
+    rate_limit: {unit: minute, requests_per_unit: 600, burst: 1200}
   - key: free
     rate_limit: {unlimited: true}
   - key: blocked

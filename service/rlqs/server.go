@@ -25,7 +25,8 @@
 //
 // For each bucket of a report, the stream's share of the limit's rate is
 // its reported demand's fair fraction (shares.go) and the same fraction of
-// the burst left after the rates' life (burst − rate × (TTL + Grace)). It is
+// the burst left after the rates' life and a reserve for new Envoys
+// ((burst − rate × (TTL + Grace)) × (1 − Reserve)). It is
 // sent as a token_bucket (max_tokens, tokens_per_fill per whole-second
 // fill_interval, as Envoy 1.40 reads it: its rate is tokens_per_fill over
 // the interval truncated to seconds) with assignment_time_to_live TTL. What
@@ -38,7 +39,7 @@
 // caller's name) and debited by every reported allowed request: at each
 // report it leases what it lacks or returns what it holds beyond it. When
 // the global bucket cannot give what is lacking, the shape is shrunk to what
-// is held, down to DENY_ALL. A shape within 25% of the last one sent is
+// is held, down to DENY_ALL. A shape within 15% of the last one sent is
 // sent again unchanged, so Envoy keeps its bucket and its tokens.
 //
 // A stream's end returns only what it holds beyond what Envoy could still
@@ -115,6 +116,11 @@ const (
 	ReportBurst = MaxBuckets
 	ReportRate  = 10
 )
+
+// Reserve is the part of a limit's burst no stream's max_tokens is sized
+// from, so that a new Envoy gets tokens at its first report while the
+// others' shares still hold the rest.
+const Reserve = 0.125
 
 // MaxFill is the longest fill_interval, in seconds, of the intervals tried
 // to express a rate below MaxFill a second as tokens_per_fill over a whole
@@ -315,6 +321,9 @@ type bucket struct {
 	rate    float64
 	burst   float64
 	held    float64 // leased and not yet returned nor spent
+	ent     float64 // what it may still lease: its share of the refill
+	entAt   time.Time
+	frac    float64 // its share at the last report
 	sent    shape
 	hasSent bool
 	expiry  time.Time // the sent assignment's end, with grace
@@ -658,7 +667,8 @@ func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, den
 	interval := max(elapsed, time.Second)
 	ttl := s.ttl(b, elapsed)
 	life := ttl + s.opts.Grace
-	frac := s.shares.set(b.key, st.id, (allowed+denied)/interval.Seconds(), b.rate, now, 2*life+interval)
+	d := (allowed + denied) / interval.Seconds()
+	frac := s.shares.set(b.key, st.id, d, b.rate, now, 2*life+interval)
 
 	// The old assignment's residue while the new one is on its way: none
 	// when Envoy keeps its bucket (the same shape, still in force).
@@ -666,7 +676,18 @@ func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, den
 	if b.hasSent && now.Before(b.expiry) {
 		changedResidue = math.Min(b.held, b.sent.most(s.opts.Grace))
 	}
-	want := s.fit(b.rate*frac, (b.burst-b.rate*life.Seconds())*frac)
+	// The stream may lease its share of the global bucket's refill since
+	// its last report (up to its share of the burst), and what its share
+	// of the burst grew by: under overload, the first to report would
+	// otherwise take every token refilled.
+	if b.entAt.IsZero() {
+		b.ent = frac * b.burst
+	} else if d := now.Sub(b.entAt); d > 0 {
+		b.ent += frac*b.rate*d.Seconds() + max(0, frac-b.frac)*b.burst
+	}
+	b.ent = math.Min(b.ent, frac*b.burst)
+	b.entAt, b.frac = now, frac
+	want := s.fit(b.rate*frac, (b.burst-b.rate*life.Seconds())*(1-Reserve)*frac)
 	keep := b.hasSent && b.sent.max > 0 && now.Before(b.expiry) && near(want, b.sent)
 	if keep {
 		want = b.sent
@@ -677,21 +698,26 @@ func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, den
 	}
 	var err error
 	switch {
-	case b.held < target:
-		_, err = s.lease(ctx, b, target-b.held, 0)
+	case b.held < target && b.ent > 0:
+		var got float64
+		got, err = s.lease(ctx, b, math.Min(target-b.held, b.ent), 0)
+		b.ent -= got
 	case b.held > target:
 		_, err = s.lease(ctx, b, 0, b.held-target)
 	}
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "rlqs: store: %v", err)
 	}
-	if b.held < target { // the global bucket is short: shrink to what is held
-		if keep {
-			keep = false
-			target += changedResidue
-		}
-		avail := b.held - changedResidue
-		want = s.shrink(want, avail, life)
+	inForce := b.hasSent && b.sent.max > 0 && now.Before(b.expiry)
+	switch {
+	case b.held >= target:
+	case !keep && inForce && want.max >= b.sent.max && b.sent.most(life) <= b.held:
+		// Growing, and what the new shape and the old one's residue
+		// need is not held yet: the old shape goes on (Envoy keeps its
+		// bucket), and what was leased stays held for the next report.
+		want = b.sent
+	default: // the global bucket is short: shrink to what is held
+		want = s.shrink(want, b.held-changedResidue, life)
 	}
 	b.sent, b.hasSent, b.expiry = want, true, now.Add(life)
 	return action(b.id, want, ttl), nil
@@ -744,34 +770,35 @@ func (s *Server) fit(rate, burst float64) shape {
 	return sh
 }
 
-// shrink scales sh down so that what Envoy can admit under it over life
-// fits in avail.
+// shrink fits sh into avail: what Envoy can admit under it over life at
+// most avail. The rate goes first (steady traffic flows at it), max_tokens
+// takes what is left; when even the rate does not fit it is lowered, and
+// when no token fits, DENY_ALL.
 func (s *Server) shrink(sh shape, avail float64, life time.Duration) shape {
 	deny := shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
-	most := sh.most(life)
-	if sh.max == 0 || avail < 1 || most <= 0 {
+	if sh.max == 0 || avail < 1 {
 		return deny
 	}
-	f := math.Min(1, avail/most)
+	r := math.Min(sh.rate(), (avail-1)/life.Seconds())
 	for range 16 {
-		c := s.fit(sh.rate()*f, float64(sh.max)*f)
+		c := s.fit(r, math.Min(float64(sh.max), avail-r*life.Seconds()))
 		if c.max == 0 {
 			break
 		}
 		if c.most(life) <= avail {
 			return c
 		}
-		f *= 0.9
+		r *= 0.9
 	}
 	return deny
 }
 
-// near reports whether a is within 25% of b in rate and max_tokens.
+// near reports whether a is within 15% of b in rate and max_tokens.
 func near(a, b shape) bool {
 	if a.max == 0 || b.max == 0 {
 		return false
 	}
-	within := func(x, y float64) bool { return x >= 0.75*y && x <= 1.25*y }
+	within := func(x, y float64) bool { return x >= 0.85*y && x <= 1.15*y }
 	return within(float64(a.max), float64(b.max)) && within(a.rate(), b.rate())
 }
 
