@@ -668,7 +668,7 @@ func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, den
 	ttl := s.ttl(b, elapsed)
 	life := ttl + s.opts.Grace
 	d := (allowed + denied) / interval.Seconds()
-	frac := s.shares.set(b.key, st.id, d, b.rate, now, 2*life+interval)
+	frac := s.shares.set(b.key, st.id, st.caller, d, b.rate, now, 2*life+interval)
 
 	// The old assignment's residue while the new one is on its way: none
 	// when Envoy keeps its bucket (the same shape, still in force).

@@ -7,10 +7,12 @@ import (
 	"time"
 )
 
-// shares divides each global bucket's rate between the streams that report
-// it, by their reported demand: max-min fair (no stream is given more than
-// an equal split while another asks for more), then the rest of the rate in
-// proportion to demand. A stream that names a demand far above the others'
+// shares divides each global bucket's rate between the callers (token
+// names) whose streams report it, by their reported demand: max-min fair
+// (no caller is given more than an equal split while another asks for
+// more), then the rest of the rate in proportion to demand; a caller's
+// fraction is divided between its streams in proportion to their demand. A
+// caller that names a demand far above the others', or opens many streams,
 // so gets no more than an equal split of the rate.
 type shares struct {
 	mu   sync.Mutex
@@ -20,15 +22,16 @@ type shares struct {
 // demand is one stream's last reported demand of a bucket, in requests per
 // second, and when it was reported.
 type demand struct {
-	rate float64
-	at   time.Time
+	caller string
+	rate   float64
+	at     time.Time
 }
 
 func newShares() *shares { return &shares{keys: map[string]map[uint64]demand{}} }
 
 // set records stream's demand of key at now and returns its fraction of
 // the key's rate limit (0 to 1), counting only the demands reported within stale.
-func (s *shares) set(key string, stream uint64, rate, limit float64, now time.Time, stale time.Duration) float64 {
+func (s *shares) set(key string, stream uint64, caller string, rate, limit float64, now time.Time, stale time.Duration) float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.keys[key]
@@ -36,25 +39,43 @@ func (s *shares) set(key string, stream uint64, rate, limit float64, now time.Ti
 		m = map[uint64]demand{}
 		s.keys[key] = m
 	}
-	m[stream] = demand{rate: rate, at: now}
-	ids := make([]uint64, 0, len(m))
+	if math.IsNaN(rate) || rate < 0 {
+		rate = 0
+	}
+	m[stream] = demand{caller: caller, rate: math.Min(rate, 1e12), at: now}
+	byCaller := map[string]float64{}
 	for id, d := range m {
 		if now.Sub(d.at) > stale {
 			delete(m, id)
 			continue
 		}
-		ids = append(ids, id)
+		byCaller[d.caller] += d.rate
 	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	ds := make([]float64, len(ids))
+	names := make([]string, 0, len(byCaller))
+	for c := range byCaller {
+		names = append(names, c)
+	}
+	sort.Strings(names)
+	ds := make([]float64, len(names))
 	mine := 0
-	for i, id := range ids {
-		ds[i] = m[id].rate
-		if id == stream {
+	for i, c := range names {
+		ds[i] = byCaller[c]
+		if c == caller {
 			mine = i
 		}
 	}
-	return fairShares(ds, limit)[mine]
+	frac := fairShares(ds, limit)[mine]
+	// Within the caller: in proportion to each stream's demand, plus a
+	// floor so that an idle stream of a busy caller keeps a little.
+	n, sum := 0, 0.0
+	for _, d := range m {
+		if d.caller == caller {
+			n++
+			sum += d.rate
+		}
+	}
+	floor := sum/float64(n)/20 + 1e-9
+	return frac * (rate + floor) / (sum + floor*float64(n))
 }
 
 // drop forgets stream's demand of key.
