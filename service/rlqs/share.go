@@ -11,7 +11,7 @@ import (
 // names) whose streams report it, by their reported demand: max-min fair
 // (no caller is given more than an equal split while another asks for
 // more), then the rest of the rate in proportion to demand; a caller's
-// fraction is divided between its streams in proportion to their demand. A
+// part is divided between its streams the same way. A
 // caller that names a demand far above the others', or opens many streams,
 // so gets no more than an equal split of the rate.
 type shares struct {
@@ -65,17 +65,27 @@ func (s *shares) set(key string, stream uint64, caller string, rate, limit float
 		}
 	}
 	frac := fairShares(ds, limit)[mine]
-	// Within the caller: in proportion to each stream's demand, plus a
-	// floor so that an idle stream of a busy caller keeps a little.
-	n, sum := 0, 0.0
-	for _, d := range m {
-		if d.caller == caller {
-			n++
-			sum += d.rate
+	// Within the caller: the same division of the caller's part.
+	var own []float64
+	me := 0
+	for _, id := range sortedIDs(m) {
+		if d := m[id]; d.caller == caller {
+			if id == stream {
+				me = len(own)
+			}
+			own = append(own, d.rate)
 		}
 	}
-	floor := sum/float64(n)/20 + 1e-9
-	return frac * (rate + floor) / (sum + floor*float64(n))
+	return frac * fairShares(own, frac*limit)[me]
+}
+
+func sortedIDs(m map[uint64]demand) []uint64 {
+	ids := make([]uint64, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
 }
 
 // drop forgets stream's demand of key.
