@@ -5,9 +5,12 @@ import (
 	"testing"
 	"time"
 
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
@@ -92,4 +95,43 @@ func TestAbandonIdle(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A store failure leaves the assignment in force (nothing is sent for the
+// bucket) and the stream open: once Redis is back, the next report is
+// answered.
+func TestStoreDown(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	st, err := service.NewRedisStore(client, service.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, quotaYAML, fixtureOpts{store: st})
+	s, _ := f.open("")
+	id := map[string]string{"api_key": "down"}
+	tokenBucket(t, exchange(t, s, "quota", usage(id, 0, 1, 0)).BucketAction[0])
+	srv.Kill()
+	// Redis down: the report is taken, nothing answered; then the blanket
+	// bucket beside it is answered on the same stream.
+	if err := s.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "quota", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(id, 1, 0, time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	r := exchange(t, s, "quota", usage(map[string]string{"free": "x"}, 1, 0, time.Second))
+	if len(r.BucketAction) != 1 || r.BucketAction[0].BucketId.Bucket["free"] != "x" {
+		t.Fatalf("with Redis down, want only the blanket bucket answered, got %v", r)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Add(time.Second)
+	var got *rlqspb.RateLimitQuotaResponse
+	for range 50 { // the client reconnects on its own; each try is one report
+		got = exchange(t, s, "quota", usage(id, 0, 0, time.Second), usage(map[string]string{"free": "x"}, 0, 0, time.Second))
+		if len(got.BucketAction) == 2 {
+			break
+		}
+	}
+	tokenBucket(t, got.BucketAction[0])
 }

@@ -183,7 +183,8 @@ type Options struct {
 	// AbandonAfter (DefaultAbandonAfter) is how long a bucket is reported
 	// idle before the stream abandons it.
 	AbandonAfter time.Duration
-	// Timeout bounds the store calls of one report (service.DefaultTimeout).
+	// Timeout bounds each store call (service.DefaultTimeout). A failed
+	// call leaves the bucket's assignment in force until its TTL.
 	Timeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
@@ -459,8 +460,7 @@ func (s *Server) close(st *stream) {
 	s.mu.Unlock()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	ctx, cancel := context.WithTimeout(service.WithCaller(context.Background(), st.caller), s.opts.Timeout)
-	defer cancel()
+	ctx := service.WithCaller(context.Background(), st.caller)
 	now := s.opts.Now()
 	for _, b := range st.buckets {
 		if b.key == "" {
@@ -486,6 +486,8 @@ func (s *Server) residue(b *bucket, now time.Time) float64 {
 // and books the answer in b.held: what it granted and what it took back.
 func (s *Server) lease(ctx context.Context, b *bucket, want, ret float64) (float64, error) {
 	want, ret = math.Min(want, b.burst), math.Min(ret, b.burst) // the store's bounds
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
 	a, err := s.opts.Store.Lease(ctx, &service.LeaseRequest{Buckets: []service.LeaseBucket{{
 		Key: b.key, Rate: b.rate, Burst: b.burst, Want: want, Return: ret,
 	}}})
@@ -513,8 +515,7 @@ func (s *Server) report(st *stream, msg *rlqspb.RateLimitQuotaUsageReports) (*rl
 	if cfg == nil {
 		return nil, status.Error(codes.Unavailable, "rlqs: no configuration loaded yet")
 	}
-	ctx, cancel := context.WithTimeout(service.WithCaller(st.srv.Context(), st.caller), s.opts.Timeout)
-	defer cancel()
+	ctx := service.WithCaller(st.srv.Context(), st.caller)
 	resp := &rlqspb.RateLimitQuotaResponse{}
 	for _, u := range msg.BucketQuotaUsages {
 		id := canonical(u.BucketId)
@@ -706,7 +707,10 @@ func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, den
 		_, err = s.lease(ctx, b, 0, b.held-target)
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "rlqs: store: %v", err)
+		// The store failed: nothing was leased or returned as far as is
+		// known, and the assignment in force stands until its TTL.
+		s.opts.Logger.Warn("rlqs: store", "key", b.key, "err", err)
+		return nil, nil
 	}
 	inForce := b.hasSent && b.sent.max > 0 && now.Before(b.expiry)
 	switch {
@@ -734,7 +738,7 @@ func (s *Server) abandon(ctx context.Context, st *stream, b *bucket, now time.Ti
 	}
 	if excess := b.held - residue; excess > 0 {
 		if _, err := s.lease(ctx, b, 0, excess); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "rlqs: store: %v", err)
+			s.opts.Logger.Warn("rlqs: store", "key", b.key, "err", err)
 		}
 	}
 	return &rlqspb.RateLimitQuotaResponse_BucketAction{
