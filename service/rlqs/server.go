@@ -717,9 +717,15 @@ func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, den
 	case b.held >= target:
 	case !keep && inForce && want.max >= b.sent.max && b.sent.most(life) <= b.held:
 		// Growing, and what the new shape and the old one's residue
-		// need is not held yet: the old shape goes on (Envoy keeps its
-		// bucket), and what was leased stays held for the next report.
-		want = b.sent
+		// need is not held yet: the part of it that fits, when its rate
+		// (or, at the same rate, its max_tokens) is above the old one's;
+		// else the old shape goes on (Envoy keeps its bucket). What was
+		// leased stays held for the next report.
+		c := s.shrink(want, b.held-changedResidue, life)
+		if c.rate() < b.sent.rate() || (c.rate() == b.sent.rate() && c.max <= b.sent.max) {
+			c = b.sent
+		}
+		want = c
 	default: // the global bucket is short: shrink to what is held
 		want = s.shrink(want, b.held-changedResidue, life)
 	}
