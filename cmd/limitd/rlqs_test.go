@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,7 +52,7 @@ func TestRunRLQSRedis(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("gw-1 tok1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, logs, cancel, done := start(t, []string{"--listen", "127.0.0.1:0", "--redis", srv.Addr(), "--token-file", tokens,
+	addr, logs, cancel, done := start(t, []string{"--listen", "127.0.0.1:0", "--redis", srv.Addr(), "--token-file", tokens,
 		"--grpc-listen", "127.0.0.1:0", "--rls-config", writeConfig(t, rlsYAML)}, env())
 	conn, err := grpc.NewClient(grpcAddr(t, logs), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -92,6 +93,17 @@ func TestRunRLQSRedis(t *testing.T) {
 	}
 	if got[1] != pb.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("ShouldRateLimit beside a quota stream holding a token: %v, want the second OVER_LIMIT", got)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"limitd_rlqs_streams 1", "limitd_rlqs_reports_total 1", "limitd_rlqs_leased_tokens_total"} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 	cancel()
 	if _, err := q.Recv(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "until their TTL") {

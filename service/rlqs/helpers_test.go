@@ -77,6 +77,7 @@ type fixture struct {
 	srv   *Server
 	grpc  *rls.GRPC
 	conn  *grpc.ClientConn
+	reg   *prometheus.Registry
 }
 
 type fixtureOpts struct {
@@ -131,9 +132,13 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 		t.Fatal(err)
 	}
 	rsrv.SetConfig(cfg)
-	f := &fixture{t: t, store: o.store, clock: o.clock}
+	f := &fixture{t: t, store: o.store, clock: o.clock, reg: prometheus.NewRegistry()}
+	qm, err := NewMetrics(f.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	f.srv, err = NewServer(Options{Store: o.store, Config: rsrv.Config, Tokens: o.tokens, Unmatched: o.unmatched,
-		TTL: o.ttl, Now: o.clock.Now, Logger: quiet})
+		TTL: o.ttl, Now: o.clock.Now, Logger: quiet, Metrics: qm})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -190,6 +190,8 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives structured logs (default slog.Default()).
 	Logger *slog.Logger
+	// Metrics receives the statistics (NewMetrics; nil: none kept).
+	Metrics *Metrics
 }
 
 // Server implements rlqspb.RateLimitQuotaServiceServer.
@@ -335,11 +337,11 @@ type bucket struct {
 func (s *Server) StreamRateLimitQuotas(srv rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
 	caller := s.caller(srv.Context())
 	if caller == "" {
-		return status.Error(codes.Unauthenticated, "rlqs: authorization: missing or wrong bearer token")
+		return s.opts.Metrics.refuse(status.Error(codes.Unauthenticated, "rlqs: authorization: missing or wrong bearer token"))
 	}
 	st, err := s.open(caller, srv)
 	if err != nil {
-		return err
+		return s.opts.Metrics.refuse(err)
 	}
 	defer s.close(st)
 	type recv struct {
@@ -379,7 +381,7 @@ func (s *Server) StreamRateLimitQuotas(srv rlqspb.RateLimitQuotaService_StreamRa
 		resp, err := s.report(st, r.msg)
 		st.mu.Unlock()
 		if err != nil {
-			return err
+			return s.opts.Metrics.refuse(err)
 		}
 		if len(resp.BucketAction) == 0 {
 			continue
@@ -446,6 +448,9 @@ func (s *Server) open(caller string, srv rlqspb.RateLimitQuotaService_StreamRate
 		reports: ReportBurst, last: s.opts.Now()}
 	s.streams[st.id] = st
 	s.byCaller[caller]++
+	if m := s.opts.Metrics; m != nil {
+		m.streams.Inc()
+	}
 	return st, nil
 }
 
@@ -453,6 +458,9 @@ func (s *Server) open(caller string, srv rlqspb.RateLimitQuotaService_StreamRate
 // beyond what Envoy could still admit is returned.
 func (s *Server) close(st *stream) {
 	s.mu.Lock()
+	if m := s.opts.Metrics; m != nil {
+		m.streams.Dec()
+	}
 	delete(s.streams, st.id)
 	if s.byCaller[st.caller]--; s.byCaller[st.caller] <= 0 {
 		delete(s.byCaller, st.caller)
@@ -491,10 +499,21 @@ func (s *Server) lease(ctx context.Context, b *bucket, want, ret float64) (float
 	a, err := s.opts.Store.Lease(ctx, &service.LeaseRequest{Buckets: []service.LeaseBucket{{
 		Key: b.key, Rate: b.rate, Burst: b.burst, Want: want, Return: ret,
 	}}})
+	m := s.opts.Metrics
+	if m != nil {
+		m.storeCalls.Inc()
+	}
 	if err != nil {
+		if m != nil {
+			m.storeErrs.Inc()
+		}
 		return 0, err
 	}
 	g := a.Buckets[0]
+	if m != nil {
+		m.leased.Add(g.Tokens)
+		m.returned.Add(g.Returned)
+	}
 	b.held += g.Tokens - g.Returned
 	if b.held < 0 {
 		b.held = 0
@@ -505,6 +524,9 @@ func (s *Server) lease(ctx context.Context, b *bucket, want, ret float64) (float
 // report handles one usage report and returns the assignments to send.
 func (s *Server) report(st *stream, msg *rlqspb.RateLimitQuotaUsageReports) (*rlqspb.RateLimitQuotaResponse, error) {
 	now := s.opts.Now()
+	if m := s.opts.Metrics; m != nil {
+		m.reports.Inc()
+	}
 	if err := st.admitReport(now); err != nil {
 		return nil, err
 	}
@@ -738,6 +760,9 @@ func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, den
 func (s *Server) abandon(ctx context.Context, st *stream, b *bucket, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, error) {
 	s.shares.drop(b.key, st.id)
 	delete(st.buckets, canonical(b.id))
+	if m := s.opts.Metrics; m != nil {
+		m.abandoned.Inc()
+	}
 	residue := 0.0
 	if b.hasSent && now.Before(b.expiry) {
 		residue = b.sent.most(s.opts.Grace)
