@@ -751,6 +751,9 @@ func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, den
 	default: // the global bucket is short: shrink to what is held
 		want = s.shrink(want, b.held-changedResidue, life)
 	}
+	if inForce {
+		want = distinct(want, b.sent)
+	}
 	b.sent, b.hasSent, b.expiry = want, true, now.Add(life)
 	return action(b.id, want, ttl), nil
 }
@@ -826,6 +829,29 @@ func (s *Server) shrink(sh shape, avail float64, life time.Duration) shape {
 		r *= 0.9
 	}
 	return deny
+}
+
+// distinct returns sh as Envoy will see it beside old, the shape in force:
+// Envoy 1.40 keeps its bucket (and its rate) when max_tokens,
+// tokens_per_fill and fill_interval's nanos are equal, so a shape that
+// differs from old only in fill_interval's whole seconds would leave it on
+// the old rate. Such a shape is sent with one token fewer, or, at one
+// token, with tokens_per_fill and fill_interval doubled (the same rate).
+// The old bucket's residue is held as for any change.
+func distinct(sh, old shape) shape {
+	if sh.max == 0 || old.max == 0 || sh == old || sh.max != old.max || sh.perFill != old.perFill {
+		return sh
+	}
+	if sh.max > 1 {
+		sh.max--
+		return sh
+	}
+	if sh.perFill > 1<<30 { // doubling would overflow: a token a fill fewer
+		sh.perFill--
+		return sh
+	}
+	sh.perFill, sh.fill = sh.perFill*2, sh.fill*2
+	return sh
 }
 
 // near reports whether a is within 15% of b in rate and max_tokens.
