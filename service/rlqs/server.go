@@ -110,6 +110,8 @@ const (
 	MaxCount = 1 << 32
 	// MaxElapsed clamps a report's time_elapsed.
 	MaxElapsed = time.Hour
+	// MaxTTL bounds the life a long reporting interval gives assignments.
+	MaxTTL = 5 * time.Minute
 	// ReportBurst and ReportRate bound the reports of one stream: a token
 	// bucket of ReportBurst reports refilled at ReportRate a second
 	// (Envoy sends one per reporting interval and one per new bucket).
@@ -658,14 +660,14 @@ func (s *Server) newBucket(cfg *rlsconfig.Config, domain string, id *rlqspb.Buck
 
 // ttl is the life of b's assignments: Options.TTL, shortened so that the
 // rate over it ties up at most a quarter of the burst, never below twice
-// the reporting interval nor a second.
+// the reporting interval (up to MaxTTL) nor a second.
 func (s *Server) ttl(b *bucket, interval time.Duration) time.Duration {
 	ttl := s.opts.TTL
 	if b.rate > 0 {
 		fit := time.Duration((b.burst/4/b.rate)*float64(time.Second)) - s.opts.Grace
 		ttl = min(ttl, fit)
 	}
-	ttl = max(ttl, 2*interval, time.Second)
+	ttl = max(ttl, min(2*interval, MaxTTL), time.Second)
 	return ttl.Truncate(time.Second)
 }
 
