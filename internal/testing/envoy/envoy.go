@@ -120,6 +120,9 @@ type Listener struct {
 	// Filters are HTTP filters (a YAML list) before the plugin; HCM are
 	// extra HttpConnectionManager fields (YAML).
 	Filters, HCM string
+	// RateLimitQuota puts Envoy's own rate limit quota filter after
+	// Filters, before the plugin; nil leaves it out. See RateLimitQuota.
+	RateLimitQuota *RateLimitQuota
 }
 
 // Options configures one Envoy. Every field has a usable zero value.
@@ -137,11 +140,14 @@ type Options struct {
 	NativeModule string
 	// NoWasm leaves the plugin (either build) out of the main listener.
 	NoWasm bool
-	// Filters and HCM: see Listener.
-	Filters, HCM string
+	// Filters, HCM and RateLimitQuota: see Listener.
+	Filters, HCM   string
+	RateLimitQuota *RateLimitQuota
 	// UpstreamPort is the cluster "upstream" (0: Envoy answers directly);
-	// ServicePort the cluster "limit_service" (0: none).
-	UpstreamPort, ServicePort int
+	// ServicePort the cluster "limit_service" (0: none); RLQSPort the
+	// cluster "rlqs" (HTTP/2: a rate limit quota service's gRPC port) that
+	// RateLimitQuota reports to (0: none).
+	UpstreamPort, ServicePort, RLQSPort int
 	// ListenerPort and AdminPort are Envoy's ports; 0 means a free port.
 	ListenerPort, AdminPort int
 	// Listeners replaces the main listener when not empty.
@@ -170,8 +176,8 @@ type Options struct {
 
 // TemplateData is what a bootstrap template sees.
 type TemplateData struct {
-	ListenerPort, AdminPort, UpstreamPort, ServicePort int
-	PluginWasm, PluginConfig, FailurePolicy            string
+	ListenerPort, AdminPort, UpstreamPort, ServicePort, RLQSPort int
+	PluginWasm, PluginConfig, FailurePolicy                      string
 	// NativeModule is the native module's path when a listener runs it;
 	// NativeName is Envoy's name for it (libNAME.so).
 	NativeModule, NativeName string
@@ -292,7 +298,7 @@ func startTimeout(opts Options) time.Duration {
 func Data(opts Options) (TemplateData, error) {
 	d := TemplateData{
 		ListenerPort: opts.ListenerPort, AdminPort: opts.AdminPort,
-		UpstreamPort: opts.UpstreamPort, ServicePort: opts.ServicePort,
+		UpstreamPort: opts.UpstreamPort, ServicePort: opts.ServicePort, RLQSPort: opts.RLQSPort,
 		PluginWasm: opts.PluginWasm, PluginConfig: opts.PluginConfig,
 		FailurePolicy: opts.FailurePolicy, Data: opts.Data,
 	}
@@ -304,7 +310,8 @@ func Data(opts Options) (TemplateData, error) {
 	custom := opts.Config != "" && opts.Config != Bootstrap
 	ls := opts.Listeners
 	if len(ls) == 0 {
-		ls = []Listener{{Port: opts.ListenerPort, PluginConfig: opts.PluginConfig, Filters: opts.Filters, HCM: opts.HCM}}
+		ls = []Listener{{Port: opts.ListenerPort, PluginConfig: opts.PluginConfig, Filters: opts.Filters, HCM: opts.HCM,
+			RateLimitQuota: opts.RateLimitQuota}}
 	}
 	needPlugin := (custom && strings.Contains(opts.Config, ".PluginWasm")) ||
 		(!custom && len(opts.Listeners) == 0 && !opts.NoWasm && opts.Build != Native)
@@ -340,6 +347,16 @@ func Data(opts Options) (TemplateData, error) {
 		l.VMID = cmp.Or(l.VMID, "tokenbucket")
 		l.FailurePolicy = cmp.Or(l.FailurePolicy, d.FailurePolicy)
 		l.Direct = d.UpstreamPort == 0
+		if q := l.RateLimitQuota; q != nil {
+			if d.RLQSPort == 0 {
+				return d, fmt.Errorf("envoy: listener %s: RateLimitQuota without RLQSPort (the cluster \"rlqs\")", l.Name)
+			}
+			c, err := q.withDefaults()
+			if err != nil {
+				return d, fmt.Errorf("envoy: listener %s: %w", l.Name, err)
+			}
+			l.RateLimitQuota = &c
+		}
 		d.Listeners[i] = l
 	}
 	for _, l := range d.Listeners {
