@@ -37,7 +37,7 @@ import (
 const (
 	rlqsDomain   = "rlqs"
 	rlqsInterval = time.Second
-	// rlqsTTL is the assignments' time to live (--rlqs-assignment-ttl):
+	// rlqsTTL is the assignments' time to live at most (--rlqs-ttl):
 	// what an Envoy that vanished holds comes back to the fleet after it.
 	rlqsTTL = 5 * time.Second
 	// rlqsWait bounds every wait for limitd's or Envoy's first answer
@@ -82,6 +82,17 @@ type rlqsLimitd struct {
 // when t ends.
 func startRLQSLimitd(t *testing.T, redisAddr string, extra ...string) *rlqsLimitd {
 	t.Helper()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "limits.yaml")
+	if err := os.WriteFile(cfg, []byte(rlqsLimits), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return startLimitdWith(t, redisAddr, cfg, extra...)
+}
+
+// startLimitdWith is startRLQSLimitd with the --rls-config cfg.
+func startLimitdWith(t *testing.T, redisAddr, cfg string, extra ...string) *rlqsLimitd {
+	t.Helper()
 	root, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)
@@ -89,15 +100,11 @@ func startRLQSLimitd(t *testing.T, redisAddr string, extra ...string) *rlqsLimit
 	bin := filepath.Join(root, "build", "limitd")
 	needFile(t, bin, "make build-service")
 	dir := t.TempDir()
-	cfg := filepath.Join(dir, "limits.yaml")
-	if err := os.WriteFile(cfg, []byte(rlqsLimits), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	l := &rlqsLimitd{t: t, httpPort: envoytest.FreePort(t), grpcPort: envoytest.FreePort(t),
 		logPath: filepath.Join(dir, "limitd.log")}
 	l.args = append([]string{bin, "--listen", "127.0.0.1:" + strconv.Itoa(l.httpPort),
 		"--grpc-listen", "127.0.0.1:" + strconv.Itoa(l.grpcPort), "--rls-config", cfg,
-		"--redis", redisAddr, "--timeout", "800ms", "--rlqs-assignment-ttl", rlqsTTL.String()}, extra...)
+		"--redis", redisAddr, "--timeout", "800ms", "--rlqs-ttl", rlqsTTL.String()}, extra...)
 	l.start()
 	t.Cleanup(func() {
 		l.stop(syscall.SIGTERM)
