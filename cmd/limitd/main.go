@@ -250,6 +250,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
 	defer cancel()
 	if door != nil {
+		door.quota.Shutdown(o.rls.quota.shutdown == "abandon") // the quota streams end, or GracefulStop waits for them
 		door.grpc.GracefulStop(sctx)
 	}
 	if err := httpSrv.Shutdown(sctx); err != nil {

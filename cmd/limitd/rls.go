@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/rlqs"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
@@ -25,6 +26,7 @@ type rlsOptions struct {
 	grpcMaxConns int
 	maxStreams   uint
 	maxRecvBytes int
+	quota        rlqsOptions
 }
 
 func (o *rlsOptions) register(fs *flag.FlagSet) {
@@ -36,6 +38,7 @@ func (o *rlsOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.grpcMaxConns, "grpc-max-conns", rls.DefaultMaxConns, "most gRPC connections open at once")
 	fs.UintVar(&o.maxStreams, "grpc-max-streams", rls.DefaultMaxStreams, "most gRPC calls in flight per connection")
 	fs.IntVar(&o.maxRecvBytes, "grpc-max-recv-bytes", rls.DefaultMaxRecvBytes, "largest gRPC request message")
+	o.quota.register(fs)
 }
 
 // check validates the flags before anything starts.
@@ -55,6 +58,9 @@ func (o *rlsOptions) check(tokens int) error {
 	if o.poll <= 0 {
 		return fmt.Errorf("--rls-config-poll: must be > 0, got %v", o.poll)
 	}
+	if err := o.quota.check(); err != nil {
+		return err
+	}
 	loopback, err := isLoopback(o.grpcListen)
 	if err != nil {
 		return fmt.Errorf("--grpc-listen: %w", err)
@@ -68,6 +74,7 @@ func (o *rlsOptions) check(tokens int) error {
 // rlsDoor is the running rate limit service.
 type rlsDoor struct {
 	grpc   *rls.GRPC
+	quota  *rlqs.Server // the rate limit quota service, on grpc
 	served chan error
 	addr   string
 }
@@ -100,13 +107,17 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []
 	if err != nil {
 		return nil, err
 	}
+	q, err := startRLQS(&o.quota, srv, g, store, tokens, timeout, log)
+	if err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", o.grpcListen)
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-listen: %w", err)
 	}
 	go w.Run(ctx, o.poll)
 	go g.WatchStore(ctx, store, time.Second)
-	d := &rlsDoor{grpc: g, served: make(chan error, 1), addr: ln.Addr().String()}
+	d := &rlsDoor{grpc: g, quota: q, served: make(chan error, 1), addr: ln.Addr().String()}
 	go func() { d.served <- g.Serve(ln) }()
 	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(tokens) > 0)
 	return d, nil

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/rlqs"
+	"github.com/ratelimit-wasm/tokenbucket/service/rls"
+)
+
+// rlqsOptions are the flags of the rate limit quota service, served on
+// --grpc-listen beside the rate limit service.
+type rlqsOptions struct {
+	unmatched    string
+	ttl          time.Duration
+	abandonAfter time.Duration
+	shutdown     string
+}
+
+func (o *rlqsOptions) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.unmatched, "rlqs-unmatched", "allow", "what the rate limit quota service assigns a bucket that matches no limit of --rls-config: allow (ALLOW_ALL) or deny (DENY_ALL)")
+	fs.DurationVar(&o.ttl, "rlqs-ttl", rlqs.DefaultTTL, "longest life of a rate limit quota assignment (whole seconds; shortened for limits whose rate over it would tie up over a quarter of the burst)")
+	fs.DurationVar(&o.abandonAfter, "rlqs-abandon-after", rlqs.DefaultAbandonAfter, "how long a quota bucket is reported idle before the service abandons it")
+	fs.StringVar(&o.shutdown, "rlqs-shutdown", "keep", "what limitd tells its quota streams at shutdown: keep (assignments stand until their TTL) or abandon (Envoy falls back to its no_assignment_behavior)")
+}
+
+// check validates the flags.
+func (o *rlqsOptions) check() error {
+	if _, err := rlqs.ParseUnmatched(o.unmatched); err != nil {
+		return fmt.Errorf("--rlqs-unmatched: want allow or deny, got %q", o.unmatched)
+	}
+	if o.ttl < time.Second {
+		return fmt.Errorf("--rlqs-ttl: must be >= 1s, got %v", o.ttl)
+	}
+	if o.abandonAfter <= 0 {
+		return fmt.Errorf("--rlqs-abandon-after: must be > 0, got %v", o.abandonAfter)
+	}
+	if o.shutdown != "keep" && o.shutdown != "abandon" {
+		return fmt.Errorf("--rlqs-shutdown: want keep or abandon, got %q", o.shutdown)
+	}
+	return nil
+}
+
+// startRLQS registers the rate limit quota service on g, reading srv's
+// configuration.
+func startRLQS(o *rlqsOptions, srv *rls.Server, g *rls.GRPC, store service.Store, tokens []service.Token,
+	timeout time.Duration, log *slog.Logger,
+) (*rlqs.Server, error) {
+	un, _ := rlqs.ParseUnmatched(o.unmatched)
+	q, err := rlqs.NewServer(rlqs.Options{Store: store, Config: srv.Config, Tokens: tokens, Unmatched: un,
+		TTL: o.ttl, AbandonAfter: o.abandonAfter, Timeout: timeout, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	g.Register(q.Register)
+	return q, nil
+}

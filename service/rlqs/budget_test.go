@@ -1,0 +1,183 @@
+package rlqs
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+
+	"github.com/ratelimit-wasm/tokenbucket/service"
+)
+
+// node is one simulated Envoy with one bucket, on its stream.
+type node struct {
+	t      *testing.T
+	f      *fixture
+	e      *envoy
+	s      rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient
+	cancel context.CancelFunc
+	token  string
+}
+
+func (f *fixture) node(id map[string]string, token string) *node {
+	n := &node{t: f.t, f: f, e: newEnvoy(id, f.clock.Now()), token: token}
+	n.connect()
+	return n
+}
+
+// connect opens a new stream (Envoy keeps its bucket and assignment).
+func (n *node) connect() { n.s, n.cancel = n.f.open(n.token) }
+
+// report sends the bucket's usage and applies the answer.
+func (n *node) report() {
+	n.t.Helper()
+	now := n.f.clock.Now()
+	r := exchange(n.t, n.s, "quota", n.e.report(now))
+	for _, a := range r.BucketAction {
+		n.e.apply(a, now)
+	}
+}
+
+// run sends demand requests a second to each node over d (spread evenly),
+// every node reporting each interval; check sees the time of each request
+// and, after the reports, the clock.
+func run(f *fixture, nodes []*node, demand []float64, d, interval time.Duration, check func(time.Time)) {
+	for end := f.clock.Now().Add(d); f.clock.Now().Before(end); {
+		from := f.clock.Now()
+		for i, n := range nodes {
+			k := int(demand[i] * interval.Seconds())
+			for j := range k {
+				at := from.Add(time.Duration(j) * interval / time.Duration(k))
+				if !n.e.has && n.e.total == 0 && n.e.denied == 0 { // a new bucket: the first report at once
+					n.e.request(at)
+					f.clock.Add(at.Sub(f.clock.Now()))
+					n.report()
+					check(at)
+					continue
+				}
+				n.e.request(at)
+				check(at)
+			}
+		}
+		f.clock.Add(from.Add(interval).Sub(f.clock.Now()))
+		for _, n := range nodes {
+			n.report()
+		}
+		check(f.clock.Now())
+	}
+}
+
+// Two Envoys sharing one budget of 40 a minute never admit more than
+// burst + rate × t together, across reports, demand moving, a stream reset,
+// and an Envoy vanishing without a word and another taking its place.
+func TestFleetBound(t *testing.T) {
+	stores(t, func(t *testing.T, st service.Store, c *clock) {
+		f := start(t, quotaYAML, fixtureOpts{store: st, clock: c})
+		id := map[string]string{"api_key": "shared"}
+		a, b := f.node(id, ""), f.node(id, "")
+		nodes := []*node{a, b}
+		t0, real0 := c.Now(), time.Now()
+		var olds uint64 // admitted by Envoys that are gone
+		total := func() uint64 {
+			s := olds
+			for _, n := range nodes {
+				s += n.e.total
+			}
+			return s
+		}
+		margin := 1e9
+		check := func(at time.Time) {
+			el := at.Sub(t0)
+			if _, ok := st.(*service.RedisStore); ok { // its bucket refills on its own clock
+				el = time.Since(real0) + time.Second
+			}
+			bound := 40 + 40.0/60*el.Seconds()
+			got := float64(total())
+			if got > bound {
+				t.Fatalf("at %v: the fleet admitted %v, bound %.1f", el, got, bound)
+			}
+			margin = min(margin, bound-got)
+		}
+		run(f, nodes, []float64{5, 5}, 60*time.Second, time.Second, check)
+		t.Logf("after 60 s of 5/s each: a %d, b %d", a.e.total, b.e.total)
+		run(f, nodes, []float64{10, 0}, 30*time.Second, time.Second, check)
+		b.cancel()
+		b.connect()
+		run(f, nodes, []float64{10, 2}, 30*time.Second, time.Second, check)
+		a.cancel() // vanished without a word; another Envoy comes
+		olds += a.e.total
+		nodes[0] = f.node(id, "")
+		run(f, nodes, []float64{5, 5}, 120*time.Second, time.Second, check)
+		el := c.Now().Sub(t0)
+		t.Logf("over %v: admitted %d of a bound %.1f (closest to it: %.1f under)", el, total(), 40+40.0/60*el.Seconds(), margin)
+		if _, ok := st.(*service.MemoryStore); ok && float64(total()) < 0.5*40.0/60*el.Seconds() {
+			t.Errorf("admitted %d over %v: under half the rate", total(), el)
+		}
+	})
+}
+
+// assigned is the most the node's current assignment lets it admit a
+// minute: its max_tokens plus its rate over a minute (0 without one).
+func (n *node) assigned() float64 {
+	if !n.e.has || n.e.tb == nil {
+		return 0
+	}
+	return float64(n.e.tb.MaxTokens) + float64(n.e.tb.TokensPerFill.GetValue())/n.e.tb.FillInterval.AsDuration().Seconds()*60
+}
+
+// rateOf is the rate of the node's current assignment, a second (0
+// without a token bucket).
+func (n *node) rateOf() float64 {
+	if !n.e.has || n.e.tb == nil {
+		return 0
+	}
+	return float64(n.e.tb.TokensPerFill.GetValue()) / n.e.tb.FillInterval.AsDuration().Seconds()
+}
+
+// Shares follow demand: the busy Envoy is assigned more than the idle one,
+// the shares swap within three reports of the demand swapping, and a new
+// Envoy has a token bucket after its first report.
+func TestSharesFollowDemand(t *testing.T) {
+	stores(t, func(t *testing.T, st service.Store, c *clock) {
+		f := start(t, quotaYAML, fixtureOpts{store: st, clock: c})
+		id := map[string]string{"team": "moving"}
+		a, b := f.node(id, ""), f.node(id, "")
+		nodes := []*node{a, b}
+		nop := func(time.Time) {}
+		run(f, nodes, []float64{6, 1}, 5*time.Second, time.Second, nop)
+		if a.rateOf() <= 2*b.rateOf() || a.rateOf() < 6 {
+			t.Fatalf("a at 6/s, b at 1/s: a assigned %.2f/s, b %.2f/s", a.rateOf(), b.rateOf())
+		}
+		t.Logf("a at 6/s, b at 1/s: a assigned %.2f/s, b %.2f/s", a.rateOf(), b.rateOf())
+		reports := 0
+		for b.rateOf() <= 2*a.rateOf() || b.rateOf() < 6 {
+			if reports++; reports > 10 {
+				t.Fatalf("demand swapped, 10 reports later: a %.2f/s, b %.2f/s", a.rateOf(), b.rateOf())
+			}
+			run(f, nodes, []float64{1, 6}, time.Second, time.Second, nop)
+		}
+		t.Logf("demand swapped: b at twice a's rate and its demand after %d reports (a %.2f/s, b %.2f/s)", reports, a.rateOf(), b.rateOf())
+		if reports > 3 {
+			t.Errorf("shares took %d reports to follow demand, want at most 3", reports)
+		}
+		cn := f.node(id, "")
+		cn.e.request(c.Now())
+		cn.report()
+		if cn.rateOf() == 0 || cn.e.tb.MaxTokens < 1 {
+			t.Errorf("a new Envoy has no token bucket after its first report: %v", cn.e.tb)
+		}
+		t.Logf("a new Envoy after its first report: %.2f/s, max_tokens %d", cn.rateOf(), cn.e.tb.GetMaxTokens())
+		for i := range 12 {
+			run(f, append(nodes, cn), []float64{1, 6, 3}, time.Second, time.Second, nop)
+			t.Logf("a new Envoy (3/s) after %d more reports: %.2f/s, max_tokens %d; a %.2f/s %d, b %.2f/s %d", i+1, cn.rateOf(), cn.e.tb.GetMaxTokens(), a.rateOf(), a.e.tb.GetMaxTokens(), b.rateOf(), b.e.tb.GetMaxTokens())
+		}
+		// Returns are bounded to one burst per ledger window (a minute) and
+		// key: here the shares moved more than that within seconds, so the
+		// new Envoy's full share waits for the memory store's window to turn
+		// on the test's clock (Redis's turns on its own, in real time).
+		if _, ok := st.(*service.MemoryStore); ok && cn.rateOf() < 3 {
+			t.Errorf("a new Envoy asking 3/s is assigned %.2f/s after 12 reports", cn.rateOf())
+		}
+	})
+}

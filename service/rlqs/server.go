@@ -1,0 +1,826 @@
+// Package rlqs is the service's third front door: Envoy's rate limit quota
+// service (envoy.service.rate_limit_quota.v3.RateLimitQuotaService, one
+// bidirectional stream per Envoy of usage reports and quota assignments),
+// served by Envoy's own rate_limit_quota filter. Its limits are the rate
+// limit service's (package rlsconfig, the same --rls-config YAML), and each
+// assignment is carved from the same global bucket in the store as
+// ShouldRateLimit's and /v1/lease's through the lease ledger, so the fleet
+// never admits more than burst + rate × t.
+//
+// # Buckets
+//
+// A report's bucket_id is an unordered map; Config.Order reads it as a
+// descriptor of the report's domain by walking the domain's tree from the
+// root, taking at each level the one remaining key the level's descriptors
+// name. A map that is no path of the tree (or leaves keys unused) is
+// unmatched and gets the Unmatched default (blanket ALLOW_ALL or DENY_ALL);
+// a map that names two keys of one level is ambiguous and gets the same
+// default, counted apart. A matched token_bucket limit is the bucket
+// service.Decide would decide for ShouldRateLimit: rls.BucketKey, the
+// limit's rate and capacity. An unlimited, shadow_mode or quota_mode limit
+// is ALLOW_ALL; a limit of 0, or a fixed_window limit (it is a counter, not
+// a bucket that can be leased), DENY_ALL.
+//
+// # Assignments
+//
+// For each bucket of a report, the stream's share of the limit's rate is
+// its reported demand's fair fraction (shares.go) and the same fraction of
+// the burst left after the rates' life and a reserve for new Envoys
+// ((burst − rate × (TTL + Grace)) × (1 − Reserve)). It is
+// sent as a token_bucket (max_tokens, tokens_per_fill per whole-second
+// fill_interval, as Envoy 1.40 reads it: its rate is tokens_per_fill over
+// the interval truncated to seconds) with assignment_time_to_live TTL. What
+// Envoy can admit under it from the report on is at most max_tokens plus the
+// rate over TTL + Grace (Grace covers the report's and the assignment's way
+// over the stream), plus, when the shape changes (Envoy then starts a new,
+// full bucket), what the old one could still admit before the new one
+// arrives (its max_tokens plus its rate over Grace). The stream holds that
+// much, leased from the global bucket (service.Store.Lease, under the
+// caller's name) and debited by every reported allowed request: at each
+// report it leases what it lacks or returns what it holds beyond it. When
+// the global bucket cannot give what is lacking, the shape is shrunk to what
+// is held, down to DENY_ALL. A shape within 15% of the last one sent is
+// sent again unchanged, so Envoy keeps its bucket and its tokens.
+//
+// A stream's end returns only what it holds beyond what Envoy could still
+// admit (Envoy keeps its assignments until their TTL): what an Envoy that
+// vanished held comes back to the fleet through the global bucket's refill.
+// A bucket reported idle for AbandonAfter is abandoned (abandon_action: Envoy
+// drops it and stops reporting it) and what it held beyond its residue
+// returned.
+//
+// # Bounds
+//
+// Streams at once (MaxStreams, MaxStreamsPerCaller: ResourceExhausted),
+// buckets per stream (MaxBuckets: ResourceExhausted), usages per report
+// (MaxUsages), bucket_id entries (rls.MaxEntries) and their bytes
+// (MaxEntryBytes), domain bytes (MaxDomainBytes): InvalidArgument. Reports
+// per stream are a token bucket of ReportBurst refilled at ReportRate a
+// second (ResourceExhausted past it). Counts are clamped to MaxCount and
+// time_elapsed to [0, MaxElapsed]. Each status ends the stream; Envoy
+// opens another at its next report.
+package rlqs
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/rls"
+	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
+)
+
+// ServiceName is the gRPC service served.
+const ServiceName = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService"
+
+// Bounds of what a client sends.
+const (
+	// MaxStreams bounds the streams open at once.
+	MaxStreams = 256
+	// MaxStreamsPerCaller bounds the streams of one caller (token name).
+	MaxStreamsPerCaller = 64
+	// MaxBuckets bounds the buckets one stream reports.
+	MaxBuckets = 256
+	// MaxUsages bounds the bucket usages of one report.
+	MaxUsages = MaxBuckets
+	// MaxEntryBytes bounds a bucket_id key or value.
+	MaxEntryBytes = 256
+	// MaxDomainBytes bounds the domain.
+	MaxDomainBytes = 256
+	// MaxCount clamps a report's allowed or denied count.
+	MaxCount = 1 << 32
+	// MaxElapsed clamps a report's time_elapsed.
+	MaxElapsed = time.Hour
+	// ReportBurst and ReportRate bound the reports of one stream: a token
+	// bucket of ReportBurst reports refilled at ReportRate a second
+	// (Envoy sends one per reporting interval and one per new bucket).
+	ReportBurst = MaxBuckets
+	ReportRate  = 10
+)
+
+// Reserve is the part of a limit's burst no stream's max_tokens is sized
+// from, so that a new Envoy gets tokens at its first report while the
+// others' shares still hold the rest.
+const Reserve = 0.125
+
+// MaxFill is the longest fill_interval, in seconds, of the intervals tried
+// to express a rate below MaxFill a second as tokens_per_fill over a whole
+// number of seconds (Envoy truncates the interval to seconds).
+const MaxFill = 60
+
+// Defaults of Options.
+const (
+	// DefaultTTL is an assignment's longest life.
+	DefaultTTL = 10 * time.Second
+	// DefaultGrace is the time a report and an assignment may take over the
+	// stream, covered by every lease.
+	DefaultGrace = time.Second
+	// DefaultAbandonAfter is how long a bucket is reported idle before it
+	// is abandoned.
+	DefaultAbandonAfter = time.Minute
+)
+
+// Unmatched is what a bucket that matches no limit gets.
+type Unmatched uint8
+
+const (
+	// AllowUnmatched: blanket ALLOW_ALL.
+	AllowUnmatched Unmatched = iota
+	// DenyUnmatched: blanket DENY_ALL.
+	DenyUnmatched
+)
+
+// ParseUnmatched reads "allow" or "deny".
+func ParseUnmatched(s string) (Unmatched, error) {
+	switch s {
+	case "allow":
+		return AllowUnmatched, nil
+	case "deny":
+		return DenyUnmatched, nil
+	}
+	return 0, fmt.Errorf("rlqs: unmatched: want allow or deny, got %q", s)
+}
+
+// Options configure a Server. Store and Config are required.
+type Options struct {
+	// Store leases the assignments (the HTTP API's and ShouldRateLimit's).
+	Store service.Store
+	// Config returns the configuration in use (the rate limit service's:
+	// rls.Server.Config); nil means none yet (streams get Unavailable).
+	Config func() *rlsconfig.Config
+	// Tokens are the bearer tokens (as the gRPC server's): the caller's
+	// name, for the ledger and MaxStreamsPerCaller, is the matching one's.
+	// None: every caller is service.DefaultCaller.
+	Tokens []service.Token
+	// Unmatched is the answer to a bucket that matches no limit.
+	Unmatched Unmatched
+	// TTL is an assignment's longest life (DefaultTTL), in whole seconds;
+	// it is shortened for a limit whose rate over it would tie up more than
+	// a quarter of the burst, never below twice the reporting interval or a
+	// second.
+	TTL time.Duration
+	// Grace (DefaultGrace) is covered by every lease beyond the TTL.
+	Grace time.Duration
+	// AbandonAfter (DefaultAbandonAfter) is how long a bucket is reported
+	// idle before the stream abandons it.
+	AbandonAfter time.Duration
+	// Timeout bounds the store calls of one report (service.DefaultTimeout).
+	Timeout time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// Logger receives structured logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Server implements rlqspb.RateLimitQuotaServiceServer.
+type Server struct {
+	rlqspb.UnimplementedRateLimitQuotaServiceServer
+
+	opts   Options
+	tokens []authToken
+	shares *shares
+
+	mu       sync.Mutex
+	nextID   uint64
+	streams  map[uint64]*stream
+	byCaller map[string]int
+	closing  bool
+	// abandonOnClose: Shutdown abandons the streams' buckets.
+	abandonOnClose bool
+}
+
+type authToken struct {
+	sum  [sha256.Size]byte
+	name string
+}
+
+// NewServer returns a Server for opts.
+func NewServer(opts Options) (*Server, error) {
+	if opts.Store == nil {
+		return nil, errors.New("rlqs: options: store: required")
+	}
+	if opts.Config == nil {
+		return nil, errors.New("rlqs: options: config: required")
+	}
+	if opts.TTL <= 0 {
+		opts.TTL = DefaultTTL
+	}
+	opts.TTL = opts.TTL.Truncate(time.Second)
+	if opts.TTL < time.Second {
+		return nil, errors.New("rlqs: options: ttl: at least 1s")
+	}
+	if opts.Grace <= 0 {
+		opts.Grace = DefaultGrace
+	}
+	if opts.AbandonAfter <= 0 {
+		opts.AbandonAfter = DefaultAbandonAfter
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = service.DefaultTimeout
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{opts: opts, shares: newShares(), streams: map[uint64]*stream{}, byCaller: map[string]int{}}
+	for _, t := range opts.Tokens {
+		s.tokens = append(s.tokens, authToken{sum: sha256.Sum256([]byte(t.Value)), name: t.Name})
+	}
+	return s, nil
+}
+
+// Register registers s on g (on the rate limit service's gRPC server).
+func (s *Server) Register(g *grpc.Server) { rlqspb.RegisterRateLimitQuotaServiceServer(g, s) }
+
+// caller names the caller of ctx by its bearer token (checked already by the
+// gRPC server's interceptor).
+func (s *Server) caller(ctx context.Context) string {
+	if len(s.tokens) == 0 {
+		return service.DefaultCaller
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get("authorization")
+	const scheme = "bearer "
+	if len(vals) != 1 || len(vals[0]) <= len(scheme) || !strings.EqualFold(vals[0][:len(scheme)], scheme) {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(vals[0][len(scheme):]))
+	name := ""
+	for i := range s.tokens {
+		if subtle.ConstantTimeCompare(sum[:], s.tokens[i].sum[:]) == 1 {
+			name = s.tokens[i].name
+		}
+	}
+	return name
+}
+
+// stream is one open StreamRateLimitQuotas call: one Envoy.
+type stream struct {
+	id      uint64
+	caller  string
+	quit    chan struct{} // closed by Shutdown
+	mu      sync.Mutex    // held while a report is handled
+	srv     rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer
+	domain  string
+	buckets map[string]*bucket // by bucket_id's canonical form
+	reports float64            // report tokens left (ReportBurst, ReportRate)
+	last    time.Time          // when reports was last refilled
+}
+
+// shape is an assignment: a token bucket, or a blanket rule.
+type shape struct {
+	blanket typev3.RateLimitStrategy_BlanketRule // used when max == 0
+	max     uint32                               // max_tokens; 0: blanket
+	perFill uint32                               // tokens_per_fill
+	fill    int64                                // fill_interval, seconds
+}
+
+func (sh shape) rate() float64 {
+	if sh.max == 0 {
+		return 0
+	}
+	return float64(sh.perFill) / float64(sh.fill)
+}
+
+// most is what Envoy can admit under sh over d from a full bucket.
+func (sh shape) most(d time.Duration) float64 {
+	if sh.max == 0 {
+		if sh.blanket == typev3.RateLimitStrategy_ALLOW_ALL {
+			return math.Inf(1)
+		}
+		return 0
+	}
+	return float64(sh.max) + sh.rate()*d.Seconds()
+}
+
+// bucket is one bucket of a stream.
+type bucket struct {
+	id      *rlqspb.BucketId
+	key     string // the store's bucket key; "" when not leased
+	rate    float64
+	burst   float64
+	held    float64 // leased and not yet returned nor spent
+	ent     float64 // what it may still lease: its share of the refill
+	entAt   time.Time
+	frac    float64 // its share at the last report
+	sent    shape
+	hasSent bool
+	expiry  time.Time // the sent assignment's end, with grace
+	idle    time.Time // since when reported idle; zero: busy
+}
+
+// StreamRateLimitQuotas serves one Envoy.
+func (s *Server) StreamRateLimitQuotas(srv rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	caller := s.caller(srv.Context())
+	if caller == "" {
+		return status.Error(codes.Unauthenticated, "rlqs: authorization: missing or wrong bearer token")
+	}
+	st, err := s.open(caller, srv)
+	if err != nil {
+		return err
+	}
+	defer s.close(st)
+	type recv struct {
+		msg *rlqspb.RateLimitQuotaUsageReports
+		err error
+	}
+	in := make(chan recv)
+	go func() {
+		for {
+			msg, err := srv.Recv()
+			select {
+			case in <- recv{msg, err}:
+			case <-srv.Context().Done():
+				return
+			case <-st.quit:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		var r recv
+		select {
+		case r = <-in:
+		case <-st.quit:
+			return s.goodbye(st)
+		}
+		if errors.Is(r.err, io.EOF) {
+			return nil
+		}
+		if r.err != nil {
+			return r.err
+		}
+		st.mu.Lock()
+		resp, err := s.report(st, r.msg)
+		st.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if len(resp.BucketAction) == 0 {
+			continue
+		}
+		if err := srv.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+// Shutdown ends every stream, now and from now on: each is told, when
+// abandon is set, to abandon its buckets (Envoy then falls back to its
+// no_assignment_behavior), else nothing (Envoy keeps its assignments until
+// their TTL, then its expired_assignment_behavior or no_assignment_behavior
+// applies); then it ends with Unavailable. Call it before the gRPC server's
+// GracefulStop, which waits for the streams to end.
+func (s *Server) Shutdown(abandon bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return
+	}
+	s.closing, s.abandonOnClose = true, abandon
+	for _, st := range s.streams {
+		close(st.quit)
+	}
+}
+
+// goodbye is a stream's end at Shutdown.
+func (s *Server) goodbye(st *stream) error {
+	if s.abandonOnClose {
+		st.mu.Lock()
+		resp := &rlqspb.RateLimitQuotaResponse{}
+		for _, b := range st.buckets {
+			resp.BucketAction = append(resp.BucketAction, &rlqspb.RateLimitQuotaResponse_BucketAction{
+				BucketId: b.id,
+				BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{
+					AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{},
+				},
+			})
+		}
+		st.mu.Unlock()
+		if len(resp.BucketAction) > 0 {
+			_ = st.srv.Send(resp)
+		}
+		return status.Error(codes.Unavailable, "rlqs: limitd shutting down: buckets abandoned")
+	}
+	return status.Error(codes.Unavailable, "rlqs: limitd shutting down: assignments stand until their TTL")
+}
+
+func (s *Server) open(caller string, srv rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) (*stream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closing:
+		return nil, status.Error(codes.Unavailable, "rlqs: shutting down")
+	case len(s.streams) >= MaxStreams:
+		return nil, status.Errorf(codes.ResourceExhausted, "rlqs: streams: at most %d open at once", MaxStreams)
+	case s.byCaller[caller] >= MaxStreamsPerCaller:
+		return nil, status.Errorf(codes.ResourceExhausted, "rlqs: streams: at most %d open at once per caller", MaxStreamsPerCaller)
+	}
+	s.nextID++
+	st := &stream{id: s.nextID, caller: caller, srv: srv, buckets: map[string]*bucket{}, quit: make(chan struct{}),
+		reports: ReportBurst, last: s.opts.Now()}
+	s.streams[st.id] = st
+	s.byCaller[caller]++
+	return st, nil
+}
+
+// close ends st: its demands leave the shares, and what its buckets hold
+// beyond what Envoy could still admit is returned.
+func (s *Server) close(st *stream) {
+	s.mu.Lock()
+	delete(s.streams, st.id)
+	if s.byCaller[st.caller]--; s.byCaller[st.caller] <= 0 {
+		delete(s.byCaller, st.caller)
+	}
+	s.mu.Unlock()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ctx, cancel := context.WithTimeout(service.WithCaller(context.Background(), st.caller), s.opts.Timeout)
+	defer cancel()
+	now := s.opts.Now()
+	for _, b := range st.buckets {
+		if b.key == "" {
+			continue
+		}
+		s.shares.drop(b.key, st.id)
+		if excess := b.held - s.residue(b, now); excess > 0 {
+			_, _ = s.lease(ctx, b, 0, excess)
+		}
+	}
+}
+
+// residue is the most Envoy can still admit under b's last assignment from
+// now on: its full bucket and its rate to the assignment's end.
+func (s *Server) residue(b *bucket, now time.Time) float64 {
+	if !b.hasSent || !now.Before(b.expiry) {
+		return 0
+	}
+	return b.sent.most(b.expiry.Sub(now))
+}
+
+// lease asks b's global bucket for want (at least 0) after returning ret,
+// and books the answer in b.held: what it granted and what it took back.
+func (s *Server) lease(ctx context.Context, b *bucket, want, ret float64) (float64, error) {
+	want, ret = math.Min(want, b.burst), math.Min(ret, b.burst) // the store's bounds
+	a, err := s.opts.Store.Lease(ctx, &service.LeaseRequest{Buckets: []service.LeaseBucket{{
+		Key: b.key, Rate: b.rate, Burst: b.burst, Want: want, Return: ret,
+	}}})
+	if err != nil {
+		return 0, err
+	}
+	g := a.Buckets[0]
+	b.held += g.Tokens - g.Returned
+	if b.held < 0 {
+		b.held = 0
+	}
+	return g.Tokens, nil
+}
+
+// report handles one usage report and returns the assignments to send.
+func (s *Server) report(st *stream, msg *rlqspb.RateLimitQuotaUsageReports) (*rlqspb.RateLimitQuotaResponse, error) {
+	now := s.opts.Now()
+	if err := st.admitReport(now); err != nil {
+		return nil, err
+	}
+	if err := s.checkReport(st, msg); err != nil {
+		return nil, err
+	}
+	cfg := s.opts.Config()
+	if cfg == nil {
+		return nil, status.Error(codes.Unavailable, "rlqs: no configuration loaded yet")
+	}
+	ctx, cancel := context.WithTimeout(service.WithCaller(st.srv.Context(), st.caller), s.opts.Timeout)
+	defer cancel()
+	resp := &rlqspb.RateLimitQuotaResponse{}
+	for _, u := range msg.BucketQuotaUsages {
+		id := canonical(u.BucketId)
+		b := st.buckets[id]
+		if b == nil {
+			if len(st.buckets) >= MaxBuckets {
+				return nil, status.Errorf(codes.ResourceExhausted, "rlqs: buckets: at most %d per stream", MaxBuckets)
+			}
+			b = s.newBucket(cfg, st.domain, u.BucketId)
+			st.buckets[id] = b
+		}
+		allowed := float64(min(u.NumRequestsAllowed, MaxCount))
+		denied := float64(min(u.NumRequestsDenied, MaxCount))
+		elapsed := min(max(u.TimeElapsed.AsDuration(), 0), MaxElapsed)
+		act, err := s.assign(ctx, st, b, allowed, denied, elapsed, now)
+		if err != nil {
+			return nil, err
+		}
+		if act != nil {
+			resp.BucketAction = append(resp.BucketAction, act)
+		}
+	}
+	return resp, nil
+}
+
+// admitReport takes one report from st's report budget.
+func (st *stream) admitReport(now time.Time) error {
+	if d := now.Sub(st.last); d > 0 {
+		st.reports = math.Min(ReportBurst, st.reports+d.Seconds()*ReportRate)
+		st.last = now
+	}
+	if st.reports < 1 {
+		return status.Errorf(codes.ResourceExhausted, "rlqs: reports: at most %d a second after a burst of %d", ReportRate, ReportBurst)
+	}
+	st.reports--
+	return nil
+}
+
+// checkReport bounds a report and fixes the stream's domain.
+func (s *Server) checkReport(st *stream, msg *rlqspb.RateLimitQuotaUsageReports) error {
+	switch {
+	case len(msg.Domain) > MaxDomainBytes:
+		return status.Errorf(codes.InvalidArgument, "rlqs: domain: at most %d bytes", MaxDomainBytes)
+	case st.domain == "" && msg.Domain == "":
+		return status.Error(codes.InvalidArgument, "rlqs: domain: required in the first report")
+	case st.domain != "" && msg.Domain != "" && msg.Domain != st.domain:
+		return status.Errorf(codes.InvalidArgument, "rlqs: domain: %q, but the stream's is %q", msg.Domain, st.domain)
+	case len(msg.BucketQuotaUsages) > MaxUsages:
+		return status.Errorf(codes.InvalidArgument, "rlqs: bucket_quota_usages: at most %d per report, got %d", MaxUsages, len(msg.BucketQuotaUsages))
+	}
+	if st.domain == "" {
+		st.domain = msg.Domain
+	}
+	for i, u := range msg.BucketQuotaUsages {
+		if u.BucketId == nil || len(u.BucketId.Bucket) == 0 {
+			return status.Errorf(codes.InvalidArgument, "rlqs: bucket_quota_usages[%d].bucket_id: required", i)
+		}
+		if len(u.BucketId.Bucket) > rls.MaxEntries {
+			return status.Errorf(codes.InvalidArgument, "rlqs: bucket_quota_usages[%d].bucket_id: at most %d entries", i, rls.MaxEntries)
+		}
+		for k, v := range u.BucketId.Bucket {
+			if len(k) == 0 || len(k) > MaxEntryBytes || len(v) > MaxEntryBytes {
+				return status.Errorf(codes.InvalidArgument, "rlqs: bucket_quota_usages[%d].bucket_id: keys of 1 to %d bytes, values up to %d", i, MaxEntryBytes, MaxEntryBytes)
+			}
+		}
+	}
+	return nil
+}
+
+// canonical is a bucket_id's map as one string, its keys sorted.
+func canonical(id *rlqspb.BucketId) string {
+	keys := make([]string, 0, len(id.Bucket))
+	for k := range id.Bucket {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%d:%s=%d:%s;", len(k), k, len(id.Bucket[k]), id.Bucket[k])
+	}
+	return b.String()
+}
+
+// newBucket finds the limit of a bucket_id, and the shape it gets when
+// nothing is leased for it.
+func (s *Server) newBucket(cfg *rlsconfig.Config, domain string, id *rlqspb.BucketId) *bucket {
+	b := &bucket{id: id}
+	deflt := shape{blanket: typev3.RateLimitStrategy_ALLOW_ALL}
+	if s.opts.Unmatched == DenyUnmatched {
+		deflt.blanket = typev3.RateLimitStrategy_DENY_ALL
+	}
+	b.sent = deflt
+	entries, err := cfg.Order(domain, id.Bucket)
+	if err != nil || entries == nil {
+		if err != nil {
+			s.opts.Logger.Debug("rlqs: bucket_id refused", "domain", domain, "err", err)
+		}
+		return b
+	}
+	m, _ := cfg.Lookup(domain, entries)
+	l := m.Limit
+	switch {
+	case l == nil:
+		return b
+	case l.Unlimited || l.ShadowMode || l.QuotaMode:
+		b.sent = shape{blanket: typev3.RateLimitStrategy_ALLOW_ALL}
+		return b
+	case l.RequestsPerUnit == 0 || l.Algorithm == rlsconfig.FixedWindow:
+		b.sent = shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
+		return b
+	}
+	b.key = rls.BucketKey(domain, entries, m.Values)
+	b.rate = float64(l.RequestsPerUnit) / float64(l.Unit.Seconds())
+	b.burst = float64(l.Capacity())
+	b.sent = shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
+	return b
+}
+
+// ttl is the life of b's assignments: Options.TTL, shortened so that the
+// rate over it ties up at most a quarter of the burst, never below twice
+// the reporting interval nor a second.
+func (s *Server) ttl(b *bucket, interval time.Duration) time.Duration {
+	ttl := s.opts.TTL
+	if b.rate > 0 {
+		fit := time.Duration((b.burst/4/b.rate)*float64(time.Second)) - s.opts.Grace
+		ttl = min(ttl, fit)
+	}
+	ttl = max(ttl, 2*interval, time.Second)
+	return ttl.Truncate(time.Second)
+}
+
+// assign books one bucket's usage and returns its next action (nil: none).
+func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, denied float64, elapsed time.Duration, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, error) {
+	if allowed+denied == 0 {
+		if b.idle.IsZero() {
+			b.idle = now
+		}
+	} else {
+		b.idle = time.Time{}
+	}
+	if b.key == "" { // not leased: the blanket rule, refreshed
+		ttl := s.opts.TTL
+		b.hasSent, b.expiry = true, now.Add(ttl+s.opts.Grace)
+		return action(b.id, b.sent, ttl), nil
+	}
+	b.held = math.Max(0, b.held-allowed)
+	if !b.idle.IsZero() && now.Sub(b.idle) >= s.opts.AbandonAfter {
+		return s.abandon(ctx, st, b, now)
+	}
+	interval := max(elapsed, time.Second)
+	ttl := s.ttl(b, elapsed)
+	life := ttl + s.opts.Grace
+	d := (allowed + denied) / interval.Seconds()
+	frac := s.shares.set(b.key, st.id, st.caller, d, b.rate, now, 2*life+interval)
+
+	// The old assignment's residue while the new one is on its way: none
+	// when Envoy keeps its bucket (the same shape, still in force).
+	changedResidue := 0.0
+	if b.hasSent && now.Before(b.expiry) {
+		changedResidue = math.Min(b.held, b.sent.most(s.opts.Grace))
+	}
+	// The stream may lease its share of the global bucket's refill since
+	// its last report (up to its share of the burst), and what its share
+	// of the burst grew by: under overload, the first to report would
+	// otherwise take every token refilled.
+	if b.entAt.IsZero() {
+		b.ent = frac * b.burst
+	} else if d := now.Sub(b.entAt); d > 0 {
+		b.ent += frac*b.rate*d.Seconds() + max(0, frac-b.frac)*b.burst
+	}
+	b.ent = math.Min(b.ent, frac*b.burst)
+	b.entAt, b.frac = now, frac
+	want := s.fit(b.rate*frac, (b.burst-b.rate*life.Seconds())*(1-Reserve)*frac)
+	keep := b.hasSent && b.sent.max > 0 && now.Before(b.expiry) && near(want, b.sent)
+	if keep {
+		want = b.sent
+	}
+	target := want.most(life)
+	if !keep {
+		target += changedResidue
+	}
+	var err error
+	switch {
+	case b.held < target && b.ent > 0:
+		var got float64
+		got, err = s.lease(ctx, b, math.Min(target-b.held, b.ent), 0)
+		b.ent -= got
+	case b.held > target:
+		_, err = s.lease(ctx, b, 0, b.held-target)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "rlqs: store: %v", err)
+	}
+	inForce := b.hasSent && b.sent.max > 0 && now.Before(b.expiry)
+	switch {
+	case b.held >= target:
+	case !keep && inForce && want.max >= b.sent.max && b.sent.most(life) <= b.held:
+		// Growing, and what the new shape and the old one's residue
+		// need is not held yet: the old shape goes on (Envoy keeps its
+		// bucket), and what was leased stays held for the next report.
+		want = b.sent
+	default: // the global bucket is short: shrink to what is held
+		want = s.shrink(want, b.held-changedResidue, life)
+	}
+	b.sent, b.hasSent, b.expiry = want, true, now.Add(life)
+	return action(b.id, want, ttl), nil
+}
+
+// abandon tells Envoy to drop b and returns what it holds beyond what Envoy
+// could still admit before the abandon arrives.
+func (s *Server) abandon(ctx context.Context, st *stream, b *bucket, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, error) {
+	s.shares.drop(b.key, st.id)
+	delete(st.buckets, canonical(b.id))
+	residue := 0.0
+	if b.hasSent && now.Before(b.expiry) {
+		residue = b.sent.most(s.opts.Grace)
+	}
+	if excess := b.held - residue; excess > 0 {
+		if _, err := s.lease(ctx, b, 0, excess); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "rlqs: store: %v", err)
+		}
+	}
+	return &rlqspb.RateLimitQuotaResponse_BucketAction{
+		BucketId: b.id,
+		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{
+			AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{},
+		},
+	}, nil
+}
+
+// fit is the token bucket nearest below a rate (tokens a second) and a
+// burst: tokens_per_fill over a whole-second fill_interval at most rate, and
+// max_tokens at most burst but at least 1 (DENY_ALL when no token fits).
+func (s *Server) fit(rate, burst float64) shape {
+	deny := shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
+	if math.IsNaN(rate) || math.IsNaN(burst) || rate <= 0 {
+		return deny
+	}
+	sh := shape{max: uint32(math.Min(math.Max(math.Floor(burst), 1), math.MaxUint32))}
+	switch {
+	case rate >= MaxFill:
+		sh.perFill, sh.fill = uint32(math.Min(math.Floor(rate), math.MaxUint32)), 1
+	case rate*MaxFill < 1:
+		sh.perFill, sh.fill = 1, int64(math.Min(math.Ceil(1/rate), 86400))
+	default: // the nearest rate at most rate, over intervals of 1 to MaxFill s
+		best := 0.0
+		for f := int64(1); f <= MaxFill; f++ {
+			if n := math.Floor(rate * float64(f)); n >= 1 && n/float64(f) > best {
+				best, sh.perFill, sh.fill = n/float64(f), uint32(n), f
+			}
+		}
+	}
+	return sh
+}
+
+// shrink fits sh into avail: what Envoy can admit under it over life at
+// most avail. The rate goes first (steady traffic flows at it), max_tokens
+// takes what is left; when even the rate does not fit it is lowered, and
+// when no token fits, DENY_ALL.
+func (s *Server) shrink(sh shape, avail float64, life time.Duration) shape {
+	deny := shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
+	if sh.max == 0 || avail < 1 {
+		return deny
+	}
+	r := math.Min(sh.rate(), (avail-1)/life.Seconds())
+	for range 16 {
+		c := s.fit(r, math.Min(float64(sh.max), avail-r*life.Seconds()))
+		if c.max == 0 {
+			break
+		}
+		if c.most(life) <= avail {
+			return c
+		}
+		r *= 0.9
+	}
+	return deny
+}
+
+// near reports whether a is within 15% of b in rate and max_tokens.
+func near(a, b shape) bool {
+	if a.max == 0 || b.max == 0 {
+		return false
+	}
+	within := func(x, y float64) bool { return x >= 0.85*y && x <= 1.15*y }
+	return within(float64(a.max), float64(b.max)) && within(a.rate(), b.rate())
+}
+
+// action is the assignment of sh to id for ttl.
+func action(id *rlqspb.BucketId, sh shape, ttl time.Duration) *rlqspb.RateLimitQuotaResponse_BucketAction {
+	strat := &typev3.RateLimitStrategy{}
+	if sh.max == 0 {
+		strat.Strategy = &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: sh.blanket}
+	} else {
+		strat.Strategy = &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+			MaxTokens:     sh.max,
+			TokensPerFill: wrapperspb.UInt32(sh.perFill),
+			FillInterval:  durationpb.New(time.Duration(sh.fill) * time.Second),
+		}}
+	}
+	return &rlqspb.RateLimitQuotaResponse_BucketAction{
+		BucketId: id,
+		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+			QuotaAssignmentAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+				AssignmentTimeToLive: durationpb.New(ttl),
+				RateLimitStrategy:    strat,
+			},
+		},
+	}
+}

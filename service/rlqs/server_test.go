@@ -1,0 +1,51 @@
+package rlqs
+
+import (
+	"testing"
+	"time"
+
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+)
+
+// The first report of a bucket gets its assignment at once, from the YAML's
+// limits: a token bucket whose every admission over its life fits in the
+// limit's burst; an unlimited limit, ALLOW_ALL; a limit of 0, DENY_ALL; an
+// unmatched or ambiguous bucket_id, the Unmatched default.
+func TestAssignmentFromConfig(t *testing.T) {
+	for _, un := range []Unmatched{AllowUnmatched, DenyUnmatched} {
+		f := start(t, quotaYAML, fixtureOpts{unmatched: un})
+		s, _ := f.open("")
+		r := exchange(t, s, "quota", usage(map[string]string{"api_key": "a"}, 0, 1, 0))
+		if len(r.BucketAction) != 1 {
+			t.Fatalf("want one action, got %v", r)
+		}
+		tb, ttl := tokenBucket(t, r.BucketAction[0])
+		rate := float64(tb.TokensPerFill.GetValue()) / tb.FillInterval.AsDuration().Seconds()
+		most := float64(tb.MaxTokens) + rate*(ttl+DefaultGrace).Seconds()
+		if tb.MaxTokens < 1 || most > 40 || ttl < time.Second {
+			t.Fatalf("assignment %v ttl %v: admits up to %.1f, want 1..40", tb, ttl, most)
+		}
+		t.Logf("first assignment: max_tokens %d, %d per %v, ttl %v (admits at most %.1f)", tb.MaxTokens, tb.TokensPerFill.GetValue(), tb.FillInterval.AsDuration(), ttl, most)
+		want := typev3.RateLimitStrategy_ALLOW_ALL
+		if un == DenyUnmatched {
+			want = typev3.RateLimitStrategy_DENY_ALL
+		}
+		for _, c := range []struct {
+			id   map[string]string
+			want typev3.RateLimitStrategy_BlanketRule
+		}{
+			{map[string]string{"free": "x"}, typev3.RateLimitStrategy_ALLOW_ALL},
+			{map[string]string{"blocked": "x"}, typev3.RateLimitStrategy_DENY_ALL},
+			{map[string]string{"nothing": "x"}, want},
+			{map[string]string{"api_key": "a", "extra": "x"}, want}, // a key left over
+			{map[string]string{"tenant": "t", "other": "o"}, want},  // ambiguous
+		} {
+			r := exchange(t, s, "quota", usage(c.id, 0, 1, 0))
+			if got := blanket(t, r.BucketAction[0]); got != c.want {
+				t.Errorf("%v: got %v, want %v", c.id, got, c.want)
+			}
+		}
+		r = exchange(t, s, "quota", usage(map[string]string{"path": "/p", "tenant": "t"}, 0, 1, 0))
+		tokenBucket(t, r.BucketAction[0])
+	}
+}
