@@ -990,7 +990,25 @@ func TestExampleRateLimitQuota(t *testing.T) {
 	svc := startLimitdWith(t, redis.Addr(), filepath.Join(dir, "limits.yaml"))
 	e := envoytest.Start(t, envoytest.Options{Config: rlqsExampleTemplate(t, dir), NoWasm: true, RLQSPort: svc.grpcPort,
 		Concurrency: 2})
-	runSession(t, envoyRoute(e), cmds)
+	// The README quotes the line Envoy logs when limitd's first assignment
+	// arrives, and its session waits for it after the command that reports
+	// the key (the one that prints 429 first).
+	readme := readFile(filepath.Join(dir, "README.md"))
+	_, quoted, ok := strings.Cut(readme, "\n[info][rate_limit_quota] ... ")
+	quoted, _, _ = strings.Cut(quoted, " for id")
+	if !ok || quoted == "" {
+		t.Fatal(`README.md quotes no "[info][rate_limit_quota] ... " line`)
+	}
+	first := slices.IndexFunc(cmds, func(c sessionCmd) bool { return slices.Contains(c.want, "429") })
+	if first < 0 {
+		t.Fatal("README.md: no command of the session prints 429")
+	}
+	to := envoyRoute(e)
+	runSession(t, to, cmds[:first+1])
+	if line := e.WaitLog(quoted, rlqsWait); line == "" {
+		t.Fatalf("Envoy did not log %q within %v", quoted, rlqsWait)
+	}
+	runSession(t, to, cmds[first+1:])
 }
 
 // rlqsExampleTemplate turns the example's envoy.yaml into a template whose
