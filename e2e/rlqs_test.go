@@ -47,15 +47,16 @@ const (
 
 // rlqsLimits is the --rls-config of these tests: 40 a minute per API key,
 // the budget the issue names, and, for tests that watch shares move, 10 a
-// second per user, fast enough to see within seconds, with a burst of 40 (an
-// assignment's life ties up at most a quarter of the burst, and lives at
-// least a second).
+// second per user, fast enough to see within seconds, with a burst of 100:
+// an assignment lives at least two reporting intervals, and limitd sizes its
+// assignments for limits whose rate over that life is at most a quarter of
+// the burst.
 const rlqsLimits = `domain: ` + rlqsDomain + `
 descriptors:
   - key: api_key
     rate_limit: {unit: minute, requests_per_unit: 40}
   - key: user
-    rate_limit: {unit: second, requests_per_unit: 10, burst: 40}
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 100}
 `
 
 // rlqsQuota is the filter of every Envoy here: the bucket id {api_key:
@@ -454,7 +455,7 @@ func TestRLQSRebalance(t *testing.T) {
 	if !ok {
 		return
 	}
-	const burst, rate, qps = 40, 10.0, 30.0
+	const burst, rate, qps = 100, 10.0, 30.0
 	const window = 4 * time.Second
 	f := newFleet(t, envoys, "x-user", "moving")
 	f.untilAdmitted(0)
@@ -481,7 +482,7 @@ func TestRLQSRebalance(t *testing.T) {
 func TestRLQSFailures(t *testing.T) {
 	envoytest.Needs(t, false)
 	redistest.Require(t)
-	const burst, rate, qps = 40, 10.0, 20.0
+	const burst, rate, qps = 100, 10.0, 20.0
 	const window = 4 * time.Second
 	for _, tc := range []struct {
 		name string
