@@ -31,24 +31,30 @@ import (
 // the limit's burst plus its rate times the time since (limitd takes what an
 // assignment can admit from the global bucket before it sends it).
 //
-// The filter reports every rlqsInterval. Every load loop is bounded by a
-// deadline and a request count; every wait by a generous deadline.
+// Envoy 1.40's filter reports every bucket every 5 s, whatever a bucket's
+// reporting_interval says (a fixed timer: envoyproxy/envoy#46033), and
+// limitd's assignments live at least two reports; the waits below count in
+// those. Every load loop is bounded by a deadline and a request count; every
+// wait by a generous deadline.
 
 const (
-	rlqsDomain   = "rlqs"
-	rlqsInterval = time.Second
-	// rlqsTTL is the assignments' time to live at most (--rlqs-ttl):
-	// what an Envoy that vanished holds comes back to the fleet after it.
-	rlqsTTL = 5 * time.Second
+	rlqsDomain = "rlqs"
+	// rlqsInterval is how often Envoy 1.40 reports, in fact; the
+	// filter's reporting_interval says 1 s, for the Envoys that honor it.
+	rlqsInterval = 5 * time.Second
+	// rlqsTTL is the assignments' time to live (--rlqs-ttl, which limitd
+	// raises to two reports): what an Envoy that vanished holds comes back
+	// to the fleet after it.
+	rlqsTTL = 2 * rlqsInterval
 	// rlqsWait bounds every wait for limitd's or Envoy's first answer
 	// (the machine is loaded).
 	rlqsWait = 60 * time.Second
 )
 
 // rlqsLimits is the --rls-config of these tests: 40 a minute per API key,
-// the budget the issue names, and, for tests that watch shares move, 10 a
-// second per user, fast enough to see within seconds, with a burst of 100:
-// an assignment lives at least two reporting intervals, and limitd sizes its
+// the budget the issue names, and, for tests that watch shares move, 5 a
+// second per user, fast enough to see within seconds, with a burst of 200:
+// an assignment lives at least two reports (10 s), and limitd sizes its
 // assignments for limits whose rate over that life is at most a quarter of
 // the burst.
 const rlqsLimits = `domain: ` + rlqsDomain + `
@@ -56,7 +62,7 @@ descriptors:
   - key: api_key
     rate_limit: {unit: minute, requests_per_unit: 40}
   - key: user
-    rate_limit: {unit: second, requests_per_unit: 10, burst: 100}
+    rate_limit: {unit: second, requests_per_unit: 5, burst: 200}
 `
 
 // rlqsQuota is the filter of every Envoy here: the bucket id {api_key:
@@ -65,7 +71,7 @@ descriptors:
 // assignment expires, so that nothing passes uncounted.
 func rlqsQuota(key, header string) *envoy.RateLimitQuota {
 	return &envoy.RateLimitQuota{Domain: rlqsDomain, Headers: []envoy.BucketHeader{{Key: key, Header: header}},
-		ReportingInterval: rlqsInterval, NoAssignment: "DENY_ALL", Expired: "DENY_ALL"}
+		ReportingInterval: time.Second, NoAssignment: "DENY_ALL", Expired: "DENY_ALL"}
 }
 
 // rlqsLimitd is build/limitd serving RLQS on fixed loopback ports, so that
@@ -444,8 +450,8 @@ func TestRLQSTwoEnvoys(t *testing.T) {
 }
 
 // TestRLQSRebalance: demand moves from one Envoy to the other, and the
-// shares follow within three reporting intervals: with 10 a second for the
-// key, the Envoy now asked admits at least half the rate over the 4 s after
+// shares follow within three reporting intervals: with 5 a second for the
+// key, the Envoy now asked admits at least half the rate over the 5 s after
 // those intervals, and the fleet never exceeds the bound.
 func TestRLQSRebalance(t *testing.T) {
 	envoytest.Needs(t, false)
@@ -455,12 +461,12 @@ func TestRLQSRebalance(t *testing.T) {
 	if !ok {
 		return
 	}
-	const burst, rate, qps = 100, 10.0, 30.0
-	const window = 4 * time.Second
+	const burst, rate, qps = 200, 5.0, 15.0
+	const window = 5 * time.Second
 	f := newFleet(t, envoys, "x-user", "moving")
 	f.untilAdmitted(0)
 	f.untilAdmitted(1)
-	for step, i := range []int{0, 1, 0} {
+	for step, i := range []int{0, 1} {
 		switched := f.now()
 		f.drive(i, qps, 3*rlqsInterval+window)
 		from := switched + 3*rlqsInterval
@@ -482,8 +488,8 @@ func TestRLQSRebalance(t *testing.T) {
 func TestRLQSFailures(t *testing.T) {
 	envoytest.Needs(t, false)
 	redistest.Require(t)
-	const burst, rate, qps = 100, 10.0, 20.0
-	const window = 4 * time.Second
+	const burst, rate, qps = 200, 5.0, 10.0
+	const window = 5 * time.Second
 	for _, tc := range []struct {
 		name string
 		// event breaks something and returns the Envoys still running.
@@ -491,7 +497,7 @@ func TestRLQSFailures(t *testing.T) {
 	}{
 		{"limitd killed and restarted", func(t *testing.T, svc *rlqsLimitd, _ *resetProxy, _ []*envoytest.Envoy) []int {
 			svc.stop(syscall.SIGKILL)
-			time.Sleep(2 * rlqsInterval) // limitd stays down for two reports
+			time.Sleep(rlqsInterval) // limitd stays down for a report
 			svc.start()
 			return []int{0, 1}
 		}},
@@ -527,7 +533,7 @@ func TestRLQSFailures(t *testing.T) {
 				}
 				wg.Wait()
 			}
-			load([]int{0, 1}, 3*rlqsInterval)
+			load([]int{0, 1}, 2*rlqsInterval)
 			var alive []int
 			var wg sync.WaitGroup
 			eventAt := f.now()
