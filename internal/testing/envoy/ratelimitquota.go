@@ -25,8 +25,9 @@ type RateLimitQuota struct {
 	Domain string
 	// Headers build the bucket id, in this order; at least one.
 	Headers []BucketHeader
-	// ReportingInterval is how often the filter reports each bucket's
-	// usage; 0 means 1 s. Envoy counts it in whole milliseconds.
+	// ReportingInterval is the buckets' reporting_interval (required by
+	// Envoy); 0 means 1 s. Envoy 1.40 reports every 5 s whatever it says
+	// (a fixed timer: envoyproxy/envoy#46033).
 	ReportingInterval time.Duration
 	// NoAssignment is what a bucket does before its first assignment:
 	// "DENY_ALL" (the default: no request passes uncounted) or
