@@ -125,6 +125,7 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecodeChargeRequest -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run XXX -fuzz FuzzDecodeLease -fuzztime $(FUZZTIME) ./lease/
 	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./service/rlsconfig/
+	$(GO) test -run XXX -fuzz FuzzShouldRateLimit -fuzztime $(FUZZTIME) ./service/rls/
 	cd third_party/pretty && $(GO) test -run XXX -fuzz FuzzUnescape -fuzztime $(FUZZTIME) .
 
 clean:

@@ -53,6 +53,7 @@ func main() {
 
 // options are the command-line flags.
 type options struct {
+	rls             rlsOptions // the rate limit service's (rls.go)
 	listen          string
 	redis           string
 	redisMaster     string
@@ -73,13 +74,13 @@ type options struct {
 	maxConns        int
 	unauthIdle      time.Duration
 	connGrace       time.Duration
-	rls             rlsOptions
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("limitd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	o.rls.register(fs)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "address to serve HTTP on; a non-loopback address requires a token")
 	fs.StringVar(&o.redis, "redis", "", "Redis: a URL (redis://[user:pass@]host:port/db, rediss://...), or host:port[,host:port...] (several = Redis Cluster, or Sentinels with --redis-master); empty = in-memory store")
 	fs.StringVar(&o.redisMaster, "redis-master", "", "Sentinel master name: --redis lists the Sentinels")
@@ -103,7 +104,6 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxConns, "max-conns", service.DefaultMaxConns, "most HTTP connections open at once; keep it below the open-file limit minus the Redis connections")
 	fs.DurationVar(&o.unauthIdle, "unauthenticated-idle", service.DefaultUnauthenticatedIdle, "how long a connection that never carried an authenticated /v1 call may stay idle")
 	fs.DurationVar(&o.connGrace, "conn-grace", service.DefaultConnGrace, "how long a new connection with no request read yet is kept from eviction at --max-conns")
-	o.rls.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -189,13 +189,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	defer store.Close()
 
-	srv, err := service.NewServer(service.Config{
-		Store: store, StoreName: storeName, Tokens: tokens, Identities: identities, IdentityHeader: o.identityHeader, Limits: o.limits,
-		Timeout: o.timeout, Logger: log, Registry: reg,
-	})
-	if err != nil {
-		return err
-	}
+	// The rate limit service (gRPC), the second front door on the store.
 	rlsCtx, stopRLS := context.WithCancel(ctx)
 	defer stopRLS()
 	door, err := startRLS(rlsCtx, &o.rls, store, tokens, o.timeout, reg, log)
@@ -206,6 +200,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if door != nil {
 		rlsServed = door.served
 		defer door.grpc.Stop() // whatever else ends run; a no-op after GracefulStop
+	}
+
+	srv, err := service.NewServer(service.Config{
+		Store: store, StoreName: storeName, Tokens: tokens, Identities: identities, IdentityHeader: o.identityHeader, Limits: o.limits,
+		Timeout: o.timeout, Logger: log, Registry: reg,
+	})
+	if err != nil {
+		return err
 	}
 	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace, Registerer: reg})
 	if err != nil {

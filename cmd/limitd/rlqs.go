@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlqs"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
@@ -47,11 +49,15 @@ func (o *rlqsOptions) check() error {
 // startRLQS registers the rate limit quota service on g, reading srv's
 // configuration.
 func startRLQS(o *rlqsOptions, srv *rls.Server, g *rls.GRPC, store service.Store, tokens []service.Token,
-	timeout time.Duration, log *slog.Logger,
+	timeout time.Duration, reg prometheus.Registerer, log *slog.Logger,
 ) (*rlqs.Server, error) {
 	un, _ := rlqs.ParseUnmatched(o.unmatched)
+	m, err := rlqs.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	q, err := rlqs.NewServer(rlqs.Options{Store: store, Config: srv.Config, Tokens: tokens, Unmatched: un,
-		TTL: o.ttl, AbandonAfter: o.abandonAfter, Timeout: timeout, Logger: log})
+		TTL: o.ttl, AbandonAfter: o.abandonAfter, Timeout: timeout, Logger: log, Metrics: m})
 	if err != nil {
 		return nil, err
 	}

@@ -107,7 +107,7 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []
 	if err != nil {
 		return nil, err
 	}
-	q, err := startRLQS(&o.quota, srv, g, store, tokens, timeout, log)
+	q, err := startRLQS(&o.quota, srv, g, store, tokens, timeout, reg, log)
 	if err != nil {
 		return nil, err
 	}

@@ -77,6 +77,7 @@ type fixture struct {
 	srv   *Server
 	grpc  *rls.GRPC
 	conn  *grpc.ClientConn
+	reg   *prometheus.Registry
 }
 
 type fixtureOpts struct {
@@ -131,9 +132,13 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 		t.Fatal(err)
 	}
 	rsrv.SetConfig(cfg)
-	f := &fixture{t: t, store: o.store, clock: o.clock}
+	f := &fixture{t: t, store: o.store, clock: o.clock, reg: prometheus.NewRegistry()}
+	qm, err := NewMetrics(f.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	f.srv, err = NewServer(Options{Store: o.store, Config: rsrv.Config, Tokens: o.tokens, Unmatched: o.unmatched,
-		TTL: o.ttl, Now: o.clock.Now, Logger: quiet})
+		TTL: o.ttl, Now: o.clock.Now, Logger: quiet, Metrics: qm})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,14 +213,15 @@ func exchange(t *testing.T, s rlqspb.RateLimitQuotaService_StreamRateLimitQuotas
 // global_client_impl.cc): a token_bucket assignment starts a new bucket,
 // full at max_tokens and refilled continuously at tokens_per_fill over
 // fill_interval truncated to whole seconds, unless it has the same
-// max_tokens, tokens_per_fill and fill_interval as the one in force, which
-// then goes on with its tokens; an assignment ends after its TTL (whole
+// max_tokens, tokens_per_fill and fill_interval nanos as the one in force,
+// which then goes on with its tokens and its rate; an assignment ends after its TTL (whole
 // seconds) and the bucket then falls back to no_assignment_behavior,
 // DENY_ALL here (as the bound requires). Allowed and denied requests are
 // counted until the next report.
 type envoy struct {
 	id      map[string]string
 	tb      *typev3.TokenBucket
+	rate    float64 // of the bucket in force: the assignment that started it
 	blanket typev3.RateLimitStrategy_BlanketRule
 	has     bool // an assignment is in force
 	tokens  float64
@@ -242,10 +248,13 @@ func (e *envoy) apply(a *rlqspb.RateLimitQuotaResponse_BucketAction, now time.Ti
 		return
 	}
 	e.refill(now)
+	// Envoy 1.40 compares fill_interval by its nanos only: two intervals of
+	// whole seconds are the same to it.
 	same := e.has && e.tb != nil && e.tb.MaxTokens == tb.MaxTokens && e.tb.TokensPerFill.GetValue() == tb.TokensPerFill.GetValue() &&
-		e.tb.FillInterval.AsDuration() == tb.FillInterval.AsDuration()
+		e.tb.FillInterval.GetNanos() == tb.FillInterval.GetNanos()
 	if !same {
 		e.tokens, e.at = float64(tb.MaxTokens), now
+		e.rate = float64(tb.TokensPerFill.GetValue()) / math.Floor(tb.FillInterval.AsDuration().Seconds())
 	}
 	e.has, e.tb, e.expiry = true, tb, now.Add(ttl)
 }
@@ -258,9 +267,7 @@ func (e *envoy) refill(now time.Time) {
 		e.has, e.tb = false, nil
 		return
 	}
-	sec := math.Floor(e.tb.FillInterval.AsDuration().Seconds())
-	rate := float64(e.tb.TokensPerFill.GetValue()) / sec
-	e.tokens = math.Min(float64(e.tb.MaxTokens), e.tokens+rate*now.Sub(e.at).Seconds())
+	e.tokens = math.Min(float64(e.tb.MaxTokens), e.tokens+e.rate*now.Sub(e.at).Seconds())
 	e.at = now
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -83,6 +84,13 @@ func TestHostileBounds(t *testing.T) {
 	}
 	if n != ReportBurst {
 		t.Errorf("a flood of reports at one instant: refused after %d, want %d", n, ReportBurst)
+	}
+	var m dto.Metric
+	if err := f.srv.opts.Metrics.refused.WithLabelValues("ResourceExhausted").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 2 {
+		t.Errorf("limitd_rlqs_refused_streams_total{code=ResourceExhausted} = %v, want 2", got)
 	}
 
 	long := string(make([]byte, MaxEntryBytes+1))

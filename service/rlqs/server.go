@@ -110,6 +110,8 @@ const (
 	MaxCount = 1 << 32
 	// MaxElapsed clamps a report's time_elapsed.
 	MaxElapsed = time.Hour
+	// MaxTTL bounds the life a long reporting interval gives assignments.
+	MaxTTL = 5 * time.Minute
 	// ReportBurst and ReportRate bound the reports of one stream: a token
 	// bucket of ReportBurst reports refilled at ReportRate a second
 	// (Envoy sends one per reporting interval and one per new bucket).
@@ -183,12 +185,15 @@ type Options struct {
 	// AbandonAfter (DefaultAbandonAfter) is how long a bucket is reported
 	// idle before the stream abandons it.
 	AbandonAfter time.Duration
-	// Timeout bounds the store calls of one report (service.DefaultTimeout).
+	// Timeout bounds each store call (service.DefaultTimeout). A failed
+	// call leaves the bucket's assignment in force until its TTL.
 	Timeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Logger receives structured logs (default slog.Default()).
 	Logger *slog.Logger
+	// Metrics receives the statistics (NewMetrics; nil: none kept).
+	Metrics *Metrics
 }
 
 // Server implements rlqspb.RateLimitQuotaServiceServer.
@@ -334,11 +339,11 @@ type bucket struct {
 func (s *Server) StreamRateLimitQuotas(srv rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
 	caller := s.caller(srv.Context())
 	if caller == "" {
-		return status.Error(codes.Unauthenticated, "rlqs: authorization: missing or wrong bearer token")
+		return s.opts.Metrics.refuse(status.Error(codes.Unauthenticated, "rlqs: authorization: missing or wrong bearer token"))
 	}
 	st, err := s.open(caller, srv)
 	if err != nil {
-		return err
+		return s.opts.Metrics.refuse(err)
 	}
 	defer s.close(st)
 	type recv struct {
@@ -378,7 +383,7 @@ func (s *Server) StreamRateLimitQuotas(srv rlqspb.RateLimitQuotaService_StreamRa
 		resp, err := s.report(st, r.msg)
 		st.mu.Unlock()
 		if err != nil {
-			return err
+			return s.opts.Metrics.refuse(err)
 		}
 		if len(resp.BucketAction) == 0 {
 			continue
@@ -445,6 +450,9 @@ func (s *Server) open(caller string, srv rlqspb.RateLimitQuotaService_StreamRate
 		reports: ReportBurst, last: s.opts.Now()}
 	s.streams[st.id] = st
 	s.byCaller[caller]++
+	if m := s.opts.Metrics; m != nil {
+		m.streams.Inc()
+	}
 	return st, nil
 }
 
@@ -452,6 +460,9 @@ func (s *Server) open(caller string, srv rlqspb.RateLimitQuotaService_StreamRate
 // beyond what Envoy could still admit is returned.
 func (s *Server) close(st *stream) {
 	s.mu.Lock()
+	if m := s.opts.Metrics; m != nil {
+		m.streams.Dec()
+	}
 	delete(s.streams, st.id)
 	if s.byCaller[st.caller]--; s.byCaller[st.caller] <= 0 {
 		delete(s.byCaller, st.caller)
@@ -459,8 +470,7 @@ func (s *Server) close(st *stream) {
 	s.mu.Unlock()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	ctx, cancel := context.WithTimeout(service.WithCaller(context.Background(), st.caller), s.opts.Timeout)
-	defer cancel()
+	ctx := service.WithCaller(context.Background(), st.caller)
 	now := s.opts.Now()
 	for _, b := range st.buckets {
 		if b.key == "" {
@@ -486,13 +496,26 @@ func (s *Server) residue(b *bucket, now time.Time) float64 {
 // and books the answer in b.held: what it granted and what it took back.
 func (s *Server) lease(ctx context.Context, b *bucket, want, ret float64) (float64, error) {
 	want, ret = math.Min(want, b.burst), math.Min(ret, b.burst) // the store's bounds
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
 	a, err := s.opts.Store.Lease(ctx, &service.LeaseRequest{Buckets: []service.LeaseBucket{{
 		Key: b.key, Rate: b.rate, Burst: b.burst, Want: want, Return: ret,
 	}}})
+	m := s.opts.Metrics
+	if m != nil {
+		m.storeCalls.Inc()
+	}
 	if err != nil {
+		if m != nil {
+			m.storeErrs.Inc()
+		}
 		return 0, err
 	}
 	g := a.Buckets[0]
+	if m != nil {
+		m.leased.Add(g.Tokens)
+		m.returned.Add(g.Returned)
+	}
 	b.held += g.Tokens - g.Returned
 	if b.held < 0 {
 		b.held = 0
@@ -503,6 +526,9 @@ func (s *Server) lease(ctx context.Context, b *bucket, want, ret float64) (float
 // report handles one usage report and returns the assignments to send.
 func (s *Server) report(st *stream, msg *rlqspb.RateLimitQuotaUsageReports) (*rlqspb.RateLimitQuotaResponse, error) {
 	now := s.opts.Now()
+	if m := s.opts.Metrics; m != nil {
+		m.reports.Inc()
+	}
 	if err := st.admitReport(now); err != nil {
 		return nil, err
 	}
@@ -513,8 +539,7 @@ func (s *Server) report(st *stream, msg *rlqspb.RateLimitQuotaUsageReports) (*rl
 	if cfg == nil {
 		return nil, status.Error(codes.Unavailable, "rlqs: no configuration loaded yet")
 	}
-	ctx, cancel := context.WithTimeout(service.WithCaller(st.srv.Context(), st.caller), s.opts.Timeout)
-	defer cancel()
+	ctx := service.WithCaller(st.srv.Context(), st.caller)
 	resp := &rlqspb.RateLimitQuotaResponse{}
 	for _, u := range msg.BucketQuotaUsages {
 		id := canonical(u.BucketId)
@@ -635,14 +660,14 @@ func (s *Server) newBucket(cfg *rlsconfig.Config, domain string, id *rlqspb.Buck
 
 // ttl is the life of b's assignments: Options.TTL, shortened so that the
 // rate over it ties up at most a quarter of the burst, never below twice
-// the reporting interval nor a second.
+// the reporting interval (up to MaxTTL) nor a second.
 func (s *Server) ttl(b *bucket, interval time.Duration) time.Duration {
 	ttl := s.opts.TTL
 	if b.rate > 0 {
 		fit := time.Duration((b.burst/4/b.rate)*float64(time.Second)) - s.opts.Grace
 		ttl = min(ttl, fit)
 	}
-	ttl = max(ttl, 2*interval, time.Second)
+	ttl = max(ttl, min(2*interval, MaxTTL), time.Second)
 	return ttl.Truncate(time.Second)
 }
 
@@ -706,18 +731,30 @@ func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, den
 		_, err = s.lease(ctx, b, 0, b.held-target)
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "rlqs: store: %v", err)
+		// The store failed: nothing was leased or returned as far as is
+		// known, and the assignment in force stands until its TTL.
+		s.opts.Logger.Warn("rlqs: store", "key", b.key, "err", err)
+		return nil, nil
 	}
 	inForce := b.hasSent && b.sent.max > 0 && now.Before(b.expiry)
 	switch {
 	case b.held >= target:
 	case !keep && inForce && want.max >= b.sent.max && b.sent.most(life) <= b.held:
 		// Growing, and what the new shape and the old one's residue
-		// need is not held yet: the old shape goes on (Envoy keeps its
-		// bucket), and what was leased stays held for the next report.
-		want = b.sent
+		// need is not held yet: the part of it that fits, when its rate
+		// (or, at the same rate, its max_tokens) is above the old one's;
+		// else the old shape goes on (Envoy keeps its bucket). What was
+		// leased stays held for the next report.
+		c := s.shrink(want, b.held-changedResidue, life)
+		if c.rate() < b.sent.rate() || (c.rate() == b.sent.rate() && c.max <= b.sent.max) {
+			c = b.sent
+		}
+		want = c
 	default: // the global bucket is short: shrink to what is held
 		want = s.shrink(want, b.held-changedResidue, life)
+	}
+	if inForce {
+		want = distinct(want, b.sent)
 	}
 	b.sent, b.hasSent, b.expiry = want, true, now.Add(life)
 	return action(b.id, want, ttl), nil
@@ -728,13 +765,16 @@ func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, den
 func (s *Server) abandon(ctx context.Context, st *stream, b *bucket, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, error) {
 	s.shares.drop(b.key, st.id)
 	delete(st.buckets, canonical(b.id))
+	if m := s.opts.Metrics; m != nil {
+		m.abandoned.Inc()
+	}
 	residue := 0.0
 	if b.hasSent && now.Before(b.expiry) {
 		residue = b.sent.most(s.opts.Grace)
 	}
 	if excess := b.held - residue; excess > 0 {
 		if _, err := s.lease(ctx, b, 0, excess); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "rlqs: store: %v", err)
+			s.opts.Logger.Warn("rlqs: store", "key", b.key, "err", err)
 		}
 	}
 	return &rlqspb.RateLimitQuotaResponse_BucketAction{
@@ -791,6 +831,29 @@ func (s *Server) shrink(sh shape, avail float64, life time.Duration) shape {
 		r *= 0.9
 	}
 	return deny
+}
+
+// distinct returns sh as Envoy will see it beside old, the shape in force:
+// Envoy 1.40 keeps its bucket (and its rate) when max_tokens,
+// tokens_per_fill and fill_interval's nanos are equal, so a shape that
+// differs from old only in fill_interval's whole seconds would leave it on
+// the old rate. Such a shape is sent with one token fewer, or, at one
+// token, with tokens_per_fill and fill_interval doubled (the same rate).
+// The old bucket's residue is held as for any change.
+func distinct(sh, old shape) shape {
+	if sh.max == 0 || old.max == 0 || sh == old || sh.max != old.max || sh.perFill != old.perFill {
+		return sh
+	}
+	if sh.max > 1 {
+		sh.max--
+		return sh
+	}
+	if sh.perFill > 1<<30 { // doubling would overflow: a token a fill fewer
+		sh.perFill--
+		return sh
+	}
+	sh.perFill, sh.fill = sh.perFill*2, sh.fill*2
+	return sh
 }
 
 // near reports whether a is within 15% of b in rate and max_tokens.

@@ -49,3 +49,26 @@ func TestAssignmentFromConfig(t *testing.T) {
 		tokenBucket(t, r.BucketAction[0])
 	}
 }
+
+// Envoy 1.40 compares fill_interval by its nanos only: a new shape that
+// differs from the one in force only in its whole seconds would leave Envoy
+// on the old rate. Every shape sent differs where Envoy looks, at no more
+// than the rate and the tokens chosen.
+func TestShapeSeenByEnvoy(t *testing.T) {
+	old := shape{max: 5, perFill: 1, fill: 3}
+	for _, c := range []shape{{max: 5, perFill: 1, fill: 6}, {max: 1, perFill: 1, fill: 2}, {max: 5, perFill: 1, fill: 3}} {
+		if c.max == 1 {
+			old = shape{max: 1, perFill: 1, fill: 9}
+		}
+		got := distinct(c, old)
+		if got == c && c != old && got.max == old.max && got.perFill == old.perFill {
+			t.Errorf("distinct(%+v, %+v) = %+v: Envoy sees it as the old one", c, old, got)
+		}
+		if got.max > 0 && (got.max == old.max && got.perFill == old.perFill) && got != old {
+			t.Errorf("distinct(%+v, %+v) = %+v: Envoy would keep the old rate", c, old, got)
+		}
+		if got.rate() > c.rate()+1e-9 || got.most(time.Minute) > c.most(time.Minute)+1e-9 {
+			t.Errorf("distinct(%+v, %+v) = %+v: more than chosen", c, old, got)
+		}
+	}
+}

@@ -186,10 +186,17 @@ func TestFeatures(t *testing.T) {
 }
 
 // The extension burst sets a bucket's capacity apart from its rate: 60 a
-// minute with a burst of 3 admits 3 at once, then one a second.
+// minute with a burst of 3 admits 3 at once, then one a second; a limit
+// with a burst is a token bucket under a fixed-window service too.
 func TestBurstExtension(t *testing.T) {
+	for _, algo := range []rlsconfig.Algorithm{rlsconfig.TokenBucket, rlsconfig.FixedWindow} {
+		t.Run(algo.String(), func(t *testing.T) { testBurst(t, algo) })
+	}
+}
+
+func testBurst(t *testing.T, algo rlsconfig.Algorithm) {
 	c := newClock(epoch)
-	f := start(t, featuresYAML, fixtureOpts{store: memory(c), now: c.Now})
+	f := start(t, featuresYAML, fixtureOpts{store: memory(c), now: c.Now, algo: algo})
 	for i := range 3 {
 		if r := f.call(request("rl", desc("burst", "x"))); r.OverallCode != ok {
 			t.Fatalf("call %d: %v", i, codesOf(r))

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -94,7 +95,7 @@ func (m *Metrics) ConfigLoaded(ok bool) {
 // of returns the counters of a limit whose statistics key is key.
 func (m *Metrics) of(domain, key string) *series {
 	desc := strings.TrimPrefix(key, domain+".")
-	k := seriesKey{domain, desc}
+	k := seriesKey{validLabel(domain), validLabel(desc)}
 	m.mu.RLock()
 	s := m.series[k]
 	m.mu.RUnlock()
@@ -121,6 +122,16 @@ func (m *Metrics) of(domain, key string) *series {
 	}
 	m.series[k] = s
 	return s
+}
+
+// validLabel is s with invalid UTF-8 replaced (Prometheus refuses such label
+// values). gRPC's decoder already refuses them in a request's strings; this
+// keeps a caller without that check from failing the call.
+func validLabel(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // record counts a descriptor's hits with envoyproxy/ratelimit's meanings.

@@ -234,7 +234,11 @@ func (s *Server) translate(cfg *rlsconfig.Config, req *pb.RateLimitRequest) ([]d
 			continue
 		}
 		d.algo = d.limit.Algorithm
-		if d.algo == rlsconfig.Default {
+		switch {
+		case d.algo != rlsconfig.Default:
+		case d.limit.Burst > 0: // a burst is a token bucket's, whatever the service's default
+			d.algo = rlsconfig.TokenBucket
+		default:
 			d.algo = s.algo
 		}
 		if d.limit.RequestsPerUnit == 0 {

@@ -1,0 +1,137 @@
+package rlqs
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/rls"
+	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
+)
+
+// At shutdown each stream is told what Envoy should do without limitd:
+// abandon its buckets (then its no_assignment_behavior applies), or keep
+// its assignments until their TTL; the stream then ends Unavailable, and
+// no new stream opens.
+func TestShutdown(t *testing.T) {
+	for _, abandon := range []bool{true, false} {
+		f := start(t, quotaYAML, fixtureOpts{})
+		s, _ := f.open("")
+		exchange(t, s, "quota", usage(map[string]string{"api_key": "a"}, 0, 1, 0), usage(map[string]string{"free": "x"}, 0, 1, 0))
+		f.srv.Shutdown(abandon)
+		abandoned := 0
+		var err error
+		for {
+			r, e := s.Recv()
+			if e != nil {
+				err = e
+				break
+			}
+			for _, a := range r.BucketAction {
+				if a.GetAbandonAction() != nil {
+					abandoned++
+				}
+			}
+		}
+		if status.Code(err) != codes.Unavailable {
+			t.Errorf("abandon %v: the stream ended with %v, want Unavailable", abandon, err)
+		}
+		if want := map[bool]int{true: 2, false: 0}[abandon]; abandoned != want {
+			t.Errorf("abandon %v: %d buckets abandoned, want %d", abandon, abandoned, want)
+		}
+		t.Logf("abandon %v: %v", abandon, err)
+		s, _ = f.open("")
+		if c := code(t, s, buckets(0, 1)); c != codes.Unavailable {
+			t.Errorf("a stream opened after shutdown: %v, want Unavailable", c)
+		}
+	}
+}
+
+// A bucket reported idle for AbandonAfter is abandoned, and what it held
+// beyond what Envoy could still admit before the abandon arrives (its full
+// bucket and its rate over the grace) goes back to the global bucket.
+func TestAbandonIdle(t *testing.T) {
+	stores(t, func(t *testing.T, st service.Store, c *clock) {
+		f := start(t, quotaYAML, fixtureOpts{store: st, clock: c})
+		id := map[string]string{"api_key": "idle"}
+		a := f.node(id, "")
+		run(f, []*node{a}, []float64{1}, 5*time.Second, time.Second, func(time.Time) {})
+		// remaining reads the global bucket (a lease of nothing).
+		remaining := func() int64 {
+			ans, err := st.Lease(context.Background(), &service.LeaseRequest{Buckets: []service.LeaseBucket{{
+				Key: rls.BucketKey("quota", []rlsconfig.Entry{{Key: "api_key", Value: "idle"}}, nil), Rate: 40.0 / 60, Burst: 40}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ans.Buckets[0].Remaining
+		}
+		for i := 0; ; i++ {
+			if i > int(DefaultAbandonAfter/time.Second)+1 {
+				t.Fatalf("a bucket idle for %v was not abandoned", time.Duration(i)*time.Second)
+			}
+			c.Add(time.Second)
+			tb, ttl := a.e.tb, time.Duration(0)
+			before := remaining()
+			r := exchange(t, a.s, "quota", a.e.report(c.Now()))
+			if x := r.BucketAction[0]; x.GetAbandonAction() != nil {
+				back := remaining() - before
+				rate := float64(tb.TokensPerFill.GetValue()) / tb.FillInterval.AsDuration().Seconds()
+				ttl = DefaultTTL
+				want := min(int64(rate*ttl.Seconds())-1, 40-before) // a full bucket takes nothing back
+				t.Logf("abandoned after %v idle: %d tokens back (the rate %.2f/s over the TTL %v: %d)", time.Duration(i+1)*time.Second, back, rate, ttl, want+1)
+				if back < want {
+					t.Errorf("abandoned: %d tokens back, want at least %d", back, want)
+				}
+				break
+			} else {
+				a.e.apply(x, c.Now())
+			}
+		}
+	})
+}
+
+// A store failure leaves the assignment in force (nothing is sent for the
+// bucket) and the stream open: once Redis is back, the next report is
+// answered.
+func TestStoreDown(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	st, err := service.NewRedisStore(client, service.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, quotaYAML, fixtureOpts{store: st})
+	s, _ := f.open("")
+	id := map[string]string{"api_key": "down"}
+	tokenBucket(t, exchange(t, s, "quota", usage(id, 0, 1, 0)).BucketAction[0])
+	srv.Kill()
+	// Redis down: the report is taken, nothing answered; then the blanket
+	// bucket beside it is answered on the same stream.
+	if err := s.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "quota", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(id, 1, 0, time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	r := exchange(t, s, "quota", usage(map[string]string{"free": "x"}, 1, 0, time.Second))
+	if len(r.BucketAction) != 1 || r.BucketAction[0].BucketId.Bucket["free"] != "x" {
+		t.Fatalf("with Redis down, want only the blanket bucket answered, got %v", r)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Add(time.Second)
+	var got *rlqspb.RateLimitQuotaResponse
+	for range 50 { // the client reconnects on its own; each try is one report
+		got = exchange(t, s, "quota", usage(id, 0, 0, time.Second), usage(map[string]string{"free": "x"}, 0, 0, time.Second))
+		if len(got.BucketAction) == 2 {
+			break
+		}
+	}
+	tokenBucket(t, got.BucketAction[0])
+}
