@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -368,6 +370,24 @@ func (f *fleet) admitted(i int, from, to time.Duration) int {
 
 func (f *fleet) now() time.Duration { return time.Since(f.t0) }
 
+// timeline is what each Envoy admitted in each second so far, for a
+// failure's log: "Envoy 0: 3 5 5 0 ...".
+func (f *fleet) timeline() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for i := range f.clients {
+		secs := make([]int, int(f.now()/time.Second)+1)
+		for _, a := range f.log {
+			if a.envoy == i && a.status == http.StatusOK && int(a.at/time.Second) < len(secs) {
+				secs[a.at/time.Second]++
+			}
+		}
+		out = append(out, fmt.Sprintf("Envoy %d admitted, second by second: %v", i, secs))
+	}
+	return strings.Join(out, "\n")
+}
+
 // checkBound fails t unless, at every answer, the 200s so far are at most
 // burst + rate × (time since the first request), rate a second. It returns
 // the admitted total and the bound at the last answer.
@@ -478,6 +498,9 @@ func TestRLQSRebalance(t *testing.T) {
 		}
 	}
 	f.checkBound(burst, rate)
+	if t.Failed() {
+		t.Log(f.timeline())
+	}
 }
 
 // TestRLQSFailures: limitd killed and restarted, the RLQS streams reset, an
@@ -550,6 +573,9 @@ func TestRLQSFailures(t *testing.T) {
 				t.Errorf("the budget did not come back: %d admitted in the last %v, want at least %d", got, window, want)
 			}
 			f.checkBound(burst, rate)
+			if t.Failed() {
+				t.Log(f.timeline())
+			}
 		})
 	}
 }
