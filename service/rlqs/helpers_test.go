@@ -48,7 +48,7 @@ func (c *clock) Add(d time.Duration) {
 }
 
 // quotaYAML: 40 a minute per api_key value, 600 a minute with a burst of 1200
-// per team, an unlimited key, a limit of 0,
+// per team, an unlimited key, a limit of 0, a fixed window, a shadow limit,
 // a nested descriptor, and a level with two keys (ambiguous together).
 const quotaYAML = `
 domain: quota
@@ -67,6 +67,11 @@ descriptors:
         rate_limit: {unit: second, requests_per_unit: 100}
   - key: other
     rate_limit: {unit: second, requests_per_unit: 100}
+  - key: counted
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
+  - key: watched
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
 `
 
 // fixture is a quota service served over gRPC on a loopback port.

@@ -9,8 +9,9 @@ import (
 
 // The first report of a bucket gets its assignment at once, from the YAML's
 // limits: a token bucket whose every admission over its life fits in the
-// limit's burst; an unlimited limit, ALLOW_ALL; a limit of 0, DENY_ALL; an
-// unmatched or ambiguous bucket_id, the Unmatched default.
+// limit's burst; an unlimited or shadow limit, ALLOW_ALL; a limit of 0 or a
+// fixed window, DENY_ALL; an unmatched or ambiguous bucket_id, the
+// Unmatched default.
 func TestAssignmentFromConfig(t *testing.T) {
 	for _, un := range []Unmatched{AllowUnmatched, DenyUnmatched} {
 		f := start(t, quotaYAML, fixtureOpts{unmatched: un})
@@ -36,6 +37,8 @@ func TestAssignmentFromConfig(t *testing.T) {
 		}{
 			{map[string]string{"free": "x"}, typev3.RateLimitStrategy_ALLOW_ALL},
 			{map[string]string{"blocked": "x"}, typev3.RateLimitStrategy_DENY_ALL},
+			{map[string]string{"counted": "x"}, typev3.RateLimitStrategy_DENY_ALL},
+			{map[string]string{"watched": "x"}, typev3.RateLimitStrategy_ALLOW_ALL},
 			{map[string]string{"nothing": "x"}, want},
 			{map[string]string{"api_key": "a", "extra": "x"}, want}, // a key left over
 			{map[string]string{"tenant": "t", "other": "o"}, want},  // ambiguous
