@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -24,7 +25,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
 
 // The examples under examples/<name>/ are runnable as they are: from the
@@ -929,4 +933,155 @@ func FuzzShellWords(f *testing.F) {
 			t.Errorf("shellWords(%q) = %q, want %q", s, words, got)
 		}
 	})
+}
+
+// examples/rate-limit-quota runs stock Envoy with its own rate limit quota
+// filter against limitd and Redis. Its session is the README's block whose
+// info string is "console rate-limit-quota" (TestExamples, which needs the
+// plugin in envoy.yaml, leaves it alone): TestExampleRateLimitQuota replays
+// it against the example's envoy.yaml on free ports, with build/limitd
+// serving the example's limits.yaml on a real redis-server, as run.sh
+// starts them.
+var rlqsExampleBlockRE = regexp.MustCompile("(?m)^```console rate-limit-quota[ \t]*$")
+
+// rlqsExamplePorts are the fixed ports of the example's envoy.yaml and what
+// the test puts in their place.
+var rlqsExamplePorts = map[float64]string{10000: "{{.ListenerPort}}", 9901: "{{.AdminPort}}", 8082: "{{.RLQSPort}}"}
+
+// TestExampleRateLimitQuotaFiles checks the example without limitd: Envoy
+// 1.40 accepts envoy.yaml, limitd's configuration parser limits.yaml, and
+// the README has a session in the format above that names only Envoy's ports.
+func TestExampleRateLimitQuotaFiles(t *testing.T) {
+	envoytest.Needs(t, false)
+	dir := filepath.Join("..", "examples", "rate-limit-quota")
+	if _, _, err := rlsconfig.Load(filepath.Join(dir, "limits.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	tmpl := rlqsExampleTemplate(t, dir)
+	text, err := envoytest.RenderConfig(tmpl, envoytest.TemplateData{ListenerPort: 10000, AdminPort: 9901, RLQSPort: 8082})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "envoy.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := envoy.Validate(path); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	cmds := rlqsExampleSession(t, dir)
+	vars := map[string]string{}
+	for _, c := range cmds {
+		if _, err := parseCommand(c.text, vars); err != nil {
+			t.Errorf("README.md:%d: %v", c.line, err)
+		}
+	}
+	if b, err := exec.Command("bash", "-n", filepath.Join(dir, "run.sh")).CombinedOutput(); err != nil {
+		t.Errorf("run.sh: %v\n%s", err, b)
+	}
+}
+
+// TestExampleRateLimitQuota replays the README's session.
+func TestExampleRateLimitQuota(t *testing.T) {
+	envoytest.Needs(t, false)
+	dir := filepath.Join("..", "examples", "rate-limit-quota")
+	cmds := rlqsExampleSession(t, dir)
+	redis := redistest.Start(t)
+	svc := startLimitdWith(t, redis.Addr(), filepath.Join(dir, "limits.yaml"))
+	e := envoytest.Start(t, envoytest.Options{Config: rlqsExampleTemplate(t, dir), NoWasm: true, RLQSPort: svc.grpcPort,
+		Concurrency: 2})
+	// The README quotes the line Envoy logs when limitd's first assignment
+	// arrives, and its session waits for it after the command that reports
+	// the key (the one that prints 429 first).
+	readme := readFile(filepath.Join(dir, "README.md"))
+	_, quoted, ok := strings.Cut(readme, "\n[info][rate_limit_quota] ... ")
+	quoted, _, _ = strings.Cut(quoted, " for id")
+	if !ok || quoted == "" {
+		t.Fatal(`README.md quotes no "[info][rate_limit_quota] ... " line`)
+	}
+	first := slices.IndexFunc(cmds, func(c sessionCmd) bool { return slices.Contains(c.want, "429") })
+	if first < 0 {
+		t.Fatal("README.md: no command of the session prints 429")
+	}
+	to := envoyRoute(e)
+	runSession(t, to, cmds[:first+1])
+	if line := e.WaitLog(quoted, rlqsWait); line == "" {
+		t.Fatalf("Envoy did not log %q within %v", quoted, rlqsWait)
+	}
+	runSession(t, to, cmds[first+1:])
+}
+
+// rlqsExampleTemplate turns the example's envoy.yaml into a template whose
+// fixed ports are the test's.
+func rlqsExampleTemplate(t *testing.T, dir string) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		t.Fatalf("envoy.yaml: %v", err)
+	}
+	var tree any
+	if err := json.Unmarshal(j, &tree); err != nil {
+		t.Fatalf("envoy.yaml: %v", err)
+	}
+	found := map[float64]int{}
+	var walk func(v any) any
+	walk = func(v any) any {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, e := range v {
+				if n, ok := e.(float64); ok && k == "port_value" {
+					if _, known := rlqsExamplePorts[n]; !known {
+						t.Fatalf("envoy.yaml: port_value %v: want 10000 (listener), 9901 (admin) or 8082 (limitd's gRPC)", n)
+					}
+					found[n]++
+					v[k] = fmt.Sprintf("@@%v@@", n)
+					continue
+				}
+				v[k] = walk(e)
+			}
+		case []any:
+			for i, e := range v {
+				v[i] = walk(e)
+			}
+		}
+		return v
+	}
+	b, err := json.Marshal(walk(tree))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.ReplaceAll(string(b), "{{", `{{"{{"}}`)
+	for port, expr := range rlqsExamplePorts {
+		if found[port] != 1 {
+			t.Fatalf("envoy.yaml: port %v appears %d times, want once", port, found[port])
+		}
+		s = strings.ReplaceAll(s, fmt.Sprintf(`"@@%v@@"`, port), expr)
+	}
+	return s
+}
+
+// rlqsExampleSession returns the commands of the README's "console
+// rate-limit-quota" blocks.
+func rlqsExampleSession(t *testing.T, dir string) []sessionCmd {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Make those blocks the only console blocks, line for line, and let the
+	// examples' session parser read them.
+	text := consoleBlockRE.ReplaceAllString(string(b), "```text")
+	text = rlqsExampleBlockRE.ReplaceAllString(text, "```console")
+	cmds, err := parseSessions(text)
+	if err != nil {
+		t.Fatalf("README.md: %v", err)
+	}
+	if len(cmds) == 0 {
+		t.Fatal("README.md: no ```console rate-limit-quota session")
+	}
+	return cmds
 }

@@ -123,6 +123,9 @@ type Listener struct {
 	// RateLimit puts Envoy's own rate limit filter after Filters, before
 	// the plugin; nil leaves it out. See RateLimit.
 	RateLimit *RateLimit
+	// RateLimitQuota puts Envoy's own rate limit quota filter after
+	// Filters, before the plugin; nil leaves it out. See RateLimitQuota.
+	RateLimitQuota *RateLimitQuota
 }
 
 // Options configures one Envoy. Every field has a usable zero value.
@@ -140,14 +143,17 @@ type Options struct {
 	NativeModule string
 	// NoWasm leaves the plugin (either build) out of the main listener.
 	NoWasm bool
-	// Filters, HCM and RateLimit: see Listener.
-	Filters, HCM string
-	RateLimit    *RateLimit
+	// Filters, HCM, RateLimit and RateLimitQuota: see Listener.
+	Filters, HCM   string
+	RateLimit      *RateLimit
+	RateLimitQuota *RateLimitQuota
 	// UpstreamPort is the cluster "upstream" (0: Envoy answers directly);
 	// ServicePort the cluster "limit_service" (0: none); RLSPort the
 	// cluster "rls" (HTTP/2: a rate limit service's gRPC port) that
-	// RateLimit calls (0: none).
-	UpstreamPort, ServicePort, RLSPort int
+	// RateLimit calls (0: none); RLQSPort the cluster "rlqs" (HTTP/2: a
+	// rate limit quota service's gRPC port) that RateLimitQuota reports to
+	// (0: none).
+	UpstreamPort, ServicePort, RLSPort, RLQSPort int
 	// ListenerPort and AdminPort are Envoy's ports; 0 means a free port.
 	ListenerPort, AdminPort int
 	// Listeners replaces the main listener when not empty.
@@ -176,8 +182,8 @@ type Options struct {
 
 // TemplateData is what a bootstrap template sees.
 type TemplateData struct {
-	ListenerPort, AdminPort, UpstreamPort, ServicePort, RLSPort int
-	PluginWasm, PluginConfig, FailurePolicy                     string
+	ListenerPort, AdminPort, UpstreamPort, ServicePort, RLSPort, RLQSPort int
+	PluginWasm, PluginConfig, FailurePolicy                               string
 	// NativeModule is the native module's path when a listener runs it;
 	// NativeName is Envoy's name for it (libNAME.so).
 	NativeModule, NativeName string
@@ -298,7 +304,7 @@ func startTimeout(opts Options) time.Duration {
 func Data(opts Options) (TemplateData, error) {
 	d := TemplateData{
 		ListenerPort: opts.ListenerPort, AdminPort: opts.AdminPort,
-		UpstreamPort: opts.UpstreamPort, ServicePort: opts.ServicePort, RLSPort: opts.RLSPort,
+		UpstreamPort: opts.UpstreamPort, ServicePort: opts.ServicePort, RLSPort: opts.RLSPort, RLQSPort: opts.RLQSPort,
 		PluginWasm: opts.PluginWasm, PluginConfig: opts.PluginConfig,
 		FailurePolicy: opts.FailurePolicy, Data: opts.Data,
 	}
@@ -311,7 +317,7 @@ func Data(opts Options) (TemplateData, error) {
 	ls := opts.Listeners
 	if len(ls) == 0 {
 		ls = []Listener{{Port: opts.ListenerPort, PluginConfig: opts.PluginConfig, Filters: opts.Filters, HCM: opts.HCM,
-			RateLimit: opts.RateLimit}}
+			RateLimit: opts.RateLimit, RateLimitQuota: opts.RateLimitQuota}}
 	}
 	needPlugin := (custom && strings.Contains(opts.Config, ".PluginWasm")) ||
 		(!custom && len(opts.Listeners) == 0 && !opts.NoWasm && opts.Build != Native)
@@ -361,6 +367,16 @@ func Data(opts Options) (TemplateData, error) {
 			c.Timeout = cmp.Or(c.Timeout, "5s")
 			c.XRateLimitHeaders = cmp.Or(c.XRateLimitHeaders, "DRAFT_VERSION_03")
 			l.RateLimit = &c
+		}
+		if q := l.RateLimitQuota; q != nil {
+			if d.RLQSPort == 0 {
+				return d, fmt.Errorf("envoy: listener %s: RateLimitQuota without RLQSPort (the cluster \"rlqs\")", l.Name)
+			}
+			c, err := q.withDefaults()
+			if err != nil {
+				return d, fmt.Errorf("envoy: listener %s: %w", l.Name, err)
+			}
+			l.RateLimitQuota = &c
 		}
 		d.Listeners[i] = l
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -277,6 +278,60 @@ func TestBootstrapRateLimit(t *testing.T) {
 		"no RLSPort":            {NoWasm: true, UpstreamPort: 3, RateLimit: &RateLimit{Domain: "d"}},
 		"route without a route": {NoWasm: true, RLSPort: 5, RateLimit: &RateLimit{Domain: "d", RouteRateLimits: route}},
 		"route and filter":      {NoWasm: true, UpstreamPort: 3, RLSPort: 5, RateLimit: &RateLimit{Domain: "d", RouteRateLimits: route, FilterRateLimits: filter}},
+	} {
+		if _, err := Data(opts); err == nil {
+			t.Errorf("%s: Data accepted it", name)
+		}
+	}
+}
+
+// TestBootstrapRateLimitQuota renders Envoy's own rate limit quota filter
+// and checks the YAML says what RateLimitQuota says; Envoy itself loads it
+// in e2e's TestRLQSValidate.
+func TestBootstrapRateLimitQuota(t *testing.T) {
+	q := &RateLimitQuota{Domain: "edge", Headers: []BucketHeader{{"api_key", "x-api-key"}},
+		ReportingInterval: 1500 * time.Millisecond, Expired: "REUSE_LAST_ASSIGNMENT"}
+	for _, headers := range [][]BucketHeader{q.Headers, {{"api_key", "x-api-key"}, {"plan", "x-plan"}}} {
+		q.Headers = headers
+		d, err := Data(Options{NoWasm: true, RLQSPort: 7, RateLimitQuota: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Render(Bootstrap, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc map[string]any
+		if err := yaml.Unmarshal([]byte(got), &doc); err != nil {
+			t.Fatalf("%v\n%s", err, got)
+		}
+		b, _ := json.Marshal(doc)
+		wants := []string{`"name":"envoy.filters.http.rate_limit_quota"`, `"domain":"edge"`,
+			`"rlqs_server":{"envoy_grpc":{"cluster_name":"rlqs"}}`, `"reporting_interval":"1.500s"`,
+			`"no_assignment_behavior":{"fallback_rate_limit":{"blanket_rule":"DENY_ALL"}}`,
+			`"expired_assignment_behavior":{"reuse_last_assignment":{}}`, `"http_status":{"code":429}`,
+			`"api_key":{"custom_value":{"name":"x-api-key"`, `"http2_protocol_options":{"max_concurrent_streams":100}`,
+			`"port_value":7`, `"google_re2":{}`}
+		if len(headers) == 2 {
+			wants = append(wants, `"and_matcher"`, `"plan":{"custom_value":{"name":"x-plan"`)
+		}
+		for _, want := range wants {
+			if !strings.Contains(string(b), want) {
+				t.Errorf("%d headers: want %s in\n%s", len(headers), want, got)
+			}
+		}
+		if strings.Index(got, "rate_limit_quota") > strings.Index(got, "envoy.filters.http.router") {
+			t.Errorf("the quota filter is not before the router:\n%s", got)
+		}
+	}
+	for name, opts := range map[string]Options{
+		"no RLQSPort":  {NoWasm: true, RateLimitQuota: &RateLimitQuota{Domain: "d", Headers: []BucketHeader{{"k", "h"}}}},
+		"no domain":    {NoWasm: true, RLQSPort: 7, RateLimitQuota: &RateLimitQuota{Headers: []BucketHeader{{"k", "h"}}}},
+		"no header":    {NoWasm: true, RLQSPort: 7, RateLimitQuota: &RateLimitQuota{Domain: "d"}},
+		"a YAML key":   {NoWasm: true, RLQSPort: 7, RateLimitQuota: &RateLimitQuota{Domain: "d", Headers: []BucketHeader{{"k: x", "h"}}}},
+		"a repeat":     {NoWasm: true, RLQSPort: 7, RateLimitQuota: &RateLimitQuota{Domain: "d", Headers: []BucketHeader{{"k", "h"}, {"k", "g"}}}},
+		"microseconds": {NoWasm: true, RLQSPort: 7, RateLimitQuota: &RateLimitQuota{Domain: "d", Headers: []BucketHeader{{"k", "h"}}, ReportingInterval: time.Microsecond}},
+		"a rule":       {NoWasm: true, RLQSPort: 7, RateLimitQuota: &RateLimitQuota{Domain: "d", Headers: []BucketHeader{{"k", "h"}}, NoAssignment: "SOME"}},
 	} {
 		if _, err := Data(opts); err == nil {
 			t.Errorf("%s: Data accepted it", name)
