@@ -17,6 +17,7 @@ type fakeHost struct {
 	sd       slots.SharedData
 	counters map[string]*fakeCounter
 	logs     []string
+	warns    int         // how many of logs are warnings
 	calls    []*fakeCall // the plugin's own
 	// atOnce, when set, answers each of the plugin's calls within Callout
 	// (a host that delivers an answer before the call is handed off).
@@ -41,7 +42,12 @@ func (h *fakeHost) Now() int64                   { return h.now }
 func (h *fakeHost) SharedData() slots.SharedData { return h.sd }
 func (h *fakeHost) Counter(name string) Counter  { return h.metric(name) }
 func (h *fakeHost) Gauge(name string) Gauge      { return h.metric(name) }
-func (h *fakeHost) Log(_ LogLevel, msg string)   { h.logs = append(h.logs, msg) }
+func (h *fakeHost) Log(level LogLevel, msg string) {
+	h.logs = append(h.logs, msg)
+	if level == LogWarn {
+		h.warns++
+	}
+}
 
 func (h *fakeHost) metric(name string) *fakeCounter {
 	c, ok := h.counters[name]
@@ -63,17 +69,31 @@ func (h *fakeHost) Callout(call *Call, answer func(*Answer)) error {
 
 func (h *fakeHost) count(name string) int64 { return h.metric(Name + "." + name).n }
 
+// defined reports whether the engine defined a metric name (the host shows
+// every metric defined, even at zero).
+func (h *fakeHost) defined(name string) bool { _, ok := h.counters[Name+"."+name]; return ok }
+
 // fakeStream is one request: its headers, what the engine did to it, and
 // the calls it owns.
 type fakeStream struct {
-	req      map[string]string
-	resp     map[string]string
-	added    [][2]string
-	replied  int // a status, 0 while none
-	replyErr error
-	resumed  int
-	calls    []*fakeCall
-	body     []byte // the response body's current chunk
+	req map[string]string
+	// more are further request headers, after req's, whose names may repeat
+	// (a second Cookie header): RequestHeaders lists them, RequestHeader
+	// does not see them.
+	more  [][2]string
+	props map[string]string // properties by dotted path, beside source.address
+	resp  map[string]string
+	added [][2]string
+	// The local reply: its status (0 while none), headers and body.
+	replied      int
+	replyHeaders [][2]string
+	replyBody    string
+	replyErr     error
+	bodyRead     int    // bytes of the response body the engine read
+	action       Action // what OnRequestHeaders returned (world.open)
+	resumed      int
+	calls        []*fakeCall
+	body         []byte // the response body's current chunk
 	// done: the request is gone (reset, or answered): the host drops the
 	// answers of its calls and runs nothing more for it.
 	done bool
@@ -84,9 +104,18 @@ type fakeStream struct {
 	deferred []func()
 }
 
+// newFakeStream is a GET / with the headers (name/value pairs); a
+// pseudo-header given replaces the default (or the one given before), any
+// other name given twice is a repeated header.
 func newFakeStream(kv ...string) *fakeStream {
 	s := &fakeStream{req: map[string]string{":method": "GET", ":path": "/", ":authority": "example"}, resp: map[string]string{}}
+	seen := map[string]bool{}
 	for i := 0; i+1 < len(kv); i += 2 {
+		if seen[kv[i]] && !strings.HasPrefix(kv[i], ":") { // a header repeated
+			s.more = append(s.more, [2]string{kv[i], kv[i+1]})
+			continue
+		}
+		seen[kv[i]] = true
 		s.req[kv[i]] = kv[i+1]
 	}
 	return s
@@ -98,10 +127,14 @@ func (s *fakeStream) RequestHeaders() [][2]string {
 	for k, v := range s.req {
 		hs = append(hs, [2]string{k, v})
 	}
-	return hs
+	return append(hs, s.more...)
 }
 func (s *fakeStream) Property(path ...string) ([]byte, bool) {
-	if strings.Join(path, ".") == "source.address" {
+	p := strings.Join(path, ".")
+	if v, ok := s.props[p]; ok {
+		return []byte(v), true
+	}
+	if p == "source.address" {
 		return []byte("10.0.0.1:4242"), true
 	}
 	return nil, false
@@ -116,13 +149,14 @@ func (s *fakeStream) ResponseBody(off, size int) ([]byte, error) {
 	if off < 0 || size < 0 || off+size > len(s.body) {
 		return nil, errors.New("no such body bytes")
 	}
+	s.bodyRead += size
 	return s.body[off : off+size], nil
 }
-func (s *fakeStream) SendReply(status int, _ [][2]string, _ []byte) error {
+func (s *fakeStream) SendReply(status int, headers [][2]string, body []byte) error {
 	if s.replyErr != nil {
 		return s.replyErr
 	}
-	s.replied = status
+	s.replied, s.replyHeaders, s.replyBody = status, headers, string(body)
 	return nil
 }
 func (s *fakeStream) Resume() error { s.resumed++; return nil }

@@ -1,0 +1,317 @@
+package engine
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/service"
+)
+
+// The behaviour tests drive a Plugin on the fake host as Envoy drives it: a
+// request's headers, then (when the plugin lets it go on) the upstream's
+// response, its body in chunks, and the end of the request. Each table
+// states requests and what the host sees of them: the status and headers
+// the client gets, the calls the plugin made, the metrics and log lines.
+
+const sec = int64(1e9)
+
+// world is one plugin on the fake host, and optionally a limit service
+// answering its calls.
+type world struct {
+	t      testing.TB
+	h      *fakeHost
+	p      *Plugin
+	limitd *limitd
+	props  map[string]string // the properties every request has
+}
+
+func newWorld(t testing.TB, cfg string) *world { t.Helper(); return newWorldOn(t, newFakeHost(), cfg) }
+
+// newWorldOn is a world on a host the test prepared (its shared data).
+func newWorldOn(t testing.TB, h *fakeHost, cfg string) *world {
+	t.Helper()
+	return &world{t: t, h: h, p: newPlugin(t, h, cfg)}
+}
+
+// upstream is what the upstream answers: a status (none: "200"), headers,
+// the body in chunks (none: a response without a body), and how it ends.
+type upstream struct {
+	status   string
+	headers  [][2]string
+	chunks   []string
+	trailers bool // trailers follow the last chunk
+	cut      bool // the stream ends before the body's end (client gone, reset)
+}
+
+// seen is what the client saw of one request, and what the host did for it.
+type seen struct {
+	status  int
+	headers map[string]string // the local reply's, or those added to the upstream's response
+	body    string            // the local reply's
+	calls   int               // calls answered while the request ran (by the limit service)
+	stream  *fakeStream
+}
+
+// do runs one request with the headers (name/value pairs) through the
+// plugin and, when it goes on, a 200 without a body.
+func (w *world) do(headers ...string) seen { return w.doUpstream(upstream{}, headers...) }
+
+// doUpstream runs one request and, when it goes on, the upstream's answer.
+func (w *world) doUpstream(up upstream, headers ...string) seen {
+	w.t.Helper()
+	s, r := w.open(headers...)
+	got := seen{headers: map[string]string{}, stream: s}
+	if w.limitd != nil {
+		got.calls = w.limitd.serve(s)
+	}
+	if s.replied != 0 {
+		got.status, got.body = s.replied, s.replyBody
+		for _, h := range s.replyHeaders {
+			got.headers[h[0]] = h[1]
+		}
+		// The local reply passes the response callbacks: nothing is added.
+		s.resp = got.headers
+		r.OnResponseHeaders(false)
+		if len(s.added) != 0 {
+			w.t.Fatalf("the local reply's headers were added to: %v", s.added)
+		}
+		s.done = true
+		r.Done()
+		return got
+	}
+	if s.paused() {
+		w.t.Fatalf("request neither answered nor continued (resumed %d)", s.resumed)
+	}
+	got.status = 200
+	w.respond(s, r, up)
+	for _, h := range s.added {
+		if _, dup := got.headers[h[0]]; dup {
+			w.t.Fatalf("header %s added twice", h[0])
+		}
+		got.headers[h[0]] = h[1]
+	}
+	w.end(s, r)
+	return got
+}
+
+// open starts a request: its headers, decided.
+func (w *world) open(headers ...string) (*fakeStream, *Request) {
+	s := newFakeStream(headers...)
+	s.props = w.props
+	r := w.p.NewRequest(s)
+	s.action = r.OnRequestHeaders()
+	return s, r
+}
+
+// respond passes the upstream's response to a request that went on: its
+// headers, then its body chunk by chunk (no chunk may be held), then its
+// trailers; the limit service answers what the response calls for.
+func (w *world) respond(s *fakeStream, r *Request, up upstream) {
+	w.t.Helper()
+	if up.status == "" {
+		up.status = "200"
+	}
+	s.resp = map[string]string{":status": up.status}
+	for _, h := range up.headers {
+		s.resp[h[0]] = h[1]
+	}
+	r.OnResponseHeaders(len(up.chunks) == 0 && !up.trailers && !up.cut)
+	for i, ch := range up.chunks {
+		s.body = []byte(ch)
+		end := i == len(up.chunks)-1 && !up.trailers && !up.cut
+		if a := r.OnResponseBody(len(ch), end); a != Continue {
+			w.t.Fatalf("body chunk %d: action %v, want continue", i, a)
+		}
+	}
+	if up.trailers {
+		r.OnResponseTrailers()
+	}
+}
+
+// end ends a request (after its response, or cut short): the limit service
+// answers what it sent.
+func (w *world) end(s *fakeStream, r *Request) {
+	s.done = true
+	r.Done()
+	if w.limitd != nil {
+		w.limitd.serve(s)
+	}
+}
+
+// statuses sends n requests with the headers and returns their statuses.
+func (w *world) statuses(n int, headers ...string) []int {
+	w.t.Helper()
+	out := make([]int, n)
+	for i := range out {
+		out[i] = w.do(headers...).status
+	}
+	return out
+}
+
+// tick is the plugin's once-a-second work, the limit service answering
+// what it sends.
+func (w *world) tick() {
+	w.p.Tick(&runtime.MemStats{})
+	if w.limitd != nil {
+		w.limitd.serve()
+	}
+}
+
+func (w *world) count(name string) int64 { return w.h.count(name) }
+
+// paused: the request waits (it was paused and neither resumed nor
+// answered).
+func (s *fakeStream) paused() bool { return s.action == Pause && s.resumed == 0 && s.replied == 0 }
+
+// limitd is a real limit service (service.Server on a memory store on the
+// fake host's clock) that answers the plugin's calls.
+type limitd struct {
+	h      *fakeHost
+	srv    http.Handler
+	served map[*fakeStream]int // calls answered per owner (nil: the plugin)
+	calls  int                 // calls answered in all
+	down   bool                // answer every call with a failure
+}
+
+// withLimitd gives the world a limit service.
+func (w *world) withLimitd() *world {
+	srv, err := service.NewServer(service.Config{Store: service.NewMemoryStore(service.MemoryOptions{Now: func() int64 { return w.h.now }})})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.limitd = &limitd{h: w.h, srv: srv, served: map[*fakeStream]int{}}
+	return w
+}
+
+// serve answers every unanswered call of the streams and of the plugin,
+// until none is left (an answer may send another call); it returns how
+// many it answered. A stream's calls are answered only while the request
+// lives (the host drops them after).
+func (l *limitd) serve(streams ...*fakeStream) int {
+	n := 0
+	for more := true; more; {
+		more = false
+		for _, s := range append(streams, nil) {
+			calls := l.h.calls
+			if s != nil {
+				calls = s.calls
+			}
+			for l.served[s] < len(calls) {
+				c := calls[l.served[s]]
+				l.served[s]++
+				more = true
+				n++
+				l.calls++
+				if s != nil && s.done {
+					continue
+				}
+				c.answer(l.answer(c.call))
+				if s != nil {
+					calls = s.calls
+				} else {
+					calls = l.h.calls
+				}
+			}
+		}
+	}
+	return n
+}
+
+func (l *limitd) answer(c *Call) *Answer {
+	if l.down {
+		return &Answer{Failed: true}
+	}
+	hs := map[string]string{}
+	for _, h := range c.Headers {
+		hs[h[0]] = h[1]
+	}
+	r := httptest.NewRequest(hs[":method"], hs[":path"], bytes.NewReader(c.Body))
+	rec := httptest.NewRecorder()
+	l.srv.ServeHTTP(rec, r)
+	return &Answer{Status: "200", Body: rec.Body.Bytes()}
+}
+
+// timeline is a behaviour's case: a configuration, then requests in order,
+// each with what the client must see; then the metrics.
+type timeline struct {
+	name    string
+	cfg     string
+	limitd  bool              // a limit service answers the calls
+	down    bool              // it fails every call
+	props   map[string]string // the properties every request has (dotted paths)
+	steps   []exchange
+	metrics map[string]int64 // metric (without the tokenbucket. prefix) → value after the steps
+}
+
+// exchange is one request (or times requests alike) at a moment, and what the
+// client sees.
+type exchange struct {
+	wait    int64 // nanoseconds the clock moves before the request
+	times   int   // the request is sent this many times (0: once)
+	req     []string
+	up      upstream
+	status  int               // 0: not checked
+	headers map[string]string // each as given ("": absent)
+	body    string            // a part of the reply's body
+}
+
+// run runs each timeline of a table as a subtest.
+func run(t *testing.T, table []timeline) {
+	t.Helper()
+	for _, tc := range table {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, tc.cfg)
+			w.props = tc.props
+			if tc.limitd || tc.down {
+				w.withLimitd().limitd.down = tc.down
+			}
+			for i, st := range tc.steps {
+				w.h.now += st.wait
+				for n := range max(st.times, 1) {
+					got := w.doUpstream(st.up, st.req...)
+					if st.status != 0 && got.status != st.status {
+						t.Fatalf("step %d (%d): %v: status %d, want %d (%v %s)", i, n, st.req, got.status, st.status, got.headers, got.body)
+					}
+					for k, v := range st.headers {
+						if got.headers[k] != v {
+							t.Fatalf("step %d (%d): %v: %s = %q, want %q (%v)", i, n, st.req, k, got.headers[k], v, got.headers)
+						}
+					}
+					if !strings.Contains(got.body, st.body) {
+						t.Fatalf("step %d (%d): body %q, want it to contain %q", i, n, got.body, st.body)
+					}
+				}
+			}
+			for name, want := range tc.metrics {
+				if got := w.count(name); got != want {
+					t.Errorf("%s = %d, want %d", name, got, want)
+				}
+			}
+		})
+	}
+}
+
+// limitRule is a token_bucket rule named name, with extra fields.
+func limitRule(name, extra string, rate, burst string) string {
+	return `{"name": "` + name + `", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": ` + rate + `, "burst": ` + burst + `}` + extra + `}`
+}
+
+// rules is a configuration of the rules, with top-level fields top (each
+// followed by a comma).
+func rules(top string, rs ...string) string {
+	return `{` + top + `"rules": [` + strings.Join(rs, ",") + `]}`
+}
+
+func count(sts []int, status int) int {
+	n := 0
+	for _, s := range sts {
+		if s == status {
+			n++
+		}
+	}
+	return n
+}
