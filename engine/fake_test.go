@@ -252,6 +252,24 @@ func (l lossy) Set(key string, value []byte, cas uint32) error {
 	return slots.ErrCASMismatch
 }
 
+// failingData is shared data whose writes fail with fail while it is set
+// (a host error, not a CAS mismatch); once: only the next write fails.
+type failingData struct {
+	slots.SharedData
+	fail error
+	once bool
+}
+
+func (f *failingData) Set(key string, value []byte, cas uint32) error {
+	if err := f.fail; err != nil {
+		if f.once {
+			f.fail = nil
+		}
+		return err
+	}
+	return f.SharedData.Set(key, value, cas)
+}
+
 // TestCASStormFailsOpen: every write loses its compare-and-swap; after the
 // bounded retries the request fails open, counted, with nothing written.
 func TestCASStormFailsOpen(t *testing.T) {
