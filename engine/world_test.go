@@ -255,7 +255,7 @@ type exchange struct {
 	req     []string
 	up      upstream
 	status  int               // 0: not checked
-	headers map[string]string // each as given ("": absent)
+	headers map[string]string // each as given ("": absent; "a|b": a or b)
 	body    string            // a part of the reply's body
 }
 
@@ -277,7 +277,7 @@ func run(t *testing.T, table []timeline) {
 						t.Fatalf("step %d (%d): %v: status %d, want %d (%v %s)", i, n, st.req, got.status, st.status, got.headers, got.body)
 					}
 					for k, v := range st.headers {
-						if got.headers[k] != v {
+						if !oneOf(got.headers[k], v) {
 							t.Fatalf("step %d (%d): %v: %s = %q, want %q (%v)", i, n, st.req, k, got.headers[k], v, got.headers)
 						}
 					}
@@ -314,4 +314,15 @@ func count(sts []int, status int) int {
 		}
 	}
 	return n
+}
+
+// oneOf reports whether got is want or, when want is alternatives a|b|...,
+// one of them.
+func oneOf(got, want string) bool {
+	for _, w := range strings.Split(want, "|") {
+		if got == w {
+			return true
+		}
+	}
+	return false
 }

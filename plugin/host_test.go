@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
@@ -87,4 +88,42 @@ func TestLostWakeUpHealsAtTick(t *testing.T) {
 func call(path string) *engine.Call {
 	return &engine.Call{Cluster: "limit_service", MaxBody: 100,
 		Headers: [][2]string{{":method", "POST"}, {":path", path}, {":authority", "limitd"}}}
+}
+
+// TestCallAnswers: what Envoy delivers for a call is the engine's Answer:
+// no headers is a failed call (reset, timeout, no cluster); then the
+// :status, and the body up to the call's MaxBody, a larger one TooLarge
+// and unread.
+func TestCallAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		headers [][2]string
+		body    string
+		want    engine.Answer
+	}{
+		{"failed", nil, "", engine.Answer{Failed: true}},
+		{"a status", [][2]string{{":status", "503"}}, "oops", engine.Answer{Status: "503", Body: []byte("oops")}},
+		{"a body of MaxBody", [][2]string{{":status", "200"}}, strings.Repeat("x", 100), engine.Answer{Status: "200", Body: []byte(strings.Repeat("x", 100))}},
+		{"a body past MaxBody", [][2]string{{":status", "200"}}, strings.Repeat("x", 101), engine.Answer{Status: "200", TooLarge: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := start(t, perKey)
+			h := &host{id: proxytest.PluginContextID, now: e.clk.now, sd: sharedData{}}
+			defer func(a uint32) { active = a }(active)
+			active = h.id
+			var got *engine.Answer
+			if err := h.Callout(call("/v1/decide"), func(a *engine.Answer) { got = a }); err != nil {
+				t.Fatal(err)
+			}
+			sent := e.host.GetCalloutAttributesFromContext(proxytest.PluginContextID)
+			if len(sent) != 1 || sent[0].Upstream != "limit_service" {
+				t.Fatalf("calls sent %+v, want one to limit_service", sent)
+			}
+			e.host.CallOnHttpCallResponse(sent[0].CalloutID, tc.headers, nil, []byte(tc.body))
+			if got == nil || got.Failed != tc.want.Failed || got.Status != tc.want.Status || got.TooLarge != tc.want.TooLarge ||
+				string(got.Body) != string(tc.want.Body) || got.Err != nil {
+				t.Fatalf("answer %+v, want %+v", got, tc.want)
+			}
+		})
+	}
 }
