@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/ratelimit-wasm/tokenbucket/wire"
@@ -313,5 +316,279 @@ func TestLeaseAnsweredWithinTheCall(t *testing.T) {
 		if n := h.count("lease_calls"); n != 1 {
 			t.Fatalf("%s: %d lease calls, want 1", c.name, n)
 		}
+	}
+}
+
+// leased is one leased cluster rule by header k: burst 40, 1 token/s.
+const leased = `{"service": {"cluster": "limitd", "timeout_ms": 30},
+ "rules": [{"name": "fleet", "scope": "cluster", "sync": "lease", "limit_keys": ["header:k"],
+   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 40}}]}`
+
+// burst is cfg with the burst 40 of its rule changed.
+func burst(cfg, b string) string { return strings.Replace(cfg, `"burst": 40`, `"burst": `+b, 1) }
+
+// TestLeaseTimelines: requests against a real limit service through
+// leases: what each client sees and whether it waited for a call.
+func TestLeaseTimelines(t *testing.T) {
+	b := []string{"k", "b"}
+	run(t, []timeline{
+		// Once the global bucket refused, requests that find no token are
+		// refused without a call until its wait is over.
+		{name: "refused: waits locally", limitd: true, cfg: burst(leased, "2"), steps: []exchange{
+			{times: 2, req: b, status: 200},
+			{req: b, status: 429, calls: 1},
+			{req: b, status: 429, noCall: true, headers: map[string]string{"retry-after": "1|2"}},
+			{wait: sec, req: b, status: 200}}},
+		// The wall clock steps back 300 s after the global bucket refused:
+		// the lease asks again rather than answering 429 for the step's
+		// length (the bucket, on limitd's clock, refilled meanwhile).
+		{name: "a clock step back does not freeze the lease", limitd: true, cfg: burst(leased, "2"), steps: []exchange{
+			{times: 2, req: b, status: 200},
+			{req: b, status: 429},
+			{wait: -298 * sec, req: b, calls: 1}}},
+		// A request refused by a lease that answers alone (the global bucket
+		// refused lately) gives its local rules' tokens back.
+		{name: "a refusal gives the local tokens back", limitd: true, cfg: `{"service": {"cluster": "limitd"}, "rules": [
+	  {"name": "local", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 3}},
+	  {"name": "fleet", "scope": "cluster", "sync": "lease", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 2}}]}`,
+			steps: []exchange{
+				{times: 2, status: 200},
+				{status: 429, body: `"rule":"fleet"`},               // refused by a call
+				{status: 429, body: `"rule":"fleet"`, noCall: true}, // by the lease alone
+				{wait: 2 * sec, status: 200}}},
+		// After x-cost 1000 is refused, a request of cost 100 still asks the
+		// limit service, which holds enough, instead of inheriting the
+		// refused request's 429 and wait.
+		{name: "a refusal judges each cost", limitd: true, cfg: `{"service": {"cluster": "limitd", "timeout_ms": 30},
+	 "rules": [{"name": "fleet", "scope": "cluster", "sync": "lease", "algorithm": "token_bucket",
+	   "algorithm_config": {"tokens_per_second": 1, "burst": 1000, "cost_source": "header:x-cost"}}]}`,
+			steps: []exchange{
+				{req: []string{"x-cost", "63"}, status: 200}, // the global bucket holds 937 then
+				{req: []string{"x-cost", "1000"}, status: 429},
+				{req: []string{"x-cost", "100"}, status: 200, calls: 1}}},
+	})
+}
+
+// TestLeaseExactAndLocal: a burst of 40 admits at most 40 (and at least 36,
+// the rest being fractions left in the lease), most requests make no call,
+// and the lease's leftover goes back to the global bucket once it expires.
+func TestLeaseExactAndLocal(t *testing.T) {
+	w := newWorld(t, leased).withLimitd()
+	admitted := 0
+	for range 100 {
+		r := w.do("k", "a")
+		switch {
+		case r.status == 200 && r.headers["ratelimit"] == "":
+			t.Fatalf("an admitted request has no RateLimit header: %v", r.headers)
+		case r.status == 200:
+			admitted++
+		case r.status != 429 || r.headers["retry-after"] == "" || r.headers["x-ratelimit-reason"] != "token_bucket_exceeded":
+			t.Fatalf("rejection %+v", r)
+		}
+	}
+	if admitted > 40 || admitted < 36 {
+		t.Fatalf("admitted %d of a burst of 40, want 36 to 40", admitted)
+	}
+	if got := w.count("lease_calls"); got > 30 {
+		t.Errorf("%d lease calls for 100 requests", got)
+	}
+	// After the ttl, the tick returns what is left; the global bucket has
+	// it again (and has refilled by then).
+	w.h.now += 3 * sec
+	w.tick()
+	before := admitted
+	for range 10 {
+		if r := w.do("k", "a"); r.status == 200 {
+			admitted++
+		}
+	}
+	if got := admitted - before; got < 3 || got > 4 {
+		t.Errorf("after 3 s at 1 token/s (and the returned fraction): %d admitted, want 3 or 4", got)
+	}
+}
+
+// TestLeaseOutage: while the service fails, leases in hand are spent, then
+// failure_mode applies (without a call for each request), and leases
+// resume when it is back.
+func TestLeaseOutage(t *testing.T) {
+	for _, mode := range []string{"allow", "deny"} {
+		t.Run(mode, func(t *testing.T) {
+			w := newWorld(t, strings.Replace(leased, `"timeout_ms": 30`, `"timeout_ms": 30, "failure_mode": "`+mode+`"`, 1)).withLimitd()
+			if r := w.do("k", "c"); r.status != 200 { // leases 2.5 (a quarter of max_share × burst), spends 1
+				t.Fatalf("first request: %d", r.status)
+			}
+			w.limitd.down = true
+			passed, last := 0, seen{}
+			for range 6 {
+				if last = w.do("k", "c"); last.status != 200 {
+					break
+				}
+				passed++
+			}
+			failedOpen := w.count("rule.fleet.failed_open")
+			switch {
+			case mode == "deny" && (passed != 1 || last.status != 429 || last.headers["x-ratelimit-reason"] != "limit_service_unavailable"):
+				t.Fatalf("deny: %d passed on the lease (want the 1 whole token in it), then %+v", passed, last)
+			case mode == "allow" && (passed != 6 || failedOpen != 5):
+				t.Fatalf("allow: %d passed, %d failed open; want 6 and 5 (1 on the lease)", passed, failedOpen)
+			}
+			if r := w.do("k", "c"); r.calls != 0 {
+				t.Fatal("a request called the failing service again within a second")
+			}
+			w.limitd.down = false
+			w.h.now += 2 * sec
+			if r := w.do("k", "c"); r.status != 200 || r.calls == 0 {
+				t.Fatalf("service back: %d after %d calls, want 200 after a lease call", r.status, r.calls)
+			}
+		})
+	}
+}
+
+// TestLeaseStacks: a request takes from all its leases or none; with a
+// per-request cluster rule that refuses, it gets its leased token back.
+func TestLeaseStacks(t *testing.T) {
+	const wide = `{"name": "wide", "scope": "cluster", "sync": "lease", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 100}}`
+	for _, tc := range []struct {
+		name, narrow string
+		min          int // of wide's 100, at least this many admitted in all
+	}{
+		{"leased beside leased", `"sync": "lease", `, 96},
+		{"leased beside per-request", ``, 97},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, `{"service": {"cluster": "limitd"}, "rules": [`+wide+`,
+	  {"name": "narrow", "scope": "cluster", `+tc.narrow+`"limit_keys": ["header:k"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 3}}]}`).withLimitd()
+			admitted := 0
+			for range 23 { // narrow admits 3: none of its refusals may take from wide
+				r := w.do("k", "x")
+				switch {
+				case r.status == 200:
+					admitted++
+				case r.headers["x-ratelimit-reason"] != "token_bucket_exceeded" || !strings.Contains(r.body, `"rule":"narrow"`):
+					t.Fatalf("rejection %+v, want narrow's", r)
+				}
+			}
+			if admitted != 3 {
+				t.Fatalf("key x: %d admitted, want narrow's burst of 3", admitted)
+			}
+			for i := range 200 {
+				if r := w.do("k", "y"+strconv.Itoa(i)); r.status == 200 {
+					admitted++
+				}
+			}
+			if admitted < tc.min || admitted > 100 {
+				t.Fatalf("wide admitted %d of 100 in all: x's 20 refusals must not have taken any", admitted)
+			}
+		})
+	}
+}
+
+// TestLeaseWaitSendsShadows: a request that waits for a lease call still
+// sends its shadow cluster rule: the rollout measures the slow path too.
+func TestLeaseWaitSendsShadows(t *testing.T) {
+	w := newWorld(t, `{"service": {"cluster": "limitd", "timeout_ms": 30}, "rules": [
+	  {"name": "trial", "mode": "shadow", "scope": "cluster", "limit_keys": ["header:k"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 1}},
+	  {"name": "fleet", "scope": "cluster", "sync": "lease", "limit_keys": ["header:k"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 40}}]}`).withLimitd()
+	if sts := w.statuses(3, "k", "a"); count(sts, 200) != 3 {
+		t.Fatalf("statuses %v", sts)
+	}
+	if got := w.count("rule.trial.allowed") + w.count("rule.trial.shadow_rejected"); got != 3 {
+		t.Fatalf("the shadow rule decided %d of 3 requests (allowed %d, shadow_rejected %d)", got,
+			w.count("rule.trial.allowed"), w.count("rule.trial.shadow_rejected"))
+	}
+}
+
+// TestLeaseEvictionsCounted: leases evicted with tokens in hand count in
+// tokenbucket.evictions, as the docs say.
+func TestLeaseEvictionsCounted(t *testing.T) {
+	w := newWorld(t, strings.Replace(leased, `"rules"`, `"max_keys": 16, "rules"`, 1)).withLimitd()
+	for i := range 200 {
+		w.statuses(2, "k", strconv.Itoa(i)) // a second call: a sized lease, tokens in hand
+	}
+	if w.count("evictions") == 0 {
+		t.Fatal("200 keys through 16 lease slots, no eviction counted")
+	}
+}
+
+// leaseCallBuckets counts the plugin's lease calls and the buckets they
+// carry, from call index from on.
+func (w *world) leaseCallBuckets(from int) (calls, buckets, most int) {
+	for _, c := range w.h.calls[from:] {
+		body := string(c.call.Body)
+		if !strings.Contains(body, `"want"`) && !strings.Contains(body, `"return"`) {
+			continue
+		}
+		n := strings.Count(body, `"key":`)
+		calls, buckets, most = calls+1, buckets+n, max(most, n)
+	}
+	return calls, buckets, most
+}
+
+// TestLeaseReturnsBounded: a flood of distinct keys on a leased rule costs
+// one lease call per key, and their leftovers go back in calls of 16
+// leases, instead of a return call per key; with a thousand expired leases
+// held, one tick looks at a bounded number of them, later ticks return
+// the rest.
+func TestLeaseReturnsBounded(t *testing.T) {
+	t.Run("500 keys seen once", func(t *testing.T) {
+		w := newWorld(t, burst(leased, "100")).withLimitd()
+		for i := range 500 {
+			if r := w.do("k", "flood-"+strconv.Itoa(i)); r.status != 200 {
+				t.Fatalf("key %d: %d", i, r.status)
+			}
+		}
+		before := w.count("lease_calls")
+		w.h.now += 3 * sec
+		for range 3 {
+			w.tick()
+		}
+		if calls := w.count("lease_calls"); before > 500 || calls-before > 32 {
+			t.Fatalf("%d lease calls, then %d return calls; want 500, then at most 32 (16 leases a call)", before, calls-before)
+		}
+	})
+	t.Run("1000 expired leases", func(t *testing.T) {
+		w := newWorld(t, burst(leased, "100")).withLimitd()
+		for i := range 1000 {
+			w.do("k", "busy-"+strconv.Itoa(i)) // leases 6.25, spends 1: 5.25 to return
+		}
+		w.h.now += 3 * sec
+		from := len(w.h.calls)
+		w.p.Tick(&runtime.MemStats{})
+		calls, buckets, most := w.leaseCallBuckets(from)
+		if calls > 16 || most > 16 || buckets > 256 || buckets == 0 {
+			t.Fatalf("one tick: %d return calls over %d leases (at most %d in one); want at most 16 calls of at most 16", calls, buckets, most)
+		}
+		total := buckets
+		for range 10 {
+			w.limitd.serve()
+			from = len(w.h.calls)
+			w.p.Tick(&runtime.MemStats{})
+			_, b, _ := w.leaseCallBuckets(from)
+			total += b
+		}
+		if total != 1000 {
+			t.Fatalf("%d leases returned over 11 ticks, want all 1000", total)
+		}
+	})
+}
+
+// TestRefillFailureDoesNotFailOpen: a detached refill that fails (limitd
+// overloaded by a flood of other keys) does not mark the lease down: the
+// next request that finds it short asks the service itself, rather than
+// passing unchecked under failure_mode allow for a second.
+func TestRefillFailureDoesNotFailOpen(t *testing.T) {
+	w := newWorld(t, leased).withLimitd()
+	w.do("k", "hot") // leases 2.5, spends 1
+	w.limitd.down = true
+	if r := w.do("k", "hot"); r.status != 200 { // spends 1 of 1.5: claims the refill, which fails
+		t.Fatalf("second request: %d", r.status)
+	}
+	if w.count("service_errors") != 1 {
+		t.Fatalf("service_errors %d, want the failed refill", w.count("service_errors"))
+	}
+	w.limitd.down = false
+	if r := w.do("k", "hot"); r.status != 200 || r.calls == 0 || w.count("rule.fleet.failed_open") != 0 {
+		t.Fatalf("after a failed refill: %d after %d calls, failed_open %d; want 200 after a call, none failed open",
+			r.status, r.calls, w.count("rule.fleet.failed_open"))
 	}
 }

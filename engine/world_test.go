@@ -257,6 +257,8 @@ type exchange struct {
 	status  int               // 0: not checked
 	headers map[string]string // each as given ("": absent; "a|b": a or b)
 	body    string            // a part of the reply's body
+	calls   int               // the limit service answered this many calls for it (0: not checked)
+	noCall  bool              // it answered none
 }
 
 // run runs each timeline of a table as a subtest.
@@ -280,6 +282,9 @@ func run(t *testing.T, table []timeline) {
 						if !oneOf(got.headers[k], v) {
 							t.Fatalf("step %d (%d): %v: %s = %q, want %q (%v)", i, n, st.req, k, got.headers[k], v, got.headers)
 						}
+					}
+					if st.calls != 0 && got.calls != st.calls || st.noCall && got.calls != 0 {
+						t.Fatalf("step %d (%d): %v: %d calls answered, want %d (none: %v)", i, n, st.req, got.calls, st.calls, st.noCall)
 					}
 					if !strings.Contains(got.body, st.body) {
 						t.Fatalf("step %d (%d): body %q, want it to contain %q", i, n, got.body, st.body)
