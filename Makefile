@@ -122,8 +122,8 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecodeState -fuzztime $(FUZZTIME) ./bucket/
 	$(GO) test -run XXX -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./config/
 	$(GO) test -run XXX -fuzz FuzzParseStatus -fuzztime $(FUZZTIME) ./config/
-	$(GO) test -run XXX -fuzz FuzzEventStream -fuzztime $(FUZZTIME) ./plugin/
-	$(GO) test -run XXX -fuzz FuzzRequestValues -fuzztime $(FUZZTIME) ./plugin/
+	$(GO) test -run XXX -fuzz FuzzEventStream -fuzztime $(FUZZTIME) ./engine/
+	$(GO) test -run XXX -fuzz FuzzRequestValues -fuzztime $(FUZZTIME) ./engine/
 	$(GO) test -run XXX -fuzz FuzzCheck -fuzztime $(FUZZTIME) ./internal/jsonlimit/
 	$(GO) test -run XXX -fuzz FuzzSyntaxError -fuzztime $(FUZZTIME) ./internal/jsonlimit/
 	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./internal/jsonfield/

@@ -1,0 +1,42 @@
+package engine
+
+import "testing"
+
+// TestReusedRequestStartsClean: after Done a Request serves the next
+// request of its stream (a host reuses its per-request state), which sees
+// none of the first one's values, plan or headers.
+func TestReusedRequestStartsClean(t *testing.T) {
+	w := newWorld(t, `{"rules": [{"name": "per-key", "limit_keys": ["header:x-api-key"], "missing_key": "skip",
+	  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 1}}]}`)
+	s := newFakeStream()
+	r := w.p.NewRequest(s)
+	for i, tc := range []struct {
+		req       []string
+		status    int
+		remaining string // "": no RateLimit header
+	}{
+		{[]string{"x-api-key", "a"}, 200, "0"},
+		{nil, 200, ""},                         // no rule applies: no header
+		{[]string{"x-api-key", "b"}, 200, "0"}, // its own bucket
+		{[]string{"x-api-key", "a"}, 429, ""},
+	} {
+		fresh := newFakeStream(tc.req...)
+		*s = *fresh // the host's same stream, another request
+		a := r.OnRequestHeaders()
+		status := 200
+		if s.replied != 0 {
+			status = s.replied
+		} else if a != Continue {
+			t.Fatalf("request %d: action %v", i, a)
+		}
+		if status == 200 {
+			s.resp = map[string]string{":status": "200"}
+			r.OnResponseHeaders(true)
+		}
+		got := header(s.added, "ratelimit-remaining")
+		if status != tc.status || status == 200 && got != tc.remaining || status == 200 && tc.remaining == "" && len(s.added) != 0 {
+			t.Fatalf("request %d: %d, remaining %q (added %v); want %d, %q", i, status, got, s.added, tc.status, tc.remaining)
+		}
+		r.Done()
+	}
+}
