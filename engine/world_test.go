@@ -79,8 +79,7 @@ func (w *world) doUpstream(up upstream, headers ...string) seen {
 		if len(s.added) != 0 {
 			w.t.Fatalf("the local reply's headers were added to: %v", s.added)
 		}
-		s.done = true
-		r.Done()
+		w.end(s, r)
 		return got
 	}
 	if s.paused() {
@@ -196,29 +195,27 @@ func (l *limitd) serve(streams ...*fakeStream) int {
 	for more := true; more; {
 		more = false
 		for _, s := range append(streams, nil) {
-			calls := l.h.calls
-			if s != nil {
-				calls = s.calls
-			}
-			for l.served[s] < len(calls) {
-				c := calls[l.served[s]]
+			for l.served[s] < len(l.callsOf(s)) {
+				c := l.callsOf(s)[l.served[s]]
 				l.served[s]++
 				more = true
-				n++
-				l.calls++
-				if s != nil && s.done {
-					continue
-				}
-				c.answer(l.answer(c.call))
-				if s != nil {
-					calls = s.calls
-				} else {
-					calls = l.h.calls
+				if s == nil || !s.done { // the host drops a gone request's answers
+					n++
+					l.calls++
+					c.answer(l.answer(c.call))
 				}
 			}
 		}
 	}
 	return n
+}
+
+// callsOf are the calls s sent (nil: the plugin).
+func (l *limitd) callsOf(s *fakeStream) []*fakeCall {
+	if s == nil {
+		return l.h.calls
+	}
+	return s.calls
 }
 
 func (l *limitd) answer(c *Call) *Answer {
