@@ -120,9 +120,9 @@ func (f *fakeTarget) Do(path string, header map[string]string) (hostcontract.Out
 	return o, nil
 }
 
-// answer is what Envoy would answer to c: the upstream's answer (a
-// cluster other than hostcontract.UpstreamCluster fails; /silent times
-// out), after the call's latency or its timeout.
+// answer is what Envoy answers to c: the upstream's answer (a cluster
+// other than hostcontract.UpstreamCluster fails; /silent times out, which
+// Envoy answers 504), after the call's latency or its timeout.
 func (f *fakeTarget) answer(c *engine.Call) *engine.Answer {
 	if c.Cluster != hostcontract.UpstreamCluster {
 		f.clock.Advance(latency)
@@ -140,9 +140,9 @@ func (f *fakeTarget) answer(c *engine.Call) *engine.Answer {
 			hs.Add(h[0], h[1])
 		}
 	}
-	if path == "/silent" {
+	if path == "/silent" { // as Envoy answers a call that timed out
 		f.clock.Advance(int64(c.TimeoutMS) * 1e6)
-		return &engine.Answer{Failed: true}
+		return &engine.Answer{Status: "504", Body: []byte("upstream request timeout")}
 	}
 	req := httptest.NewRequest(method, path, bytes.NewReader(c.Body))
 	req.Header = hs
