@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/hostcontract"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/shareddata"
@@ -25,6 +26,63 @@ func TestContractFakeHost(t *testing.T) {
 	hostcontract.Run(t, newFakeTarget(2))
 }
 
+// TestContractCatchesBrokenHosts: a fake host broken in one way fails the
+// clauses that say what it breaks, by name, and passes the others.
+func TestContractCatchesBrokenHosts(t *testing.T) {
+	cases := []struct {
+		name    string
+		breakIt func(f *fakeTarget)
+		want    []string // the clauses that fail
+	}{
+		{"shared data ignores the cas", func(f *fakeTarget) {
+			f.wrapSD(func(sd slots.SharedData) slots.SharedData { return ignoresCAS{sd} })
+		}, []string{"shared-data/stale-cas-refused", "shared-data/cas-unique-across-keys", "shared-data/concurrent-writers-one-wins"}},
+		{"every answer delivered twice", func(f *fakeTarget) { f.answers = 2 }, []string{
+			"callout/timeout-fails-once", "callout/plugin-timeout-fails-once",
+			"callout/missing-cluster-fails-once", "callout/plugin-missing-cluster-fails-once",
+			"callout/answer-arrives-once", "callout/plugin-answer-arrives-once", "callout/body-over-max-is-too-large",
+			"resume/after-callout-answer", "resume/after-plugin-callout-answer"}},
+		{"the clock goes back", func(f *fakeTarget) {
+			f.wrapHost(func(h engine.Host) engine.Host { return &backwards{Host: h} })
+		}, []string{"clock/monotone", "clock/advances-across-a-callout"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFakeTarget(2)
+			c.breakIt(f)
+			want := map[string]bool{}
+			for _, n := range c.want {
+				want[n] = true
+			}
+			for i := range hostcontract.Clauses {
+				cl := &hostcontract.Clauses[i]
+				err := cl.Check(f, "broken-"+strconv.Itoa(i))
+				switch {
+				case want[cl.Name] && err == nil:
+					t.Errorf("contract/%s passed on a host where %s", cl.Name, c.name)
+				case !want[cl.Name] && err != nil:
+					t.Errorf("contract/%s failed on a host where %s: %v", cl.Name, c.name, err)
+				}
+			}
+		})
+	}
+}
+
+// ignoresCAS is shared data that writes whatever the cas.
+type ignoresCAS struct{ slots.SharedData }
+
+func (s ignoresCAS) Set(key string, value []byte, _ uint32) error {
+	return s.SharedData.Set(key, value, 0)
+}
+
+// backwards is a host whose clock goes back 1 ms at every reading.
+type backwards struct {
+	engine.Host
+	n int64
+}
+
+func (b *backwards) Now() int64 { b.n++; return b.Host.Now() - b.n*1_000_000 }
+
 // fakeTarget is Envoy played in process: workers, each a fakehost.Host
 // running a Driver under its own lock, the calls' cluster, the upstream.
 type fakeTarget struct {
@@ -32,6 +90,9 @@ type fakeTarget struct {
 	workers []*fakeWorker
 	next    atomic.Uint32
 	up      http.Handler
+	// answers is how many times each call is answered: 1 (0 is 1), or
+	// more for a broken host.
+	answers int
 }
 
 type fakeWorker struct {
@@ -53,6 +114,20 @@ func newFakeTarget(workers int) *fakeTarget {
 		f.workers = append(f.workers, &fakeWorker{h: h, d: hostcontract.New(h)})
 	}
 	return f
+}
+
+// wrapHost gives every worker's Driver w(its host) instead.
+func (f *fakeTarget) wrapHost(w func(engine.Host) engine.Host) {
+	for _, wk := range f.workers {
+		wk.d = hostcontract.New(w(wk.h))
+	}
+}
+
+// wrapSD gives every worker w(its shared data) instead.
+func (f *fakeTarget) wrapSD(w func(slots.SharedData) slots.SharedData) {
+	for _, wk := range f.workers {
+		wk.h.SD = w(wk.h.SD)
+	}
 }
 
 var errPaused = errors.New("fakehost: the request was left paused")
@@ -80,7 +155,10 @@ func (f *fakeTarget) Do(path string, header map[string]string) (hostcontract.Out
 			break
 		}
 		for _, c := range calls {
-			c.Answer(f.answer(c.Call))
+			a := f.answer(c.Call)
+			for range max(f.answers, 1) {
+				c.Answer(a)
+			}
 		}
 		s.RunDeferred()
 	}

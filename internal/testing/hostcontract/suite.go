@@ -91,14 +91,16 @@ func Run(t *testing.T, tg Target) {
 		c := &Clauses[i]
 		t.Run("contract/"+c.Name, func(t *testing.T) {
 			run := prefix + "-" + strings.ReplaceAll(c.Name, "/", ".")
-			if err := c.run(tg, run); err != nil {
+			if err := c.Check(tg, run); err != nil {
 				t.Error(err)
 			}
 		})
 	}
 }
 
-func (c *Clause) run(tg Target, run string) error {
+// Check runs the clause on tg as run (a name no other run of tg uses) and
+// returns why the host broke it, or nil.
+func (c *Clause) Check(tg Target, run string) error {
 	if c.suite != nil {
 		return c.suite(tg, run)
 	}
