@@ -130,6 +130,8 @@ func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
 type app interface {
 	NewRequest(engine.Stream) handler
 	Tick(*runtime.MemStats)
+	Rules() int
+	MaxKeys() int
 }
 
 type handler interface {
@@ -151,7 +153,6 @@ func startEngine(h *host, data []byte, rootID string, opts engine.Options) (app,
 	if err != nil {
 		return nil, err
 	}
-	proxywasm.LogInfo(Name + ": started with " + strconv.Itoa(e.Rules()) + " rules, max_keys " + strconv.Itoa(e.MaxKeys()))
 	return engineApp{e}, nil
 }
 
@@ -193,6 +194,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	if err := p.host.registerQueue(); err != nil {
 		proxywasm.LogWarn(Name + ": no shared queue, calls the plugin owns wait for its tick: " + err.Error())
 	}
+	proxywasm.LogInfo(Name + ": started with " + strconv.Itoa(e.Rules()) + " rules, max_keys " + strconv.Itoa(e.MaxKeys()))
 	return types.OnPluginStartStatusOK
 }
 
