@@ -116,13 +116,20 @@ func (x *exec) call(cluster, path, body string, timeoutMS uint32, maxBody int) *
 
 // send sends c as the request's call (Stream.Callout) or, with viaHost, as
 // the plugin's (Host.Callout), whose answer reaches the request through
-// Stream.Run. answer runs acting on the request.
+// Stream.Run. answer runs acting on the request, unless the request is
+// done (adapters reuse a Stream for a later request, so the Driver, as the
+// engine, looks after that itself).
 func (x *exec) send(viaHost bool, c *engine.Call, answer func(*engine.Answer)) error {
+	live := func(a *engine.Answer) {
+		if !x.done {
+			answer(a)
+		}
+	}
 	if !viaHost {
-		return x.s.Callout(c, answer)
+		return x.s.Callout(c, live)
 	}
 	return x.h.Callout(c, func(a *engine.Answer) {
-		_ = x.s.Run(func() { answer(a) }) // refused once the request is gone
+		_ = x.s.Run(func() { live(a) }) // refused once the request is gone
 	})
 }
 

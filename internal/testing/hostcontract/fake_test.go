@@ -33,26 +33,33 @@ func TestContractCatchesBrokenHosts(t *testing.T) {
 		name    string
 		breakIt func(f *fakeTarget)
 		want    []string // the clauses that fail
+		// may fail: no-lost-updates loses an update only when two
+		// workers' reads and writes interleave.
+		may []string
 	}{
 		{"shared data ignores the cas", func(f *fakeTarget) {
 			f.wrapSD(func(sd slots.SharedData) slots.SharedData { return ignoresCAS{sd} })
-		}, []string{"shared-data/stale-cas-refused", "shared-data/cas-unique-across-keys", "shared-data/concurrent-writers-one-wins"}},
+		}, []string{"shared-data/stale-cas-refused", "shared-data/cas-unique-across-keys", "shared-data/concurrent-writers-one-wins"},
+			[]string{"shared-data/no-lost-updates-across-workers"}},
 		{"every answer delivered twice", func(f *fakeTarget) { f.answers = 2 }, []string{
 			"callout/timeout-fails-once", "callout/plugin-timeout-fails-once",
 			"callout/missing-cluster-fails-once", "callout/plugin-missing-cluster-fails-once",
 			"callout/answer-arrives-once", "callout/plugin-answer-arrives-once", "callout/body-over-max-is-too-large",
-			"resume/after-callout-answer", "resume/after-plugin-callout-answer"}},
+			"resume/after-callout-answer", "resume/after-plugin-callout-answer"}, nil},
 		{"the clock goes back", func(f *fakeTarget) {
 			f.wrapHost(func(h engine.Host) engine.Host { return &backwards{Host: h} })
-		}, []string{"clock/monotone", "clock/advances-across-a-callout"}},
+		}, []string{"clock/monotone", "clock/advances-across-a-callout"}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFakeTarget(2)
 			c.breakIt(f)
-			want := map[string]bool{}
+			want, may := map[string]bool{}, map[string]bool{}
 			for _, n := range c.want {
 				want[n] = true
+			}
+			for _, n := range c.may {
+				may[n] = true
 			}
 			for i := range hostcontract.Clauses {
 				cl := &hostcontract.Clauses[i]
@@ -60,7 +67,7 @@ func TestContractCatchesBrokenHosts(t *testing.T) {
 				switch {
 				case want[cl.Name] && err == nil:
 					t.Errorf("contract/%s passed on a host where %s", cl.Name, c.name)
-				case !want[cl.Name] && err != nil:
+				case !want[cl.Name] && !may[cl.Name] && err != nil:
 					t.Errorf("contract/%s failed on a host where %s: %v", cl.Name, c.name, err)
 				}
 			}

@@ -43,10 +43,10 @@ const (
 	HeaderVerdict          = "x-contract-verdict"           // "pass" or "fail" (the body says why)
 	HeaderValue            = "x-contract-value"             // a value the host side reports
 	HeaderProbe            = "x-contract-probe"             // a header of every call
-	HeaderReplaced         = "x-contract-replaced"          // a request header the engine replaces before resuming
+	HeaderReplaced         = "x-contract-replaced"          // a request header the Driver replaces before resuming
 	HeaderUpstreamCount    = "x-contract-upstream-count"    // the upstream's count of a run's request
 	HeaderUpstreamReplaced = "x-contract-upstream-replaced" // HeaderReplaced as the upstream saw it
-	HeaderResponse         = "x-contract-response"          // a response header the engine adds
+	HeaderResponse         = "x-contract-response"          // a response header the Driver adds
 
 	// EchoStatus is the status of /echo; its body is EchoBody.
 	EchoStatus = 201
