@@ -85,8 +85,10 @@ run-cluster: setup build build-service
 run-envoy-ratelimit: setup build-service
 	examples/envoy-ratelimit/run.sh
 
+# The timeout leaves room for internal/testing/hostcontract, which builds the
+# adapters' test modules and runs each in Envoy.
 unit: setup build build-native setup-redis build-ratelimit
-	$(GO) test -race -count=1 $(UNIT_PKGS)
+	$(GO) test -race -count=1 -timeout 20m $(UNIT_PKGS)
 	cd third_party/pretty && $(GO) test -race -count=1 ./...
 	cd bench && $(GO) test -race -count=1 ./...
 

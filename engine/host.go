@@ -89,7 +89,7 @@ type Call struct {
 
 // Answer is what came back from a Call.
 type Answer struct {
-	Failed   bool   // no answer: reset, timeout, no cluster
+	Failed   bool   // no answer: reset, no cluster (Envoy answers a timeout 504, a Status)
 	Status   string // ":status"
 	Body     []byte // the body, unless TooLarge or Err
 	TooLarge bool   // the body was larger than Call.MaxBody

@@ -40,6 +40,10 @@ type vmContext struct {
 	sd  slots.SharedData
 	// bodyBudget overrides the engine's body budget when not 0 (tests).
 	bodyBudget int
+	// start builds what a plugin context runs; nil is the engine
+	// (startEngine). The host-contract suite's guest sets its own
+	// (contract.go).
+	start func(h *host, data []byte, rootID string, opts engine.Options) (app, error)
 }
 
 // OnVMStart implements types.VMContext: it takes garbage collection off the
@@ -113,7 +117,43 @@ func readBody(n int) {
 
 // NewPluginContext implements types.VMContext.
 func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
-	return &pluginContext{id: contextID, host: host{id: contextID, now: v.now, sd: v.sd}, bodyBudget: v.bodyBudget}
+	start := v.start
+	if start == nil {
+		start = startEngine
+	}
+	return &pluginContext{id: contextID, host: host{id: contextID, now: v.now, sd: v.sd}, bodyBudget: v.bodyBudget, start: start}
+}
+
+// app is what a plugin context runs: the engine, or the host-contract
+// suite's driver of the same host (contract.go). handler is one request's
+// part of it.
+type app interface {
+	NewRequest(engine.Stream) handler
+	Tick(*runtime.MemStats)
+	Rules() int
+	MaxKeys() int
+}
+
+type handler interface {
+	OnRequestHeaders() engine.Action
+	OnResponseHeaders(endOfStream bool) engine.Action
+	OnResponseBody(size int, endOfStream bool) engine.Action
+	OnResponseTrailers() engine.Action
+	Done()
+}
+
+// engineApp is the engine as an app.
+type engineApp struct{ *engine.Plugin }
+
+func (a engineApp) NewRequest(s engine.Stream) handler { return a.Plugin.NewRequest(s) }
+
+// startEngine builds the engine for a configuration.
+func startEngine(h *host, data []byte, rootID string, opts engine.Options) (app, error) {
+	e, err := engine.New(h, data, rootID, opts)
+	if err != nil {
+		return nil, err
+	}
+	return engineApp{e}, nil
 }
 
 // pluginContext runs one configuration's engine.
@@ -122,7 +162,8 @@ type pluginContext struct {
 	id         uint32
 	host       host
 	bodyBudget int
-	e          *engine.Plugin
+	start      func(h *host, data []byte, rootID string, opts engine.Options) (app, error)
+	e          app
 	free       []*httpContext // contexts of finished streams, for reuse
 }
 
@@ -141,7 +182,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	if v, err := proxywasm.GetProperty([]string{"plugin_root_id"}); err == nil {
 		rootID = string(v)
 	}
-	e, err := engine.New(&p.host, data, rootID, engine.Options{BodyBudget: p.bodyBudget})
+	e, err := p.start(&p.host, data, rootID, engine.Options{BodyBudget: p.bodyBudget})
 	if err != nil {
 		proxywasm.LogCritical(err.Error()) // an *engine.RefusalError: the line to log
 		return types.OnPluginStartStatusFailed
@@ -197,7 +238,7 @@ type httpContext struct {
 	plugin *pluginContext
 	id     uint32
 	gen    uint64 // the requests this context has finished
-	r      *engine.Request
+	r      handler
 }
 
 // OnHttpRequestHeaders implements types.HttpContext.

@@ -31,6 +31,39 @@ type ConfigFactory struct {
 	// metricsFor gives the sink of a configuration's metrics; nil is
 	// newEnvoyMetrics (Envoy's config-level calls).
 	metricsFor func(shared.HttpFilterConfigHandle) (sink, error)
+	// start builds a worker's app; nil is the engine (startEngine). The
+	// host-contract suite's module sets its own (contract.go).
+	start func(h *host, data []byte) (app, error)
+}
+
+// app is what a worker runs: the engine, or the host-contract suite's
+// driver of the same host (contract.go). handler is one request's part of
+// it.
+type app interface {
+	NewRequest(engine.Stream) handler
+	Tick(*runtime.MemStats)
+}
+
+type handler interface {
+	OnRequestHeaders() engine.Action
+	OnResponseHeaders(endOfStream bool) engine.Action
+	OnResponseBody(size int, endOfStream bool) engine.Action
+	OnResponseTrailers() engine.Action
+	Done()
+}
+
+// engineApp is the engine as an app.
+type engineApp struct{ *engine.Plugin }
+
+func (a engineApp) NewRequest(s engine.Stream) handler { return a.Plugin.NewRequest(s) }
+
+// startEngine builds a worker's engine.
+func startEngine(h *host, data []byte) (app, error) {
+	e, err := engine.New(h, data, "", engine.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return engineApp{e}, nil
 }
 
 // Create implements shared.HttpFilterConfigFactory. It runs on Envoy's main
@@ -63,6 +96,10 @@ func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []
 		store:   processStore,
 		metrics: newMetrics(s),
 		stop:    make(chan struct{}),
+		start:   cf.start,
+	}
+	if c.start == nil {
+		c.start = startEngine
 	}
 	// This Plugin checks the configuration and defines its metrics; each
 	// worker builds its own from the same bytes (newWorker).
@@ -100,6 +137,7 @@ type filterConfig struct {
 	metrics *metrics
 	panics  *metric
 	workers workers
+	start   func(h *host, data []byte) (app, error)
 	// readsBody: some rule takes its cost from the response body (the
 	// body callbacks are the engine's only then).
 	readsBody bool
@@ -142,7 +180,7 @@ func (c *filterConfig) Create(handle shared.HttpFilterHandle) shared.HttpFilter 
 // newWorker builds a worker's Plugin.
 func (c *filterConfig) newWorker() (*worker, error) {
 	w := &worker{}
-	e, err := engine.New(&host{c: c, w: w}, c.data, "", engine.Options{})
+	e, err := c.start(&host{c: c, w: w}, c.data)
 	if err != nil {
 		return nil, err
 	}
@@ -225,7 +263,7 @@ func (c *filterConfig) recoverMain(where string, w *worker) {
 // replaceEngine gives w a new Plugin after a panic left its state unknown
 // (held with w's lock). Requests in flight keep the old one.
 func (c *filterConfig) replaceEngine(w *worker) {
-	if e, err := engine.New(&host{c: c, w: w}, c.data, "", engine.Options{}); err == nil {
+	if e, err := c.start(&host{c: c, w: w}, c.data); err == nil {
 		w.e = e
 	}
 }

@@ -17,8 +17,8 @@ type httpFilter struct {
 	c      *filterConfig
 	w      *worker
 	handle shared.HttpFilterHandle
-	e      *engine.Plugin // the Plugin r belongs to
-	r      *engine.Request
+	e      app // the app r belongs to
+	r      handler
 	// body is the response body chunk of the OnResponseBody in progress.
 	body shared.BodyBuffer
 	// paused: the request waits for the engine (OnRequestHeaders paused it,

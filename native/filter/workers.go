@@ -3,8 +3,6 @@ package filter
 import (
 	"sync"
 	"sync/atomic"
-
-	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
 // workers is one configuration's engine Plugins, one per Envoy thread that
@@ -76,7 +74,7 @@ type worker struct {
 	owner atomic.Uint32
 	// e is the engine, replaced by a new one after a panic (the buckets
 	// live in the Store, so they survive).
-	e *engine.Plugin
+	e app
 	// free holds filters whose stream is done, for reuse.
 	free []*httpFilter
 }
