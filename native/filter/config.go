@@ -105,6 +105,11 @@ type filterConfig struct {
 	mu      sync.Mutex // guards sched against OnDestroy
 	sched   shared.Scheduler
 	stopped bool
+	// life guards the configuration's end against the process's tick,
+	// which runs through another configuration's scheduler: OnDestroy
+	// waits for a tick of this one in progress, and none starts after.
+	life      sync.RWMutex
+	destroyed bool
 }
 
 // Create implements shared.HttpFilterFactory: a filter for one stream, on
@@ -152,6 +157,9 @@ func (c *filterConfig) newWorker() (*worker, error) {
 // ticker no longer ticks it.
 func (c *filterConfig) OnDestroy() {
 	processTicker.unregister(c)
+	c.life.Lock()
+	c.destroyed = true
+	c.life.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stopped = true
@@ -180,6 +188,11 @@ func (c *filterConfig) schedule(f func()) error {
 // worker's lock. The memory figures ms are the process's: the first Plugin
 // reports them, and the others find nothing changed since.
 func (c *filterConfig) tick(ms *runtime.MemStats) {
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.destroyed {
+		return
+	}
 	c.workers.each(func(w *worker) {
 		w.enterMain()
 		defer w.exitMain()

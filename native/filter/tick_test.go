@@ -220,3 +220,26 @@ func TestConfigurationsShareOneTicker(t *testing.T) {
 		t.Fatalf("%d live configurations added %d goroutines, want at most %d", configs, grew, configs/10)
 	}
 }
+
+// TestDestroyedConfigurationNotTicked: a configuration Envoy destroyed
+// during a tick (the tick runs through another configuration's scheduler)
+// is not ticked after its OnDestroy: its engines would count into metrics
+// Envoy has freed.
+func TestDestroyedConfigurationNotTicked(t *testing.T) {
+	ch, c := newConfig(t, demoConfig)
+	remaining(t, c, "destroyed") // a worker, so that there is a Plugin to tick
+	heap := ch.id(Name + ".memory.heap_bytes")
+	// Figures no tick reported before: each tick that runs moves the gauge.
+	ms := runtime.MemStats{HeapAlloc: 1 << 40}
+	c.tick(&ms)
+	before := ch.gauge(heap)
+	if before == 0 {
+		t.Fatal("a live configuration's tick reported nothing")
+	}
+	c.OnDestroy()
+	ms.HeapAlloc = 1<<40 + 1<<20
+	c.tick(&ms)
+	if got := ch.gauge(heap); got != before {
+		t.Fatalf("a destroyed configuration was ticked: heap gauge %d, want %d as before OnDestroy", got, before)
+	}
+}
