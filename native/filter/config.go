@@ -106,8 +106,10 @@ type filterConfig struct {
 	sched   shared.Scheduler
 	stopped bool
 	// life guards the configuration's end against the process's tick,
-	// which runs through another configuration's scheduler: OnDestroy
-	// waits for a tick of this one in progress, and none starts after.
+	// which runs through another configuration's scheduler (Envoy keeps
+	// only that one alive while it runs): should Envoy destroy this one on
+	// another thread, OnDestroy waits for a tick of it in progress, and
+	// none starts after.
 	life      sync.RWMutex
 	destroyed bool
 }

@@ -123,8 +123,8 @@ func (tk *ticker) ask() {
 }
 
 // tick reads the memory figures once and ticks every live configuration,
-// on the main thread. Configurations are created and destroyed on the
-// main thread too, so none goes away during the tick.
+// on the main thread. A configuration destroyed after the list is copied
+// is skipped (filterConfig.tick).
 func (tk *ticker) tick() {
 	tk.mu.Lock()
 	tk.via = nil
