@@ -42,12 +42,11 @@ type ticker struct {
 	stop chan struct{}
 	// via is the configuration whose scheduler carries the tick asked for
 	// and not yet run; nil when none waits. One tick waits at a time, so
-	// a busy main thread never finds a queue of them; a tick whose
-	// configuration is destroyed before it runs is dropped by Envoy, and
-	// unregister then clears via so that the next tick is asked for.
+	// a busy main thread never finds a queue of them. A tick whose
+	// configuration is destroyed before it runs may never run (Envoy holds
+	// a scheduler's work only while its configuration lives), so
+	// unregister clears via and the next tick is asked for.
 	via tickable
-	// started counts the goroutines started (tests).
-	started int
 }
 
 // processTicker is the ticker of every configuration in this process.
@@ -67,7 +66,6 @@ func (tk *ticker) register(c tickable) {
 	tk.live = append(tk.live, c)
 	if tk.stop == nil {
 		tk.stop = make(chan struct{})
-		tk.started++
 		ticks, stop := tk.clock()
 		go tk.run(ticks, stop, tk.stop)
 	}
