@@ -44,6 +44,11 @@
 #                        results.json and its page (make bench and
 #                        bench-smoke run it too). BENCH_RLS_FLAGS='-smoke
 #                        -out build/bench-rls' for a quick look elsewhere
+#   make bench-idle      an idle Envoy's CPU after 1,000 listener updates, with
+#                        the native module and with the Wasm plugin (the e2e
+#                        TestIdleCPUAfterListenerUpdates, which bounds the
+#                        native figure by the Wasm one); prints both, with
+#                        the load; about 10 minutes on a loaded machine
 #   make bench-service   the limit service's decisions/s and p50/p99 against a
 #                        real Redis, with and without batching, beside
 #                        redis-benchmark EVALSHA (bench/cmd/benchservice);
@@ -52,7 +57,7 @@
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `build/bench -h`).
 
-.PHONY: bench bench-smoke bench-rls bench-profile bench-perf bench-attrib bench-body bench-guest bench-service
+.PHONY: bench bench-smoke bench-rls bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle
 
 BENCH_GO := $(GO) -C bench
 define bench_wasm
@@ -133,6 +138,12 @@ bench-guest:
 		--no-logfile-per-isolate --logfile=$(BUILD)/guest-v8.log \
 		bench/cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm $(GUEST_REQUESTS) allow && \
 	perf report -i $(BUILD)/guest.perf --no-children --sort sym 2>/dev/null | node bench/cmd/bench/guestprof/report.js
+
+bench-idle: setup build build-native
+	uptime
+	set -o pipefail; \
+	$(GO) test -count=1 -timeout 30m -v -run TestIdleCPUAfterListenerUpdates ./e2e/ 2>&1 | grep -E 'idlecpu_test.go|^(--- |ok|FAIL)'
+	uptime
 
 BENCH_SERVICE_FLAGS ?=
 bench-service:

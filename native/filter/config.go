@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 
@@ -95,7 +94,6 @@ func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []
 		data:    append([]byte(nil), unparsed...), // Envoy's buffer lives only during this call
 		store:   processStore,
 		metrics: newMetrics(s),
-		stop:    make(chan struct{}),
 		start:   cf.start,
 	}
 	if c.start == nil {
@@ -118,7 +116,7 @@ func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []
 	c.readsBody = readsBody(cfg)
 	c.panics = c.metrics.define(handle, Name+".panics", false)
 	c.sched = handle.GetScheduler()
-	go c.ticker()
+	processTicker.register(c)
 	handle.Log(shared.LogLevelInfo, "%s", Name+": native module started, GOMAXPROCS "+strconv.Itoa(runtime.GOMAXPROCS(0)))
 	return c, nil
 }
@@ -145,7 +143,13 @@ type filterConfig struct {
 	mu      sync.Mutex // guards sched against OnDestroy
 	sched   shared.Scheduler
 	stopped bool
-	stop    chan struct{}
+	// life guards the configuration's end against the process's tick,
+	// which runs through another configuration's scheduler (Envoy keeps
+	// only that one alive while it runs): should Envoy destroy this one on
+	// another thread, OnDestroy waits for a tick of it in progress, and
+	// none starts after.
+	life      sync.RWMutex
+	destroyed bool
 }
 
 // Create implements shared.HttpFilterFactory: a filter for one stream, on
@@ -189,14 +193,16 @@ func (c *filterConfig) newWorker() (*worker, error) {
 }
 
 // OnDestroy implements shared.HttpFilterFactory: Envoy dropped the
-// configuration; nothing is scheduled for it any more.
+// configuration; nothing is scheduled for it any more, and the process's
+// ticker no longer ticks it.
 func (c *filterConfig) OnDestroy() {
+	processTicker.unregister(c)
+	c.life.Lock()
+	c.destroyed = true
+	c.life.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.stopped {
-		c.stopped = true
-		close(c.stop)
-	}
+	c.stopped = true
 }
 
 // errStopped is the error of work scheduled after the configuration is gone.
@@ -217,34 +223,21 @@ func (c *filterConfig) schedule(f func()) error {
 	return nil
 }
 
-// ticker asks for the engine's tick once a second, on the main thread; it
-// touches nothing of Envoy's but the scheduler.
-func (c *filterConfig) ticker() {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.stop:
-			return
-		case <-t.C:
-			if c.schedule(c.tick) != nil {
-				return
-			}
-		}
-	}
-}
-
-// tick is every worker Plugin's tick, one after the other, each under its
-// worker's lock. The memory figures are the process's: the first Plugin
+// tick is every worker Plugin's tick (the process's ticker runs it on the
+// main thread once a second, tick.go), one after the other, each under its
+// worker's lock. The memory figures ms are the process's: the first Plugin
 // reports them, and the others find nothing changed since.
-func (c *filterConfig) tick() {
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
+func (c *filterConfig) tick(ms *runtime.MemStats) {
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.destroyed {
+		return
+	}
 	c.workers.each(func(w *worker) {
 		w.enterMain()
 		defer w.exitMain()
 		defer c.recoverMain("tick", w)
-		w.e.Tick(&ms)
+		w.e.Tick(ms)
 	})
 }
 

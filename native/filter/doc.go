@@ -25,9 +25,12 @@
 // to run that on the request's worker (httpFilter.Run, through the
 // stream's scheduler, which Envoy ignores once the stream is complete).
 // Calls a request owns go out from its worker through the filter's handle. The engine's once-a-second tick
-// is scheduled the same way: a goroutine only asks the scheduler, and the
-// scheduled function ticks each worker's Plugin under its lock. No
-// goroutine of ours touches Envoy objects.
+// is scheduled the same way, once for the process however many
+// configurations Envoy keeps (tick.go): one goroutine only asks the
+// scheduler of a live configuration, and the scheduled function reads the
+// memory figures once (runtime/metrics, without stopping the world) and
+// ticks each worker's Plugin of every live configuration under its lock.
+// No goroutine of ours touches Envoy objects.
 //
 // Metrics are defined when Envoy loads the configuration and changed
 // through Envoy's config-level metric calls, from whichever thread counts

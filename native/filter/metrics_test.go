@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"runtime"
 	"sync"
 	"testing"
 
@@ -88,7 +89,9 @@ func TestMetricsNeverPending(t *testing.T) {
 func TestTickCountsAtOnce(t *testing.T) {
 	ch, c := newConfig(t, demoConfig)
 	remaining(t, c, "tick") // a worker, so that there is a Plugin to tick
-	c.tick()
+	var ms runtime.MemStats
+	readMemory(&ms)
+	c.tick(&ms)
 	if n := ch.gauge(ch.id(Name + ".memory.heap_bytes")); n <= 0 {
 		t.Fatalf("%s.memory.heap_bytes = %d after a tick with no request after it, want the heap's size", Name, n)
 	}

@@ -886,6 +886,36 @@ func (p *Process) RSS() (uint64, error) {
 	return 0, fmt.Errorf("envoy: rss: pid %d has no VmRSS", pid)
 }
 
+// CPUTime is the CPU time Envoy has used so far, user and system, of all
+// its threads (utime + stime of /proc/<pid>/stat, in the kernel's 10 ms
+// ticks: USER_HZ is 100 on Linux).
+func (p *Process) CPUTime() (time.Duration, error) {
+	pid, err := p.PID()
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("envoy: cpu time: %w", err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces:
+	// the fields after its closing one start with field 3 (state).
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("envoy: cpu time: unexpected /proc/%d/stat %q", pid, b)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("envoy: cpu time: unexpected /proc/%d/stat %q", pid, b)
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64) // field 14
+	stime, err2 := strconv.ParseUint(f[12], 10, 64) // field 15
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("envoy: cpu time: unexpected /proc/%d/stat %q", pid, b)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
 // Log is Envoy's log so far, then what Envoy wrote to stdout and stderr.
 func (p *Process) Log() string {
 	log, _ := os.ReadFile(p.logPath)
