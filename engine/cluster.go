@@ -231,7 +231,7 @@ func readAnswer(takes []take, ans *Answer) ([]bucket.Decision, string) {
 func answerBody(a *Answer) ([]byte, string) {
 	switch {
 	case a.Failed:
-		return nil, "no response (timeout or connection failure)"
+		return nil, "no answer (the call was reset, or Envoy would not send it)"
 	case a.Status != "200":
 		return nil, "status " + a.Status + excerpt(a)
 	case a.TooLarge:
@@ -247,8 +247,8 @@ const maxExcerpt = 200
 
 // excerpt is the start of a non-200 answer's body, which names the cause
 // (Envoy's own answer when it reached no service: "upstream connect error
-// ... Connection refused" with a 503, "upstream request timeout" with a 504;
-// limitd's {"error": ...}), for the log line: at most maxExcerpt bytes,
+// ... remote connection failure" with a 503, "upstream request timeout" with
+// a 504; limitd's {"error": ...}), for the log line: at most maxExcerpt bytes,
 // valid UTF-8, control characters as spaces. Empty when there is no body.
 func excerpt(a *Answer) string {
 	b := a.Body

@@ -25,7 +25,7 @@ func TestFailedCallNamesTheCause(t *testing.T) {
 		{"control characters", &Answer{Status: "500", Body: []byte("a\r\nb\x00c\xffd")}, "limit service limitd: status 500: a  b cd (failure_mode deny)"},
 		{"long body", &Answer{Status: "500", Body: []byte(strings.Repeat("x", 5000))},
 			"limit service limitd: status 500: " + strings.Repeat("x", maxExcerpt) + "… (failure_mode deny)"},
-		{"no answer", &Answer{Failed: true}, "limit service limitd: no response (timeout or connection failure) (failure_mode deny)"},
+		{"no answer", &Answer{Failed: true}, "limit service limitd: no answer (the call was reset, or Envoy would not send it) (failure_mode deny)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newFakeHost()
