@@ -31,13 +31,16 @@ UNIT_PKGS = $$($(GO) list ./... | grep -v /e2e)
 # `limitd --version` print (package internal/version): "dev" unless
 # BUILD_VERSION says otherwise; make release sets it to the release's. A
 # constant string, so a stamped build stays reproducible. build/version holds
-# the last one built, so that a change of version rebuilds what carries it.
+# the version of the last build, rewritten (when make reads this file) only
+# when it changes, so that a change of version rebuilds what carries it.
 export BUILD_VERSION ?= dev
 VERSION_LDFLAG = -X github.com/ratelimit-wasm/tokenbucket/internal/version.Version=$(BUILD_VERSION)
 VERSION_STAMP := $(BUILD)/version
-$(VERSION_STAMP): FORCE
-	@case '$(BUILD_VERSION)' in ''|*[!A-Za-z0-9._+-]*) echo 'BUILD_VERSION "$(BUILD_VERSION)": use letters, digits and ._+- only'; exit 1;; esac
-	@mkdir -p $(BUILD); [ "$$(cat $@ 2>/dev/null)" = '$(BUILD_VERSION)' ] || echo '$(BUILD_VERSION)' > $@
+ifneq ($(words $(BUILD_VERSION))$(findstring ',$(BUILD_VERSION))${shell case '$(BUILD_VERSION)' in \
+	''|*[!A-Za-z0-9._+-]*) echo bad;; *) mkdir -p '$(BUILD)' && if [ "$$(cat '$(VERSION_STAMP)' 2>/dev/null)" != '$(BUILD_VERSION)' ]; \
+	then echo '$(BUILD_VERSION)' > '$(VERSION_STAMP)'; fi;; esac},1)
+$(error BUILD_VERSION "$(BUILD_VERSION)": use letters, digits and ._+- only)
+endif
 
 # Reproducible: no file system paths (-trimpath), no VCS stamp (a copy without
 # .git or with local changes would differ), no symbol tables. The same sources
