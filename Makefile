@@ -27,18 +27,33 @@ all: build
 # Everything but e2e runs with the race detector; e2e drives real processes.
 UNIT_PKGS = $$($(GO) list ./... | grep -v /e2e)
 
+# The version the plugin's and the native module's start lines and
+# `limitd --version` print (package internal/version): "dev" unless
+# BUILD_VERSION says otherwise; make release sets it to the release's. A
+# constant string, so a stamped build stays reproducible. build/version holds
+# the version of the last build, rewritten (when make reads this file) only
+# when it changes, so that a change of version rebuilds what carries it.
+export BUILD_VERSION ?= dev
+VERSION_LDFLAG = -X github.com/ratelimit-wasm/tokenbucket/internal/version.Version=$(BUILD_VERSION)
+VERSION_STAMP := $(BUILD)/version
+ifneq ($(words $(BUILD_VERSION))$(findstring ',$(BUILD_VERSION))${shell case '$(BUILD_VERSION)' in \
+	''|*[!A-Za-z0-9._+-]*) echo bad;; *) mkdir -p '$(BUILD)' && if [ "$$(cat '$(VERSION_STAMP)' 2>/dev/null)" != '$(BUILD_VERSION)' ]; \
+	then echo '$(BUILD_VERSION)' > '$(VERSION_STAMP)'; fi;; esac},1)
+$(error BUILD_VERSION "$(BUILD_VERSION)": use letters, digits and ._+- only)
+endif
+
 # Reproducible: no file system paths (-trimpath), no VCS stamp (a copy without
 # .git or with local changes would differ), no symbol tables. The same sources
 # give the same plugin.wasm, hence the same `make oci` digests, from any
 # checkout path: internal/repotest builds a copy elsewhere and compares.
-REPRO_FLAGS := -trimpath -buildvcs=false -ldflags='-s -w'
+REPRO_FLAGS := -trimpath -buildvcs=false -ldflags='-s -w $(VERSION_LDFLAG)'
 
 WASM_SRC := $(shell find . -name '*.go' -not -path './build/*' -not -path './bench/*' -not -name '*_test.go' 2>/dev/null)
 
 # The standard compiler builds the plugin as a WASI reactor; the proxy-wasm
 # SDK declares its host imports and callback exports itself (//go:wasmimport,
 # //go:wasmexport), so nothing else is needed.
-$(BUILD)/plugin.wasm: $(WASM_SRC) go.mod go.sum
+$(BUILD)/plugin.wasm: $(WASM_SRC) go.mod go.sum $(VERSION_STAMP)
 	@mkdir -p $(BUILD)
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared $(REPRO_FLAGS) -o $@ .
 	@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'

@@ -46,7 +46,12 @@ func limitd(t *testing.T) string {
 // with extra flags after its own, and stops it when t ends.
 func startLimitd(t *testing.T, redisAddr string, extra ...string) int {
 	t.Helper()
-	port := envoytest.FreePort(t)
+	return startLimitdOn(t, envoytest.FreePort(t), redisAddr, extra...)
+}
+
+// startLimitdOn is startLimitd on a port of the caller's.
+func startLimitdOn(t *testing.T, port int, redisAddr string, extra ...string) int {
+	t.Helper()
 	args := append([]string{"--listen", "127.0.0.1:" + strconv.Itoa(port), "--redis", redisAddr, "--timeout", "800ms"}, extra...)
 	cmd := exec.Command(limitd(t), args...)
 	logf, err := os.Create(filepath.Join(t.TempDir(), "limitd.log"))

@@ -71,6 +71,32 @@ var wantExamples = []string{"cost-by-header", "llm-token-budget", "per-key-api",
 // exampleChecks are claims of a README that its session cannot show (an
 // absent header, a log line), checked after the session.
 var exampleChecks = map[string]func(t *testing.T, e *envoytest.Envoy, runs []sessionRun){
+	// README.md's quick start: what its prose says the 429s carry besides
+	// the headers the session shows.
+	"quickstart": func(t *testing.T, _ *envoytest.Envoy, runs []sessionRun) {
+		rejected := 0
+		for _, r := range runs {
+			if r.res.Status != http.StatusTooManyRequests {
+				continue
+			}
+			rejected++
+			for _, h := range []string{"RateLimit-Reset", "Retry-After"} {
+				if r.res.Header.Get(h) == "" {
+					t.Errorf("README line %d: the 429 has no %s", r.cmd.line, h)
+				}
+			}
+			if v := r.res.Header.Get("RateLimit"); !regexp.MustCompile(`^"per-key";r=0;t=[0-9]+$`).MatchString(v) {
+				t.Errorf("README line %d: the 429's RateLimit is %q, want \"per-key\";r=0;t=<seconds>", r.cmd.line, v)
+			}
+			var body map[string]any
+			if err := json.Unmarshal(r.res.Body, &body); err != nil || r.res.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("README line %d: the 429's body is not JSON (%s, %v): %q", r.cmd.line, r.res.Header.Get("Content-Type"), err, r.res.Body)
+			}
+		}
+		if rejected == 0 {
+			t.Error("the quick start's session got no 429")
+		}
+	},
 	"per-key-api": func(t *testing.T, _ *envoytest.Envoy, runs []sessionRun) {
 		for _, r := range runs {
 			if strings.HasPrefix(r.req.URL.Path, "/healthz") {

@@ -209,3 +209,58 @@ func istioCustomBootstrap(t *testing.T) string {
 	}
 	return j
 }
+
+// TestReadmeStatsTagsNative: README.md's bootstrap turns the rule name into
+// a Prometheus label for the Wasm plugin's names; for the native module the
+// README says to start the same regex with ^dynamicmodulescustom\. instead.
+// Done so on the native module, the label is there.
+func TestReadmeStatsTagsNative(t *testing.T) {
+	envoytest.NeedsBuild(t, envoytest.Native)
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wasmStart, nativeStart = `^wasmcustom\.`, `^dynamicmodulescustom\.`
+	if !strings.Contains(string(readme), "`"+nativeStart+"`") {
+		t.Fatalf("README.md does not say to start the regex with %s for the native module", nativeStart)
+	}
+	var tree struct {
+		StatsConfig struct {
+			StatsTags []struct {
+				TagName string `json:"tag_name"`
+				Regex   string `json:"regex"`
+			} `json:"stats_tags"`
+		} `json:"stats_config"`
+	}
+	if err := yaml.Unmarshal([]byte(readmeBootstrap(t)), &tree); err != nil {
+		t.Fatal(err)
+	}
+	if len(tree.StatsConfig.StatsTags) != 1 || !strings.HasPrefix(tree.StatsConfig.StatsTags[0].Regex, wasmStart) {
+		t.Fatalf("README.md's bootstrap: stats_tags %+v, want one regex starting %s", tree.StatsConfig.StatsTags, wasmStart)
+	}
+	tag := tree.StatsConfig.StatsTags[0]
+	override, err := json.Marshal(map[string]any{"stats_config": map[string]any{"stats_tags": []any{
+		map[string]string{"tag_name": tag.TagName, "regex": nativeStart + strings.TrimPrefix(tag.Regex, wasmStart)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	e := envoytest.Start(t, envoytest.Options{Build: envoytest.Native, Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(),
+		Concurrency: 1, ExtraArgs: []string{"--config-yaml", string(override)},
+		PluginConfig: `{"rules": [{"name": "per-key", "limit_keys": ["header:x-api-key"],
+		  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.01, "burst": 1}}]}`})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	c.Get("/", map[string]string{"x-api-key": "a"})
+	c.Get("/", map[string]string{"x-api-key": "a"})
+	e.WaitPluginStat("tokenbucket.rule.per-key.rejected", 1, 5e9)
+	text := adminGet(t, e, "/stats/prometheus")
+	for _, want := range []string{
+		`envoy_dynamicmodulescustom_tokenbucket_rule_allowed{rule="per-key"} 1`,
+		`envoy_dynamicmodulescustom_tokenbucket_rule_rejected{rule="per-key"} 1`,
+	} {
+		if !strings.Contains(text, "\n"+want+"\n") {
+			t.Errorf("/stats/prometheus has no line %q:\n%s", want, grepLines(text, "tokenbucket_rule"))
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"hash"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
@@ -230,15 +231,44 @@ func readAnswer(takes []take, ans *Answer) ([]bucket.Decision, string) {
 func answerBody(a *Answer) ([]byte, string) {
 	switch {
 	case a.Failed:
-		return nil, "no response (timeout or connection failure)"
+		return nil, "no answer (the call was reset, or Envoy would not send it)"
 	case a.Status != "200":
-		return nil, "status " + a.Status
+		return nil, "status " + a.Status + excerpt(a)
 	case a.TooLarge:
 		return nil, "malformed response body: larger than " + strconv.Itoa(wire.MaxAnswerBytes) + " bytes"
 	case a.Err != nil:
 		return nil, "reading the response body: " + a.Err.Error()
 	}
 	return a.Body, ""
+}
+
+// maxExcerpt bounds how much of a failed answer's body a log line quotes.
+const maxExcerpt = 200
+
+// excerpt is the start of a non-200 answer's body, which names the cause
+// (Envoy's own answer when it reached no service: "upstream connect error
+// ... remote connection failure" with a 503, "upstream request timeout" with
+// a 504; limitd's {"error": ...}), for the log line: at most maxExcerpt bytes,
+// valid UTF-8, control characters as spaces. Empty when there is no body.
+func excerpt(a *Answer) string {
+	b := a.Body
+	if a.TooLarge || a.Err != nil || len(b) == 0 {
+		return ""
+	}
+	cut := len(b) > maxExcerpt
+	if cut {
+		b = b[:maxExcerpt]
+	}
+	s := strings.TrimSpace(strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(string(b), "")))
+	if cut {
+		s += "…"
+	}
+	return ": " + s
 }
 
 // serviceFailed counts and logs a failed call and applies failure_mode: for

@@ -107,7 +107,7 @@ type rule struct {
 	limit      bucket.Limit
 	policy     string // RateLimit-Policy value
 	quotedName string // the name as a structured-field string: "name"
-	burst      string // RateLimit-Limit value
+	burst      string // RateLimit-Limit value: the burst rounded down (wholeNumber)
 	// identity is the keyed hash (hash.go) of the rule name and its
 	// limit-key sources, to which a request's values are added;
 	// clusterName the same, unkeyed, for a cluster bucket's name.
@@ -280,7 +280,7 @@ func (p *Plugin) compile(cr *config.Rule) *rule {
 	if cr.Action == config.ActionLimit {
 		window := int64(math.Ceil(cr.Limit.Burst / cr.Limit.TokensPerSecond))
 		r.quotedName = `"` + cr.Name + `"`
-		r.burst = formatNumber(cr.Limit.Burst)
+		r.burst = wholeNumber(cr.Limit.Burst)
 		r.policy = r.quotedName + ";q=" + r.burst + ";w=" + strconv.FormatInt(window, 10)
 	}
 	m := Name + ".rule." + cr.Name + "."
@@ -299,12 +299,13 @@ func (p *Plugin) compile(cr *config.Rule) *rule {
 	return r
 }
 
-// formatNumber prints an integral float without a fraction.
-func formatNumber(f float64) string {
-	if f == math.Trunc(f) && math.Abs(f) < 1e15 {
-		return strconv.FormatInt(int64(f), 10)
-	}
-	return strconv.FormatFloat(f, 'f', -1, 64)
+// wholeNumber prints a burst as the quota of RateLimit-Policy's q and
+// RateLimit-Limit: rounded down to a whole number, which is what those
+// fields hold (a structured-field Integer: a parser refuses "3.5", and
+// the whole header with it), and the cost-1 requests a full bucket admits.
+// config bounds burst to MaxBurst (1e12), within an int64.
+func wholeNumber(burst float64) string {
+	return strconv.FormatInt(int64(math.Floor(burst)), 10)
 }
 
 // count adds what a shared-data decision did besides deciding.

@@ -13,7 +13,7 @@
 NATIVE_SO := $(BUILD)/libtokenbucket.so
 
 # WASM_SRC is every Go source of the module but the lab's: the module's too.
-$(NATIVE_SO): $(WASM_SRC) go.mod go.sum
+$(NATIVE_SO): $(WASM_SRC) go.mod go.sum $(VERSION_STAMP)
 	@mkdir -p $(BUILD)
 	CGO_ENABLED=1 $(GO) build -buildmode=c-shared $(REPRO_FLAGS) -o $@ ./native
 	@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'

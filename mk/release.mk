@@ -8,6 +8,8 @@
 #   limitd-<version>-oci/, -oci.tar       its container image; summary in limitd-<version>-oci.json
 #   SHA256SUMS                            sha256 of every file above (sha256sum -c SHA256SUMS)
 #
+# The version is stamped into the plugin and limitd (BUILD_VERSION, see the
+# Makefile): their start lines and `limitd --version` print it.
 # VERSION is `git describe --tags` (v0.3.0 on a tagged commit, v0.3.0-2-g1a2b3c4 after it);
 # set it to name a release yourself. A tree with uncommitted changes or untracked
 # files (any could be built in) is refused,
@@ -31,7 +33,7 @@ release:
 	@case "$(RELEASE_VERSION)" in *[!A-Za-z0-9._+-]*) echo 'release: VERSION "$(RELEASE_VERSION)": use letters, digits and ._+- only'; exit 1;; esac
 	@if [ -z "$(RELEASE_DIRTY)" ] && [ -n "$$(git status --porcelain 2>/dev/null)" ]; then \
 		echo 'release: the tree has uncommitted changes (git status): commit them, or RELEASE_DIRTY=1'; exit 1; fi
-	$(MAKE) --no-print-directory build $(LIMITD_OCI_BIN)
+	$(MAKE) --no-print-directory build $(LIMITD_OCI_BIN) BUILD_VERSION=$(RELEASE_VERSION)
 	rm -rf $(RELEASE_DIR)
 	mkdir -p $(RELEASE_DIR)
 	cp $(BUILD)/plugin.wasm $(RELEASE_DIR)/tokenbucket-$(RELEASE_VERSION).wasm

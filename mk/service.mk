@@ -30,9 +30,9 @@ LIMITD_SRC := FORCE
 endif
 .PHONY: FORCE
 
-$(BUILD)/limitd: $(LIMITD_SRC) go.mod go.sum
+$(BUILD)/limitd: $(LIMITD_SRC) go.mod go.sum $(VERSION_STAMP)
 	@mkdir -p $(BUILD)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ ./cmd/limitd
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w $(VERSION_LDFLAG)' -o $@ ./cmd/limitd
 	@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
 
 build-service: $(BUILD)/limitd
@@ -52,9 +52,9 @@ OCI_LIMITD_REF ?= localhost/ratelimit-wasm/limitd:dev
 LIMITD_OCI_ARCH ?= $(shell $(GO) env GOARCH)
 LIMITD_OCI_BIN := $(BUILD)/limitd-linux-$(LIMITD_OCI_ARCH)
 
-$(LIMITD_OCI_BIN): $(LIMITD_SRC) go.mod go.sum
+$(LIMITD_OCI_BIN): $(LIMITD_SRC) go.mod go.sum $(VERSION_STAMP)
 	@mkdir -p $(BUILD)
-	CGO_ENABLED=0 GOOS=linux GOARCH=$(LIMITD_OCI_ARCH) $(GO) build -trimpath -buildvcs=false -ldflags='-s -w' -o $@ ./cmd/limitd
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(LIMITD_OCI_ARCH) $(GO) build -trimpath -buildvcs=false -ldflags='-s -w $(VERSION_LDFLAG)' -o $@ ./cmd/limitd
 
 oci-limitd: $(LIMITD_OCI_BIN)
 	$(GO) run ./cmd/ociimage -exe $(LIMITD_OCI_BIN) -exe-name limitd -exe-port 8081 -exe-cmd '--listen=:8081' \

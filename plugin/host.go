@@ -202,13 +202,19 @@ func (h *host) sendWaiting() {
 	h.waiting = h.waiting[:0]
 }
 
-// dispatch sends call and delivers its answer in context owner.
+// dispatch sends call and delivers its answer in context owner. Envoy
+// refuses a call with BadArgument when the cluster does not exist (or the
+// call lacks :method, :path or :authority, which the engine always sends):
+// the error says so.
 func dispatch(call *engine.Call, owner uint32, answer func(*engine.Answer)) error {
 	_, err := proxywasm.DispatchHttpCall(call.Cluster, call.Headers, call.Body, nil, call.TimeoutMS,
 		func(numHeaders, bodySize, _ int) {
 			active = owner
 			answer(readAnswer(numHeaders, bodySize, call.MaxBody))
 		})
+	if errors.Is(err, types.ErrorStatusBadArgument) {
+		return errors.New("no cluster " + strconv.Quote(call.Cluster) + " in Envoy")
+	}
 	return err
 }
 

@@ -26,6 +26,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
 	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/internal/version"
 )
 
 // Name prefixes the plugin's shared-data keys, metrics and logs.
@@ -194,7 +195,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	if err := p.host.registerQueue(); err != nil {
 		proxywasm.LogWarn(Name + ": no shared queue, calls the plugin owns wait for its tick: " + err.Error())
 	}
-	proxywasm.LogInfo(Name + ": started with " + strconv.Itoa(e.Rules()) + " rules, max_keys " + strconv.Itoa(e.MaxKeys()))
+	proxywasm.LogInfo(Name + ": started with " + strconv.Itoa(e.Rules()) + " rules, max_keys " + strconv.Itoa(e.MaxKeys()) + " (wasm build, version " + version.Version + ")")
 	return types.OnPluginStartStatusOK
 }
 

@@ -119,8 +119,14 @@ func NewConnGuard(opts ConnOptions) (*ConnGuard, error) {
 			return nil, fmt.Errorf("service: connections: metrics: %w", err)
 		}
 	}
+	for _, reason := range closeReasons { // shown at 0 from the start
+		g.closed.WithLabelValues(reason)
+	}
 	return g, nil
 }
+
+// closeReasons are the reason labels of limitd_connections_closed_total.
+var closeReasons = []string{"cap", "evicted", "idle", "refused"}
 
 // guardedConn is one accepted connection.
 type guardedConn struct {

@@ -457,6 +457,9 @@ func (s *Server) failInvalid(w http.ResponseWriter, err error) {
 	s.fail(w, http.StatusBadRequest, msg)
 }
 
+// refusedCodes are the statuses below 500 that fail answers with.
+var refusedCodes = []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusMethodNotAllowed, http.StatusRequestEntityTooLarge}
+
 // fail answers {"error": msg} with status.
 func (s *Server) fail(w http.ResponseWriter, status int, msg string) {
 	if status < 500 {
@@ -535,6 +538,11 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("service: config: registry: %w", err)
 		}
+	}
+	// Every status fail counts, shown at 0 from the start (the callers'
+	// series are created with their tokens: NewServer).
+	for _, code := range refusedCodes {
+		m.refused.WithLabelValues(strconv.Itoa(code))
 	}
 	return m, nil
 }

@@ -9,6 +9,7 @@
 //	limitd --listen 127.0.0.1:8081 --redis redis://127.0.0.1:6379/0
 //	limitd --redis 10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379      (Redis Cluster)
 //	limitd --redis 10.0.0.1:26379,10.0.0.2:26379 --redis-master mymaster   (Sentinel)
+//	limitd --version   (prints "limitd <version>": package internal/version)
 //
 // It serves HTTP/1.1 and, on the same port, HTTP/2 over cleartext (h2c with
 // prior knowledge), so a gateway can multiplex its callouts over a few
@@ -39,6 +40,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/version"
 	"github.com/ratelimit-wasm/tokenbucket/service"
 )
 
@@ -50,6 +52,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// versionOut is where --version prints.
+var versionOut io.Writer = os.Stdout
 
 // options are the command-line flags.
 type options struct {
@@ -74,6 +79,7 @@ type options struct {
 	maxConns        int
 	unauthIdle      time.Duration
 	connGrace       time.Duration
+	version         bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -104,6 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxConns, "max-conns", service.DefaultMaxConns, "most HTTP connections open at once; keep it below the open-file limit minus the Redis connections")
 	fs.DurationVar(&o.unauthIdle, "unauthenticated-idle", service.DefaultUnauthenticatedIdle, "how long a connection that never carried an authenticated /v1 call may stay idle")
 	fs.DurationVar(&o.connGrace, "conn-grace", service.DefaultConnGrace, "how long a new connection with no request read yet is kept from eviction at --max-conns")
+	fs.BoolVar(&o.version, "version", false, "print limitd's version (\"dev\" unless the build stamped one: make release) and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -118,6 +125,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, ready func(addr string)) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
+		return err
+	}
+	if o.version {
+		_, err := fmt.Fprintln(versionOut, "limitd "+version.Version)
 		return err
 	}
 	var level slog.Level
@@ -236,7 +247,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	httpSrv := service.NewHTTPServer(srv, guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(guard.Listener(ln)) }()
-	log.Info("limitd listening", "addr", ln.Addr().String(), "store", storeName, "auth", len(tokens) > 0, "callers", len(tokens))
+	log.Info("limitd listening", "version", version.Version, "addr", ln.Addr().String(), "store", storeName, "auth", len(tokens) > 0, "callers", len(tokens))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -111,7 +112,8 @@ func TestLoadTokens(t *testing.T) {
 	if _, _, err := loadTokens(bad, env()); err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("three fields: %v, want an error naming line 1", err)
 	}
-	if toks, _, err := loadTokens("", env("LIMITD_TOKEN", "e")); err != nil || len(toks) != 1 || toks[0].Value != "e" {
+	// LIMITD_TOKEN's caller is "default" too (docs/limit-service.md, "Who may call limitd").
+	if toks, _, err := loadTokens("", env("LIMITD_TOKEN", "e")); err != nil || len(toks) != 1 || toks[0] != (service.Token{Name: "default", Value: "e"}) {
 		t.Fatalf("from env: %+v, %v", toks, err)
 	}
 	if toks, _, err := loadTokens("", env()); err != nil || len(toks) != 0 {
@@ -565,5 +567,31 @@ func TestRunServesH2C(t *testing.T) {
 	resp, err = call(&http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{}}, "h1")
 	if err != nil || resp.StatusCode != 200 || resp.ProtoMajor != 1 {
 		t.Fatalf("HTTP/1.1 call on the same port: %v %v", resp, err)
+	}
+}
+
+// TestVersion: --version prints the version and starts nothing; a build
+// stamped with the linker, as `make release` stamps it, prints that
+// version.
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	versionOut = &out
+	t.Cleanup(func() { versionOut = os.Stdout })
+	var stderr bytes.Buffer
+	if err := run(t.Context(), []string{"--version", "--listen", "0.0.0.0:1"}, env(), &stderr, nil); err != nil {
+		t.Fatalf("--version: %v (%s)", err, stderr.String())
+	}
+	if out.String() != "limitd dev\n" {
+		t.Errorf("--version printed %q, want %q", out.String(), "limitd dev\n")
+	}
+
+	bin := filepath.Join(t.TempDir(), "limitd")
+	build := exec.Command("go", "build", "-ldflags=-X github.com/ratelimit-wasm/tokenbucket/internal/version.Version=v9.8.7-rc1", "-o", bin, ".")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	b, err := exec.Command(bin, "--version").Output()
+	if err != nil || string(b) != "limitd v9.8.7-rc1\n" {
+		t.Errorf("the stamped build's --version: %q, %v; want %q", b, err, "limitd v9.8.7-rc1\n")
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -62,6 +64,12 @@ func TestRelease(t *testing.T) {
 	if len(limitdBins) != 1 {
 		t.Errorf("release has %d limitd-v9.8.7-linux-* binaries, want 1", len(limitdBins))
 	}
+	// The release's version is stamped into what it ships (internal/version).
+	if bin := filepath.Join(rel, "limitd-v9.8.7-linux-"+runtime.GOARCH); slices.Contains(limitdBins, bin) {
+		if out, err := exec.Command(bin, "--version").Output(); err != nil || string(out) != "limitd v9.8.7\n" {
+			t.Errorf("%s --version: %q, %v; want %q", filepath.Base(bin), out, err, "limitd v9.8.7\n")
+		}
+	}
 
 	// The plugin is make build's, its image what make oci would build.
 	wasm, err := os.ReadFile(filepath.Join(rel, "tokenbucket-v9.8.7.wasm"))
@@ -71,6 +79,9 @@ func TestRelease(t *testing.T) {
 	built, err := os.ReadFile(filepath.Join(dir, "build", "plugin.wasm"))
 	if err != nil || !bytes.Equal(wasm, built) {
 		t.Fatalf("tokenbucket-v9.8.7.wasm is not build/plugin.wasm (%v)", err)
+	}
+	if !bytes.Contains(wasm, []byte("v9.8.7")) {
+		t.Error("tokenbucket-v9.8.7.wasm does not hold its version, v9.8.7")
 	}
 	img, err := oci.Build(wasm, time.Unix(0, 0))
 	if err != nil {

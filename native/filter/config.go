@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
 	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/version"
 )
 
 // Name is the filter's name (filter_name in Envoy's configuration) and the
@@ -117,7 +118,7 @@ func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []
 	c.panics = c.metrics.define(handle, Name+".panics", false)
 	c.sched = handle.GetScheduler()
 	processTicker.register(c)
-	handle.Log(shared.LogLevelInfo, "%s", Name+": native module started, GOMAXPROCS "+strconv.Itoa(runtime.GOMAXPROCS(0)))
+	handle.Log(shared.LogLevelInfo, "%s", Name+": native module started, GOMAXPROCS "+strconv.Itoa(runtime.GOMAXPROCS(0))+" (native build, version "+version.Version+")")
 	return c, nil
 }
 

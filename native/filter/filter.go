@@ -276,6 +276,9 @@ func (f *httpFilter) Run(fn func()) error {
 func (f *httpFilter) Callout(call *engine.Call, answer func(*engine.Answer)) error {
 	a := &streamAnswer{f: f, answer: answer, maxBody: call.MaxBody}
 	res, _ := f.handle.HttpCallout(call.Cluster, call.Headers, call.Body, uint64(call.TimeoutMS), a)
+	if res == shared.HttpCalloutInitClusterNotFound { // the Wasm plugin's words (plugin.dispatch)
+		return errors.New("no cluster " + strconv.Quote(call.Cluster) + " in Envoy")
+	}
 	if res != shared.HttpCalloutInitSuccess {
 		return errors.New(Name + ": callout to cluster " + strconv.Quote(call.Cluster) + " not started: " + initResultText(res))
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -43,6 +44,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("rlqs: metrics: %w", err)
 		}
+	}
+	// The codes a stream can end with (Server.StreamRateLimitQuotas),
+	// shown at 0 from the start.
+	for _, c := range []codes.Code{codes.InvalidArgument, codes.ResourceExhausted, codes.Unauthenticated, codes.Unavailable} {
+		m.refused.WithLabelValues(c.String())
 	}
 	return m, nil
 }
