@@ -52,6 +52,11 @@ func TestNativeVersions(t *testing.T) {
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	t.Setenv("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir)
+	// Envoy 1.37.0 did not find the module through the search path
+	// variable, then tried the C library's search (dlopen):
+	// LD_LIBRARY_PATH lets it find the module too, so that the table shows
+	// its verdict on the module itself.
+	t.Setenv("LD_LIBRARY_PATH", dir)
 	t.Setenv("GODEBUG", "cgocheck=0")
 
 	var rows []string
