@@ -93,6 +93,10 @@ const nativeVersionsConfig = `{"service": {"cluster": "limit_service", "timeout_
 // a failure to load one.
 var abiLine = regexp.MustCompile(`(?i)(abi|dynamic module|dlopen|undefined symbol|failed to load)`)
 
+// missingList is the list of names in the module's refusal for missing
+// Envoy functions.
+var missingList = regexp.MustCompile(`function\(s\) the module calls \(([^)]*)\)`)
+
 // nativeVersionRow runs the smoke on one Envoy binary and returns its row.
 func nativeVersionRow(t *testing.T, version, bin string, upstream, svc int) string {
 	abs, err := filepath.Abs(bin)
@@ -239,6 +243,12 @@ func abiLines(log string) string {
 			}
 		}
 		line = strings.TrimSpace(line)
+		// A long list of missing functions: the first two name the kind.
+		if m := missingList.FindStringSubmatchIndex(line); m != nil {
+			if names := strings.Split(line[m[2]:m[3]], ", "); len(names) > 2 {
+				line = line[:m[2]] + strings.Join(names[:2], ", ") + fmt.Sprintf(", and %d more", len(names)-2) + line[m[3]:]
+			}
+		}
 		if line != "" && !seen[line] {
 			seen[line] = true
 			out = append(out, "`"+strings.ReplaceAll(line, "|", `\|`)+"`")
