@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/elftest"
 	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 
@@ -27,7 +28,8 @@ import (
 // and matches it; the plugin is the one `make build` makes, and its image
 // digest the one `make oci` gives; it holds the native module for linux/amd64
 // (make build-native's) and linux/arm64 (cross-compiled), each with its
-// image, the amd64 one named by the native manifests. A tree with uncommitted changes is
+// image, the amd64 one named by the native manifests, both within the
+// documented C library floor. A tree with uncommitted changes is
 // refused (so is an untracked file: it could be built in), unless RELEASE_DIRTY=1 (the version then ends in -dirty);
 // VERSION names a release without a tag.
 func TestRelease(t *testing.T) {
@@ -139,6 +141,14 @@ func TestRelease(t *testing.T) {
 		}
 		if got, err := oci.SharedObjectArch(so); err != nil || got != arch {
 			t.Errorf("libtokenbucket-v9.8.7-linux-%s.so: architecture %q (%v)", arch, got, err)
+		}
+		// The C library floor docs/compatibility.md states holds for both.
+		need, sym, err := elftest.HighestGlibc(filepath.Join(rel, "libtokenbucket-v9.8.7-linux-"+arch+".so"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if floor, err := elftest.DocumentedGlibcFloor(dir); err != nil || elftest.CompareVersions(need, floor) > 0 {
+			t.Errorf("libtokenbucket-v9.8.7-linux-%s.so needs GLIBC_%s (%s), above the documented floor %s (%v)", arch, need, sym, floor, err)
 		}
 		if arch == runtime.GOARCH && !bytes.Equal(so, native) {
 			t.Errorf("libtokenbucket-v9.8.7-linux-%s.so is not build/libtokenbucket.so", arch)

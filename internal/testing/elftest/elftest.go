@@ -2,7 +2,9 @@
 
 // Package elftest makes tiny ELF files for tests of code that inspects
 // executables and shared objects (oci.BuildExecutable, oci.BuildModule):
-// valid for debug/elf, never run.
+// valid for debug/elf, never run. It also reads what a built native module
+// needs from the C library (HighestGlibc) and the floor the docs state
+// (DocumentedGlibcFloor), for the tests that compare the two.
 package elftest
 
 import (
