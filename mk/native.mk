@@ -34,6 +34,12 @@ $(BUILD)/libtokenbucket-linux-%.so: $(WASM_SRC) go.mod go.sum
 	@rm -f $(@:.so=.h)
 	@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
 
+# The native module image's entrypoint (cmd/installmodule: copies the module
+# into an emptyDir from an init container), static, for each architecture.
+$(BUILD)/installmodule-linux-%: cmd/installmodule/main.go go.mod go.sum
+	@mkdir -p $(BUILD)
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build $(REPRO_FLAGS) -o $@ ./cmd/installmodule
+
 # Debian's cross toolchain for the other architecture (gcc and its C library).
 .PHONY: setup-cross
 setup-cross:

@@ -16,11 +16,14 @@ OCI_ARGS = -wasm $(BUILD)/plugin.wasm -layout $(BUILD)/oci -archive $(BUILD)/plu
 	-summary $(BUILD)/plugin-oci.json -ref $(OCI_REF) -render examples/istio -render-out $(BUILD)/istio
 
 # The native module as an OCI image (cmd/ociimage -module, oci.BuildModule):
-# FROM scratch, one layer holding libtokenbucket.so alone at its root, so
-# that a Kubernetes image volume mounted at a folder D gives
-# D/libtokenbucket.so, the file both examples name (docs/native.md, "The
-# module's image"). Built for the host's architecture (NATIVE_ARCH; make
-# release builds arm64 too). It writes, and reads back to verify:
+# FROM scratch, one layer holding libtokenbucket.so at its root, so that a
+# Kubernetes image volume mounted at a folder D gives D/libtokenbucket.so,
+# the file both examples name, and cmd/installmodule as its entrypoint, so
+# that as an init container it copies the module into an emptyDir mounted
+# at /module (where image volumes are mounted noexec: docs/compatibility.md,
+# "Loading it from an image"). Built for the host's architecture
+# (NATIVE_ARCH; make release builds arm64 too). It writes, and reads back
+# to verify:
 #   build/native-oci/, build/native-oci.tar   the layout and the archive
 #   build/native-oci.json                     the digests (image_digest pins the image volume)
 #   build/istio/native-envoyfilter.yaml       examples/istio's native manifests and
@@ -34,8 +37,8 @@ OCI_NATIVE_REF ?= $(OCI_NATIVE_REF_DEFAULT)
 
 .PHONY: oci-native
 
-oci-native: build-native
-	$(GO) run ./cmd/ociimage -module $(NATIVE_SO) -layout $(BUILD)/native-oci -archive $(BUILD)/native-oci.tar \
+oci-native: build-native $(BUILD)/installmodule-linux-$(NATIVE_ARCH)
+	$(GO) run ./cmd/ociimage -module $(NATIVE_SO) -module-installer $(BUILD)/installmodule-linux-$(NATIVE_ARCH) -layout $(BUILD)/native-oci -archive $(BUILD)/native-oci.tar \
 		-summary $(BUILD)/native-oci.json -ref $(OCI_NATIVE_REF) \
 		-render-native 'examples/istio/native-envoyfilter.yaml=$(BUILD)/istio examples/envoy-gateway/native.yaml=$(BUILD)/envoy-gateway'
 	@if [ '$(OCI_NATIVE_REF)' = '$(OCI_NATIVE_REF_DEFAULT)' ]; then echo 'note: $(BUILD)/istio/native-envoyfilter.yaml and $(BUILD)/envoy-gateway/native.yaml name $(OCI_NATIVE_REF_DEFAULT), which no cluster pulls: for a cluster, make oci-native OCI_NATIVE_REF=<registry>/<name>:<tag>'; fi

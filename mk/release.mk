@@ -40,7 +40,7 @@ release:
 	@if [ -z "$(RELEASE_DIRTY)" ] && [ -n "$$(git status --porcelain 2>/dev/null)" ]; then \
 		echo 'release: the tree has uncommitted changes (git status): commit them, or RELEASE_DIRTY=1'; exit 1; fi
 	$(MAKE) --no-print-directory setup-cross
-	$(MAKE) --no-print-directory build $(LIMITD_OCI_BIN) $(foreach a,$(RELEASE_NATIVE_ARCHS),$(BUILD)/libtokenbucket-linux-$(a).so)
+	$(MAKE) --no-print-directory build $(LIMITD_OCI_BIN) $(foreach a,$(RELEASE_NATIVE_ARCHS),$(BUILD)/libtokenbucket-linux-$(a).so $(BUILD)/installmodule-linux-$(a))
 	rm -rf $(RELEASE_DIR)
 	mkdir -p $(RELEASE_DIR)
 	cp $(BUILD)/plugin.wasm $(RELEASE_DIR)/tokenbucket-$(RELEASE_VERSION).wasm
@@ -56,7 +56,7 @@ release:
 		render=; [ $$a = amd64 ] && render='examples/istio/native-envoyfilter.yaml=$(RELEASE_DIR)/istio examples/envoy-gateway/native.yaml=$(RELEASE_DIR)/envoy-gateway'; \
 		name=tokenbucket-native-$(RELEASE_VERSION)-linux-$$a; \
 		cp $(BUILD)/libtokenbucket-linux-$$a.so $(RELEASE_DIR)/libtokenbucket-$(RELEASE_VERSION)-linux-$$a.so && \
-		$(GO) run ./cmd/ociimage -module $(BUILD)/libtokenbucket-linux-$$a.so -ref $(RELEASE_REPO)/tokenbucket-native:$(RELEASE_VERSION)-$$a \
+		$(GO) run ./cmd/ociimage -module $(BUILD)/libtokenbucket-linux-$$a.so -module-installer $(BUILD)/installmodule-linux-$$a -ref $(RELEASE_REPO)/tokenbucket-native:$(RELEASE_VERSION)-$$a \
 			-layout $(RELEASE_DIR)/$$name-oci -archive $(RELEASE_DIR)/$$name-oci.tar -summary $(RELEASE_DIR)/$$name-oci.json \
 			-render-native "$$render" || exit 1; \
 	done

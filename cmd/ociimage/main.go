@@ -18,13 +18,14 @@
 //	    -layout build/limitd-oci -archive build/limitd-oci.tar -ref localhost/ratelimit-wasm/limitd:dev
 //
 // With -module it packages the native module (build/libtokenbucket.so: `make
-// oci-native`) as an image holding it alone at its root (oci.BuildModule),
+// oci-native`) as an image holding it at its root, with -module-installer
+// (cmd/installmodule) as its entrypoint (oci.BuildModule),
 // written, read back and verified the same way, and -render-native fills in
 // the image volume references of the native-module manifests given
 // (examples/istio/native-envoyfilter.yaml, examples/envoy-gateway/native.yaml)
 // with <ref>@sha256:<image digest>:
 //
-//	go run ./cmd/ociimage -module build/libtokenbucket.so -layout build/native-oci \
+//	go run ./cmd/ociimage -module build/libtokenbucket.so -module-installer build/installmodule-linux-amd64 -layout build/native-oci \
 //	    -archive build/native-oci.tar -ref localhost/ratelimit-wasm/tokenbucket-native:dev \
 //	    -render-native examples/istio/native-envoyfilter.yaml -render-out build/istio
 //
@@ -109,6 +110,7 @@ func run(args []string, stdout io.Writer) error {
 	exeCmd := fs.String("exe-cmd", "", "default arguments of an -exe image, separated by spaces")
 	exePort := fs.Int("exe-port", 0, "TCP port an -exe image exposes (0: none)")
 	modulePath := fs.String("module", "", "package this native module (a Linux ELF shared object) instead of -wasm")
+	installerPath := fs.String("module-installer", "", "with -module: the installer (cmd/installmodule, static, the module's architecture), the image's entrypoint")
 	renderNative := fs.String("render-native", "", "native-module manifests (space-separated, each file or file=output-dir) whose image volume references to fill in with -ref@<image digest>, written to -render-out or output-dir (empty: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -126,18 +128,24 @@ func run(args []string, stdout io.Writer) error {
 		check func(v1.Image) (v1.Hash, error) // verifies an image read back
 		exe   oci.Executable
 	)
-	var module []byte
+	var module, installer []byte
 	switch {
 	case *exePath != "" && *modulePath != "":
 		return errors.New("-exe and -module: one image at a time")
 	case *modulePath != "":
+		if *installerPath == "" {
+			return errors.New("-module needs -module-installer (cmd/installmodule built for the module's architecture)")
+		}
 		if module, err = os.ReadFile(*modulePath); err != nil {
 			return err
 		}
-		if built, err = oci.BuildModule(module, created); err != nil {
+		if installer, err = os.ReadFile(*installerPath); err != nil {
+			return err
+		}
+		if built, err = oci.BuildModule(module, installer, created); err != nil {
 			return fmt.Errorf("%s: %w", *modulePath, err)
 		}
-		check = func(img v1.Image) (v1.Hash, error) { return oci.VerifyModule(img, module) }
+		check = func(img v1.Image) (v1.Hash, error) { return oci.VerifyModule(img, module, installer) }
 	case *exePath != "":
 		bin, err := os.ReadFile(*exePath)
 		if err != nil {
@@ -346,7 +354,8 @@ func printSummary(w io.Writer, s Summary) {
 	}
 	fmt.Fprintf(w, "\n%s %s\n%s sha256:%s\n", col("image"), s.ImageDigest, col(what), hash)
 	if s.Module != "" {
-		fmt.Fprintf(w, "Image volume (Kubernetes) with reference %s@%s\n", s.Ref, s.ImageDigest)
+		fmt.Fprintf(w, "Image volume (Kubernetes), or init container copying the module into an emptyDir at %s, with image %s@%s\n",
+			oci.InstallerDir, s.Ref, s.ImageDigest)
 		for _, m := range s.Manifests {
 			fmt.Fprintf(w, "wrote %s (image volume reference %s@%s)\n", m, s.Ref, s.ImageDigest)
 		}

@@ -359,10 +359,14 @@ func TestRunModule(t *testing.T) {
 		if err := os.WriteFile(so, elftest.FakeShared(elf.EM_X86_64, payload), 0o755); err != nil {
 			t.Fatal(err)
 		}
+		inst := filepath.Join(dir, "installmodule")
+		if err := os.WriteFile(inst, elftest.Fake(elf.EM_X86_64, false, "installer"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		summary := filepath.Join(dir, "native-oci.json")
 		var out bytes.Buffer
 		ref := "localhost/ratelimit-wasm/tokenbucket-native:dev"
-		err := run([]string{"-module", so, "-layout", filepath.Join(dir, "native-oci"), "-archive", filepath.Join(dir, "native-oci.tar"),
+		err := run([]string{"-module", so, "-module-installer", inst, "-layout", filepath.Join(dir, "native-oci"), "-archive", filepath.Join(dir, "native-oci.tar"),
 			"-summary", summary, "-ref", ref, "-render-native", istio + "=" + filepath.Join(dir, "istio") + " " + gateway + "=" + filepath.Join(dir, "eg")}, &out)
 		if err != nil {
 			t.Fatal(err)
@@ -396,7 +400,11 @@ func TestRunModule(t *testing.T) {
 	if err := os.WriteFile(exe, elftest.Fake(elf.EM_X86_64, false, "x"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := run([]string{"-module", exe, "-layout", filepath.Join(dir, "o"), "-archive", ""}, io.Discard); err == nil ||
+	inst := filepath.Join(dir, "installmodule")
+	if err := os.WriteFile(inst, elftest.Fake(elf.EM_X86_64, false, "i"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := run([]string{"-module", exe, "-module-installer", inst, "-layout", filepath.Join(dir, "o"), "-archive", ""}, io.Discard); err == nil ||
 		!strings.Contains(err.Error(), "not a shared object") {
 		t.Errorf("an executable as -module: %v, want a refusal", err)
 	}
@@ -410,7 +418,11 @@ func TestRunModule(t *testing.T) {
 	if err := os.WriteFile(so, elftest.FakeShared(elf.EM_X86_64, "x"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := run([]string{"-module", so, "-layout", filepath.Join(dir, "o"), "-archive", "", "-render-native", gateway,
+	if err := run([]string{"-module", so, "-layout", filepath.Join(dir, "o"), "-archive", ""}, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "-module-installer") {
+		t.Errorf("-module without an installer: %v", err)
+	}
+	if err := run([]string{"-module", so, "-module-installer", inst, "-layout", filepath.Join(dir, "o"), "-archive", "", "-render-native", gateway,
 		"-render-out", filepath.Join(dir, "r")}, io.Discard); err == nil || !strings.Contains(err.Error(), "no image volume reference") {
 		t.Errorf("a manifest without a reference: %v", err)
 	}

@@ -28,7 +28,8 @@ import (
 // and matches it; the plugin is the one `make build` makes, and its image
 // digest the one `make oci` gives; it holds the native module for linux/amd64
 // (make build-native's) and linux/arm64 (cross-compiled), each with its
-// image, the amd64 one named by the native manifests, both within the
+// image (with the installer of its architecture), the amd64 one named by
+// the native manifests, both within the
 // documented C library floor. A tree with uncommitted changes is
 // refused (so is an untracked file: it could be built in), unless RELEASE_DIRTY=1 (the version then ends in -dirty);
 // VERSION names a release without a tag.
@@ -153,9 +154,20 @@ func TestRelease(t *testing.T) {
 		if arch == runtime.GOARCH && !bytes.Equal(so, native) {
 			t.Errorf("libtokenbucket-v9.8.7-linux-%s.so is not build/libtokenbucket.so", arch)
 		}
-		im, err := oci.BuildModule(so, time.Unix(0, 0))
+		installer, err := os.ReadFile(filepath.Join(dir, "build", "installmodule-linux-"+arch))
 		if err != nil {
 			t.Fatal(err)
+		}
+		im, err := oci.BuildModule(so, installer, time.Unix(0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		layout, err := oci.ReadLayout(filepath.Join(rel, "tokenbucket-native-v9.8.7-linux-"+arch+"-oci"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := oci.VerifyModule(layout, so, installer); err != nil || d != im.Digests().Image {
+			t.Errorf("tokenbucket-native-v9.8.7-linux-%s-oci: %v (%v), want the image of the module and the installer %v", arch, d, err, im.Digests().Image)
 		}
 		var ns struct {
 			Ref         string `json:"ref"`
