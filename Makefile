@@ -164,11 +164,12 @@ clean:
 #   bench/mk/memory.mk  bench-memory
 #   config.mk   lint CONFIG=file (the plugin's configuration checked without Envoy)
 #   release.mk  release [VERSION=...] (versioned artifacts with SHA256SUMS)
-#   oci.mk      oci, oci-push, validate-istio [MANIFESTS=...]
+#   oci.mk      oci, oci-push, oci-native, validate-istio [MANIFESTS=...]
 #   service.mk  build-service, test-service, test-service-redis, fuzz-service, oci-limitd
 #   soak.mk     soak-versions (the Envoy version floor, measured; not in CI)
 #   istio.mk    test-istio (Istio 1.31's discovery server configures a real Envoy from examples/istio)
-#   native.mk   build-native, run-native (the engine as an Envoy dynamic module: docs/native.md)
+#   native.mk   build-native, run-native (the engine as an Envoy dynamic module: docs/native.md),
+#               native-versions (the module on every Envoy release on PyPI; not in CI)
 #   gateway.mk  test-gateway (the native module's Envoy Gateway example, its own Go module; in `make test`)
 #   ratelimit.mk build-ratelimit (envoyproxy/ratelimit from source), test-ratelimit (limitd behind Envoy's
 #               own rate limit filter, and beside envoyproxy/ratelimit: e2e/ratelimit, its own Go module;

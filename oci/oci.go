@@ -1,5 +1,7 @@
 // Package oci packages the compiled plugin (plugin.wasm) as an OCI image that
-// Istio's Wasm image fetcher loads, and reads such images back.
+// Istio's Wasm image fetcher loads, and reads such images back. It also
+// packages the limit service (BuildExecutable) and the native module
+// (BuildModule) as images of their own.
 //
 // # The image
 //

@@ -17,9 +17,21 @@
 //	go run ./cmd/ociimage -exe build/limitd -exe-port 8081 -exe-cmd '--listen=:8081' \
 //	    -layout build/limitd-oci -archive build/limitd-oci.tar -ref localhost/ratelimit-wasm/limitd:dev
 //
+// With -module it packages the native module (build/libtokenbucket.so: `make
+// oci-native`) as an image holding it at its root, with -module-installer
+// (cmd/installmodule) as its entrypoint (oci.BuildModule),
+// written, read back and verified the same way, and -render-native fills in
+// the image volume references of the native-module manifests given
+// (examples/istio/native-envoyfilter.yaml, examples/envoy-gateway/native.yaml)
+// with <ref>@sha256:<image digest>:
+//
+//	go run ./cmd/ociimage -module build/libtokenbucket.so -module-installer build/installmodule-linux-amd64 -layout build/native-oci \
+//	    -archive build/native-oci.tar -ref localhost/ratelimit-wasm/tokenbucket-native:dev \
+//	    -render-native examples/istio/native-envoyfilter.yaml -render-out build/istio
+//
 // The creation time recorded in the image is $SOURCE_DATE_EPOCH, or the Unix
 // epoch when unset, so the image digest depends on plugin.wasm (or the
-// executable) alone.
+// executable, or the module) alone.
 package main
 
 import (
@@ -76,6 +88,11 @@ type Summary struct {
 	ExecutableSHA256 string `json:"executable_sha256,omitempty"`
 	// User is the uid:gid an -exe image runs as.
 	User string `json:"user,omitempty"`
+	// Module is /libtokenbucket.so in a -module image, ModuleSHA256 the
+	// sha256 of its bytes and Architecture the platform's (amd64, arm64).
+	Module       string `json:"module,omitempty"`
+	ModuleSHA256 string `json:"module_sha256,omitempty"`
+	Architecture string `json:"architecture,omitempty"`
 }
 
 func run(args []string, stdout io.Writer) error {
@@ -92,6 +109,9 @@ func run(args []string, stdout io.Writer) error {
 	exeName := fs.String("exe-name", "", "the executable's name under /usr/local/bin (default: the base name of -exe)")
 	exeCmd := fs.String("exe-cmd", "", "default arguments of an -exe image, separated by spaces")
 	exePort := fs.Int("exe-port", 0, "TCP port an -exe image exposes (0: none)")
+	modulePath := fs.String("module", "", "package this native module (a Linux ELF shared object) instead of -wasm")
+	installerPath := fs.String("module-installer", "", "with -module: the installer (cmd/installmodule, static, the module's architecture), the image's entrypoint")
+	renderNative := fs.String("render-native", "", "native-module manifests (space-separated, each file or file=output-dir) whose image volume references to fill in with -ref@<image digest>, written to -render-out or output-dir (empty: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -108,7 +128,25 @@ func run(args []string, stdout io.Writer) error {
 		check func(v1.Image) (v1.Hash, error) // verifies an image read back
 		exe   oci.Executable
 	)
-	if *exePath != "" {
+	var module, installer []byte
+	switch {
+	case *exePath != "" && *modulePath != "":
+		return errors.New("-exe and -module: one image at a time")
+	case *modulePath != "":
+		if *installerPath == "" {
+			return errors.New("-module needs -module-installer (cmd/installmodule built for the module's architecture)")
+		}
+		if module, err = os.ReadFile(*modulePath); err != nil {
+			return err
+		}
+		if installer, err = os.ReadFile(*installerPath); err != nil {
+			return err
+		}
+		if built, err = oci.BuildModule(module, installer, created); err != nil {
+			return fmt.Errorf("%s: %w", *modulePath, err)
+		}
+		check = func(img v1.Image) (v1.Hash, error) { return oci.VerifyModule(img, module, installer) }
+	case *exePath != "":
 		bin, err := os.ReadFile(*exePath)
 		if err != nil {
 			return err
@@ -124,7 +162,7 @@ func run(args []string, stdout io.Writer) error {
 			return fmt.Errorf("%s: %w", *exePath, err)
 		}
 		check = func(img v1.Image) (v1.Hash, error) { return oci.VerifyExecutable(img, exe) }
-	} else {
+	default:
 		wasm, err := os.ReadFile(*wasmPath)
 		if err != nil {
 			return err
@@ -197,11 +235,19 @@ func run(args []string, stdout io.Writer) error {
 	}
 
 	var rendered []string
-	if *renderSrc != "" && *exePath != "" {
-		return errors.New("-render fills in WasmPlugins: not with -exe")
+	if *renderSrc != "" && (*exePath != "" || *modulePath != "") {
+		return errors.New("-render fills in WasmPlugins: not with -exe or -module")
+	}
+	if *renderNative != "" && *modulePath == "" {
+		return errors.New("-render-native fills in the native module's image: only with -module")
 	}
 	if *renderSrc != "" {
 		if rendered, err = renderManifests(*renderSrc, *renderDst, *ref, d.Image.Hex); err != nil {
+			return err
+		}
+	}
+	if *renderNative != "" {
+		if rendered, err = renderNativeManifests(strings.Fields(*renderNative), *renderDst, *ref, d.Image.String()); err != nil {
 			return err
 		}
 	}
@@ -218,6 +264,12 @@ func run(args []string, stdout io.Writer) error {
 		LayerSize:   d.LayerSize,
 		Pushed:      *push,
 		Manifests:   rendered,
+	}
+	if *modulePath != "" {
+		s.WasmSHA256, s.WasmSize = "", 0
+		s.Module = "/" + oci.ModuleFileName
+		s.ModuleSHA256 = sha256Hex(module)
+		s.Architecture, _ = oci.SharedObjectArch(module) // BuildModule checked it
 	}
 	if *exePath != "" {
 		s.WasmSHA256, s.WasmSize = "", 0
@@ -282,7 +334,10 @@ func sha256Hex(b []byte) string {
 
 func printSummary(w io.Writer, s Summary) {
 	what, hash, width := "wasm", s.WasmSHA256, 8
-	if s.Executable != "" {
+	if s.Module != "" {
+		what, hash, width = "module", s.ModuleSHA256, 8
+		fmt.Fprintf(w, "OCI image of the native module (linux/%s, %s at its root), read back and verified:\n", s.Architecture, s.Module)
+	} else if s.Executable != "" {
 		what, hash, width = "executable", s.ExecutableSHA256, 11
 		fmt.Fprintf(w, "Container image of %s (static, runs as %s), read back and verified:\n", s.Executable, s.User)
 	} else {
@@ -298,6 +353,14 @@ func printSummary(w io.Writer, s Summary) {
 		fmt.Fprint(w, " (pushed, pulled back, verified)")
 	}
 	fmt.Fprintf(w, "\n%s %s\n%s sha256:%s\n", col("image"), s.ImageDigest, col(what), hash)
+	if s.Module != "" {
+		fmt.Fprintf(w, "Image volume (Kubernetes), or init container copying the module into an emptyDir at %s, with image %s@%s\n",
+			oci.InstallerDir, s.Ref, s.ImageDigest)
+		for _, m := range s.Manifests {
+			fmt.Fprintf(w, "wrote %s (image volume reference %s@%s)\n", m, s.Ref, s.ImageDigest)
+		}
+		return
+	}
 	if s.Executable != "" {
 		return
 	}

@@ -334,3 +334,96 @@ func TestRunExecutable(t *testing.T) {
 		t.Errorf("a dynamic executable: %v, want a refusal", err)
 	}
 }
+
+// TestRunModule builds the native module's image as make oci-native does:
+// written as a layout and an archive, both read back and verified, the same
+// digest for the same module, a summary naming the module, and the native
+// manifests rendered with every image volume reference pinned to
+// <ref>@<image digest>, each to its own folder.
+func TestRunModule(t *testing.T) {
+	t.Setenv("SOURCE_DATE_EPOCH", "")
+	src := t.TempDir()
+	istio := filepath.Join(src, "native-envoyfilter.yaml")
+	gateway := filepath.Join(src, "native.yaml")
+	if err := os.WriteFile(istio, []byte("kind: Deployment\nspec:\n  volumes:\n  - image:\n      reference: ghcr.io/x/old:1 # yours\n"+
+		"  annotations:\n    a: '{\"m\":{\"image\":{\"reference\":\"ghcr.io/x/old:1\",\"pullPolicy\":\"IfNotPresent\"}}}'\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gateway, []byte("volumes:\n- image:\n    reference: ghcr.io/x/old:1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var digests []string
+	for _, payload := range []string{"a", "a", "b"} {
+		dir := t.TempDir()
+		so := filepath.Join(dir, "libtokenbucket.so")
+		if err := os.WriteFile(so, elftest.FakeShared(elf.EM_X86_64, payload), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		inst := filepath.Join(dir, "installmodule")
+		if err := os.WriteFile(inst, elftest.Fake(elf.EM_X86_64, false, "installer"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		summary := filepath.Join(dir, "native-oci.json")
+		var out bytes.Buffer
+		ref := "localhost/ratelimit-wasm/tokenbucket-native:dev"
+		err := run([]string{"-module", so, "-module-installer", inst, "-layout", filepath.Join(dir, "native-oci"), "-archive", filepath.Join(dir, "native-oci.tar"),
+			"-summary", summary, "-ref", ref, "-render-native", istio + "=" + filepath.Join(dir, "istio") + " " + gateway + "=" + filepath.Join(dir, "eg")}, &out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := readSummary(t, summary)
+		if s.Module != "/libtokenbucket.so" || s.Architecture != "amd64" || s.ModuleSHA256 != sha(elftest.FakeShared(elf.EM_X86_64, payload)) ||
+			s.WasmSHA256 != "" || !strings.Contains(out.String(), ref+"@"+s.ImageDigest) {
+			t.Errorf("summary %+v\nprinted:\n%s", s, out.String())
+		}
+		pinned := ref + "@" + s.ImageDigest
+		for _, f := range []string{filepath.Join(dir, "istio", "native-envoyfilter.yaml"), filepath.Join(dir, "eg", "native.yaml")} {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(b), "old:1") || !strings.Contains(string(b), "reference: "+pinned) {
+				t.Errorf("%s does not pin the image:\n%s", f, b)
+			}
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, "istio", "native-envoyfilter.yaml")); !strings.Contains(string(b), `"reference":"`+pinned+`"`) ||
+			!strings.Contains(string(b), "# yours") {
+			t.Errorf("the annotation's reference or the comment:\n%s", b)
+		}
+		digests = append(digests, s.ImageDigest)
+	}
+	if digests[0] != digests[1] || digests[0] == digests[2] {
+		t.Errorf("digests %v: want the same for the same module, different otherwise", digests)
+	}
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "libtokenbucket.so")
+	if err := os.WriteFile(exe, elftest.Fake(elf.EM_X86_64, false, "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inst := filepath.Join(dir, "installmodule")
+	if err := os.WriteFile(inst, elftest.Fake(elf.EM_X86_64, false, "i"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := run([]string{"-module", exe, "-module-installer", inst, "-layout", filepath.Join(dir, "o"), "-archive", ""}, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "not a shared object") {
+		t.Errorf("an executable as -module: %v, want a refusal", err)
+	}
+	if err := run([]string{"-module", exe, "-exe", exe, "-layout", filepath.Join(dir, "o")}, io.Discard); err == nil {
+		t.Error("-module with -exe: accepted")
+	}
+	if err := os.WriteFile(gateway, []byte("no references here\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	so := filepath.Join(dir, "lib.so")
+	if err := os.WriteFile(so, elftest.FakeShared(elf.EM_X86_64, "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := run([]string{"-module", so, "-layout", filepath.Join(dir, "o"), "-archive", ""}, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "-module-installer") {
+		t.Errorf("-module without an installer: %v", err)
+	}
+	if err := run([]string{"-module", so, "-module-installer", inst, "-layout", filepath.Join(dir, "o"), "-archive", "", "-render-native", gateway,
+		"-render-out", filepath.Join(dir, "r")}, io.Discard); err == nil || !strings.Contains(err.Error(), "no image volume reference") {
+		t.Errorf("a manifest without a reference: %v", err)
+	}
+}

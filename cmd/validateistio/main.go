@@ -20,7 +20,10 @@
 // load that image: an oci:// url must be oci://<its ref> with spec.sha256
 // its image digest, another url's spec.sha256 that of its plugin.wasm. So a
 // manifest rendered for another reference, or before the plugin was
-// rebuilt, is refused rather than applied. The files are only read.
+// rebuilt, is refused rather than applied. With -native-image (the summary
+// `make oci-native` writes), every image volume an istio-proxy mounts at its
+// ENVOY_DYNAMIC_MODULES_SEARCH_PATH must name that image as
+// <ref>@sha256:<image digest>. The files are only read.
 //
 // It exits 1 when a file fails, 2 on a usage error.
 package main
@@ -53,8 +56,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	requireClusters := fs.Bool("require-clusters", false, "fail when a cluster rule's service.cluster is created by none of the given manifests")
 	imagePath := fs.String("image", "", "the summary `make oci` wrote (build/plugin-oci.json): every WasmPlugin must load that image")
+	nativePath := fs.String("native-image", "", "the summary `make oci-native` wrote (build/native-oci.json): every image volume the native module is loaded from must be that image")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: validateistio [-require-clusters] [-image build/plugin-oci.json] manifest.yaml...")
+		fmt.Fprintln(stderr, "usage: validateistio [-require-clusters] [-image build/plugin-oci.json] [-native-image build/native-oci.json] manifest.yaml...")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -72,7 +76,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	if err := validate(fs.Args(), manifest.Options{RequireClusters: *requireClusters}, img, stdout); err != nil {
+	var native *nativeImage
+	if *nativePath != "" {
+		var err error
+		if native, err = readNativeImage(*nativePath); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
+	if err := validate(fs.Args(), manifest.Options{RequireClusters: *requireClusters}, img, native, stdout); err != nil {
 		if !errors.Is(err, errFailed) {
 			fmt.Fprintln(stderr, err)
 		}
@@ -82,9 +94,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // validate decodes every file, then validates all their documents
-// together (and against img, when not nil), printing one line per file, per
+// together (and against img and native, when not nil), printing one line per file, per
 // note and per error.
-func validate(paths []string, opts manifest.Options, img *image, w io.Writer) error {
+func validate(paths []string, opts manifest.Options, img *image, native *nativeImage, w io.Writer) error {
 	var all []manifest.Doc
 	failed := false
 	for _, p := range paths {
@@ -115,6 +127,9 @@ func validate(paths []string, opts manifest.Options, img *image, w io.Writer) er
 	}
 	if img != nil {
 		r.Errors = append(r.Errors, img.check(all)...)
+	}
+	if native != nil {
+		r.Errors = append(r.Errors, native.check(all)...)
 	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "FAIL %v\n", e)

@@ -167,3 +167,51 @@ func TestImage(t *testing.T) {
 		}
 	}
 }
+
+// TestNativeImage: with -native-image, every image volume a proxy loads the
+// native module from (the gateway's pod volume, the sidecar's
+// userVolume annotation) must be that image pinned by its digest: the
+// example as `make oci-native` renders it passes; another digest, or the
+// example's own tag without a digest, fails for each of its two Deployments.
+func TestNativeImage(t *testing.T) {
+	src, err := os.ReadFile("../../examples/istio/native-envoyfilter.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tag = "ghcr.io/ratelimit-wasm/tokenbucket-native:0.1.0"
+	if bytes.Count(src, []byte(tag)) != 2 {
+		t.Fatalf("the example names %s %d times, want 2 (the gateway's volume and the sidecar's annotation)", tag, bytes.Count(src, []byte(tag)))
+	}
+	digest := "sha256:" + strings.Repeat("a", 64)
+	dir := t.TempDir()
+	rendered := filepath.Join(dir, "native-envoyfilter.yaml")
+	if err := os.WriteFile(rendered, bytes.ReplaceAll(src, []byte(tag), []byte("r.example/tb-native:1@"+digest)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	summary := func(ref, digest string) string {
+		p := filepath.Join(t.TempDir(), "native-oci.json")
+		b := `{"ref": "` + ref + `", "image_digest": "` + digest + `", "module": "/libtokenbucket.so"}`
+		if err := os.WriteFile(p, []byte(b), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if code, out := runValidate("-native-image", summary("r.example/tb-native:1", digest), rendered); code != 0 {
+		t.Errorf("the rendered example: exit %d:\n%s", code, out)
+	}
+	code, out := runValidate("-native-image", summary("r.example/tb-native:1", "sha256:"+strings.Repeat("b", 64)), rendered)
+	if code != 1 || strings.Count(out, `image volume "tokenbucket-module" mounts the native module from "r.example/tb-native:1@`+digest+`"`) != 2 {
+		t.Errorf("another digest: exit %d:\n%s", code, out)
+	}
+	code, out = runValidate("-native-image", summary("r.example/tb-native:1", digest), "../../examples/istio/native-envoyfilter.yaml")
+	if code != 1 || strings.Count(out, `from "`+tag+`"`) != 2 {
+		t.Errorf("the example's tag: exit %d:\n%s", code, out)
+	}
+	code, out = runValidate("-native-image", summary("r.example/tb-native:1", digest), "../../examples/istio/wasmplugin-gateway.yaml")
+	if code != 1 || !strings.Contains(out, "no Deployment mounts the native module") {
+		t.Errorf("no native manifest: exit %d:\n%s", code, out)
+	}
+	if code, out := runValidate("-native-image", filepath.Join(dir, "missing.json"), rendered); code != 1 || !strings.Contains(out, "-native-image") {
+		t.Errorf("a missing summary: exit %d:\n%s", code, out)
+	}
+}

@@ -13,8 +13,8 @@ import (
 )
 
 // TestValidateIstioKeepsTheReference: `make validate-istio` after `make oci
-// OCI_REF=...` validates the manifests rendered for that reference and
-// leaves them as they are. (It used to rebuild them with the default
+// OCI_REF=...` (and `make oci-native OCI_NATIVE_REF=...`) validates the
+// manifests rendered for that reference and leaves them as they are. (It used to rebuild them with the default
 // reference, so the manifests applied next named an image nobody pushed:
 // the pull failed and FAIL_OPEN let every request through.)
 func TestValidateIstioKeepsTheReference(t *testing.T) {
@@ -65,6 +65,48 @@ func TestValidateIstioKeepsTheReference(t *testing.T) {
 	}
 	if got := readManifests(t, dir); !maps.Equal(got, before) {
 		t.Errorf("make validate-istio rewrote the manifests after a failure")
+	}
+
+	// The native module's image: make oci-native renders the native
+	// manifests for its reference pinned by digest, validate-istio checks
+	// them against build/native-oci.json and leaves them alone, and refuses
+	// them once the summary names another image.
+	if err := os.WriteFile(summary, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const nativeRef = "registry.example.com/acme/tokenbucket-native:1.2.3"
+	makeIn(t, dir, "oci-native", "OCI_NATIVE_REF="+nativeRef)
+	native := filepath.Join(dir, "build", "istio", "native-envoyfilter.yaml")
+	rendered, err := os.ReadFile(native)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rendered), "reference: "+nativeRef+"@sha256:") {
+		t.Fatalf("%s does not pin %s:\n%s", native, nativeRef, rendered)
+	}
+	out = makeIn(t, dir, "validate-istio")
+	if !strings.Contains(out, "native-envoyfilter.yaml") {
+		t.Errorf("make validate-istio did not validate the native manifests:\n%s", out)
+	}
+	if again, _ := os.ReadFile(native); string(again) != string(rendered) {
+		t.Errorf("make validate-istio rewrote %s", native)
+	}
+	nativeSummary := filepath.Join(dir, "build", "native-oci.json")
+	ns, err := os.ReadFile(nativeSummary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(nativeSummary, []byte(strings.Replace(string(ns), nativeRef, "registry.example.com/other:1", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := makeCmd(dir, "validate-istio").CombinedOutput(); err == nil || !strings.Contains(string(o), "mounts the native module from") {
+		t.Errorf("make validate-istio against another native image: err %v, want a failure:\n%s", err, o)
+	}
+	if err := os.Remove(nativeSummary); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := makeCmd(dir, "validate-istio").CombinedOutput(); err == nil || !strings.Contains(string(o), "make oci-native") {
+		t.Errorf("make validate-istio with native manifests and no native-oci.json: err %v, want a failure naming make oci-native:\n%s", err, o)
 	}
 
 	// Nothing rendered: a failure that says what to run, not a render.

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/elftest"
 	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 
@@ -26,7 +27,11 @@ import (
 // holds the plugin, its image (layout and archive) with the Istio manifests
 // naming it, limitd and its image, and a SHA256SUMS that covers every file
 // and matches it; the plugin is the one `make build` makes, and its image
-// digest the one `make oci` gives. A tree with uncommitted changes is
+// digest the one `make oci` gives; it holds the native module for linux/amd64
+// (make build-native's) and linux/arm64 (cross-compiled), each with its
+// image (with the installer of its architecture), the amd64 one named by
+// the native manifests, both within the
+// documented C library floor. A tree with uncommitted changes is
 // refused (so is an untracked file: it could be built in), unless RELEASE_DIRTY=1 (the version then ends in -dirty);
 // VERSION names a release without a tag.
 func TestRelease(t *testing.T) {
@@ -55,6 +60,10 @@ func TestRelease(t *testing.T) {
 		"tokenbucket-v9.8.7-oci/index.json", "tokenbucket-v9.8.7-oci/oci-layout",
 		"istio/wasmplugin-gateway.yaml", "istio/wasmplugin-sidecar.yaml",
 		"limitd-v9.8.7-oci.tar", "limitd-v9.8.7-oci.json", "limitd-v9.8.7-oci/index.json",
+		"libtokenbucket-v9.8.7-linux-amd64.so", "libtokenbucket-v9.8.7-linux-arm64.so",
+		"tokenbucket-native-v9.8.7-linux-amd64-oci.tar", "tokenbucket-native-v9.8.7-linux-amd64-oci.json",
+		"tokenbucket-native-v9.8.7-linux-arm64-oci.tar", "tokenbucket-native-v9.8.7-linux-arm64-oci.json",
+		"istio/native-envoyfilter.yaml", "envoy-gateway/native.yaml",
 	} {
 		if _, ok := sums[name]; !ok {
 			t.Errorf("release has no %s (SHA256SUMS: %v)", name, sortedNames(sums))
@@ -126,6 +135,77 @@ func TestRelease(t *testing.T) {
 	}
 	if !bytes.Contains(gw, []byte("url: oci://"+repo+"/tokenbucket:v9.8.7\n")) || !bytes.Contains(gw, []byte(`sha256: "`+d.Image.Hex+`"`)) {
 		t.Errorf("istio/wasmplugin-gateway.yaml does not name the release's image:\n%s", gw)
+	}
+
+	// The native modules: amd64 is make build-native's, arm64 an aarch64
+	// shared object; each image is the one oci.BuildModule makes of it, and
+	// the manifests pin the amd64 one by digest.
+	makeIn(t, dir, "build-native")
+	native, err := os.ReadFile(filepath.Join(dir, "build", "libtokenbucket.so"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, arch := range []string{"amd64", "arm64"} {
+		so, err := os.ReadFile(filepath.Join(rel, "libtokenbucket-v9.8.7-linux-"+arch+".so"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := oci.SharedObjectArch(so); err != nil || got != arch {
+			t.Errorf("libtokenbucket-v9.8.7-linux-%s.so: architecture %q (%v)", arch, got, err)
+		}
+		// The C library floor docs/compatibility.md states holds for both.
+		need, sym, err := elftest.HighestGlibc(filepath.Join(rel, "libtokenbucket-v9.8.7-linux-"+arch+".so"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if floor, err := elftest.DocumentedGlibcFloor(dir); err != nil || elftest.CompareVersions(need, floor) > 0 {
+			t.Errorf("libtokenbucket-v9.8.7-linux-%s.so needs GLIBC_%s (%s), above the documented floor %s (%v)", arch, need, sym, floor, err)
+		}
+		if arch == runtime.GOARCH && !bytes.Equal(so, native) {
+			t.Errorf("libtokenbucket-v9.8.7-linux-%s.so is not build/libtokenbucket.so", arch)
+		}
+		installer, err := os.ReadFile(filepath.Join(dir, "build", "installmodule-linux-"+arch))
+		if err != nil {
+			t.Fatal(err)
+		}
+		im, err := oci.BuildModule(so, installer, time.Unix(0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		layout, err := oci.ReadLayout(filepath.Join(rel, "tokenbucket-native-v9.8.7-linux-"+arch+"-oci"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := oci.VerifyModule(layout, so, installer); err != nil || d != im.Digests().Image {
+			t.Errorf("tokenbucket-native-v9.8.7-linux-%s-oci: %v (%v), want the image of the module and the installer %v", arch, d, err, im.Digests().Image)
+		}
+		var ns struct {
+			Ref         string `json:"ref"`
+			ImageDigest string `json:"image_digest"`
+		}
+		b, err := os.ReadFile(filepath.Join(rel, "tokenbucket-native-v9.8.7-linux-"+arch+"-oci.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &ns); err != nil {
+			t.Fatal(err)
+		}
+		want := repo + "/tokenbucket-native:v9.8.7-" + arch
+		if ns.Ref != want || ns.ImageDigest != im.Digests().Image.String() {
+			t.Errorf("native %s summary %+v, want %s at %s", arch, ns, want, im.Digests().Image)
+		}
+		if arch != "amd64" {
+			continue
+		}
+		for _, m := range []string{"istio/native-envoyfilter.yaml", "envoy-gateway/native.yaml"} {
+			b, err := os.ReadFile(filepath.Join(rel, m))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Contains(b, []byte("reference: "+want+"@"+ns.ImageDigest)) {
+				t.Errorf("%s does not pin %s@%s", m, want, ns.ImageDigest)
+			}
+		}
 	}
 
 	// Uncommitted changes: refused, or named -dirty when allowed.

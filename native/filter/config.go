@@ -80,6 +80,10 @@ func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []
 		handle.Log(shared.LogLevelCritical, "%s", errGodebug)
 		return nil, errors.New(errGodebug)
 	}
+	if line := envoyCallbacks(); line != "" {
+		handle.Log(shared.LogLevelCritical, "%s", line)
+		return nil, errors.New(line)
+	}
 	tuneRuntime()
 	metricsFor := cf.metricsFor
 	if metricsFor == nil {

@@ -1,7 +1,10 @@
 // Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
 
 // Package elftest makes tiny ELF files for tests of code that inspects
-// executables (oci.BuildExecutable): valid for debug/elf, never run.
+// executables and shared objects (oci.BuildExecutable, oci.BuildModule):
+// valid for debug/elf, never run. It also reads what a built native module
+// needs from the C library (HighestGlibc) and the floor the docs state
+// (DocumentedGlibcFloor), for the tests that compare the two.
 package elftest
 
 import (
@@ -14,6 +17,16 @@ import (
 // PT_LOAD segment, plus a PT_INTERP segment (a dynamically linked program)
 // when interp is set. Enough for debug/elf; it does not need to run.
 func Fake(machine elf.Machine, interp bool, payload string) []byte {
+	return fake(elf.ET_EXEC, machine, interp, payload)
+}
+
+// FakeShared is Fake for a shared object (ELF type ET_DYN, no interpreter),
+// the shape of a native module.
+func FakeShared(machine elf.Machine, payload string) []byte {
+	return fake(elf.ET_DYN, machine, false, payload)
+}
+
+func fake(typ elf.Type, machine elf.Machine, interp bool, payload string) []byte {
 	type phdr struct {
 		Type, Flags                             uint32
 		Off, Vaddr, Paddr, Filesz, Memsz, Align uint64
@@ -39,7 +52,7 @@ func Fake(machine elf.Machine, interp bool, payload string) []byte {
 		Entry, Phoff, Shoff                                  uint64
 		Flags                                                uint32
 		Ehsize, Phentsize, Phnum, Shentsize, Shnum, Shstrndx uint16
-	}{Type: uint16(elf.ET_EXEC), Machine: uint16(machine), Version: 1, Entry: 0x400000 + dataOff, Phoff: 64,
+	}{Type: uint16(typ), Machine: uint16(machine), Version: 1, Entry: 0x400000 + dataOff, Phoff: 64,
 		Ehsize: 64, Phentsize: 56, Phnum: uint16(len(progs)), Shentsize: 64})
 	for _, p := range progs {
 		_ = binary.Write(&b, le, p)
