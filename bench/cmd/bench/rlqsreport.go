@@ -233,9 +233,9 @@ func (r *rlqsReport) section(w func(string, ...any)) {
 	w("; load average %s at the start, %s at the end. ", r.LoadStart, r.LoadEnd)
 	w("Stock Envoy's own `envoy.filters.http.rate_limit_quota` filter (no plugin, no module) puts each request in the quota bucket `{api_key: <x-api-key>}` (%d values in turn), reports each bucket's usage to limitd's rate limit quota service over one gRPC stream and enforces, in Envoy, the token-bucket assignments limitd sends back (`DENY_ALL` before a bucket's first assignment and after one expires). limitd runs with a `redis-server` of its own and a limit of %d a second with a burst of %d per key, which no load reaches. Beside it: Envoy with no filter, Envoy's `local_ratelimit` with a bucket per `x-api-key` value that never empties, and the plugin's and the native module's cluster rules with leases (`\"sync\": \"lease\"`, one hot key) through limitd's HTTP API, each limitd with a `redis-server` of its own. Envoy has one worker on a CPU of its own.\n\n",
 		r.Keys, r.Rate, r.Burst)
-	w("| configuration | saturated req/s | Envoy CPU µs/req | ÷ no filter | limitd CPU µs/req | its Redis µs/req |\n|---|---|---|---|---|---|\n")
+	w("| configuration | saturated req/s | Envoy CPU µs/req | ÷ no filter | ÷ `local_ratelimit` |\n|---|---|---|---|---|\n")
 	for _, s := range r.Results {
-		w("| %s | %s | %s | %s | %s | %s |\n", s.Label, f(s.Throughput, 0), f(s.EnvoyCPU, 1), f(r.cpuRatio(s.ID, 50), 2), f(s.ServiceCPU, 2), f(s.RedisCPU, 2))
+		w("| %s | %s | %s | %s | %s |\n", s.Label, f(s.Throughput, 0), f(s.EnvoyCPU, 1), f(r.cpuRatio(s.ID, 50), 2), f(r.cpuRatio(s.ID, 51), 2))
 	}
 	w("\n**limitd's work against the request rate.** For the quota filter and the two lease rules, windows of %s at %s of the configuration's saturated throughput (the median of the rounds; an open loop on %d connections, at 100%% the closed loop itself). *Calls* are what limitd is asked: for the quota filter the usage reports it received on the stream (`limitd_rlqs_reports_total`; each carries every bucket the Envoy saw), beside the responses and assignments it sent (`limitd_rlqs_responses_total`, `limitd_rlqs_assignments_total`, one per bucket and report) and its lease calls to Redis for them (`limitd_rlqs_store_calls_total`: an assignment kept unchanged needs none); for a lease rule the Envoy's lease calls (`tokenbucket.lease_calls`). Envoy 1.40's quota filter reports every 5 s whatever its `reporting_interval` says (docs/limit-service.md), so a window holds %s, give or take one at its edges. CPU is limitd's and its Redis's (`/proc/<pid>/stat`) over the window.\n\n",
 		r.RateWindow, fractions(r.Fractions), r.OpenConns, reportsPerWindow(r.RateWindow))
@@ -250,6 +250,19 @@ func (r *rlqsReport) section(w func(string, ...any)) {
 			w("| %s | %.0f%% | %.0f | %.0f | %.2f | %.3f | %s | %s | %.1f | %.1f | %.2f |\n", s.Label, 100*p.Fraction, p.Achieved, p.Calls,
 				p.PerSecond(p.Calls), p.Per1000(p.Calls), sent, store, 1000*p.PerSecond(p.ServiceCPU), 1000*p.PerSecond(p.RedisCPU), 1000*p.Per1000(p.ServiceCPU))
 		}
+	}
+	var at1, span []string
+	for _, s := range r.Results {
+		if len(s.Points) == 0 {
+			continue
+		}
+		last := s.Points[len(s.Points)-1]
+		at1 = append(at1, fmt.Sprintf("%s %.3f", callers[s.Kind], last.Per1000(last.Calls)))
+		span = append(span, fmt.Sprintf("%s %s", callers[s.Kind], fm(spanOf(s, func(p ratePoint) float64 { return p.PerSecond(p.Calls) }), 2)))
+	}
+	if len(at1) > 0 {
+		w("\nCalls to limitd per 1,000 requests at the last rate point: %s. Calls a second, largest ÷ smallest across the rates: %s.\n",
+			strings.Join(at1, ", "), strings.Join(span, ", "))
 	}
 	for _, s := range r.Results {
 		if s.Note != "" {
@@ -286,6 +299,9 @@ func (r *rlqsReport) section(w func(string, ...any)) {
 	w("- %d rounds of saturation runs (%d connections, %s warm-up, %s measured), the order reversed every other round; then the rate points, %s warm-up and %s measured each.\n",
 		r.Rounds, r.Conns, r.Warmup, r.SatWindow, r.Warmup, r.RateWindow)
 }
+
+// callers name what calls limitd in each configuration with rate points.
+var callers = map[rlsKind]string{rlsQuota: "quota filter", rlsLease: "plugin's leases", rlsModuleLease: "native module's leases"}
 
 // fractions names the rate points: "10%, 50% and 100%".
 func fractions(fs []float64) string {
