@@ -10,7 +10,7 @@
 # through the limit service (build/limitd, in-memory), and writes the
 # results to docs/benchmarks/ (README.md, results.json, PNG plots).
 #
-#   make bench           full run, about 7 minutes; rewrites docs/benchmarks/
+#   make bench           full run (each section of the page says how long it took); rewrites docs/benchmarks/
 #   make bench-smoke     a few seconds per configuration (CI), into build/bench-smoke/
 #   make bench-profile   host calls and guest allocations per request, in wazero
 #   make bench-attrib    a cost per host operation: the Go floor and the same
@@ -49,6 +49,18 @@
 #                        TestIdleCPUAfterListenerUpdates, which bounds the
 #                        native figure by the Wasm one); prints both, with
 #                        the load; about 10 minutes on a loaded machine
+#   make bench-rlqs      only the section on Envoy's own quota filter
+#                        (bench/cmd/bench/rlqs.go): stock Envoy's
+#                        rate_limit_quota filter against limitd's RLQS (a
+#                        redis-server of its own), beside no filter,
+#                        local_ratelimit and the plugin's and the native
+#                        module's cluster rules with leases: Envoy CPU per
+#                        request, and limitd's messages and CPU at three
+#                        request rates (60 s each); put into
+#                        docs/benchmarks/results.json and its page (make
+#                        bench and bench-smoke run it too).
+#                        BENCH_RLQS_FLAGS='-smoke -out build/bench-rlqs'
+#                        for a quick look elsewhere
 #   make bench-service   the limit service's decisions/s and p50/p99 against a
 #                        real Redis, with and without batching, beside
 #                        redis-benchmark EVALSHA (bench/cmd/benchservice);
@@ -57,7 +69,7 @@
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `build/bench -h`).
 
-.PHONY: bench bench-smoke bench-rls bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle
+.PHONY: bench bench-smoke bench-rls bench-rlqs bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle
 
 BENCH_GO := $(GO) -C bench
 define bench_wasm
@@ -100,6 +112,12 @@ BENCH_RLS_FLAGS ?=
 bench-rls: build setup build-service build-ratelimit $(BUILD)/limitd-symbols $(BENCH_BIN)
 	uptime
 	$(BENCH_BIN) -rls-only -out docs/benchmarks -limitd $(BUILD)/limitd -ratelimit $(RATELIMIT_BIN) -rls-limitd $(BUILD)/limitd-symbols $(BENCH_RLS_FLAGS)
+	uptime
+
+BENCH_RLQS_FLAGS ?=
+bench-rlqs: build build-native setup build-service $(BENCH_BIN)
+	uptime
+	$(BENCH_BIN) -rlqs-only -out docs/benchmarks -limitd $(BUILD)/limitd -module $(NATIVE_SO) $(BENCH_RLQS_FLAGS)
 	uptime
 
 $(BUILD)/bench-ops.wasm: bench/internal/footprint/ops/*.go bench/go.mod bench/go.sum

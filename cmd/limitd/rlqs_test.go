@@ -100,7 +100,8 @@ func TestRunRLQSRedis(t *testing.T) {
 	}
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"limitd_rlqs_streams 1", "limitd_rlqs_reports_total 1", "limitd_rlqs_leased_tokens_total"} {
+	for _, want := range []string{"limitd_rlqs_streams 1", "limitd_rlqs_reports_total 1", "limitd_rlqs_leased_tokens_total",
+		"limitd_rlqs_responses_total 1", "limitd_rlqs_assignments_total 1"} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -3,6 +3,7 @@ package rlqs
 import (
 	"fmt"
 
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -12,6 +13,8 @@ import (
 type Metrics struct {
 	streams    prometheus.Gauge
 	reports    prometheus.Counter
+	responses  prometheus.Counter
+	assigned   prometheus.Counter
 	refused    *prometheus.CounterVec
 	storeCalls prometheus.Counter
 	storeErrs  prometheus.Counter
@@ -27,6 +30,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Rate limit quota streams open."}),
 		reports: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rlqs_reports_total",
 			Help: "Usage reports received."}),
+		responses: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rlqs_responses_total",
+			Help: "Responses sent on quota streams."}),
+		assigned: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rlqs_assignments_total",
+			Help: "Quota assignments sent (token buckets and blanket rules; abandons are counted apart)."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "limitd_rlqs_refused_streams_total",
 			Help: "Streams ended by a status beyond the bounds or the rules, by gRPC code."}, []string{"code"}),
 		storeCalls: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rlqs_store_calls_total",
@@ -40,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		abandoned: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rlqs_abandoned_buckets_total",
 			Help: "Buckets abandoned after being reported idle."}),
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.reports, m.refused, m.storeCalls, m.storeErrs, m.leased, m.returned, m.abandoned} {
+	for _, c := range []prometheus.Collector{m.streams, m.reports, m.responses, m.assigned, m.refused, m.storeCalls, m.storeErrs, m.leased, m.returned, m.abandoned} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("rlqs: metrics: %w", err)
 		}
@@ -59,4 +66,17 @@ func (m *Metrics) refuse(err error) error {
 		m.refused.WithLabelValues(status.Code(err).String()).Inc()
 	}
 	return err
+}
+
+// sent counts a response sent on a stream and the quota assignments in it.
+func (m *Metrics) sent(resp *rlqspb.RateLimitQuotaResponse) {
+	if m == nil {
+		return
+	}
+	m.responses.Inc()
+	for _, a := range resp.BucketAction {
+		if a.GetQuotaAssignmentAction() != nil {
+			m.assigned.Inc()
+		}
+	}
 }

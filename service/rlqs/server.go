@@ -391,6 +391,7 @@ func (s *Server) StreamRateLimitQuotas(srv rlqspb.RateLimitQuotaService_StreamRa
 		if err := srv.Send(resp); err != nil {
 			return err
 		}
+		s.opts.Metrics.sent(resp)
 	}
 }
 

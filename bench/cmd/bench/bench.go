@@ -55,6 +55,8 @@ type bench struct {
 	// started last.
 	rls          *rlsReport
 	lastRedisPID int
+	// rlqs is the RLQS section (rlqs.go).
+	rlqs *rlqsReport
 }
 
 // target is one configuration with its running Envoy and its results.

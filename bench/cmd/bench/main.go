@@ -100,6 +100,8 @@ type params struct {
 	rls          bool
 	rlsOnly      bool
 	rlsLimitd    string
+	rlqs         bool
+	rlqsOnly     bool
 }
 
 func parseParams(args []string) (*params, error) {
@@ -136,6 +138,8 @@ func parseParams(args []string) (*params, error) {
 	fs.BoolVar(&p.rls, "rls", true, "also run the RLS section: Envoy's ratelimit filter against envoyproxy/ratelimit and limitd, and the plugin's cluster rule, each with a redis-server of its own (rls.go)")
 	fs.StringVar(&p.rlsLimitd, "rls-limitd", "", "limitd for the RLS section, built with its symbols so that its profile names functions (make bench-rls: build/limitd-symbols; default -limitd)")
 	fs.BoolVar(&p.rlsOnly, "rls-only", false, "run only the RLS section and put it into -out's results.json (kept otherwise), then rewrite -out's README.md (make bench-rls)")
+	fs.BoolVar(&p.rlqs, "rlqs", true, "also run the RLQS section: Envoy's rate_limit_quota filter against limitd's RLQS beside no filter, local_ratelimit and the plugin's and the native module's leases, each limitd with a redis-server of its own (rlqs.go)")
+	fs.BoolVar(&p.rlqsOnly, "rlqs-only", false, "run only the RLQS section and put it into -out's results.json (kept otherwise), then rewrite -out's README.md (make bench-rlqs)")
 	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -145,7 +149,7 @@ func parseParams(args []string) (*params, error) {
 	}
 	frontSet := false
 	fs.Visit(func(f *flag.Flag) { frontSet = frontSet || f.Name == "front" })
-	if (p.smoke || p.attrib || p.perf > 0 || p.rlsOnly) && !frontSet {
+	if (p.smoke || p.attrib || p.perf > 0 || p.rlsOnly || p.rlqsOnly) && !frontSet {
 		p.front = ""
 	}
 	if p.smoke {
@@ -172,8 +176,10 @@ func parseParams(args []string) (*params, error) {
 		return nil, fmt.Errorf("bench: -load: want (0, 1], got %v", p.load)
 	case p.perf < 0 || p.perf > time.Minute:
 		return nil, fmt.Errorf("bench: -perf: want [0, 1m], got %v", p.perf)
-	case p.rlsOnly && (p.attrib || p.perf > 0 || p.render != ""):
-		return nil, errors.New("bench: -rls-only runs alone: not with -attrib, -perf or -render")
+	case p.rlsOnly && (p.attrib || p.perf > 0 || p.render != "" || p.rlqsOnly):
+		return nil, errors.New("bench: -rls-only runs alone: not with -attrib, -perf, -render or -rlqs-only")
+	case p.rlqsOnly && (p.attrib || p.perf > 0 || p.render != ""):
+		return nil, errors.New("bench: -rlqs-only runs alone: not with -attrib, -perf or -render")
 	case p.compareWasm != "" && !p.attrib:
 		return nil, errors.New("bench: -compare-wasm needs -attrib")
 	case p.compareWasm != "" && !fileExists(p.compareWasm):
@@ -299,6 +305,9 @@ func run(p *params) error {
 	if p.rlsOnly {
 		return b.rlsOnly()
 	}
+	if p.rlqsOnly {
+		return b.rlqsOnly()
+	}
 	if err := b.startAll(sel); err != nil {
 		return err
 	}
@@ -320,13 +329,20 @@ func run(p *params) error {
 	if err := b.starts(); err != nil {
 		return err
 	}
-	if p.rls {
+	if p.rls || p.rlqs {
 		// The rounds' Envoys are idle from here on: stop them, so that the
-		// RLS section's processes have the machine.
+		// RLS and RLQS sections' processes have the machine.
 		for _, t := range b.targets {
 			b.stopEnvoy(t)
 		}
+	}
+	if p.rls {
 		if err := b.rlsRun(); err != nil {
+			return err
+		}
+	}
+	if p.rlqs {
+		if err := b.rlqsRun(); err != nil {
 			return err
 		}
 	}

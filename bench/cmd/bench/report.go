@@ -90,10 +90,12 @@ type report struct {
 	Startups []startup `json:"startups,omitempty"`
 	// RLS is the section on Envoy's ratelimit filter (rls.go).
 	RLS *rlsReport `json:"rls,omitempty"`
+	// RLQS is the section on Envoy's quota filter (rlqs.go).
+	RLQS *rlqsReport `json:"rlqs,omitempty"`
 }
 
 func (b *bench) report() *report {
-	rep := &report{Info: b.info, Rate: b.rate, Startups: b.startups, RLS: b.rls}
+	rep := &report{Info: b.info, Rate: b.rate, Startups: b.startups, RLS: b.rls, RLQS: b.rlqs}
 	for _, t := range b.targets {
 		// A configuration with Envoy on any CPU compares with no filter on
 		// any CPU, and with no native local_ratelimit.
@@ -278,6 +280,7 @@ func (r *report) summary() string {
 		b.WriteString("gap: " + g + "\n")
 	}
 	b.WriteString(r.rlsSummary())
+	b.WriteString(r.rlqsSummary())
 	return b.String()
 }
 
@@ -306,10 +309,15 @@ func (r *report) markdown() string {
 	if in.Smoke {
 		w(" **Smoke run**: one short round, figures are indicative only.")
 	}
-	if len(r.Results) == 0 && r.RLS != nil {
-		// -rls-only with no report to put the section into.
+	if len(r.Results) == 0 && (r.RLS != nil || r.RLQS != nil) {
+		// -rls-only or -rlqs-only with no report to put the section into.
 		w("\n")
-		r.RLS.section(w)
+		if r.RLS != nil {
+			r.RLS.section(w)
+		}
+		if r.RLQS != nil {
+			r.RLQS.section(w)
+		}
 		return b.String()
 	}
 	w("\n\n## What it means for you\n\n")
@@ -384,6 +392,9 @@ func (r *report) markdown() string {
 
 	if r.RLS != nil {
 		r.RLS.section(w)
+	}
+	if r.RLQS != nil {
+		r.RLQS.section(w)
 	}
 	w("\n## Noise\n\n")
 	w("The machine is shared: other processes (builds, tests) ran during the benchmark. Load average %s at the start, %s at the end. ", in.Machine.LoadAvg, in.Machine.LoadEnd)

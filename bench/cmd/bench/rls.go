@@ -50,6 +50,10 @@ const (
 	rlsLimitd                   // Envoy's ratelimit filter → limitd --grpc-listen
 	rlsPlugin                   // the plugin's cluster rule per request → limitd /v1/decide
 	rlsLease                    // the plugin's cluster rule with leases → limitd /v1/lease
+	// The RLQS section's (rlqs.go):
+	rlsLocal       // Envoy's local_ratelimit
+	rlsQuota       // Envoy's rate_limit_quota filter → limitd's RLQS on --grpc-listen
+	rlsModuleLease // the native module's cluster rule with leases → limitd /v1/lease
 )
 
 // rlsConfig is one configuration of the RLS section.
@@ -111,12 +115,24 @@ type rlsTarget struct {
 	lat    []latResult
 	stats  map[string]uint64
 	edges  []edgeTrial
+
+	// svcHTTP is limitd's --listen port (its /metrics), yaml its
+	// --rls-config (rlsYAML when empty), denied the requests the quota
+	// filter refused before its first assignments (rlqsAwait), points
+	// the windows at fixed rates (rlqsRun).
+	svcHTTP int
+	yaml    string
+	denied  int
+	points  []ratePoint
+	metrics map[string]float64 // limitd's /metrics at the end (RLQS)
 }
 
 // rlsTools are the binaries the section runs.
 type rlsTools struct {
 	ratelimit, limitd, redis string
 	grpc                     bool // limitd has --grpc-listen
+	rlqs                     bool // limitd serves RLQS (--rlqs-ttl)
+	module                   string
 }
 
 // rlsRun measures the RLS section into b.rls.
@@ -240,12 +256,18 @@ func (t rlsTools) missing(c rlsConfig) string {
 		if !fileExists(t.ratelimit) {
 			return t.ratelimit + ": no such file (make build-ratelimit)"
 		}
-	case rlsLimitd, rlsPlugin, rlsLease:
+	case rlsLimitd, rlsPlugin, rlsLease, rlsQuota, rlsModuleLease:
 		if !fileExists(t.limitd) {
 			return t.limitd + ": no such file (make build-service)"
 		}
 		if c.Kind == rlsLimitd && !t.grpc {
 			return t.limitd + " has no --grpc-listen (the rate limit service API)"
+		}
+		if c.Kind == rlsQuota && !t.rlqs {
+			return t.limitd + " does not serve the rate limit quota service (no --rlqs-ttl)"
+		}
+		if c.Kind == rlsModuleLease && !fileExists(t.module) {
+			return t.module + ": no such file (make build-native)"
 		}
 	}
 	return ""
@@ -272,9 +294,13 @@ func (b *bench) rlsStart(t *rlsTarget, tools rlsTools, dir string) error {
 		return err
 	}
 	opts := envoy.Options{UpstreamPort: b.up.Port(), Concurrency: 1, LogLevel: "warn", StartTimeout: b.p.startTimeout, FailurePolicy: "FAIL_CLOSED"}
-	if t.c.Kind == rlsNone {
+	switch t.c.Kind {
+	case rlsNone:
 		opts.NoWasm = true
-	} else {
+	case rlsLocal:
+		opts = setup{Kind: kindNative}.options(b.up.Port(), 0, b.p.keys, unlimited)
+		opts.StartTimeout = b.p.startTimeout
+	default:
 		redisPort, err := b.startRedis(tools.redis, dir)
 		if err != nil {
 			return err
@@ -290,6 +316,11 @@ func (b *bench) rlsStart(t *rlsTarget, tools rlsTools, dir string) error {
 			opts = setup{Kind: kindCluster}.options(b.up.Port(), svcPort, b.p.keys, unlimited)
 		case rlsLease:
 			opts = setup{Kind: kindLease}.options(b.up.Port(), svcPort, b.p.keys, unlimited)
+		case rlsModuleLease:
+			opts = setup{Kind: kindLease}.options(b.up.Port(), svcPort, b.p.keys, unlimited)
+			opts.Build, opts.NativeModule = envoy.Native, absPath(tools.module)
+		case rlsQuota:
+			opts.NoWasm, opts.RateLimitQuota, opts.RLQSPort = true, rlqsFilter(), svcPort
 		}
 		opts.StartTimeout = b.p.startTimeout
 	}
@@ -302,6 +333,11 @@ func (b *bench) rlsStart(t *rlsTarget, tools rlsTools, dir string) error {
 	pid, _ := e.PID()
 	if b.pinned {
 		if err := pinProcess(pid, b.p.envoyCPU); err != nil {
+			return err
+		}
+	}
+	if t.c.Kind == rlsQuota {
+		if err := b.rlqsAwait(t); err != nil {
 			return err
 		}
 	}
@@ -370,7 +406,7 @@ func (b *bench) startService(t *rlsTarget, tools rlsTools, dir string, redisPort
 	if err := os.MkdirAll(filepath.Dir(config), 0o755); err != nil {
 		return 0, err
 	}
-	if err := os.WriteFile(config, []byte(rlsYAML), 0o644); err != nil {
+	if err := os.WriteFile(config, []byte(cmp.Or(t.yaml, rlsYAML)), 0o644); err != nil {
 		return 0, err
 	}
 	redis := "127.0.0.1:" + strconv.Itoa(redisPort)
@@ -389,7 +425,7 @@ func (b *bench) startService(t *rlsTarget, tools rlsTools, dir string, redisPort
 		b.cleanup(srv.Stop)
 		t.svcPID, t.rdsPID = srv.PID(), b.lastRedisPID
 		return srv.GRPCPort(), nil
-	case rlsLimitd:
+	case rlsLimitd, rlsQuota:
 		cmd = exec.Command(tools.limitd, "--listen", "127.0.0.1:"+strconv.Itoa(httpPort),
 			"--grpc-listen", "127.0.0.1:"+strconv.Itoa(grpcPort), "--rls-config", config,
 			"--rls-algorithm", t.c.Algorithm, "--redis", redis, "--log-level", "warn")
@@ -423,7 +459,7 @@ func (b *bench) startService(t *rlsTarget, tools rlsTools, dir string, redisPort
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.svcPID = cmd.Process.Pid
+	t.svcPID, t.svcHTTP = cmd.Process.Pid, httpPort
 	t.rdsPID = b.lastRedisPID
 	return port, nil
 }

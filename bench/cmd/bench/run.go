@@ -23,6 +23,10 @@ type satResult struct {
 	// Watched are the CPU seconds of the probe's watched processes over
 	// the window, in their order (the RLS section: the service and Redis).
 	Watched []float64 `json:"watched_cpu_seconds,omitempty"`
+	// Counters are how much the probe's counters grew over the window, in
+	// their order (the RLQS section: limitd's stream messages, the plugin's
+	// lease calls).
+	Counters []float64 `json:"counters,omitempty"`
 }
 
 // latResult is one open-loop run at a fixed rate.
@@ -42,6 +46,7 @@ type latResult struct {
 	Core1Other  float64   `json:"core1_other_fraction"`
 	Core1Busy   float64   `json:"core1_busy_fraction"` // ours included
 	Watched     []float64 `json:"watched_cpu_seconds,omitempty"`
+	Counters    []float64 `json:"counters,omitempty"`
 }
 
 // probe names what a run watches: Envoy's process and CPU, and the CPU of
@@ -53,6 +58,10 @@ type probe struct {
 	// watch are processes whose CPU seconds over the window each run
 	// reports apart (satResult.Watched).
 	watch []int
+	// counters, when set, reads counters (limitd's /metrics, Envoy's
+	// /stats) at the window's edges; each run reports their growth
+	// (satResult.Counters).
+	counters func() ([]float64, error)
 }
 
 // snapshot is what is read at the edges of a measuring window.
@@ -64,6 +73,7 @@ type snapshot struct {
 	envoyCore coreTimes
 	loadCore  coreTimes
 	watched   []float64
+	counters  []float64
 }
 
 func take(pr probe, cs []loadgen.Counts) (snapshot, error) {
@@ -83,6 +93,11 @@ func take(pr probe, cs []loadgen.Counts) (snapshot, error) {
 			return s, err
 		}
 		s.watched = append(s.watched, c)
+	}
+	if pr.counters != nil {
+		if s.counters, err = pr.counters(); err != nil {
+			return s, err
+		}
 	}
 	s.envoyCore, _ = readCoreTimes(pr.envoyCPU)
 	s.loadCore, _ = readCoreTimes(pr.loadCPU)
@@ -122,6 +137,7 @@ func saturate(addr string, pr probe, reqs [][]byte, conns int, warmup, window ti
 		Core1Other: otherLoad(a.loadCore, b.loadCore, b.oursCPU-a.oursCPU),
 		Core1Busy:  otherLoad(a.loadCore, b.loadCore, 0),
 		Watched:    watchedDiff(a, b),
+		Counters:   diff(a.counters, b.counters),
 	}
 	if d.Total() > 0 {
 		r.CPUPerReqUS = cpu / float64(d.Total()) * 1e6
@@ -169,6 +185,7 @@ func fixedRate(addr string, pr probe, reqs [][]byte, conns int, rate float64, wa
 		Core1Other: otherLoad(a.loadCore, b.loadCore, b.oursCPU-a.oursCPU),
 		Core1Busy:  otherLoad(a.loadCore, b.loadCore, 0),
 		Watched:    watchedDiff(a, b),
+		Counters:   diff(a.counters, b.counters),
 	}
 	if d.Total() > 0 {
 		r.CPUPerReqUS = cpu / float64(d.Total()) * 1e6
@@ -184,13 +201,16 @@ func fixedRate(addr string, pr probe, reqs [][]byte, conns int, rate float64, wa
 }
 
 // watchedDiff is the CPU seconds each watched process used between a and b.
-func watchedDiff(a, b snapshot) []float64 {
-	if len(a.watched) != len(b.watched) {
+func watchedDiff(a, b snapshot) []float64 { return diff(a.watched, b.watched) }
+
+// diff is b − a, element by element (nil when their lengths differ).
+func diff(a, b []float64) []float64 {
+	if len(a) != len(b) {
 		return nil
 	}
 	var d []float64
-	for i := range a.watched {
-		d = append(d, b.watched[i]-a.watched[i])
+	for i := range a {
+		d = append(d, b[i]-a[i])
 	}
 	return d
 }

@@ -1,0 +1,330 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Issue 32's targets for Envoy's quota filter against limitd: Envoy's CPU
+// per request at most targetQuotaVsLocal times local_ratelimit's, and
+// limitd's stream work per Envoy independent of the request rate: its
+// messages and CPU a second, across the rate points, within a factor of
+// targetFlat of each other (the request rate grows tenfold).
+const (
+	targetQuotaVsLocal = 1.1
+	targetFlat         = 1.5
+)
+
+// rlqsReport is the RLQS section's results (results.json "rlqs").
+type rlqsReport struct {
+	Date       string    `json:"date"`
+	Duration   string    `json:"duration"`
+	LoadStart  string    `json:"loadavg_at_start"`
+	LoadEnd    string    `json:"loadavg_at_end"`
+	Pinning    string    `json:"pinning"`
+	Limitd     string    `json:"limitd"`
+	Redis      string    `json:"redis"`
+	Rounds     int       `json:"rounds"`
+	Keys       int       `json:"keys"`
+	Conns      int       `json:"conns"`
+	OpenConns  int       `json:"open_conns"`
+	Warmup     string    `json:"warmup"`
+	SatWindow  string    `json:"sat_window"`
+	RateWindow string    `json:"rate_window"`
+	Fractions  []float64 `json:"rate_fractions"`
+	Smoke      bool      `json:"smoke"`
+	// Rate and Burst are the quota filter's limit per key (--rls-config).
+	Rate  int64 `json:"limit_rate_per_second"`
+	Burst int64 `json:"limit_burst"`
+	// Denied are the requests the quota filter refused before its first
+	// assignments (rlqsAwait).
+	Denied  int            `json:"denied_before_first_assignments"`
+	Gaps    []string       `json:"gaps"`
+	Results []*rlqsSummary `json:"results"`
+}
+
+// rlqsSummary is one configuration's figures: across rounds at
+// saturation (CPU in µs per request), and at each rate point.
+type rlqsSummary struct {
+	rlsConfig
+	Throughput spread             `json:"throughput_rps"`
+	EnvoyCPU   spread             `json:"envoy_cpu_us_per_req"`
+	ServiceCPU spread             `json:"service_cpu_us_per_req"`
+	RedisCPU   spread             `json:"redis_cpu_us_per_req"`
+	Points     []ratePoint        `json:"rate_points,omitempty"`
+	Stats      map[string]uint64  `json:"envoy_stats"`
+	Metrics    map[string]float64 `json:"limitd_metrics,omitempty"`
+	Note       string             `json:"note,omitempty"`
+	Sat        []satResult        `json:"saturation_runs"`
+}
+
+// rlqsStats are the Envoy statistics kept.
+var rlqsStats = []string{"http.ingress.downstream_rq_total", "http.ingress.downstream_rq_2xx", "http.ingress.downstream_rq_4xx",
+	"http.ingress.downstream_rq_5xx", nativeStatPrefix + ".http_local_rate_limit.ok", nativeStatPrefix + ".http_local_rate_limit.rate_limited",
+	"wasmcustom.tokenbucket.rule.fleet.allowed", "wasmcustom.tokenbucket.rule.fleet.rejected", "wasmcustom.tokenbucket.service_errors",
+	leaseCallsStat, "dynamicmodulescustom.tokenbucket.rule.fleet.allowed", "dynamicmodulescustom.tokenbucket.rule.fleet.rejected",
+	"dynamicmodulescustom.tokenbucket.service_errors", moduleLease}
+
+// summarise fills r.Results from the targets and checks that nothing was
+// refused in a measured window, that the quota filter enforced limitd's
+// assignments (it denied requests before the first ones, and assignments
+// kept coming) and that each limiter decided.
+func (r *rlqsReport) summarise(targets []*rlsTarget) error {
+	var problems []string
+	for _, t := range targets {
+		s := &rlqsSummary{rlsConfig: t.c, Stats: map[string]uint64{}, Sat: t.sat, Points: t.points}
+		for _, k := range rlqsStats {
+			if v, ok := t.stats[k]; ok {
+				s.Stats[k] = v
+			}
+		}
+		if t.metrics != nil {
+			s.Metrics = map[string]float64{}
+			for k, v := range t.metrics {
+				if strings.HasPrefix(k, "limitd_rlqs_") {
+					s.Metrics[k] = v
+				}
+			}
+		}
+		col := func(f func(x satResult) float64) spread {
+			xs := make([]float64, len(t.sat))
+			for i, x := range t.sat {
+				xs[i] = math.NaN()
+				if x.Requests > 0 {
+					xs[i] = f(x)
+				}
+			}
+			return spreadOf(xs)
+		}
+		s.Throughput = col(func(x satResult) float64 { return x.Throughput })
+		s.EnvoyCPU = col(func(x satResult) float64 { return x.CPUPerReqUS })
+		if t.svcPID != 0 {
+			s.ServiceCPU = col(func(x satResult) float64 { return perReq(x, 0) })
+			s.RedisCPU = col(func(x satResult) float64 { return perReq(x, 1) })
+		}
+		var errs int64
+		refused := false
+		for _, x := range t.sat {
+			errs += x.Errors
+			refused = refused || x.Rejected > 0
+		}
+		for _, p := range t.points {
+			errs += p.Errors
+			refused = refused || p.Rejected > 0
+		}
+		if refused {
+			problems = append(problems, fmt.Sprintf("(%d): requests refused under a load no limit reaches", t.c.ID))
+		}
+		var notes []string
+		if errs > 0 {
+			notes = append(notes, fmt.Sprintf("%d requests failed in the measured windows (transport errors or statuses other than 200 and 429)", errs))
+		}
+		switch t.c.Kind {
+		case rlsLocal:
+			if s.Stats[nativeStatPrefix+".http_local_rate_limit.ok"] == 0 {
+				problems = append(problems, fmt.Sprintf("(%d): local_ratelimit decided nothing", t.c.ID))
+			}
+		case rlsQuota:
+			if t.denied == 0 {
+				problems = append(problems, fmt.Sprintf("(%d): the quota filter denied nothing before its first assignments: it does not enforce limitd's", t.c.ID))
+			}
+			if s.Metrics["limitd_rlqs_assignments_total"] == 0 {
+				problems = append(problems, fmt.Sprintf("(%d): limitd sent no assignment", t.c.ID))
+			}
+			for _, p := range t.points {
+				if p.Calls == 0 || p.Assignments == 0 {
+					problems = append(problems, fmt.Sprintf("(%d): no report or no assignment in the window at %.0f%%", t.c.ID, 100*p.Fraction))
+				}
+			}
+		case rlsLease, rlsModuleLease:
+			prefix := "wasmcustom."
+			if t.c.Kind == rlsModuleLease {
+				prefix = "dynamicmodulescustom."
+			}
+			if s.Stats[prefix+"tokenbucket.rule.fleet.allowed"] == 0 {
+				problems = append(problems, fmt.Sprintf("(%d): the cluster rule decided nothing", t.c.ID))
+			}
+			if n := s.Stats[prefix+"tokenbucket.service_errors"]; n > 0 {
+				notes = append(notes, fmt.Sprintf("%d limit-service calls failed open (an error or the rule's 1 s timeout)", n))
+			}
+		}
+		s.Note = strings.Join(notes, "; ")
+		r.Results = append(r.Results, s)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("bench: the RLQS section's results are not valid:\n  %s", strings.Join(problems, "\n  "))
+	}
+	return nil
+}
+
+func (r *rlqsReport) result(id int) *rlqsSummary {
+	for _, s := range r.Results {
+		if s.ID == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// cpuRatio is a's Envoy CPU per request ÷ b's, round by round (rounds where
+// either got no answer left out), summarised.
+func (r *rlqsReport) cpuRatio(a, b int) spread {
+	sa, sb := r.result(a), r.result(b)
+	if sa == nil || sb == nil {
+		return spread{}
+	}
+	var xs []float64
+	for i := range min(len(sa.Sat), len(sb.Sat)) {
+		if sa.Sat[i].Requests > 0 && sb.Sat[i].Requests > 0 {
+			xs = append(xs, sa.Sat[i].CPUPerReqUS/sb.Sat[i].CPUPerReqUS)
+		}
+	}
+	return spreadOf(xs)
+}
+
+// spanOf is the largest ÷ the smallest of v over s's rate points (one
+// figure, N 1; none when a point is 0 or there are fewer than two).
+func spanOf(s *rlqsSummary, v func(p ratePoint) float64) spread {
+	if s == nil || len(s.Points) < 2 {
+		return spread{}
+	}
+	var xs []float64
+	for _, p := range s.Points {
+		xs = append(xs, v(p))
+	}
+	lo, hi := slices.Min(xs), slices.Max(xs)
+	if lo <= 0 {
+		return spread{}
+	}
+	return spreadOf([]float64{hi / lo})
+}
+
+// rlqsSummary is the RLQS section's short text.
+func (r *report) rlqsSummary() string {
+	if r.RLQS == nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, s := range r.RLQS.Results {
+		fmt.Fprintf(&b, "%-64s %8.0f req/s  Envoy CPU %5.1f µs/req\n", s.Label, s.Throughput.Median, s.EnvoyCPU.Median)
+		for _, p := range s.Points {
+			fmt.Fprintf(&b, "  at %3.0f%%: %7.0f req/s, limitd calls %6.2f/s = %7.3f per 1000 req, limitd CPU %6.1f ms/s\n",
+				100*p.Fraction, p.Achieved, p.PerSecond(p.Calls), p.Per1000(p.Calls), 1000*p.PerSecond(p.ServiceCPU))
+		}
+	}
+	for _, g := range r.RLQS.Gaps {
+		b.WriteString("gap: " + g + "\n")
+	}
+	return b.String()
+}
+
+// section writes the RLQS section of the page.
+func (r *rlqsReport) section(w func(string, ...any)) {
+	w("\n## Envoy's rate limit quota filter: limitd's RLQS\n\n")
+	w("Measured by `make bench-rlqs` (this section alone) or `make bench` on %s in %s", r.Date, r.Duration)
+	if r.Smoke {
+		w(" (**smoke run**: one short round, figures are indicative only)")
+	}
+	w("; load average %s at the start, %s at the end. ", r.LoadStart, r.LoadEnd)
+	w("Stock Envoy's own `envoy.filters.http.rate_limit_quota` filter (no plugin, no module) puts each request in the quota bucket `{api_key: <x-api-key>}` (%d values in turn), reports each bucket's usage to limitd's rate limit quota service over one gRPC stream and enforces, in Envoy, the token-bucket assignments limitd sends back (`DENY_ALL` before a bucket's first assignment and after one expires). limitd runs with a `redis-server` of its own and a limit of %d a second with a burst of %d per key, which no load reaches. Beside it: Envoy with no filter, Envoy's `local_ratelimit` with a bucket per `x-api-key` value that never empties, and the plugin's and the native module's cluster rules with leases (`\"sync\": \"lease\"`, one hot key) through limitd's HTTP API, each limitd with a `redis-server` of its own. Envoy has one worker on a CPU of its own.\n\n",
+		r.Keys, r.Rate, r.Burst)
+	w("| configuration | saturated req/s | Envoy CPU µs/req | ÷ no filter | ÷ `local_ratelimit` |\n|---|---|---|---|---|\n")
+	for _, s := range r.Results {
+		w("| %s | %s | %s | %s | %s |\n", s.Label, f(s.Throughput, 0), f(s.EnvoyCPU, 1), f(r.cpuRatio(s.ID, 50), 2), f(r.cpuRatio(s.ID, 51), 2))
+	}
+	w("\n**limitd's work against the request rate.** For the quota filter and the two lease rules, windows of %s at %s of the configuration's saturated throughput (the median of the rounds; an open loop on %d connections, at 100%% the closed loop itself). *Calls* are what limitd is asked: for the quota filter the usage reports it received on the stream (`limitd_rlqs_reports_total`; each carries every bucket the Envoy saw), beside the responses and assignments it sent (`limitd_rlqs_responses_total`, `limitd_rlqs_assignments_total`, one per bucket and report) and its lease calls to Redis for them (`limitd_rlqs_store_calls_total`: an assignment kept unchanged needs none); for a lease rule the Envoy's lease calls (`tokenbucket.lease_calls`). Envoy 1.40's quota filter reports every 5 s whatever its `reporting_interval` says (docs/limit-service.md), so a window holds %s, give or take one at its edges. CPU is limitd's and its Redis's (`/proc/<pid>/stat`) over the window.\n\n",
+		r.RateWindow, fractions(r.Fractions), r.OpenConns, reportsPerWindow(r.RateWindow))
+	w("| configuration | load | req/s | calls | calls/s | calls per 1,000 req | responses / assignments sent per s | Redis calls per s | limitd CPU ms/s | its Redis ms/s | limitd CPU µs/req |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, s := range r.Results {
+		for _, p := range s.Points {
+			sent, store := "–", "–"
+			if s.Kind == rlsQuota {
+				sent = fmt.Sprintf("%.2f / %.1f", p.PerSecond(p.Responses), p.PerSecond(p.Assignments))
+				store = fmt.Sprintf("%.1f", p.PerSecond(p.StoreCalls))
+			}
+			w("| %s | %.0f%% | %.0f | %.0f | %.2f | %.3f | %s | %s | %.1f | %.1f | %.2f |\n", s.Label, 100*p.Fraction, p.Achieved, p.Calls,
+				p.PerSecond(p.Calls), p.Per1000(p.Calls), sent, store, 1000*p.PerSecond(p.ServiceCPU), 1000*p.PerSecond(p.RedisCPU), 1000*p.Per1000(p.ServiceCPU))
+		}
+	}
+	var at1, span []string
+	for _, s := range r.Results {
+		if len(s.Points) == 0 {
+			continue
+		}
+		last := s.Points[len(s.Points)-1]
+		at1 = append(at1, fmt.Sprintf("%s %.3f", callers[s.Kind], last.Per1000(last.Calls)))
+		span = append(span, fmt.Sprintf("%s %s", callers[s.Kind], fm(spanOf(s, func(p ratePoint) float64 { return p.PerSecond(p.Calls) }), 2)))
+	}
+	if len(at1) > 0 {
+		w("\nCalls to limitd per 1,000 requests at the last rate point: %s. Calls a second, largest ÷ smallest across the rates: %s.\n",
+			strings.Join(at1, ", "), strings.Join(span, ", "))
+	}
+	for _, s := range r.Results {
+		if s.Note != "" {
+			w("\n*%s:* %s.\n", s.Label, s.Note)
+		}
+	}
+	for _, g := range r.Gaps {
+		w("\n**Gap:** %s\n", g)
+	}
+	w("\nAgainst the issue's targets (the CPU ratio within each round, then summarised; the spans across the rate points above):\n\n")
+	w("| figure | measured | target | |\n|---|---|---|---|\n")
+	ratio := r.cpuRatio(52, 51)
+	w("| quota filter ÷ `local_ratelimit`, Envoy CPU per request (one pinned worker) | %s | ≤ %.2f | %s |\n", f(ratio, 2), targetQuotaVsLocal, verdict(ratio, targetQuotaVsLocal))
+	q := r.result(52)
+	reqs := spanOf(q, func(p ratePoint) float64 { return p.Achieved })
+	for _, row := range []struct {
+		name string
+		v    func(p ratePoint) float64
+	}{
+		{"reports received a second", func(p ratePoint) float64 { return p.PerSecond(p.Calls) }},
+		{"assignments sent a second", func(p ratePoint) float64 { return p.PerSecond(p.Assignments) }},
+		{"CPU a second", func(p ratePoint) float64 { return p.PerSecond(p.ServiceCPU) }},
+	} {
+		v := spanOf(q, row.v)
+		w("| quota filter: limitd's %s, largest ÷ smallest across the rates (requests a second ×%s) | %s | ≤ %.2f | %s |\n",
+			row.name, fm(reqs, 1), f(v, 2), targetFlat, verdict(v, targetFlat))
+	}
+	if q != nil {
+		w("\nThe quota filter enforced limitd's assignments: before anything was measured it denied %d requests (`DENY_ALL` until a bucket's first assignment) and then admitted every key; limitd sent %.0f assignments in all, and no window refused a request.\n",
+			r.Denied, q.Metrics["limitd_rlqs_assignments_total"])
+	}
+	w("\n- Versions: limitd %s; %s.\n", r.Limitd, r.Redis)
+	w("- Pinning: %s; each limitd and its Redis run on the load generator's CPU.\n", r.Pinning)
+	w("- %d rounds of saturation runs (%d connections, %s warm-up, %s measured), the order reversed every other round; then the rate points, %s warm-up and %s measured each.\n",
+		r.Rounds, r.Conns, r.Warmup, r.SatWindow, r.Warmup, r.RateWindow)
+}
+
+// callers name what calls limitd in each configuration with rate points.
+var callers = map[rlsKind]string{rlsQuota: "quota filter", rlsLease: "plugin's leases", rlsModuleLease: "native module's leases"}
+
+// fractions names the rate points: "10%, 50% and 100%".
+func fractions(fs []float64) string {
+	var xs []string
+	for _, x := range fs {
+		xs = append(xs, fmt.Sprintf("%.0f%%", 100*x))
+	}
+	if len(xs) < 2 {
+		return strings.Join(xs, "")
+	}
+	return strings.Join(xs[:len(xs)-1], ", ") + " and " + xs[len(xs)-1]
+}
+
+// reportsPerWindow is how many of Envoy 1.40's 5 s reports a window of d
+// (a time.Duration's text) holds.
+func reportsPerWindow(d string) string {
+	w, err := time.ParseDuration(d)
+	switch n := int(w / (5 * time.Second)); {
+	case err != nil || n < 1:
+		return "at most one report"
+	case n == 1:
+		return "one report"
+	default:
+		return fmt.Sprintf("%d reports", n)
+	}
+}
