@@ -45,7 +45,7 @@
 #                        bench-smoke run it too). BENCH_RLS_FLAGS='-smoke
 #                        -out build/bench-rls' for a quick look elsewhere
 #   make bench-idle      an idle Envoy's CPU after 1,000 listener updates, with
-#                        the native module and with the Wasm plugin (the e2e
+#                        the native module and with the Wasm plugin (bench/idlecpu's
 #                        TestIdleCPUAfterListenerUpdates, which bounds the
 #                        native figure by the Wasm one); prints both, with
 #                        the load; about 10 minutes on a loaded machine
@@ -160,7 +160,7 @@ bench-guest:
 bench-idle: setup build build-native
 	uptime
 	set -o pipefail; \
-	$(GO) test -count=1 -timeout 30m -v -run TestIdleCPUAfterListenerUpdates ./e2e/ 2>&1 | grep -E 'idlecpu_test.go|^(--- |ok|FAIL)'
+	IDLE_CPU=1 $(BENCH_GO) test -count=1 -timeout 30m -v -run TestIdleCPUAfterListenerUpdates ./idlecpu/ 2>&1 | grep -E 'idlecpu_test.go|^(--- |ok|FAIL)'
 	uptime
 
 BENCH_SERVICE_FLAGS ?=
