@@ -30,7 +30,7 @@ UNIT_PKGS = $$($(GO) list ./... | grep -v /e2e)
 # Reproducible: no file system paths (-trimpath), no VCS stamp (a copy without
 # .git or with local changes would differ), no symbol tables. The same sources
 # give the same plugin.wasm, hence the same `make oci` digests, from any
-# checkout path: internal/repotest builds a copy elsewhere and compares.
+# checkout path: internal/testing/repotest builds a copy elsewhere and compares.
 REPRO_FLAGS := -trimpath -buildvcs=false -ldflags='-s -w'
 
 WASM_SRC := $(shell find . -name '*.go' -not -path './build/*' -not -path './bench/*' -not -name '*_test.go' 2>/dev/null)
@@ -131,7 +131,7 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecodeAnswer -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run XXX -fuzz FuzzDecodeLeaseAnswer -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run XXX -fuzz FuzzDecodeChargeRequest -fuzztime $(FUZZTIME) ./wire/
-	$(GO) test -run XXX -fuzz FuzzDecodeLease -fuzztime $(FUZZTIME) ./lease/
+	$(GO) test -run XXX -fuzz FuzzDecodeLease -fuzztime $(FUZZTIME) ./engine/lease/
 	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./service/rlsconfig/
 	$(GO) test -run XXX -fuzz FuzzShouldRateLimit -fuzztime $(FUZZTIME) ./service/rls/
 	cd third_party/pretty && $(GO) test -run XXX -fuzz FuzzUnescape -fuzztime $(FUZZTIME) .

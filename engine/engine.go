@@ -44,9 +44,9 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/internal/jsonpath"
-	"github.com/ratelimit-wasm/tokenbucket/lease"
-	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/engine/jsonpath"
+	"github.com/ratelimit-wasm/tokenbucket/engine/lease"
+	"github.com/ratelimit-wasm/tokenbucket/engine/store"
 )
 
 // Name prefixes the plugin's shared-data keys, metrics and logs.

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
 )
 
 // collidingTenants are two x-tenant values whose bucket identities were

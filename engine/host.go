@@ -1,6 +1,6 @@
 package engine
 
-import "github.com/ratelimit-wasm/tokenbucket/internal/slots"
+import "github.com/ratelimit-wasm/tokenbucket/engine/slots"
 
 // Host is what the engine needs from the proxy for the whole plugin.
 type Host interface {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/lease"
+	"github.com/ratelimit-wasm/tokenbucket/engine/lease"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 

@@ -4,8 +4,8 @@ import (
 	"strconv"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
-	"github.com/ratelimit-wasm/tokenbucket/lease"
-	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/engine/lease"
+	"github.com/ratelimit-wasm/tokenbucket/engine/store"
 )
 
 // decideShadows runs each local shadow rule's bucket on its own: it consumes

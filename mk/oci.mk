@@ -16,7 +16,7 @@ OCI_ARGS = -wasm $(BUILD)/plugin.wasm -layout $(BUILD)/oci -archive $(BUILD)/plu
 	-summary $(BUILD)/plugin-oci.json -ref $(OCI_REF) -render examples/istio -render-out $(BUILD)/istio
 
 # Strict checks of Istio manifests before applying them (cmd/validateistio,
-# package internal/manifest): every document decoded into Istio's or
+# package internal/packaging/manifest): every document decoded into Istio's or
 # Kubernetes' API type of its kind (unknown fields fail), every WasmPlugin's
 # pluginConfig through the plugin's parser as Istio hands it over. The
 # manifests' own choices (failStrategy, phase, limits) are not judged.

@@ -18,9 +18,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	"sigs.k8s.io/yaml"
 
-	k8smanifest "github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	k8smanifest "github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/oci"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/elftest"
-	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 
 func fakeWasm(payload string) []byte {

@@ -25,7 +25,7 @@ var notAModule = []string{"github.com/tetratelabs/func-e"}
 // only the benchmark lab needs, nor func-e's Go module, and the lab is a
 // module of its own whose go.mod points back at this checkout.
 func TestLabDependenciesStayInTheLab(t *testing.T) {
-	root := filepath.Join("..", "..")
+	root := filepath.Join("..", "..", "..")
 	reqs := requires(t, filepath.Join(root, "go.mod"))
 	for _, mod := range labOnly {
 		if indirect, ok := reqs[mod]; ok {

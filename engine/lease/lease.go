@@ -37,7 +37,7 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
 )
 
 // Record is one lease: what this Envoy holds of one cluster bucket.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/oci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/oci"
 )
 
 // TestPluginWasmIsReproducible copies this checkout's files to two paths of

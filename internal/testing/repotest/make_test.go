@@ -104,7 +104,7 @@ func readManifests(t *testing.T, dir string) map[string]string {
 // cmd/limitd and one of the four Lua scripts, so an edited script left a
 // stale binary.)
 func TestLimitdRebuildsOnEverySource(t *testing.T) {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ var lintCmdRE = regexp.MustCompile("`(make lint [^`]*)`")
 // pass, and on the bootstrap with a burst the plugin refuses, which must
 // fail with the line the plugin logs in Envoy.
 func TestReadmeLint(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	readme, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

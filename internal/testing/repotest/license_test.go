@@ -15,7 +15,7 @@ import (
 // TestLicense: LICENSE is the Apache License 2.0, complete, and every Go
 // file that carries an SPDX header names that license.
 func TestLicense(t *testing.T) {
-	root := filepath.Join("..", "..")
+	root := filepath.Join("..", "..", "..")
 	b, err := os.ReadFile(filepath.Join(root, "LICENSE"))
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +57,7 @@ func TestLicense(t *testing.T) {
 // Unreleased section first, sections of the known kinds, entries as list
 // items.
 func TestChangelog(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "CHANGELOG.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "CHANGELOG.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/oci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/oci"
 )
 
 // FuzzReadArchive feeds arbitrary bytes to the archive reader and the

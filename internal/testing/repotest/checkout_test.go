@@ -17,7 +17,7 @@ import (
 // outside a git checkout, unless CI=true.
 func copyCheckout(t *testing.T, dirs ...string) {
 	t.Helper()
-	root, err := filepath.Abs(filepath.Join("..", ".."))
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 // The small hand-written WebAssembly modules of the benchmarks are sources
 // (their text is committed beside them).
 func TestNoBuiltBinaries(t *testing.T) {
-	root := filepath.Join("..", "..")
+	root := filepath.Join("..", "..", "..")
 	out, err := exec.Command("git", "-C", root, "ls-files", "-z").Output()
 	if err != nil {
 		if os.Getenv("CI") == "true" {

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimit-wasm/tokenbucket/oci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/oci"
 )
 
 // TestRelease runs `make release` in a copy of this checkout made a git

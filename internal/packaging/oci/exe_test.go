@@ -13,8 +13,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/oci"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/elftest"
-	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 
 func limitdExe(payload string) oci.Executable {
@@ -147,7 +147,7 @@ func TestBuildExecutableRejects(t *testing.T) {
 
 // TestRealLimitd packages build/limitd (make build-service) when it exists.
 func TestRealLimitd(t *testing.T) {
-	bin, err := os.ReadFile(filepath.Join("..", "build", "limitd"))
+	bin, err := os.ReadFile(filepath.Join("..", "..", "..", "build", "limitd"))
 	if err != nil {
 		t.Skipf("no build/limitd (make build-service): %v", err)
 	}

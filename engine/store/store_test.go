@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/shareddata"
 )
 

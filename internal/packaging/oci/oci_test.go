@@ -28,8 +28,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/oci"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
-	"github.com/ratelimit-wasm/tokenbucket/oci"
 )
 
 // fakeWasm is a valid, tiny WebAssembly module: the header and one custom
@@ -530,7 +530,7 @@ func TestPushPullLoopbackRegistry(t *testing.T) {
 func TestRealPluginWasm(t *testing.T) {
 	path := os.Getenv("PLUGIN_WASM")
 	if path == "" {
-		path = filepath.Join("..", "build", "plugin.wasm")
+		path = filepath.Join("..", "..", "..", "build", "plugin.wasm")
 	}
 	wasm, err := os.ReadFile(path)
 	if err != nil {
