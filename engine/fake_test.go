@@ -14,7 +14,7 @@ import (
 // logs it keeps, and callouts it holds until the test answers them.
 type fakeHost struct {
 	now      int64
-	sd       slots.SharedData
+	sd       SharedData
 	counters map[string]*fakeCounter
 	logs     []string
 	calls    []*fakeCall // the plugin's own
@@ -37,11 +37,11 @@ func newFakeHost() *fakeHost {
 	return &fakeHost{now: 1_000e9, sd: shareddata.New(), counters: map[string]*fakeCounter{}}
 }
 
-func (h *fakeHost) Now() int64                   { return h.now }
-func (h *fakeHost) SharedData() slots.SharedData { return h.sd }
-func (h *fakeHost) Counter(name string) Counter  { return h.metric(name) }
-func (h *fakeHost) Gauge(name string) Gauge      { return h.metric(name) }
-func (h *fakeHost) Log(_ LogLevel, msg string)   { h.logs = append(h.logs, msg) }
+func (h *fakeHost) Now() int64                  { return h.now }
+func (h *fakeHost) SharedData() SharedData      { return h.sd }
+func (h *fakeHost) Counter(name string) Counter { return h.metric(name) }
+func (h *fakeHost) Gauge(name string) Gauge     { return h.metric(name) }
+func (h *fakeHost) Log(_ LogLevel, msg string)  { h.logs = append(h.logs, msg) }
 
 func (h *fakeHost) metric(name string) *fakeCounter {
 	c, ok := h.counters[name]

@@ -25,7 +25,6 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
-	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
 )
 
 // Name prefixes the plugin's shared-data keys, metrics and logs.
@@ -37,9 +36,13 @@ func NewVMContext() types.VMContext { return &vmContext{now: wallClock, sd: shar
 type vmContext struct {
 	types.DefaultVMContext
 	now func() int64 // the clock, Unix ns
-	sd  slots.SharedData
+	sd  engine.SharedData
 	// bodyBudget overrides the engine's body budget when not 0 (tests).
 	bodyBudget int
+	// memory is what this VM's Go runtime has reported to the memory
+	// metrics so far, shared by its plugin contexts (engine.MemoryReport):
+	// a reconfiguration carries on from it.
+	memory engine.MemoryReport
 }
 
 // OnVMStart implements types.VMContext: it takes garbage collection off the
@@ -113,7 +116,7 @@ func readBody(n int) {
 
 // NewPluginContext implements types.VMContext.
 func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
-	return &pluginContext{id: contextID, host: host{id: contextID, now: v.now, sd: v.sd}, bodyBudget: v.bodyBudget}
+	return &pluginContext{id: contextID, host: host{id: contextID, now: v.now, sd: v.sd}, bodyBudget: v.bodyBudget, memory: &v.memory}
 }
 
 // pluginContext runs one configuration's engine.
@@ -122,6 +125,7 @@ type pluginContext struct {
 	id         uint32
 	host       host
 	bodyBudget int
+	memory     *engine.MemoryReport // the VM's
 	e          *engine.Plugin
 	free       []*httpContext // contexts of finished streams, for reuse
 }
@@ -141,7 +145,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	if v, err := proxywasm.GetProperty([]string{"plugin_root_id"}); err == nil {
 		rootID = string(v)
 	}
-	e, err := engine.New(&p.host, data, rootID, engine.Options{BodyBudget: p.bodyBudget})
+	e, err := engine.New(&p.host, data, rootID, engine.Options{BodyBudget: p.bodyBudget, Memory: p.memory})
 	if err != nil {
 		proxywasm.LogCritical(err.Error()) // an *engine.RefusalError: the line to log
 		return types.OnPluginStartStatusFailed

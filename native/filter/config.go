@@ -11,7 +11,6 @@ import (
 
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 
-	"github.com/ratelimit-wasm/tokenbucket/config"
 	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
@@ -57,28 +56,27 @@ func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []
 		handle.Log(shared.LogLevelCritical, "%s", err.Error())
 		return nil, err
 	}
-	c := &filterConfig{
-		handle:  handle,
-		data:    append([]byte(nil), unparsed...), // Envoy's buffer lives only during this call
-		store:   processStore,
-		metrics: newMetrics(s),
-		stop:    make(chan struct{}),
-	}
-	// This Plugin checks the configuration and defines its metrics; each
-	// worker builds its own from the same bytes (newWorker).
-	if _, err := engine.New(&host{c: c, defining: true}, c.data, "", engine.Options{}); err != nil {
+	// The configuration is parsed once: this host reads no nested metadata
+	// (Options.FlatMetadata). Every worker's Plugin is built from it
+	// (newWorker); this one defines the metrics.
+	conf, err := engine.Parse(unparsed, engine.Options{FlatMetadata: true})
+	if err != nil {
 		handle.Log(shared.LogLevelCritical, "%s", err.Error()) // an *engine.RefusalError: the line to log
 		return nil, err
 	}
-	cfg, err := config.Parse(c.data)
-	if err == nil {
-		err = checkHost(cfg)
+	c := &filterConfig{
+		handle:    handle,
+		conf:      conf,
+		store:     processStore,
+		metrics:   newMetrics(s),
+		memory:    &engine.MemoryReport{},
+		readsBody: conf.ReadsResponseBody(),
+		stop:      make(chan struct{}),
 	}
-	if err != nil {
+	if _, err := engine.NewPlugin(&host{c: c, defining: true}, conf, "", c.options()); err != nil {
 		handle.Log(shared.LogLevelCritical, "%s", err.Error())
 		return nil, err
 	}
-	c.readsBody = readsBody(cfg)
 	c.panics = c.metrics.define(handle, Name+".panics", false)
 	c.sched = handle.GetScheduler()
 	go c.ticker()
@@ -94,9 +92,12 @@ func (ConfigFactory) CreatePerRoute([]byte) (any, error) {
 
 // filterConfig is one configuration: its workers and what they share.
 type filterConfig struct {
-	handle  shared.HttpFilterConfigHandle
-	data    []byte
-	store   *Store
+	handle shared.HttpFilterConfigHandle
+	conf   *engine.Configuration
+	store  *Store
+	// memory is what this configuration's metrics have of the process's Go
+	// runtime so far: every worker's Plugin reports the same runtime.
+	memory  *engine.MemoryReport
 	metrics *metrics
 	panics  *metric
 	workers workers
@@ -142,12 +143,17 @@ func (c *filterConfig) Create(handle shared.HttpFilterHandle) shared.HttpFilter 
 // newWorker builds a worker's Plugin.
 func (c *filterConfig) newWorker() (*worker, error) {
 	w := &worker{}
-	e, err := engine.New(&host{c: c, w: w}, c.data, "", engine.Options{})
+	e, err := engine.NewPlugin(&host{c: c, w: w}, c.conf, "", c.options())
 	if err != nil {
 		return nil, err
 	}
 	w.e = e
 	return w, nil
+}
+
+// options are the engine's Options for this configuration's Plugins.
+func (c *filterConfig) options() engine.Options {
+	return engine.Options{FlatMetadata: true, Memory: c.memory}
 }
 
 // OnDestroy implements shared.HttpFilterFactory: Envoy dropped the
@@ -197,8 +203,9 @@ func (c *filterConfig) ticker() {
 }
 
 // tick is every worker Plugin's tick, one after the other, each under its
-// worker's lock. The memory figures are the process's: the first Plugin
-// reports them, and the others find nothing changed since.
+// worker's lock. The memory figures are the process's, and the Plugins
+// share the configuration's MemoryReport: the first reports them, and the
+// others find nothing changed since.
 func (c *filterConfig) tick() {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -225,7 +232,7 @@ func (c *filterConfig) recoverMain(where string, w *worker) {
 // replaceEngine gives w a new Plugin after a panic left its state unknown
 // (held with w's lock). Requests in flight keep the old one.
 func (c *filterConfig) replaceEngine(w *worker) {
-	if e, err := engine.New(&host{c: c, w: w}, c.data, "", engine.Options{}); err == nil {
+	if e, err := engine.NewPlugin(&host{c: c, w: w}, c.conf, "", c.options()); err == nil {
 		w.e = e
 	}
 }
