@@ -11,13 +11,13 @@
 // would silently get wrong there.
 //
 // One request, file by file in the order it happens: its values and bucket
-// identities are read from the host at most once each (request.go); the
+// identities are read from the host at most once each (values.go); the
 // rules are walked once into a plan of takes, the buckets it asks of each
 // rule (plan.go); local shadow rules are decided alone and the enforced
 // local rules as one atomic stack in shared data (local.go); then the
 // leased cluster rules (lease.go) and the per-request ones, in one callout
 // (cluster.go). Every step and every answer goes on through one function,
-// and the request ends in one place (http.go: next and end), which gives
+// and the request ends in one place (request.go: next and end), which gives
 // back what the request took, once, when it is rejected, and answers it by
 // continuing it or by one local reply (reply.go). The response settles
 // costs known from it (response.go, sse.go). A take's held flag is the one
