@@ -6,13 +6,14 @@ import (
 	"testing"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/oci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakewasm"
 )
 
 // FuzzReadArchive feeds arbitrary bytes to the archive reader and the
 // extraction behind it: they must fail cleanly, never panic or hang, and an
 // image they accept must hand back a module that verifies.
 func FuzzReadArchive(f *testing.F) {
-	im, err := oci.Build(fakeWasm("fuzz"), t0)
+	im, err := oci.Build(fakewasm.Module("fuzz"), t0)
 	if err != nil {
 		f.Fatal(err)
 	}

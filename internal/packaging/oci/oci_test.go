@@ -30,14 +30,8 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/oci"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakewasm"
 )
-
-// fakeWasm is a valid, tiny WebAssembly module: the header and one custom
-// section named "fake" carrying payload.
-func fakeWasm(payload string) []byte {
-	body := append([]byte{4}, "fake"+payload...)
-	return append([]byte{0x00, 'a', 's', 'm', 0x01, 0x00, 0x00, 0x00, 0x00, byte(len(body))}, body...)
-}
 
 var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 
@@ -132,7 +126,7 @@ func layerFiles(t *testing.T, gz []byte) map[string][]byte {
 }
 
 func TestBuildManifestAndLayer(t *testing.T) {
-	wasm := fakeWasm("payload")
+	wasm := fakewasm.Module("payload")
 	im := mustBuild(t, wasm, t0)
 	d := im.Digests()
 
@@ -203,7 +197,7 @@ func keys(m map[string][]byte) []string {
 }
 
 func TestBuildIsReproducible(t *testing.T) {
-	a := fakeWasm("a")
+	a := fakewasm.Module("a")
 	tests := []struct {
 		name     string
 		wasm     []byte
@@ -213,7 +207,7 @@ func TestBuildIsReproducible(t *testing.T) {
 		{"same input", a, t0, true},
 		{"same instant in another zone", a, t0.In(time.FixedZone("x", 3600)), true},
 		{"other time", a, t0.Add(time.Second), false},
-		{"other module", fakeWasm("b"), t0, false},
+		{"other module", fakewasm.Module("b"), t0, false},
 	}
 	base := mustBuild(t, a, t0).Digests().Image
 	for _, tt := range tests {
@@ -238,7 +232,7 @@ func TestBuildRejectsNonWasm(t *testing.T) {
 }
 
 func TestLayoutRoundTrip(t *testing.T) {
-	wasm := fakeWasm("layout")
+	wasm := fakewasm.Module("layout")
 	im := mustBuild(t, wasm, t0)
 	d := im.Digests()
 	dir := filepath.Join(t.TempDir(), "oci")
@@ -310,8 +304,8 @@ func TestLayoutRoundTrip(t *testing.T) {
 
 func TestWriteLayoutReplacesOnlyALayout(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "oci")
-	first := mustBuild(t, fakeWasm("one"), t0)
-	second := mustBuild(t, fakeWasm("two"), t0)
+	first := mustBuild(t, fakewasm.Module("one"), t0)
+	second := mustBuild(t, fakewasm.Module("two"), t0)
 	if err := oci.WriteLayout(dir, mustV1(t, first), "x/y:1"); err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +320,7 @@ func TestWriteLayoutReplacesOnlyALayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := oci.Verify(img, fakeWasm("two")); err != nil {
+	if _, err := oci.Verify(img, fakewasm.Module("two")); err != nil {
 		t.Error(err)
 	}
 
@@ -344,7 +338,7 @@ func TestWriteLayoutReplacesOnlyALayout(t *testing.T) {
 }
 
 func TestArchiveRoundTrip(t *testing.T) {
-	wasm := fakeWasm("archive")
+	wasm := fakewasm.Module("archive")
 	im := mustBuild(t, wasm, t0)
 	d := im.Digests()
 	dir := filepath.Join(t.TempDir(), "oci")
@@ -442,7 +436,7 @@ func TestArchiveRoundTrip(t *testing.T) {
 }
 
 func TestReadArchiveRejectsTamperedBlob(t *testing.T) {
-	im := mustBuild(t, fakeWasm("tamper"), t0)
+	im := mustBuild(t, fakewasm.Module("tamper"), t0)
 	dir := filepath.Join(t.TempDir(), "oci")
 	if err := oci.WriteLayout(dir, mustV1(t, im), "x/y:z"); err != nil {
 		t.Fatal(err)
@@ -463,7 +457,7 @@ func TestReadArchiveRejectsTamperedBlob(t *testing.T) {
 }
 
 func TestVerifyRejects(t *testing.T) {
-	wasm := fakeWasm("v")
+	wasm := fakewasm.Module("v")
 	img := mustV1(t, mustBuild(t, wasm, t0))
 	extra, err := random.Layer(64, types.OCILayer)
 	if err != nil {
@@ -479,7 +473,7 @@ func TestVerifyRejects(t *testing.T) {
 		wasm    []byte
 		wantErr string
 	}{
-		{"other module", img, fakeWasm("w"), "plugin.wasm: image holds"},
+		{"other module", img, fakewasm.Module("w"), "plugin.wasm: image holds"},
 		{"docker manifest", mutate.MediaType(img, types.DockerManifestSchema2), wasm, "manifest.mediaType"},
 		{"no variant annotation", mutate.Annotations(img, map[string]string{"module.wasm.image/variant": ""}).(v1.Image), wasm, "annotations"},
 		{"two layers", twoLayers, wasm, "manifest.layers: want 1 layer, got 2"},
@@ -499,7 +493,7 @@ func TestPushPullLoopbackRegistry(t *testing.T) {
 	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer srv.Close()
 	host := strings.TrimPrefix(srv.URL, "http://")
-	wasm := fakeWasm("push")
+	wasm := fakewasm.Module("push")
 	im := mustBuild(t, wasm, t0)
 	d := im.Digests()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
