@@ -78,6 +78,9 @@ type Plugin struct {
 	bodyHeld, bodyBudget int
 	// keyed: the rules' identities are keyed (keyIdentities).
 	keyed bool
+	// readsBody: a rule takes its cost from the response body (only then
+	// does a request ask for an identity encoding).
+	readsBody bool
 	// memory: what this Plugin's Go runtime reported so far (Tick).
 	memory *MemoryReport
 }
@@ -220,6 +223,7 @@ func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 	for i := range cfg.Rules {
 		p.rules[i] = p.compile(&cfg.Rules[i])
 	}
+	p.readsBody = (&Configuration{cfg: cfg}).ReadsResponseBody()
 	p.keyed = false
 	p.keyIdentities()
 	p.metrics = globalMetrics{

@@ -144,7 +144,9 @@ func (c *Request) OnRequestHeaders() Action {
 		p.keyIdentities()
 	}
 	rej := c.planRules(&requestValues{s: c.stream, cfg: p.cfg, values: c.values[:0]})
-	c.askIdentityEncoding()
+	if p.readsBody {
+		c.askIdentityEncoding()
+	}
 	c.decideShadows()
 	if rej == nil {
 		rej = c.enforceLocal()

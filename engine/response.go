@@ -214,7 +214,8 @@ func (c *Request) cutShort() {
 // when a rule of the request reads its cost from the body (response_json):
 // the plugin does not decode bodies, and a client must not lower its cost
 // by accepting gzip. It replaces the request's accept-encoding (absent
-// means any coding) with identity. Called once the rules are planned.
+// means any coding) with identity. Called once the rules are planned, when
+// a rule of the configuration reads the body (Plugin.readsBody).
 func (c *Request) askIdentityEncoding() {
 	pl := &c.plan
 	for _, takes := range [...][]take{pl.local, pl.cluster, pl.leased, pl.shadowLocal, pl.shadowC} {
