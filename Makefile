@@ -20,7 +20,7 @@ export PLUGIN_WASM ?= $(abspath $(BUILD)/plugin.wasm)
 # The native module (make build-native): the e2e table runs every case on both builds.
 export NATIVE_MODULE ?= $(abspath $(BUILD)/libtokenbucket.so)
 
-.PHONY: all build setup setup-redis run run-cluster run-envoy-ratelimit test unit e2e check fuzz clean
+.PHONY: all build setup setup-redis run run-cluster run-envoy-ratelimit test unit e2e check fuzz request-path clean
 
 all: build
 
@@ -135,6 +135,12 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./service/rlsconfig/
 	$(GO) test -run XXX -fuzz FuzzShouldRateLimit -fuzztime $(FUZZTIME) ./service/rls/
 	cd third_party/pretty && $(GO) test -run XXX -fuzz FuzzUnescape -fuzztime $(FUZZTIME) .
+
+# The files and cross-package calls of one allowed request on each build, to
+# its continue and to its end (internal/testing/requestpath): `make test` runs
+# the same tests; this prints what they measured.
+request-path:
+	$(GO) test -count=1 -v -run 'TestRequestPath' ./internal/testing/requestpath/ ./native/filter/ | grep -v proxy_
 
 clean:
 	rm -rf $(BUILD)

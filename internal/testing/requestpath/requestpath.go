@@ -14,7 +14,10 @@
 //
 // Calls of function values (callbacks) and of the standard library or the
 // SDKs are not counted. The harness (internal/testing/...) is left out of
-// the files. Rerun with `make request-path`.
+// the files. The Wasm plugin is measured natively, under the SDK's
+// emulator: its clock, metric and host-string files are the _native.go ones
+// where the Wasm build has their _wasip1.go counterparts, one for one.
+// Rerun with `make request-path`.
 package requestpath
 
 import (
