@@ -20,7 +20,7 @@ export PLUGIN_WASM ?= $(abspath $(BUILD)/plugin.wasm)
 # The native module (make build-native): the e2e table runs every case on both builds.
 export NATIVE_MODULE ?= $(abspath $(BUILD)/libtokenbucket.so)
 
-.PHONY: all build setup setup-redis run run-cluster run-envoy-ratelimit test unit e2e check fuzz clean
+.PHONY: all build setup setup-redis run run-cluster run-envoy-ratelimit test unit e2e check fuzz request-path clean
 
 all: build
 
@@ -45,7 +45,7 @@ endif
 # Reproducible: no file system paths (-trimpath), no VCS stamp (a copy without
 # .git or with local changes would differ), no symbol tables. The same sources
 # give the same plugin.wasm, hence the same `make oci` digests, from any
-# checkout path: internal/repotest builds a copy elsewhere and compares.
+# checkout path: internal/testing/repotest builds a copy elsewhere and compares.
 REPRO_FLAGS := -trimpath -buildvcs=false -ldflags='-s -w $(VERSION_LDFLAG)'
 
 WASM_SRC := $(shell find . -name '*.go' -not -path './build/*' -not -path './bench/*' -not -name '*_test.go' 2>/dev/null)
@@ -148,10 +148,16 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecodeAnswer -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run XXX -fuzz FuzzDecodeLeaseAnswer -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run XXX -fuzz FuzzDecodeChargeRequest -fuzztime $(FUZZTIME) ./wire/
-	$(GO) test -run XXX -fuzz FuzzDecodeLease -fuzztime $(FUZZTIME) ./lease/
+	$(GO) test -run XXX -fuzz FuzzDecodeLease -fuzztime $(FUZZTIME) ./engine/lease/
 	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./service/rlsconfig/
 	$(GO) test -run XXX -fuzz FuzzShouldRateLimit -fuzztime $(FUZZTIME) ./service/rls/
 	cd third_party/pretty && $(GO) test -run XXX -fuzz FuzzUnescape -fuzztime $(FUZZTIME) .
+
+# The files and cross-package calls of one allowed request on each build, to
+# its continue and to its end (internal/testing/requestpath): `make test` runs
+# the same tests; this prints what they measured.
+request-path:
+	$(GO) test -count=1 -v -run 'TestRequestPath' ./internal/testing/requestpath/ ./native/filter/ | grep -v proxy_
 
 clean:
 	rm -rf $(BUILD)

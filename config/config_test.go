@@ -658,27 +658,27 @@ func TestParseSource(t *testing.T) {
 		{in: "jwt:org.id", want: Source{SourceJWT, "org.id"}},
 		{in: "jwt:https://example.com/roles", want: Source{SourceJWT, "https://example.com/roles"}},
 		{in: "cookie:Session", want: Source{SourceCookie, "Session"}},
-		{in: "", err: "config: empty source"},
-		{in: "fixed", err: `config: unknown source "fixed" (want header:<name>, query:<name>, ip:address, path, method, authority, jwt:<claim> or cookie:<name>)`},
-		{in: "Header:x", err: `config: unknown source "Header:x" (want header:<name>, query:<name>, ip:address, path, method, authority, jwt:<claim> or cookie:<name>)`},
-		{in: "method:", err: `config: source "method:": method takes no name`},
-		{in: "jwt:.a", err: `config: source "jwt:.a": claim must be non-empty dot-separated names, without control characters`},
-		{in: "jwt:a.", err: `config: source "jwt:a.": claim must be non-empty dot-separated names, without control characters`},
-		{in: "query:a\nb", err: `config: source "query:a\nb": query parameter name must be non-empty, without control characters`},
+		{in: "", err: "empty source"},
+		{in: "fixed", err: `unknown source "fixed" (want header:<name>, query:<name>, ip:address, path, method, authority, jwt:<claim> or cookie:<name>)`},
+		{in: "Header:x", err: `unknown source "Header:x" (want header:<name>, query:<name>, ip:address, path, method, authority, jwt:<claim> or cookie:<name>)`},
+		{in: "method:", err: `source "method:": method takes no name`},
+		{in: "jwt:.a", err: `source "jwt:.a": claim must be non-empty dot-separated names, without control characters`},
+		{in: "jwt:a.", err: `source "jwt:a.": claim must be non-empty dot-separated names, without control characters`},
+		{in: "query:a\nb", err: `source "query:a\nb": query parameter name must be non-empty, without control characters`},
 	} {
-		got, err := ParseSource(tc.in)
+		got, err := parseSource(tc.in)
 		if tc.err != "" {
 			if err == nil || err.Error() != tc.err {
-				t.Errorf("ParseSource(%q) = %v, %v; want error %s", tc.in, got, err, tc.err)
+				t.Errorf("parseSource(%q) = %v, %v; want error %s", tc.in, got, err, tc.err)
 			}
 			continue
 		}
 		if err != nil || got != tc.want {
-			t.Errorf("ParseSource(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+			t.Errorf("parseSource(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
 			continue
 		}
-		if back, err := ParseSource(got.String()); err != nil || back != got {
-			t.Errorf("ParseSource(%q.String()) = %v, %v", got, back, err)
+		if back, err := parseSource(got.String()); err != nil || back != got {
+			t.Errorf("parseSource(%q.String()) = %v, %v", got, back, err)
 		}
 	}
 }

@@ -105,7 +105,7 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // errorf is the error at path with the reason msg. Messages are built with
 // strconv rather than fmt, which the plugin's Wasm module would otherwise
-// carry for them alone (docs/benchmarks/footprint.md).
+// carry for them alone (bench/footprint.md).
 func errorf(path, msg string) error {
 	return &Error{Path: path, Err: errors.New(msg)}
 }

@@ -6,20 +6,12 @@ import (
 	"strings"
 )
 
-// ParseSource parses a request-value reference as written in "limit_keys"
+// parseSource parses a request-value reference as written in "limit_keys"
 // and as a key of "match": header:<name>, query:<name>, ip:address, path,
 // method, authority, jwt:<claim> (dots for nesting) or cookie:<name>. Header
 // names are lower-cased; every other name is kept as written. "fixed" is not a
 // source of request values: it is accepted only as a cost_source, by Parse.
-func ParseSource(s string) (Source, error) {
-	src, err := parseSource(s)
-	if err != nil {
-		return Source{}, &Error{Err: err}
-	}
-	return src, nil
-}
-
-// parseSource is ParseSource with a bare reason for Parse to put a path on.
+// Its error is a bare reason, for Parse to put a path on.
 func parseSource(s string) (Source, error) {
 	kind, name, hasName := strings.Cut(s, ":")
 	switch kind {

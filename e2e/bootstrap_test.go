@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 )
 
 // readmeWasmPath is the plugin's path in README.md's bootstrap: the one
@@ -135,13 +136,13 @@ func TestReadmeBootstrapServes(t *testing.T) {
 		"wasmcustom.tokenbucket.rule.per-key.rejected: 1",
 	} {
 		if !strings.Contains(stats, "\n"+want+"\n") {
-			t.Errorf("/stats has no line %q:\n%s", want, grepLines(stats, "tokenbucket"))
+			t.Errorf("/stats has no line %q:\n%s", want, logtext.Grep(stats, "tokenbucket"))
 		}
 	}
 	prom := adminGet(t, e, "/stats/prometheus")
 	for _, want := range []string{`tokenbucket_rule_allowed{rule="per-key"} ` + strconv.Itoa(allowed), `tokenbucket_rule_rejected{rule="per-key"} 1`} {
 		if !strings.Contains(prom, "\n"+want+"\n") {
-			t.Errorf("/stats/prometheus has no line %q:\n%s", want, grepLines(prom, "tokenbucket_rule"))
+			t.Errorf("/stats/prometheus has no line %q:\n%s", want, logtext.Grep(prom, "tokenbucket_rule"))
 		}
 	}
 }

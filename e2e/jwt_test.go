@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 )
 
 // jwtListener is one listener of the Envoy that TestJWT and TestXFF
@@ -334,7 +335,7 @@ func testJWT(t *testing.T, build envoytest.Build) {
 		t.Run("a configuration needing the verified claims is refused", func(t *testing.T) {
 			f := envoytest.ExpectStartFailure(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML, PluginConfig: jwtVerifiedConfig})
 			if want := "config: rules[0].limit_keys[0]: the native module cannot read the claims jwt_authn verified"; !strings.Contains(f.Log, want) {
-				t.Fatalf("%v; Envoy's log lacks %q:\n%s", f, want, tail(f.Log, 15))
+				t.Fatalf("%v; Envoy's log lacks %q:\n%s", f, want, logtext.Tail(f.Log, 15))
 			}
 		})
 	} else {

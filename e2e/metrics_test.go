@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 )
 
 // TestPrometheusNames checks the metric names the docs give each build
@@ -153,9 +154,9 @@ func TestPrometheusRuleLabel(t *testing.T) {
 				}
 			}
 			if strings.Contains(text, "tokenbucket_rule_"+strings.NewReplacer("-", "_", ".", "_").Replace(tt.rule)) {
-				t.Errorf("/stats/prometheus still names the rule in a metric name:\n%s", grepLines(text, "tokenbucket_rule"))
+				t.Errorf("/stats/prometheus still names the rule in a metric name:\n%s", logtext.Grep(text, "tokenbucket_rule"))
 			}
-			t.Logf("/stats/prometheus:\n%s", grepLines(text, "tokenbucket_rule"))
+			t.Logf("/stats/prometheus:\n%s", logtext.Grep(text, "tokenbucket_rule"))
 		})
 	}
 }
@@ -172,17 +173,6 @@ func adminGet(t *testing.T, e *envoytest.Envoy, path string) string {
 		t.Fatal(err)
 	}
 	return string(body)
-}
-
-// grepLines returns the lines of text that contain substr.
-func grepLines(text, substr string) string {
-	var out []string
-	for _, l := range strings.Split(text, "\n") {
-		if strings.Contains(l, substr) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }
 
 // istioCustomBootstrap returns the custom_bootstrap.json of the ConfigMap in
@@ -260,7 +250,7 @@ func TestReadmeStatsTagsNative(t *testing.T) {
 		`envoy_dynamicmodulescustom_tokenbucket_rule_rejected{rule="per-key"} 1`,
 	} {
 		if !strings.Contains(text, "\n"+want+"\n") {
-			t.Errorf("/stats/prometheus has no line %q:\n%s", want, grepLines(text, "tokenbucket_rule"))
+			t.Errorf("/stats/prometheus has no line %q:\n%s", want, logtext.Grep(text, "tokenbucket_rule"))
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/engine"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
@@ -237,7 +238,7 @@ func TestNativeRefusals(t *testing.T) {
 		}
 		f := envoytest.ExpectStartFailure(t, nativeOptions(t, bad, 0))
 		if !strings.Contains(f.Log, want.Error()) {
-			t.Fatalf("%v; Envoy's log lacks the engine's refusal %q:\n%s", f, want, tail(f.Log, 15))
+			t.Fatalf("%v; Envoy's log lacks the engine's refusal %q:\n%s", f, want, logtext.Tail(f.Log, 15))
 		}
 	})
 	t.Run("GODEBUG", func(t *testing.T) {
@@ -245,7 +246,7 @@ func TestNativeRefusals(t *testing.T) {
 		t.Setenv("GODEBUG", "")
 		f := envoytest.ExpectStartFailure(t, opts)
 		if !strings.Contains(f.Log, "lacks GODEBUG=cgocheck=0") || !strings.Contains(f.Log, "start Envoy with GODEBUG=cgocheck=0") {
-			t.Fatalf("%v; Envoy's log lacks the GODEBUG hint:\n%s", f, tail(f.Log, 15))
+			t.Fatalf("%v; Envoy's log lacks the GODEBUG hint:\n%s", f, logtext.Tail(f.Log, 15))
 		}
 	})
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
@@ -136,7 +137,7 @@ func nativeVersionRow(t *testing.T, version, bin string, upstream, svc int) stri
 		if errors.Is(err, envoy.ErrExited) {
 			why = fmt.Sprintf("no: Envoy exited (code %d)", p.ExitCode())
 		}
-		t.Logf("Envoy %s did not start with the module: %v\n%s", version, err, tail(p.Log(), 20))
+		t.Logf("Envoy %s did not start with the module: %v\n%s", version, err, logtext.Tail(p.Log(), 20))
 		return row(why, "–", "–", "–")
 	}
 	c := envoytest.NewClient(p.URL(""))
@@ -152,13 +153,13 @@ func nativeVersionRow(t *testing.T, version, bin string, upstream, svc int) stri
 		// linker resolves at their first call: on an Envoy that lacks one
 		// the module must refuse its configuration (Envoy then logs why
 		// and does not start), never let Envoy die at a request.
-		t.Errorf("Envoy %s loaded the module, then exited (code %d) during the burst\n%s", version, p.ExitCode(), tail(p.Log(), 40))
+		t.Errorf("Envoy %s loaded the module, then exited (code %d) during the burst\n%s", version, p.ExitCode(), logtext.Tail(p.Log(), 40))
 		return row(fmt.Sprintf("yes, then Envoy exited (code %d) at the first requests: %s", p.ExitCode(), crashLine(p.Log())), "–", "–", "–")
 	}
 	workers := 0
 	stats, err := p.Stats("")
 	if err != nil {
-		t.Fatalf("Envoy %s: %v\n%s", version, err, tail(p.Log(), 40))
+		t.Fatalf("Envoy %s: %v\n%s", version, err, logtext.Tail(p.Log(), 40))
 	}
 	for name, v := range stats {
 		if strings.Contains(name, ".worker_") && strings.HasSuffix(name, ".downstream_cx_total") && v > 0 {
@@ -215,7 +216,7 @@ func nativeVersionRow(t *testing.T, version, bin string, upstream, svc int) stri
 		t.Errorf("Envoy %s: cluster rule %s, 429 reasons %v, %d panics", version, cluster, reasons, panics)
 	}
 	if p.Exited() {
-		t.Errorf("Envoy %s exited during the smoke\n%s", version, tail(p.Log(), 30))
+		t.Errorf("Envoy %s exited during the smoke\n%s", version, logtext.Tail(p.Log(), 30))
 	}
 	t.Logf("Envoy %s: burst %s; headers %s; cluster %s", version, burst, headers, cluster)
 	return row("yes", burst, headers, cluster)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -28,24 +29,12 @@ func testTierMemberWithoutKey(t *testing.T, build envoytest.Build) {
 	for range 6 {
 		st = append(st, c.Get("/", map[string]string{"x-plan": "enterprise"}).Status)
 	}
-	if want := []int{200, 200, 200, 429, 429, 429}; !equalInts(st, want) {
+	if want := []int{200, 200, 200, 429, 429, 429}; !slices.Equal(st, want) {
 		t.Fatalf("enterprise plan without x-user: %v, want the free tier's burst of 3 (%v)", st, want)
 	}
 	if r := c.Get("/", map[string]string{"x-plan": "enterprise", "x-user": "alice"}); r.Status != 200 || r.Header.Get("ratelimit-policy") != `"enterprise";q=1000;w=1` {
 		t.Fatalf("enterprise with x-user: %d %q", r.Status, r.Header.Get("ratelimit-policy"))
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestShadowClusterRule (issue 10, defect 5) on real Envoy: two Envoys share

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
@@ -120,7 +121,7 @@ func startLimitdWith(t *testing.T, redisAddr, cfg string, extra ...string) *rlqs
 	t.Cleanup(func() {
 		l.stop(syscall.SIGTERM)
 		if t.Failed() {
-			t.Logf("limitd log:\n%s", tail(readFile(l.logPath), 60))
+			t.Logf("limitd log:\n%s", logtext.Tail(readFile(l.logPath), 60))
 		}
 	})
 	return l
@@ -152,11 +153,11 @@ func (l *rlqsLimitd) start() {
 		}
 		select {
 		case <-exited:
-			l.t.Fatalf("limitd exited at start:\n%s", tail(readFile(l.logPath), 30))
+			l.t.Fatalf("limitd exited at start:\n%s", logtext.Tail(readFile(l.logPath), 30))
 		default:
 		}
 		if time.Now().After(deadline) {
-			l.t.Fatalf("limitd's gRPC port %s did not open within %v:\n%s", addr, rlqsWait, tail(readFile(l.logPath), 30))
+			l.t.Fatalf("limitd's gRPC port %s did not open within %v:\n%s", addr, rlqsWait, logtext.Tail(readFile(l.logPath), 30))
 		}
 	}
 }
@@ -435,7 +436,7 @@ func TestRLQSValidate(t *testing.T) {
 			t.Fatal(err)
 		}
 		if out, err := envoy.Validate(path); err != nil {
-			t.Fatalf("%v\n%s\n%s", err, tail(out, 20), text)
+			t.Fatalf("%v\n%s\n%s", err, logtext.Tail(out, 20), text)
 		}
 	}
 }

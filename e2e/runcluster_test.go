@@ -21,6 +21,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
@@ -97,7 +98,7 @@ func TestRunCluster(t *testing.T) {
 		t.Errorf("limitd /metrics: %d, no limitd_decisions_total", code)
 	}
 	if log := readFile(logPath); !strings.Contains(log, `"store":"redis"`) {
-		t.Errorf("limitd did not run on Redis:\n%s", tail(log, 30))
+		t.Errorf("limitd did not run on Redis:\n%s", logtext.Tail(log, 30))
 	}
 }
 
@@ -181,11 +182,11 @@ func awaitReady(t *testing.T, exited chan error, logPath, serviceURL, want strin
 		select {
 		case err := <-exited:
 			exited <- err
-			t.Fatalf("run.sh exited before it was ready (%v):\n%s", err, tail(readFile(logPath), 40))
+			t.Fatalf("run.sh exited before it was ready (%v):\n%s", err, logtext.Tail(readFile(logPath), 40))
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not ready after %v:\n%s", envoy.DefaultStartTimeout, tail(readFile(logPath), 40))
+			t.Fatalf("not ready after %v:\n%s", envoy.DefaultStartTimeout, logtext.Tail(readFile(logPath), 40))
 		}
 		time.Sleep(100 * time.Millisecond) // polling readiness with a deadline
 	}
@@ -204,7 +205,7 @@ func stopScript(t *testing.T, pid int, exited chan error, logPath string, ports 
 	select {
 	case <-exited:
 	case <-time.After(envoy.StopGrace):
-		t.Errorf("run.sh did not stop within %v of SIGINT:\n%s", envoy.StopGrace, tail(readFile(logPath), 20))
+		t.Errorf("run.sh did not stop within %v of SIGINT:\n%s", envoy.StopGrace, logtext.Tail(readFile(logPath), 20))
 	}
 	_ = syscall.Kill(-pid, syscall.SIGKILL) // the group is empty unless something ignored SIGINT
 	deadline := time.Now().Add(envoy.StopGrace)
@@ -223,7 +224,7 @@ func stopScript(t *testing.T, pid int, exited chan error, logPath string, ports 
 		}
 	}
 	if t.Failed() {
-		t.Logf("run.sh output:\n%s", tail(readFile(logPath), 60))
+		t.Logf("run.sh output:\n%s", logtext.Tail(readFile(logPath), 60))
 	}
 }
 
@@ -287,9 +288,4 @@ func httpGet(t *testing.T, url string) (int, string) {
 func readFile(path string) string {
 	b, _ := os.ReadFile(path)
 	return string(b)
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

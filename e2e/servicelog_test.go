@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 )
 
 // TestDocumentedLogLines provokes what docs/troubleshooting.md quotes and
@@ -121,7 +122,7 @@ func testDocumentedLogLines(t *testing.T, build envoytest.Build) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("Envoy did not log the line the docs quote,\n%s\nits last lines:\n%s", want, grepLines(e.Log(), "limit service"))
+				t.Fatalf("Envoy did not log the line the docs quote,\n%s\nits last lines:\n%s", want, logtext.Grep(e.Log(), "limit service"))
 			}
 		}
 	}

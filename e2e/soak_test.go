@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 )
 
 // TestSoakVersions runs the plugin through a bounded garbage-collection soak
@@ -172,7 +173,7 @@ func soakOne(t *testing.T, version, bin, wasm, gogc string, requests int) string
 		version, gogc, requests, elapsed.Round(time.Millisecond), total, gc, fatal, alive)
 	if fatal != "no" || total[0] > 0 || total[503] > 0 || gc == 0 {
 		t.Errorf("Envoy %s: the plugin did not come through the soak (fatal %s, %d errors, %d×503, %d GCs)\n%s",
-			version, fatal, total[0], total[503], gc, tail(log, 30))
+			version, fatal, total[0], total[503], gc, logtext.Tail(log, 30))
 	}
 	return fmt.Sprintf("| %s | %s | %s | %d | %s | %d | %s | %s |", version, versionLine, gogc, requests, strings.Join(parts, ", "), gc, fatal, alive)
 }

@@ -195,10 +195,7 @@ func countShadows(p *Plugin, takes []take, ds []bucket.Decision) {
 			t.rule.allowed.Increment(1)
 			continue
 		}
-		t.rule.shadowRej.Increment(1)
-		if n, ok := t.rule.shadowLog.allow(p.now()); ok {
-			p.host.Log(LogInfo, Name+": shadow rule "+strconv.Quote(t.rule.Name)+" would have rejected a request ("+strconv.Itoa(n)+" similar lines suppressed)")
-		}
+		p.shadowRejected(t.rule)
 	}
 }
 
@@ -271,22 +268,32 @@ func excerpt(a *Answer) string {
 	return ": " + s
 }
 
-// serviceFailed counts and logs a failed call and applies failure_mode: for
-// "deny" it returns the rejection (end gives back what the request took),
-// for "allow" the cluster rules count a fail-open and it returns nil.
-// Shadow buckets never reject: they count nothing more.
+// serviceFailed counts and logs a failed call and applies failure_mode to
+// the request's cluster rules: "allow" lets them through unchecked, each
+// counting a fail-open. Shadow buckets never reject: they count nothing
+// more.
 func (c *Request) serviceFailed(takes []take, why string) *rejection {
 	c.plugin.serviceFailed(takes, why)
 	first := takes[0].rule
 	if first.Mode == config.ModeShadow {
 		return nil
 	}
-	if first.Service.FailureMode == config.FailDeny {
-		return &rejection{rule: first, reason: reasonServiceDown}
+	return failureMode(first, func() {
+		for _, t := range c.plan.cluster {
+			t.rule.failedOpen.Increment(1)
+		}
+	})
+}
+
+// failureMode applies ru's failure_mode when the limit service cannot
+// decide a request: "deny" returns the rejection (end gives back what the
+// request took); "allow" runs allow, which lets through what the service
+// would have decided, and returns nil.
+func failureMode(ru *rule, allow func()) *rejection {
+	if ru.Service.FailureMode == config.FailDeny {
+		return &rejection{rule: ru, reason: reasonServiceDown}
 	}
-	for _, t := range c.plan.cluster {
-		t.rule.failedOpen.Increment(1)
-	}
+	allow()
 	return nil
 }
 

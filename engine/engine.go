@@ -5,16 +5,19 @@
 // interfaces, Host (the plugin's: clock, shared data, metrics, logs,
 // callouts it owns) and Stream (one request's: headers, body, reply,
 // resume, callouts it owns), and imports no host SDK: package plugin adapts
-// it to proxy-wasm (the Wasm module), and a test drives it with a fake host.
+// it to proxy-wasm (the Wasm plugin), package native/filter to Envoy's
+// dynamic modules (the native module), and a test drives it with a fake
+// host. A host says what it cannot do in Options; Parse refuses what it
+// would silently get wrong there.
 //
 // One request, file by file in the order it happens: its values and bucket
-// identities are read from the host at most once each (request.go); the
+// identities are read from the host at most once each (values.go); the
 // rules are walked once into a plan of takes, the buckets it asks of each
 // rule (plan.go); local shadow rules are decided alone and the enforced
 // local rules as one atomic stack in shared data (local.go); then the
 // leased cluster rules (lease.go) and the per-request ones, in one callout
 // (cluster.go). Every step and every answer goes on through one function,
-// and the request ends in one place (http.go: next and end), which gives
+// and the request ends in one place (request.go: next and end), which gives
 // back what the request took, once, when it is rejected, and answers it by
 // continuing it or by one local reply (reply.go). The response settles
 // costs known from it (response.go, sse.go). A take's held flag is the one
@@ -44,9 +47,9 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/internal/jsonpath"
-	"github.com/ratelimit-wasm/tokenbucket/lease"
-	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/engine/jsonpath"
+	"github.com/ratelimit-wasm/tokenbucket/engine/lease"
+	"github.com/ratelimit-wasm/tokenbucket/engine/store"
 )
 
 // Name prefixes the plugin's shared-data keys, metrics and logs.
@@ -75,23 +78,51 @@ type Plugin struct {
 	bodyHeld, bodyBudget int
 	// keyed: the rules' identities are keyed (keyIdentities).
 	keyed bool
+	// readsBody: a rule takes its cost from the response body (only then
+	// does a request ask for an identity encoding).
+	readsBody bool
+	// memory: what this Plugin's Go runtime reported so far (Tick).
+	memory *MemoryReport
 }
 
-// Options tune a Plugin beyond its configuration.
+// Options tune a Plugin beyond its configuration, and say what its host
+// cannot do.
 type Options struct {
 	// BodyBudget bounds the bytes of in-flight body scans (0: maxBodyHeld).
 	BodyBudget int
+	// Memory is what the Plugin's Go runtime has reported to the memory
+	// metrics so far (see MemoryReport); nil: the Plugin's own.
+	Memory *MemoryReport
+	// FlatMetadata: the host reads dynamic metadata one level deep
+	// (namespace, key) and only as a string, number or bool, as Envoy's
+	// dynamic-module SDK does, so it cannot read the claims jwt_authn writes
+	// as a structure: a configuration with a jwt: source needs
+	// trust_unverified_jwt (Parse refuses it otherwise).
+	FlatMetadata bool
 }
 
 // New parses and compiles a configuration for host, under the shared-data
-// prefix of rootID. A configuration the plugin refuses is a *RefusalError,
-// whose text is the line the host should log.
+// prefix of rootID: Parse, then NewPlugin. A configuration the plugin
+// refuses is a *RefusalError, whose text is the line the host should log.
 func New(host Host, data []byte, rootID string, o Options) (*Plugin, error) {
-	p := &Plugin{host: host, bodyBudget: o.BodyBudget}
+	c, err := Parse(data, o)
+	if err != nil {
+		return nil, err
+	}
+	return NewPlugin(host, c, rootID, o)
+}
+
+// NewPlugin compiles a parsed configuration for host, under the shared-data
+// prefix of rootID. Any number of Plugins may share c.
+func NewPlugin(host Host, c *Configuration, rootID string, o Options) (*Plugin, error) {
+	p := &Plugin{host: host, bodyBudget: o.BodyBudget, memory: o.Memory}
 	if p.bodyBudget <= 0 {
 		p.bodyBudget = maxBodyHeld
 	}
-	if err := p.configure(data, rootID); err != nil {
+	if p.memory == nil {
+		p.memory = &MemoryReport{}
+	}
+	if err := p.configure(c.cfg, rootID); err != nil {
 		return nil, &RefusalError{Err: err}
 	}
 	return p, nil
@@ -146,51 +177,37 @@ func (e *RefusalError) Error() string {
 
 func (e *RefusalError) Unwrap() error { return e.Err }
 
-// CheckConfiguration returns the *RefusalError OnPluginStart logs for data
-// as the plugin's configuration, or nil when the plugin would start with
-// it. It runs configure's validation (config.Parse, the only validator)
-// and needs no host, so a command can check a configuration without Envoy
-// (cmd/checkconfig).
-func CheckConfiguration(data []byte) error {
-	if _, err := parseConfiguration(data); err != nil {
-		return &RefusalError{Err: err}
-	}
-	return nil
-}
-
-// parseConfiguration is the validation of configure and of
-// CheckConfiguration.
-func parseConfiguration(data []byte) (*config.Config, error) { return config.Parse(data) }
-
 // Tick is the plugin's once-a-second work: it reports the Go runtime's
-// memory figures (ms, read by the host) and hands back expired leases. Every
-// worker's VM adds the change since its own last report, so the gauges are
-// sums over Envoy's workers and gc_cycles counts all their collections.
+// memory figures (ms, read by the host) and hands back expired leases. It
+// adds the change since the last report of its Options.Memory, so the
+// gauges are sums over the Go runtimes that report (a Wasm VM per Envoy
+// worker; one process for the native module) and gc_cycles counts all
+// their collections.
 func (p *Plugin) Tick(ms *runtime.MemStats) {
-	p.metrics.heapBytes.Add(int64(ms.HeapAlloc) - int64(reported.heap))
-	p.metrics.sysBytes.Add(int64(ms.Sys) - int64(reported.sys))
-	if gc := uint64(ms.NumGC); gc > reported.gc {
-		p.metrics.gcCycles.Increment(gc - reported.gc)
+	m := p.memory
+	p.metrics.heapBytes.Add(int64(ms.HeapAlloc) - int64(m.heap))
+	p.metrics.sysBytes.Add(int64(ms.Sys) - int64(m.sys))
+	if gc := uint64(ms.NumGC); gc > m.gc {
+		p.metrics.gcCycles.Increment(gc - m.gc)
 	}
-	reported.heap, reported.sys, reported.gc = ms.HeapAlloc, ms.Sys, uint64(ms.NumGC)
+	m.heap, m.sys, m.gc = ms.HeapAlloc, ms.Sys, uint64(ms.NumGC)
 	if len(p.held.list) > 0 {
 		p.returnExpired()
 	}
 }
 
-// reported is what this VM has added to the memory metrics so far. It is
-// per VM, not per Plugin, so a reconfiguration carries on from it.
-var reported struct{ heap, sys, gc uint64 }
+// MemoryReport is what one Go runtime has added to a configuration's
+// memory metrics so far (Plugin.Tick). The host keeps one for each Go
+// runtime and set of metrics, and gives it to every Plugin it builds for
+// them (Options.Memory), so that a reconfiguration, or another worker's
+// Plugin reporting the same runtime, carries on from it. The zero value has
+// reported nothing. A MemoryReport is used by one Plugin's Tick at a time.
+type MemoryReport struct{ heap, sys, gc uint64 }
 
-// configure parses and compiles a configuration (config.Parse is the only
-// validator). Buckets live in shared data under a prefix of the root id, so
-// a new configuration (or another worker) finds the same buckets for rules
-// whose name and limit keys are unchanged.
-func (p *Plugin) configure(data []byte, rootID string) error {
-	cfg, err := parseConfiguration(data)
-	if err != nil {
-		return err
-	}
+// configure compiles a parsed configuration. Buckets live in shared data
+// under a prefix of the root id, so a new configuration (or another worker)
+// finds the same buckets for rules whose name and limit keys are unchanged.
+func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 	table, err := store.New(p.host.SharedData(), Name+":v2:"+rootID+":", cfg.MaxKeys)
 	if err != nil {
 		return err
@@ -206,6 +223,7 @@ func (p *Plugin) configure(data []byte, rootID string) error {
 	for i := range cfg.Rules {
 		p.rules[i] = p.compile(&cfg.Rules[i])
 	}
+	p.readsBody = (&Configuration{cfg: cfg}).ReadsResponseBody()
 	p.keyed = false
 	p.keyIdentities()
 	p.metrics = globalMetrics{

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/shareddata"
 )
 
@@ -14,7 +14,7 @@ import (
 // logs it keeps, and callouts it holds until the test answers them.
 type fakeHost struct {
 	now      int64
-	sd       slots.SharedData
+	sd       SharedData
 	counters map[string]*fakeCounter
 	logs     []string
 	warns    int         // how many of logs are warnings
@@ -38,10 +38,10 @@ func newFakeHost() *fakeHost {
 	return &fakeHost{now: 1_000e9, sd: shareddata.New(), counters: map[string]*fakeCounter{}}
 }
 
-func (h *fakeHost) Now() int64                   { return h.now }
-func (h *fakeHost) SharedData() slots.SharedData { return h.sd }
-func (h *fakeHost) Counter(name string) Counter  { return h.metric(name) }
-func (h *fakeHost) Gauge(name string) Gauge      { return h.metric(name) }
+func (h *fakeHost) Now() int64                  { return h.now }
+func (h *fakeHost) SharedData() SharedData      { return h.sd }
+func (h *fakeHost) Counter(name string) Counter { return h.metric(name) }
+func (h *fakeHost) Gauge(name string) Gauge     { return h.metric(name) }
 func (h *fakeHost) Log(level LogLevel, msg string) {
 	h.logs = append(h.logs, msg)
 	if level == LogWarn {

@@ -6,7 +6,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
 )
 
 // Bucket identities. A local bucket (and a cluster rule's lease) is found
@@ -30,7 +30,7 @@ const IdentityKeyKey = Name + ":identity-key"
 // from the service's key_secret when it has one (HMAC-SHA256 of a fixed
 // label, so the key is not the secret itself), else the process's secret
 // in shared data.
-func identityKey(sd slots.SharedData, keySecret string) (k0, k1 uint64, err error) {
+func identityKey(sd SharedData, keySecret string) (k0, k1 uint64, err error) {
 	var b []byte
 	if keySecret != "" {
 		mac := hmac.New(sha256.New, []byte(keySecret))

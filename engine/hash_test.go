@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
 )
 
 // collidingTenants are two x-tenant values whose bucket identities were
@@ -54,7 +54,7 @@ func BenchmarkIdentity(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			p := newPlugin(b, newFakeHost(), bc.cfg)
 			ru := p.rules[0]
-			r := &request{}
+			r := &requestValues{}
 			for i, k := range ru.LimitKeys {
 				r.values = append(r.values, cachedValue{k, bc.values[i], true})
 			}
@@ -119,7 +119,7 @@ func TestIDHashVectors(t *testing.T) {
 func TestIdentityKey(t *testing.T) {
 	secret := `{"service": {"cluster": "limitd", "key_secret": "0123456789abcdef0123456789abcdef"}, ` + tenantRule[1:]
 	id := func(p *Plugin) uint64 {
-		r := &request{values: []cachedValue{{p.rules[0].LimitKeys[0], collidingTenants[0], true}}}
+		r := &requestValues{values: []cachedValue{{p.rules[0].LimitKeys[0], collidingTenants[0], true}}}
 		v, _, _ := identity(p.rules[0], r)
 		return v
 	}

@@ -1,6 +1,6 @@
 package engine
 
-import "github.com/ratelimit-wasm/tokenbucket/internal/slots"
+import "github.com/ratelimit-wasm/tokenbucket/engine/slots"
 
 // Host is what the engine needs from the proxy for the whole plugin.
 type Host interface {
@@ -8,7 +8,7 @@ type Host interface {
 	Now() int64
 	// SharedData is the proxy's shared key/value store (every worker's),
 	// with Envoy's compare-and-swap semantics.
-	SharedData() slots.SharedData
+	SharedData() SharedData
 	// Counter and Gauge define a metric by name (at configuration time).
 	Counter(name string) Counter
 	Gauge(name string) Gauge
@@ -18,6 +18,31 @@ type Host interface {
 	// delivered whatever becomes of the request that caused it.
 	Callout(call *Call, answer func(*Answer)) error
 }
+
+// SharedData is the proxy's shared key/value store with Envoy's semantics
+// (proxy-wasm-cpp-host's SharedData): Get returns a key's value and CAS, or
+// ErrNotFound for a missing key; Set fails with ErrCASMismatch only when the
+// key exists, cas != 0 and cas differs from the key's current CAS (a set on
+// a missing key always succeeds); every successful Set gives the key the
+// next value of one process-wide counter as its CAS. There is no delete.
+type SharedData interface {
+	Get(key string) (value []byte, cas uint32, err error)
+	Set(key string, value []byte, cas uint32) error
+}
+
+// The errors a SharedData returns for a missing key and a lost
+// compare-and-swap (the engine's tables compare with errors.Is).
+var (
+	ErrNotFound    = slots.ErrNotFound
+	ErrCASMismatch = slots.ErrCASMismatch
+)
+
+// DrawNumber draws the next number of the counter stored in sd under key:
+// 1, then 2, and so on, each number to one caller only, whichever worker
+// draws it (slots.Next: a bounded CAS loop; it fails having drawn nothing
+// when it keeps losing). A host numbers what must differ between workers
+// with it (the Wasm plugin's shared queues).
+func DrawNumber(sd SharedData, key string) (uint64, error) { return slots.Next(sd, key) }
 
 // Stream is one request as the host offers it. Its methods act on that
 // request only.

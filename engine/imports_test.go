@@ -30,3 +30,31 @@ func TestNoHostSDK(t *testing.T) {
 		t.Fatalf("go list -deps printed %d packages: %v", len(deps), deps)
 	}
 }
+
+// TestTreeByImports: the adapters (plugin, native/filter) import of this
+// module only the engine, and what lives under engine/ (store, lease,
+// slots, jsonpath) is imported only from beneath engine/ and by test
+// helpers (internal/testing/).
+func TestTreeByImports(t *testing.T) {
+	const module = "github.com/ratelimit-wasm/tokenbucket"
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg, imports := f[0], f[1:]
+		for _, imp := range imports {
+			if !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			switch {
+			case (pkg == module+"/plugin" || pkg == module+"/native/filter") && imp != module+"/engine":
+				t.Errorf("%s imports %s: an adapter sees only the engine", pkg, imp)
+			case strings.HasPrefix(imp, module+"/engine/") && !strings.HasPrefix(pkg, module+"/engine") &&
+				!strings.HasPrefix(pkg, module+"/internal/testing/"):
+				t.Errorf("%s imports %s, which only the engine uses", pkg, imp)
+			}
+		}
+	}
+}

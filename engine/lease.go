@@ -5,7 +5,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/lease"
+	"github.com/ratelimit-wasm/tokenbucket/engine/lease"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
@@ -210,27 +210,25 @@ func (c *Request) leaseServiceDown(ru *rule, retry bool) *rejection {
 	if retry && c.spendAll(now) {
 		return nil
 	}
-	if ru.Service.FailureMode == config.FailDeny {
-		return &rejection{rule: ru, reason: reasonServiceDown}
-	}
-	for i := range pl.leased {
-		t := &pl.leased[i]
-		if t.held {
-			continue
+	return failureMode(ru, func() {
+		for i := range pl.leased {
+			t := &pl.leased[i]
+			if t.held {
+				continue
+			}
+			spends := append(c.scratch.spends[:0], lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
+			c.scratch.spends = spends
+			out := c.scratch.leaseResults(1)
+			if ok, err := p.leases.Spend(now, spends, out); err != nil || !ok {
+				t.rule.failedOpen.Increment(1)
+				continue
+			}
+			p.spent(*t, &out[0])
+			t.held, t.d = true, leaseDecision(t.rule, &out[0].Record, now)
+			t.rule.allowed.Increment(1)
+			c.show(t.rule, t.d)
 		}
-		spends := append(c.scratch.spends[:0], lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
-		c.scratch.spends = spends
-		out := c.scratch.leaseResults(1)
-		if ok, err := p.leases.Spend(now, spends, out); err != nil || !ok {
-			t.rule.failedOpen.Increment(1)
-			continue
-		}
-		p.spent(*t, &out[0])
-		t.held, t.d = true, leaseDecision(t.rule, &out[0].Record, now)
-		t.rule.allowed.Increment(1)
-		c.show(t.rule, t.d)
-	}
-	return nil
+	})
 }
 
 // spendAll spends the request's cost from each of its leases, all or none,

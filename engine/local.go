@@ -4,8 +4,8 @@ import (
 	"strconv"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
-	"github.com/ratelimit-wasm/tokenbucket/lease"
-	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/engine/lease"
+	"github.com/ratelimit-wasm/tokenbucket/engine/store"
 )
 
 // decideShadows runs each local shadow rule's bucket on its own: it consumes
@@ -21,7 +21,7 @@ func (c *Request) decideShadows() {
 			t.held = true
 			t.rule.allowed.Increment(1)
 		default:
-			c.shadowRejected(t.rule)
+			c.plugin.shadowRejected(t.rule)
 		}
 	}
 }
@@ -123,9 +123,9 @@ func (c *Request) show(ru *rule, d bucket.Decision) {
 
 // shadowRejected counts a shadow rule's would-be rejection and logs it at
 // most once a second per rule.
-func (c *Request) shadowRejected(ru *rule) {
+func (p *Plugin) shadowRejected(ru *rule) {
 	ru.shadowRej.Increment(1)
-	if n, ok := ru.shadowLog.allow(c.plugin.now()); ok {
-		c.plugin.host.Log(LogInfo, Name+": shadow rule "+strconv.Quote(ru.Name)+" would have rejected a request ("+strconv.Itoa(n)+" similar lines suppressed)")
+	if n, ok := ru.shadowLog.allow(p.now()); ok {
+		p.host.Log(LogInfo, Name+": shadow rule "+strconv.Quote(ru.Name)+" would have rejected a request ("+strconv.Itoa(n)+" similar lines suppressed)")
 	}
 }

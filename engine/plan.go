@@ -48,7 +48,7 @@ type plan struct {
 // (its keys are present, or missing_key is "shared"), or rejects for
 // missing_key "deny"; one that matches but lacks a key with "skip" does not
 // apply, and the next member is tried.
-func (c *Request) planRules(r *request) *rejection {
+func (c *Request) planRules(r *requestValues) *rejection {
 	p := c.plugin
 	var claimedBuf [4]string
 	claimed := claimedBuf[:0] // groups whose member applied
@@ -72,7 +72,7 @@ func (c *Request) planRules(r *request) *rejection {
 					claimed = append(claimed, ru.Group)
 				}
 				if ru.Mode == config.ModeShadow {
-					c.shadowRejected(ru)
+					c.plugin.shadowRejected(ru)
 					continue
 				}
 				return &rejection{rule: ru, reason: reasonMissingKey}
@@ -90,7 +90,7 @@ func (c *Request) planRules(r *request) *rejection {
 		t := take{rule: ru, id: id, key: key, cost: requestCost(ru, r)}
 		if t.cost > ru.limit.Burst {
 			if ru.Mode == config.ModeShadow {
-				c.shadowRejected(ru)
+				c.plugin.shadowRejected(ru)
 				continue
 			}
 			return &rejection{rule: ru, reason: reasonCostTooHigh}
@@ -120,7 +120,7 @@ func (c *Request) planRules(r *request) *rejection {
 //
 // A cost known only from the response reserves default_cost (response.go
 // charges the difference).
-func requestCost(ru *rule, r *request) float64 {
+func requestCost(ru *rule, r *requestValues) float64 {
 	switch {
 	case ru.Cost.Source.Kind == config.SourceFixed:
 		return ru.Cost.Fixed

@@ -131,7 +131,7 @@ func jitter(base int64, id uint64) int64 {
 // values again from the host, once per rejection: nothing per allowed
 // request.
 func (c *Request) jitterKey(ru *rule) uint64 {
-	r := request{s: c.stream, cfg: c.plugin.cfg}
+	r := requestValues{s: c.stream, cfg: c.plugin.cfg}
 	h := ru.clusterName
 	for _, k := range ru.LimitKeys {
 		v, has := r.value(k)

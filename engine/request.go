@@ -1,393 +1,213 @@
 package engine
 
 import (
-	"encoding/base64"
-	"hash"
-	"strings"
-
-	"github.com/tidwall/gjson"
-
-	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/internal/jsonlimit"
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/engine/lease"
+	"github.com/ratelimit-wasm/tokenbucket/engine/store"
 )
 
-// maxJWTPayload bounds the unverified bearer token payload the plugin
-// decodes (base64url text), and maxJWTDepth its nesting, before gjson (whose
-// validator recurses once per level) sees it: a client controls both.
+// Request decides one request. The host makes one with Plugin.NewRequest
+// and may use it again for another request after Done.
+type Request struct {
+	plugin *Plugin
+	stream Stream
+
+	plan plan
+	// The decision's progress: the next step (step), and whether the
+	// request waits for a call whose answer goes on (paused: cleared when
+	// the decision ends, or when the host answered the request itself,
+	// after which a late answer changes nothing of the request).
+	step   step
+	paused bool
+	// gen counts the requests this Request has served (Done): an answer
+	// to a call the plugin sent for an earlier one is not this request's.
+	gen uint64
+	// leaseAnswer is the answer to the request's lease call, waiting for
+	// Stream.Run to hand it to the request (nil: none). calling: the
+	// request is handing its lease call to the host, and early the answer
+	// a host gave before that returned.
+	leaseAnswer *leaseWait
+	calling     bool
+	early       *leaseWait
+	shadowsSent bool // the shadow cluster rules went out (alone or riding a call)
+	// What the response headers report: the enforced rule closest to its
+	// limit, or none.
+	shown      *rule
+	shownLeft  float64
+	decision   bucket.Decision
+	localReply bool
+	// Backing for the request's values (request.values): a request reads
+	// a handful, so none is allocated.
+	values [4]cachedValue
+	// The response's part: costs known from the response and charge_on
+	// (response.go).
+	body bodyScan
+	// Buffers a callback fills and uses before it returns; they stay with
+	// the context when it is reused, so a request allocates none.
+	scratch scratch
+}
+
+// scratch is one request's working buffers: nothing in them outlives the
+// callback that fills them, and they hold no pointers, so a reused context
+// keeps them without keeping anything alive.
+type scratch struct {
+	reqs    []store.Request
+	out     []bucket.Decision
+	spends  []lease.Spend
+	results []lease.Result
+	text    []byte // header values being formatted
+}
+
+// keep is s emptied, for the context's next request.
+func (s *scratch) keep() scratch {
+	return scratch{reqs: s.reqs[:0], out: s.out[:0], spends: s.spends[:0], results: s.results[:0], text: s.text[:0]}
+}
+
+// decisions is s.out with n elements.
+func (s *scratch) decisions(n int) []bucket.Decision {
+	if cap(s.out) < n {
+		s.out = make([]bucket.Decision, n)
+	}
+	return s.out[:n]
+}
+
+// leaseResults is s.results with n elements.
+func (s *scratch) leaseResults(n int) []lease.Result {
+	if cap(s.results) < n {
+		s.results = make([]lease.Result, n)
+	}
+	return s.results[:n]
+}
+
+// step is where a request's decision stands: the enforced local rules are
+// decided in OnRequestHeaders, then the leased cluster rules, then the
+// per-request cluster rules, each of which may wait for a call.
+type step uint8
+
 const (
-	maxJWTPayload = 8 << 10
-	maxJWTDepth   = 16
+	stepLeases step = iota
+	stepCluster
+	stepDone
 )
 
-// request reads the values a request offers to limit keys, match conditions
-// and costs, each at most once from the host: a value read for a match
-// condition is the value a limit key then uses. It lives for one
-// OnRequestHeaders.
-type request struct {
-	s      Stream
-	cfg    *config.Config
-	values []cachedValue
-	// cookies are the values of every Cookie header, read once for all
-	// cookie sources.
-	cookies     []string
-	cookiesRead bool
-}
+// NewRequest returns a Request on s for the host to drive: OnRequestHeaders,
+// then the response's callbacks, then Done.
+func (p *Plugin) NewRequest(s Stream) *Request { return &Request{plugin: p, stream: s} }
 
-type cachedValue struct {
-	src config.Source
-	v   string
-	ok  bool
-}
-
-// value returns the value of src for this request and whether it has one.
-func (r *request) value(src config.Source) (string, bool) {
-	for i := range r.values {
-		if r.values[i].src == src {
-			return r.values[i].v, r.values[i].ok
-		}
+// Done ends the request's life in the engine: a body scan still waiting
+// (a reset, or the client gone, before the body's end) is settled as cut
+// short, and a lease answer not yet handed to the request is recorded in
+// the leases, its grant whole. The Request is then empty, holding only its
+// scratch buffers, and the host may use it for another request of the same
+// plugin. An answer to a callout of this request (Stream.Callout) that
+// arrives later must not be delivered (a proxy-wasm host drops it with the
+// context); the calls the plugin owns (shadows, leases) keep their own
+// takes, never the request's, and find the request gone by its gen. Done
+// is idempotent.
+func (c *Request) Done() {
+	if c.body.active {
+		c.cutShort()
 	}
-	v, ok := r.read(src)
-	r.values = append(r.values, cachedValue{src, v, ok})
-	return v, ok
-}
-
-// read reads the value of src from the host.
-func (r *request) read(src config.Source) (string, bool) {
-	switch src.Kind {
-	case config.SourceHeader:
-		return r.s.RequestHeader(src.Name)
-	case config.SourceMethod:
-		return r.s.RequestHeader(":method")
-	case config.SourceAuthority:
-		return r.s.RequestHeader(":authority")
-	case config.SourcePath:
-		p := r.rawPath()
-		if i := strings.IndexByte(p, '?'); i >= 0 {
-			p = p[:i]
-		}
-		return p, p != ""
-	case config.SourceQuery:
-		return queryParam(r.rawPath(), src.Name)
-	case config.SourceCookie:
-		return r.cookie(src.Name)
-	case config.SourceIP:
-		return r.clientIP()
-	case config.SourceJWT:
-		return r.jwtClaim(src.Name)
+	if w := c.leaseAnswer; w != nil {
+		c.leaseAnswer = nil
+		c.plugin.recordLeaseAnswer(w)
 	}
-	return "", false
+	p, s, gen := c.plugin, c.stream, c.gen+1
+	keep := c.scratch.keep()
+	*c = Request{} // drop every reference
+	c.plugin, c.stream, c.scratch, c.gen = p, s, keep, gen
 }
 
-// rawPath is :path, query included (read once, as a source of its own).
-func (r *request) rawPath() string {
-	v, _ := r.value(config.Source{Kind: config.SourceHeader, Name: ":path"})
-	return v
+// rejection is why a request is answered by the plugin.
+type rejection struct {
+	rule   *rule
+	reason string
+	d      bucket.Decision // token_bucket_exceeded: what the headers report
 }
 
-// cookie is the first cookie called name over every Cookie header, as Go's
-// net/http and most upstreams read them: a client that splits its cookies
-// over two headers, or writes "name =v", still names its own bucket. A
-// request sends Cookie headers rarely enough that reading all its headers
-// for them costs nothing the others pay.
-func (r *request) cookie(name string) (string, bool) {
-	if !r.cookiesRead {
-		r.cookiesRead = true
-		if hs := r.s.RequestHeaders(); len(hs) > 0 {
-			for _, h := range hs {
-				if h[0] == "cookie" {
-					r.cookies = append(r.cookies, h[1])
-				}
+// Reasons named in the X-RateLimit-Reason header and the JSON body.
+const (
+	reasonExceeded    = "token_bucket_exceeded"
+	reasonCostTooHigh = "cost_exceeds_burst"
+	reasonMissingKey  = "missing_limit_key"
+	reasonServiceDown = "limit_service_unavailable"
+)
+
+// OnRequestHeaders decides the request from its headers: read the request
+// once, decide once, answer once (Pause: it waits for a call, or the
+// engine answered it).
+func (c *Request) OnRequestHeaders() Action {
+	p := c.plugin
+	c.plan = plan{now: p.now()}
+	c.plan.local = c.plan.buf[:0]
+	if !p.keyed {
+		p.keyIdentities()
+	}
+	rej := c.planRules(&requestValues{s: c.stream, cfg: p.cfg, values: c.values[:0]})
+	if p.readsBody {
+		c.askIdentityEncoding()
+	}
+	c.decideShadows()
+	if rej == nil {
+		rej = c.enforceLocal()
+	}
+	c.step = stepLeases
+	return c.next(rej)
+}
+
+// next goes on with the request's decision after a step that rejected it
+// (rej) or admitted it so far (nil): it runs the remaining steps until one
+// waits for a call (the request pauses; the call's answer calls next
+// again) or none is left, and then ends the request. Every step and every
+// answer returns through here, so a request ends in one place: end.
+func (c *Request) next(rej *rejection) Action {
+	for rej == nil && c.step != stepDone {
+		wait := false
+		switch c.step {
+		case stepLeases:
+			c.step = stepCluster
+			if len(c.plan.leased) > 0 {
+				rej, wait = c.spendLeases()
+			}
+		case stepCluster:
+			c.step = stepDone
+			if len(c.plan.cluster) > 0 {
+				rej, wait = c.dispatch()
 			}
 		}
-	}
-	for _, c := range r.cookies {
-		if v, ok := cookieValue(c, name); ok {
-			return v, true
+		if wait {
+			c.paused = true
+			return Pause
 		}
 	}
-	return "", false
+	return c.end(rej)
 }
 
-// clientIP is the downstream address Envoy reports (source.address), or
-// with xff_num_trusted_hops N > 0 the address Envoy's own
-// xff_num_trusted_hops N would trust: the Nth from the right of
-// X-Forwarded-For as the client's proxies sent it. An edge Envoy
-// (use_remote_address: true, which ip:address requires: see the README)
-// appends the peer's address to the header before any filter runs, so that
-// entry is skipped: the plugin counts N+1 from the right. With fewer
-// addresses than that it falls back to the downstream address.
-func (r *request) clientIP() (string, bool) {
-	if n := r.cfg.XFFNumTrustedHops; n > 0 {
-		if xff, ok := r.s.RequestHeader("x-forwarded-for"); ok {
-			if ip, ok := xffClient(xff, n+1); ok {
-				return ip, true
-			}
-		}
+// end ends the request's decision, once: with a rejection, everything the
+// request took is given back (the one place a refund happens) and the
+// reply is sent; the shadow cluster rules that no call carried go out
+// alone; a paused request is resumed unless the reply answered it. It
+// returns the action for the request-headers callback (a callout's answer
+// ignores it).
+func (c *Request) end(rej *rejection) Action {
+	paused := c.paused
+	c.step, c.paused = stepDone, false
+	if rej != nil {
+		c.giveBack()
 	}
-	a, ok := r.s.Property("source", "address")
-	return stripPort(string(a)), ok && len(a) > 0
+	if !c.shadowsSent && len(c.plan.shadowC) > 0 {
+		c.dispatchShadow()
+	}
+	if rej != nil && c.sendReply(*rej) {
+		return Pause
+	}
+	if paused {
+		c.resume()
+	}
+	return Continue
 }
 
-// jwtClaim reads a claim (dots for nesting) of the token jwt_authn verified,
-// from the metadata it writes with payload_in_metadata; or, only with
-// trust_unverified_jwt, from the bearer token's payload.
-func (r *request) jwtClaim(claim string) (string, bool) {
-	path := []string{"metadata", "filter_metadata", r.cfg.JWTMetadataNamespace, r.cfg.JWTPayloadKey}
-	path = append(path, strings.Split(claim, ".")...)
-	if v, ok := r.s.Property(path...); ok && len(v) > 0 {
-		return string(v), true
-	}
-	if !r.cfg.TrustUnverifiedJWT {
-		return "", false
-	}
-	auth, ok := r.s.RequestHeader("authorization")
-	if !ok {
-		return "", false
-	}
-	return unverifiedClaim(auth, claim)
-}
-
-// xffClient returns the nth address from the right of an X-Forwarded-For
-// value (n >= 1).
-func xffClient(xff string, n int) (string, bool) {
-	for i := 1; ; i++ {
-		j := strings.LastIndexByte(xff, ',')
-		part := strings.TrimSpace(xff[j+1:])
-		if i == n {
-			return part, part != ""
-		}
-		if j < 0 {
-			return "", false
-		}
-		xff = xff[:j]
-	}
-}
-
-// stripPort turns "1.2.3.4:5678" or "[::1]:5678" into the address alone.
-func stripPort(a string) string {
-	if strings.HasPrefix(a, "[") {
-		if i := strings.IndexByte(a, ']'); i > 0 {
-			return a[1:i]
-		}
-		return a
-	}
-	if i := strings.LastIndexByte(a, ':'); i >= 0 && strings.IndexByte(a, ':') == i {
-		return a[:i]
-	}
-	return a
-}
-
-// queryParam returns the first value of name in the query of path,
-// percent-decoded. A malformed escape makes the value absent.
-func queryParam(path, name string) (string, bool) {
-	i := strings.IndexByte(path, '?')
-	if i < 0 {
-		return "", false
-	}
-	q := path[i+1:]
-	if j := strings.IndexByte(q, '#'); j >= 0 {
-		q = q[:j]
-	}
-	for q != "" {
-		var pair string
-		pair, q, _ = strings.Cut(q, "&")
-		k, v, _ := strings.Cut(pair, "=")
-		if k != name {
-			if !strings.ContainsAny(k, "%+") {
-				continue
-			}
-			if uk, ok := unescape(k); !ok || uk != name {
-				continue
-			}
-		}
-		return unescape(v)
-	}
-	return "", false
-}
-
-// unescape decodes a query component: "+" is a space, "%XX" a byte. A
-// malformed escape makes ok false.
-func unescape(s string) (string, bool) {
-	if !strings.ContainsAny(s, "%+") {
-		return s, true
-	}
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '+':
-			b = append(b, ' ')
-		case '%':
-			if i+2 >= len(s) || unhex(s[i+1]) < 0 || unhex(s[i+2]) < 0 {
-				return "", false
-			}
-			b = append(b, byte(unhex(s[i+1])<<4|unhex(s[i+2])))
-			i += 2
-		default:
-			b = append(b, c)
-		}
-	}
-	return string(b), true
-}
-
-func unhex(c byte) int {
-	switch {
-	case '0' <= c && c <= '9':
-		return int(c - '0')
-	case 'a' <= c && c <= 'f':
-		return int(c - 'a' + 10)
-	case 'A' <= c && c <= 'F':
-		return int(c - 'A' + 10)
-	}
-	return -1
-}
-
-// cookieValue returns the value of the first cookie called name in one
-// Cookie header value. Names are compared after trimming spaces and tabs
-// ("sid =v" is the cookie sid, as net/http reads it); a value loses the
-// double quotes around it, and never holds a ';'.
-func cookieValue(header, name string) (string, bool) {
-	for header != "" {
-		var part string
-		part, header, _ = strings.Cut(header, ";")
-		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if ok && strings.TrimRight(k, " \t") == name {
-			v = strings.TrimLeft(v, " \t")
-			if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
-				v = v[1 : len(v)-1]
-			}
-			return v, true
-		}
-	}
-	return "", false
-}
-
-// unverifiedClaim reads a claim from the payload of "Bearer <jwt>" without
-// verifying anything.
-func unverifiedClaim(auth, claim string) (string, bool) {
-	tok, ok := strings.CutPrefix(auth, "Bearer ")
-	if !ok {
-		return "", false
-	}
-	parts := strings.Split(tok, ".")
-	if len(parts) != 3 || len(parts[1]) > maxJWTPayload {
-		return "", false
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
-	if err != nil {
-		return "", false
-	}
-	if _, ok := jsonlimit.Check(payload, maxJWTDepth); !ok || !gjson.ValidBytes(payload) {
-		return "", false
-	}
-	v := gjson.GetBytes(payload, escapeClaimPath(claim))
-	if !v.Exists() {
-		return "", false
-	}
-	if v.Type == gjson.String {
-		return v.Str, true
-	}
-	return v.Raw, true
-}
-
-// escapeClaimPath escapes gjson's wildcard and modifier characters so a
-// claim path is only ever a plain dotted path.
-func escapeClaimPath(p string) string {
-	if !strings.ContainsAny(p, `*?|#@\!`) {
-		return p
-	}
-	var b strings.Builder
-	for i := 0; i < len(p); i++ {
-		if strings.IndexByte(`*?|#@\!`, p[i]) >= 0 {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(p[i])
-	}
-	return b.String()
-}
-
-// matches reports whether every condition holds for the request. A regex
-// reads at most the condition's RegexMaxInput bytes: a longer value does not
-// match, and is counted in long.
-func (r *request) matches(conds []config.Condition, long Counter) bool {
-	for i := range conds {
-		c := &conds[i]
-		v, ok := r.value(c.Source)
-		if c.Present != nil && *c.Present != ok {
-			return false
-		}
-		if c.Equals == nil && c.In == nil && c.Prefix == nil && c.Regex == nil {
-			continue
-		}
-		if !ok {
-			return false
-		}
-		if c.Equals != nil && v != *c.Equals {
-			return false
-		}
-		if c.Prefix != nil && !strings.HasPrefix(v, *c.Prefix) {
-			return false
-		}
-		if c.In != nil && !contains(c.In, v) {
-			return false
-		}
-		if c.Regex != nil {
-			if len(v) > c.RegexMaxInput {
-				long.Increment(1)
-				return false
-			}
-			if !c.Regex.MatchString(v) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-func contains(list []string, v string) bool {
-	for _, s := range list {
-		if s == v {
-			return true
-		}
-	}
-	return false
-}
-
-// identity is the bucket of ru for this request: the keyed hash of the
-// rule and its key values (hash.go), and for a cluster rule also the
-// bucket's name in the limit service (see clusterKey), all from one read of
-// each value. present is false when a key has no value; id and key are
-// then the rule's one bucket for all such requests (what missing_key
-// "shared" uses).
-func identity(ru *rule, r *request) (id uint64, key string, present bool) {
-	cluster := ru.Scope == config.ScopeCluster
-	var mac hash.Hash // keyed cluster keys: see keyMAC
-	if cluster && ru.Service != nil && ru.Service.KeySecret != "" {
-		mac = keyMAC(ru)
-	}
-	own := ru.identity
-	lo, hi := ru.clusterName, ru.clusterName.byte(0x5c)
-	present = true
-	for _, k := range ru.LimitKeys {
-		v, has := r.value(k)
-		if !has {
-			own = ru.identity
-			own.byte(0xff)
-			lo, hi, present = ru.clusterName.byte(0xff), ru.clusterName.byte(0x5c).byte(0xff), false
-			break
-		}
-		own.field(v)
-		switch {
-		case mac != nil:
-			macField(mac, v)
-		case cluster:
-			lo, hi = lo.field(v), hi.field(v)
-		}
-	}
-	switch {
-	case cluster && mac != nil && present:
-		key = keyedClusterKey(ru.Name, mac)
-	case cluster:
-		key = clusterKey(ru.Name, lo.sum(), hi.sum())
-	}
-	return own.sum(), key, present
-}
+// waiting reports whether the request still waits for the answer of a
+// call: false once Envoy answered it itself (a stream timeout, a reset),
+// when a late answer may only record what it says of the buckets.
+func (c *Request) waiting() bool { return c.paused }

@@ -6,8 +6,8 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/lease"
-	"github.com/ratelimit-wasm/tokenbucket/store"
+	"github.com/ratelimit-wasm/tokenbucket/engine/lease"
+	"github.com/ratelimit-wasm/tokenbucket/engine/store"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
@@ -214,7 +214,8 @@ func (c *Request) cutShort() {
 // when a rule of the request reads its cost from the body (response_json):
 // the plugin does not decode bodies, and a client must not lower its cost
 // by accepting gzip. It replaces the request's accept-encoding (absent
-// means any coding) with identity. Called once the rules are planned.
+// means any coding) with identity. Called once the rules are planned, when
+// a rule of the configuration reads the body (Plugin.readsBody).
 func (c *Request) askIdentityEncoding() {
 	pl := &c.plan
 	for _, takes := range [...][]take{pl.local, pl.cluster, pl.leased, pl.shadowLocal, pl.shadowC} {
@@ -231,91 +232,140 @@ func (c *Request) askIdentityEncoding() {
 	}
 }
 
-// settleHeaders settles the takes that the response's headers decide, and
-// prepares the body scan for response_json costs.
+// settleHeaders settles the takes that the response's headers decide
+// (settleByHeaders), and starts the body scans of the response_json costs
+// (startScans).
 func (c *Request) settleHeaders(endOfStream bool) {
-	pl := &c.plan
-	status, statusRead := 0, false
-	encoded, encodingRead := false, false
 	var settledBuf [4]*take
 	settled := settledBuf[:0]
+	h := responseHeaders{stream: c.stream}
 	b := &c.body
 	b.takes, b.targets = b.takesBuf[:0], b.targetsBuf[:0]
+	pl := &c.plan
 	for _, takes := range [...][]take{pl.local, pl.shadowLocal, pl.cluster, pl.leased, pl.shadowC} {
 		for i := range takes {
 			t := &takes[i]
-			ru := t.rule
-			if !t.held || !ru.charges {
+			if !t.held || !t.rule.charges {
 				continue
 			}
-			if ru.ChargeOn.Listed {
-				if !statusRead {
-					statusRead = true
-					if v, ok := c.stream.ResponseHeader(":status"); ok {
-						status, _ = strconv.Atoi(v)
-					}
-				}
-				if status != 0 && !ru.ChargeOn.Has(status) {
-					t.amount = -t.cost // not an outcome this rule counts
-					settled = append(settled, t)
-					continue
-				}
-			}
-			switch ru.Cost.Source.Kind {
-			case config.SourceResponseHeader:
-				v, found := c.stream.ResponseHeader(ru.Cost.Source.Name)
-				cost, ok := parseResponseCost(v)
-				if !found || !ok {
-					ru.costMissing.Increment(1)
-					continue
-				}
-				t.amount = cost - t.cost
+			switch settleByHeaders(t, &h, endOfStream) {
+			case settledNow:
 				settled = append(settled, t)
-			case config.SourceResponseJSON:
-				if endOfStream {
-					ru.costMissing.Increment(1) // no body at all
-					continue
-				}
-				if !encodingRead {
-					encodingRead = true
-					v, found := c.stream.ResponseHeader("content-encoding")
-					encoded = found && isEncoded(v)
-				}
-				if encoded {
-					// Not decoded here: charged as a body cut short.
-					t.amount = ru.Cost.Truncated - t.cost
-					ru.costTruncated.Increment(1)
-					settled = append(settled, t)
-					continue
-				}
+			case readsBody:
+				ru := t.rule
 				b.takes = append(b.takes, t)
 				b.targets = append(b.targets, bodyTarget{path: ru.costPath, max: ru.Cost.MaxBodyBytes})
 				b.max = max(b.max, ru.Cost.MaxBodyBytes)
 			}
 		}
 	}
-	if n := len(b.takes); n > 0 {
-		p := c.plugin
-		if p.bodyHeld+n*ScanBytes > p.bodyBudget {
-			// The VM's budget is spent: these costs are not read.
-			for _, t := range b.takes {
-				t.rule.costMissing.Increment(1)
-			}
-			p.warn(&p.headerLog, "response body scans past the VM's budget of "+strconv.Itoa(p.bodyBudget)+" bytes: costs counted missing")
-		} else {
-			b.active = true
-			b.held = n * ScanBytes
-			p.bodyHeld += b.held
-			for i := range b.targets {
-				b.targets[i].reset()
-			}
-			if v, ok := c.stream.ResponseHeader("content-type"); ok && isEventStream(v) {
-				b.stream = true
-			}
-		}
-	}
+	c.startScans()
 	if c.settle(settled) {
 		c.reshow() // the headers still to be sent report the buckets after the charge
+	}
+}
+
+// responseHeaders reads the response headers settleByHeaders needs, each
+// at most once a response.
+type responseHeaders struct {
+	stream                           Stream
+	status                           int
+	statusRead, encoded, encodedRead bool
+}
+
+// statusCode is the response's status, 0 when unreadable.
+func (h *responseHeaders) statusCode() int {
+	if !h.statusRead {
+		h.statusRead = true
+		if v, ok := h.stream.ResponseHeader(":status"); ok {
+			h.status, _ = strconv.Atoi(v)
+		}
+	}
+	return h.status
+}
+
+// isEncoded reports whether the response's body has a content coding.
+func (h *responseHeaders) isEncoded() bool {
+	if !h.encodedRead {
+		h.encodedRead = true
+		v, found := h.stream.ResponseHeader("content-encoding")
+		h.encoded = found && isEncoded(v)
+	}
+	return h.encoded
+}
+
+// headersVerdict is what the response's headers make of a take.
+type headersVerdict uint8
+
+const (
+	unsettled  headersVerdict = iota // nothing to charge (its cost missing is counted)
+	settledNow                       // t.amount is set
+	readsBody                        // its cost is in the body (response_json)
+)
+
+// settleByHeaders decides what the response's headers make of a held take
+// of a rule that charges by the response: a status charge_on does not list
+// gives back its cost; a response_header cost sets its amount; a
+// response_json cost waits for the body, unless there is none (missing) or
+// it is encoded (charged as a body cut short: not decoded here).
+func settleByHeaders(t *take, h *responseHeaders, endOfStream bool) headersVerdict {
+	ru := t.rule
+	if ru.ChargeOn.Listed {
+		if status := h.statusCode(); status != 0 && !ru.ChargeOn.Has(status) {
+			t.amount = -t.cost // not an outcome this rule counts
+			return settledNow
+		}
+	}
+	switch ru.Cost.Source.Kind {
+	case config.SourceResponseHeader:
+		v, found := h.stream.ResponseHeader(ru.Cost.Source.Name)
+		cost, ok := parseResponseCost(v)
+		if !found || !ok {
+			ru.costMissing.Increment(1)
+			return unsettled
+		}
+		t.amount = cost - t.cost
+		return settledNow
+	case config.SourceResponseJSON:
+		if endOfStream {
+			ru.costMissing.Increment(1) // no body at all
+			return unsettled
+		}
+		if h.isEncoded() {
+			t.amount = ru.Cost.Truncated - t.cost
+			ru.costTruncated.Increment(1)
+			return settledNow
+		}
+		return readsBody
+	}
+	return unsettled
+}
+
+// startScans starts the body scans settleHeaders left to the body, within
+// the VM's budget for scans in flight (Plugin.bodyBudget): past it, their
+// costs are counted missing.
+func (c *Request) startScans() {
+	b := &c.body
+	n := len(b.takes)
+	if n == 0 {
+		return
+	}
+	p := c.plugin
+	if p.bodyHeld+n*ScanBytes > p.bodyBudget {
+		for _, t := range b.takes {
+			t.rule.costMissing.Increment(1)
+		}
+		p.warn(&p.headerLog, "response body scans past the VM's budget of "+strconv.Itoa(p.bodyBudget)+" bytes: costs counted missing")
+		return
+	}
+	b.active = true
+	b.held = n * ScanBytes
+	p.bodyHeld += b.held
+	for i := range b.targets {
+		b.targets[i].reset()
+	}
+	if v, ok := c.stream.ResponseHeader("content-type"); ok && isEventStream(v) {
+		b.stream = true
 	}
 }
 

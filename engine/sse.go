@@ -6,7 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/internal/jsonpath"
+	"github.com/ratelimit-wasm/tokenbucket/engine/jsonpath"
 )
 
 // bodyTarget is one JSON path looked up in a response body, or in every

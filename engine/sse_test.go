@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/jsonpath"
+	"github.com/ratelimit-wasm/tokenbucket/engine/jsonpath"
 )
 
 // found is what a target found in a stream.

@@ -44,7 +44,7 @@ oci-native: build-native $(BUILD)/installmodule-linux-$(NATIVE_ARCH)
 	@if [ '$(OCI_NATIVE_REF)' = '$(OCI_NATIVE_REF_DEFAULT)' ]; then echo 'note: $(BUILD)/istio/native-envoyfilter.yaml and $(BUILD)/envoy-gateway/native.yaml name $(OCI_NATIVE_REF_DEFAULT), which no cluster pulls: for a cluster, make oci-native OCI_NATIVE_REF=<registry>/<name>:<tag>'; fi
 
 # Strict checks of Istio manifests before applying them (cmd/validateistio,
-# package internal/manifest): every document decoded into Istio's or
+# package internal/packaging/manifest): every document decoded into Istio's or
 # Kubernetes' API type of its kind (unknown fields fail), every WasmPlugin's
 # pluginConfig through the plugin's parser as Istio hands it over. The
 # manifests' own choices (failStrategy, phase, limits) are not judged.

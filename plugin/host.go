@@ -8,16 +8,15 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 )
 
-// sharedData is slots.SharedData on the host's shared data.
+// sharedData is engine.SharedData on the host's shared data.
 type sharedData struct{}
 
 func (sharedData) Get(key string) ([]byte, uint32, error) {
 	v, cas, err := proxywasm.GetSharedData(key)
 	if errors.Is(err, types.ErrorStatusNotFound) {
-		return nil, 0, slots.ErrNotFound
+		return nil, 0, engine.ErrNotFound
 	}
 	return v, cas, err
 }
@@ -25,7 +24,7 @@ func (sharedData) Get(key string) ([]byte, uint32, error) {
 func (sharedData) Set(key string, value []byte, cas uint32) error {
 	err := proxywasm.SetSharedData(key, value, cas)
 	if errors.Is(err, types.ErrorStatusCasMismatch) {
-		return slots.ErrCASMismatch
+		return engine.ErrCASMismatch
 	}
 	return err
 }
@@ -60,11 +59,11 @@ var lent bool
 // Envoy keys a shared queue by vm_id and name, the last registration
 // winning, and every worker runs its own VM with the same vm_id: each
 // plugin context registers a name of its own, numbered by a counter in
-// shared data (slots.Next).
+// shared data (engine.DrawNumber).
 type host struct {
 	id  uint32
 	now func() int64
-	sd  slots.SharedData
+	sd  engine.SharedData
 
 	queue    uint32 // the plugin context's shared queue, if hasQueue
 	hasQueue bool
@@ -93,7 +92,7 @@ var wakeUp = []byte{1}
 var errTooManyWaiting = errors.New("plugin: " + strconv.Itoa(maxWaitingCalls) + " calls already wait for the plugin context")
 
 func (h *host) Now() int64                         { return h.now() }
-func (h *host) SharedData() slots.SharedData       { return h.sd }
+func (h *host) SharedData() engine.SharedData      { return h.sd }
 func (h *host) Counter(name string) engine.Counter { return defineCounter(name) }
 func (h *host) Gauge(name string) engine.Gauge     { return defineGauge(name) }
 
@@ -111,7 +110,7 @@ func (h *host) Log(level engine.LogLevel, msg string) {
 // registerQueue registers the plugin context's shared queue (see host). It
 // runs in OnPluginStart.
 func (h *host) registerQueue() error {
-	n, err := slots.Next(h.sd, queueCounterKey)
+	n, err := engine.DrawNumber(h.sd, queueCounterKey)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,7 @@ package plugin
 // keeps them, metrics_native.go); on wasip1 they call the host directly
 // (metrics_wasip1.go): the SDK's own methods build their panic messages
 // with fmt, which alone kept fmt and much of reflect in the Wasm module
-// (docs/benchmarks/footprint.md).
+// (bench/footprint.md).
 type (
 	counter uint32
 	gauge   uint32

@@ -25,7 +25,6 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 	"github.com/ratelimit-wasm/tokenbucket/internal/version"
 )
 
@@ -38,13 +37,17 @@ func NewVMContext() types.VMContext { return &vmContext{now: wallClock, sd: shar
 type vmContext struct {
 	types.DefaultVMContext
 	now func() int64 // the clock, Unix ns
-	sd  slots.SharedData
+	sd  engine.SharedData
 	// bodyBudget overrides the engine's body budget when not 0 (tests).
 	bodyBudget int
 	// start builds what a plugin context runs; nil is the engine
 	// (startEngine). The host-contract suite's guest sets its own
 	// (contract.go).
 	start func(h *host, data []byte, rootID string, opts engine.Options) (app, error)
+	// memory is what this VM's Go runtime has reported to the memory
+	// metrics so far, shared by its plugin contexts (engine.MemoryReport):
+	// a reconfiguration carries on from it.
+	memory engine.MemoryReport
 }
 
 // OnVMStart implements types.VMContext: it takes garbage collection off the
@@ -122,7 +125,7 @@ func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
 	if start == nil {
 		start = startEngine
 	}
-	return &pluginContext{id: contextID, host: host{id: contextID, now: v.now, sd: v.sd}, bodyBudget: v.bodyBudget, start: start}
+	return &pluginContext{id: contextID, host: host{id: contextID, now: v.now, sd: v.sd}, bodyBudget: v.bodyBudget, memory: &v.memory, start: start}
 }
 
 // app is what a plugin context runs: the engine, or the host-contract
@@ -163,6 +166,7 @@ type pluginContext struct {
 	id         uint32
 	host       host
 	bodyBudget int
+	memory     *engine.MemoryReport // the VM's
 	start      func(h *host, data []byte, rootID string, opts engine.Options) (app, error)
 	e          app
 	free       []*httpContext // contexts of finished streams, for reuse
@@ -183,7 +187,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	if v, err := proxywasm.GetProperty([]string{"plugin_root_id"}); err == nil {
 		rootID = string(v)
 	}
-	e, err := p.start(&p.host, data, rootID, engine.Options{BodyBudget: p.bodyBudget})
+	e, err := p.start(&p.host, data, rootID, engine.Options{BodyBudget: p.bodyBudget, Memory: p.memory})
 	if err != nil {
 		proxywasm.LogCritical(err.Error()) // an *engine.RefusalError: the line to log
 		return types.OnPluginStartStatusFailed

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // TestChargeMatchesModel runs random decisions (refundable or not) and
@@ -62,7 +63,7 @@ func TestChargeMatchesModel(t *testing.T) {
 				}
 				amount := math.Round((r.Float64()*4-1)*lim.Burst*100) / 100
 				amount = math.Max(amount, -lim.Burst)
-				req := &ChargeRequest{Buckets: []ChargeBucket{{Key: "k", Rate: lim.Rate, Burst: lim.Burst, Amount: amount}}}
+				req := &wire.ChargeRequest{Buckets: []wire.ChargeBucket{{Key: "k", Rate: lim.Rate, Burst: lim.Burst, Amount: amount}}}
 				ar, err1 := rs.Charge(ctx, req)
 				am, err2 := ms.Charge(ctx, req)
 				if err1 != nil || err2 != nil {

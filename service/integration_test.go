@@ -21,6 +21,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // Integration tests against real redis-server processes (package
@@ -54,7 +55,7 @@ func realStore(t *testing.T, c redis.UniversalClient, batch int) *RedisStore {
 
 // admitConcurrently runs n concurrent single-cost decisions on one bucket
 // and returns how many were admitted.
-func admitConcurrently(t *testing.T, s Store, n int, req *Request) int {
+func admitConcurrently(t *testing.T, s Store, n int, req *wire.Request) int {
 	t.Helper()
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
@@ -254,7 +255,7 @@ func TestIntegrationCluster(t *testing.T) {
 			}
 			// Several buckets in different slots: all or none (what one
 			// slot took is given back when another refuses).
-			multi := &Request{HashTag: prefix + "user", Buckets: []Bucket{
+			multi := &wire.Request{HashTag: prefix + "user", Buckets: []wire.Bucket{
 				{Key: prefix + "second", Rate: 1, Burst: 1, Cost: 1},
 				{Key: prefix + "minute", Rate: 0.1, Burst: 5, Cost: 1},
 			}}
@@ -275,7 +276,7 @@ func TestIntegrationCluster(t *testing.T) {
 			if d, err := s.Decide(ctx, alone); err != nil || d.Buckets[0].Remaining != 4 {
 				t.Fatalf("alone = %+v, %v", d, err)
 			}
-			pair := &Request{HashTag: "tokenbucket", Buckets: []Bucket{alone.Buckets[0], {Key: prefix + "other", Rate: 1, Burst: 5, Cost: 1}}}
+			pair := &wire.Request{HashTag: "tokenbucket", Buckets: []wire.Bucket{alone.Buckets[0], {Key: prefix + "other", Rate: 1, Burst: 5, Cost: 1}}}
 			if d, err := s.Decide(ctx, pair); err != nil || !d.Allowed || d.Buckets[0].Remaining != 3 {
 				t.Fatalf("beside a second rule = %+v, %v; want the same bucket, 3 left", d, err)
 			}
@@ -289,7 +290,7 @@ func TestIntegrationCluster(t *testing.T) {
 			var granted float64
 			for range 30 {
 				wg.Go(func() {
-					a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{{Key: prefix + "leased", Rate: 0.01, Burst: 40, Want: 3, Min: 1}}})
+					a, err := s.Lease(ctx, &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{Key: prefix + "leased", Rate: 0.01, Burst: 40, Want: 3, Min: 1}}})
 					if err != nil {
 						t.Error(err)
 						return
@@ -303,7 +304,7 @@ func TestIntegrationCluster(t *testing.T) {
 			if granted < 40 || granted > 40.01 { // 0.01 token/s refills a little meanwhile
 				t.Fatalf("30 leases of up to 3 on a burst of 40 granted %v, want 40", granted)
 			}
-			lm := &LeaseRequest{HashTag: prefix + "user", Buckets: []LeaseBucket{
+			lm := &wire.LeaseRequest{HashTag: prefix + "user", Buckets: []wire.LeaseBucket{
 				{Key: prefix + "lease-second", Rate: 1, Burst: 1, Want: 1, Min: 1},
 				{Key: prefix + "lease-minute", Rate: 0.1, Burst: 5, Want: 2, Min: 1},
 			}}
@@ -323,7 +324,7 @@ func TestIntegrationCluster(t *testing.T) {
 				if _, err := s.Decide(ctx, one(prefix+"flushed"+strconv.Itoa(i), 1, 1, 1)); err != nil {
 					t.Fatalf("after SCRIPT FLUSH: %v", err)
 				}
-				if _, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{{Key: prefix + "flushed-lease" + strconv.Itoa(i), Rate: 1, Burst: 1, Want: 1}}}); err != nil {
+				if _, err := s.Lease(ctx, &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{Key: prefix + "flushed-lease" + strconv.Itoa(i), Rate: 1, Burst: 1, Want: 1}}}); err != nil {
 					t.Fatalf("lease after SCRIPT FLUSH: %v", err)
 				}
 			}
@@ -425,10 +426,10 @@ func TestIntegrationLedger(t *testing.T) {
 			ctx := context.Background()
 			// A slow bucket of 100, drained by the grant of 40 and a
 			// decision of 60, so that no return meets its burst.
-			lim := LeaseBucket{Key: "ledger-lease", Rate: 0.01, Burst: 100}
+			lim := wire.LeaseBucket{Key: "ledger-lease", Rate: 0.01, Burst: 100}
 			g := lim
 			g.Want, g.Min = 40, 40
-			if a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{g}}); err != nil || a.Buckets[0].Tokens != 40 {
+			if a, err := s.Lease(ctx, &wire.LeaseRequest{Buckets: []wire.LeaseBucket{g}}); err != nil || a.Buckets[0].Tokens != 40 {
 				t.Fatalf("grant = %+v, %v", a, err)
 			}
 			if d, err := s.Decide(ctx, one("ledger-lease", 0.01, 100, 60)); err != nil || !d.Allowed {
@@ -441,7 +442,7 @@ func TestIntegrationLedger(t *testing.T) {
 				wg.Go(func() {
 					ret := lim
 					ret.Return = 5
-					a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{ret}})
+					a, err := s.Lease(ctx, &wire.LeaseRequest{Buckets: []wire.LeaseBucket{ret}})
 					if err != nil {
 						t.Error(err)
 						return
@@ -458,13 +459,13 @@ func TestIntegrationLedger(t *testing.T) {
 			if d, err := s.Decide(ctx, refundable("ledger-refund", 0.01, 100, 40)); err != nil || !d.Allowed {
 				t.Fatalf("decide 40 = %+v, %v", d, err)
 			}
-			drain := LeaseBucket{Key: "ledger-refund", Rate: 0.01, Burst: 100, Want: 60, Min: 60}
-			if a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{drain}}); err != nil || !a.Granted {
+			drain := wire.LeaseBucket{Key: "ledger-refund", Rate: 0.01, Burst: 100, Want: 60, Min: 60}
+			if a, err := s.Lease(ctx, &wire.LeaseRequest{Buckets: []wire.LeaseBucket{drain}}); err != nil || !a.Granted {
 				t.Fatalf("lease 60 = %+v, %v", a, err)
 			}
 			for range 200 {
 				wg.Go(func() {
-					a, err := s.Charge(ctx, &ChargeRequest{Buckets: []ChargeBucket{{Key: "ledger-refund", Rate: 0.01, Burst: 100, Amount: -5}}})
+					a, err := s.Charge(ctx, &wire.ChargeRequest{Buckets: []wire.ChargeBucket{{Key: "ledger-refund", Rate: 0.01, Burst: 100, Amount: -5}}})
 					if err != nil {
 						t.Error(err)
 						return
@@ -480,16 +481,16 @@ func TestIntegrationLedger(t *testing.T) {
 			}
 			// Buckets in different slots (on the cluster): each records its
 			// own grant; returning both gives back each one's share only.
-			two := []LeaseBucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Want: 4, Min: 4}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Want: 6, Min: 6}}
-			if a, err := s.Lease(ctx, &LeaseRequest{Buckets: two}); err != nil || !a.Granted {
+			two := []wire.LeaseBucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Want: 4, Min: 4}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Want: 6, Min: 6}}
+			if a, err := s.Lease(ctx, &wire.LeaseRequest{Buckets: two}); err != nil || !a.Granted {
 				t.Fatalf("lease over two buckets = %+v, %v", a, err)
 			}
-			drainBoth := &Request{Buckets: []Bucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Cost: 90}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Cost: 90}}}
+			drainBoth := &wire.Request{Buckets: []wire.Bucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Cost: 90}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Cost: 90}}}
 			if d, err := s.Decide(ctx, drainBoth); err != nil || !d.Allowed {
 				t.Fatalf("drain = %+v, %v", d, err)
 			}
-			back := []LeaseBucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Return: 10}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Return: 10}}
-			a, err := s.Lease(ctx, &LeaseRequest{Buckets: back})
+			back := []wire.LeaseBucket{{Key: "ledger-a", Rate: 0.01, Burst: 100, Return: 10}, {Key: "ledger-b", Rate: 0.01, Burst: 100, Return: 10}}
+			a, err := s.Lease(ctx, &wire.LeaseRequest{Buckets: back})
 			// What went back into each bucket (tokens after less before: the
 			// last bits may differ from the grant).
 			if err != nil || math.Abs(a.Buckets[0].Returned-4) > 1e-9 || math.Abs(a.Buckets[1].Returned-6) > 1e-9 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // TestLeaseMatchesModel runs random lease calls (wants, mins and returns
@@ -28,7 +29,7 @@ func TestLeaseMatchesModel(t *testing.T) {
 			clk := &fakeClock{}
 			ms := NewMemoryStore(MemoryOptions{Now: clk.Now})
 			n := 1 + int(seed%3)
-			req := &LeaseRequest{HashTag: "h", Buckets: make([]LeaseBucket, n)}
+			req := &wire.LeaseRequest{HashTag: "h", Buckets: make([]wire.LeaseBucket, n)}
 			lims := make([]bucket.Limit, n)
 			states := make([]bucket.State, n)
 			leds := make([]ledger, n)
@@ -36,7 +37,7 @@ func TestLeaseMatchesModel(t *testing.T) {
 			granted, returned := make([]float64, n), make([]float64, n)
 			for i := range n {
 				lims[i] = randomLimit(r)
-				req.Buckets[i] = LeaseBucket{Key: "k" + strconv.Itoa(i), Rate: lims[i].Rate, Burst: lims[i].Burst}
+				req.Buckets[i] = wire.LeaseBucket{Key: "k" + strconv.Itoa(i), Rate: lims[i].Rate, Burst: lims[i].Burst}
 			}
 			nowUs := t0.UnixMicro()
 			startNs := nowUs * 1000
@@ -107,15 +108,15 @@ func TestLeaseMatchesModel(t *testing.T) {
 func TestLeaseTimeline(t *testing.T) {
 	m, _, s := newMini(t, RedisOptions{})
 	ctx := context.Background()
-	call := func(want, lo, ret float64) LeaseAnswer {
+	call := func(want, lo, ret float64) wire.LeaseAnswer {
 		t.Helper()
-		a, err := s.Lease(ctx, &LeaseRequest{Buckets: []LeaseBucket{{Key: "k", Rate: 2, Burst: 10, Want: want, Min: lo, Return: ret}}})
+		a, err := s.Lease(ctx, &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{Key: "k", Rate: 2, Burst: 10, Want: want, Min: lo, Return: ret}}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return a
 	}
-	check := func(a LeaseAnswer, granted bool, tokens float64, remaining, retryMs int64) {
+	check := func(a wire.LeaseAnswer, granted bool, tokens float64, remaining, retryMs int64) {
 		t.Helper()
 		g := a.Buckets[0]
 		if a.Granted != granted || g.Tokens != tokens || g.Remaining != remaining || g.RetryAfterMs != retryMs {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // TestLedgerGenerations follows one ledger through its windows.
@@ -173,7 +175,7 @@ func TestLedgerProperty(t *testing.T) {
 					}
 					desc = fmt.Sprintf("decide %v: %v", cost, ar.Allowed)
 				case 1:
-					b := LeaseBucket{Key: "k", Rate: rate, Burst: burst, Want: two(r.Float64() * burst / 2)}
+					b := wire.LeaseBucket{Key: "k", Rate: rate, Burst: burst, Want: two(r.Float64() * burst / 2)}
 					b.Min = two(b.Want * r.Float64())
 					if honest {
 						b.Return = two(held[c] * r.Float64())
@@ -181,7 +183,7 @@ func TestLedgerProperty(t *testing.T) {
 					} else {
 						b.Return = two(r.Float64() * burst)
 					}
-					req := &LeaseRequest{Buckets: []LeaseBucket{b}}
+					req := &wire.LeaseRequest{Buckets: []wire.LeaseBucket{b}}
 					ar, err1 := rs.Lease(ctx, req)
 					am, err2 := ms.Lease(ctx, req)
 					if err1 != nil || err2 != nil || ar.Granted != am.Granted || ar.Buckets[0] != am.Buckets[0] {
@@ -202,7 +204,7 @@ func TestLedgerProperty(t *testing.T) {
 						amount = -two(reserved[c] * r.Float64())
 						reserved[c] += amount
 					}
-					req := &ChargeRequest{Buckets: []ChargeBucket{{Key: "k", Rate: rate, Burst: burst, Amount: amount}}}
+					req := &wire.ChargeRequest{Buckets: []wire.ChargeBucket{{Key: "k", Rate: rate, Burst: burst, Amount: amount}}}
 					ar, err1 := rs.Charge(ctx, req)
 					am, err2 := ms.Charge(ctx, req)
 					if err1 != nil || err2 != nil || ar.Buckets[0] != am.Buckets[0] {

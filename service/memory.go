@@ -8,23 +8,24 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // Store decides requests. Implementations are safe for concurrent use.
 type Store interface {
 	// Decide takes req atomically: every bucket is consumed or none is. An
 	// error means nothing is known about the decision (it may have been taken
-	// in Redis before a connection broke); a *ValidationError means the store
+	// in Redis before a connection broke); a *wire.FieldError means the store
 	// cannot take this request as sent.
-	Decide(ctx context.Context, req *Request) (Answer, error)
+	Decide(ctx context.Context, req *wire.Request) (wire.Answer, error)
 	// Lease takes a lease call atomically: every bucket takes back its
 	// return, then grants at least its min or none grants; errors as for
 	// Decide.
-	Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error)
+	Lease(ctx context.Context, req *wire.LeaseRequest) (wire.LeaseAnswer, error)
 	// Charge charges each bucket its amount (a cost known from the
 	// response): into debt down to -burst, or a refund; it cannot be
 	// refused. Errors as for Decide.
-	Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error)
+	Charge(ctx context.Context, req *wire.ChargeRequest) (wire.ChargeAnswer, error)
 	// Count adds hits to fixed-window counters (window.go); errors as for
 	// Decide.
 	Count(ctx context.Context, req *CountRequest) (CountAnswer, error)
@@ -107,13 +108,13 @@ func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 }
 
 // Decide implements Store.
-func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) {
+func (m *MemoryStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer, error) {
 	if err := ctx.Err(); err != nil {
-		return Answer{}, err
+		return wire.Answer{}, err
 	}
 	caller, err := callerOf(ctx)
 	if err != nil {
-		return Answer{}, err
+		return wire.Answer{}, err
 	}
 	n := len(req.Buckets)
 	keys := make([]string, n)
@@ -129,7 +130,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 		ok     bool
 	}
 	steps := make([]step, n)
-	d := Answer{Buckets: make([]BucketAnswer, n)}
+	d := wire.Answer{Buckets: make([]wire.BucketAnswer, n)}
 
 	m.mu.Lock()
 	now := m.now()
@@ -159,7 +160,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 		m.maybeSweep(now, true)
 		if len(m.buckets)+added > m.maxKeys {
 			m.mu.Unlock()
-			return Answer{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
+			return wire.Answer{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
 		}
 	}
 	if all {
@@ -189,20 +190,20 @@ func (m *MemoryStore) Decide(ctx context.Context, req *Request) (Answer, error) 
 // Limit.Lease on every bucket decides whether the call grants; then each
 // bucket is leased (the grant recorded in its ledger), or, when refused,
 // takes back only its return.
-func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error) {
+func (m *MemoryStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.LeaseAnswer, error) {
 	if err := ctx.Err(); err != nil {
-		return LeaseAnswer{}, err
+		return wire.LeaseAnswer{}, err
 	}
 	caller, err := callerOf(ctx)
 	if err != nil {
-		return LeaseAnswer{}, err
+		return wire.LeaseAnswer{}, err
 	}
 	n := len(req.Buckets)
 	keys := make([]string, n)
 	rets := make([]float64, n)
 	leds := make([]ledger, n)
 	states := make([]bucket.State, n)
-	a := LeaseAnswer{Granted: true, Buckets: make([]Grant, n)}
+	a := wire.LeaseAnswer{Granted: true, Buckets: make([]wire.Grant, n)}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
@@ -221,7 +222,7 @@ func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer
 	if len(m.buckets)+n > m.maxKeys {
 		m.maybeSweep(now, true)
 		if len(m.buckets)+n > m.maxKeys {
-			return LeaseAnswer{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
+			return wire.LeaseAnswer{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
 		}
 	}
 	for i, b := range req.Buckets {
@@ -249,23 +250,23 @@ func (m *MemoryStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer
 // Limit.Charge on every bucket, a positive amount clamped to 2 × burst and a
 // refund to the ledger's reservations outstanding to the caller (WithCaller)
 // and to the window's refund budget.
-func (m *MemoryStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error) {
+func (m *MemoryStore) Charge(ctx context.Context, req *wire.ChargeRequest) (wire.ChargeAnswer, error) {
 	if err := ctx.Err(); err != nil {
-		return ChargeAnswer{}, err
+		return wire.ChargeAnswer{}, err
 	}
 	caller, err := callerOf(ctx)
 	if err != nil {
-		return ChargeAnswer{}, err
+		return wire.ChargeAnswer{}, err
 	}
 	n := len(req.Buckets)
-	a := ChargeAnswer{Buckets: make([]BucketAnswer, n)}
+	a := wire.ChargeAnswer{Buckets: make([]wire.BucketAnswer, n)}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
 	if len(m.buckets)+n > m.maxKeys {
 		m.maybeSweep(now, true)
 		if len(m.buckets)+n > m.maxKeys {
-			return ChargeAnswer{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
+			return wire.ChargeAnswer{}, fmt.Errorf("%w: %d buckets still refilling", ErrMemoryFull, len(m.buckets))
 		}
 	}
 	for i, b := range req.Buckets {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // fakeClock is a settable clock in Unix nanoseconds.
@@ -80,7 +81,7 @@ func TestMemoryMatchesRedis(t *testing.T) {
 			clk := &fakeClock{}
 			ms := NewMemoryStore(MemoryOptions{Now: clk.Now})
 			n := 1 + int(seed%3)
-			req := &Request{HashTag: "h", Buckets: make([]Bucket, n)}
+			req := &wire.Request{HashTag: "h", Buckets: make([]wire.Bucket, n)}
 			lims := make([]bucket.Limit, n)
 			for i := range n {
 				lims[i] = randomLimit(r)
@@ -90,7 +91,7 @@ func TestMemoryMatchesRedis(t *testing.T) {
 			for step := range 200 {
 				for i := range n {
 					c := randomCost(r, lims[i])
-					req.Buckets[i] = Bucket{Key: req.Buckets[i].Key, Rate: lims[i].Rate, Burst: lims[i].Burst, Cost: c}
+					req.Buckets[i] = wire.Bucket{Key: req.Buckets[i].Key, Rate: lims[i].Rate, Burst: lims[i].Burst, Cost: c}
 				}
 				nowUs += randomStep(r, lims[0], req.Buckets[0].Cost, false)
 				m.SetTime(time.UnixMicro(nowUs))
@@ -117,7 +118,7 @@ func TestMemoryMatchesRedis(t *testing.T) {
 func TestMemoryMultiBucketAtomic(t *testing.T) {
 	clk := &fakeClock{now: t0.UnixNano()}
 	s := NewMemoryStore(MemoryOptions{Now: clk.Now})
-	req := &Request{Buckets: []Bucket{
+	req := &wire.Request{Buckets: []wire.Bucket{
 		{Key: "a", Rate: 1, Burst: 1, Cost: 1},
 		{Key: "b", Rate: 1, Burst: 3, Cost: 1},
 	}}
@@ -191,7 +192,7 @@ func TestMemoryHammer(t *testing.T) {
 	for range 16 {
 		wg.Go(func() {
 			for range 50 {
-				d, err := s.Decide(context.Background(), &Request{HashTag: "t", Buckets: []Bucket{
+				d, err := s.Decide(context.Background(), &wire.Request{HashTag: "t", Buckets: []wire.Bucket{
 					{Key: "hot", Rate: 0.01, Burst: 100, Cost: 1},
 					{Key: "wide", Rate: 1, Burst: 1000, Cost: 1},
 				}})

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // The Lua sources: bucket.lua (Redis's clock, reading and writing one
@@ -34,10 +36,6 @@ var (
 // DecideScript is the Lua source run for every decision (bucket.lua, then
 // decide.lua).
 func DecideScript() string { return decideLua }
-
-// LeaseScript is the Lua source run for every lease call (bucket.lua, then
-// lease.lua).
-func LeaseScript() string { return leaseLua }
 
 // redisClient is what RedisStore needs from go-redis: scripts, pipelines and
 // PING. redis.UniversalClient (a single node, Sentinel or Cluster) has it.
@@ -155,16 +153,16 @@ func (s *RedisStore) Batching() bool { return s.batch != nil }
 // with charge.lua), so a request whose buckets span slots never takes more
 // than one decided atomically would: never over, briefly under (between a
 // group's take and its give-back, another request may find it short).
-func (s *RedisStore) Decide(ctx context.Context, req *Request) (Answer, error) {
+func (s *RedisStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer, error) {
 	caller, err := callerOf(ctx)
 	if err != nil {
-		return Answer{}, err
+		return wire.Answer{}, err
 	}
 	keys := s.keys(len(req.Buckets), func(i int) (string, float64, float64) {
 		b := &req.Buckets[i]
 		return b.Key, b.Rate, b.Burst
 	})
-	d := Answer{Buckets: make([]BucketAnswer, len(req.Buckets))}
+	d := wire.Answer{Buckets: make([]wire.BucketAnswer, len(req.Buckets))}
 	groups := s.groups(keys)
 	admitted := make([]bool, len(groups))
 	for g, idx := range groups {
@@ -192,7 +190,7 @@ func (s *RedisStore) Decide(ctx context.Context, req *Request) (Answer, error) {
 		}
 		if err != nil {
 			s.giveBack(req, caller, keys, groups[:g], admitted, d.Buckets)
-			return Answer{}, err
+			return wire.Answer{}, err
 		}
 	}
 	d.Settle(req)
@@ -207,7 +205,7 @@ func (s *RedisStore) Decide(ctx context.Context, req *Request) (Answer, error) {
 // drops their reservations), and reports their buckets as they are after it
 // in out. A give-back that fails leaves the bucket short of those tokens
 // until it refills: under, never over.
-func (s *RedisStore) giveBack(req *Request, caller string, keys []string, groups [][]int, admitted []bool, out []BucketAnswer) {
+func (s *RedisStore) giveBack(req *wire.Request, caller string, keys []string, groups [][]int, admitted []bool, out []wire.BucketAnswer) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	for g, idx := range groups {
@@ -241,17 +239,17 @@ func (s *RedisStore) giveBack(req *Request, caller string, keys []string, groups
 // (one per lease, not per request), so they are never batched. When a slot's
 // group grants and another's does not, the granted tokens go back at once (a
 // return of what was just granted), so the call grants all or nothing.
-func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer, error) {
+func (s *RedisStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.LeaseAnswer, error) {
 	caller, err := callerOf(ctx)
 	if err != nil {
-		return LeaseAnswer{}, err
+		return wire.LeaseAnswer{}, err
 	}
 	keys := s.keys(len(req.Buckets), func(i int) (string, float64, float64) {
 		b := &req.Buckets[i]
 		return b.Key, b.Rate, b.Burst
 	})
 	groups := s.groups(keys)
-	a := LeaseAnswer{Granted: true, Buckets: make([]Grant, len(req.Buckets))}
+	a := wire.LeaseAnswer{Granted: true, Buckets: make([]wire.Grant, len(req.Buckets))}
 	granted := make([]bool, len(groups))
 	for g, idx := range groups {
 		gkeys := make([]string, len(idx))
@@ -264,7 +262,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer,
 		args = append(args, caller, s.window)
 		vals, err := s.run(ctx, s.lease, "lease", gkeys, args, 1+4*len(idx))
 		if err != nil {
-			return LeaseAnswer{}, err
+			return wire.LeaseAnswer{}, err
 		}
 		all, _ := vals[0].(int64)
 		granted[g] = all == 1
@@ -279,7 +277,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer,
 			tokens, err2 := strconv.ParseFloat(ts, 64)
 			ret, err3 := strconv.ParseFloat(rs, 64)
 			if !ok1 || !ok2 || !ok3 || !ok4 || err1 != nil || err2 != nil || err3 != nil {
-				return LeaseAnswer{}, fmt.Errorf("service: redis: lease script reply: bucket %d: malformed %v", i, v)
+				return wire.LeaseAnswer{}, fmt.Errorf("service: redis: lease script reply: bucket %d: malformed %v", i, v)
 			}
 			a.Buckets[i] = grant(&req.Buckets[i], granted[g], gr, tokens, gap)
 			a.Buckets[i].Returned = ret
@@ -321,16 +319,16 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest) (LeaseAnswer,
 // of its buckets (one run on a single Redis). Charges come once per
 // response of a rule whose cost is known from the response, after it, so
 // they are never batched.
-func (s *RedisStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnswer, error) {
+func (s *RedisStore) Charge(ctx context.Context, req *wire.ChargeRequest) (wire.ChargeAnswer, error) {
 	caller, err := callerOf(ctx)
 	if err != nil {
-		return ChargeAnswer{}, err
+		return wire.ChargeAnswer{}, err
 	}
 	keys := s.keys(len(req.Buckets), func(i int) (string, float64, float64) {
 		b := &req.Buckets[i]
 		return b.Key, b.Rate, b.Burst
 	})
-	a := ChargeAnswer{Buckets: make([]BucketAnswer, len(req.Buckets))}
+	a := wire.ChargeAnswer{Buckets: make([]wire.BucketAnswer, len(req.Buckets))}
 	for _, idx := range s.groups(keys) {
 		gkeys := make([]string, len(idx))
 		args := make([]any, 0, 3*len(idx)+1)
@@ -342,7 +340,7 @@ func (s *RedisStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnsw
 		args = append(args, "refund", caller, s.window)
 		vals, err := s.run(ctx, s.charge, "charge", gkeys, args, 3*len(idx))
 		if err != nil {
-			return ChargeAnswer{}, err
+			return wire.ChargeAnswer{}, err
 		}
 		for j, i := range idx {
 			v := vals[3*j : 3*j+3]
@@ -352,7 +350,7 @@ func (s *RedisStore) Charge(ctx context.Context, req *ChargeRequest) (ChargeAnsw
 			tokens, err1 := strconv.ParseFloat(ts, 64)
 			applied, err2 := strconv.ParseFloat(as, 64)
 			if !ok1 || !ok2 || !ok3 || err1 != nil || err2 != nil {
-				return ChargeAnswer{}, fmt.Errorf("service: redis: charge script reply: bucket %d: malformed %v", i, v)
+				return wire.ChargeAnswer{}, fmt.Errorf("service: redis: charge script reply: bucket %d: malformed %v", i, v)
 			}
 			a.Buckets[i] = charged(&req.Buckets[i], tokens, gap)
 			a.Buckets[i].Applied = applied
@@ -419,7 +417,7 @@ func formatFloat(x float64) string {
 
 // parseResult fills out[i] for each bucket i of idx from decide.lua's reply
 // over those buckets, and reports whether the script admitted them.
-func parseResult(req *Request, idx []int, res any, out []BucketAnswer) (bool, error) {
+func parseResult(req *wire.Request, idx []int, res any, out []wire.BucketAnswer) (bool, error) {
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 1+3*len(idx) {
 		return false, fmt.Errorf("service: redis: script reply: want %d values, got %T of %v", 1+3*len(idx), res, res)

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // t0 is the base of the test timelines: a Unix time in whole microseconds
@@ -39,13 +40,13 @@ func newMini(t *testing.T, opts RedisOptions) (*miniredis.Miniredis, *redis.Clie
 	return m, c, s
 }
 
-func one(key string, rate, burst, cost float64) *Request {
-	return &Request{Buckets: []Bucket{{Key: key, Rate: rate, Burst: burst, Cost: cost}}}
+func one(key string, rate, burst, cost float64) *wire.Request {
+	return &wire.Request{Buckets: []wire.Bucket{{Key: key, Rate: rate, Burst: burst, Cost: cost}}}
 }
 
 // refundable is one's decision for a rule that can refund: its cost is
 // recorded as the caller's reservation.
-func refundable(key string, rate, burst, cost float64) *Request {
+func refundable(key string, rate, burst, cost float64) *wire.Request {
 	r := one(key, rate, burst, cost)
 	r.Buckets[0].Refundable = true
 	return r
@@ -125,7 +126,7 @@ func takeAll(lims []bucket.Limit, states []bucket.State, now int64, costs []floa
 }
 
 // checkAgainstBucket compares a store's decision with package bucket's.
-func checkAgainstBucket(got Answer, lims []bucket.Limit, states []bucket.State, now int64, costs []float64) error {
+func checkAgainstBucket(got wire.Answer, lims []bucket.Limit, states []bucket.State, now int64, costs []float64) error {
 	all, nexts, decs := takeAll(lims, states, now, costs)
 	if got.Allowed != all {
 		return fmt.Errorf("allowed = %v, bucket says %v", got.Allowed, all)
@@ -224,7 +225,7 @@ func runDifferential(t *testing.T, seed uint64, backwards bool) {
 	m.ClockTTL(!backwards) // miniredis expiry counts down; it cannot follow a clock jumping back
 	ctx := context.Background()
 	n := 1 + int(seed%3)
-	req := &Request{Buckets: make([]Bucket, n)}
+	req := &wire.Request{Buckets: make([]wire.Bucket, n)}
 	if seed%2 == 0 {
 		req.HashTag = "diff"
 	}
@@ -311,7 +312,7 @@ func runDifferential(t *testing.T, seed uint64, backwards bool) {
 func TestRedisMultiBucketAtomic(t *testing.T) {
 	_, c, s := newMini(t, RedisOptions{})
 	ctx := context.Background()
-	req := &Request{HashTag: "user-1", Buckets: []Bucket{
+	req := &wire.Request{HashTag: "user-1", Buckets: []wire.Bucket{
 		{Key: "per-second", Rate: 1, Burst: 1, Cost: 1},
 		{Key: "per-minute", Rate: 0.05, Burst: 3, Cost: 1},
 	}}
@@ -388,14 +389,14 @@ func TestRedisLedgerRecords(t *testing.T) {
 	if err := m.Set(key, "2 "+at+" "+gen+" 3 0 4 0 5"); err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Charge(context.Background(), &ChargeRequest{Buckets: []ChargeBucket{{Key: "k", Rate: 1, Burst: 5, Amount: -4}}})
+	c, err := s.Charge(context.Background(), &wire.ChargeRequest{Buckets: []wire.ChargeBucket{{Key: "k", Rate: 1, Burst: 5, Amount: -4}}})
 	if err != nil || c.Buckets[0].Applied != 0 || c.Buckets[0].Remaining != 2 {
 		t.Fatalf("refund of an old record's reservation = %+v, %v; want nothing back, 2 remaining", c, err)
 	}
-	if _, err := s.Lease(context.Background(), &LeaseRequest{Buckets: []LeaseBucket{{Key: "k", Rate: 1, Burst: 5, Want: 1, Min: 1}}}); err != nil {
+	if _, err := s.Lease(context.Background(), &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{Key: "k", Rate: 1, Burst: 5, Want: 1, Min: 1}}}); err != nil {
 		t.Fatal(err)
 	}
-	l, err := s.Lease(context.Background(), &LeaseRequest{Buckets: []LeaseBucket{{Key: "k", Rate: 1, Burst: 5, Return: 1}}})
+	l, err := s.Lease(context.Background(), &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{Key: "k", Rate: 1, Burst: 5, Return: 1}}})
 	if err != nil || l.Buckets[0].Returned != 0 {
 		t.Fatalf("a return with the old record's budget spent = %+v, %v; want nothing back", l, err)
 	}
@@ -416,7 +417,7 @@ func TestRedisCrossSlotDecided(t *testing.T) {
 		t.Fatal("keys a and b share a slot: pick others")
 	}
 	ctx := context.Background()
-	two := &Request{Buckets: []Bucket{{Key: "a", Rate: 1, Burst: 5, Cost: 1}, {Key: "b", Rate: 1, Burst: 1, Cost: 1}}}
+	two := &wire.Request{Buckets: []wire.Bucket{{Key: "a", Rate: 1, Burst: 5, Cost: 1}, {Key: "b", Rate: 1, Burst: 1, Cost: 1}}}
 	if d, err := s.Decide(ctx, two); err != nil || !d.Allowed {
 		t.Fatalf("Decide = %+v, %v, want admitted", d, err)
 	}

@@ -46,7 +46,7 @@ type Config struct {
 	// It is read only on calls carrying a FrontProxy token.
 	IdentityHeader string
 	// Limits bound request bodies, keys and bucket counts.
-	Limits Limits
+	Limits wire.Limits
 	// Timeout bounds each decision, Redis round trip included (default 1s).
 	Timeout time.Duration
 	// Logger receives structured logs (default slog.Default()).
@@ -101,7 +101,7 @@ type Server struct {
 	store   Store
 	tokens  []serverToken // none: no token needed
 	bearer  BearerTokens  // tokens[i]'s value is bearer's i-th
-	limits  Limits
+	limits  wire.Limits
 	timeout time.Duration
 	log     *slog.Logger
 	metrics *metrics
@@ -225,11 +225,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // endpoint is one /v1 call: it decodes body, takes the call, and appends
-// the answer to out. Errors that are not a *ValidationError are the store's.
+// the answer to out. Errors that are not a *wire.FieldError are the store's.
 type endpoint func(ctx context.Context, body, out []byte) ([]byte, error)
 
 func (s *Server) decide(ctx context.Context, body, out []byte) ([]byte, error) {
-	req, err := DecodeRequest(body, s.limits)
+	req, err := wire.DecodeRequest(body, s.limits)
 	if err != nil {
 		return nil, err
 	}
@@ -322,7 +322,7 @@ func (s *Server) serve(call endpoint, latency prometheus.Observer) http.HandlerF
 		out, err := call(ctx, buf.Bytes(), buf.AvailableBuffer())
 		cancel()
 		if err != nil {
-			var verr *ValidationError
+			var verr *wire.FieldError
 			if errors.As(err, &verr) {
 				s.failInvalid(w, err)
 				return
@@ -447,10 +447,10 @@ func (s *Server) ready(ctx context.Context) error {
 	return s.readyErr
 }
 
-// failInvalid answers 400 for a *ValidationError (or any other error).
+// failInvalid answers 400 for a *wire.FieldError (or any other error).
 func (s *Server) failInvalid(w http.ResponseWriter, err error) {
 	msg := err.Error()
-	var verr *ValidationError
+	var verr *wire.FieldError
 	if errors.As(err, &verr) {
 		msg = verr.Detail()
 	}

@@ -17,17 +17,21 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // failingStore fails every decision and ping.
 type failingStore struct{ err error }
 
-func (f failingStore) Decide(context.Context, *Request) (Answer, error) { return Answer{}, f.err }
-func (f failingStore) Lease(context.Context, *LeaseRequest) (LeaseAnswer, error) {
-	return LeaseAnswer{}, f.err
+func (f failingStore) Decide(context.Context, *wire.Request) (wire.Answer, error) {
+	return wire.Answer{}, f.err
 }
-func (f failingStore) Charge(context.Context, *ChargeRequest) (ChargeAnswer, error) {
-	return ChargeAnswer{}, f.err
+func (f failingStore) Lease(context.Context, *wire.LeaseRequest) (wire.LeaseAnswer, error) {
+	return wire.LeaseAnswer{}, f.err
+}
+func (f failingStore) Charge(context.Context, *wire.ChargeRequest) (wire.ChargeAnswer, error) {
+	return wire.ChargeAnswer{}, f.err
 }
 func (f failingStore) Ping(context.Context) error { return f.err }
 func (f failingStore) Close() error               { return nil }
@@ -106,7 +110,7 @@ func TestServerDecide(t *testing.T) {
 
 func TestServerErrors(t *testing.T) {
 	s, _ := newTestServer(t, NewMemoryStore(MemoryOptions{}), "")
-	big := `{"buckets":[{"key":"` + strings.Repeat("x", DefaultMaxBodyBytes) + `"}]}`
+	big := `{"buckets":[{"key":"` + strings.Repeat("x", wire.DefaultMaxBodyBytes) + `"}]}`
 	tests := []struct {
 		name, method, body string
 		code               int
@@ -178,7 +182,7 @@ func TestServerStoreFailure(t *testing.T) {
 }
 
 func TestServerStoreValidation(t *testing.T) {
-	verr := &ValidationError{Field: "hash_tag", Msg: "required: the buckets fall in different Redis Cluster slots"}
+	verr := &wire.FieldError{Field: "hash_tag", Msg: "required: the buckets fall in different Redis Cluster slots"}
 	s, _ := newTestServer(t, failingStore{verr}, "")
 	w := do(s, "POST", "/v1/decide", okBody)
 	if w.Code != 400 || errorOf(t, w) != verr.Detail() {
@@ -249,7 +253,7 @@ func BenchmarkDecodeRequest(b *testing.B) {
 	body := []byte(`{"hash_tag":"t","buckets":[{"key":"rule-a:client=1.2.3.4","tokens_per_second":100,"burst":200,"cost":1},{"key":"rule-b:global","tokens_per_second":1000,"burst":1000}]}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := DecodeRequest(body, Limits{}); err != nil {
+		if _, err := wire.DecodeRequest(body, wire.Limits{}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -278,7 +282,7 @@ func TestOpenAPIDocumentsTheWire(t *testing.T) {
 		"hash_tag:", "buckets:", "key:", "tokens_per_second:", "burst:", "cost:", "refundable:",
 		"allowed:", "remaining:", "retry_after_ms:", "reset_ms:", "error:",
 		"/v1/lease", "want:", "min:", "return:", "granted:",
-		"maxItems: " + strconv.Itoa(DefaultMaxBuckets), "maxLength: " + strconv.Itoa(DefaultMaxKeyBytes),
+		"maxItems: " + strconv.Itoa(wire.MaxBuckets), "maxLength: " + strconv.Itoa(wire.MaxKeyBytes),
 	} {
 		if !bytes.Contains(spec, []byte(field)) {
 			t.Errorf("openapi.yaml lacks %q", field)

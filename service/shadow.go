@@ -3,6 +3,8 @@ package service
 import (
 	"context"
 	"sync"
+
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // decide asks st for req's answer. The enforced buckets are one atomic
@@ -14,7 +16,7 @@ import (
 // A shadow bucket whose own decision fails never fails the request either:
 // it is answered allowed (a shadow bucket never refuses) and counted in the
 // second result; only the enforced decision's error is returned.
-func decide(ctx context.Context, st Store, req *Request) (Answer, int, error) {
+func decide(ctx context.Context, st Store, req *wire.Request) (wire.Answer, int, error) {
 	shadows := 0
 	for i := range req.Buckets {
 		if req.Buckets[i].Shadow {
@@ -25,13 +27,13 @@ func decide(ctx context.Context, st Store, req *Request) (Answer, int, error) {
 		a, err := st.Decide(ctx, req)
 		return a, 0, err
 	}
-	enforced := &Request{HashTag: req.HashTag, Buckets: make([]Bucket, 0, len(req.Buckets)-shadows)}
+	enforced := &wire.Request{HashTag: req.HashTag, Buckets: make([]wire.Bucket, 0, len(req.Buckets)-shadows)}
 	for _, b := range req.Buckets {
 		if !b.Shadow {
 			enforced.Buckets = append(enforced.Buckets, b)
 		}
 	}
-	a := Answer{Buckets: make([]BucketAnswer, len(req.Buckets))}
+	a := wire.Answer{Buckets: make([]wire.BucketAnswer, len(req.Buckets))}
 	errs := make([]error, len(req.Buckets))
 	var enforcedErr error
 	var wg sync.WaitGroup
@@ -42,26 +44,26 @@ func decide(ctx context.Context, st Store, req *Request) (Answer, int, error) {
 		wg.Go(func() {
 			b := req.Buckets[i]
 			b.Shadow = false // to the store, a decision of its own like any other
-			one := &Request{HashTag: req.HashTag, Buckets: []Bucket{b}}
-			var sa Answer
+			one := &wire.Request{HashTag: req.HashTag, Buckets: []wire.Bucket{b}}
+			var sa wire.Answer
 			if sa, errs[i] = st.Decide(ctx, one); errs[i] == nil {
 				a.Buckets[i] = sa.Buckets[0]
 			}
 		})
 	}
-	var ea Answer
+	var ea wire.Answer
 	if len(enforced.Buckets) > 0 {
 		ea, enforcedErr = st.Decide(ctx, enforced)
 	}
 	wg.Wait()
 	if enforcedErr != nil {
-		return Answer{}, 0, enforcedErr
+		return wire.Answer{}, 0, enforcedErr
 	}
 	failed := 0
 	for i, err := range errs {
 		if err != nil {
 			failed++
-			a.Buckets[i] = BucketAnswer{Allowed: true}
+			a.Buckets[i] = wire.BucketAnswer{Allowed: true}
 		}
 	}
 	j := 0

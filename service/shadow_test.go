@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // TestShadowBucketsDecidedAlone: a shadow bucket is decided on its own,
@@ -22,7 +24,7 @@ func TestShadowBucketsDecidedAlone(t *testing.T) {
 }
 
 func testShadowBuckets(t *testing.T, st Store) {
-	req := &Request{Buckets: []Bucket{
+	req := &wire.Request{Buckets: []wire.Bucket{
 		{Key: "enforced", Rate: 0.001, Burst: 2, Cost: 1},
 		{Key: "trial", Rate: 0.001, Burst: 1, Cost: 1, Shadow: true},
 	}}
@@ -42,7 +44,7 @@ func testShadowBuckets(t *testing.T, st Store) {
 			t.Fatalf("step %d: %+v, want allowed %v, enforced %v, shadow %v", i, a, want.allowed, want.enforced, want.shadow)
 		}
 	}
-	only := &Request{Buckets: []Bucket{{Key: "trial2", Rate: 0.001, Burst: 1, Cost: 1, Shadow: true}}}
+	only := &wire.Request{Buckets: []wire.Bucket{{Key: "trial2", Rate: 0.001, Burst: 1, Cost: 1, Shadow: true}}}
 	for i, wantShadow := range []bool{true, false} {
 		a, _, err := decide(context.Background(), st, only)
 		if err != nil || !a.Allowed || a.Buckets[0].Allowed != wantShadow {
@@ -78,11 +80,11 @@ func TestShadowErrorNeverFailsTheDecision(t *testing.T) {
 }
 
 func TestDecodeShadow(t *testing.T) {
-	req, err := DecodeRequest([]byte(`{"buckets":[{"key":"a","tokens_per_second":1,"burst":1},{"key":"b","tokens_per_second":1,"burst":1,"shadow":true}]}`), Limits{})
+	req, err := wire.DecodeRequest([]byte(`{"buckets":[{"key":"a","tokens_per_second":1,"burst":1},{"key":"b","tokens_per_second":1,"burst":1,"shadow":true}]}`), wire.Limits{})
 	if err != nil || req.Buckets[0].Shadow || !req.Buckets[1].Shadow {
 		t.Fatalf("%+v, %v", req, err)
 	}
-	if _, err := DecodeRequest([]byte(`{"buckets":[{"key":"a","tokens_per_second":1,"burst":1,"shadow":1}]}`), Limits{}); err == nil {
+	if _, err := wire.DecodeRequest([]byte(`{"buckets":[{"key":"a","tokens_per_second":1,"burst":1,"shadow":1}]}`), wire.Limits{}); err == nil {
 		t.Fatal("shadow: 1 accepted")
 	}
 }

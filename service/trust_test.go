@@ -33,7 +33,7 @@ func trustStores(t *testing.T) []trustStore {
 	}
 }
 
-func mustDecide(t *testing.T, st Store, req *Request) Answer {
+func mustDecide(t *testing.T, st Store, req *wire.Request) wire.Answer {
 	t.Helper()
 	a, _, err := decide(context.Background(), st, req)
 	if err != nil {
@@ -42,18 +42,18 @@ func mustDecide(t *testing.T, st Store, req *Request) Answer {
 	return a
 }
 
-func mustLease(t *testing.T, st Store, b LeaseBucket) LeaseAnswer {
+func mustLease(t *testing.T, st Store, b wire.LeaseBucket) wire.LeaseAnswer {
 	t.Helper()
-	a, err := st.Lease(context.Background(), &LeaseRequest{Buckets: []LeaseBucket{b}})
+	a, err := st.Lease(context.Background(), &wire.LeaseRequest{Buckets: []wire.LeaseBucket{b}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return a
 }
 
-func mustCharge(t *testing.T, st Store, b ChargeBucket) ChargeAnswer {
+func mustCharge(t *testing.T, st Store, b wire.ChargeBucket) wire.ChargeAnswer {
 	t.Helper()
-	a, err := st.Charge(context.Background(), &ChargeRequest{Buckets: []ChargeBucket{b}})
+	a, err := st.Charge(context.Background(), &wire.ChargeRequest{Buckets: []wire.ChargeBucket{b}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestAttackReturnWithoutLease(t *testing.T) {
 			mustDecide(t, ts.st, one("drained", 1, 5, 5))
 			granted := 0.0
 			for range 200 {
-				a := mustLease(t, ts.st, LeaseBucket{Key: "drained", Rate: 1, Burst: 5, Want: 5, Min: 0, Return: 5})
+				a := mustLease(t, ts.st, wire.LeaseBucket{Key: "drained", Rate: 1, Burst: 5, Want: 5, Min: 0, Return: 5})
 				granted += a.Buckets[0].Tokens
 			}
 			if granted > 0 {
@@ -88,12 +88,12 @@ func TestAttackReturnWithoutLease(t *testing.T) {
 func TestAttackReturnClampedToGrants(t *testing.T) {
 	for _, ts := range trustStores(t) {
 		t.Run(ts.name, func(t *testing.T) {
-			b := LeaseBucket{Key: "k", Rate: 1, Burst: 10, Want: 4, Min: 4}
+			b := wire.LeaseBucket{Key: "k", Rate: 1, Burst: 10, Want: 4, Min: 4}
 			if a := mustLease(t, ts.st, b); a.Buckets[0].Tokens != 4 {
 				t.Fatalf("grant = %+v, want 4", a)
 			}
 			mustDecide(t, ts.st, one("k", 1, 10, 6)) // drained
-			ret := LeaseBucket{Key: "k", Rate: 1, Burst: 10, Return: 10}
+			ret := wire.LeaseBucket{Key: "k", Rate: 1, Burst: 10, Return: 10}
 			a := mustLease(t, ts.st, ret)
 			if a.Buckets[0].Tokens != 0 || a.Buckets[0].Returned != 4 || a.Buckets[0].Remaining != 4 {
 				t.Errorf("return 10 of 4 leased = %+v, want 4 returned, 4 remaining", a.Buckets[0])
@@ -116,9 +116,9 @@ func TestAttackRecycledGrants(t *testing.T) {
 		t.Run(ts.name, func(t *testing.T) {
 			granted := 0.0
 			for range 100 {
-				a := mustLease(t, ts.st, LeaseBucket{Key: "k", Rate: 0.001, Burst: 10, Want: 5})
+				a := mustLease(t, ts.st, wire.LeaseBucket{Key: "k", Rate: 0.001, Burst: 10, Want: 5})
 				granted += a.Buckets[0].Tokens
-				mustLease(t, ts.st, LeaseBucket{Key: "k", Rate: 0.001, Burst: 10, Return: 5})
+				mustLease(t, ts.st, wire.LeaseBucket{Key: "k", Rate: 0.001, Burst: 10, Return: 5})
 			}
 			if granted > 20 {
 				t.Errorf("100 grant-and-return rounds granted %v tokens, want at most burst + one burst of returns (20)", granted)
@@ -133,9 +133,9 @@ func TestAttackRecycledGrants(t *testing.T) {
 func TestAttackRefundWithoutReservation(t *testing.T) {
 	for _, ts := range trustStores(t) {
 		t.Run(ts.name, func(t *testing.T) {
-			mustLease(t, ts.st, LeaseBucket{Key: "k", Rate: 1, Burst: 5, Want: 5, Min: 5})
+			mustLease(t, ts.st, wire.LeaseBucket{Key: "k", Rate: 1, Burst: 5, Want: 5, Min: 5})
 			for range 10 {
-				a := mustCharge(t, ts.st, ChargeBucket{Key: "k", Rate: 1, Burst: 5, Amount: -5})
+				a := mustCharge(t, ts.st, wire.ChargeBucket{Key: "k", Rate: 1, Burst: 5, Amount: -5})
 				if a.Buckets[0].Applied != 0 || a.Buckets[0].Remaining != 0 {
 					t.Fatalf("refund without reservation = %+v, want nothing applied", a.Buckets[0])
 				}
@@ -145,7 +145,7 @@ func TestAttackRefundWithoutReservation(t *testing.T) {
 				if a := mustDecide(t, ts.st, one("k", 1, 5, 5)); a.Allowed {
 					admitted += 5
 				}
-				mustCharge(t, ts.st, ChargeBucket{Key: "k", Rate: 1, Burst: 5, Amount: -5})
+				mustCharge(t, ts.st, wire.ChargeBucket{Key: "k", Rate: 1, Burst: 5, Amount: -5})
 			}
 			if admitted > 0 {
 				t.Errorf("100 decide+refund pairs on a drained bucket admitted %v tokens, want 0", admitted)
@@ -161,11 +161,11 @@ func TestRefundClampedToReservation(t *testing.T) {
 	for _, ts := range trustStores(t) {
 		t.Run(ts.name, func(t *testing.T) {
 			mustDecide(t, ts.st, refundable("k", 1, 5, 5))
-			a := mustCharge(t, ts.st, ChargeBucket{Key: "k", Rate: 1, Burst: 5, Amount: -3})
+			a := mustCharge(t, ts.st, wire.ChargeBucket{Key: "k", Rate: 1, Burst: 5, Amount: -3})
 			if a.Buckets[0].Applied != -3 || a.Buckets[0].Remaining != 3 {
 				t.Errorf("refund 3 of 5 reserved = %+v, want -3 applied, 3 remaining", a.Buckets[0])
 			}
-			a = mustCharge(t, ts.st, ChargeBucket{Key: "k", Rate: 1, Burst: 5, Amount: -5})
+			a = mustCharge(t, ts.st, wire.ChargeBucket{Key: "k", Rate: 1, Burst: 5, Amount: -5})
 			if a.Buckets[0].Applied != -2 || a.Buckets[0].Remaining != 5 {
 				t.Errorf("refund 5 of 2 left = %+v, want -2 applied, 5 remaining", a.Buckets[0])
 			}
@@ -180,7 +180,7 @@ func TestLedgerExpires(t *testing.T) {
 	for _, ts := range trustStores(t) {
 		t.Run(ts.name, func(t *testing.T) {
 			// A slow bucket, so it is still drained two windows later.
-			lim := LeaseBucket{Key: "k", Rate: 0.001, Burst: 100}
+			lim := wire.LeaseBucket{Key: "k", Rate: 0.001, Burst: 100}
 			g := lim
 			g.Want, g.Min = 100, 100
 			mustLease(t, ts.st, g)
@@ -204,7 +204,7 @@ func TestAttackForeignLimits(t *testing.T) {
 			mustDecide(t, ts.st, one("k", 1, 5, 5))
 			ts.set(t0.Add(time.Second))
 			mustDecide(t, ts.st, one("k", 1e9, 5, 0))
-			mustCharge(t, ts.st, ChargeBucket{Key: "k", Rate: 1e9, Burst: 5, Amount: 10})
+			mustCharge(t, ts.st, wire.ChargeBucket{Key: "k", Rate: 1e9, Burst: 5, Amount: 10})
 			a := mustDecide(t, ts.st, one("k", 1, 5, 1))
 			if !a.Allowed || a.Buckets[0].Remaining != 0 {
 				t.Errorf("after a second: %+v, want 1 token admitted (refilled at 1/s), 0 left", a.Buckets[0])
@@ -222,7 +222,7 @@ func TestAttackForeignLimits(t *testing.T) {
 func TestChargeClampedNotRefused(t *testing.T) {
 	for _, ts := range trustStores(t) {
 		t.Run(ts.name, func(t *testing.T) {
-			req, err := wire.DecodeChargeRequest([]byte(`{"buckets":[{"key":"k","tokens_per_second":10,"burst":100,"amount":2e9}]}`), Limits{})
+			req, err := wire.DecodeChargeRequest([]byte(`{"buckets":[{"key":"k","tokens_per_second":10,"burst":100,"amount":2e9}]}`), wire.Limits{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -265,7 +265,7 @@ func TestAttackForeignRefund(t *testing.T) {
 					if a.Allowed {
 						admitted++
 					}
-					c, err := ts.st.Charge(as("gw-b"), &ChargeRequest{Buckets: []ChargeBucket{{Key: key, Rate: rate, Burst: burst, Amount: -20}}})
+					c, err := ts.st.Charge(as("gw-b"), &wire.ChargeRequest{Buckets: []wire.ChargeBucket{{Key: key, Rate: rate, Burst: burst, Amount: -20}}})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -287,21 +287,21 @@ func TestAttackForeignRefund(t *testing.T) {
 func TestAttackForeignReturn(t *testing.T) {
 	for _, ts := range trustStores(t) {
 		t.Run(ts.name, func(t *testing.T) {
-			lim := LeaseBucket{Key: "k", Rate: 0.01, Burst: 10}
+			lim := wire.LeaseBucket{Key: "k", Rate: 0.01, Burst: 10}
 			g := lim
 			g.Want, g.Min = 10, 10
-			if a, err := ts.st.Lease(as("gw-a"), &LeaseRequest{Buckets: []LeaseBucket{g}}); err != nil || !a.Granted {
+			if a, err := ts.st.Lease(as("gw-a"), &wire.LeaseRequest{Buckets: []wire.LeaseBucket{g}}); err != nil || !a.Granted {
 				t.Fatalf("A's lease = %+v, %v", a, err)
 			}
 			r := lim
 			r.Return = 10
 			for range 5 {
-				a, err := ts.st.Lease(as("gw-b"), &LeaseRequest{Buckets: []LeaseBucket{r}})
+				a, err := ts.st.Lease(as("gw-b"), &wire.LeaseRequest{Buckets: []wire.LeaseBucket{r}})
 				if err != nil || a.Buckets[0].Returned != 0 {
 					t.Fatalf("B's return of A's grant = %+v, %v; want nothing returned", a, err)
 				}
 			}
-			a, err := ts.st.Lease(as("gw-a"), &LeaseRequest{Buckets: []LeaseBucket{r}})
+			a, err := ts.st.Lease(as("gw-a"), &wire.LeaseRequest{Buckets: []wire.LeaseBucket{r}})
 			if err != nil || a.Buckets[0].Returned != 10 {
 				t.Fatalf("A's own return = %+v, %v; want 10 returned", a, err)
 			}
@@ -340,7 +340,7 @@ func TestAttackBankedReservations(t *testing.T) {
 				} else if a.Allowed {
 					admitted++
 				}
-				if _, err := ts.st.Charge(as("gw-b"), &ChargeRequest{Buckets: []ChargeBucket{{Key: "k", Rate: rate, Burst: burst, Amount: -5}}}); err != nil {
+				if _, err := ts.st.Charge(as("gw-b"), &wire.ChargeRequest{Buckets: []wire.ChargeBucket{{Key: "k", Rate: rate, Burst: burst, Amount: -5}}}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -357,7 +357,7 @@ func TestAttackBankedReservations(t *testing.T) {
 				if a := mustDecide(t, ts.st, refundable("k2", rate, burst, 10)); !a.Allowed {
 					t.Fatalf("decision on k2 refused: %+v", a)
 				}
-				if c := mustCharge(t, ts.st, ChargeBucket{Key: "k2", Rate: rate, Burst: burst, Amount: -10}); c.Buckets[0].Applied != -10 {
+				if c := mustCharge(t, ts.st, wire.ChargeBucket{Key: "k2", Rate: rate, Burst: burst, Amount: -10}); c.Buckets[0].Applied != -10 {
 					t.Fatalf("an own refund in the window of its reservation: %+v, want 10 back", c.Buckets[0])
 				}
 			}
@@ -386,7 +386,7 @@ func TestLedgerRecordPerCaller(t *testing.T) {
 	if f := fields(); len(f) != 6+3*5 || f[4] != "30" || f[6] != "gw-a" || f[11] != "gw-b" || f[16] != "gw-c" {
 		t.Fatalf("three callers' reservations: record %q, want 6 fields (30 reserved) and 5 per caller", f)
 	}
-	if _, err := rs.Charge(as("gw-b"), &ChargeRequest{Buckets: []ChargeBucket{{Key: "k", Rate: 0.01, Burst: 100, Amount: -10}}}); err != nil {
+	if _, err := rs.Charge(as("gw-b"), &wire.ChargeRequest{Buckets: []wire.ChargeBucket{{Key: "k", Rate: 0.01, Burst: 100, Amount: -10}}}); err != nil {
 		t.Fatal(err)
 	}
 	if f := fields(); len(f) != 6+2*5 || f[5] != "10" || slices.Contains(f, "gw-b") {

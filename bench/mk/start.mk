@@ -1,4 +1,4 @@
-# Footprint and start cost (issue 11): see docs/benchmarks/footprint.md.
+# Footprint and start cost (issue 11): see bench/footprint.md.
 #
 #   make footprint     code bytes per Go package and the data section of the
 #                      plugin, the feature floor, the Go floor module and a

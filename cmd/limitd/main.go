@@ -42,6 +42,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/version"
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 func main() {
@@ -72,7 +73,7 @@ type options struct {
 	batchWorkers    int
 	timeout         time.Duration
 	shutdownTimeout time.Duration
-	limits          service.Limits
+	limits          wire.Limits
 	memoryMaxKeys   int
 	logLevel        string
 	ledgerWindow    time.Duration
@@ -100,10 +101,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.batchWorkers, "batch-workers", 4, "pipelines in flight at once")
 	fs.DurationVar(&o.timeout, "timeout", service.DefaultTimeout, "bound of one decision, Redis included")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown waits for requests in flight")
-	fs.Int64Var(&o.limits.MaxBodyBytes, "max-body-bytes", service.DefaultMaxBodyBytes, "largest request body")
-	fs.IntVar(&o.limits.MaxKeyBytes, "max-key-bytes", service.DefaultMaxKeyBytes, "longest key or hash tag, in bytes")
-	fs.IntVar(&o.limits.MaxBuckets, "max-buckets", service.DefaultMaxBuckets, "most buckets per request")
-	fs.DurationVar(&o.limits.MaxFill, "max-fill", service.DefaultMaxFill, "longest refill time (burst / tokens_per_second) accepted; bounds key lifetime")
+	fs.Int64Var(&o.limits.MaxBodyBytes, "max-body-bytes", wire.DefaultMaxBodyBytes, "largest request body")
+	fs.IntVar(&o.limits.MaxKeyBytes, "max-key-bytes", wire.MaxKeyBytes, "longest key or hash tag, in bytes")
+	fs.IntVar(&o.limits.MaxBuckets, "max-buckets", wire.MaxBuckets, "most buckets per request")
+	fs.DurationVar(&o.limits.MaxFill, "max-fill", wire.MaxFill, "longest refill time (burst / tokens_per_second) accepted; bounds key lifetime")
 	fs.IntVar(&o.memoryMaxKeys, "memory-max-keys", service.DefaultMemoryMaxKeys, "most buckets the in-memory store holds")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.ledgerWindow, "ledger-window", service.DefaultLedgerWindow, "how long tokens a lease grants or a decision reserves can be given back (by a return or a refund): at least one window, at most two")

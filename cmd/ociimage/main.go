@@ -53,7 +53,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/ratelimit-wasm/tokenbucket/oci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/oci"
 )
 
 func main() {

@@ -18,15 +18,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	"sigs.k8s.io/yaml"
 
-	k8smanifest "github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	k8smanifest "github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/oci"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/elftest"
-	"github.com/ratelimit-wasm/tokenbucket/oci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakewasm"
 )
-
-func fakeWasm(payload string) []byte {
-	body := append([]byte{4}, "fake"+payload...)
-	return append([]byte{0x00, 'a', 's', 'm', 0x01, 0x00, 0x00, 0x00, 0x00, byte(len(body))}, body...)
-}
 
 func sha(b []byte) string {
 	s := sha256.Sum256(b)
@@ -74,7 +70,7 @@ func readSummary(t *testing.T, path string) Summary {
 // urls), in the summary, on stdout and in the rendered manifests.
 func TestRunPrintsTheDigestsIstioChecks(t *testing.T) {
 	t.Setenv("SOURCE_DATE_EPOCH", "")
-	wasm := fakeWasm("cmd")
+	wasm := fakewasm.Module("cmd")
 	p := setup(t, wasm)
 	const ref = "registry.example/team/ratelimit:1.2.3"
 	var out bytes.Buffer
@@ -164,7 +160,7 @@ func TestRunPrintsTheDigestsIstioChecks(t *testing.T) {
 }
 
 func TestRunIsReproducible(t *testing.T) {
-	wasm := fakeWasm("repro")
+	wasm := fakewasm.Module("repro")
 	var digests []string
 	for _, epoch := range []string{"1700000000", "1700000000", "1700000001"} {
 		t.Setenv("SOURCE_DATE_EPOCH", epoch)
@@ -183,7 +179,7 @@ func TestRunPushesToARegistry(t *testing.T) {
 	t.Setenv("SOURCE_DATE_EPOCH", "")
 	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer srv.Close()
-	wasm := fakeWasm("push")
+	wasm := fakewasm.Module("push")
 	p := setup(t, wasm)
 	ref := strings.TrimPrefix(srv.URL, "http://") + "/ratelimit/plugin:e2e"
 	if err := run(p.args(ref, "-push"), io.Discard); err != nil {
@@ -212,10 +208,10 @@ func TestRunRefuses(t *testing.T) {
 		wantErr string
 	}{
 		{"not a module", p.args("x/y:z"), "", "not a WebAssembly module"},
-		{"bad ref", setup(t, fakeWasm("r")).args("UPPER/case:x"), "", "ref"},
-		{"bad SOURCE_DATE_EPOCH", setup(t, fakeWasm("e")).args("x/y:z"), "yesterday", "SOURCE_DATE_EPOCH"},
-		{"stray argument", append(setup(t, fakeWasm("s")).args("x/y:z"), "extra"), "", "unexpected arguments"},
-		{"render without WasmPlugins", setup(t, fakeWasm("n")).args("x/y:z", "-render", t.TempDir()), "", "no WasmPlugin"},
+		{"bad ref", setup(t, fakewasm.Module("r")).args("UPPER/case:x"), "", "ref"},
+		{"bad SOURCE_DATE_EPOCH", setup(t, fakewasm.Module("e")).args("x/y:z"), "yesterday", "SOURCE_DATE_EPOCH"},
+		{"stray argument", append(setup(t, fakewasm.Module("s")).args("x/y:z"), "extra"), "", "unexpected arguments"},
+		{"render without WasmPlugins", setup(t, fakewasm.Module("n")).args("x/y:z", "-render", t.TempDir()), "", "no WasmPlugin"},
 	}
 	for _, tt := range tests {
 		t.Setenv("SOURCE_DATE_EPOCH", tt.epoch)

@@ -41,7 +41,7 @@ import (
 
 	clientext "istio.io/client-go/pkg/apis/extensions/v1alpha1"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
 )
 
 func main() {

@@ -15,7 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
 )
 
 // stockInjector renders Istio 1.31's own charts (compiled into the module,

@@ -36,7 +36,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )

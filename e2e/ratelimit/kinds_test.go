@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
@@ -109,7 +110,7 @@ func TestDescriptorKinds(t *testing.T) {
 					`limitd_rls_total_hits_total{descriptor="vip_yes.member",domain="kinds"} 5`,
 				} {
 					if !containsLine(m, want) {
-						t.Errorf("/metrics: no line %q in\n%s", want, grepLines(m, "limitd_rls_"))
+						t.Errorf("/metrics: no line %q in\n%s", want, logtext.Grep(m, "limitd_rls_"))
 					}
 				}
 			}

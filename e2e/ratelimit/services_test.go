@@ -29,6 +29,7 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoyratelimit"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/loopback"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
@@ -166,10 +167,10 @@ func (s *service) launchLimitd(t *testing.T, config string, args []string) error
 			t.Cleanup(func() {
 				select {
 				case <-done:
-					t.Errorf("limitd exited during the test:\n%s", tail(s.log(), 30))
+					t.Errorf("limitd exited during the test:\n%s", logtext.Tail(s.log(), 30))
 				default:
 					if t.Failed() {
-						t.Logf("limitd's log tail:\n%s", tail(s.log(), 30))
+						t.Logf("limitd's log tail:\n%s", logtext.Tail(s.log(), 30))
 					}
 				}
 				stop()
@@ -178,7 +179,7 @@ func (s *service) launchLimitd(t *testing.T, config string, args []string) error
 		}
 		stop()
 		if attempt >= 3 || !strings.Contains(s.log(), "address already in use") {
-			return fmt.Errorf("limitd did not start: %w\n%s", err, tail(s.log(), 30))
+			return fmt.Errorf("limitd did not start: %w\n%s", err, logtext.Tail(s.log(), 30))
 		}
 	}
 }
@@ -249,7 +250,7 @@ func (s *service) waitLog(t *testing.T, substrs ...string) string {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: no log line with %q within %v:\n%s", s.kind, substrs, waitTimeout, tail(s.log(), 30))
+			t.Fatalf("%s: no log line with %q within %v:\n%s", s.kind, substrs, waitTimeout, logtext.Tail(s.log(), 30))
 		}
 	}
 }
@@ -315,7 +316,7 @@ func (s *service) waitLimit(t *testing.T, domain string, d entries, requestsPerU
 		}
 		last = fmt.Sprintf("%v %v", resp, err)
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s %v: no limit of %d within %v (last answer: %s)\n%s", s.kind, domain, d, requestsPerUnit, waitTimeout, last, tail(s.log(), 20))
+			t.Fatalf("%s: %s %v: no limit of %d within %v (last answer: %s)\n%s", s.kind, domain, d, requestsPerUnit, waitTimeout, last, logtext.Tail(s.log(), 20))
 		}
 	}
 }
@@ -348,11 +349,6 @@ func alignWindow(t *testing.T, unit, need time.Duration) {
 	}
 }
 
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
-
 // header returns the x-ratelimit-* headers of a result, for messages.
 func rlHeaders(r envoytest.Result) string {
 	var b strings.Builder
@@ -367,15 +363,4 @@ func rlHeaders(r envoytest.Result) string {
 // containsLine reports whether text has line as one of its lines.
 func containsLine(text, line string) bool {
 	return slices.Contains(strings.Split(text, "\n"), line)
-}
-
-// grepLines returns the lines of text that contain substr.
-func grepLines(text, substr string) string {
-	var out []string
-	for _, l := range strings.Split(text, "\n") {
-		if strings.Contains(l, substr) && !strings.HasPrefix(l, "#") {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }

@@ -5,7 +5,7 @@ import (
 	"regexp"
 	"testing"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
 )
 
 // loadManifest reads and strictly decodes every document of a manifest

@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
 )
 
 // limitdObjects decodes limitd.yaml strictly (k8s.io/api types, unknown

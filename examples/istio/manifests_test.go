@@ -20,7 +20,7 @@ import (
 	clientnet "istio.io/client-go/pkg/apis/networking/v1"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
 )
 
 const envoyTemplate = "envoy-istio.yaml"

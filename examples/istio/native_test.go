@@ -9,7 +9,7 @@ import (
 	clientnetv1a3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
-	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
 )
 
 // TestNativeEnvoyFilters: each EnvoyFilter of native-envoyfilter.yaml loads

@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
-	"github.com/ratelimit-wasm/tokenbucket/internal/manifest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
 )
 
 // yamlBlocks is the ```yaml blocks of a Markdown file.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 
-	"github.com/ratelimit-wasm/tokenbucket/config"
 	"github.com/ratelimit-wasm/tokenbucket/engine"
 	"github.com/ratelimit-wasm/tokenbucket/internal/version"
 )
@@ -33,7 +32,7 @@ type ConfigFactory struct {
 	metricsFor func(shared.HttpFilterConfigHandle) (sink, error)
 	// start builds a worker's app; nil is the engine (startEngine). The
 	// host-contract suite's module sets its own (contract.go).
-	start func(h *host, data []byte) (app, error)
+	start func(h *host, conf *engine.Configuration, opts engine.Options) (app, error)
 }
 
 // app is what a worker runs: the engine, or the host-contract suite's
@@ -58,8 +57,8 @@ type engineApp struct{ *engine.Plugin }
 func (a engineApp) NewRequest(s engine.Stream) handler { return a.Plugin.NewRequest(s) }
 
 // startEngine builds a worker's engine.
-func startEngine(h *host, data []byte) (app, error) {
-	e, err := engine.New(h, data, "", engine.Options{})
+func startEngine(h *host, conf *engine.Configuration, opts engine.Options) (app, error) {
+	e, err := engine.NewPlugin(h, conf, "", opts)
 	if err != nil {
 		return nil, err
 	}
@@ -94,31 +93,30 @@ func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []
 		handle.Log(shared.LogLevelCritical, "%s", err.Error())
 		return nil, err
 	}
+	// The configuration is parsed once: this host reads no nested metadata
+	// (Options.FlatMetadata). Every worker's Plugin is built from it
+	// (newWorker); this one defines the metrics.
+	conf, err := engine.Parse(unparsed, engine.Options{FlatMetadata: true})
+	if err != nil {
+		handle.Log(shared.LogLevelCritical, "%s", err.Error()) // an *engine.RefusalError: the line to log
+		return nil, err
+	}
 	c := &filterConfig{
-		handle:  handle,
-		data:    append([]byte(nil), unparsed...), // Envoy's buffer lives only during this call
-		store:   processStore,
-		metrics: newMetrics(s),
-		start:   cf.start,
+		handle:    handle,
+		conf:      conf,
+		store:     processStore,
+		metrics:   newMetrics(s),
+		memory:    &engine.MemoryReport{},
+		readsBody: conf.ReadsResponseBody(),
+		start:     cf.start,
 	}
 	if c.start == nil {
 		c.start = startEngine
 	}
-	// This Plugin checks the configuration and defines its metrics; each
-	// worker builds its own from the same bytes (newWorker).
-	if _, err := engine.New(&host{c: c, defining: true}, c.data, "", engine.Options{}); err != nil {
-		handle.Log(shared.LogLevelCritical, "%s", err.Error()) // an *engine.RefusalError: the line to log
-		return nil, err
-	}
-	cfg, err := config.Parse(c.data)
-	if err == nil {
-		err = checkHost(cfg)
-	}
-	if err != nil {
+	if _, err := engine.NewPlugin(&host{c: c, defining: true}, conf, "", c.options()); err != nil {
 		handle.Log(shared.LogLevelCritical, "%s", err.Error())
 		return nil, err
 	}
-	c.readsBody = readsBody(cfg)
 	c.panics = c.metrics.define(handle, Name+".panics", false)
 	c.sched = handle.GetScheduler()
 	processTicker.register(c)
@@ -134,13 +132,16 @@ func (ConfigFactory) CreatePerRoute([]byte) (any, error) {
 
 // filterConfig is one configuration: its workers and what they share.
 type filterConfig struct {
-	handle  shared.HttpFilterConfigHandle
-	data    []byte
-	store   *Store
+	handle shared.HttpFilterConfigHandle
+	conf   *engine.Configuration
+	store  *Store
+	// memory is what this configuration's metrics have of the process's Go
+	// runtime so far: every worker's Plugin reports the same runtime.
+	memory  *engine.MemoryReport
 	metrics *metrics
 	panics  *metric
 	workers workers
-	start   func(h *host, data []byte) (app, error)
+	start   func(h *host, conf *engine.Configuration, opts engine.Options) (app, error)
 	// readsBody: some rule takes its cost from the response body (the
 	// body callbacks are the engine's only then).
 	readsBody bool
@@ -189,12 +190,17 @@ func (c *filterConfig) Create(handle shared.HttpFilterHandle) shared.HttpFilter 
 // newWorker builds a worker's Plugin.
 func (c *filterConfig) newWorker() (*worker, error) {
 	w := &worker{}
-	e, err := c.start(&host{c: c, w: w}, c.data)
+	e, err := c.start(&host{c: c, w: w}, c.conf, c.options())
 	if err != nil {
 		return nil, err
 	}
 	w.e = e
 	return w, nil
+}
+
+// options are the engine's Options for this configuration's Plugins.
+func (c *filterConfig) options() engine.Options {
+	return engine.Options{FlatMetadata: true, Memory: c.memory}
 }
 
 // OnDestroy implements shared.HttpFilterFactory: Envoy dropped the
@@ -230,8 +236,9 @@ func (c *filterConfig) schedule(f func()) error {
 
 // tick is every worker Plugin's tick (the process's ticker runs it on the
 // main thread once a second, tick.go), one after the other, each under its
-// worker's lock. The memory figures ms are the process's: the first Plugin
-// reports them, and the others find nothing changed since.
+// worker's lock. The memory figures ms are the process's, and the Plugins
+// share the configuration's MemoryReport: the first reports them, and the
+// others find nothing changed since.
 func (c *filterConfig) tick(ms *runtime.MemStats) {
 	c.life.RLock()
 	defer c.life.RUnlock()
@@ -261,7 +268,7 @@ func (c *filterConfig) recoverMain(where string, w *worker) {
 // replaceEngine gives w a new Plugin after a panic left its state unknown
 // (held with w's lock). Requests in flight keep the old one.
 func (c *filterConfig) replaceEngine(w *worker) {
-	if e, err := c.start(&host{c: c, w: w}, c.data); err == nil {
+	if e, err := c.start(&host{c: c, w: w}, c.conf, c.options()); err == nil {
 		w.e = e
 	}
 }

@@ -17,5 +17,5 @@ type (
 // configuration the engine accepts: it is checked, and defines the
 // engine's metrics, as always.
 func ContractFactory(start func(engine.Host) App) ConfigFactory {
-	return ConfigFactory{start: func(h *host, _ []byte) (app, error) { return start(h), nil }}
+	return ConfigFactory{start: func(h *host, _ *engine.Configuration, _ engine.Options) (app, error) { return start(h), nil }}
 }

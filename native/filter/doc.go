@@ -47,7 +47,9 @@
 // whose state is unknown (the buckets, in the Store, survive: as Wasm's
 // FAIL_RELOAD). Envoy refuses a configuration the engine refuses (its
 // RefusalError, with the JSON path, in Envoy's log), one the host cannot
-// run as Wasm does (checkHost), and any configuration when Envoy's
-// environment lacks GODEBUG=cgocheck=0 (without it Go's cgo pointer check
-// aborts Envoy as the SDK hands Go pointers to Envoy).
+// run as Wasm does (engine.Options.FlatMetadata), and any configuration
+// when Envoy's environment lacks GODEBUG=cgocheck=0 (without it Go's cgo
+// pointer check aborts Envoy as the SDK hands Go pointers to Envoy). The
+// configuration is parsed once (engine.Parse); every worker's Plugin is
+// built from it.
 package filter

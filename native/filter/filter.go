@@ -181,8 +181,8 @@ func (f *httpFilter) RequestHeaders() [][2]string {
 // Property reads what the engine asks of proxy-wasm's properties:
 // source.address, and dynamic metadata one level deep
 // (metadata.filter_metadata.<namespace>.<key>, a string). Deeper paths
-// (jwt_authn's claims) are out of the SDK's reach: checkHost refuses the
-// configurations that need them.
+// (jwt_authn's claims) are out of the SDK's reach: engine.Parse refuses the
+// configurations that need them (engine.Options.FlatMetadata).
 func (f *httpFilter) Property(path ...string) ([]byte, bool) {
 	switch {
 	case len(path) == 2 && path[0] == "source" && path[1] == "address":

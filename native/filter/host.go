@@ -6,7 +6,6 @@ import (
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 )
 
 // host is engine.Host for one worker's Plugin (w), or, with defining, for
@@ -21,7 +20,7 @@ type host struct {
 // Now is the wall clock, the same for every worker.
 func (h *host) Now() int64 { return time.Now().UnixNano() }
 
-func (h *host) SharedData() slots.SharedData { return h.c.store }
+func (h *host) SharedData() engine.SharedData { return h.c.store }
 
 func (h *host) Counter(name string) engine.Counter {
 	return counter{ms: h.c.metrics, m: h.metric(name, false)}

@@ -6,13 +6,13 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
 // Store is shared data in process memory with exactly the semantics of
-// Envoy's proxy-wasm shared data (slots.SharedData): Get returns a copy of
+// Envoy's proxy-wasm shared data (engine.SharedData): Get returns a copy of
 // the value and its CAS; Set on an existing key fails with
-// slots.ErrCASMismatch iff cas != 0 and cas differs from the key's CAS; Set
+// engine.ErrCASMismatch iff cas != 0 and cas differs from the key's CAS; Set
 // on a missing key always succeeds, whatever cas; nothing is ever deleted.
 //
 // As in Envoy, the CAS values come from one process-wide counter that skips
@@ -75,8 +75,8 @@ func (s *Store) nextCAS() uint32 {
 	}
 }
 
-// Get implements slots.SharedData: a copy of the value (the caller may
-// change it) and its CAS, or slots.ErrNotFound.
+// Get implements engine.SharedData: a copy of the value (the caller may
+// change it) and its CAS, or engine.ErrNotFound.
 func (s *Store) Get(key string) ([]byte, uint32, error) {
 	sh := s.shard(key)
 	sh.mu.Lock()
@@ -88,14 +88,14 @@ func (s *Store) Get(key string) ([]byte, uint32, error) {
 	}
 	sh.mu.Unlock()
 	if !ok {
-		return nil, 0, slots.ErrNotFound
+		return nil, 0, engine.ErrNotFound
 	}
 	// A value is never changed in place (Set stores a new slice), so it can
 	// be copied outside the lock.
 	return append([]byte(nil), value...), cas, nil
 }
 
-// Set implements slots.SharedData. It keeps a copy of value.
+// Set implements engine.SharedData. It keeps a copy of value.
 func (s *Store) Set(key string, value []byte, cas uint32) error {
 	v := append([]byte(nil), value...)
 	sh := s.shard(key)
@@ -106,7 +106,7 @@ func (s *Store) Set(key string, value []byte, cas uint32) error {
 	case !ok:
 		sh.m[strings.Clone(key)] = &storeEntry{value: v, cas: s.nextCAS()}
 	case cas != 0 && cas != e.cas:
-		return slots.ErrCASMismatch
+		return engine.ErrCASMismatch
 	default:
 		e.value, e.cas = v, s.nextCAS() // never sh.m[key] = ...: see storeShard
 	}

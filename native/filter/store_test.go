@@ -9,7 +9,7 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/shareddata"
 )
 

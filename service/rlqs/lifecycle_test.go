@@ -14,6 +14,7 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // At shutdown each stream is told what Envoy should do without limitd:
@@ -65,7 +66,7 @@ func TestAbandonIdle(t *testing.T) {
 		run(f, []*node{a}, []float64{1}, 5*time.Second, time.Second, func(time.Time) {})
 		// remaining reads the global bucket (a lease of nothing).
 		remaining := func() int64 {
-			ans, err := st.Lease(context.Background(), &service.LeaseRequest{Buckets: []service.LeaseBucket{{
+			ans, err := st.Lease(context.Background(), &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{
 				Key: rls.BucketKey("quota", []rlsconfig.Entry{{Key: "api_key", Value: "idle"}}, nil), Rate: 40.0 / 60, Burst: 40}}})
 			if err != nil {
 				t.Fatal(err)

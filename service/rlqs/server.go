@@ -87,6 +87,7 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // ServiceName is the gRPC service served.
@@ -499,7 +500,7 @@ func (s *Server) lease(ctx context.Context, b *bucket, want, ret float64) (float
 	want, ret = math.Min(want, b.burst), math.Min(ret, b.burst) // the store's bounds
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	a, err := s.opts.Store.Lease(ctx, &service.LeaseRequest{Buckets: []service.LeaseBucket{{
+	a, err := s.opts.Store.Lease(ctx, &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{
 		Key: b.key, Rate: b.rate, Burst: b.burst, Want: want, Return: ret,
 	}}})
 	m := s.opts.Metrics

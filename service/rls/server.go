@@ -51,6 +51,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // Bounds of a request, beyond the gRPC message size.
@@ -256,7 +257,7 @@ func (d *descriptor) enforced() bool { return !d.limit.ShadowMode && !d.limit.Qu
 // enforced window is over its limit.
 func (s *Server) count(ctx context.Context, domain string, ds []descriptor) error {
 	var wreq service.CountRequest
-	var breq service.Request
+	var breq wire.Request
 	var now time.Time
 	for i := range ds {
 		d := &ds[i]
@@ -279,7 +280,7 @@ func (s *Server) count(ctx context.Context, domain string, ds []descriptor) erro
 		default:
 			rate := float64(d.limit.RequestsPerUnit) / float64(d.limit.Unit.Seconds())
 			key := BucketKey(domain, d.entries, d.values)
-			b := service.Bucket{Key: key, Rate: rate, Burst: float64(d.limit.Capacity()), Cost: float64(d.hits), Shadow: !d.enforced()}
+			b := wire.Bucket{Key: key, Rate: rate, Burst: float64(d.limit.Capacity()), Cost: float64(d.hits), Shadow: !d.enforced()}
 			d.index = -1
 			for j := range breq.Buckets { // the same bucket twice: one take of both costs
 				if o := &breq.Buckets[j]; o.Key == b.Key && o.Rate == b.Rate && o.Burst == b.Burst && o.Shadow == b.Shadow {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 var epoch = time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
@@ -183,16 +184,16 @@ func TestStoreFailure(t *testing.T) {
 
 type failing struct{ err error }
 
-func (f failing) Decide(context.Context, *service.Request) (service.Answer, error) {
-	return service.Answer{}, f.err
+func (f failing) Decide(context.Context, *wire.Request) (wire.Answer, error) {
+	return wire.Answer{}, f.err
 }
 
-func (f failing) Lease(context.Context, *service.LeaseRequest) (service.LeaseAnswer, error) {
-	return service.LeaseAnswer{}, f.err
+func (f failing) Lease(context.Context, *wire.LeaseRequest) (wire.LeaseAnswer, error) {
+	return wire.LeaseAnswer{}, f.err
 }
 
-func (f failing) Charge(context.Context, *service.ChargeRequest) (service.ChargeAnswer, error) {
-	return service.ChargeAnswer{}, f.err
+func (f failing) Charge(context.Context, *wire.ChargeRequest) (wire.ChargeAnswer, error) {
+	return wire.ChargeAnswer{}, f.err
 }
 
 func (f failing) Count(context.Context, *service.CountRequest) (service.CountAnswer, error) {

@@ -393,7 +393,7 @@ func (b *bench) attribDoc(m attribData, loadStart, loadEnd string) string {
 		fmt.Fprintf(&md, "\n## The plugin against its parts\n\n"+
 			"The plugin's configurations of `make bench` in the same rounds. An allowed request of %s makes 1 request-header "+
 			"read, 1 shared-data read and 1 write, 1 counter increment, 5 response headers and 1 clock read "+
-			"([profile.md](profile.md)); their costs above, added to the Go floor, are what the plugin would cost if its "+
+			"([profile.md](../../bench/profile.md)); their costs above, added to the Go floor, are what the plugin would cost if its "+
 			"own code were free.\n\n", plug3)
 		fmt.Fprintf(&md, "| configuration | Envoy CPU µs/req | over the %s | over the %s | req/s | ÷ %s |\n", nameFloor, nameNull, nameNone)
 		fmt.Fprintln(&md, "|---|---:|---:|---:|---:|---:|")
@@ -411,7 +411,7 @@ func (b *bench) attribDoc(m attribData, loadStart, loadEnd string) string {
 			fmt.Fprintf(&md, "| the Go floor + the plugin's host operations | %.1f | %+.1f | %+.1f | | |\n", predicted, predicted-floor.Median, predicted-null.Median)
 			fmt.Fprintf(&md, "\nSo of %s − %s = %+.1f µs, %+.1f is the Go floor, %+.1f the host operations the request path makes, "+
 				"and %+.1f the rest: the plugin's own code as it runs inside Envoy, and host work the operations' loops do not "+
-				"capture ([footprint.md](footprint.md) splits it further with perf and with the guest alone under V8).\n",
+				"capture ([footprint.md](../../bench/footprint.md) splits it further with perf and with the guest alone under V8).\n",
 				plug3, null9, plug.Median-null.Median, floor.Median-null.Median, predicted-floor.Median, plug.Median-predicted)
 		}
 	}

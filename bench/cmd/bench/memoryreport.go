@@ -140,7 +140,7 @@ func (r memReport) markdown() string {
 		"sampled as the baseline; then one request per new distinct `x-api-key` is sent up to each checkpoint, and "+
 		"both are sampled again after a short pause.\n\n", groupDigits(warmupRequests), warmupKeys)
 	fmt.Fprintf(&b, "- **%s**: this plugin, one rule keyed by `x-api-key` (50 tokens, 10/s). Its buckets live in a "+
-		"fixed table of `ceil(max_keys / 4)` shared-data keys holding 4 buckets each (package `store`).\n", r.results[0].title)
+		"fixed table of `ceil(max_keys / 4)` shared-data keys holding 4 buckets each (package `engine/store`).\n", r.results[0].title)
 	if len(r.results) > 1 {
 		fmt.Fprintf(&b, "- **%s**: `bench/cmd/bench/perkeyplugin`, which stores a 16-byte value (the size of a "+
 			"bucket's state) under one shared-data key per client, as rate-limit plugins usually do. Its keys "+

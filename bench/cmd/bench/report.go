@@ -325,7 +325,7 @@ func (r *report) markdown() string {
 	for _, t := range r.meaning() {
 		w("- %s\n", t)
 	}
-	w("\nWhere the plugin's CPU goes, layer by layer, is measured in [attribution.md](attribution.md); start time and module size in [footprint.md](footprint.md). Medians across %d rounds; ratios and differences are taken within each round, then summarised.\n", in.Rounds)
+	w("\nWhere the plugin's CPU goes, layer by layer, is measured in [attribution.md](attribution.md); start time and module size in [footprint.md](../../bench/footprint.md). Medians across %d rounds; ratios and differences are taken within each round, then summarised.\n", in.Rounds)
 	w("\n## The configurations\n\nThe same Envoy binary, listener, route, upstream and `--concurrency 1`, with:\n\n")
 	for _, s := range r.Results {
 		w("- **%s**%s\n", label(s), describe(s))
@@ -387,7 +387,7 @@ func (r *report) markdown() string {
 				float64(s.Stats["wasmcustom.tokenbucket.memory.heap_bytes"])/1024,
 				s.Stats["wasmcustom.tokenbucket.cas_retries"], s.Stats["wasmcustom.tokenbucket.service_errors"])
 		}
-		w("\nHost calls, guest function calls and allocations per request are profiled separately in wazero: `make bench-profile` (bench/cmd/bench/profile_test.go); see [profile.md](profile.md).\n")
+		w("\nHost calls, guest function calls and allocations per request are profiled separately in wazero: `make bench-profile` (bench/cmd/bench/profile_test.go); see [profile.md](../../bench/profile.md).\n")
 	}
 
 	if r.RLS != nil {
@@ -451,7 +451,7 @@ func (r *report) breakdown(w func(string, ...any)) {
 		return spreadOf(xs)
 	}
 	w("\n### Where the plugin's CPU goes\n\n")
-	w("Differences of Envoy CPU per request at saturation between configurations, within each round (µs, median and range). Each part is the difference of two noisy measurements: on a shared machine a part's range spans tens of µs and parts move between runs; the total is the steady figure. The request path's exact counts (host calls, allocations, Go calls) are in [profile.md](profile.md).\n\n")
+	w("Differences of Envoy CPU per request at saturation between configurations, within each round (µs, median and range). Each part is the difference of two noisy measurements: on a shared machine a part's range spans tens of µs and parts move between runs; the total is the steady figure. The request path's exact counts (host calls, allocations, Go calls) are in [profile.md](../../bench/profile.md).\n\n")
 	w("| part | from | µs per request |\n|---|---|---|\n")
 	rows := []struct {
 		part, from string

@@ -38,7 +38,7 @@ const (
 // after 1000 more requests, at each --concurrency of -concurrency. It runs
 // Envoy with no filter, with the no-op module of configuration (9) and with
 // each module given, in turn, round after round, so that a change in the
-// machine's load touches all of them alike. docs/benchmarks/footprint.md has
+// machine's load touches all of them alike. bench/footprint.md has
 // its figures. Envoy's bootstrap is the project's: a listener whose route
 // answers 200 directly.
 //

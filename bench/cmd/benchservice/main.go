@@ -40,6 +40,7 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/bench/internal/loadgen"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 type config struct {
@@ -240,9 +241,9 @@ func loadService(cfg config, store service.Store, reg *prometheus.Registry, rate
 
 // loadStore drives store.Decide directly (no HTTP) like loadService.
 func loadStore(cfg config, store service.Store, reg *prometheus.Registry, rate, burst float64) (result, error) {
-	reqs := make([]*service.Request, cfg.keys)
+	reqs := make([]*wire.Request, cfg.keys)
 	for i := range reqs {
-		reqs[i] = &service.Request{Buckets: []service.Bucket{{Key: "bench-" + strconv.Itoa(i), Rate: rate, Burst: burst, Cost: 1}}}
+		reqs[i] = &wire.Request{Buckets: []wire.Bucket{{Key: "bench-" + strconv.Itoa(i), Rate: rate, Burst: burst, Cost: 1}}}
 	}
 	return closedLoop(cfg, reg, func(k int) (bool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), service.DefaultTimeout)

@@ -1,5 +1,5 @@
 // Package footprint holds the reference modules of
-// docs/benchmarks/footprint.md (hello, floor, deps) and the attribution module
+// bench/footprint.md (hello, floor, deps) and the attribution module
 // (ops); `make bench-start` measures their start cost with `bench start`
 // (bench/cmd/bench/start.go).
 package footprint

@@ -53,6 +53,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/ci"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/loopback"
 )
 
@@ -259,7 +260,7 @@ func (s *Server) waitReady(timeout time.Duration) error {
 	last := "no answer"
 	for {
 		if err := s.exited(); err != nil {
-			return fmt.Errorf("%w:\n%s", err, tail(s.Log(), 30))
+			return fmt.Errorf("%w:\n%s", err, logtext.Tail(s.Log(), 30))
 		}
 		log := s.Log()
 		configured := strings.Contains(log, LoadedLine) || strings.Contains(log, RefusedLine)
@@ -280,7 +281,7 @@ func (s *Server) waitReady(timeout time.Duration) error {
 			last = err.Error()
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("envoyratelimit: not ready within %v: %s\n%s", timeout, last, tail(log, 30))
+			return fmt.Errorf("envoyratelimit: not ready within %v: %s\n%s", timeout, last, logtext.Tail(log, 30))
 		}
 		time.Sleep(pollInterval)
 	}
@@ -567,17 +568,11 @@ func Start(t testing.TB, opts Options) *Server {
 	}
 	t.Cleanup(func() {
 		if s.Exited() && !s.stopped.Load() {
-			t.Errorf("envoyratelimit: the server exited during the test: %v\n%s", s.waitErr, tail(s.Log(), 30))
+			t.Errorf("envoyratelimit: the server exited during the test: %v\n%s", s.waitErr, logtext.Tail(s.Log(), 30))
 		} else if t.Failed() {
-			t.Logf("envoyratelimit: the test failed; the server's log tail:\n%s", tail(s.Log(), 30))
+			t.Logf("envoyratelimit: the test failed; the server's log tail:\n%s", logtext.Tail(s.Log(), 30))
 		}
 		s.Stop()
 	})
 	return s
-}
-
-// tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

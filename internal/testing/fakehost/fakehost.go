@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/shareddata"
 )
 
@@ -37,7 +36,7 @@ func (c *Clock) Advance(d int64) int64 { return c.ns.Add(d) }
 // Host is engine.Host.
 type Host struct {
 	Clock    *Clock
-	SD       slots.SharedData
+	SD       engine.SharedData
 	Counters map[string]*Counter
 	Logs     []string
 	// Calls are the plugin's calls not yet answered (Answer them).
@@ -65,7 +64,7 @@ func New() *Host {
 }
 
 func (h *Host) Now() int64                         { return h.Clock.Now() }
-func (h *Host) SharedData() slots.SharedData       { return h.SD }
+func (h *Host) SharedData() engine.SharedData      { return h.SD }
 func (h *Host) Counter(name string) engine.Counter { return h.Metric(name) }
 func (h *Host) Gauge(name string) engine.Gauge     { return h.Metric(name) }
 func (h *Host) Log(_ engine.LogLevel, msg string)  { h.Logs = append(h.Logs, msg) }

@@ -8,7 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 )
 
 // Clause is one thing every host must do for the engine. Its host side
@@ -76,8 +75,8 @@ func errorf(format string, args ...any) error { return fmt.Errorf(format, args..
 
 func missingKey(x *exec) engine.Action {
 	v, cas, err := x.h.SharedData().Get(x.key("never-set"))
-	if !errors.Is(err, slots.ErrNotFound) {
-		return x.sync(errorf("Get of a key never set: value %q, cas %d, error %v; want slots.ErrNotFound", v, cas, err))
+	if !errors.Is(err, engine.ErrNotFound) {
+		return x.sync(errorf("Get of a key never set: value %q, cas %d, error %v; want engine.ErrNotFound", v, cas, err))
 	}
 	return x.sync(nil)
 }
@@ -106,8 +105,8 @@ func staleCASRefused(x *exec) engine.Action {
 	if err := sd.Set(k, []byte("v2"), cas1); err != nil {
 		return x.sync(errorf("Set(v2) with the current cas %d: %v, want success", cas1, err))
 	}
-	if err := sd.Set(k, []byte("v3"), cas1); !errors.Is(err, slots.ErrCASMismatch) {
-		return x.sync(errorf("Set(v3) with the stale cas %d: error %v, want slots.ErrCASMismatch", cas1, err))
+	if err := sd.Set(k, []byte("v3"), cas1); !errors.Is(err, engine.ErrCASMismatch) {
+		return x.sync(errorf("Set(v3) with the stale cas %d: error %v, want engine.ErrCASMismatch", cas1, err))
 	}
 	if v, _, err := sd.Get(k); err != nil || string(v) != "v2" {
 		return x.sync(errorf("Get after the refused Set: %q, %v; want v2", v, err))
@@ -158,8 +157,8 @@ func casUniqueAcrossKeys(x *exec) engine.Action {
 	if casA == casB {
 		return x.sync(errorf("keys a and b, created one after the other, have the same cas %d", casA))
 	}
-	if err := sd.Set(b, []byte("b2"), casA); !errors.Is(err, slots.ErrCASMismatch) {
-		return x.sync(errorf("Set(b) with a's cas: %v, want slots.ErrCASMismatch", err))
+	if err := sd.Set(b, []byte("b2"), casA); !errors.Is(err, engine.ErrCASMismatch) {
+		return x.sync(errorf("Set(b) with a's cas: %v, want engine.ErrCASMismatch", err))
 	}
 	return x.sync(nil)
 }
@@ -180,7 +179,7 @@ func setCopies(x *exec) engine.Action {
 	if err != nil || string(v) != "one" {
 		return x.sync(errorf("Get after the caller reused the key's and the value's memory: %q, %v; want one", v, err))
 	}
-	if _, _, err := sd.Get(nameB); !errors.Is(err, slots.ErrNotFound) {
+	if _, _, err := sd.Get(nameB); !errors.Is(err, engine.ErrNotFound) {
 		return x.sync(errorf("the key's memory, rewritten by the caller, names a key: Get(%s) = %v", nameB, err))
 	}
 	v[0] = 'Y'
@@ -210,8 +209,8 @@ func oneWriterWins(x *exec) engine.Action {
 			return x.sync(errorf("writers %d and %d both won with the cas they read together", won, i))
 		case err == nil:
 			won = i
-		case !errors.Is(err, slots.ErrCASMismatch):
-			return x.sync(errorf("writer %d: %v, want success or slots.ErrCASMismatch", i, err))
+		case !errors.Is(err, engine.ErrCASMismatch):
+			return x.sync(errorf("writer %d: %v, want success or engine.ErrCASMismatch", i, err))
 		}
 	}
 	if won != 0 {
@@ -243,17 +242,17 @@ func counterOp(x *exec) engine.Action {
 	const maxAttempts = 64
 	for range maxAttempts {
 		v, cas, err := sd.Get(k)
-		if err != nil && !errors.Is(err, slots.ErrNotFound) {
+		if err != nil && !errors.Is(err, engine.ErrNotFound) {
 			return x.sync(errorf("Get: %v", err))
 		}
-		if errors.Is(err, slots.ErrNotFound) {
+		if errors.Is(err, engine.ErrNotFound) {
 			return x.sync(errorf("no counter: op init creates it first"))
 		}
 		err = sd.Set(k, append(v, '+'), cas)
 		if err == nil {
 			return x.value("1")
 		}
-		if !errors.Is(err, slots.ErrCASMismatch) {
+		if !errors.Is(err, engine.ErrCASMismatch) {
 			return x.sync(errorf("Set: %v", err))
 		}
 	}

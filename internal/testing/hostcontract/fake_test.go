@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/hostcontract"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/shareddata"
@@ -38,7 +37,7 @@ func TestContractCatchesBrokenHosts(t *testing.T) {
 		may []string
 	}{
 		{"shared data ignores the cas", func(f *fakeTarget) {
-			f.wrapSD(func(sd slots.SharedData) slots.SharedData { return ignoresCAS{sd} })
+			f.wrapSD(func(sd engine.SharedData) engine.SharedData { return ignoresCAS{sd} })
 		}, []string{"shared-data/stale-cas-refused", "shared-data/cas-unique-across-keys", "shared-data/concurrent-writers-one-wins"},
 			[]string{"shared-data/no-lost-updates-across-workers"}},
 		{"every answer delivered twice", func(f *fakeTarget) { f.answers = 2 }, []string{
@@ -76,7 +75,7 @@ func TestContractCatchesBrokenHosts(t *testing.T) {
 }
 
 // ignoresCAS is shared data that writes whatever the cas.
-type ignoresCAS struct{ slots.SharedData }
+type ignoresCAS struct{ engine.SharedData }
 
 func (s ignoresCAS) Set(key string, value []byte, _ uint32) error {
 	return s.SharedData.Set(key, value, 0)
@@ -131,7 +130,7 @@ func (f *fakeTarget) wrapHost(w func(engine.Host) engine.Host) {
 }
 
 // wrapSD gives every worker w(its shared data) instead.
-func (f *fakeTarget) wrapSD(w func(slots.SharedData) slots.SharedData) {
+func (f *fakeTarget) wrapSD(w func(engine.SharedData) engine.SharedData) {
 	for _, wk := range f.workers {
 		wk.h.SD = w(wk.h.SD)
 	}

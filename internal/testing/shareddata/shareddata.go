@@ -10,7 +10,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/ratelimit-wasm/tokenbucket/internal/slots"
+	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
 )
 
 // Envoy is shared data as Envoy keeps it. Safe for concurrent use.

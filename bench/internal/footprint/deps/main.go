@@ -1,4 +1,4 @@
-// Command deps is the "feature floor" module of docs/benchmarks/footprint.md:
+// Command deps is the "feature floor" module of bench/footprint.md:
 // the Go floor (../floor) plus the two libraries the plugin's features need,
 // regexp (the `regex` match condition) and gjson (configuration, JWT claims,
 // the limit service's answers), each used once at start so the linker keeps

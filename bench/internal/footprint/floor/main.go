@@ -1,4 +1,4 @@
-// Command floor is the "Go floor" module of docs/benchmarks/footprint.md: the
+// Command floor is the "Go floor" module of bench/footprint.md: the
 // proxy-wasm SDK with an HTTP context whose callbacks do nothing. What the
 // plugin costs beyond it is ours. Built by
 // `make footprint` (mk/start.mk) with the plugin's recipe.

@@ -1,4 +1,4 @@
-// Command hello is the Go wasip1 hello world of docs/benchmarks/footprint.md:
+// Command hello is the Go wasip1 hello world of bench/footprint.md:
 // what any module built by the standard Go compiler carries.
 package main
 

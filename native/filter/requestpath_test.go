@@ -1,0 +1,64 @@
+package filter
+
+import (
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/requestpath"
+)
+
+// nativeRequest creates a configuration of one local rule, sends a key's
+// first request, and returns the second one's filter and handle, the
+// configuration's ticker stopped.
+func nativeRequest(t *testing.T) (*httpFilter, *filterHandle) {
+	t.Helper()
+	goroutines := runtime.NumGoroutine()
+	_, c := newConfig(t, `{"rules": [{"name": "per-key", "limit_keys": ["header:x-api-key"],
+  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 20}}]}`)
+	first := &filterHandle{req: newHeaders(map[string][]string{":path": {"/"}, "x-api-key": {"a"}}), resp: newHeaders(nil)}
+	c.Create(first).OnRequestHeaders(first.req, false) // the key's first request
+	h := &filterHandle{req: newHeaders(map[string][]string{":path": {"/"}, "x-api-key": {"a"}}), resp: newHeaders(nil)}
+	f := c.Create(h).(*httpFilter)
+	// No tick while the request is measured, and no code of the ticker's
+	// goroutine, which runs when the scheduler lets it: the ticker is
+	// stopped and gone before (a request does not need it).
+	c.OnDestroy()
+	for deadline := time.Now().Add(time.Minute); runtime.NumGoroutine() > goroutines; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the configuration's ticker is still running a minute after OnDestroy")
+		}
+	}
+	return f, h
+}
+
+// TestRequestPathNative: what one allowed request runs through in the
+// native module (a key's second), from OnRequestHeaders to its Continue
+// (the Wasm plugin's is internal/testing/requestpath's TestRequestPathWasm).
+func TestRequestPathNative(t *testing.T) {
+	f, h := nativeRequest(t)
+	p := requestpath.Measure(t, func() {
+		if st := f.OnRequestHeaders(h.req, false); st != shared.HeadersStatusContinue {
+			t.Errorf("the request was not allowed: %v", st)
+		}
+	})
+	t.Logf("one allowed request on the native module: %v", p)
+}
+
+// TestRequestPathNativeWhole: the same request from its request headers to
+// its end: its response's headers (the rate-limit headers added), the
+// stream's completion and the filter's destruction.
+func TestRequestPathNativeWhole(t *testing.T) {
+	f, h := nativeRequest(t)
+	p := requestpath.Measure(t, func() {
+		if st := f.OnRequestHeaders(h.req, false); st != shared.HeadersStatusContinue {
+			t.Errorf("the request was not allowed: %v", st)
+		}
+		f.OnResponseHeaders(h.resp, true)
+		f.OnStreamComplete()
+		f.OnDestroy()
+	})
+	t.Logf("one allowed request on the native module, to its end: %v", p)
+}
