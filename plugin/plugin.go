@@ -25,7 +25,6 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
-	"github.com/ratelimit-wasm/tokenbucket/internal/version"
 )
 
 // Name prefixes the plugin's shared-data keys, metrics and logs.
@@ -199,7 +198,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	if err := p.host.registerQueue(); err != nil {
 		proxywasm.LogWarn(Name + ": no shared queue, calls the plugin owns wait for its tick: " + err.Error())
 	}
-	proxywasm.LogInfo(Name + ": started with " + strconv.Itoa(e.Rules()) + " rules, max_keys " + strconv.Itoa(e.MaxKeys()) + " (wasm build, version " + version.Version + ")")
+	proxywasm.LogInfo(Name + ": started with " + strconv.Itoa(e.Rules()) + " rules, max_keys " + strconv.Itoa(e.MaxKeys()) + " (wasm build, version " + engine.Version() + ")")
 	return types.OnPluginStartStatusOK
 }
 

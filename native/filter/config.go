@@ -11,7 +11,6 @@ import (
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
-	"github.com/ratelimit-wasm/tokenbucket/internal/version"
 )
 
 // Name is the filter's name (filter_name in Envoy's configuration) and the
@@ -120,7 +119,7 @@ func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []
 	c.panics = c.metrics.define(handle, Name+".panics", false)
 	c.sched = handle.GetScheduler()
 	processTicker.register(c)
-	handle.Log(shared.LogLevelInfo, "%s", Name+": native module started, GOMAXPROCS "+strconv.Itoa(runtime.GOMAXPROCS(0))+" (native build, version "+version.Version+")")
+	handle.Log(shared.LogLevelInfo, "%s", Name+": native module started, GOMAXPROCS "+strconv.Itoa(runtime.GOMAXPROCS(0))+" (native build, version "+engine.Version()+")")
 	return c, nil
 }
 
