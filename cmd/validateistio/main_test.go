@@ -168,11 +168,14 @@ func TestImage(t *testing.T) {
 	}
 }
 
-// TestNativeImage: with -native-image, every image volume a proxy loads the
-// native module from (the gateway's pod volume, the sidecar's
-// userVolume annotation) must be that image pinned by its digest: the
-// example as `make oci-native` renders it passes; another digest, or the
-// example's own tag without a digest, fails for each of its two Deployments.
+// TestNativeImage: with -native-image, every image a proxy loads the native
+// module from (the init container of each Deployment that writes the
+// emptyDir istio-proxy mounts at its search path, or an image volume
+// mounted there) must be that image pinned by its digest: the example as
+// `make oci-native` renders it passes; another digest, or the example's own
+// tag without a digest, fails for each of its two Deployments; the older
+// layout, an image volume in the gateway's pod and the sidecar's userVolume
+// annotation, is checked the same way.
 func TestNativeImage(t *testing.T) {
 	src, err := os.ReadFile("../../examples/istio/native-envoyfilter.yaml")
 	if err != nil {
@@ -180,7 +183,7 @@ func TestNativeImage(t *testing.T) {
 	}
 	const tag = "ghcr.io/ratelimit-wasm/tokenbucket-native:0.1.0"
 	if bytes.Count(src, []byte(tag)) != 2 {
-		t.Fatalf("the example names %s %d times, want 2 (the gateway's volume and the sidecar's annotation)", tag, bytes.Count(src, []byte(tag)))
+		t.Fatalf("the example names %s %d times, want 2 (the init containers of the gateway and of the sidecar's pod)", tag, bytes.Count(src, []byte(tag)))
 	}
 	digest := "sha256:" + strings.Repeat("a", 64)
 	dir := t.TempDir()
@@ -200,15 +203,44 @@ func TestNativeImage(t *testing.T) {
 		t.Errorf("the rendered example: exit %d:\n%s", code, out)
 	}
 	code, out := runValidate("-native-image", summary("r.example/tb-native:1", "sha256:"+strings.Repeat("b", 64)), rendered)
-	if code != 1 || strings.Count(out, `image volume "tokenbucket-module" mounts the native module from "r.example/tb-native:1@`+digest+`"`) != 2 {
+	if code != 1 || strings.Count(out, `init container "tokenbucket-module" (writing volume "tokenbucket-module") loads the native module from "r.example/tb-native:1@`+digest+`"`) != 2 {
 		t.Errorf("another digest: exit %d:\n%s", code, out)
+	}
+	// An init container that only reads the volume is not where the module
+	// comes from: with none writing it, nothing names an image.
+	readOnly := filepath.Join(dir, "readonly.yaml")
+	ro := bytes.ReplaceAll(src, []byte("          mountPath: /module\n"), []byte("          mountPath: /module\n          readOnly: true\n"))
+	if bytes.Count(ro, []byte("readOnly: true\n")) < 2 {
+		t.Fatal("the example's init containers do not mount /module as expected")
+	}
+	if err := os.WriteFile(readOnly, ro, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := runValidate("-native-image", summary("r.example/tb-native:1", digest), readOnly); code != 1 || !strings.Contains(out, "no Deployment loads the native module") {
+		t.Errorf("read-only init containers: exit %d:\n%s", code, out)
+	}
+	// The image volume layout (where the runtime mounts image volumes
+	// executable): the gateway's pod volume and the sidecar's annotation.
+	volumes := bytes.ReplaceAll(src, []byte("        emptyDir: {}\n"), []byte("        image: {reference: \"r.example/tb-native:1@"+digest+"\"}\n"))
+	volumes = bytes.ReplaceAll(volumes, []byte(tag), []byte("r.example/tb-native:1@"+digest))
+	volumes = bytes.ReplaceAll(volumes, []byte("          mountPath: /module\n"), []byte("          mountPath: /module\n          readOnly: true\n"))
+	imageVolumes := filepath.Join(dir, "image-volumes.yaml")
+	if err := os.WriteFile(imageVolumes, volumes, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := runValidate("-native-image", summary("r.example/tb-native:1", digest), imageVolumes); code != 0 {
+		t.Errorf("image volumes of the image: exit %d:\n%s", code, out)
+	}
+	code, out = runValidate("-native-image", summary("r.example/tb-native:1", "sha256:"+strings.Repeat("b", 64)), imageVolumes)
+	if code != 1 || strings.Count(out, `image volume "tokenbucket-module" loads the native module from "r.example/tb-native:1@`+digest+`"`) != 2 {
+		t.Errorf("image volumes, another digest: exit %d:\n%s", code, out)
 	}
 	code, out = runValidate("-native-image", summary("r.example/tb-native:1", digest), "../../examples/istio/native-envoyfilter.yaml")
 	if code != 1 || strings.Count(out, `from "`+tag+`"`) != 2 {
 		t.Errorf("the example's tag: exit %d:\n%s", code, out)
 	}
 	code, out = runValidate("-native-image", summary("r.example/tb-native:1", digest), "../../examples/istio/wasmplugin-gateway.yaml")
-	if code != 1 || !strings.Contains(out, "no Deployment mounts the native module") {
+	if code != 1 || !strings.Contains(out, "no Deployment loads the native module") {
 		t.Errorf("no native manifest: exit %d:\n%s", code, out)
 	}
 	if code, out := runValidate("-native-image", filepath.Join(dir, "missing.json"), rendered); code != 1 || !strings.Contains(out, "-native-image") {
