@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -245,5 +246,57 @@ func TestNativeImage(t *testing.T) {
 	}
 	if code, out := runValidate("-native-image", filepath.Join(dir, "missing.json"), rendered); code != 1 || !strings.Contains(out, "-native-image") {
 		t.Errorf("a missing summary: exit %d:\n%s", code, out)
+	}
+}
+
+// exampleREADME is the Istio example's README, whose ```console
+// validate-istio block is a session of `make -s validate-istio
+// MANIFESTS='...'`, which runs this command on the files given.
+const exampleREADME = "examples/istio/README.md"
+
+// TestExampleSession replays the validate-istio session of the Istio
+// example's README from the repository's top, as make runs it: each
+// command's files through run, its output exactly the lines the README
+// shows, exit status 0.
+func TestExampleSession(t *testing.T) {
+	t.Chdir("../..")
+	b, err := os.ReadFile(exampleREADME)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(b), "```console validate-istio\n")
+	if ok {
+		block, _, ok = strings.Cut(block, "```")
+	}
+	if !ok {
+		t.Fatalf("%s: no closed ```console validate-istio block", exampleREADME)
+	}
+	type command struct {
+		files []string
+		want  string
+	}
+	var cmds []command
+	for _, line := range strings.SplitAfter(block, "\n") {
+		if rest, ok := strings.CutPrefix(line, "$ "); ok {
+			m := regexp.MustCompile(`^make -s validate-istio MANIFESTS='([^']+)'\n$`).FindStringSubmatch(rest)
+			if m == nil {
+				t.Fatalf("%s: %q is not make -s validate-istio MANIFESTS='...'", exampleREADME, rest)
+			}
+			cmds = append(cmds, command{files: strings.Fields(m[1])})
+			continue
+		}
+		if len(cmds) == 0 {
+			t.Fatalf("%s: output before any command: %q", exampleREADME, line)
+		}
+		cmds[len(cmds)-1].want += line
+	}
+	if len(cmds) == 0 {
+		t.Fatalf("%s: an empty session", exampleREADME)
+	}
+	for _, c := range cmds {
+		code, out := runValidate(c.files...)
+		if code != 0 || out != c.want {
+			t.Errorf("validateistio %s: exit %d, printed\n%s\nthe README shows\n%s", strings.Join(c.files, " "), code, out, c.want)
+		}
 	}
 }
