@@ -358,7 +358,7 @@ func printSummary(w io.Writer, s Summary) {
 		fmt.Fprintf(w, "Image volume (Kubernetes), or init container copying the module into an emptyDir at %s, with image %s@%s\n",
 			oci.InstallerDir, s.Ref, s.ImageDigest)
 		for _, m := range s.Manifests {
-			fmt.Fprintf(w, "wrote %s (image volume reference %s@%s)\n", m, s.Ref, s.ImageDigest)
+			fmt.Fprintf(w, "wrote %s (the module's image %s@%s)\n", m, s.Ref, s.ImageDigest)
 		}
 		return
 	}
