@@ -18,17 +18,17 @@ OCI_ARGS = -wasm $(BUILD)/plugin.wasm -layout $(BUILD)/oci -archive $(BUILD)/plu
 # The native module as an OCI image (cmd/ociimage -module, oci.BuildModule):
 # FROM scratch, one layer holding libtokenbucket.so at its root, so that a
 # Kubernetes image volume mounted at a folder D gives D/libtokenbucket.so,
-# the file both examples name, and cmd/installmodule as its entrypoint, so
-# that as an init container it copies the module into an emptyDir mounted
-# at /module (where image volumes are mounted noexec: docs/compatibility.md,
+# and cmd/installmodule as its entrypoint, so that as an init container it
+# copies the module into an emptyDir mounted at /module: the examples' way,
+# since image volumes are typically mounted noexec (docs/compatibility.md,
 # "Loading it from an image"). Built for the host's architecture
 # (NATIVE_ARCH; make release builds arm64 too). It writes, and reads back
 # to verify:
 #   build/native-oci/, build/native-oci.tar   the layout and the archive
-#   build/native-oci.json                     the digests (image_digest pins the image volume)
+#   build/native-oci.json                     the digests (image_digest pins the image)
 #   build/istio/native-envoyfilter.yaml       examples/istio's native manifests and
-#   build/envoy-gateway/native.yaml           examples/envoy-gateway's, with every image volume
-#                                             reference set to $(OCI_NATIVE_REF)@<image digest>
+#   build/envoy-gateway/native.yaml           examples/envoy-gateway's, with the init containers'
+#                                             image set to $(OCI_NATIVE_REF)@<image digest>
 # The image digest depends only on libtokenbucket.so (and $SOURCE_DATE_EPOCH, if set).
 #
 #   make oci-native OCI_NATIVE_REF=ghcr.io/acme/tokenbucket-native:0.1.0
@@ -55,8 +55,9 @@ oci-native: build-native $(BUILD)/installmodule-linux-$(NATIVE_ARCH)
 # Without MANIFESTS it validates build/istio/*.yaml as `make oci` and `make
 # oci-native` left them, and never rebuilds or rewrites them: each WasmPlugin
 # must name the image of build/plugin-oci.json (its reference and digest),
-# and each image volume a proxy mounts the native module from must be the
-# image of build/native-oci.json (<its reference>@<its digest>), so
+# and each image a proxy gets the native module from (the init container
+# writing the emptyDir it mounts, or an image volume) must be the image of
+# build/native-oci.json (<its reference>@<its digest>), so
 # manifests rendered for another reference or before the plugin or the
 # module changed are refused.
 MANIFESTS ?=

@@ -21,7 +21,8 @@
 // oci-native`) as an image holding it at its root, with -module-installer
 // (cmd/installmodule) as its entrypoint (oci.BuildModule),
 // written, read back and verified the same way, and -render-native fills in
-// the image volume references of the native-module manifests given
+// the native module's image (the init containers' images, image volume
+// references) in the native-module manifests given
 // (examples/istio/native-envoyfilter.yaml, examples/envoy-gateway/native.yaml)
 // with <ref>@sha256:<image digest>:
 //
@@ -111,7 +112,7 @@ func run(args []string, stdout io.Writer) error {
 	exePort := fs.Int("exe-port", 0, "TCP port an -exe image exposes (0: none)")
 	modulePath := fs.String("module", "", "package this native module (a Linux ELF shared object) instead of -wasm")
 	installerPath := fs.String("module-installer", "", "with -module: the installer (cmd/installmodule, static, the module's architecture), the image's entrypoint")
-	renderNative := fs.String("render-native", "", "native-module manifests (space-separated, each file or file=output-dir) whose image volume references to fill in with -ref@<image digest>, written to -render-out or output-dir (empty: none)")
+	renderNative := fs.String("render-native", "", "native-module manifests (space-separated, each file or file=output-dir) whose image volume references and .../tokenbucket-native container images to fill in with -ref@<image digest>, written to -render-out or output-dir (empty: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -357,7 +358,7 @@ func printSummary(w io.Writer, s Summary) {
 		fmt.Fprintf(w, "Image volume (Kubernetes), or init container copying the module into an emptyDir at %s, with image %s@%s\n",
 			oci.InstallerDir, s.Ref, s.ImageDigest)
 		for _, m := range s.Manifests {
-			fmt.Fprintf(w, "wrote %s (image volume reference %s@%s)\n", m, s.Ref, s.ImageDigest)
+			fmt.Fprintf(w, "wrote %s (the module's image %s@%s)\n", m, s.Ref, s.ImageDigest)
 		}
 		return
 	}

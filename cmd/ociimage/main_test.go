@@ -334,8 +334,9 @@ func TestRunExecutable(t *testing.T) {
 // TestRunModule builds the native module's image as make oci-native does:
 // written as a layout and an archive, both read back and verified, the same
 // digest for the same module, a summary naming the module, and the native
-// manifests rendered with every image volume reference pinned to
-// <ref>@<image digest>, each to its own folder.
+// manifests rendered with every image volume reference and every container
+// image named .../tokenbucket-native pinned to <ref>@<image digest> (other
+// images kept), each to its own folder.
 func TestRunModule(t *testing.T) {
 	t.Setenv("SOURCE_DATE_EPOCH", "")
 	src := t.TempDir()
@@ -345,7 +346,8 @@ func TestRunModule(t *testing.T) {
 		"  annotations:\n    a: '{\"m\":{\"image\":{\"reference\":\"ghcr.io/x/old:1\",\"pullPolicy\":\"IfNotPresent\"}}}'\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(gateway, []byte("volumes:\n- image:\n    reference: ghcr.io/x/old:1\n"), 0o644); err != nil {
+	if err := os.WriteFile(gateway, []byte("initContainers:\n- name: m\n  image: ghcr.io/x/tokenbucket-native:old # yours\n"+
+		"- name: other\n  image: registry.example.com/other:1.0\n- image: ghcr.io/x/tokenbucket-native@sha256:0123\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var digests []string
@@ -378,9 +380,17 @@ func TestRunModule(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if strings.Contains(string(b), "old:1") || !strings.Contains(string(b), "reference: "+pinned) {
+			if strings.Contains(string(b), "old:1") || strings.Contains(string(b), "native:old") || strings.Contains(string(b), "@sha256:0123") ||
+				!strings.Contains(string(b), pinned) {
 				t.Errorf("%s does not pin the image:\n%s", f, b)
 			}
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, "eg", "native.yaml")); !strings.Contains(string(b), "  image: "+pinned+" # yours\n") ||
+			!strings.Contains(string(b), "- image: "+pinned+"\n") || !strings.Contains(string(b), "image: registry.example.com/other:1.0\n") {
+			t.Errorf("the init containers' images:\n%s", b)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, "istio", "native-envoyfilter.yaml")); !strings.Contains(string(b), "reference: "+pinned) {
+			t.Errorf("the image volume's reference:\n%s", b)
 		}
 		if b, _ := os.ReadFile(filepath.Join(dir, "istio", "native-envoyfilter.yaml")); !strings.Contains(string(b), `"reference":"`+pinned+`"`) ||
 			!strings.Contains(string(b), "# yours") {
@@ -419,7 +429,7 @@ func TestRunModule(t *testing.T) {
 		t.Errorf("-module without an installer: %v", err)
 	}
 	if err := run([]string{"-module", so, "-module-installer", inst, "-layout", filepath.Join(dir, "o"), "-archive", "", "-render-native", gateway,
-		"-render-out", filepath.Join(dir, "r")}, io.Discard); err == nil || !strings.Contains(err.Error(), "no image volume reference") {
+		"-render-out", filepath.Join(dir, "r")}, io.Discard); err == nil || !strings.Contains(err.Error(), "no reference to the native module's image") {
 		t.Errorf("a manifest without a reference: %v", err)
 	}
 }

@@ -21,9 +21,11 @@
 // its image digest, another url's spec.sha256 that of its plugin.wasm. So a
 // manifest rendered for another reference, or before the plugin was
 // rebuilt, is refused rather than applied. With -native-image (the summary
-// `make oci-native` writes), every image volume an istio-proxy mounts at its
-// ENVOY_DYNAMIC_MODULES_SEARCH_PATH must name that image as
-// <ref>@sha256:<image digest>. The files are only read.
+// `make oci-native` writes), every image an istio-proxy gets the native
+// module from must be that image as <ref>@sha256:<image digest>: the image
+// of each init container writing the volume istio-proxy mounts at its
+// ENVOY_DYNAMIC_MODULES_SEARCH_PATH, or of an image volume mounted there.
+// The files are only read.
 //
 // It exits 1 when a file fails, 2 on a usage error.
 package main
@@ -56,7 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	requireClusters := fs.Bool("require-clusters", false, "fail when a cluster rule's service.cluster is created by none of the given manifests")
 	imagePath := fs.String("image", "", "the summary `make oci` wrote (build/plugin-oci.json): every WasmPlugin must load that image")
-	nativePath := fs.String("native-image", "", "the summary `make oci-native` wrote (build/native-oci.json): every image volume the native module is loaded from must be that image")
+	nativePath := fs.String("native-image", "", "the summary `make oci-native` wrote (build/native-oci.json): every image the native module is loaded from (init container or image volume) must be that image")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: validateistio [-require-clusters] [-image build/plugin-oci.json] [-native-image build/native-oci.json] manifest.yaml...")
 		fs.PrintDefaults()

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -168,11 +169,14 @@ func TestImage(t *testing.T) {
 	}
 }
 
-// TestNativeImage: with -native-image, every image volume a proxy loads the
-// native module from (the gateway's pod volume, the sidecar's
-// userVolume annotation) must be that image pinned by its digest: the
-// example as `make oci-native` renders it passes; another digest, or the
-// example's own tag without a digest, fails for each of its two Deployments.
+// TestNativeImage: with -native-image, every image a proxy loads the native
+// module from (the init container of each Deployment that writes the
+// emptyDir istio-proxy mounts at its search path, or an image volume
+// mounted there) must be that image pinned by its digest: the example as
+// `make oci-native` renders it passes; another digest, or the example's own
+// tag without a digest, fails for each of its two Deployments; the older
+// layout, an image volume in the gateway's pod and the sidecar's userVolume
+// annotation, is checked the same way.
 func TestNativeImage(t *testing.T) {
 	src, err := os.ReadFile("../../examples/istio/native-envoyfilter.yaml")
 	if err != nil {
@@ -180,7 +184,7 @@ func TestNativeImage(t *testing.T) {
 	}
 	const tag = "ghcr.io/ratelimit-wasm/tokenbucket-native:0.1.0"
 	if bytes.Count(src, []byte(tag)) != 2 {
-		t.Fatalf("the example names %s %d times, want 2 (the gateway's volume and the sidecar's annotation)", tag, bytes.Count(src, []byte(tag)))
+		t.Fatalf("the example names %s %d times, want 2 (the init containers of the gateway and of the sidecar's pod)", tag, bytes.Count(src, []byte(tag)))
 	}
 	digest := "sha256:" + strings.Repeat("a", 64)
 	dir := t.TempDir()
@@ -200,18 +204,99 @@ func TestNativeImage(t *testing.T) {
 		t.Errorf("the rendered example: exit %d:\n%s", code, out)
 	}
 	code, out := runValidate("-native-image", summary("r.example/tb-native:1", "sha256:"+strings.Repeat("b", 64)), rendered)
-	if code != 1 || strings.Count(out, `image volume "tokenbucket-module" mounts the native module from "r.example/tb-native:1@`+digest+`"`) != 2 {
+	if code != 1 || strings.Count(out, `init container "tokenbucket-module" (writing volume "tokenbucket-module") loads the native module from "r.example/tb-native:1@`+digest+`"`) != 2 {
 		t.Errorf("another digest: exit %d:\n%s", code, out)
+	}
+	// An init container that only reads the volume is not where the module
+	// comes from: with none writing it, nothing names an image.
+	readOnly := filepath.Join(dir, "readonly.yaml")
+	ro := bytes.ReplaceAll(src, []byte("          mountPath: /module\n"), []byte("          mountPath: /module\n          readOnly: true\n"))
+	if bytes.Count(ro, []byte("readOnly: true\n")) < 2 {
+		t.Fatal("the example's init containers do not mount /module as expected")
+	}
+	if err := os.WriteFile(readOnly, ro, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := runValidate("-native-image", summary("r.example/tb-native:1", digest), readOnly); code != 1 || !strings.Contains(out, "no Deployment loads the native module") {
+		t.Errorf("read-only init containers: exit %d:\n%s", code, out)
+	}
+	// The image volume layout (where the runtime mounts image volumes
+	// executable): the gateway's pod volume and the sidecar's annotation.
+	volumes := bytes.ReplaceAll(src, []byte("        emptyDir: {}\n"), []byte("        image: {reference: \"r.example/tb-native:1@"+digest+"\"}\n"))
+	volumes = bytes.ReplaceAll(volumes, []byte(tag), []byte("r.example/tb-native:1@"+digest))
+	volumes = bytes.ReplaceAll(volumes, []byte("          mountPath: /module\n"), []byte("          mountPath: /module\n          readOnly: true\n"))
+	imageVolumes := filepath.Join(dir, "image-volumes.yaml")
+	if err := os.WriteFile(imageVolumes, volumes, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := runValidate("-native-image", summary("r.example/tb-native:1", digest), imageVolumes); code != 0 {
+		t.Errorf("image volumes of the image: exit %d:\n%s", code, out)
+	}
+	code, out = runValidate("-native-image", summary("r.example/tb-native:1", "sha256:"+strings.Repeat("b", 64)), imageVolumes)
+	if code != 1 || strings.Count(out, `image volume "tokenbucket-module" loads the native module from "r.example/tb-native:1@`+digest+`"`) != 2 {
+		t.Errorf("image volumes, another digest: exit %d:\n%s", code, out)
 	}
 	code, out = runValidate("-native-image", summary("r.example/tb-native:1", digest), "../../examples/istio/native-envoyfilter.yaml")
 	if code != 1 || strings.Count(out, `from "`+tag+`"`) != 2 {
 		t.Errorf("the example's tag: exit %d:\n%s", code, out)
 	}
 	code, out = runValidate("-native-image", summary("r.example/tb-native:1", digest), "../../examples/istio/wasmplugin-gateway.yaml")
-	if code != 1 || !strings.Contains(out, "no Deployment mounts the native module") {
+	if code != 1 || !strings.Contains(out, "no Deployment loads the native module") {
 		t.Errorf("no native manifest: exit %d:\n%s", code, out)
 	}
 	if code, out := runValidate("-native-image", filepath.Join(dir, "missing.json"), rendered); code != 1 || !strings.Contains(out, "-native-image") {
 		t.Errorf("a missing summary: exit %d:\n%s", code, out)
+	}
+}
+
+// exampleREADME is the Istio example's README, whose ```console
+// validate-istio block is a session of `make -s validate-istio
+// MANIFESTS='...'`, which runs this command on the files given.
+const exampleREADME = "examples/istio/README.md"
+
+// TestExampleSession replays the validate-istio session of the Istio
+// example's README from the repository's top, as make runs it: each
+// command's files through run, its output exactly the lines the README
+// shows, exit status 0.
+func TestExampleSession(t *testing.T) {
+	t.Chdir("../..")
+	b, err := os.ReadFile(exampleREADME)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(b), "```console validate-istio\n")
+	if ok {
+		block, _, ok = strings.Cut(block, "```")
+	}
+	if !ok {
+		t.Fatalf("%s: no closed ```console validate-istio block", exampleREADME)
+	}
+	type command struct {
+		files []string
+		want  string
+	}
+	var cmds []command
+	for _, line := range strings.SplitAfter(block, "\n") {
+		if rest, ok := strings.CutPrefix(line, "$ "); ok {
+			m := regexp.MustCompile(`^make -s validate-istio MANIFESTS='([^']+)'\n$`).FindStringSubmatch(rest)
+			if m == nil {
+				t.Fatalf("%s: %q is not make -s validate-istio MANIFESTS='...'", exampleREADME, rest)
+			}
+			cmds = append(cmds, command{files: strings.Fields(m[1])})
+			continue
+		}
+		if len(cmds) == 0 {
+			t.Fatalf("%s: output before any command: %q", exampleREADME, line)
+		}
+		cmds[len(cmds)-1].want += line
+	}
+	if len(cmds) == 0 {
+		t.Fatalf("%s: an empty session", exampleREADME)
+	}
+	for _, c := range cmds {
+		code, out := runValidate(c.files...)
+		if code != 0 || out != c.want {
+			t.Errorf("validateistio %s: exit %d, printed\n%s\nthe README shows\n%s", strings.Join(c.files, " "), code, out, c.want)
+		}
 	}
 }

@@ -18,7 +18,7 @@ import (
 )
 
 // nativeImage is the part of cmd/ociimage's -module summary (`make
-// oci-native`, build/native-oci.json) an image volume names.
+// oci-native`, build/native-oci.json) the native manifests name.
 type nativeImage struct {
 	file        string
 	Ref         string `json:"ref"`
@@ -42,11 +42,13 @@ func readNativeImage(p string) (*nativeImage, error) {
 	return img, nil
 }
 
-// check returns an error for every image volume of docs' Deployments that
-// the istio-proxy container mounts at the folder its
-// ENVOY_DYNAMIC_MODULES_SEARCH_PATH names (where Envoy loads the module
-// from) and that is not img pinned by its digest, and one when no
-// Deployment mounts the module from an image volume at all.
+// check returns an error for every image the istio-proxy of docs'
+// Deployments loads the native module from that is not img pinned by its
+// digest, and one when no Deployment loads the module from an image at
+// all. The images are those of init containers that write the volume
+// istio-proxy mounts at the folder its ENVOY_DYNAMIC_MODULES_SEARCH_PATH
+// names (the examples' layout: the module's image copies the module into an
+// emptyDir), and an image volume mounted there itself.
 func (img *nativeImage) check(docs []manifest.Doc) []error {
 	want := img.Ref + "@" + img.ImageDigest
 	var errs []error
@@ -56,27 +58,36 @@ func (img *nativeImage) check(docs []manifest.Doc) []error {
 		if !ok {
 			continue
 		}
-		for name, ref := range moduleImageVolumes(dep) {
+		for _, m := range moduleImages(dep) {
 			found++
-			if ref != want {
-				errs = append(errs, fmt.Errorf("%s (Deployment %s/%s): image volume %q mounts the native module from %q, want %q (the image of %s)",
-					d, dep.Namespace, dep.Name, name, ref, want, img.file))
+			if m.ref != want {
+				errs = append(errs, fmt.Errorf("%s (Deployment %s/%s): %s loads the native module from %q, want %q (the image of %s)",
+					d, dep.Namespace, dep.Name, m.what, m.ref, want, img.file))
 			}
 		}
 	}
 	if found == 0 {
-		errs = append(errs, fmt.Errorf("-native-image %s: no Deployment mounts the native module from an image volume", img.file))
+		errs = append(errs, fmt.Errorf("-native-image %s: no Deployment loads the native module from an image (an init container writing the volume istio-proxy loads it from, or an image volume)", img.file))
 	}
 	return errs
 }
 
-// moduleImageVolumes returns, by volume name, the image reference of each
-// image volume that d's istio-proxy mounts at its module search path: pod
-// volumes and mounts of the istio-proxy container, and those Istio's
-// injector adds from the sidecar.istio.io/userVolume and userVolumeMount
-// annotations. Annotations that do not decode are left to package manifest,
-// which reports them.
-func moduleImageVolumes(d *appsv1.Deployment) map[string]string {
+// moduleImage is one image a Deployment's istio-proxy gets the native
+// module from.
+type moduleImage struct {
+	what string // "init container %q" or "image volume %q", for messages
+	ref  string
+}
+
+// moduleImages returns the images d's istio-proxy gets the module from: for
+// each volume it mounts at its module search path, the image of every init
+// container (istio-proxy aside) that mounts that volume writable, or the
+// volume's own image when it is an image volume. Pod volumes and mounts of
+// the istio-proxy container count, and so do those Istio's injector adds
+// from the sidecar.istio.io/userVolume and userVolumeMount annotations.
+// Annotations that do not decode are left to package manifest, which
+// reports them.
+func moduleImages(d *appsv1.Deployment) []moduleImage {
 	pod := &d.Spec.Template
 	images := map[string]string{}
 	for _, v := range pod.Spec.Volumes {
@@ -121,12 +132,26 @@ func moduleImageVolumes(d *appsv1.Deployment) map[string]string {
 			searchPaths = append(searchPaths, v)
 		}
 	}
-	out := map[string]string{}
+	var out []moduleImage
 	sort.Strings(searchPaths)
+	seen := map[string]bool{}
 	for _, dir := range searchPaths {
-		if name, ok := mounts[path.Clean(dir)]; ok {
-			if ref, ok := images[name]; ok {
-				out[name] = ref
+		name, ok := mounts[path.Clean(dir)]
+		if !ok || seen[name] {
+			continue
+		}
+		seen[name] = true
+		if ref, ok := images[name]; ok {
+			out = append(out, moduleImage{what: fmt.Sprintf("image volume %q", name), ref: ref})
+		}
+		for _, c := range pod.Spec.InitContainers {
+			if c.Name == manifest.ProxyContainer {
+				continue
+			}
+			for _, m := range c.VolumeMounts {
+				if m.Name == name && !m.ReadOnly {
+					out = append(out, moduleImage{what: fmt.Sprintf("init container %q (writing volume %q)", c.Name, name), ref: c.Image})
+				}
 			}
 		}
 	}

@@ -66,8 +66,13 @@ func stockInjector(t *testing.T) (inject.Templates, inject.ValuesConfig, *meshco
 // what the istio-proxy container gets: GODEBUG=cgocheck=0 and
 // ENVOY_DYNAMIC_MODULES_SEARCH_PATH in its environment (pilot-agent starts
 // Envoy with its own environment), and that folder mounted from the pod's
-// image volume of the module. It also checks the container the module is
-// mounted into is the one that runs pilot-agent and Envoy.
+// emptyDir that the init container running the module's image writes at
+// /module. istio-proxy must stay an ordinary container, started after every
+// init container, so that the copy is there when Envoy starts; and the
+// container the module is mounted into is the one that runs pilot-agent
+// and Envoy. With the sidecar pod's sidecar.istio.io/nativeSidecar turned
+// to "true", the injector makes istio-proxy an init container ahead of the
+// copy: what the example's "false" prevents.
 func TestNativeInjection(t *testing.T) {
 	tmpl, values, mc := stockInjector(t)
 	b, err := os.ReadFile(nativeExample)
@@ -85,15 +90,13 @@ func TestNativeInjection(t *testing.T) {
 			continue
 		}
 		n++
-		out, err := inject.IntoObject(nil, tmpl, values, "", mc, dep, func(w string) { t.Logf("injector: %s", w) })
-		if err != nil {
-			t.Fatalf("%s: injection: %v", dep.Name, err)
-		}
-		injected, ok := out.(*appsv1.Deployment)
-		if !ok {
-			t.Fatalf("%s: injection returned %T", dep.Name, out)
-		}
+		injected := injectDeployment(t, tmpl, values, mc, dep)
 		pod := injected.Spec.Template.Spec
+		for _, c := range pod.InitContainers {
+			if c.Name == manifest.ProxyContainer {
+				t.Errorf("%s: %s is an init container (a native sidecar): it would start before the module is copied", dep.Name, c.Name)
+			}
+		}
 		var proxy *corev1.Container
 		for i := range pod.Containers {
 			if pod.Containers[i].Name == manifest.ProxyContainer {
@@ -126,17 +129,66 @@ func TestNativeInjection(t *testing.T) {
 				volume = m.Name
 			}
 		}
-		var image string
+		emptyDir := false
 		for _, v := range pod.Volumes {
-			if v.Name == volume && v.Image != nil {
-				image = v.Image.Reference
+			emptyDir = emptyDir || v.Name == volume && v.EmptyDir != nil
+		}
+		if volume == "" || !emptyDir {
+			t.Errorf("%s: %s is not mounted in %s from an emptyDir (mounts %v, volumes %v)", dep.Name, dir[0], proxy.Name, proxy.VolumeMounts, pod.Volumes)
+		}
+		var copies []string
+		for _, c := range pod.InitContainers {
+			for _, m := range c.VolumeMounts {
+				if m.Name == volume && m.MountPath == "/module" && !m.ReadOnly && strings.Contains(c.Image, "/tokenbucket-native") && len(c.Command) == 0 {
+					copies = append(copies, c.Name)
+				}
 			}
 		}
-		if volume == "" || image == "" {
-			t.Errorf("%s: %s is not mounted in %s from an image volume (mounts %v, volumes %v)", dep.Name, dir[0], proxy.Name, proxy.VolumeMounts, pod.Volumes)
+		if len(copies) != 1 {
+			t.Errorf("%s: init containers %v of the module's image write volume %q at /module, want one (init containers: %v)", dep.Name, copies, volume, names(pod.InitContainers))
+		}
+		t.Logf("%s: init containers %v, the module copied by %v into %q, mounted in %s at %s", dep.Name, names(pod.InitContainers), copies, volume, proxy.Name, dir[0])
+
+		// The annotation's work: as a native sidecar, istio-proxy comes
+		// first among the init containers, ahead of the copy.
+		if v, ok := dep.Spec.Template.Annotations["sidecar.istio.io/nativeSidecar"]; ok {
+			if v != "false" {
+				t.Errorf("%s: sidecar.istio.io/nativeSidecar %q, want \"false\"", dep.Name, v)
+			}
+			native := dep.DeepCopy()
+			native.Spec.Template.Annotations["sidecar.istio.io/nativeSidecar"] = "true"
+			order := names(injectDeployment(t, tmpl, values, mc, native).Spec.Template.Spec.InitContainers)
+			proxyAt, copyAt := slices.Index(order, manifest.ProxyContainer), slices.Index(order, "tokenbucket-module")
+			t.Logf("%s as a native sidecar: init containers %v", dep.Name, order)
+			if proxyAt < 0 || copyAt < 0 || proxyAt > copyAt {
+				t.Errorf("%s with nativeSidecar \"true\": init containers %v, want %s before tokenbucket-module (the reason for \"false\")", dep.Name, order, manifest.ProxyContainer)
+			}
 		}
 	}
 	if n != 2 {
 		t.Fatalf("%d Deployments in %s, want the gateway's and the sidecar workload's", n, nativeExample)
 	}
+}
+
+// injectDeployment runs Istio's injector over dep.
+func injectDeployment(t *testing.T, tmpl inject.Templates, values inject.ValuesConfig, mc *meshconfig.MeshConfig, dep *appsv1.Deployment) *appsv1.Deployment {
+	t.Helper()
+	out, err := inject.IntoObject(nil, tmpl, values, "", mc, dep, func(w string) { t.Logf("injector: %s", w) })
+	if err != nil {
+		t.Fatalf("%s: injection: %v", dep.Name, err)
+	}
+	injected, ok := out.(*appsv1.Deployment)
+	if !ok {
+		t.Fatalf("%s: injection returned %T", dep.Name, out)
+	}
+	return injected
+}
+
+// names returns the containers' names.
+func names(cs []corev1.Container) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Name)
+	}
+	return out
 }

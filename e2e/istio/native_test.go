@@ -169,10 +169,11 @@ func TestNativeEnvoyFilterIstio(t *testing.T) {
 	}
 }
 
-// nativeModule returns $NATIVE_MODULE (default build/libtokenbucket.so)
-// copied as libtokenbucket.so into a directory of the test, and that
-// directory: what ENVOY_DYNAMIC_MODULES_SEARCH_PATH names. A missing
-// module skips the test, or fails it under CI=true.
+// nativeModule returns the folder ENVOY_DYNAMIC_MODULES_SEARCH_PATH names,
+// filled the way the example's init container fills its emptyDir: the
+// module's image holds $NATIVE_MODULE (default build/libtokenbucket.so) as
+// /libtokenbucket.so, and its entrypoint, cmd/installmodule, copies it into
+// the folder. A missing module skips the test, or fails it under CI=true.
 func nativeModule(t *testing.T) string {
 	t.Helper()
 	src := os.Getenv("NATIVE_MODULE")
@@ -184,8 +185,8 @@ func nativeModule(t *testing.T) string {
 		ci.Skip(t, "no native module: %v (run `make build-native`, or set NATIVE_MODULE)", err)
 	}
 	defer in.Close()
-	dir := t.TempDir()
-	out, err := os.Create(filepath.Join(dir, "lib"+manifest.NativeModule+".so"))
+	image := t.TempDir() // the image's root
+	out, err := os.Create(filepath.Join(image, "lib"+manifest.NativeModule+".so"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,6 +196,16 @@ func nativeModule(t *testing.T) string {
 	if err := out.Close(); err != nil {
 		t.Fatal(err)
 	}
+	installer := filepath.Join(t.TempDir(), "installmodule")
+	if o, err := exec.Command("go", "build", "-o", installer, "github.com/ratelimit-wasm/tokenbucket/cmd/installmodule").CombinedOutput(); err != nil {
+		t.Fatalf("building cmd/installmodule: %v\n%s", err, o)
+	}
+	dir := t.TempDir() // the emptyDir
+	o, err := exec.Command(installer, "-src", out.Name(), dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("installmodule: %v\n%s", err, o)
+	}
+	t.Logf("the init container's step: %s", strings.TrimSpace(string(o)))
 	return dir
 }
 

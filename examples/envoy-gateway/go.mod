@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/envoyproxy/gateway v1.9.1
 	github.com/ratelimit-wasm/tokenbucket v0.0.0-00010101000000-000000000000
+	k8s.io/api v0.36.3
 	k8s.io/apimachinery v0.36.3
 	sigs.k8s.io/gateway-api v1.6.1
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730
@@ -44,7 +45,6 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
-	k8s.io/api v0.36.3 // indirect
 	k8s.io/apiextensions-apiserver v0.36.3 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kyaml "k8s.io/apimachinery/pkg/util/yaml"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -192,8 +193,10 @@ func find[T any](list []*T, ns, name string, meta func(*T) metav1.ObjectMeta) *T
 // passes config's JSON text as it is: dynamicModuleConfig in
 // internal/xds/translator/dynamicmodule.go), a local source at an absolute
 // path whose file is libtokenbucket.so, doNotClose, a volume mounted into
-// Envoy's container at the file's folder, and GODEBUG=cgocheck=0 in that
-// container's environment.
+// Envoy's container at the file's folder that is not an image volume (on
+// Linux those are typically mounted noexec) and, as an emptyDir, is written
+// by an init container, and GODEBUG=cgocheck=0 in that container's
+// environment.
 func check(m nativeModule) []error {
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -241,16 +244,31 @@ func check(m nativeModule) []error {
 	if !godebug {
 		fail("EnvoyProxy %s: envoyDeployment.container.env: no GODEBUG with cgocheck=0 (without it the Go runtime aborts Envoy at the module's first configuration)", m.proxy.Name)
 	}
-	mounted := false
+	var vol *corev1.Volume // the pod volume mounted over the module's folder
 	for _, vm := range dep.Container.VolumeMounts {
 		if strings.HasPrefix(file, strings.TrimSuffix(vm.MountPath, "/")+"/") {
-			for _, v := range dep.Pod.Volumes {
-				mounted = mounted || v.Name == vm.Name
+			for i := range dep.Pod.Volumes {
+				if dep.Pod.Volumes[i].Name == vm.Name {
+					vol = &dep.Pod.Volumes[i]
+				}
 			}
 		}
 	}
-	if !mounted {
+	switch {
+	case vol == nil:
 		fail("EnvoyProxy %s: no volume of envoyDeployment.pod.volumes mounted by envoyDeployment.container.volumeMounts over %s", m.proxy.Name, file)
+	case vol.Image != nil:
+		fail("EnvoyProxy %s: envoyDeployment.pod.volumes[%s] is an image volume: on Linux the container runtime typically mounts those noexec, and Envoy cannot load a module from it (copy it into an emptyDir from an init container)", m.proxy.Name, vol.Name)
+	case vol.EmptyDir != nil:
+		filled := false
+		for _, c := range dep.InitContainers {
+			for _, vm := range c.VolumeMounts {
+				filled = filled || vm.Name == vol.Name && !vm.ReadOnly
+			}
+		}
+		if !filled {
+			fail("EnvoyProxy %s: envoyDeployment.pod.volumes[%s] is an emptyDir that no init container of envoyDeployment.initContainers mounts writable: nothing puts the module there", m.proxy.Name, vol.Name)
+		}
 	}
 	for _, v := range dep.Pod.Volumes {
 		for _, r := range reservedVolumes {
@@ -352,6 +370,8 @@ func TestNativeExampleRefusals(t *testing.T) {
 		{"no GODEBUG", "value: cgocheck=0", "value: madvdontneed=1", "no GODEBUG with cgocheck=0"},
 		{"relative path", "path: /usr/local/lib/tokenbucket/libtokenbucket.so", "path: libtokenbucket.so", "want an absolute path"},
 		{"not mounted", "mountPath: /usr/local/lib/tokenbucket", "mountPath: /opt/tokenbucket", "no volume of envoyDeployment.pod.volumes mounted"},
+		{"image volume", "            emptyDir: {}", "            image: {reference: ghcr.io/ratelimit-wasm/tokenbucket-native:0.1.0}", "is an image volume: on Linux the container runtime typically mounts those noexec"},
+		{"no init container", "          - name: tokenbucket-module\n            mountPath: /module", "          - name: scratch\n            mountPath: /module", "no init container of envoyDeployment.initContainers mounts writable"},
 		{"reserved volume", "tokenbucket-module", "certs", `"certs" replaces Envoy Gateway's own volume`},
 		{"may be closed", "    doNotClose: true", "    doNotClose: false", "doNotClose: want true"},
 	} {

@@ -1,12 +1,15 @@
 package istio_test
 
 import (
+	"encoding/json"
 	"maps"
 	"reflect"
 	"strings"
 	"testing"
 
 	clientnetv1a3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
 	"github.com/ratelimit-wasm/tokenbucket/internal/packaging/manifest"
@@ -64,5 +67,66 @@ func TestNativeEnvoyFilters(t *testing.T) {
 	}
 	if filters == 0 || r.NativeFilters != filters {
 		t.Fatalf("%d EnvoyFilters of the native module, Validate counted %d", filters, r.NativeFilters)
+	}
+}
+
+// TestNativeModuleLayout: each Deployment of native-envoyfilter.yaml gets
+// the module the way that works where the container runtime mounts image
+// volumes noexec: no image volume at all; an init container running the
+// module's image (cmd/installmodule, its entrypoint) mounts an emptyDir
+// writable at /module, and istio-proxy mounts that emptyDir read-only at
+// its ENVOY_DYNAMIC_MODULES_SEARCH_PATH (manifest.Validate, in
+// TestNativeEnvoyFilters, checks the mount and the environment); the
+// sidecar's pod keeps istio-proxy out of native sidecars, so the copy is
+// done before it starts.
+func TestNativeModuleLayout(t *testing.T) {
+	deps := 0
+	for _, d := range loadExamples(t) {
+		dep, ok := d.Obj.(*appsv1.Deployment)
+		if !ok || !strings.HasSuffix(d.File, "native-envoyfilter.yaml") {
+			continue
+		}
+		deps++
+		pod := dep.Spec.Template
+		annotationVolumes := map[string]corev1.VolumeSource{}
+		if a, ok := pod.Annotations["sidecar.istio.io/userVolume"]; ok {
+			if err := json.Unmarshal([]byte(a), &annotationVolumes); err != nil {
+				t.Fatalf("%s: %v", d, err)
+			}
+		}
+		emptyDirs := map[string]bool{}
+		volumes := annotationVolumes // and the pod's own
+		for _, v := range pod.Spec.Volumes {
+			volumes[v.Name] = v.VolumeSource
+		}
+		for name, v := range volumes {
+			if v.Image != nil {
+				t.Errorf("%s (%s): volume %q is an image volume; on Linux those are typically mounted noexec", d, dep.Name, name)
+			}
+			emptyDirs[name] = v.EmptyDir != nil
+		}
+		copies := 0
+		for _, c := range pod.Spec.InitContainers {
+			if !strings.Contains(c.Image, "/tokenbucket-native") {
+				continue
+			}
+			for _, m := range c.VolumeMounts {
+				if m.MountPath == "/module" && !m.ReadOnly && emptyDirs[m.Name] {
+					copies++
+				}
+			}
+			if len(c.Command) > 0 || len(c.Args) > 0 {
+				t.Errorf("%s (%s): init container %q overrides the image's entrypoint, which copies the module into /module", d, dep.Name, c.Name)
+			}
+		}
+		if copies != 1 {
+			t.Errorf("%s (%s): %d init containers of the module's image copy it into an emptyDir at /module, want 1", d, dep.Name, copies)
+		}
+		if !strings.Contains(pod.Annotations["inject.istio.io/templates"], "gateway") && pod.Annotations["sidecar.istio.io/nativeSidecar"] != "false" {
+			t.Errorf("%s (%s): a sidecar pod without sidecar.istio.io/nativeSidecar: \"false\": istio-proxy would start before the copy", d, dep.Name)
+		}
+	}
+	if deps != 2 {
+		t.Fatalf("%d Deployments in native-envoyfilter.yaml, want 2 (the gateway and the auth sidecar)", deps)
 	}
 }

@@ -176,6 +176,15 @@ spec:
       - {name: app, image: "r/app:1"}
 `
 
+// sidecarCopy turns sidecarDeployment's image volume (from the injector's
+// annotation) into an emptyDir that an init container of the pod fills.
+func sidecarCopy(y string) string {
+	y = strings.Replace(y, `sidecar.istio.io/userVolume: '{"tb":{"image":{"reference":"r/tb:1"}}}'`, `sidecar.istio.io/userVolume: '{"tb":{"emptyDir":{}}}'`, 1)
+	return strings.Replace(y, "      containers:\n      - {name: app, image: \"r/app:1\"}\n",
+		"      initContainers:\n      - name: copy\n        image: r/tb:1\n        volumeMounts: [{name: tb, mountPath: /module}]\n"+
+			"      containers:\n      - {name: app, image: \"r/app:1\"}\n", 1)
+}
+
 func TestNativeFilters(t *testing.T) {
 	docs, err := Decode("ef.yaml", []byte(fmt.Sprintf(envoyFilter, "5")))
 	if err != nil {
@@ -257,6 +266,8 @@ func TestValidateNative(t *testing.T) {
 		{"annotation GODEBUG missing", strings.Replace(valid, "            GODEBUG: cgocheck=0\n", "", 1), "cgocheck=0"},
 		{"misspelt userVolumeMount", strings.Replace(valid, `"mountPath":"/opt/tb/"`, `"mountpath":"/opt/tb/"`, 1), "userVolumeMount"},
 		{"misspelt proxy config", strings.Replace(valid, "proxyMetadata:", "proxyMetaData:", 1), "proxy.istio.io/config"},
+		{"emptyDir nobody writes", strings.Replace(valid, "- name: tb\n        image: {reference: \"r/tb:1\"}", "- name: tb\n        emptyDir: {}", 1), `emptyDir "tb", which no init container mounts writable`},
+		{"copied after a native sidecar starts", sidecarCopy(valid), `annotate the pod sidecar.istio.io/nativeSidecar: "false"`},
 	} {
 		r := Validate(decode(tc.yaml), Options{RequireClusters: true})
 		found := false
@@ -266,6 +277,20 @@ func TestValidateNative(t *testing.T) {
 		if !found {
 			t.Errorf("%s: errors %v, want one naming %q", tc.name, r.Errors, tc.want)
 		}
+	}
+	// The examples' layout: an init container copies the module into an
+	// emptyDir, on the gateway and, with nativeSidecar "false", on the
+	// sidecar.
+	copied := strings.Replace(valid, "- name: tb\n        image: {reference: \"r/tb:1\"}",
+		"- name: tb\n        emptyDir: {}\n      initContainers:\n      - name: copy\n        image: r/tb:1\n        volumeMounts: [{name: tb, mountPath: /module}]", 1)
+	copied = sidecarCopy(strings.Replace(copied, "annotations: {}", "annotations: {inject.istio.io/templates: gateway}", 1))
+	copied = strings.Replace(copied, "      annotations:\n        sidecar.istio.io/userVolume", "      annotations:\n        sidecar.istio.io/nativeSidecar: \"false\"\n        sidecar.istio.io/userVolume", 1)
+	if r := Validate(decode(copied), Options{RequireClusters: true}); len(r.Errors) > 0 || len(r.Notes) > 0 {
+		t.Errorf("copied by init containers: %+v", r)
+	}
+	if r := Validate(decode(strings.Replace(copied, "inject.istio.io/templates: gateway", "inject.istio.io/templates: sidecar", 1)), Options{RequireClusters: true}); len(r.Errors) != 1 ||
+		!strings.Contains(r.Errors[0].Error(), "gw") || !strings.Contains(r.Errors[0].Error(), "nativeSidecar") {
+		t.Errorf("the gateway's copy under the sidecar template: %+v", r)
 	}
 	// An EnvoyFilter outside the root namespace selects only its own
 	// namespace's workloads: the sidecar elsewhere, without GODEBUG, is

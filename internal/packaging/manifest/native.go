@@ -44,6 +44,8 @@ const (
 	userVolumeMountAnnotation = "sidecar.istio.io/userVolumeMount"
 	proxyConfigAnnotation     = "proxy.istio.io/config"
 	injectLabel               = "sidecar.istio.io/inject"
+	templatesAnnotation       = "inject.istio.io/templates"
+	nativeSidecarAnnotation   = "sidecar.istio.io/nativeSidecar"
 )
 
 // NativeFields are the fields, by proto name, of the Envoy messages of the
@@ -207,16 +209,34 @@ type proxySetup struct {
 	env     map[string][]string // name: every value given
 	mounts  map[string]string   // mount path (cleaned): volume name
 	volumes map[string]bool
+	// emptyDirs are the pod's emptyDir volumes; written, the volumes an
+	// init container other than istio-proxy mounts writable.
+	emptyDirs, written map[string]bool
+	// sidecar: istio-proxy comes from the sidecar template (the pod asks
+	// for no gateway template), which makes it a native sidecar, started
+	// before the pod's init containers, unless nativeSidecar is "false".
+	sidecar, nativeSidecarOff bool
 }
 
 // readProxySetup collects d's istio-proxy setup; an annotation that does not
 // decode strictly is an error.
 func readProxySetup(d *appsv1.Deployment) (*proxySetup, error) {
-	s := &proxySetup{env: map[string][]string{}, mounts: map[string]string{}, volumes: map[string]bool{}}
+	s := &proxySetup{env: map[string][]string{}, mounts: map[string]string{}, volumes: map[string]bool{},
+		emptyDirs: map[string]bool{}, written: map[string]bool{}}
 	pod := &d.Spec.Template
 	for _, v := range pod.Spec.Volumes {
 		s.volumes[v.Name] = true
+		s.emptyDirs[v.Name] = v.EmptyDir != nil
 	}
+	for _, c := range pod.Spec.InitContainers {
+		for _, m := range c.VolumeMounts {
+			if c.Name != ProxyContainer && !m.ReadOnly {
+				s.written[m.Name] = true
+			}
+		}
+	}
+	s.sidecar = !strings.Contains(pod.Annotations[templatesAnnotation], "gateway")
+	s.nativeSidecarOff = pod.Annotations[nativeSidecarAnnotation] == "false"
 	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
 		if c.Name != ProxyContainer {
 			continue
@@ -234,8 +254,9 @@ func readProxySetup(d *appsv1.Deployment) (*proxySetup, error) {
 		if err := strictJSON([]byte(a), &vols); err != nil {
 			return nil, fmt.Errorf("annotation %s: %w", userVolumeAnnotation, err)
 		}
-		for name := range vols {
+		for name, v := range vols {
 			s.volumes[name] = true
+			s.emptyDirs[name] = v.EmptyDir != nil
 		}
 	}
 	if a, ok := ann[userVolumeMountAnnotation]; ok {
@@ -277,7 +298,9 @@ func cgocheckOff(v string) bool {
 
 // checkNativeProxy returns what keeps the istio-proxy of d from loading the
 // native module: Envoy's environment needs GODEBUG with cgocheck=0 and
-// SearchPathEnv naming a folder mounted from a volume of the pod.
+// SearchPathEnv naming a folder mounted from a volume of the pod; an
+// emptyDir there needs an init container writing it, and on a sidecar
+// that init container runs first only with nativeSidecar "false".
 func checkNativeProxy(d *appsv1.Deployment) []string {
 	s, err := readProxySetup(d)
 	if err != nil {
@@ -306,6 +329,10 @@ func checkNativeProxy(d *appsv1.Deployment) []string {
 			problems = append(problems, fmt.Sprintf("%s: %s is %s, where nothing is mounted (mounts: %v)", ProxyContainer, SearchPathEnv, dir, sortedKeys(s.mounts)))
 		case !s.volumes[vol]:
 			problems = append(problems, fmt.Sprintf("%s: %s is mounted from volume %q, but the pod has no volume of that name", ProxyContainer, dir, vol))
+		case s.emptyDirs[vol] && !s.written[vol]:
+			problems = append(problems, fmt.Sprintf("%s: %s is mounted from emptyDir %q, which no init container mounts writable: nothing puts lib%s.so there", ProxyContainer, dir, vol, NativeModule))
+		case s.written[vol] && s.sidecar && !s.nativeSidecarOff:
+			problems = append(problems, fmt.Sprintf("%s: an init container writes volume %q, but as a native sidecar (Istio's default where Kubernetes has them) istio-proxy starts before the pod's init containers, so Envoy would look for the module before it is there: annotate the pod %s: \"false\"", ProxyContainer, vol, nativeSidecarAnnotation))
 		}
 	}
 	return problems

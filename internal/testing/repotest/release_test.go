@@ -202,7 +202,7 @@ func TestRelease(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !bytes.Contains(b, []byte("reference: "+want+"@"+ns.ImageDigest)) {
+			if !bytes.Contains(b, []byte("image: "+want+"@"+ns.ImageDigest)) || bytes.Contains(b, []byte("tokenbucket-native:0.1.0")) {
 				t.Errorf("%s does not pin %s@%s", m, want, ns.ImageDigest)
 			}
 		}
