@@ -274,7 +274,7 @@ func (b *bench) attribRun() error {
 	m := attribData{cpu: map[int][]float64{}, thr: map[int][]float64{}, rel: map[int][]float64{}, within: map[string][]float64{}}
 	for r := range p.rounds {
 		round := map[int]float64{}
-		for _, t := range b.roundOrder(r) {
+		for _, t := range roundOrder(b.targets, r) {
 			ls := b.loads(t, r)
 			for _, ld := range ls {
 				s, err := saturate(ld.addr, b.probe(t), ld.reqs, p.conns, p.warmup, p.satWindow)

@@ -585,10 +585,10 @@ func (b *bench) perKey(total float64) limit {
 	return limit{Rate: r, Burst: r}
 }
 
-// roundOrder is the order of the targets in round r: as started in even
+// roundOrder is the order of targets in round r: as started in even
 // rounds, reversed in odd ones, so that drift cancels.
-func (b *bench) roundOrder(r int) []*target {
-	order := slices.Clone(b.targets)
+func roundOrder[T any](targets []T, r int) []T {
+	order := slices.Clone(targets)
 	if r%2 == 1 {
 		slices.Reverse(order)
 	}
@@ -614,7 +614,7 @@ func (b *bench) rounds() error {
 	per := p.warmup*2 + p.satWindow + p.latWindow
 	b.logf("%d rounds × %d configurations × %.0fs; latency runs at %.0f req/s", p.rounds, len(b.targets), per.Seconds(), b.rate)
 	for r := range p.rounds {
-		for _, t := range b.roundOrder(r) {
+		for _, t := range roundOrder(b.targets, r) {
 			if err := b.measure(t); err != nil {
 				return fmt.Errorf("bench: round %d, (%d) %s: %w", r+1, t.s.ID, t.s.Label, err)
 			}

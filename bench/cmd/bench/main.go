@@ -367,19 +367,25 @@ func (b *bench) rlsOnly() error {
 	if err := b.rlsRun(); err != nil {
 		return err
 	}
-	path := filepath.Join(b.p.out, "results.json")
-	rep, err := readReport(path)
+	return b.writeSection(b.rls.Duration, b.rls.LoadEnd, func(rep *report) { rep.RLS = b.rls }, (*report).rlsSummary)
+}
+
+// writeSection puts a section run alone (in duration, the load average
+// loadEnd at its end) into the report in -out with put (a new report when
+// there is none), rewrites the page and prints the section's summary.
+func (b *bench) writeSection(duration, loadEnd string, put func(rep *report), summary func(rep *report) string) error {
+	rep, err := readReport(filepath.Join(b.p.out, "results.json"))
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		b.info.Duration, b.info.Machine.LoadEnd = b.rls.Duration, b.rls.LoadEnd
+		b.info.Duration, b.info.Machine.LoadEnd = duration, loadEnd
 		rep = &report{Info: b.info}
 	case err != nil:
 		return err
 	}
-	rep.RLS = b.rls
+	put(rep)
 	if err := rep.write(b.p.out); err != nil {
 		return err
 	}
-	fmt.Printf("\n%s\nwrote %s (%s)\n", rep.rlsSummary(), b.p.out, b.rls.Duration)
+	fmt.Printf("\n%s\nwrote %s (%s)\n", summary(rep), b.p.out, duration)
 	return nil
 }

@@ -8,10 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -149,50 +145,17 @@ func (b *bench) rlqsRun() error {
 		Rounds: p.rounds, Keys: p.keys, Conns: p.conns, OpenConns: p.openConns, Warmup: p.warmup.String(),
 		SatWindow: p.satWindow.String(), RateWindow: window.String(), Fractions: rlqsFractions, Smoke: p.smoke,
 		Pinning: b.info.Pinning, Rate: rlqsRate, Burst: rlqsBurst}
-	tools := rlsTools{limitd: p.limitd, module: p.module}
-	var err error
-	if tools.redis, err = exec.LookPath("redis-server"); err != nil {
-		return fmt.Errorf("bench: the RLQS section needs redis-server: %w", err)
-	}
-	if out, err := exec.Command(tools.redis, "--version").Output(); err == nil {
-		b.rlqs.Redis = strings.TrimSpace(string(out))
-	}
-	b.rlqs.Limitd = moduleVersion(tools.limitd)
-	if fileExists(tools.limitd) {
-		out, _ := exec.Command(tools.limitd, "-h").CombinedOutput()
-		tools.grpc = strings.Contains(string(out), "grpc-listen")
-		tools.rlqs = strings.Contains(string(out), "rlqs-ttl")
-	}
-	dir, err := os.MkdirTemp("", "bench-rlqs-")
+	targets, err := b.rlsStartAll("rlqs", rlqsConfigs, rlsTools{limitd: p.limitd, module: p.module}, &b.rlqs.Redis, &b.rlqs.Limitd, &b.rlqs.Gaps)
 	if err != nil {
 		return err
 	}
-	b.cleanup(func() { os.RemoveAll(dir) })
-	var targets []*rlsTarget
-	for _, c := range rlqsConfigs {
-		t := &rlsTarget{c: c}
-		if c.Kind == rlsQuota {
-			t.yaml = rlqsYAML
-		}
-		if gap := tools.missing(c); gap != "" {
-			b.rlqs.Gaps = append(b.rlqs.Gaps, fmt.Sprintf("%s not measured: %s", c.Label, gap))
-			b.logf("rlqs: %s", b.rlqs.Gaps[len(b.rlqs.Gaps)-1])
-			continue
-		}
-		if err := b.rlsStart(t, tools, filepath.Join(dir, c.Name)); err != nil {
-			return fmt.Errorf("bench: (%d) %s: %w", c.ID, c.Label, err)
-		}
-		if c.Kind == rlsQuota {
+	for _, t := range targets {
+		if t.c.Kind == rlsQuota {
 			b.rlqs.Denied = t.denied
 		}
-		targets = append(targets, t)
 	}
 	for r := range p.rounds {
-		order := slices.Clone(targets)
-		if r%2 == 1 {
-			slices.Reverse(order)
-		}
-		for _, t := range order {
+		for _, t := range roundOrder(targets, r) {
 			s, err := saturate(b.rlsAddr(t), b.rlsProbe(t), b.reqs, p.conns, p.warmup, p.satWindow)
 			if err != nil {
 				return err
@@ -388,19 +351,5 @@ func (b *bench) rlqsOnly() error {
 	if err := b.rlqsRun(); err != nil {
 		return err
 	}
-	path := filepath.Join(b.p.out, "results.json")
-	rep, err := readReport(path)
-	switch {
-	case os.IsNotExist(err):
-		b.info.Duration, b.info.Machine.LoadEnd = b.rlqs.Duration, b.rlqs.LoadEnd
-		rep = &report{Info: b.info}
-	case err != nil:
-		return err
-	}
-	rep.RLQS = b.rlqs
-	if err := rep.write(b.p.out); err != nil {
-		return err
-	}
-	fmt.Printf("\n%s\nwrote %s (%s)\n", rep.rlqsSummary(), b.p.out, b.rlqs.Duration)
-	return nil
+	return b.writeSection(b.rlqs.Duration, b.rlqs.LoadEnd, func(rep *report) { rep.RLQS = b.rlqs }, (*report).rlqsSummary)
 }

@@ -77,12 +77,7 @@ var rlqsStats = []string{"http.ingress.downstream_rq_total", "http.ingress.downs
 func (r *rlqsReport) summarise(targets []*rlsTarget) error {
 	var problems []string
 	for _, t := range targets {
-		s := &rlqsSummary{rlsConfig: t.c, Stats: map[string]uint64{}, Sat: t.sat, Points: t.points}
-		for _, k := range rlqsStats {
-			if v, ok := t.stats[k]; ok {
-				s.Stats[k] = v
-			}
-		}
+		s := &rlqsSummary{rlsConfig: t.c, Stats: keepStats(t.stats, rlqsStats), Sat: t.sat, Points: t.points}
 		if t.metrics != nil {
 			s.Metrics = map[string]float64{}
 			for k, v := range t.metrics {
@@ -122,7 +117,7 @@ func (r *rlqsReport) summarise(targets []*rlsTarget) error {
 		}
 		var notes []string
 		if errs > 0 {
-			notes = append(notes, fmt.Sprintf("%d requests failed in the measured windows (transport errors or statuses other than 200 and 429)", errs))
+			notes = append(notes, fmt.Sprintf(noteFailed, errs))
 		}
 		switch t.c.Kind {
 		case rlsLocal:
@@ -150,7 +145,7 @@ func (r *rlqsReport) summarise(targets []*rlsTarget) error {
 				problems = append(problems, fmt.Sprintf("(%d): the cluster rule decided nothing", t.c.ID))
 			}
 			if n := s.Stats[prefix+"tokenbucket.service_errors"]; n > 0 {
-				notes = append(notes, fmt.Sprintf("%d limit-service calls failed open (an error or the rule's 1 s timeout)", n))
+				notes = append(notes, fmt.Sprintf(noteFailedOpen, n))
 			}
 		}
 		s.Note = strings.Join(notes, "; ")
@@ -162,14 +157,7 @@ func (r *rlqsReport) summarise(targets []*rlsTarget) error {
 	return nil
 }
 
-func (r *rlqsReport) result(id int) *rlqsSummary {
-	for _, s := range r.Results {
-		if s.ID == id {
-			return s
-		}
-	}
-	return nil
-}
+func (r *rlqsReport) result(id int) *rlqsSummary { return byID(r.Results, id) }
 
 // cpuRatio is a's Envoy CPU per request ÷ b's, round by round (rounds where
 // either got no answer left out), summarised.
@@ -226,11 +214,7 @@ func (r *report) rlqsSummary() string {
 // section writes the RLQS section of the page.
 func (r *rlqsReport) section(w func(string, ...any)) {
 	w("\n## Envoy's rate limit quota filter: limitd's RLQS\n\n")
-	w("Measured by `make bench-rlqs` (this section alone) or `make bench` on %s in %s", r.Date, r.Duration)
-	if r.Smoke {
-		w(" (**smoke run**: one short round, figures are indicative only)")
-	}
-	w("; load average %s at the start, %s at the end. ", r.LoadStart, r.LoadEnd)
+	measuredBy(w, "bench-rlqs", r.Date, r.Duration, r.Smoke, r.LoadStart, r.LoadEnd)
 	w("Stock Envoy's own `envoy.filters.http.rate_limit_quota` filter (no plugin, no module) puts each request in the quota bucket `{api_key: <x-api-key>}` (%d values in turn), reports each bucket's usage to limitd's rate limit quota service over one gRPC stream and enforces, in Envoy, the token-bucket assignments limitd sends back (`DENY_ALL` before a bucket's first assignment and after one expires). limitd runs with a `redis-server` of its own and a limit of %d a second with a burst of %d per key, which no load reaches. Beside it: Envoy with no filter, Envoy's `local_ratelimit` with a bucket per `x-api-key` value that never empties, and the plugin's and the native module's cluster rules with leases (`\"sync\": \"lease\"`, one hot key) through limitd's HTTP API, each limitd with a `redis-server` of its own. Envoy has one worker on a CPU of its own.\n\n",
 		r.Keys, r.Rate, r.Burst)
 	w("| configuration | saturated req/s | Envoy CPU µs/req | ÷ no filter | ÷ `local_ratelimit` |\n|---|---|---|---|---|\n")

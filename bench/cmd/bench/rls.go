@@ -65,6 +65,9 @@ type rlsConfig struct {
 	Algorithm string `json:"algorithm,omitempty"` // limitd's --rls-algorithm
 }
 
+// configID is c's ID, for byID.
+func (c rlsConfig) configID() int { return c.ID }
+
 var rlsConfigs = []rlsConfig{
 	{40, "rls-none", "Envoy, no filter", rlsNone, ""},
 	{41, "rls-envoy-ratelimit", "ratelimit filter → envoyproxy/ratelimit", rlsRatelimit, "fixed_window"},
@@ -143,36 +146,10 @@ func (b *bench) rlsRun() error {
 		Rounds: p.rounds, Keys: p.keys, Conns: p.conns, OpenConns: p.openConns, Load: rlsLoad, Warmup: p.warmup.String(),
 		SatWindow: p.satWindow.String(), LatWindow: p.latWindow.String(), Smoke: p.smoke, EdgeLimit: rlsEdgeLimit, Pinning: b.info.Pinning}
 	tools := rlsTools{ratelimit: p.ratelimit, limitd: cmp.Or(p.rlsLimitd, p.limitd)}
-	var err error
-	if tools.redis, err = exec.LookPath("redis-server"); err != nil {
-		return fmt.Errorf("bench: the RLS section needs redis-server: %w", err)
-	}
-	if out, err := exec.Command(tools.redis, "--version").Output(); err == nil {
-		b.rls.Redis = strings.TrimSpace(string(out))
-	}
 	b.rls.Ratelimit = moduleVersion(tools.ratelimit)
-	b.rls.Limitd = moduleVersion(tools.limitd)
-	if fileExists(tools.limitd) {
-		out, _ := exec.Command(tools.limitd, "-h").CombinedOutput()
-		tools.grpc = strings.Contains(string(out), "grpc-listen")
-	}
-	dir, err := os.MkdirTemp("", "bench-rls-")
+	targets, err := b.rlsStartAll("rls", rlsConfigs, tools, &b.rls.Redis, &b.rls.Limitd, &b.rls.Gaps)
 	if err != nil {
 		return err
-	}
-	b.cleanup(func() { os.RemoveAll(dir) })
-	var targets []*rlsTarget
-	for _, c := range rlsConfigs {
-		t := &rlsTarget{c: c}
-		if gap := tools.missing(c); gap != "" {
-			b.rls.Gaps = append(b.rls.Gaps, fmt.Sprintf("%s not measured: %s", c.Label, gap))
-			b.logf("rls: %s", b.rls.Gaps[len(b.rls.Gaps)-1])
-			continue
-		}
-		if err := b.rlsStart(t, tools, filepath.Join(dir, c.Name)); err != nil {
-			return fmt.Errorf("bench: (%d) %s: %w", c.ID, c.Label, err)
-		}
-		targets = append(targets, t)
 	}
 	// Calibration: the fixed rate is rlsLoad of the slowest configuration's
 	// saturated throughput, so that every one of them keeps up.
@@ -192,11 +169,7 @@ func (b *bench) rlsRun() error {
 	}
 	b.rls.Rate = rlsLoad * max(slowest, 100)
 	for r := range p.rounds {
-		order := slices.Clone(targets)
-		if r%2 == 1 {
-			slices.Reverse(order)
-		}
-		for _, t := range order {
+		for _, t := range roundOrder(targets, r) {
 			pr := b.rlsProbe(t)
 			s, err := saturate(b.rlsAddr(t), pr, b.reqs, p.conns, p.warmup, p.satWindow)
 			if err != nil {
@@ -243,6 +216,49 @@ func (b *bench) rlsRun() error {
 	b.rls.LoadEnd = loadAvg()
 	b.rls.Duration = time.Since(started).Round(time.Second).String()
 	return b.rls.summarise(targets)
+}
+
+// rlsStartAll starts the configurations of the section named name ("rls",
+// "rlqs") with tools, after finding redis-server and what limitd serves:
+// it sets *redis and *limitd to their versions, appends to *gaps each
+// configuration tools cannot run, and returns those started (their files
+// in a temporary directory removed at cleanup).
+func (b *bench) rlsStartAll(name string, configs []rlsConfig, tools rlsTools, redis, limitd *string, gaps *[]string) ([]*rlsTarget, error) {
+	var err error
+	if tools.redis, err = exec.LookPath("redis-server"); err != nil {
+		return nil, fmt.Errorf("bench: the %s section needs redis-server: %w", strings.ToUpper(name), err)
+	}
+	if out, err := exec.Command(tools.redis, "--version").Output(); err == nil {
+		*redis = strings.TrimSpace(string(out))
+	}
+	*limitd = moduleVersion(tools.limitd)
+	if fileExists(tools.limitd) {
+		out, _ := exec.Command(tools.limitd, "-h").CombinedOutput()
+		tools.grpc = strings.Contains(string(out), "grpc-listen")
+		tools.rlqs = strings.Contains(string(out), "rlqs-ttl")
+	}
+	dir, err := os.MkdirTemp("", "bench-"+name+"-")
+	if err != nil {
+		return nil, err
+	}
+	b.cleanup(func() { os.RemoveAll(dir) })
+	var targets []*rlsTarget
+	for _, c := range configs {
+		t := &rlsTarget{c: c}
+		if c.Kind == rlsQuota {
+			t.yaml = rlqsYAML
+		}
+		if gap := tools.missing(c); gap != "" {
+			*gaps = append(*gaps, fmt.Sprintf("%s not measured: %s", c.Label, gap))
+			b.logf("%s: %s", name, (*gaps)[len(*gaps)-1])
+			continue
+		}
+		if err := b.rlsStart(t, tools, filepath.Join(dir, c.Name)); err != nil {
+			return nil, fmt.Errorf("bench: (%d) %s: %w", c.ID, c.Label, err)
+		}
+		targets = append(targets, t)
+	}
+	return targets, nil
 }
 
 // rlsLoad is the fixed rate's fraction of the slowest configuration's

@@ -84,12 +84,7 @@ func (r *rlsReport) summarise(targets []*rlsTarget) error {
 	}
 	var problems []string
 	for _, t := range targets {
-		s := &rlsSummary{rlsConfig: t.c, Stats: map[string]uint64{}, Edges: t.edges, Sat: t.sat, Lat: t.lat}
-		for _, k := range rlsStats {
-			if v, ok := t.stats[k]; ok {
-				s.Stats[k] = v
-			}
-		}
+		s := &rlsSummary{rlsConfig: t.c, Stats: keepStats(t.stats, rlsStats), Edges: t.edges, Sat: t.sat, Lat: t.lat}
 		col := func(f func(i int) float64) spread {
 			xs := make([]float64, len(t.sat))
 			for i := range xs {
@@ -133,11 +128,9 @@ func (r *rlsReport) summarise(targets []*rlsTarget) error {
 				problems = append(problems, fmt.Sprintf("(%d): requests refused under a load no limit reaches", t.c.ID))
 			}
 		}
-		// Failures are kept and shown, not a void run: on a loaded machine a
-		// call can outlive its 1 s timeout, and how often is a finding.
 		var notes []string
 		if errs > 0 {
-			notes = append(notes, fmt.Sprintf("%d requests failed in the measured windows (transport errors or statuses other than 200 and 429)", errs))
+			notes = append(notes, fmt.Sprintf(noteFailed, errs))
 		}
 		switch t.c.Kind {
 		case rlsRatelimit, rlsLimitd:
@@ -154,7 +147,7 @@ func (r *rlsReport) summarise(targets []*rlsTarget) error {
 			// The plugin fails open (its failure_mode): the request was
 			// answered, and the page says how often (as the rounds' do).
 			if n := s.Stats["wasmcustom.tokenbucket.service_errors"]; n > 0 {
-				notes = append(notes, fmt.Sprintf("%d limit-service calls failed open (an error or the rule's 1 s timeout)", n))
+				notes = append(notes, fmt.Sprintf(noteFailedOpen, n))
 			}
 		}
 		s.Note = strings.Join(notes, "; ")
@@ -166,13 +159,46 @@ func (r *rlsReport) summarise(targets []*rlsTarget) error {
 	return nil
 }
 
-func (r *rlsReport) result(id int) *rlsSummary {
-	for _, s := range r.Results {
-		if s.ID == id {
+func (r *rlsReport) result(id int) *rlsSummary { return byID(r.Results, id) }
+
+// byID is the summary of configuration id in ss (the zero S when none).
+func byID[S interface{ configID() int }](ss []S, id int) S {
+	for _, s := range ss {
+		if s.configID() == id {
 			return s
 		}
 	}
-	return nil
+	var none S
+	return none
+}
+
+// keepStats is the statistics of stats named in keys.
+func keepStats(stats map[string]uint64, keys []string) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, k := range keys {
+		if v, ok := stats[k]; ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// The notes a configuration of the RLS or RLQS section may get: failures
+// are kept and shown, not a void run (on a loaded machine a call can
+// outlive its 1 s timeout, and how often is a finding).
+const (
+	noteFailed     = "%d requests failed in the measured windows (transport errors or statuses other than 200 and 429)"
+	noteFailedOpen = "%d limit-service calls failed open (an error or the rule's 1 s timeout)"
+)
+
+// measuredBy writes the first sentence of a section measured by make
+// target (alone) or make bench: when, how long, and the load average.
+func measuredBy(w func(string, ...any), target, date, duration string, smoke bool, loadStart, loadEnd string) {
+	w("Measured by `make %s` (this section alone) or `make bench` on %s in %s", target, date, duration)
+	if smoke {
+		w(" (**smoke run**: one short round, figures are indicative only)")
+	}
+	w("; load average %s at the start, %s at the end. ", loadStart, loadEnd)
 }
 
 // perRound is f of figure v of the configurations ids, round by round
@@ -215,11 +241,7 @@ func difference(c []float64) float64 { return c[0] - c[1] }
 // section writes the RLS section of the page.
 func (r *rlsReport) section(w func(string, ...any)) {
 	w("\n## Envoy's ratelimit filter: envoyproxy/ratelimit or limitd\n\n")
-	w("Measured by `make bench-rls` (this section alone) or `make bench` on %s in %s", r.Date, r.Duration)
-	if r.Smoke {
-		w(" (**smoke run**: one short round, figures are indicative only)")
-	}
-	w("; load average %s at the start, %s at the end. ", r.LoadStart, r.LoadEnd)
+	measuredBy(w, "bench-rls", r.Date, r.Duration, r.Smoke, r.LoadStart, r.LoadEnd)
 	w("Envoy's own `envoy.filters.http.ratelimit` filter (no plugin) asks a rate limit service over gRPC with one descriptor per request (`api_key` = the request's `x-api-key`, %d values in turn, a limit no load reaches): envoyproxy/ratelimit, or limitd's gRPC front door, each with a `redis-server` of its own and the same YAML. Beside them, the plugin's cluster rule through limitd's HTTP API on a `redis-server` of its own, per request (`/v1/decide`) and with leases (`/v1/lease`, one hot key). *Service + Redis CPU* is the user + system time of the service's process and of its Redis (`/proc/<pid>/stat`) over the saturation window, divided by the requests answered: each request is one decision. Added latency is against Envoy with no filter at the same fixed rate, %.0f req/s (%.0f%% of the slowest configuration's saturated throughput in calibration), in the same round.\n\n",
 		r.Keys, r.Rate, 100*r.Load)
 	w("| configuration | saturated req/s | Envoy CPU µs/req | service CPU µs/req | Redis CPU µs/req | service + Redis µs/req | p50 µs | p99 µs | p50 − no filter µs | p99 − no filter µs |\n")
