@@ -112,26 +112,29 @@ func StaticELFArch(b []byte) (string, error) {
 	if libs, err := f.ImportedLibraries(); err == nil && len(libs) > 0 {
 		return "", fmt.Errorf("oci: executable: needs shared libraries %q; build it with CGO_ENABLED=0", libs)
 	}
-	switch f.Machine {
-	case elf.EM_X86_64:
-		return "amd64", nil
-	case elf.EM_AARCH64:
-		return "arm64", nil
+	if arch := goArch(f.Machine); arch != "" {
+		return arch, nil
 	}
 	return "", fmt.Errorf("oci: executable: machine %v is not supported (amd64, arm64)", f.Machine)
+}
+
+// goArch is the Go architecture name of an ELF machine ("" when it is
+// neither amd64 nor arm64).
+func goArch(m elf.Machine) string {
+	switch m {
+	case elf.EM_X86_64:
+		return "amd64"
+	case elf.EM_AARCH64:
+		return "arm64"
+	}
+	return ""
 }
 
 // rootfsTar returns the layer of BuildExecutable, uncompressed.
 func rootfsTar(e Executable, created time.Time) ([]byte, error) {
 	passwd := "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n"
 	group := "root:x:0:\nnonroot:x:65532:\n"
-	entries := []struct {
-		name     string
-		mode     int64
-		uid      int
-		dir      bool
-		contents []byte
-	}{
+	return writeLayer(created, []layerEntry{
 		{name: "etc/", mode: 0o755, dir: true},
 		{name: "etc/group", mode: 0o644, contents: []byte(group)},
 		{name: "etc/passwd", mode: 0o644, contents: []byte(passwd)},
@@ -142,7 +145,22 @@ func rootfsTar(e Executable, created time.Time) ([]byte, error) {
 		{name: "usr/local/", mode: 0o755, dir: true},
 		{name: "usr/local/bin/", mode: 0o755, dir: true},
 		{name: ExecutablePath(e.Name)[1:], mode: 0o755, contents: e.Binary},
-	}
+	})
+}
+
+// layerEntry is one file or folder (dir) of a layer writeLayer makes, owned
+// by uid as user and group.
+type layerEntry struct {
+	name     string
+	mode     int64
+	uid      int
+	dir      bool
+	contents []byte
+}
+
+// writeLayer returns an uncompressed tar layer of entries, in order, each
+// modified at created.
+func writeLayer(created time.Time, entries []layerEntry) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, en := range entries {
@@ -172,20 +190,9 @@ func rootfsTar(e Executable, created time.Time) ([]byte, error) {
 // e's Cmd and ports, and the executable's bytes equal to e.Binary. It
 // returns the image digest.
 func VerifyExecutable(img v1.Image, e Executable) (v1.Hash, error) {
-	digest, err := img.Digest()
+	digest, cf, err := oneLayerImage(img)
 	if err != nil {
-		return v1.Hash{}, fmt.Errorf("oci: digest: %w", err)
-	}
-	m, err := img.Manifest()
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("oci: manifest: %w", err)
-	}
-	if m.MediaType != ManifestMediaType || len(m.Layers) != 1 || m.Layers[0].MediaType != LayerMediaType {
-		return v1.Hash{}, fmt.Errorf("oci: manifest: want an OCI manifest with one %s layer, got %s with %d layers", LayerMediaType, m.MediaType, len(m.Layers))
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("oci: config: %w", err)
+		return v1.Hash{}, err
 	}
 	arch, err := StaticELFArch(e.Binary)
 	if err != nil {
@@ -223,6 +230,27 @@ func VerifyExecutable(img v1.Image, e Executable) (v1.Hash, error) {
 			bin, len(files[bin]), sha256Hash(files[bin]), len(e.Binary), sha256Hash(e.Binary))
 	}
 	return digest, nil
+}
+
+// oneLayerImage returns the digest and config of img after checking that
+// its manifest is an OCI one with one gzip tar layer.
+func oneLayerImage(img v1.Image) (v1.Hash, *v1.ConfigFile, error) {
+	digest, err := img.Digest()
+	if err != nil {
+		return v1.Hash{}, nil, fmt.Errorf("oci: digest: %w", err)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		return v1.Hash{}, nil, fmt.Errorf("oci: manifest: %w", err)
+	}
+	if m.MediaType != ManifestMediaType || len(m.Layers) != 1 || m.Layers[0].MediaType != LayerMediaType {
+		return v1.Hash{}, nil, fmt.Errorf("oci: manifest: want an OCI manifest with one %s layer, got %s with %d layers", LayerMediaType, m.MediaType, len(m.Layers))
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return v1.Hash{}, nil, fmt.Errorf("oci: config: %w", err)
+	}
+	return digest, cf, nil
 }
 
 // maxLayerSize bounds what layerFiles reads.

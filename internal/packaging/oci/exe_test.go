@@ -6,8 +6,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"debug/elf"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,31 +43,11 @@ func TestBuildExecutable(t *testing.T) {
 	if _, ok := cf.Config.ExposedPorts["8081/tcp"]; !ok {
 		t.Errorf("ExposedPorts %v lack 8081/tcp", cf.Config.ExposedPorts)
 	}
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := layers[0].Uncompressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	tr := tar.NewReader(rc)
 	seen := map[string]*tar.Header{}
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen[hdr.Name] = hdr
-		if hdr.Name == "etc/passwd" {
-			b, _ := io.ReadAll(tr)
-			if !strings.Contains(string(b), "nonroot:x:65532:65532:") {
-				t.Errorf("/etc/passwd: %q", b)
-			}
+	for _, en := range layerEntries(t, img) {
+		seen[en.hdr.Name] = en.hdr
+		if en.hdr.Name == "etc/passwd" && !strings.Contains(string(en.body), "nonroot:x:65532:65532:") {
+			t.Errorf("/etc/passwd: %q", en.body)
 		}
 	}
 	for name, want := range map[string]struct {

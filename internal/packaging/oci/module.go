@@ -3,7 +3,6 @@
 package oci
 
 import (
-	"archive/tar"
 	"bytes"
 	"debug/elf"
 	"fmt"
@@ -59,33 +58,15 @@ func BuildModule(so, installer []byte, created time.Time) (*Image, error) {
 		return nil, fmt.Errorf("oci: installer for %s, module for %s", iarch, arch)
 	}
 	created = created.UTC()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range []struct {
-		name     string
-		dir      bool
-		contents []byte
-	}{
-		{name: ModuleFileName, contents: so},
-		{name: "usr/", dir: true},
-		{name: "usr/local/", dir: true},
-		{name: "usr/local/bin/", dir: true},
-		{name: InstallerPath[1:], contents: installer},
-	} {
-		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: e.name, Mode: 0o755, Size: int64(len(e.contents)),
-			ModTime: created, Format: tar.FormatPAX}
-		if e.dir {
-			hdr.Typeflag = tar.TypeDir
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return nil, fmt.Errorf("oci: layer: %s: %w", e.name, err)
-		}
-		if _, err := tw.Write(e.contents); err != nil {
-			return nil, fmt.Errorf("oci: layer: %s: %w", e.name, err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, fmt.Errorf("oci: layer: %w", err)
+	layer, err := writeLayer(created, []layerEntry{
+		{name: ModuleFileName, mode: 0o755, contents: so},
+		{name: "usr/", mode: 0o755, dir: true},
+		{name: "usr/local/", mode: 0o755, dir: true},
+		{name: "usr/local/bin/", mode: 0o755, dir: true},
+		{name: InstallerPath[1:], mode: 0o755, contents: installer},
+	})
+	if err != nil {
+		return nil, err
 	}
 	uid := strconv.Itoa(NonRootUID)
 	cfg := v1.ConfigFile{
@@ -101,7 +82,7 @@ func BuildModule(so, installer []byte, created time.Time) (*Image, error) {
 			Comment:   ModuleFileName,
 		}},
 	}
-	return assemble(buf.Bytes(), cfg, created, nil)
+	return assemble(layer, cfg, created, nil)
 }
 
 // SharedObjectArch returns the Go architecture name of a Linux ELF shared
@@ -120,11 +101,8 @@ func SharedObjectArch(b []byte) (string, error) {
 			return "", fmt.Errorf("oci: module: it has a program interpreter: an executable, not a shared object")
 		}
 	}
-	switch f.Machine {
-	case elf.EM_X86_64:
-		return "amd64", nil
-	case elf.EM_AARCH64:
-		return "arm64", nil
+	if arch := goArch(f.Machine); arch != "" {
+		return arch, nil
 	}
 	return "", fmt.Errorf("oci: module: machine %v is not supported (amd64, arm64)", f.Machine)
 }
@@ -135,20 +113,9 @@ func SharedObjectArch(b []byte) (string, error) {
 // that runs the installer into InstallerDir as NonRootUID. It returns the
 // image digest.
 func VerifyModule(img v1.Image, so, installer []byte) (v1.Hash, error) {
-	digest, err := img.Digest()
+	digest, cf, err := oneLayerImage(img)
 	if err != nil {
-		return v1.Hash{}, fmt.Errorf("oci: digest: %w", err)
-	}
-	m, err := img.Manifest()
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("oci: manifest: %w", err)
-	}
-	if m.MediaType != ManifestMediaType || len(m.Layers) != 1 || m.Layers[0].MediaType != LayerMediaType {
-		return v1.Hash{}, fmt.Errorf("oci: manifest: want an OCI manifest with one %s layer, got %s with %d layers", LayerMediaType, m.MediaType, len(m.Layers))
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("oci: config: %w", err)
+		return v1.Hash{}, err
 	}
 	arch, err := SharedObjectArch(so)
 	if err != nil {

@@ -6,8 +6,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"debug/elf"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,35 +44,18 @@ func TestBuildModule(t *testing.T) {
 			strings.Join(cf.Config.Cmd, " ") != "/module" || cf.Config.User != "65532:65532" || !cf.Created.Equal(t0) {
 			t.Errorf("%s: config %+v", tc.arch, cf)
 		}
-		layers, err := img.Layers()
-		if err != nil {
-			t.Fatal(err)
-		}
-		rc, err := layers[0].Uncompressed()
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr := tar.NewReader(rc)
 		var names []string
-		for {
-			hdr, err := tr.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, en := range layerEntries(t, img) {
+			hdr := en.hdr
 			if hdr.Typeflag != tar.TypeReg {
 				continue
 			}
 			names = append(names, hdr.Name)
-			b, _ := io.ReadAll(tr)
 			want := map[string][]byte{"libtokenbucket.so": so, "usr/local/bin/installmodule": inst}[hdr.Name]
-			if want == nil || hdr.Mode != 0o755 || hdr.Uid != 0 || !hdr.ModTime.Equal(t0) || !bytes.Equal(b, want) {
+			if want == nil || hdr.Mode != 0o755 || hdr.Uid != 0 || !hdr.ModTime.Equal(t0) || !bytes.Equal(en.body, want) {
 				t.Errorf("%s: layer entry %+v", tc.arch, hdr)
 			}
 		}
-		rc.Close()
 		if len(names) != 2 {
 			t.Errorf("%s: layer holds files %q, want libtokenbucket.so and the installer", tc.arch, names)
 		}

@@ -58,6 +58,42 @@ func mustV1(t *testing.T, im *oci.Image) v1.Image {
 	return img
 }
 
+// layerEntry is one entry of an image's layer, its header and contents.
+type layerEntry struct {
+	hdr  *tar.Header
+	body []byte
+}
+
+// layerEntries reads the entries of img's first layer, in order.
+func layerEntries(t *testing.T, img v1.Image) []layerEntry {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	var out []layerEntry
+	tr := tar.NewReader(rc)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, layerEntry{hdr, b})
+	}
+}
+
 // checkManifest decodes raw manifest bytes on its own (not through the
 // package) and checks every field Istio and the Wasm image spec care about.
 func checkManifest(t *testing.T, raw []byte) (config, layer v1.Descriptor) {
