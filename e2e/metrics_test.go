@@ -37,9 +37,14 @@ func prometheusPrefix(build envoytest.Build) string {
 // module's Prometheus names.
 const nativePrometheusDoc = "as `envoy_dynamicmodulescustom_tokenbucket_…` in `/stats/prometheus`"
 
-func testPrometheusNames(t *testing.T, build envoytest.Build) {
+// startOneRejected starts Envoy of build (with the extra arguments extra)
+// on the demo configuration with one per-key rule of burst 1, and sends it
+// two requests of one key: one allowed, one rejected, both counted.
+func startOneRejected(t *testing.T, build envoytest.Build, extra ...string) *envoytest.Envoy {
+	t.Helper()
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(), Concurrency: 1,
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(),
+		Concurrency: 1, ExtraArgs: extra,
 		PluginConfig: `{"rules": [{"name": "per-key", "limit_keys": ["header:x-api-key"],
 		  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.01, "burst": 1}}]}`})
 	c := e.Client()
@@ -47,6 +52,11 @@ func testPrometheusNames(t *testing.T, build envoytest.Build) {
 	c.Get("/", map[string]string{"x-api-key": "a"})
 	c.Get("/", map[string]string{"x-api-key": "a"})
 	e.WaitPluginStat("tokenbucket.rule.per-key.rejected", 1, 5e9)
+	return e
+}
+
+func testPrometheusNames(t *testing.T, build envoytest.Build) {
+	e := startOneRejected(t, build)
 	resp, err := http.Get(e.AdminURL("/stats/prometheus"))
 	if err != nil {
 		t.Fatal(err)
@@ -234,16 +244,7 @@ func TestReadmeStatsTagsNative(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	e := envoytest.Start(t, envoytest.Options{Build: envoytest.Native, Config: envoytest.DemoConfigYAML, UpstreamPort: up.Port(),
-		Concurrency: 1, ExtraArgs: []string{"--config-yaml", string(override)},
-		PluginConfig: `{"rules": [{"name": "per-key", "limit_keys": ["header:x-api-key"],
-		  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.01, "burst": 1}}]}`})
-	c := e.Client()
-	t.Cleanup(c.Close)
-	c.Get("/", map[string]string{"x-api-key": "a"})
-	c.Get("/", map[string]string{"x-api-key": "a"})
-	e.WaitPluginStat("tokenbucket.rule.per-key.rejected", 1, 5e9)
+	e := startOneRejected(t, envoytest.Native, "--config-yaml", string(override))
 	text := adminGet(t, e, "/stats/prometheus")
 	for _, want := range []string{
 		`envoy_dynamicmodulescustom_tokenbucket_rule_allowed{rule="per-key"} 1`,

