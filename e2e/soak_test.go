@@ -83,7 +83,7 @@ func soakOne(t *testing.T, version, bin, wasm, gogc string, requests int) string
 	}
 	t.Setenv("ENVOY_BIN", abs)
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	const anchor = "                  vm_id: tokenbucket\n"
+	const anchor = "                  vm_id: {{.VMID}}\n"
 	if strings.Count(envoytest.DemoConfigYAML, anchor) != 1 {
 		t.Fatalf("envoytest.DemoConfigYAML has changed: no single %q to add the guest's GOGC after", anchor)
 	}

@@ -116,7 +116,7 @@ func TestBuildModuleRejects(t *testing.T) {
 func TestRealModule(t *testing.T) {
 	p := os.Getenv("NATIVE_MODULE")
 	if p == "" {
-		p = filepath.Join("..", "build", "libtokenbucket.so")
+		p = filepath.Join("..", "..", "..", "build", "libtokenbucket.so")
 	}
 	so, err := os.ReadFile(p)
 	if err != nil {
