@@ -169,7 +169,10 @@ func (m movedPorts) route(raw string) (string, string, error) {
 // shares (other checkouts included), then picks the first offset at which
 // every port run.sh fixes is free, so that the session talks to the
 // processes this test starts. No free offset fails the test: it never skips.
-func ownRunClusterPorts(t *testing.T) movedPorts { t.Helper(); return ownFixedPorts(t, runClusterPorts) }
+func ownRunClusterPorts(t *testing.T) movedPorts {
+	t.Helper()
+	return ownFixedPorts(t, runClusterPorts)
+}
 
 // ownFixedPorts is ownRunClusterPorts for another script's fixed ports
 // (several share some: one lock for all of them).
