@@ -100,18 +100,44 @@ run-cluster: setup build build-service
 run-envoy-ratelimit: setup build-service
 	examples/envoy-ratelimit/run.sh
 
-# The timeout leaves room for internal/testing/hostcontract, which builds the
-# adapters' test modules and runs each in Envoy.
-unit: setup build build-native setup-redis build-ratelimit
-	$(GO) test -race -count=1 -timeout 20m $(UNIT_PKGS)
-	cd third_party/pretty && $(GO) test -race -count=1 ./...
-	cd bench && $(GO) test -race -count=1 ./...
+# Each part of `make test` pipes `go test -json` through TESTLOG
+# (internal/testing/testlog): it prints what the part ran, writes the whole
+# output to build/<part>.log and records what failed and what skipped, and
+# why, in build/test/ for the summary.
+TESTLOG_BIN := $(abspath $(BUILD))/testlog
+TEST_DIR := $(abspath $(BUILD))/test
+TESTLOG = $(TESTLOG_BIN) -dir $(TEST_DIR)
 
-e2e: setup setup-redis build build-native build-service build-ratelimit
-	$(GO) test -count=1 -timeout 20m -v ./e2e/... 2>&1 | tee $(BUILD)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
+$(TESTLOG_BIN): $(wildcard internal/testing/testlog/*.go)
+	@mkdir -p $(@D)
+	$(GO) build -o $@ ./internal/testing/testlog
 
-# The README's test command: every test, e2e included.
-test: unit e2e test-gateway test-ratelimit
+# The unit timeout leaves room for internal/testing/hostcontract, which builds
+# the adapters' test modules and runs each in Envoy.
+unit: setup build build-native setup-redis build-ratelimit $(TESTLOG_BIN)
+	@set -o pipefail; rm -f $(TEST_DIR)/unit.*; rc=0; \
+	$(GO) test -json -race -count=1 -timeout 20m $(UNIT_PKGS) 2>&1 | $(TESTLOG) -part unit -print packages -log $(BUILD)/unit.log || rc=1; \
+	(cd third_party/pretty && $(GO) test -json -race -count=1 ./... 2>&1) | $(TESTLOG) -part unit -print packages -log $(BUILD)/unit-pretty.log || rc=1; \
+	(cd bench && $(GO) test -json -race -count=1 ./... 2>&1) | $(TESTLOG) -part unit -print packages -log $(BUILD)/unit-bench.log || rc=1; \
+	exit $$rc
+
+e2e: setup setup-redis build build-native build-service build-ratelimit $(TESTLOG_BIN)
+	@rm -f $(TEST_DIR)/e2e.*
+	set -o pipefail; $(GO) test -json -count=1 -timeout 20m ./e2e/... 2>&1 | $(TESTLOG) -part e2e -log $(BUILD)/e2e.log
+
+# The README's test command: every test, e2e included. Every part runs even
+# when one before it failed; the summary at the end names each part's
+# outcome and time, every test that failed and every test that skipped with
+# its reason; the exit status is 1 when any part failed.
+TEST_PARTS := unit e2e test-gateway test-ratelimit
+test: $(TESTLOG_BIN)
+	@rm -rf $(TEST_DIR); mkdir -p $(TEST_DIR); \
+	for p in $(TEST_PARTS); do \
+		start=$$(date +%s); \
+		if $(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) $$p; then r=ok; else r=failed; fi; \
+		echo "$$p $$r $$(( $$(date +%s) - start ))" >> $(TEST_DIR)/parts; \
+	done; \
+	$(TESTLOG_BIN) -summary $(TEST_DIR)
 
 # gofmt, go vet (native and wasip1), import groups (internal/lint), go mod tidy;
 # vet and tidy for the benchmark lab's module (bench/) and the Envoy Gateway

@@ -27,8 +27,10 @@ import (
 
 // `make run-cluster` (examples/cluster-wide/run.sh) is tested as a user runs
 // it: the script itself, from the repository root, with a real redis-server,
-// build/limitd and build/plugin.wasm, on the fixed ports it uses. Then the
-// README's session is replayed against those ports.
+// build/limitd and build/plugin.wasm, on the ports it fixes moved by
+// PORT_OFFSET (movedPorts), so that a `make run` or `make run-cluster`
+// beside `make test` keeps its own. Then the README's session is replayed
+// against those ports.
 //
 // The session is the README's fenced block whose info string is
 // "console run-cluster": it renders as console, and TestExamples (which
@@ -63,7 +65,7 @@ func TestRunCluster(t *testing.T) {
 	}
 	cmds := runClusterSession(t, filepath.Join(root, "examples", "cluster-wide", "README.md"))
 
-	ownRunClusterPorts(t)
+	mp := ownRunClusterPorts(t)
 	logPath := filepath.Join(t.TempDir(), "run.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -76,7 +78,7 @@ func TestRunCluster(t *testing.T) {
 	}
 	cmd := exec.Command(filepath.Join(root, "examples", "cluster-wide", "run.sh"))
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "ENVOY_BIN="+envoyBin)
+	cmd.Env = append(os.Environ(), "ENVOY_BIN="+envoyBin, mp.env())
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group, so that stopping it reaches every child even
 	// if the script cannot; SIGTERM (which the script traps) if the test dies.
@@ -86,15 +88,15 @@ func TestRunCluster(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { stopRunCluster(t, cmd.Process.Pid, exited, logPath) })
+	t.Cleanup(func() { stopScript(t, cmd.Process.Pid, exited, logPath, mp) })
 
-	awaitRunCluster(t, exited, logPath)
-	runSession(t, fixedRoute, cmds)
+	awaitReady(t, exited, logPath, mp, mp.url("http://127.0.0.1:8081/readyz"), "ready")
+	runSession(t, mp.route, cmds)
 
 	if b, err := os.ReadFile(redisLog); err != nil || !strings.Contains(string(b), "Ready to accept connections") {
 		t.Errorf("Redis log %s: %v\n%s", redisLog, err, b)
 	}
-	if code, body := httpGet(t, "http://127.0.0.1:8081/metrics"); code != 200 || !strings.Contains(body, "limitd_decisions_total") {
+	if code, body := httpGet(t, mp.url("http://127.0.0.1:8081/metrics")); code != 200 || !strings.Contains(body, "limitd_decisions_total") {
 		t.Errorf("limitd /metrics: %d, no limitd_decisions_total", code)
 	}
 	if log := readFile(logPath); !strings.Contains(log, `"store":"redis"`) {
@@ -114,15 +116,68 @@ func needFile(t *testing.T, path, hint string) {
 	t.Skipf("%s is missing (run `%s`; CI=true makes this a failure)", path, hint)
 }
 
+// movedPorts are the ports a run script fixes, each moved by offset: the
+// scripts take PORT_OFFSET and add it to every port they and their Envoy
+// configuration use. The tests run them at an offset from portOffsets, so
+// that they never meet the demo's ports (10000, 9901, 8081, ...) of a `make
+// run` or `make run-cluster` running beside `make test`.
+type movedPorts struct {
+	offset int
+	ports  []int // as the script fixes them
+}
+
+// portOffsets are the offsets the tests try, first to last: from 40000 the
+// scripts' ports (6070 to 10001) land in 46070..59001, away from the
+// demo's; a port the kernel lent to a connection meanwhile moves the test
+// to the next offset.
+var portOffsets = []int{40000, 41000, 42000, 43000, 44000, 45000, 46000, 47000, 48000, 49000}
+
+func (m movedPorts) env() string { return "PORT_OFFSET=" + strconv.Itoa(m.offset) }
+
+// moved is the script's ports as they are bound.
+func (m movedPorts) moved() []int {
+	out := make([]int, len(m.ports))
+	for i, p := range m.ports {
+		out[i] = p + m.offset
+	}
+	return out
+}
+
+// url moves the port of a loopback URL a README or a test names.
+func (m movedPorts) url(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	p, err := strconv.Atoi(u.Port())
+	if err != nil {
+		return raw
+	}
+	u.Host = u.Hostname() + ":" + strconv.Itoa(p+m.offset)
+	return u.String()
+}
+
+// route is fixedRoute to the moved port; the authority stays the README's.
+func (m movedPorts) route(raw string) (string, string, error) {
+	to, authority, err := fixedRoute(raw)
+	if err != nil {
+		return "", "", err
+	}
+	return m.url(to), authority, nil
+}
+
 // ownRunClusterPorts takes a lock that every copy of this test on the machine
-// shares (other checkouts included), then checks that each fixed port is
-// free, so that the session talks to the processes this test starts. A busy
-// port skips the test, or fails it with CI=true.
-func ownRunClusterPorts(t *testing.T) { t.Helper(); ownFixedPorts(t, runClusterPorts) }
+// shares (other checkouts included), then picks the first offset at which
+// every port run.sh fixes is free, so that the session talks to the
+// processes this test starts. No free offset fails the test: it never skips.
+func ownRunClusterPorts(t *testing.T) movedPorts {
+	t.Helper()
+	return ownFixedPorts(t, runClusterPorts)
+}
 
 // ownFixedPorts is ownRunClusterPorts for another script's fixed ports
 // (several share some: one lock for all of them).
-func ownFixedPorts(t *testing.T, ports []int) {
+func ownFixedPorts(t *testing.T, ports []int) movedPorts {
 	t.Helper()
 	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "tokenbucket-run-cluster.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -141,30 +196,28 @@ func ownFixedPorts(t *testing.T, ports []int) {
 		time.Sleep(100 * time.Millisecond) // another run of this test holds the ports
 	}
 	t.Cleanup(func() { lock.Close() }) // closing releases the lock, after the processes stopped
-	for _, p := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err == nil {
+	var busy []string
+offsets:
+	for _, off := range portOffsets {
+		m := movedPorts{offset: off, ports: ports}
+		for _, p := range m.moved() {
+			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+			if err != nil {
+				busy = append(busy, fmt.Sprintf("%d (%v)", p, err))
+				continue offsets
+			}
 			ln.Close()
-			continue
 		}
-		if ci, _ := strconv.ParseBool(os.Getenv("CI")); ci {
-			t.Fatalf("port %d, which run.sh uses, is busy: %v", p, err)
-		}
-		t.Skipf("port %d, which run.sh uses, is busy (%v); CI=true makes this a failure", p, err)
+		return m
 	}
+	t.Fatalf("no offset in %v leaves every port of %v free: busy %s", portOffsets, ports, strings.Join(busy, ", "))
+	return movedPorts{}
 }
 
-// awaitRunCluster waits until Envoy's admin says LIVE and limitd's /readyz
-// says 200, failing if the script exits first or after
-// envoy.DefaultStartTimeout.
-func awaitRunCluster(t *testing.T, exited chan error, logPath string) {
-	t.Helper()
-	awaitReady(t, exited, logPath, "http://127.0.0.1:8081/readyz", "ready")
-}
-
-// awaitReady is awaitRunCluster for another script whose service says
-// want at serviceURL when ready.
-func awaitReady(t *testing.T, exited chan error, logPath, serviceURL, want string) {
+// awaitReady waits until Envoy's admin (port 9901, moved) says LIVE and the
+// script's service says want at serviceURL, failing if the script exits
+// first or after envoy.DefaultStartTimeout.
+func awaitReady(t *testing.T, exited chan error, logPath string, mp movedPorts, serviceURL, want string) {
 	t.Helper()
 	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{Proxy: nil}}
 	defer hc.CloseIdleConnections()
@@ -178,7 +231,8 @@ func awaitReady(t *testing.T, exited chan error, logPath, serviceURL, want strin
 		return resp.StatusCode == 200 && strings.Contains(string(b), want)
 	}
 	deadline := time.Now().Add(envoy.DefaultStartTimeout)
-	for !ready("http://127.0.0.1:9901/ready", "LIVE") || !ready(serviceURL, want) {
+	admin := mp.url("http://127.0.0.1:9901/ready")
+	for !ready(admin, "LIVE") || !ready(serviceURL, want) {
 		select {
 		case err := <-exited:
 			exited <- err
@@ -192,15 +246,10 @@ func awaitReady(t *testing.T, exited chan error, logPath, serviceURL, want strin
 	}
 }
 
-// stopRunCluster stops the script as Ctrl-C would (SIGINT to its process
+// stopScript stops the script as Ctrl-C would (SIGINT to its process
 // group), then SIGKILLs whatever is left of the group after
-// envoy.StopGrace, and fails t if a fixed port is still bound.
-func stopRunCluster(t *testing.T, pid int, exited chan error, logPath string) {
-	stopScript(t, pid, exited, logPath, runClusterPorts)
-}
-
-// stopScript is stopRunCluster for another script's fixed ports.
-func stopScript(t *testing.T, pid int, exited chan error, logPath string, ports []int) {
+// envoy.StopGrace, and fails t if a port of mp is still bound.
+func stopScript(t *testing.T, pid int, exited chan error, logPath string, mp movedPorts) {
 	_ = syscall.Kill(-pid, syscall.SIGINT)
 	select {
 	case <-exited:
@@ -209,7 +258,7 @@ func stopScript(t *testing.T, pid int, exited chan error, logPath string, ports 
 	}
 	_ = syscall.Kill(-pid, syscall.SIGKILL) // the group is empty unless something ignored SIGINT
 	deadline := time.Now().Add(envoy.StopGrace)
-	for _, p := range ports {
+	for _, p := range mp.moved() {
 		for {
 			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 			if err == nil {

@@ -19,7 +19,7 @@ import (
 
 // `make run-envoy-ratelimit` (examples/envoy-ratelimit/run.sh) is tested as
 // TestRunCluster tests `make run-cluster`: the script itself, on its fixed
-// ports, with a real redis-server; the README's block "console
+// ports moved by PORT_OFFSET, with a real redis-server; the README's block "console
 // run-envoy-ratelimit" is replayed against each service the script can run.
 // The session is the same for all three: that is the drop-in.
 
@@ -56,7 +56,7 @@ func TestRunEnvoyRatelimit(t *testing.T) {
 	} {
 		t.Run(tc.service, func(t *testing.T) {
 			needFile(t, tc.bin, tc.hint)
-			ownFixedPorts(t, runEnvoyRatelimitPorts)
+			mp := ownFixedPorts(t, runEnvoyRatelimitPorts)
 			logPath := filepath.Join(t.TempDir(), "run.log")
 			logf, err := os.Create(logPath)
 			if err != nil {
@@ -65,7 +65,7 @@ func TestRunEnvoyRatelimit(t *testing.T) {
 			defer logf.Close()
 			cmd := exec.Command(filepath.Join(root, "examples", "envoy-ratelimit", "run.sh"))
 			cmd.Dir = root
-			cmd.Env = append(os.Environ(), "ENVOY_BIN="+envoyBin, "SERVICE="+tc.service, "RATELIMIT_BIN="+ratelimitBin)
+			cmd.Env = append(os.Environ(), "ENVOY_BIN="+envoyBin, "SERVICE="+tc.service, "RATELIMIT_BIN="+ratelimitBin, mp.env())
 			cmd.Stdout, cmd.Stderr = logf, logf
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 			if err := cmd.Start(); err != nil {
@@ -73,18 +73,18 @@ func TestRunEnvoyRatelimit(t *testing.T) {
 			}
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
-			t.Cleanup(func() { stopScript(t, cmd.Process.Pid, exited, logPath, runEnvoyRatelimitPorts) })
-			awaitReady(t, exited, logPath, tc.health, tc.ready)
+			t.Cleanup(func() { stopScript(t, cmd.Process.Pid, exited, logPath, mp) })
+			awaitReady(t, exited, logPath, mp, mp.url(tc.health), tc.ready)
 			if tc.fixedWindow {
 				// A fixed window restarts on the minute: a session across that
 				// edge would see a's five requests come back.
 				time.Sleep(clearOfMinuteEdge(time.Now()))
 			}
-			runSession(t, fixedRoute, cmds)
+			runSession(t, mp.route, cmds)
 			if !strings.HasPrefix(tc.service, "limitd") {
 				return
 			}
-			code, body := httpGet(t, "http://127.0.0.1:8080/metrics")
+			code, body := httpGet(t, mp.url("http://127.0.0.1:8080/metrics"))
 			if code != 200 {
 				t.Fatalf("limitd /metrics: %d", code)
 			}

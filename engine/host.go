@@ -59,7 +59,9 @@ type Stream interface {
 	// that keeps it must copy it.
 	AddResponseHeader(name, value string) error
 	// ResponseBody reads size bytes of the response body's current chunk
-	// from offset.
+	// from offset. They are valid only until the next call or the end of
+	// the body callback (they may be the host's own memory): the engine
+	// scans them and keeps none.
 	ResponseBody(offset, size int) ([]byte, error)
 	// SendReply answers the request with a local reply.
 	SendReply(status int, headers [][2]string, body []byte) error

@@ -20,6 +20,7 @@
 
 GATEWAY_MOD := examples/envoy-gateway
 
-test-gateway: setup build-native
-	cd $(GATEWAY_MOD) && CI=true $(GO) test -count=1 -v ./... 2>&1 | tee $(abspath $(BUILD))/gateway.log | \
-		grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
+test-gateway: setup build-native $(TESTLOG_BIN)
+	@rm -f $(TEST_DIR)/test-gateway.*
+	set -o pipefail; cd $(GATEWAY_MOD) && CI=true $(GO) test -json -count=1 ./... 2>&1 | \
+		$(TESTLOG) -part test-gateway -log $(abspath $(BUILD))/gateway.log

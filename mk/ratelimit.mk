@@ -34,6 +34,7 @@ build-ratelimit: $(BUILD)/ratelimit/service_cmd
 RATELIMIT_MOD := e2e/ratelimit
 export LIMITD_BIN ?= $(abspath $(BUILD)/limitd)
 
-test-ratelimit: setup setup-redis build-service build-ratelimit
-	cd $(RATELIMIT_MOD) && CI=true $(GO) test -count=1 -timeout 20m -v ./... 2>&1 | tee $(abspath $(BUILD))/ratelimit.log | \
-		grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' ; exit $${PIPESTATUS[0]}
+test-ratelimit: setup setup-redis build-service build-ratelimit $(TESTLOG_BIN)
+	@rm -f $(TEST_DIR)/test-ratelimit.*
+	set -o pipefail; cd $(RATELIMIT_MOD) && CI=true $(GO) test -json -count=1 -timeout 20m ./... 2>&1 | \
+		$(TESTLOG) -part test-ratelimit -log $(abspath $(BUILD))/ratelimit.log

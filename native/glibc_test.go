@@ -16,7 +16,7 @@ import (
 // build/libtokenbucket-linux-arm64.so, when it exists) and fails when the
 // highest is above the C library floor docs/compatibility.md states: a
 // module that needs a newer glibc than the proxy image has does not load
-// there. (internal/repotest's TestRelease checks the release's two.)
+// there. (internal/testing/repotest's TestRelease checks the release's two.)
 func TestGlibcFloor(t *testing.T) {
 	floor, err := elftest.DocumentedGlibcFloor("..")
 	if err != nil {

@@ -33,7 +33,8 @@
 #                        writes nothing where perf is missing)
 #   make bench-guest     the guest's own code under V8 alone: the unstripped
 #                        plugin in Node with a stub host (bench/cmd/bench/guestprof),
-#                        an allowed and an idle request's time, and with perf
+#                        an allowed and an idle request's time, the CPU a 1 MiB
+#                        JSON body's scan takes, and with perf
 #                        the share of each Go package and function (says so
 #                        and stops where node or perf is missing)
 #   make bench-rls       only the section on Envoy's own ratelimit filter
@@ -151,6 +152,7 @@ bench-guest:
 	uptime && \
 	$(GUEST_NODE) bench/cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 allow && \
 	$(GUEST_NODE) bench/cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 200000 idle && \
+	$(GUEST_NODE) bench/cmd/bench/guestprof/host.js $(BUILD)/footprint/plugin-full.wasm 300 body && \
 	if ! command -v perf >/dev/null; then echo "bench-guest: perf is not installed (Debian: linux-perf): no per-function profile"; exit 0; fi && \
 	perf record -q -e cpu-clock -F 5000 -o $(BUILD)/guest.perf $(GUEST_NODE) --perf-basic-prof \
 		--no-logfile-per-isolate --logfile=$(BUILD)/guest-v8.log \

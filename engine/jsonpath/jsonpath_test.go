@@ -2,6 +2,7 @@ package jsonpath
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"math/rand"
 	"strconv"
@@ -349,6 +350,57 @@ func BenchmarkScanner(b *testing.B) {
 		s.Write(doc)
 		if v := s.End(); v.Kind != Number {
 			b.Fatal(v.Kind)
+		}
+	}
+}
+
+// TestPlainRun: the eight-byte test agrees with the byte-by-byte one for a
+// stop byte of every value at every place among plain bytes of every
+// value, and on random words.
+func TestPlainRun(t *testing.T) {
+	stops := func(c byte) bool { return c == '"' || c == '\\' || c < 0x20 }
+	check := func(w [8]byte) {
+		want := true
+		for _, c := range w {
+			want = want && !stops(c)
+		}
+		if got := plainRun(binary.LittleEndian.Uint64(w[:])); got != want {
+			t.Fatalf("plainRun(% x) = %v, want %v", w, got, want)
+		}
+	}
+	for fill := 0; fill < 256; fill++ {
+		for at := 0; at < 8; at++ {
+			for c := 0; c < 256; c++ {
+				var w [8]byte
+				for i := range w {
+					w[i] = byte(fill)
+				}
+				w[at] = byte(c)
+				check(w)
+			}
+		}
+	}
+	r := rand.New(rand.NewSource(1))
+	for i := 0; i < 1_000_000; i++ {
+		var w [8]byte
+		binary.LittleEndian.PutUint64(w[:], r.Uint64())
+		check(w)
+	}
+}
+
+// TestScannerStringRuns: a string's end, escape or control byte found at
+// every offset from the start of a piece and of an eight-byte word, with
+// multi-byte UTF-8 in the run, cut anywhere: the reference's answer.
+func TestScannerStringRuns(t *testing.T) {
+	for _, stop := range []string{`"`, `\"`, `\u0041`, "\x01", "\x1f"} {
+		for k := 0; k < 40; k++ {
+			doc := []byte(`{"pad":"` + strings.Repeat("x", k) + stop + "é€" + strings.Repeat("y", 40-k) + `","usage":{"total_tokens":3}}`)
+			want := reference(doc, "usage.total_tokens")
+			for cut := 0; cut <= len(doc); cut++ {
+				if got := scan(t, doc, "usage.total_tokens", []int{cut}); !same(got, want) {
+					t.Fatalf("doc %q cut at %d: got %v %q, want %v %q", doc, cut, got.Kind, got.Text, want.Kind, want.Text)
+				}
+			}
 		}
 	}
 }

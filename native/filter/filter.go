@@ -19,8 +19,12 @@ type httpFilter struct {
 	handle shared.HttpFilterHandle
 	e      app // the app r belongs to
 	r      handler
-	// body is the response body chunk of the OnResponseBody in progress.
-	body shared.BodyBuffer
+	// body is the response body chunk of the OnResponseBody in progress,
+	// and chunks its slices, read once per callback (ResponseBody).
+	body   shared.BodyBuffer
+	chunks []shared.UnsafeEnvoyBuffer
+	// piece is ResponseBody's buffer for a piece across two slices.
+	piece []byte
 	// paused: the request waits for the engine (OnRequestHeaders paused it,
 	// and it was neither resumed nor answered): a panic resumes it.
 	paused bool
@@ -100,9 +104,9 @@ func (f *httpFilter) OnResponseBody(body shared.BodyBuffer, endOfStream bool) sh
 	defer f.w.exit(f.enter())
 	defer f.recover("response body")
 	if f.r != nil {
-		f.body = body
+		f.body, f.chunks = body, nil
 		f.r.OnResponseBody(int(body.GetSize()), endOfStream)
-		f.body = nil
+		f.body, f.chunks = nil, nil
 	}
 	return shared.BodyStatusContinue
 }
@@ -209,14 +213,21 @@ func (f *httpFilter) AddResponseHeader(name, value string) error {
 
 var errNoBody = errors.New(Name + ": no response body chunk in this callback")
 
-// ResponseBody copies size bytes from offset of the chunk OnResponseBody
-// received.
+// ResponseBody returns size bytes from offset of the chunk OnResponseBody
+// received: Envoy's own memory when they lie in one of its slices, else a
+// copy into the filter's buffer. Either is valid until the next call or the
+// callback's end (engine.Stream.ResponseBody): the engine scans it and
+// keeps nothing, so a piece costs neither an allocation nor, mostly, a
+// copy, and no garbage for the process's collector.
 func (f *httpFilter) ResponseBody(offset, size int) ([]byte, error) {
 	if f.body == nil {
 		return nil, errNoBody
 	}
-	out := make([]byte, 0, size)
-	for _, c := range f.body.GetChunks() {
+	if f.chunks == nil {
+		f.chunks = f.body.GetChunks()
+	}
+	out := f.piece[:0]
+	for _, c := range f.chunks {
 		b := c.ToUnsafeBytes()
 		if offset >= len(b) {
 			offset -= len(b)
@@ -224,11 +235,15 @@ func (f *httpFilter) ResponseBody(offset, size int) ([]byte, error) {
 		}
 		b = b[offset:]
 		offset = 0
+		if len(out) == 0 && len(b) >= size {
+			return b[:size], nil
+		}
 		out = append(out, b[:min(len(b), size-len(out))]...)
 		if len(out) == size {
 			break
 		}
 	}
+	f.piece = out[:0]
 	return out, nil
 }
 

@@ -863,6 +863,33 @@ func ParseStatsJSON(body []byte) (map[string]uint64, error) {
 	return m, nil
 }
 
+// CPU is the processor time Envoy has used, user and system, all threads
+// (utime and stime of /proc/<pid>/stat, in USER_HZ ticks of 10 ms: Linux
+// reports them so on every architecture).
+func (p *Process) CPU() (time.Duration, error) {
+	pid, err := p.PID()
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("envoy: cpu: %w", err)
+	}
+	// The command name, in parentheses, may hold spaces: fields count
+	// from its closing parenthesis (state is field 3, utime 14, stime 15).
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0, fmt.Errorf("envoy: cpu: unexpected /proc/%d/stat %q", pid, b)
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("envoy: cpu: unexpected /proc/%d/stat %q", pid, b)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
 // RSS is Envoy's resident memory in bytes (VmRSS of /proc/<pid>/status).
 func (p *Process) RSS() (uint64, error) {
 	pid, err := p.PID()

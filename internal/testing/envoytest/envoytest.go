@@ -265,6 +265,16 @@ func (e *Envoy) WaitLog(substr string, timeout time.Duration) string {
 	}
 }
 
+// CPU is the processor time Envoy has used so far, user and system.
+func (e *Envoy) CPU() time.Duration {
+	e.t.Helper()
+	v, err := e.Process.CPU()
+	if err != nil {
+		e.t.Fatalf("envoytest: %v", err)
+	}
+	return v
+}
+
 // RSS is Envoy's resident memory in bytes.
 func (e *Envoy) RSS() uint64 {
 	e.t.Helper()

@@ -6,12 +6,15 @@
 // makes from JavaScript stubs (a request header, shared data with CAS, the
 // clock, metrics and response headers accepted) and drives the callbacks
 // Envoy drives per request: context create, request headers, response
-// headers, response body, delete. It prints the time per request; under
+// headers, response body, delete. It prints the time per request; mode
+// body reads a response_json cost from a 1 MiB body, `{"pad":"xxx...`, in
+// 16 KiB chunks (the string scan a stalled answer costs; its time is the
+// process's CPU time, and GC runs: poll_oneoff answers). Under
 // `perf record` with Node's --perf-basic-prof, V8 names each Wasm function
 // (from the module's name section: build an unstripped module) and
 // report.js sums the samples per function.
 //
-//	node --no-liftoff --no-wasm-lazy-compilation host.js plugin-full.wasm [requests] [allow|idle]
+//	node --no-liftoff --no-wasm-lazy-compilation host.js plugin-full.wasm [requests] [allow|idle|body]
 //
 // It is not a test of the plugin (package plugin and e2e are): the stubs
 // answer only what these two paths ask.
@@ -19,7 +22,13 @@ const fs = require('fs');
 'use strict';
 const [,, wasmPath, nStr, mode] = process.argv;
 const N = parseInt(nStr || '200000');
-const cfg = Buffer.from(mode === 'idle'
+const CHUNK = 16384, BODY = 1 << 20;
+const chunk = Buffer.alloc(CHUNK, 'x'), firstChunk = Buffer.alloc(CHUNK, 'x');
+firstChunk.write('{"pad":"', 0);
+let bodyAt = 0; // the offset in the body of the chunk being delivered
+const cfg = Buffer.from(mode === 'body'
+  ? '{"rules":[{"name":"per-key","limit_keys":["header:x-api-key"],"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1000000000,"burst":1000000000,"cost_source":"response_json:usage.total_tokens"}}]}'
+  : mode === 'idle'
   ? '{"rules":[{"name":"per-key","match":{"header:x-bench-never":{"present":true}},"limit_keys":["header:x-api-key"],"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1000000000,"burst":1000000000}}]}'
   : '{"rules":[{"name":"per-key","limit_keys":["header:x-api-key"],"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1000000000,"burst":1000000000}}]}');
 let mem, ex;
@@ -52,6 +61,8 @@ const env = {
   proxy_get_header_map_value: (mt, kp, ks, rd, rs) => {
     const k = str(kp, ks);
     if (mt === 0 && k === 'x-api-key') { give(apiKey, rd, rs); return 0; }
+    if (mt === 2 && k === ':status') { give(Buffer.from('200'), rd, rs); return 0; }
+    if (mt === 2 && k === 'content-type') { give(Buffer.from('application/json'), rd, rs); return 0; }
     return 1;
   },
   proxy_add_header_map_value: () => 0,
@@ -59,6 +70,7 @@ const env = {
   proxy_get_header_map_pairs: () => 1,
   proxy_get_buffer_bytes: (bt, start, max, rd, rs) => {
     if (bt === 7) { give(cfg, rd, rs); return 0; }
+    if (bt === 1) { give((bodyAt === 0 ? firstChunk : chunk).subarray(start, Math.min(start + max, CHUNK)), rd, rs); return 0; }
     if (bt === 6) { return 1; }
     return 1;
   },
@@ -80,7 +92,18 @@ const wasi = {
   clock_time_get: (id, prec, rp) => { now += 1000n; dv().setBigUint64(rp, now, true); return 0; },
   fd_write: (fd, iovs, n, rp) => { let t = 0; for (let i = 0; i < n; i++) t += dv().getUint32(iovs + 8 * i + 4, true); dv().setUint32(rp, t, true); return 0; },
   random_get: (p, n) => { u8().fill(7, p, p + n); return 0; },
-  poll_oneoff: () => 52, fd_close: () => 0, fd_fdstat_get: () => 0, fd_fdstat_set_flags: () => 0,
+  // A clock subscription's event, at once (the Go runtime sleeps so in a collection).
+  poll_oneoff: (inp, out, n, rp) => {
+    const d = dv();
+    for (let i = 0; i < n; i++) {
+      d.setBigUint64(out + 32 * i, d.getBigUint64(inp + 48 * i, true), true);
+      d.setUint16(out + 32 * i + 8, 0, true);
+      d.setUint8(out + 32 * i + 10, d.getUint8(inp + 48 * i + 8));
+    }
+    d.setUint32(rp, n, true);
+    return 0;
+  },
+  fd_close: () => 0, fd_fdstat_get: () => 0, fd_fdstat_set_flags: () => 0,
   fd_prestat_get: () => 8, fd_prestat_dir_name: () => 8,
   fd_read: () => 8, // EBADF: the guest has no files to read (Go's os package imports it)
 };
@@ -99,14 +122,23 @@ function run(n) {
     ex.proxy_on_context_create(id, 1);
     ex.proxy_on_request_headers(id, 5, 1);
     ex.proxy_on_response_headers(id, 3, 0);
-    ex.proxy_on_response_body(id, 2, 1);
+    if (mode === 'body') {
+      for (bodyAt = 0; bodyAt < BODY; bodyAt += CHUNK) ex.proxy_on_response_body(id, CHUNK, bodyAt + CHUNK >= BODY ? 1 : 0);
+    } else {
+      ex.proxy_on_response_body(id, 2, 1);
+    }
     ex.proxy_on_log(id); // as Envoy: the stream is done
     ex.proxy_on_done(id);
     ex.proxy_on_delete(id);
   }
 }
-run(20000);
-const t0 = process.hrtime.bigint();
+run(mode === 'body' ? 20 : 20000);
+const t0 = process.hrtime.bigint(), c0 = process.cpuUsage();
 run(N);
-const dt = Number(process.hrtime.bigint() - t0) / N;
-console.log(`${mode || 'allow'}: ${(dt / 1000).toFixed(2)} µs per request (${N} requests), shared keys ${shared.size}`);
+if (mode === 'body') {
+  const cu = process.cpuUsage(c0), us = (cu.user + cu.system) / N;
+  console.log(`body: ${(us / 1000).toFixed(2)} ms of CPU per 1 MiB body (${(BODY / us).toFixed(0)} MB/s; ${N} requests)`);
+} else {
+  const dt = Number(process.hrtime.bigint() - t0) / N;
+  console.log(`${mode || 'allow'}: ${(dt / 1000).toFixed(2)} µs per request (${N} requests), shared keys ${shared.size}`);
+}
