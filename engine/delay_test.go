@@ -404,4 +404,3 @@ func TestPropertyDelay(t *testing.T) {
 		}
 	}
 }
-
