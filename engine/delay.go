@@ -101,7 +101,10 @@ func (c *Request) eachWaiting(f func(*take)) {
 
 // countWaiting adds n to the held requests of the rules that hold this one.
 func (c *Request) countWaiting(n int) {
-	c.eachWaiting(func(t *take) { t.rule.waiting += n })
+	c.eachWaiting(func(t *take) {
+		t.rule.waiting += n
+		t.rule.waitingGauge.Add(int64(n))
+	})
 }
 
 // countDelayRefusal counts a refusal by a rule that holds requests: its

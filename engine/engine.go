@@ -161,6 +161,7 @@ type rule struct {
 	waitingFull   Counter // refused: max_waiting requests held already
 	delayMs       Counter // milliseconds held, summed
 	delayAbandon  Counter // held requests that ended before going on
+	waitingGauge  Gauge   // waiting, summed over the Plugins that share it
 	shadowDelayed Counter // shadow: requests the rule would have held
 	// charges: the rule settles with the response (cost_source
 	// response_header or response_json, or charge_on); costMissing counts
@@ -331,6 +332,7 @@ func (p *Plugin) compile(cr *config.Rule) *rule {
 			r.waitingFull = p.host.Counter(m + "waiting_full")
 			r.delayMs = p.host.Counter(m + "delay_ms")
 			r.delayAbandon = p.host.Counter(m + "delay_abandoned")
+			r.waitingGauge = p.host.Gauge(m + "waiting")
 		}
 	}
 	if cr.Cost.Source.Kind == config.SourceResponseJSON {
