@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // Holding requests until their tokens are there (max_delay_ms, delay.go).
@@ -402,5 +403,35 @@ func TestPropertyDelay(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestDelayClusterAbandoned: a request held for a cluster rule's wait
+// (limitd's memory store answering) whose client goes away refunds its
+// cost through a charge call, once; the next request takes its place.
+func TestDelayClusterAbandoned(t *testing.T) {
+	cfg := `{"service": {"cluster": "limitd"}, "rules": [{"name": "fleet", "scope": "cluster", "algorithm": "token_bucket",
+  "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}}]}`
+	w := newWorld(t, cfg).withLimitd()
+	t0 := w.h.now
+	if got := w.do(); got.status != 200 {
+		t.Fatalf("first request: %d", got.status)
+	}
+	s, r := w.open()
+	w.limitd.serve(s)
+	if len(s.timers) != 1 || s.timers[0].due != t0+sec/10 {
+		t.Fatalf("second request: timers %v, want held until t0+100ms", s.timers)
+	}
+	s.done = true
+	r.Done()
+	r.Done()
+	w.limitd.serve()
+	if w.count("charge_calls") != 1 || w.count("rule.fleet.delay_abandoned") != 1 {
+		t.Fatalf("charge_calls %d, abandoned %d; want 1, 1", w.count("charge_calls"), w.count("rule.fleet.delay_abandoned"))
+	}
+	next, _ := w.open()
+	w.limitd.serve(next)
+	if len(next.timers) != 1 || next.timers[0].due != t0+sec/10 {
+		t.Fatalf("next request: held until t0+%v, want t0+100ms (the place given back); limitd calls %d", time.Duration(next.timers[0].due-t0), w.limitd.calls)
 	}
 }

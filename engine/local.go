@@ -109,6 +109,31 @@ func (c *Request) giveBack() {
 	if len(reqs) > 0 {
 		p.metrics.refunds.Increment(uint64(p.table.Refund(now, reqs)))
 	}
+	c.giveBackCluster()
+}
+
+// giveBackCluster refunds the per-request cluster takes the request holds
+// (a held request that ended: delay.go) with one charge call of −cost each.
+// The limit service recorded them as this caller's reservations (a request
+// with a max_delay_ms, or a refundable rule), which is what lets it give
+// them back; takes it did not record hold nothing to refund.
+func (c *Request) giveBackCluster() {
+	var takes []*take
+	recorded := false
+	for i := range c.plan.cluster {
+		t := &c.plan.cluster[i]
+		recorded = recorded || t.maxWait > 0
+	}
+	for i := range c.plan.cluster {
+		if t := &c.plan.cluster[i]; t.held && (recorded || t.rule.charges) {
+			t.held, t.amount = false, -t.cost
+			takes = append(takes, t)
+		}
+	}
+	if len(takes) > 0 {
+		c.plugin.metrics.refunds.Increment(uint64(len(takes)))
+		c.chargeCluster(takes)
+	}
 }
 
 // rejecting is the rejection by the first take whose decision refused; nil

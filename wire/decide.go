@@ -316,8 +316,11 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 		})
 		if err == nil {
 			// A bucket that may hold requests smooths them to the rate, so
-			// its burst may be below the rate (one request at a time).
-			smooth := len(extra) == 4 && extra[3] == "max_delay_ms" && x[3].Num > 0
+			// its burst may be below the rate (one request at a time): a
+			// decide call's bucket with a max_delay_ms, and any charge
+			// (a refund of a held request, a cost from the response).
+			smooth := len(extra) == 4 && extra[3] == "max_delay_ms" && x[3].Num > 0 ||
+				len(extra) == 1 && extra[0] == "amount"
 			err = checkLimit(at, have[0], have[1], have[2], smooth, h.Rate, h.Burst, lim)
 		}
 		if err == nil {
