@@ -49,7 +49,8 @@ func (c *Request) hold() bool {
 	if err != nil {
 		c.holding = false
 		c.countWaiting(-1)
-		p.warn(&p.failLog, "holding a request until its tokens are there: "+err.Error()+"; it goes on at once")
+		c.eachWaiting(func(t *take) { t.rule.failedOpen.Increment(1) })
+		p.warn(&p.failLog, "holding a request until its tokens are there (counted in rule.<name>.failed_open): "+err.Error()+"; it goes on at once")
 		c.wentOn(now)
 		return false
 	}

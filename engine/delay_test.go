@@ -256,8 +256,8 @@ func TestDelayNoTimer(t *testing.T) {
 	if a := w.p.NewRequest(s).OnRequestHeaders(); a != Continue || s.replied != 0 {
 		t.Fatalf("action %v, replied %d; want it to go on", a, s.replied)
 	}
-	if w.h.warns != 1 {
-		t.Fatalf("warnings %d, want 1", w.h.warns)
+	if w.h.warns != 1 || w.count("rule.smooth.failed_open") != 1 {
+		t.Fatalf("warnings %d, failed_open %d; want 1, 1", w.h.warns, w.count("rule.smooth.failed_open"))
 	}
 }
 

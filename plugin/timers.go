@@ -41,7 +41,13 @@ type holds struct {
 	seq  uint64
 	fast bool  // the tick runs every fastTickMS
 	slow int64 // when the once-a-second work last ran (Unix ns)
+	// compactAt is the heap's length at which add drops the holds of
+	// requests that ended (they would otherwise stay until their moment).
+	compactAt int
 }
+
+// minCompact is the smallest heap add compacts.
+const minCompact = 256
 
 type holdHeap []hold
 
@@ -70,7 +76,27 @@ func (hs *holds) add(due int64, c *httpContext, f func()) error {
 	}
 	hs.seq++
 	heap.Push(&hs.h, hold{due: due, seq: hs.seq, c: c, gen: c.gen, f: f})
+	if len(hs.h) >= max(hs.compactAt, minCompact) {
+		hs.compact()
+	}
 	return nil
+}
+
+// compact drops the holds of requests that ended, so the heap holds at
+// most about twice the requests held (a client that connects and leaves
+// again and again leaves nothing behind for long). Amortized: the next
+// compaction waits for the heap to double.
+func (hs *holds) compact() {
+	live := hs.h[:0]
+	for _, x := range hs.h {
+		if x.c.gen == x.gen && x.c.id != 0 {
+			live = append(live, x)
+		}
+	}
+	clear(hs.h[len(live):])
+	hs.h = live
+	heap.Init(&hs.h)
+	hs.compactAt = 2 * len(hs.h)
 }
 
 // runDue runs the holds due by now, each in its request's context, and

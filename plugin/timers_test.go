@@ -88,3 +88,22 @@ func TestHoldAbandoned(t *testing.T) {
 		t.Fatalf("tick period %d ms after the last hold's moment, want %d", p, slowTickMS)
 	}
 }
+
+// TestHoldsCompact: the holds of requests that ended leave the heap once it
+// grows, not only at their moments.
+func TestHoldsCompact(t *testing.T) {
+	var hs holds
+	hs.fast = true // no host call
+	live := &httpContext{id: 7}
+	for i := range 1000 {
+		c := &httpContext{id: uint32(100 + i)}
+		hs.h = append(hs.h, hold{due: int64(i), c: c, gen: c.gen})
+		c.gen++ // the request ended
+	}
+	if err := hs.add(5000, live, func() {}); err != nil {
+		t.Fatal(err)
+	}
+	if len(hs.h) != 1 || hs.h[0].c != live {
+		t.Fatalf("%d holds after compacting, want the one live", len(hs.h))
+	}
+}
