@@ -435,3 +435,46 @@ func TestDelayClusterAbandoned(t *testing.T) {
 		t.Fatalf("next request: held until t0+%v, want t0+100ms (the place given back); limitd calls %d", time.Duration(next.timers[0].due-t0), w.limitd.calls)
 	}
 }
+
+// TestDelayClusterTimeline: a cluster rule answered by limitd (its memory
+// store on the fake clock): twelve requests at one moment, one goes at
+// once, ten are held 100 ms apart, the twelfth is refused at once. A local
+// rule stacked on it holds for the longer of the two waits.
+func TestDelayClusterTimeline(t *testing.T) {
+	cfg := `{"service": {"cluster": "limitd"}, "rules": [
+  {"name": "fleet", "scope": "cluster", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}},
+  {"name": "here", "match": {"header:x-stack": {"present": true}}, "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 2, "burst": 1, "max_delay_ms": 1000}}]}`
+	w := newWorld(t, cfg).withLimitd()
+	t0 := w.h.now
+	for i := range 12 {
+		s, _ := w.open()
+		w.limitd.serve(s)
+		switch {
+		case i == 0:
+			if s.resumed != 1 || len(s.timers) != 0 {
+				t.Fatalf("request 0: resumed %d, timers %d; want it to go on with the answer", s.resumed, len(s.timers))
+			}
+		case i <= 10:
+			if len(s.timers) != 1 || s.timers[0].due != t0+int64(i)*sec/10 {
+				t.Fatalf("request %d: timers %v, want held until t0+%dms", i, s.timers, 100*i)
+			}
+		default:
+			if s.replied != 429 || len(s.timers) != 0 {
+				t.Fatalf("request %d: replied %d, timers %d; want refused at once", i, s.replied, len(s.timers))
+			}
+		}
+	}
+	// Stacked: the fleet's next wait is 1.1 s, past its bound; a second
+	// later (fleet: 100 ms), the local rule's wait (500 ms) is the longer.
+	w.h.now = t0 + 2*sec
+	first, _ := w.open("x-stack", "1")
+	w.limitd.serve(first)
+	if first.resumed != 1 || len(first.timers) != 0 {
+		t.Fatalf("stacked, first: resumed %d, timers %d; want it to go on with the answer", first.resumed, len(first.timers))
+	}
+	s, _ := w.open("x-stack", "1")
+	w.limitd.serve(s)
+	if len(s.timers) != 1 || s.timers[0].due != w.h.now+sec/2 {
+		t.Fatalf("stacked: timers %v, want held until now+500ms (the local rule's wait, longer than the fleet's 100 ms)", s.timers)
+	}
+}
