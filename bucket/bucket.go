@@ -24,6 +24,12 @@
 //     debt, never below −Burst; admissions then wait the debt out. With
 //     charges, the bound above gains one overshoot of at most Burst (see
 //     Charge).
+//   - Reserve (a take that may wait, within a bound) may take the bucket
+//     into debt by at most Rate × maxWait (maxWait at most MaxWait), and
+//     the request then waits until its tokens would have been there. Counted
+//     at the moment each request goes on (its take plus its wait), the bound
+//     above holds unchanged: a reservation is the Take that would have
+//     admitted it at that moment (see Reserve).
 //   - When the clock goes backwards, elapsed time counts as zero and State.At
 //     never moves back, so a clock that jumps back and forth earns no extra
 //     tokens (the bucket refills again once the clock passes State.At).
@@ -116,6 +122,12 @@ type Decision struct {
 	// ResetAfter is the wait until the bucket is full again,
 	// (burst − tokens after) / rate.
 	ResetAfter time.Duration
+	// Wait is, for a request admitted by Reserve, how long it must be held
+	// before it goes on: the time until its tokens would have been there,
+	// −(tokens after) / rate, at most the reservation's maxWait. It is 0 for
+	// a request that may go at once and for a refused one (Take never
+	// sets it).
+	Wait time.Duration
 }
 
 // capacity is Burst when it is finite and positive, else 0.
@@ -148,14 +160,30 @@ func clock(now int64) int64 {
 	return now
 }
 
-// level clamps stored tokens into [−capacity, capacity] (negative tokens
-// are a debt left by Charge); NaN counts as 0.
+// MaxWait bounds the wait of a reservation (see Reserve): a longer maxWait
+// counts as MaxWait. It also bounds how deep a stored debt is read: no
+// deeper than Burst + Rate × MaxWait, so a corrupt or stale state costs a
+// bucket at most that long.
+const MaxWait = 60 * time.Second
+
+// level clamps stored tokens into [−(capacity + rate × MaxWait), capacity]
+// (negative tokens are a debt left by Charge or Reserve); NaN counts as 0.
 func (l Limit) level(tokens float64) float64 {
 	if tokens != tokens {
 		return 0
 	}
 	c := l.capacity()
-	return max(min(tokens, c), -c)
+	return max(min(tokens, c), -l.floor())
+}
+
+// floor is the deepest debt a bucket may hold: one Burst of charges plus
+// MaxWait of reservations. It is 0 for a limit that admits nothing.
+func (l Limit) floor() float64 {
+	c := l.capacity()
+	if c == 0 {
+		return 0
+	}
+	return c + l.rate()*MaxWait.Seconds()
 }
 
 // fullIn is the nanoseconds of refill that take tokens (already clamped) to
@@ -246,6 +274,67 @@ func (l Limit) Take(s State, now int64, cost float64) (State, Decision) {
 	return s, d
 }
 
+// Reserve decides a request of the given cost at time now that may wait up
+// to maxWait for its tokens, the semantics of golang.org/x/time/rate's
+// ReserveN with a maximum delay. When the bucket holds the cost (up to the
+// slack) it is Take. Otherwise the request takes its tokens now, putting
+// the bucket into debt, and Decision.Wait is the time until the refill has
+// paid that debt back, when its tokens would have been there; it is
+// admitted when that wait is at most maxWait (clamped to [0, MaxWait]),
+// so the debt never exceeds Rate × maxWait. A request that would wait
+// longer is refused with s unchanged and the RetryAfter Take gives it.
+// A cost above Burst, or NaN, is always refused; maxWait <= 0 is Take.
+//
+// Later reservations find a deeper debt, so waits end in the order the
+// tokens were taken. A holder that gives up before its wait is over returns
+// its tokens with Cancel, not Refund. Counted when each request goes on (now + Wait),
+// admissions keep the bound Burst + Rate × elapsed: the request goes on at
+// the moment its tokens are there, as if Take had admitted it then.
+func (l Limit) Reserve(s State, now int64, cost float64, maxWait time.Duration) (State, Decision) {
+	next, d := l.Take(s, now, cost)
+	maxWait = min(maxWait, MaxWait)
+	if d.Allowed || maxWait <= 0 || !(cost <= l.capacity()) || l.rate() == 0 {
+		return next, d
+	}
+	now = clock(now)
+	at := max(now, s.At)
+	tokens := l.tokensAt(s, now) - max(cost, 0)
+	// The wait counts from now: a clock gone backwards adds its gap, as in
+	// Take's waits.
+	w := wait(refillIn(-tokens, l.rate()), at-now)
+	if w > maxWait {
+		return s, d
+	}
+	next = State{Tokens: max(tokens, -l.floor()), At: at}
+	d = l.Report(next.Tokens, at-now, cost, true)
+	d.Wait = w
+	return next, d
+}
+
+// Cancel gives back the tokens of a request Reserve admitted with a wait,
+// which gives up at time now before it goes on at goesAt (Unix
+// nanoseconds: the reservation's now plus its Wait). Later holders keep
+// their moments: a debt is one number, and giving back tokens that a later
+// holder's moment stands on would let a new request go before it, or two go
+// on together where the rate allows one. So the cost comes back whole when
+// no reservation was made after this one (the bucket's debt is paid at
+// goesAt, up to the slack), and nothing comes back otherwise: the tokens of
+// a holder in the middle of the queue are spent, as if it had gone on.
+// (golang.org/x/time/rate's Cancel gives back part of them, which moves the
+// later holders' moment.) Once now has reached goesAt it is Refund.
+func (l Limit) Cancel(s State, now int64, cost float64, goesAt int64) State {
+	now = clock(now)
+	if !(cost > 0) || s.At <= 0 || now >= goesAt {
+		return l.Refund(s, now, cost)
+	}
+	tokens := l.tokensAt(s, now)
+	// The bucket at goesAt: 0 when this holder is the last one.
+	if tokens+l.rate()*float64(goesAt-now)/nsPerSecond < -l.slack()-relSlack*cost {
+		return s
+	}
+	return State{Tokens: min(tokens+cost, l.capacity()), At: max(now, s.At)}
+}
+
 // Report is the Decision for a bucket that holds tokens after a decision on
 // a request of the given cost, whose own time is gap nanoseconds ahead of the
 // decision's now (gap > 0 only when the clock went backwards). Take uses it;
@@ -300,7 +389,10 @@ func (l Limit) Charge(s State, now int64, amount float64) State {
 	}
 	now = clock(now)
 	c := l.capacity()
-	tokens := max(min(l.tokensAt(s, now)-amount, c), -c)
+	// A charge takes no deeper than −Burst, and leaves a deeper debt a
+	// reservation made (see Reserve) where it was.
+	held := l.tokensAt(s, now)
+	tokens := max(min(held-amount, c), min(-c, held))
 	return State{Tokens: tokens, At: max(now, s.At)}
 }
 

@@ -111,9 +111,10 @@ func TestChargeEdges(t *testing.T) {
 	if got := lim.Report(-50, 0, 1, true); got.Remaining != 0 || got.ResetAfter != 15*time.Second {
 		t.Errorf("Report(-50) = %+v", got)
 	}
-	// A limit whose burst shrank clamps an old debt to its own −burst.
-	if got := (Limit{Rate: 10, Burst: 20}).Tokens(debt, t0); got != -20 {
-		t.Errorf("Tokens with a smaller burst = %v, want -20", got)
+	// A limit whose burst shrank clamps an old debt to its own floor,
+	// −(burst + rate × MaxWait).
+	if got := (Limit{Rate: 0.25, Burst: 20}).Tokens(debt, t0); got != -35 {
+		t.Errorf("Tokens with a smaller burst = %v, want -35", got)
 	}
 }
 

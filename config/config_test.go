@@ -225,6 +225,15 @@ var badCases = []badCase{
 	{name: "burst below rate", in: doc("", alg(`"tokens_per_second":10,"burst":5`)), want: `config: rules[0].algorithm_config.burst: must be >= tokens_per_second (10), got 5`, gap: gapRelation},
 	{name: "burst below rate, second rule", in: doc("", `{"name":"a",`+okAlg+`}`, `{"name":"b","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":10,"burst":5}}`), want: `config: rules[1].algorithm_config.burst: must be >= tokens_per_second (10), got 5`, gap: gapRelation},
 	{name: "burst below rps", in: doc("", alg(`"rps":2.5,"burst":2`)), want: `config: rules[0].algorithm_config.burst: must be >= rps (2.5), got 2`, gap: gapRelation},
+	{name: "max_delay_ms negative", in: doc("", alg(`"tokens_per_second":10,"burst":10,"max_delay_ms":-1`)), want: `config: rules[0].algorithm_config.max_delay_ms: must be between 0 and 60000, got -1`},
+	{name: "max_delay_ms above a minute", in: doc("", alg(`"tokens_per_second":10,"burst":10,"max_delay_ms":60001`)), want: `config: rules[0].algorithm_config.max_delay_ms: must be between 0 and 60000, got 60001`},
+	{name: "max_delay_ms fraction", in: doc("", alg(`"tokens_per_second":10,"burst":10,"max_delay_ms":1.5`)), want: `config: rules[0].algorithm_config.max_delay_ms: must be an integer, got 1.5`},
+	{name: "max_delay_ms string", in: doc("", alg(`"tokens_per_second":10,"burst":10,"max_delay_ms":"1s"`)), want: `config: rules[0].algorithm_config.max_delay_ms: must be an integer, got string`},
+	{name: "max_waiting without a delay", in: doc("", alg(`"tokens_per_second":10,"burst":10,"max_waiting":5`)), want: `config: rules[0].algorithm_config.max_waiting: only with max_delay_ms > 0 (a rule that never holds a request has nothing waiting)`, gap: gapRelation},
+	{name: "max_waiting zero", in: doc("", alg(`"tokens_per_second":10,"burst":1,"max_delay_ms":1000,"max_waiting":0`)), want: `config: rules[0].algorithm_config.max_waiting: must be between 1 and 100000, got 0`},
+	{name: "max_waiting too many", in: doc("", alg(`"tokens_per_second":10,"burst":1,"max_delay_ms":1000,"max_waiting":100001`)), want: `config: rules[0].algorithm_config.max_waiting: must be between 1 and 100000, got 100001`},
+	{name: "burst below rate, delay 0", in: doc("", alg(`"tokens_per_second":10,"burst":1,"max_delay_ms":0`)), want: `config: rules[0].algorithm_config.burst: must be >= tokens_per_second (10), got 1`, gap: gapRelation},
+	{name: "max_delay_ms leased", in: doc(`"service":{"cluster":"c"}`, `{"name":"r","scope":"cluster","sync":"lease","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":10,"burst":1,"max_delay_ms":1000}}`), want: `config: rules[0].algorithm_config.max_delay_ms: not with sync "lease": a leased rule does not hold requests (yet); use sync "per_request"`, gap: gapRelation},
 	{name: "burst too high", in: doc("", alg(`"tokens_per_second":1e9,"burst":1e13`)), want: `config: rules[0].algorithm_config.burst: must be at most 1000000000000, got 1e13`},
 	{name: "refill longer than a year", in: doc("", alg(`"tokens_per_second":0.000001,"burst":100`)), want: `config: rules[0].algorithm_config.burst: burst / tokens_per_second is 100000000 seconds to refill, more than one year (31536000)`, gap: gapRelation},
 	{name: "cost_source jwt", in: doc("", alg(`"tokens_per_second":1,"burst":1,"cost_source":"jwt:cost"`)), want: `config: rules[0].algorithm_config.cost_source: must be "fixed", header:<name>, query:<name>, response_header:<name> or response_json:<path>, got "jwt:cost"`},
@@ -965,5 +974,27 @@ func TestServiceDiffNamesEveryField(t *testing.T) {
 	}
 	if name, _, _ := serviceDiff(&base, &base); name != "" {
 		t.Errorf("serviceDiff of equal services = %q, want none", name)
+	}
+}
+
+// TestParseDelay: max_delay_ms defaults to 0 (refuse, as before) and
+// max_waiting to DefaultMaxWaiting once a rule holds requests; a rule that
+// holds may have a burst below its rate.
+func TestParseDelay(t *testing.T) {
+	for _, tt := range []struct {
+		alg                 string
+		wantDelay, wantWait int
+	}{
+		{`"tokens_per_second":10,"burst":10`, 0, 0},
+		{`"tokens_per_second":10,"burst":1,"max_delay_ms":1000`, 1000, DefaultMaxWaiting},
+		{`"tokens_per_second":10,"burst":1,"max_delay_ms":1000,"max_waiting":7`, 1000, 7},
+	} {
+		c, err := Parse([]byte(doc("", alg(tt.alg))))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.alg, err)
+		}
+		if l := c.Rules[0].Limit; l.MaxDelayMS != tt.wantDelay || l.MaxWaiting != tt.wantWait {
+			t.Errorf("%s: Limit = %+v, want max_delay_ms %d, max_waiting %d", tt.alg, l, tt.wantDelay, tt.wantWait)
+		}
 	}
 }

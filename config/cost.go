@@ -11,7 +11,7 @@ import (
 func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 	var l Limit
 	c := Cost{Source: Source{Kind: SourceFixed}, Fixed: 1, Default: 1}
-	o, err := fields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost", "truncated_cost", "max_body_bytes")
+	o, err := fields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost", "truncated_cost", "max_body_bytes", "max_delay_ms", "max_waiting")
 	if err != nil {
 		return l, c, err
 	}
@@ -35,7 +35,20 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 	if l.Burst, err = o.positive("burst", MaxBurst); err != nil {
 		return l, c, err
 	}
-	if l.Burst < l.TokensPerSecond {
+	if l.MaxDelayMS, err = o.integer("max_delay_ms", 0, 0, MaxDelayMS); err != nil {
+		return l, c, err
+	}
+	if _, ok := o.get("max_waiting"); ok && l.MaxDelayMS == 0 {
+		return l, c, errorf(path+".max_waiting", "only with max_delay_ms > 0 (a rule that never holds a request has nothing waiting)")
+	}
+	if l.MaxDelayMS > 0 {
+		if l.MaxWaiting, err = o.integer("max_waiting", DefaultMaxWaiting, 1, MaxMaxWaiting); err != nil {
+			return l, c, err
+		}
+	}
+	// A rule that holds requests smooths them to the rate, so its burst
+	// may be below the rate (down to one request at a time).
+	if l.Burst < l.TokensPerSecond && l.MaxDelayMS == 0 {
 		return l, c, errorf(path+".burst", "must be >= "+rateName+" ("+fmtFloat(l.TokensPerSecond)+"), got "+fmtFloat(l.Burst))
 	}
 	if fill := l.Burst / l.TokensPerSecond; fill > MaxFillSeconds {

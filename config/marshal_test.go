@@ -73,6 +73,12 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 		b = append(b, `,"max_body_bytes":`...)
 		b = strconv.AppendInt(b, int64(r.Cost.MaxBodyBytes), 10)
 	}
+	if r.Limit.MaxDelayMS > 0 {
+		b = append(b, `,"max_delay_ms":`...)
+		b = strconv.AppendInt(b, int64(r.Limit.MaxDelayMS), 10)
+		b = append(b, `,"max_waiting":`...)
+		b = strconv.AppendInt(b, int64(r.Limit.MaxWaiting), 10)
+	}
 	b = append(b, '}')
 	if r.ChargeOn.Listed {
 		b = append(b, `,"charge_on":[`...)

@@ -55,6 +55,18 @@ const (
 	// cost, so default_cost applies, as for any malformed value.
 	MinCost = 0.001
 
+	// MaxDelayMS bounds algorithm_config.max_delay_ms, the longest a
+	// request may be held for its tokens: one minute (bucket.MaxWait,
+	// wire.MaxDelayMs).
+	MaxDelayMS = 60_000
+	// DefaultMaxWaiting is max_waiting's default, and MaxMaxWaiting its
+	// bound: the most requests one rule holds at once on one worker (native
+	// module) or in one VM (Wasm plugin). Each held request keeps its
+	// stream open in Envoy and a few hundred bytes in the plugin
+	// (docs/configuration.md states the measured figure).
+	DefaultMaxWaiting = 1024
+	MaxMaxWaiting     = 100_000
+
 	// DefaultMaxBodyBytes is max_body_bytes's default (1 MiB), and
 	// MaxMaxBodyBytes its bound (16 MiB): the most of a response body a
 	// response_json cost keeps in the plugin's memory per response.

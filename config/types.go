@@ -68,6 +68,13 @@ type Lease struct {
 type Limit struct {
 	TokensPerSecond float64
 	Burst           float64
+	// MaxDelayMS is how long a request short of tokens may be held until
+	// its tokens are there (bucket.Reserve): 0 refuses it at once.
+	MaxDelayMS int
+	// MaxWaiting caps the requests this rule holds at once per worker or
+	// VM; past it a request that would wait is refused at once. 0 when
+	// MaxDelayMS is 0.
+	MaxWaiting int
 }
 
 // Cost says how many tokens a request takes.

@@ -66,7 +66,7 @@ import (
 // examples/<name>/ whose README.md has a ```console block is checked too;
 // examples that need more than Envoy (a limit service, Istio) show their
 // commands in other blocks and are tested elsewhere.
-var wantExamples = []string{"cost-by-header", "llm-token-budget", "per-key-api", "shadow-rollout", "stacked", "tiers-by-plan"}
+var wantExamples = []string{"cost-by-header", "llm-token-budget", "per-key-api", "shadow-rollout", "smooth-bursts", "stacked", "tiers-by-plan"}
 
 // exampleChecks are claims of a README that its session cannot show (an
 // absent header, a log line), checked after the session.

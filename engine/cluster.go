@@ -108,7 +108,8 @@ func call(by caller, takes []take, answer func(*Answer)) error {
 	req := &wire.Request{Buckets: make([]wire.Bucket, len(takes))}
 	for i, t := range takes {
 		req.Buckets[i] = wire.Bucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst,
-			Cost: t.cost, Shadow: t.rule.Mode == config.ModeShadow, Refundable: t.rule.charges}
+			Cost: t.cost, Shadow: t.rule.Mode == config.ModeShadow, Refundable: t.rule.charges,
+			MaxDelayMs: t.maxWait / 1e6}
 	}
 	return post(by, takes[0].rule.Service, "", wire.AppendRequest(make([]byte, 0, 64+112*len(takes)), req), answer)
 }
@@ -161,10 +162,14 @@ func (c *Request) onAnswer(takes []take, a *Answer) {
 		c.next(rej)
 		return
 	}
+	now := c.plugin.now()
 	for i, t := range takes[:n] {
 		t.rule.allowed.Increment(1)
 		c.plan.cluster[i].held, c.plan.cluster[i].d = true, ds[i]
 		c.show(t.rule, ds[i])
+		if w := ds[i].Wait; w > 0 {
+			c.goesAt = max(c.goesAt, now+int64(w))
+		}
 	}
 	c.next(nil)
 }
@@ -193,6 +198,9 @@ func countShadows(p *Plugin, takes []take, ds []bucket.Decision) {
 		}
 		if ds[i].Allowed {
 			t.rule.allowed.Increment(1)
+			if ds[i].Wait > 0 {
+				t.rule.shadowDelayed.Increment(1)
+			}
 			continue
 		}
 		p.shadowRejected(t.rule)
@@ -210,6 +218,7 @@ func readAnswer(takes []take, ans *Answer) ([]bucket.Decision, string) {
 	req := &wire.Request{Buckets: make([]wire.Bucket, len(takes))}
 	for i, t := range takes {
 		req.Buckets[i].Shadow = t.rule.Mode == config.ModeShadow
+		req.Buckets[i].MaxDelayMs = t.maxWait / 1e6
 	}
 	a, err := wire.DecodeAnswer(raw, req)
 	if err != nil {
@@ -218,7 +227,7 @@ func readAnswer(takes []take, ans *Answer) ([]bucket.Decision, string) {
 	ds := make([]bucket.Decision, len(takes))
 	for i, b := range a.Buckets {
 		ds[i] = bucket.Decision{Allowed: b.Allowed, Remaining: b.Remaining,
-			RetryAfter: millis(b.RetryAfterMs), ResetAfter: millis(b.ResetMs)}
+			RetryAfter: millis(b.RetryAfterMs), ResetAfter: millis(b.ResetMs), Wait: millis(b.WaitMs)}
 	}
 	return ds, ""
 }

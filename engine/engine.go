@@ -150,6 +150,19 @@ type rule struct {
 	failedOpen  Counter
 	shadowRej   Counter
 	shadowLog   throttle
+	// Holding requests (max_delay_ms, delay.go): maxWait in ns (0: the
+	// rule refuses at once); waiting is how many requests this Plugin
+	// holds for the rule now; the counters are defined only for rules
+	// that hold.
+	maxWait       int64
+	waiting       int
+	delayed       Counter // requests held, then gone on
+	delayRefused  Counter // refused: the wait would pass max_delay_ms
+	waitingFull   Counter // refused: max_waiting requests held already
+	delayMs       Counter // milliseconds held, summed
+	delayAbandon  Counter // held requests that ended before going on
+	waitingGauge  Gauge   // waiting, summed over the Plugins that share it
+	shadowDelayed Counter // shadow: requests the rule would have held
 	// charges: the rule settles with the response (cost_source
 	// response_header or response_json, or charge_on); costMissing counts
 	// responses whose cost could not be read (defined only for rules whose
@@ -308,6 +321,19 @@ func (p *Plugin) compile(cr *config.Rule) *rule {
 	r.shadowRej = p.host.Counter(m + "shadow_rejected")
 	if cr.Cost.FromResponse() {
 		r.costMissing = p.host.Counter(m + "cost_missing")
+	}
+	if cr.Limit.MaxDelayMS > 0 {
+		r.maxWait = int64(cr.Limit.MaxDelayMS) * 1e6
+		if cr.Mode == config.ModeShadow {
+			r.shadowDelayed = p.host.Counter(m + "shadow_delayed")
+		} else {
+			r.delayed = p.host.Counter(m + "delayed")
+			r.delayRefused = p.host.Counter(m + "delay_refused")
+			r.waitingFull = p.host.Counter(m + "waiting_full")
+			r.delayMs = p.host.Counter(m + "delay_ms")
+			r.delayAbandon = p.host.Counter(m + "delay_abandoned")
+			r.waitingGauge = p.host.Gauge(m + "waiting")
+		}
 	}
 	if cr.Cost.Source.Kind == config.SourceResponseJSON {
 		r.costPath = jsonpath.NewPath(cr.Cost.Source.Name)

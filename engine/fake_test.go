@@ -102,6 +102,47 @@ type fakeStream struct {
 	// does; otherwise Run runs it at once.
 	deferRun bool
 	deferred []func()
+	// timers are the engine's holds (After), each run once by fire; clock
+	// is the host's (nil: 0); noTimer makes After fail.
+	timers  []*fakeTimer
+	clock   *int64
+	noTimer bool
+}
+
+type fakeTimer struct {
+	due   int64
+	f     func()
+	fired bool
+}
+
+// After holds f until fire reaches due.
+func (s *fakeStream) After(delay int64, f func()) error {
+	switch {
+	case s.done:
+		return errors.New("fake: the request is gone")
+	case s.noTimer:
+		return errors.New("fake: no timer")
+	}
+	now := int64(0)
+	if s.clock != nil {
+		now = *s.clock
+	}
+	s.timers = append(s.timers, &fakeTimer{due: now + delay, f: f})
+	return nil
+}
+
+// fire runs, once each, the timers due by now, unless the request is gone
+// (the host drops them). It returns how many ran.
+func (s *fakeStream) fire(now int64) int {
+	n := 0
+	for _, t := range s.timers {
+		if !t.fired && t.due <= now && !s.done {
+			t.fired = true
+			n++
+			t.f()
+		}
+	}
+	return n
 }
 
 // newFakeStream is a GET / with the headers (name/value pairs); a

@@ -70,6 +70,15 @@ type Stream interface {
 	// Callout sends an HTTP call owned by this request: its answer is
 	// dropped when the request is gone.
 	Callout(call *Call, answer func(*Answer)) error
+	// After runs f once as part of this request, the Stream's methods
+	// acting on it, no sooner than delay nanoseconds of the host's clock
+	// (Host.Now) from the call: the engine holds a request short of tokens
+	// (max_delay_ms) and goes on with it from f. The host drops f once the
+	// request is done (Request.Done gives back what the held request took);
+	// it returns an error when it cannot set the timer, and then never runs
+	// f. A host may run f late (its timers' resolution, a busy thread),
+	// never early, and never twice.
+	After(delay int64, f func()) error
 	// Run runs f as part of this request, the Stream's methods acting on
 	// it, for an answer that arrived outside the request's callbacks (a
 	// call the plugin owns): at once if the host can act on the request

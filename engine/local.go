@@ -2,6 +2,7 @@ package engine
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/engine/lease"
@@ -20,6 +21,10 @@ func (c *Request) decideShadows() {
 		case ok:
 			t.held = true
 			t.rule.allowed.Increment(1)
+			if c.scratch.out[0].Wait > 0 {
+				// Never held: the rule counts what it would have.
+				t.rule.shadowDelayed.Increment(1)
+			}
 		default:
 			c.plugin.shadowRejected(t.rule)
 		}
@@ -50,6 +55,9 @@ func (c *Request) enforceLocal() *rejection {
 		t.held, t.d = true, out[i]
 		t.rule.allowed.Increment(1)
 		c.show(t.rule, out[i])
+		if w := out[i].Wait; w > 0 {
+			c.goesAt = max(c.goesAt, pl.now+int64(w))
+		}
 	}
 	return nil
 }
@@ -61,7 +69,7 @@ func (c *Request) decide(now int64, takes []take) (ok bool, out []bucket.Decisio
 	p, s := c.plugin, &c.scratch
 	s.reqs = s.reqs[:0]
 	for _, t := range takes {
-		s.reqs = append(s.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+		s.reqs = append(s.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost, MaxWait: time.Duration(t.maxWait)})
 	}
 	out = s.decisions(len(takes))
 	ok, o, err := p.table.Decide(now, s.reqs, out)
@@ -92,12 +100,39 @@ func (c *Request) giveBack() {
 	for i := range pl.local {
 		if t := &pl.local[i]; t.held {
 			t.held = false
-			reqs = append(reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+			// A take still waiting gives back only what no later holder
+			// counts on (bucket.Limit.Cancel).
+			reqs = append(reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost, GoesAt: pl.now + int64(t.d.Wait)})
 		}
 	}
 	c.scratch.reqs = reqs
 	if len(reqs) > 0 {
 		p.metrics.refunds.Increment(uint64(p.table.Refund(now, reqs)))
+	}
+	c.giveBackCluster()
+}
+
+// giveBackCluster refunds the per-request cluster takes the request holds
+// (a held request that ended: delay.go) with one charge call of −cost each.
+// The limit service recorded them as this caller's reservations (a request
+// with a max_delay_ms, or a refundable rule), which is what lets it give
+// them back; takes it did not record hold nothing to refund.
+func (c *Request) giveBackCluster() {
+	var takes []*take
+	recorded := false
+	for i := range c.plan.cluster {
+		t := &c.plan.cluster[i]
+		recorded = recorded || t.maxWait > 0
+	}
+	for i := range c.plan.cluster {
+		if t := &c.plan.cluster[i]; t.held && (recorded || t.rule.charges) {
+			t.held, t.amount = false, -t.cost
+			takes = append(takes, t)
+		}
+	}
+	if len(takes) > 0 {
+		c.plugin.metrics.refunds.Increment(uint64(len(takes)))
+		c.chargeCluster(takes)
 	}
 }
 
@@ -106,7 +141,7 @@ func (c *Request) giveBack() {
 func rejecting(takes []take, out []bucket.Decision) *rejection {
 	for i, t := range takes {
 		if !out[i].Allowed {
-			return &rejection{rule: t.rule, reason: reasonExceeded, d: out[i]}
+			return &rejection{rule: t.rule, reason: reasonExceeded, d: out[i], full: t.full}
 		}
 	}
 	return nil

@@ -24,6 +24,11 @@ type take struct {
 	// amount is the adjustment the response asks for: the real cost less
 	// cost, or −cost for a status charge_on does not list.
 	amount float64
+	// maxWait is how long the request may be held for this take's tokens
+	// (the rule's max_delay_ms; 0 when the rule holds none, or when it
+	// holds max_waiting requests already: full).
+	maxWait int64
+	full    bool
 }
 
 // plan is one request's decision in the making. It lives on the Request
@@ -88,6 +93,12 @@ func (c *Request) planRules(r *requestValues) *rejection {
 			continue
 		}
 		t := take{rule: ru, id: id, key: key, cost: requestCost(ru, r)}
+		if ru.maxWait > 0 {
+			t.maxWait, t.full = ru.maxWait, ru.waiting >= ru.Limit.MaxWaiting
+			if t.full {
+				t.maxWait = 0
+			}
+		}
 		if t.cost > ru.limit.Burst {
 			if ru.Mode == config.ModeShadow {
 				c.plugin.shadowRejected(ru)

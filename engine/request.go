@@ -36,6 +36,13 @@ type Request struct {
 	shownLeft  float64
 	decision   bucket.Decision
 	localReply bool
+	// Holding the request until its tokens are there (delay.go): goesAt is
+	// when it may go on (Unix ns; 0: at once); holding while a timer
+	// waits; heldFor how long it was held from its decision, once it went
+	// on (the response header reports it).
+	goesAt  int64
+	holding bool
+	heldFor int64
 	// Backing for the request's values (request.values): a request reads
 	// a handful, so none is allocated.
 	values [4]cachedValue
@@ -105,6 +112,9 @@ func (p *Plugin) NewRequest(s Stream) *Request { return &Request{plugin: p, stre
 // takes, never the request's, and find the request gone by its gen. Done
 // is idempotent.
 func (c *Request) Done() {
+	if c.holding {
+		c.abandon() // the client went away, or Envoy ended the stream
+	}
 	if c.body.active {
 		c.cutShort()
 	}
@@ -123,6 +133,9 @@ type rejection struct {
 	rule   *rule
 	reason string
 	d      bucket.Decision // token_bucket_exceeded: what the headers report
+	// full: the rule held max_waiting requests already, so it could not
+	// hold this one (delay.go).
+	full bool
 }
 
 // Reasons named in the X-RateLimit-Reason header and the JSON body.
@@ -194,11 +207,15 @@ func (c *Request) end(rej *rejection) Action {
 	c.step, c.paused = stepDone, false
 	if rej != nil {
 		c.giveBack()
+		c.countDelayRefusal(rej)
 	}
 	if !c.shadowsSent && len(c.plan.shadowC) > 0 {
 		c.dispatchShadow()
 	}
 	if rej != nil && c.sendReply(*rej) {
+		return Pause
+	}
+	if rej == nil && c.goesAt > 0 && c.hold() {
 		return Pause
 	}
 	if paused {

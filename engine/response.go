@@ -71,6 +71,9 @@ func (c *Request) OnResponseHeaders(endOfStream bool) Action {
 	// stream timeout): its decision is over, and the call's answer, if it
 	// comes, changes nothing of it.
 	c.paused = false
+	if c.holding {
+		c.abandon() // Envoy answered the held request itself (a timeout)
+	}
 	if c.localReply {
 		return Continue
 	}
@@ -81,11 +84,15 @@ func (c *Request) OnResponseHeaders(endOfStream bool) Action {
 		return Continue
 	}
 	p := c.plugin
-	c.rateLimitHeaders(c.shown, c.decision, func(name, value string) {
+	add := func(name, value string) {
 		if err := c.stream.AddResponseHeader(name, value); err != nil {
 			p.warn(&p.headerLog, "adding response header "+name+": "+err.Error())
 		}
-	})
+	}
+	c.rateLimitHeaders(c.shown, c.decision, add)
+	if c.heldFor > 0 {
+		c.delayHeader(add)
+	}
 	return Continue
 }
 

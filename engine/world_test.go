@@ -101,6 +101,7 @@ func (w *world) doUpstream(up upstream, headers ...string) seen {
 func (w *world) open(headers ...string) (*fakeStream, *Request) {
 	s := newFakeStream(headers...)
 	s.props = w.props
+	s.clock = &w.h.now
 	r := w.p.NewRequest(s)
 	s.action = r.OnRequestHeaders()
 	return s, r

@@ -317,6 +317,16 @@ func (s stream) Callout(call *engine.Call, answer func(*engine.Answer)) error {
 	})
 }
 
+// After holds the request until delay ns from now: the plugin context's
+// tick runs f once it is due (timers.go).
+func (s stream) After(delay int64, f func()) error {
+	c := s.c
+	if c.id == 0 {
+		return errStreamDone
+	}
+	return c.plugin.holds.add(c.plugin.host.now()+delay, c, f)
+}
+
 // errStreamDone refuses Run for a context whose request is done.
 var errStreamDone = errors.New(Name + ": the request is done")
 

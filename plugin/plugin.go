@@ -169,6 +169,7 @@ type pluginContext struct {
 	start      func(h *host, data []byte, rootID string, opts engine.Options) (app, error)
 	e          app
 	free       []*httpContext // contexts of finished streams, for reuse
+	holds      holds          // requests the engine holds (timers.go)
 }
 
 // maxFreeContexts bounds the contexts a plugin context keeps for reuse: a
@@ -207,6 +208,11 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 // when due.
 func (p *pluginContext) OnTick() {
 	active = p.id
+	now := p.host.now()
+	p.holds.runDue(now, p.id)
+	if !p.holds.slowDue(now) {
+		return
+	}
 	p.host.onTick()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)

@@ -9,16 +9,18 @@ import (
 
 // report is the answer for bucket b that holds tokens after the decision,
 // whose own time is gap nanoseconds ahead of the clock (non-zero only when
-// the clock went backwards), and that alone admitted its cost when ok. The
-// arithmetic is package bucket's (Limit.Report); this only rounds its exact
-// waits to the wire's milliseconds.
-func report(b *wire.Bucket, ok bool, tokens float64, gap int64) wire.BucketAnswer {
+// the clock went backwards), that alone admitted its cost when ok, and whose
+// request must wait (bucket.Decision.Wait: 0 unless its take was delayed and
+// consumed). The arithmetic is package bucket's (Limit.Report, Limit.Reserve);
+// this only rounds its exact waits to the wire's milliseconds.
+func report(b *wire.Bucket, ok bool, tokens float64, gap int64, wait time.Duration) wire.BucketAnswer {
 	d := bucket.Limit{Rate: b.Rate, Burst: b.Burst}.Report(tokens, gap, b.Cost, ok)
 	return wire.BucketAnswer{
 		Allowed:      ok,
 		Remaining:    d.Remaining,
 		RetryAfterMs: ceilMs(d.RetryAfter),
 		ResetMs:      ceilMs(d.ResetAfter),
+		WaitMs:       ceilMs(wait),
 		Tokens:       tokens,
 	}
 }

@@ -60,6 +60,16 @@ local function slack(rate, burst)
   return rate * 1e-9 + 1e-12 * burst
 end
 
+-- max_wait is the longest wait of a delayed decision, in nanoseconds
+-- (bucket.MaxWait).
+local max_wait = 60000000000
+
+-- floor_of: the deepest debt a bucket may hold, one burst of charges plus
+-- max_wait of delayed decisions (bucket's floor).
+local function floor_of(rate, burst)
+  return burst + rate * (max_wait / 1000000000)
+end
+
 -- A ledger is {gen, rt (returned), rs (reserved), rf (refunded), names (the
 -- callers, in order), c (each caller's part {l0, l1, r0, r1}: leases and
 -- reservations, current and previous)}.
@@ -194,13 +204,15 @@ local function load(key, rate, burst)
   elseif n ~= 2 then
     return nil, malformed
   end
-  -- Negative tokens are a debt left by charge.lua, at most a burst
-  -- (bucket's level).
+  -- Negative tokens are a debt left by charge.lua (at most a burst) or by a
+  -- delayed decision (decide.lua: at most rate × max_wait more); read no
+  -- deeper than floor_of (bucket's level).
   local tok = stored
+  local floor = floor_of(rate, burst)
   if tok ~= tok then
     tok = 0
-  elseif tok < -burst then
-    tok = -burst
+  elseif tok < -floor then
+    tok = -floor
   elseif tok > burst then
     tok = burst
   end

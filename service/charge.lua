@@ -10,7 +10,8 @@
 -- ARGV[3n+3]         the ledger window, microseconds
 --
 -- A positive amount takes more tokens: clamped to 2 × burst (what can take a
--- full bucket to its deepest debt), into debt down to -burst at most. A
+-- full bucket to its deepest debt), into debt down to -burst at most (a
+-- deeper debt, left by delayed decisions, it leaves where it is). A
 -- negative one is a refund: clamped to what the bucket's ledger says the
 -- caller's decisions reserved and were not yet refunded, and to the window's
 -- refund budget (what the window reserved, plus a burst, less what it
@@ -50,8 +51,10 @@ for i = 1, #KEYS do
   -- would carry their rounding).
   local applied = 0
   if amount ~= 0 then
-    if tok - amount < -burst then
-      applied, tok = tok + burst, -burst
+    if amount > 0 and tok - amount < -burst then
+      if tok >= -burst then
+        applied, tok = tok + burst, -burst
+      end -- else a delayed decision's deeper debt stays where it is
     elseif tok - amount > burst then
       applied, tok = tok - burst, burst
     else

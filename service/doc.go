@@ -24,6 +24,18 @@
 // tokens, the whole tokens remaining, and the waits (retry after, time to
 // full) in milliseconds rounded up, so a client rounds them as it needs.
 //
+// A bucket with a max delay (Bucket.MaxDelayMs) may delay instead of
+// refusing: short of its cost, it takes it into debt when the refill pays
+// the debt back within the max delay (package bucket's Reserve), and answers
+// the wait (BucketAnswer.WaitMs; the answer's WaitMs is the longest of the
+// enforced buckets'), during which the caller holds the request; past its
+// bound it refuses at once, taking nothing. The buckets of a request are
+// still all taken or none. A request that may be held records what its
+// enforced buckets take as the caller's reservations (see Ledger), so a
+// gateway whose held client goes away refunds it with a charge. A debt,
+// from charges or delays, refuses every decision that cannot wait, and
+// every lease, until it is paid back.
+//
 // # Redis
 //
 // RedisStore runs decide.lua once per request, by SHA (EVALSHA; on NOSCRIPT
@@ -58,7 +70,8 @@
 // Each bucket's record also holds a ledger (ledger.go, mirrored in
 // bucket.lua): per caller (WithCaller; Server names the caller by its token),
 // the tokens leases granted and not yet returned, and the tokens refundable
-// decisions (Bucket.Refundable) reserved and not yet refunded, in two
+// decisions (Bucket.Refundable, or a request that may be held) reserved and
+// not yet refunded, in two
 // generations of one window (RedisOptions.LedgerWindow): an amount can be
 // given back for one to two windows. A lease's return is clamped to the
 // grants outstanding to the same caller and a charge's refund to the

@@ -499,3 +499,142 @@ func TestIntegrationLedger(t *testing.T) {
 		})
 	}
 }
+
+// TestIntegrationDelay: on a real redis-server and a real Redis Cluster,
+// with pipelining: 200 concurrent decisions that may wait 10 s on a bucket
+// of burst 5 at 1 a second admit burst + rate × max delay (plus what refills
+// meanwhile), each within its bound; the script's delayed takes match
+// package bucket's Reserve to the bit (real Redis's Lua); on the cluster, a
+// delayed take in one slot is given back when a bucket in another slot
+// refuses; 100 concurrent refunds of one held request give back exactly
+// what it took.
+func TestIntegrationDelay(t *testing.T) {
+	srv := redistest.Start(t)
+	cl := redistest.StartCluster(t)
+	for _, tc := range []struct {
+		name string
+		c    redis.UniversalClient
+	}{{"single", realClient(t, srv.Addr())}, {"cluster", realClient(t, cl.Addrs()...)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := realStore(t, tc.c, 64)
+			ctx := context.Background()
+
+			// Bounded under concurrency.
+			req := delayed("delay-hot", 1, 5, 10_000)
+			var mu sync.Mutex
+			var waits []int64
+			start := time.Now()
+			var wg sync.WaitGroup
+			for range 200 {
+				wg.Go(func() {
+					d, err := s.Decide(ctx, req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if d.Allowed {
+						mu.Lock()
+						waits = append(waits, d.WaitMs)
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			refill := int(math.Ceil(elapsed.Seconds())) // 1 a second
+			if n := len(waits); n < 15 || n > 15+refill {
+				t.Fatalf("admitted %d of 200 in %v, want 15 (burst 5 + 1/s × 10s) to %d", n, elapsed, 15+refill)
+			}
+			for _, w := range waits {
+				if w > 10_000 {
+					t.Fatalf("a wait of %dms past the bound of 10s", w)
+				}
+			}
+
+			// Real Lua against package bucket.
+			r := rand.New(rand.NewPCG(5, 6))
+			checked := 0
+			for round := range 10 {
+				lim := bucket.Limit{Rate: 1e3 * math.Pow(1e2, r.Float64())}
+				lim.Burst = max(1, math.Round(lim.Rate*(0.001+r.Float64()/20))) // bursts below the rate too
+				key := "delay-arith-" + strconv.Itoa(round)
+				skey := storageKey(DefaultKeyPrefix, key, lim.Rate, lim.Burst)
+				for range 40 {
+					cost := float64(1+r.IntN(int(lim.Burst)+1)) + r.Float64()/2
+					cost = min(cost, lim.Burst)
+					delay := int64(1 + r.IntN(100))
+					b := wire.Bucket{Key: key, Rate: lim.Rate, Burst: lim.Burst, Cost: cost, MaxDelayMs: delay}
+					before, err := tc.c.Get(ctx, skey).Result()
+					if err != nil && !errors.Is(err, redis.Nil) {
+						t.Fatal(err)
+					}
+					d, err := s.Decide(ctx, &wire.Request{Buckets: []wire.Bucket{b}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					after, err := tc.c.Get(ctx, skey).Result()
+					if !d.Allowed || errors.Is(err, redis.Nil) || before == "" {
+						continue
+					}
+					old, err1 := parseStored(before)
+					cur, err2 := parseStored(after)
+					if err1 != nil || err2 != nil {
+						t.Fatal(err1, err2)
+					}
+					next, dec := lim.Reserve(old, cur.At, cost, time.Duration(delay)*time.Millisecond)
+					if !dec.Allowed || math.Float64bits(next.Tokens) != math.Float64bits(cur.Tokens) ||
+						d.WaitMs != ceilMs(dec.Wait) || math.Float64bits(d.Buckets[0].Tokens) != math.Float64bits(cur.Tokens) {
+						t.Fatalf("limit %+v, %q -> %q, cost %g, max delay %dms: bucket says %+v %+v, script %+v", lim, before, after, cost, delay, next, dec, d)
+					}
+					if dec.Wait > 0 {
+						checked++
+					}
+				}
+			}
+			if checked < 20 {
+				t.Fatalf("only %d delayed decisions checked", checked)
+			}
+
+			// A delayed take is given back when another slot refuses.
+			fast := wire.Bucket{Key: "delay-fast", Rate: 10, Burst: 1, Cost: 1, MaxDelayMs: 1000}
+			plain := wire.Bucket{Key: "delay-plain", Rate: 0.01, Burst: 1, Cost: 1}
+			if tc.name == "cluster" && keySlot(storageKey(DefaultKeyPrefix, fast.Key, fast.Rate, fast.Burst)) == keySlot(storageKey(DefaultKeyPrefix, plain.Key, plain.Rate, plain.Burst)) {
+				t.Fatal("the two buckets share a slot: pick other keys")
+			}
+			for _, r := range []*wire.Request{{Buckets: []wire.Bucket{fast}}, {Buckets: []wire.Bucket{plain}}} {
+				if d, err := s.Decide(ctx, r); err != nil || !d.Allowed {
+					t.Fatalf("drain: %+v, %v", d, err)
+				}
+			}
+			if d, err := s.Decide(ctx, &wire.Request{Buckets: []wire.Bucket{fast, plain}}); err != nil || d.Allowed || d.WaitMs != 0 || d.Buckets[0].WaitMs != 0 {
+				t.Fatalf("fast and plain: %+v, %v; want refused by plain, no wait", d, err)
+			}
+			if d, err := s.Decide(ctx, &wire.Request{Buckets: []wire.Bucket{fast}}); err != nil || !d.Allowed || d.WaitMs > 100 {
+				t.Fatalf("fast alone: %+v, %v; want a wait of at most 100ms (its refused take given back)", d, err)
+			}
+
+			// A held request's refunds, concurrent: exactly what it took.
+			mustDecide(t, s, one("delay-refund", 0.02, 40, 40))
+			if d := mustDecide(t, s, delayed("delay-refund", 0.02, 40, 60_000)); !d.Allowed || d.WaitMs < 49_000 || d.WaitMs > 50_000 {
+				t.Fatalf("held: %+v, want a wait of about 50s", d)
+			}
+			var refunded float64
+			for range 100 {
+				wg.Go(func() {
+					a, err := s.Charge(ctx, &wire.ChargeRequest{Buckets: []wire.ChargeBucket{{Key: "delay-refund", Rate: 0.02, Burst: 40, Amount: -1}}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					refunded -= a.Buckets[0].Applied
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			if refunded != 1 {
+				t.Fatalf("100 concurrent refunds of a held request of cost 1 gave back %v, want 1", refunded)
+			}
+		})
+	}
+}

@@ -128,6 +128,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *wire.Request) (wire.Answe
 		next   bucket.State
 		ledger ledger
 		ok     bool
+		wait   time.Duration
 	}
 	steps := make([]step, n)
 	d := wire.Answer{Buckets: make([]wire.BucketAnswer, n)}
@@ -149,8 +150,8 @@ func (m *MemoryStore) Decide(ctx context.Context, req *wire.Request) (wire.Answe
 			st.ledger.reserve(caller, b.Cost) // kept only when admitted
 		}
 		var dec bucket.Decision
-		st.next, dec = st.limit.Take(e.state, now, b.Cost)
-		st.ok = dec.Allowed
+		st.next, dec = st.limit.Reserve(e.state, now, b.Cost, time.Duration(b.MaxDelayMs)*time.Millisecond)
+		st.ok, st.wait = dec.Allowed, dec.Wait
 		all = all && st.ok
 		if !found && st.limit.FullAt(st.next) > now {
 			added++ // a new key to store
@@ -174,11 +175,11 @@ func (m *MemoryStore) Decide(ctx context.Context, req *wire.Request) (wire.Answe
 
 	for i := range req.Buckets {
 		st := &steps[i]
-		tokens, at := st.next.Tokens, st.next.At
+		tokens, at, wait := st.next.Tokens, st.next.At, st.wait
 		if !all {
-			tokens, at = st.limit.Tokens(st.old, now), max(st.old.At, now)
+			tokens, at, wait = st.limit.Tokens(st.old, now), max(st.old.At, now), 0
 		}
-		d.Buckets[i] = report(&req.Buckets[i], st.ok, tokens, at-now)
+		d.Buckets[i] = report(&req.Buckets[i], st.ok, tokens, at-now, wait)
 	}
 	d.Settle(req)
 	return d, nil
@@ -356,11 +357,12 @@ func returnTook(before, ret, burst float64) float64 {
 }
 
 // chargeTook is what a charge of amount (clamped) takes: the amount, or what
-// the bucket's bounds, -burst and burst, leave.
+// the bucket's bounds, -burst and burst, leave (nothing from a debt deeper
+// than -burst, which only delayed decisions leave).
 func chargeTook(before, amount, burst float64) float64 {
 	switch {
-	case before-amount < -burst:
-		return before + burst
+	case amount > 0 && before-amount < -burst:
+		return max(before+burst, 0)
 	case before-amount > burst:
 		return before - burst
 	}

@@ -71,7 +71,8 @@ func TestMemoryTimeline(t *testing.T) {
 
 // TestMemoryMatchesRedis runs the same random multi-bucket sequences on the
 // memory store and on the Lua script (miniredis) and demands identical
-// decisions, tokens to the bit.
+// decisions, waits and tokens to the bit; half the buckets may delay
+// (max_delay_ms), half are refundable.
 func TestMemoryMatchesRedis(t *testing.T) {
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
@@ -91,7 +92,8 @@ func TestMemoryMatchesRedis(t *testing.T) {
 			for step := range 200 {
 				for i := range n {
 					c := randomCost(r, lims[i])
-					req.Buckets[i] = wire.Bucket{Key: req.Buckets[i].Key, Rate: lims[i].Rate, Burst: lims[i].Burst, Cost: c}
+					req.Buckets[i] = wire.Bucket{Key: req.Buckets[i].Key, Rate: lims[i].Rate, Burst: lims[i].Burst, Cost: c,
+						MaxDelayMs: randomDelay(r, lims[i]), Refundable: r.IntN(2) == 0}
 				}
 				nowUs += randomStep(r, lims[0], req.Buckets[0].Cost, false)
 				m.SetTime(time.UnixMicro(nowUs))
@@ -101,7 +103,7 @@ func TestMemoryMatchesRedis(t *testing.T) {
 				if err1 != nil || err2 != nil {
 					t.Fatalf("step %d: %v, %v", step, err1, err2)
 				}
-				if dr.Allowed != dm.Allowed || dr.RetryAfterMs != dm.RetryAfterMs {
+				if dr.Allowed != dm.Allowed || dr.RetryAfterMs != dm.RetryAfterMs || dr.WaitMs != dm.WaitMs {
 					t.Fatalf("step %d: redis %+v, memory %+v", step, dr, dm)
 				}
 				for i := range dr.Buckets {

@@ -19,6 +19,7 @@ func TestLabelledCountersStartAtZero(t *testing.T) {
 		"limitd_invalid_requests_total":   {"400", "401", "405", "413"},
 		"limitd_connections_closed_total": {"cap", "evicted", "idle", "refused"},
 		"limitd_authorized_calls_total":   {"edge", "gw-a", "gw-b", "gw-c"},
+		"limitd_decisions_delayed_total":  {"enforced", "shadow"},
 	})
 }
 

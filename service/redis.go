@@ -167,7 +167,7 @@ func (s *RedisStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer
 	admitted := make([]bool, len(groups))
 	for g, idx := range groups {
 		gkeys := make([]string, len(idx))
-		args := make([]any, 0, 4*len(idx)+2)
+		args := make([]any, 0, 5*len(idx)+2)
 		for j, i := range idx {
 			b := &req.Buckets[i]
 			gkeys[j] = keys[i]
@@ -175,7 +175,7 @@ func (s *RedisStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer
 			if b.Refundable {
 				refundable = "1"
 			}
-			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost), refundable)
+			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost), refundable, strconv.FormatInt(b.MaxDelayMs, 10))
 		}
 		args = append(args, caller, s.window)
 		var res any
@@ -196,6 +196,9 @@ func (s *RedisStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer
 	d.Settle(req)
 	if !d.Allowed {
 		s.giveBack(req, caller, keys, groups, admitted, d.Buckets)
+		for i := range d.Buckets {
+			d.Buckets[i].WaitMs = 0 // nothing taken: nobody waits
+		}
 	}
 	return d, nil
 }
@@ -228,7 +231,7 @@ func (s *RedisStore) giveBack(req *wire.Request, caller string, keys []string, g
 			ts, _ := vals[3*j].(string)
 			gap, _ := vals[3*j+1].(int64)
 			if tokens, err := strconv.ParseFloat(ts, 64); err == nil {
-				out[i] = report(&req.Buckets[i], true, tokens, gap)
+				out[i] = report(&req.Buckets[i], true, tokens, gap, 0)
 			}
 		}
 	}
@@ -416,28 +419,37 @@ func formatFloat(x float64) string {
 }
 
 // parseResult fills out[i] for each bucket i of idx from decide.lua's reply
-// over those buckets, and reports whether the script admitted them.
+// over those buckets, and reports whether the script admitted them. A
+// bucket's wait counts only when the script admitted (else nothing was
+// taken).
 func parseResult(req *wire.Request, idx []int, res any, out []wire.BucketAnswer) (bool, error) {
+	const per = 4 // ok, tokens, gap, wait
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 1+3*len(idx) {
-		return false, fmt.Errorf("service: redis: script reply: want %d values, got %T of %v", 1+3*len(idx), res, res)
+	if !ok || len(vals) != 1+per*len(idx) {
+		return false, fmt.Errorf("service: redis: script reply: want %d values, got %T of %v", 1+per*len(idx), res, res)
 	}
+	admitted, _ := vals[0].(int64)
 	all := true
 	for j, i := range idx {
-		okv, ok1 := vals[1+3*j].(int64)
-		str, ok2 := vals[2+3*j].(string)
-		gap, ok3 := vals[3+3*j].(int64)
-		if !ok1 || !ok2 || !ok3 {
-			return false, fmt.Errorf("service: redis: script reply: bucket %d: malformed %v", i, vals[1+3*j:4+3*j])
+		v := vals[1+per*j : 1+per*(j+1)]
+		okv, ok1 := v[0].(int64)
+		str, ok2 := v[1].(string)
+		gap, ok3 := v[2].(int64)
+		wait, ok4 := v[3].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 || wait < 0 {
+			return false, fmt.Errorf("service: redis: script reply: bucket %d: malformed %v", i, v)
 		}
 		tokens, err := strconv.ParseFloat(str, 64)
 		if err != nil {
 			return false, fmt.Errorf("service: redis: script reply: bucket %d: tokens: %w", i, err)
 		}
-		out[i] = report(&req.Buckets[i], okv == 1, tokens, gap)
+		if admitted != 1 {
+			wait = 0
+		}
+		out[i] = report(&req.Buckets[i], okv == 1, tokens, gap, time.Duration(wait))
 		all = all && okv == 1
 	}
-	if admitted, _ := vals[0].(int64); (admitted == 1) != all {
+	if (admitted == 1) != all {
 		return false, fmt.Errorf("service: redis: script reply: admitted %d disagrees with its buckets", admitted)
 	}
 	return all, nil

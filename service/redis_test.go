@@ -113,41 +113,71 @@ func TestRedisKeyExpiresWhenFull(t *testing.T) {
 }
 
 // takeAll is the reference for a multi-bucket decision: package bucket on
-// each, all or nothing.
-func takeAll(lims []bucket.Limit, states []bucket.State, now int64, costs []float64) (bool, []bucket.State, []bucket.Decision) {
+// each (Reserve, which is Take for a bucket without a max delay), all or
+// nothing.
+func takeAll(lims []bucket.Limit, states []bucket.State, now int64, costs []float64, delays []int64) (bool, []bucket.State, []bucket.Decision) {
 	all := true
 	nexts := make([]bucket.State, len(lims))
 	decs := make([]bucket.Decision, len(lims))
 	for i := range lims {
-		nexts[i], decs[i] = lims[i].Take(states[i], now, costs[i])
+		nexts[i], decs[i] = lims[i].Reserve(states[i], now, costs[i], time.Duration(delays[i])*time.Millisecond)
 		all = all && decs[i].Allowed
 	}
 	return all, nexts, decs
 }
 
-// checkAgainstBucket compares a store's decision with package bucket's.
-func checkAgainstBucket(got wire.Answer, lims []bucket.Limit, states []bucket.State, now int64, costs []float64) error {
-	all, nexts, decs := takeAll(lims, states, now, costs)
+// checkAgainstBucket compares a store's decision with package bucket's:
+// the verdicts, the waits (a delayed bucket's wait_ms, and the answer's, the
+// longest), remaining tokens and tokens to the bit.
+func checkAgainstBucket(got wire.Answer, lims []bucket.Limit, states []bucket.State, now int64, costs []float64, delays []int64) error {
+	all, nexts, decs := takeAll(lims, states, now, costs, delays)
 	if got.Allowed != all {
 		return fmt.Errorf("allowed = %v, bucket says %v", got.Allowed, all)
 	}
+	var longest time.Duration
 	for i, gb := range got.Buckets {
 		want := decs[i]
 		wantTokens := nexts[i].Tokens
 		if !all {
 			wantTokens = lims[i].Tokens(states[i], now)
-			if want.Allowed { // this bucket admitted, another refused: untouched
-				_, want = lims[i].Take(states[i], now, 0)
+			if want.Allowed { // this bucket admitted, another refused: untouched, no wait
+				want = lims[i].Report(wantTokens, max(states[i].At, now)-now, costs[i], true)
 			}
 		}
+		longest = max(longest, want.Wait)
 		if gb.Allowed != decs[i].Allowed || gb.Remaining != want.Remaining ||
 			gb.RetryAfterMs != ceilMs(want.RetryAfter) || gb.ResetMs != ceilMs(want.ResetAfter) ||
+			gb.WaitMs != ceilMs(want.Wait) || gb.WaitMs > delays[i] ||
 			math.Float64bits(gb.Tokens) != math.Float64bits(wantTokens) {
-			return fmt.Errorf("bucket %d (limit %+v, state %+v, cost %g): got %+v, bucket says %+v with tokens %v",
-				i, lims[i], states[i], costs[i], gb, want, wantTokens)
+			return fmt.Errorf("bucket %d (limit %+v, state %+v, cost %g, max delay %dms): got %+v, bucket says %+v with tokens %v",
+				i, lims[i], states[i], costs[i], delays[i], gb, want, wantTokens)
 		}
 	}
+	if got.WaitMs != ceilMs(longest) {
+		return fmt.Errorf("wait_ms = %d, bucket says %v", got.WaitMs, longest)
+	}
 	return nil
+}
+
+// smoothLimit is l with a burst below its rate, as a bucket that holds
+// requests may have (wire: burst > 0 with a max_delay_ms): its debt can be
+// many bursts deep.
+func smoothLimit(r *rand.Rand, l bucket.Limit) bucket.Limit {
+	l.Burst = max(1, math.Round(l.Rate*(0.05+0.9*r.Float64())))
+	return l
+}
+
+// randomDelay draws a bucket's max_delay_ms: none half the time, else up to
+// twice the time its burst takes to refill (at most wire.MaxDelayMs), now
+// and then the most there is.
+func randomDelay(r *rand.Rand, l bucket.Limit) int64 {
+	switch p := r.IntN(10); {
+	case p < 5:
+		return 0
+	case p == 5:
+		return wire.MaxDelayMs
+	}
+	return min(1+int64(r.Float64()*2*l.Burst/l.Rate*1000), wire.MaxDelayMs)
 }
 
 // randomLimit draws a limit: rates log-uniform in [0.5, 10^4], bursts 1 to
@@ -194,7 +224,9 @@ func randomStep(r *rand.Rand, l bucket.Limit, cost float64, backwards bool) int6
 
 // TestRedisDifferential feeds the same times and costs to package bucket and
 // to the Lua script (on miniredis, whose TIME the test sets) and demands the
-// same decisions, remaining tokens and waits, and bit-identical tokens.
+// same decisions, remaining tokens and waits, and bit-identical tokens. In
+// the delay modes the buckets carry random max delays (package bucket's
+// Reserve): delayed takes into debt, waits and refusals past the bound.
 //
 // With the expiring clock on, times only move forward, and every stored key
 // must live until the bucket package calls it full and vanish within 2ms
@@ -203,9 +235,10 @@ func randomStep(r *rand.Rand, l bucket.Limit, cost float64, backwards bool) int6
 // With it off, the clock also jumps backwards.
 func TestRedisDifferential(t *testing.T) {
 	for _, mode := range []struct {
-		name      string
-		backwards bool
-	}{{"forward-with-expiry", false}, {"backwards-clock", true}} {
+		name             string
+		backwards, delay bool
+	}{{"forward-with-expiry", false, false}, {"backwards-clock", true, false},
+		{"delay-forward-with-expiry", false, true}, {"delay-backwards-clock", true, true}} {
 		seeds := uint64(16)
 		if testing.Short() {
 			seeds = 4
@@ -213,13 +246,13 @@ func TestRedisDifferential(t *testing.T) {
 		for seed := uint64(1); seed <= seeds; seed++ {
 			t.Run(fmt.Sprintf("%s/seed%d", mode.name, seed), func(t *testing.T) {
 				t.Parallel()
-				runDifferential(t, seed, mode.backwards)
+				runDifferential(t, seed, mode.backwards, mode.delay)
 			})
 		}
 	}
 }
 
-func runDifferential(t *testing.T, seed uint64, backwards bool) {
+func runDifferential(t *testing.T, seed uint64, backwards, delay bool) {
 	r := rand.New(rand.NewPCG(seed, 42))
 	m, c, s := newMini(t, RedisOptions{})
 	m.ClockTTL(!backwards) // miniredis expiry counts down; it cannot follow a clock jumping back
@@ -240,16 +273,29 @@ func runDifferential(t *testing.T, seed uint64, backwards bool) {
 	}
 	nowUs := t0.UnixMicro()
 	costs := make([]float64, n)
+	delays := make([]int64, n)
+	delayed := 0
+	defer func() {
+		if delay && delayed == 0 && !t.Failed() {
+			t.Error("no decision delayed: the delays go untested")
+		}
+	}()
 	for step := range 250 {
 		for i := range n {
-			if r.IntN(10) == 0 {
+			if r.IntN(10) == 0 || step == 0 && delay {
 				// The rule changed: another bucket, full (its limit is part
 				// of its identity).
 				lims[i], states[i], expireAt[i] = randomLimit(r), bucket.State{}, 0
+				if delay && r.IntN(3) == 0 {
+					lims[i] = smoothLimit(r, lims[i])
+				}
 				keys[i] = storageKey(DefaultKeyPrefix, req.Buckets[i].Key, lims[i].Rate, lims[i].Burst)
 			}
 			costs[i] = randomCost(r, lims[i])
-			req.Buckets[i].Rate, req.Buckets[i].Burst, req.Buckets[i].Cost = lims[i].Rate, lims[i].Burst, costs[i]
+			if delay {
+				delays[i] = randomDelay(r, lims[i])
+			}
+			req.Buckets[i].Rate, req.Buckets[i].Burst, req.Buckets[i].Cost, req.Buckets[i].MaxDelayMs = lims[i].Rate, lims[i].Burst, costs[i], delays[i]
 		}
 		nowUs += randomStep(r, lims[0], costs[0], backwards)
 		now := nowUs * 1000
@@ -269,10 +315,13 @@ func runDifferential(t *testing.T, seed uint64, backwards bool) {
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
-		if err := checkAgainstBucket(got, lims, states, now, costs); err != nil {
+		if err := checkAgainstBucket(got, lims, states, now, costs, delays); err != nil {
 			t.Fatalf("step %d at +%dus: %v", step, nowUs-t0.UnixMicro(), err)
 		}
-		all, nexts, _ := takeAll(lims, states, now, costs)
+		all, nexts, _ := takeAll(lims, states, now, costs, delays)
+		if got.WaitMs > 0 {
+			delayed++
+		}
 		if !all {
 			continue
 		}

@@ -244,6 +244,7 @@ func (s *Server) decide(ctx context.Context, body, out []byte) ([]byte, error) {
 	if !d.Allowed {
 		s.metrics.rejections.Inc()
 	}
+	s.metrics.countDelays(req, &d)
 	return wire.AppendAnswer(out, &d), nil
 }
 
@@ -496,6 +497,43 @@ type metrics struct {
 	// charges, charged, refunded and chargeLatency are POST /v1/charge's.
 	charges, charged, refunded prometheus.Counter
 	chargeLatency              prometheus.Histogram
+	// delayed counts decisions answered with a wait (mode "enforced") and
+	// shadow buckets that would have waited ("shadow"); pastDelay the
+	// decisions refused because a bucket that may hold its request would
+	// have had to wait longer than its max_delay_ms; wait the waits answered.
+	delayed   *prometheus.CounterVec
+	pastDelay prometheus.Counter
+	wait      prometheus.Histogram
+}
+
+// delayModes are the values of limitd_decisions_delayed_total's mode.
+var delayModes = []string{"enforced", "shadow"}
+
+// waitBuckets are the bounds of limitd_decision_wait_seconds, up to
+// wire.MaxDelayMs.
+var waitBuckets = []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// countDelays counts what a decision's delays did: a decision admitted with
+// a wait, each shadow bucket that would have waited, and a refusal because
+// an enforced bucket with a max_delay_ms would have waited past it.
+func (m *metrics) countDelays(req *wire.Request, d *wire.Answer) {
+	if d.Allowed && d.WaitMs > 0 {
+		m.delayed.WithLabelValues("enforced").Inc()
+		m.wait.Observe(float64(d.WaitMs) / 1000)
+	}
+	past := false
+	for i := range d.Buckets {
+		b := &req.Buckets[i]
+		switch {
+		case b.Shadow && d.Buckets[i].WaitMs > 0:
+			m.delayed.WithLabelValues("shadow").Inc()
+		case !b.Shadow && !d.Buckets[i].Allowed && b.MaxDelayMs > 0:
+			past = true
+		}
+	}
+	if past {
+		m.pastDelay.Inc()
+	}
 }
 
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
@@ -532,9 +570,16 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 		charged:       counter("limitd_charged_tokens_total", "Tokens charge calls took from their buckets beyond the reservations (after the clamps to 2 × burst and to the debt of -burst)."),
 		refunded:      counter("limitd_refunded_tokens_total", "Tokens charge calls' refunds put back into their buckets (after the clamps to the reservations outstanding and to the burst)."),
 		chargeLatency: histogram("limitd_charge_duration_seconds", "Time to answer POST /v1/charge, from request to response."),
+		delayed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limitd_decisions_delayed_total",
+			Help: "Decisions admitted with a wait (wait_ms > 0: the caller holds the request), by mode: enforced (the decision's wait), shadow (a shadow bucket that would have waited; it holds nothing).",
+		}, []string{"mode"}),
+		pastDelay: counter("limitd_decisions_past_delay_total", "Decisions refused because a bucket with a max_delay_ms would have had to wait longer than it (refused at once, nothing taken)."),
+		wait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "limitd_decision_wait_seconds", ConstLabels: labels,
+			Help: "The wait answered to decisions admitted with one (wait_ms), in seconds; its _sum is the time held.", Buckets: waitBuckets}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.rejections, m.storeErrors, m.shadowErrors, m.leases, m.leased, m.returned, m.refused, m.authorized, m.latency, m.leaseLatency,
-		m.charges, m.charged, m.refunded, m.chargeLatency} {
+		m.charges, m.charged, m.refunded, m.chargeLatency, m.delayed, m.pastDelay, m.wait} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("service: config: registry: %w", err)
 		}
@@ -543,6 +588,9 @@ func newMetrics(reg prometheus.Registerer, store string) (*metrics, error) {
 	// series are created with their tokens: NewServer).
 	for _, code := range refusedCodes {
 		m.refused.WithLabelValues(strconv.Itoa(code))
+	}
+	for _, mode := range delayModes {
+		m.delayed.WithLabelValues(mode)
 	}
 	return m, nil
 }

@@ -280,7 +280,8 @@ func TestOpenAPIDocumentsTheWire(t *testing.T) {
 	for _, field := range []string{
 		"/v1/decide", "/healthz", "/readyz", "/metrics",
 		"hash_tag:", "buckets:", "key:", "tokens_per_second:", "burst:", "cost:", "refundable:",
-		"allowed:", "remaining:", "retry_after_ms:", "reset_ms:", "error:",
+		"allowed:", "remaining:", "retry_after_ms:", "reset_ms:", "error:", "max_delay_ms:", "wait_ms:",
+		"maximum: " + strconv.Itoa(wire.MaxDelayMs),
 		"/v1/lease", "want:", "min:", "return:", "granted:",
 		"maxItems: " + strconv.Itoa(wire.MaxBuckets), "maxLength: " + strconv.Itoa(wire.MaxKeyBytes),
 	} {

@@ -16,6 +16,10 @@ func TestDecodeChargeRequest(t *testing.T) {
 		{"amount string", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"amount":"1"}]}`, "buckets[0].amount: must be a number, got string"},
 		{"cost is not a charge field", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"cost":1}]}`, "buckets[0].cost: unknown field"},
 		{"no key", `{"buckets":[{"tokens_per_second":10,"burst":40,"amount":1}]}`, "buckets[0].key: required"},
+		// A bucket that holds requests may have a burst below its rate;
+		// a held request's refund charges it.
+		{"burst below the rate", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"amount":-1}]}`, ""},
+		{"burst zero", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":0,"amount":-1}]}`, "buckets[0].burst: must be > 0, got 0"},
 	}
 	checkDecoder(t, tests, DecodeChargeRequest, AppendChargeRequest)
 }

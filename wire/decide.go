@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -52,7 +53,11 @@ func (l Limits) WithDefaults() Limits {
 // response (a cost known from the response, or charge_on): the service
 // records the cost as the caller's reservation, which a later charge call
 // of the same caller may refund. Any other decision records nothing, so
-// nothing of it can ever be refunded.
+// nothing of it can ever be refunded. MaxDelayMs (0 to MaxDelayMs) is how
+// long the caller may hold the request for this bucket's tokens: 0 refuses
+// a request short of tokens, as before; more reserves them (bucket.Reserve)
+// when they would be there within that many milliseconds, and the answer's
+// WaitMs says how long to hold.
 type Bucket struct {
 	Key        string
 	Rate       float64
@@ -60,6 +65,7 @@ type Bucket struct {
 	Cost       float64
 	Shadow     bool
 	Refundable bool
+	MaxDelayMs int64
 }
 
 // Request is one decision (POST /v1/decide) over one or more buckets, taken
@@ -81,6 +87,10 @@ type Answer struct {
 	// RetryAfterMs is 0 when allowed, else the largest RetryAfterMs of the
 	// enforced buckets that refused.
 	RetryAfterMs int64
+	// WaitMs is, when allowed, the longest WaitMs of the enforced buckets:
+	// how long the caller holds the request before it goes on (0: at once).
+	// It is 0 when refused.
+	WaitMs int64
 	// Buckets holds one entry per requested bucket, in request order.
 	Buckets []BucketAnswer
 }
@@ -101,6 +111,11 @@ type BucketAnswer struct {
 	RetryAfterMs int64
 	// ResetMs is the milliseconds until this bucket is full again.
 	ResetMs int64
+	// WaitMs is, when this bucket allowed with a wait (its MaxDelayMs > 0),
+	// the milliseconds (rounded up, at most MaxDelayMs) until its tokens
+	// are there; 0 otherwise. A shadow bucket's wait is what the rule would
+	// have held; it holds nothing.
+	WaitMs int64
 	// Tokens is the exact (fractional) tokens behind Remaining. It is not
 	// encoded: tests of the service compare it with package bucket.
 	Tokens float64
@@ -110,22 +125,30 @@ type BucketAnswer struct {
 	Applied float64
 }
 
-// Settle sets a's Allowed and RetryAfterMs from its enforced buckets.
+// Settle sets a's Allowed, RetryAfterMs and WaitMs from its enforced
+// buckets.
 func (a *Answer) Settle(req *Request) {
-	a.Allowed, a.RetryAfterMs = true, 0
+	a.Allowed, a.RetryAfterMs, a.WaitMs = true, 0, 0
 	for i := range a.Buckets {
-		if !a.Buckets[i].Allowed && !req.Buckets[i].Shadow {
+		if req.Buckets[i].Shadow {
+			continue
+		}
+		if !a.Buckets[i].Allowed {
 			a.Allowed = false
 			a.RetryAfterMs = max(a.RetryAfterMs, a.Buckets[i].RetryAfterMs)
 		}
+		a.WaitMs = max(a.WaitMs, a.Buckets[i].WaitMs)
+	}
+	if !a.Allowed {
+		a.WaitMs = 0
 	}
 }
 
 // AppendRequest appends the JSON body of r:
 //
-//	{"hash_tag":"t","buckets":[{"key":"k","tokens_per_second":10,"burst":20,"cost":1,"shadow":true,"refundable":true}]}
+//	{"hash_tag":"t","buckets":[{"key":"k","tokens_per_second":10,"burst":20,"cost":1,"shadow":true,"refundable":true,"max_delay_ms":500}]}
 //
-// (hash_tag, shadow and refundable only when set).
+// (hash_tag, shadow, refundable and max_delay_ms only when set).
 func AppendRequest(b []byte, r *Request) []byte {
 	b = appendTag(b, r.HashTag)
 	for i := range r.Buckets {
@@ -138,6 +161,10 @@ func AppendRequest(b []byte, r *Request) []byte {
 		}
 		if bk.Refundable {
 			b = append(b, `,"refundable":true`...)
+		}
+		if bk.MaxDelayMs > 0 {
+			b = append(b, `,"max_delay_ms":`...)
+			b = strconv.AppendInt(b, bk.MaxDelayMs, 10)
 		}
 		b = append(b, '}')
 	}
@@ -177,12 +204,13 @@ type head struct {
 }
 
 // DecodeRequest parses and validates the body of POST /v1/decide. cost
-// defaults to 1, shadow and refundable to false; hash_tag is optional. Unknown or
+// defaults to 1, shadow and refundable to false, max_delay_ms to 0 (a whole
+// number of milliseconds up to MaxDelayMs); hash_tag is optional. Unknown or
 // duplicate fields, trailing data and anything out of bounds are refused
 // with a *FieldError naming the field. A returned Request satisfies lim.
 func DecodeRequest(body []byte, lim Limits) (*Request, error) {
 	req := &Request{}
-	err := decodeCall(body, lim, &req.HashTag, []string{"cost", "shadow", "refundable"}, func(n int) { req.Buckets = make([]Bucket, n) },
+	err := decodeCall(body, lim, &req.HashTag, []string{"cost", "shadow", "refundable", "max_delay_ms"}, func(n int) { req.Buckets = make([]Bucket, n) },
 		func(i int, at string, h head, x []gjson.Result) (err *jsonfield.Error) {
 			b := &req.Buckets[i]
 			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
@@ -195,14 +223,27 @@ func DecodeRequest(body []byte, lim Limits) (*Request, error) {
 				}
 			}
 			if x[2].Exists() {
-				b.Refundable, err = jsonfield.Bool(at+".refundable", x[2])
+				if b.Refundable, err = jsonfield.Bool(at+".refundable", x[2]); err != nil {
+					return err
+				}
 			}
+			b.MaxDelayMs, err = delayMs(at+".max_delay_ms", x[3])
 			return err
 		})
 	if err != nil {
 		return nil, refusal(err)
 	}
 	return req, nil
+}
+
+// delayMs reads an optional max_delay_ms: a whole number in [0, MaxDelayMs],
+// 0 when absent.
+func delayMs(at string, v gjson.Result) (int64, *jsonfield.Error) {
+	x, err := amount(at, v, 0, 0, MaxDelayMs)
+	if err == nil && x != float64(int64(x)) {
+		err = refuse(at, "must be a whole number of milliseconds, got "+fmtFloat(x))
+	}
+	return int64(x), err
 }
 
 // amount reads an optional number (def when absent) within [lo, hi].
@@ -274,7 +315,13 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 			return err
 		})
 		if err == nil {
-			err = checkLimit(at, have[0], have[1], have[2], h.Rate, h.Burst, lim)
+			// A bucket that may hold requests smooths them to the rate, so
+			// its burst may be below the rate (one request at a time): a
+			// decide call's bucket with a max_delay_ms, and any charge
+			// (a refund of a held request, a cost from the response).
+			smooth := len(extra) == 4 && extra[3] == "max_delay_ms" && x[3].Num > 0 ||
+				len(extra) == 1 && extra[0] == "amount"
+			err = checkLimit(at, have[0], have[1], have[2], smooth, h.Rate, h.Burst, lim)
 		}
 		if err == nil {
 			err = bucket(i, at, h, x)
@@ -318,8 +365,9 @@ func key(at string, v gjson.Result, lim Limits) (string, *jsonfield.Error) {
 }
 
 // checkLimit checks a bucket's key, rate and burst: present, and within the
-// contract's bounds.
-func checkLimit(at string, hasKey, hasRate, hasBurst bool, rate, burst float64, lim Limits) *jsonfield.Error {
+// contract's bounds. burst >= rate, unless smooth (a bucket with a
+// max_delay_ms), where burst need only be > 0.
+func checkLimit(at string, hasKey, hasRate, hasBurst, smooth bool, rate, burst float64, lim Limits) *jsonfield.Error {
 	switch {
 	case !hasKey:
 		return refuse(at+".key", "required")
@@ -332,7 +380,9 @@ func checkLimit(at string, hasKey, hasRate, hasBurst bool, rate, burst float64, 
 		return err
 	}
 	switch {
-	case !(burst >= rate):
+	case smooth && !(burst > 0):
+		return refuse(at+".burst", "must be > 0, got "+fmtFloat(burst))
+	case !smooth && !(burst >= rate):
 		return refuse(at+".burst", "must be >= tokens_per_second ("+fmtFloat(rate)+"), got "+fmtFloat(burst))
 	case burst > MaxAmount:
 		return refuse(at+".burst", "must be <= "+fmtFloat(MaxAmount)+", got "+fmtFloat(burst))
@@ -345,11 +395,15 @@ func checkLimit(at string, hasKey, hasRate, hasBurst bool, rate, burst float64, 
 // AppendAnswer appends the JSON of a:
 //
 //	{"allowed":false,"retry_after_ms":250,"buckets":[{"allowed":false,"remaining":0,"retry_after_ms":250,"reset_ms":4000}]}
+//	{"allowed":true,"retry_after_ms":0,"wait_ms":300,"buckets":[{"allowed":true,"remaining":0,"retry_after_ms":0,"reset_ms":400,"wait_ms":300}]}
+//
+// (wait_ms only when not 0: an absent wait_ms reads as 0).
 func AppendAnswer(b []byte, a *Answer) []byte {
 	b = append(b, `{"allowed":`...)
 	b = strconv.AppendBool(b, a.Allowed)
 	b = append(b, `,"retry_after_ms":`...)
 	b = strconv.AppendInt(b, a.RetryAfterMs, 10)
+	b = appendWait(b, a.WaitMs)
 	b = append(b, `,"buckets":[`...)
 	for i := range a.Buckets {
 		ba := &a.Buckets[i]
@@ -359,8 +413,21 @@ func AppendAnswer(b []byte, a *Answer) []byte {
 		b = append(b, `{"allowed":`...)
 		b = strconv.AppendBool(b, ba.Allowed)
 		b = appendWaits(b, ba.Remaining, ba.RetryAfterMs, ba.ResetMs)
+		if ba.WaitMs > 0 {
+			b = appendWait(b[:len(b)-1], ba.WaitMs)
+			b = append(b, '}')
+		}
 	}
 	return append(b, "]}\n"...)
+}
+
+// appendWait appends `,"wait_ms":n` when n is not 0.
+func appendWait(b []byte, n int64) []byte {
+	if n == 0 {
+		return b
+	}
+	b = append(b, `,"wait_ms":`...)
+	return strconv.AppendInt(b, n, 10)
 }
 
 // appendWaits closes a bucket's answer: remaining, retry_after_ms, reset_ms.
@@ -379,7 +446,10 @@ func appendWaits(b []byte, remaining, retryMs, resetMs int64) []byte {
 // bucket per requested bucket, and its verdict must agree with its enforced
 // buckets (a refusal with no refusing enforced bucket, or the reverse, is
 // refused). Negative counts and waits read as 0; an enforced bucket that
-// refused waits at least 1 ms.
+// refused waits at least 1 ms. A bucket's wait_ms counts only when it
+// allowed; one longer than the bucket's MaxDelayMs is refused (holding it
+// would break the rate), and the answer's wait_ms, when present, must be
+// the longest of its enforced buckets' when allowed.
 func DecodeAnswer(body []byte, req *Request) (*Answer, error) {
 	v, ferr := parse(body, MaxAnswerBytes)
 	if ferr != nil {
@@ -401,10 +471,19 @@ func DecodeAnswer(body []byte, req *Request) (*Answer, error) {
 		if !ba.Allowed && !req.Buckets[i].Shadow {
 			ba.RetryAfterMs = max(ba.RetryAfterMs, 1)
 		}
+		if w := m.Get("wait_ms").Num; ba.Allowed && w > 0 {
+			if w > float64(req.Buckets[i].MaxDelayMs) {
+				return nil, refusal(refuse(jsonfield.Elem("buckets", i)+".wait_ms", "must be <= max_delay_ms ("+strconv.FormatInt(req.Buckets[i].MaxDelayMs, 10)+"), got "+fmtFloat(w)))
+			}
+			ba.WaitMs = int64(math.Ceil(w))
+		}
 	}
 	a.Settle(req)
 	if a.Allowed != allowed {
 		return nil, refusal(refuse("allowed", "disagrees with its buckets"))
+	}
+	if w := v.Get("wait_ms"); w.Exists() && a.Allowed && w.Num != float64(a.WaitMs) {
+		return nil, refusal(refuse("wait_ms", "disagrees with its buckets"))
 	}
 	return a, nil
 }

@@ -15,6 +15,13 @@ func TestDecodeRequest(t *testing.T) {
 		{"ok", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":20}]}`, ""},
 		{"ok with tag and cost", `{"hash_tag":"t","buckets":[{"key":"a","tokens_per_second":1,"burst":1,"cost":0.5},{"key":"b","tokens_per_second":2,"burst":3,"cost":0}]}`, ""},
 		{"refundable", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":20,"refundable":true}]}`, ""},
+		{"max delay", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"max_delay_ms":1000}]}`, ""},
+		{"max delay zero", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":10,"max_delay_ms":0}]}`, ""},
+		{"max delay zero, burst below rate", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"max_delay_ms":0}]}`, "buckets[0].burst: must be >= tokens_per_second (10), got 1"},
+		{"max delay negative", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":10,"max_delay_ms":-1}]}`, "buckets[0].max_delay_ms: must be >= 0 and <= 60000, got -1"},
+		{"max delay long", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"max_delay_ms":60001}]}`, "buckets[0].max_delay_ms: must be >= 0 and <= 60000, got 60001"},
+		{"max delay fraction", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":10,"max_delay_ms":2.5}]}`, "buckets[0].max_delay_ms: must be a whole number of milliseconds, got 2.5"},
+		{"max delay string", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":10,"max_delay_ms":"1s"}]}`, "buckets[0].max_delay_ms: must be a number, got string"},
 		{"refundable not a bool", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":20,"refundable":"yes"}]}`, "buckets[0].refundable: must be a boolean, got string"},
 		{"empty body", ``, "body: invalid JSON: unexpected end of JSON input (at byte 0)"},
 		{"not an object", `[1]`, "body: must be an object, got array"},
@@ -135,10 +142,12 @@ func checkRequest(req *Request, lim Limits) string {
 			return "key " + b.Key
 		case !(b.Rate > 0 && b.Rate <= MaxAmount):
 			return "rate"
-		case !(b.Burst >= b.Rate && b.Burst <= MaxAmount) || b.Burst/b.Rate > lim.MaxFill.Seconds():
+		case !((b.Burst >= b.Rate || b.MaxDelayMs > 0 && b.Burst > 0) && b.Burst <= MaxAmount) || b.Burst/b.Rate > lim.MaxFill.Seconds():
 			return "burst"
 		case !(b.Cost >= 0 && b.Cost <= MaxAmount):
 			return "cost"
+		case b.MaxDelayMs < 0 || b.MaxDelayMs > MaxDelayMs:
+			return "max_delay_ms"
 		}
 		seen[b.Key] = true
 	}
@@ -154,6 +163,7 @@ func encodeRequest(req *Request) []byte {
 		Cost       float64 `json:"cost"`
 		Shadow     bool    `json:"shadow,omitempty"`
 		Refundable bool    `json:"refundable,omitempty"`
+		MaxDelayMs int64   `json:"max_delay_ms,omitempty"`
 	}
 	w := struct {
 		HashTag string `json:"hash_tag,omitempty"`
@@ -171,6 +181,8 @@ func FuzzDecode(f *testing.F) {
 		`{"buckets":[{"key":"a","tokens_per_second":10,"burst":20}]}`,
 		`{"buckets":[{"key":"a","tokens_per_second":10,"burst":20,"cost":3,"refundable":true,"shadow":false}]}`,
 		`{"buckets":[{"key":"a","tokens_per_second":10,"burst":20,"refundable":1}]}`,
+		`{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"max_delay_ms":1000}]}`,
+		`{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"max_delay_ms":1.5}]}`,
 		`{"hash_tag":"t","buckets":[{"key":"a","tokens_per_second":1,"burst":1,"cost":0.5},{"key":"b","tokens_per_second":2,"burst":3,"cost":0}]}`,
 		`{"buckets":[{"key":"a","tokens_per_second":1e9,"burst":1e9,"cost":1e9}]}`,
 		`{"buckets":[{"key":"\u0000\ud800","tokens_per_second":1,"burst":1}]}`,
@@ -204,4 +216,75 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestRequestMaxDelay: max_delay_ms goes out only when set and reads back as
+// sent.
+func TestRequestMaxDelay(t *testing.T) {
+	req := &Request{Buckets: []Bucket{{Key: "a", Rate: 10, Burst: 10, Cost: 1}, {Key: "b", Rate: 10, Burst: 1, Cost: 1, MaxDelayMs: 1000}}}
+	body := AppendRequest(nil, req)
+	if want := `{"buckets":[{"key":"a","tokens_per_second":10,"burst":10,"cost":1},{"key":"b","tokens_per_second":10,"burst":1,"cost":1,"max_delay_ms":1000}]}`; string(body) != want {
+		t.Fatalf("AppendRequest = %s, want %s", body, want)
+	}
+	again, err := DecodeRequest(body, Limits{})
+	if err != nil || again.Buckets[0] != req.Buckets[0] || again.Buckets[1] != req.Buckets[1] {
+		t.Fatalf("DecodeRequest = %+v, %v; want %+v", again, err, req)
+	}
+}
+
+// TestAnswerWait: wait_ms goes out only when not 0, the answer's is the
+// longest of its enforced buckets', and a decoded answer holds no wait
+// longer than was asked, nor one that disagrees with its buckets.
+func TestAnswerWait(t *testing.T) {
+	req := &Request{Buckets: []Bucket{
+		{Key: "a", Rate: 10, Burst: 1, Cost: 1, MaxDelayMs: 1000},
+		{Key: "b", Rate: 5, Burst: 1, Cost: 1, MaxDelayMs: 1000},
+		{Key: "s", Rate: 1, Burst: 1, Cost: 1, MaxDelayMs: 5000, Shadow: true},
+		{Key: "n", Rate: 1, Burst: 1, Cost: 1},
+	}}
+	a := &Answer{Buckets: []BucketAnswer{
+		{Allowed: true, ResetMs: 300, WaitMs: 200},
+		{Allowed: true, ResetMs: 800, WaitMs: 600},
+		{Allowed: true, ResetMs: 2000, WaitMs: 2000},
+		{Allowed: true, Remaining: 0, ResetMs: 1000},
+	}}
+	a.Settle(req)
+	if !a.Allowed || a.WaitMs != 600 {
+		t.Fatalf("Settle = %+v, want allowed, wait 600 (the shadow bucket's wait holds nothing)", a)
+	}
+	body := AppendAnswer(nil, a)
+	want := `{"allowed":true,"retry_after_ms":0,"wait_ms":600,"buckets":[{"allowed":true,"remaining":0,"retry_after_ms":0,"reset_ms":300,"wait_ms":200},` +
+		`{"allowed":true,"remaining":0,"retry_after_ms":0,"reset_ms":800,"wait_ms":600},{"allowed":true,"remaining":0,"retry_after_ms":0,"reset_ms":2000,"wait_ms":2000},` +
+		`{"allowed":true,"remaining":0,"retry_after_ms":0,"reset_ms":1000}]}` + "\n"
+	if string(body) != want {
+		t.Fatalf("AppendAnswer = %s\nwant %s", body, want)
+	}
+	got, err := DecodeAnswer(body, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.WaitMs != 600 || got.Buckets[0].WaitMs != 200 || got.Buckets[2].WaitMs != 2000 || got.Buckets[3].WaitMs != 0 {
+		t.Fatalf("DecodeAnswer = %+v", got)
+	}
+	// A refused answer waits for nothing.
+	a.Buckets[3] = BucketAnswer{RetryAfterMs: 1000}
+	a.Settle(req)
+	if a.Allowed || a.WaitMs != 0 || a.RetryAfterMs != 1000 {
+		t.Fatalf("Settle refused = %+v", a)
+	}
+	for _, tt := range []struct{ body, wantErr string }{
+		{`{"allowed":true,"retry_after_ms":0,"wait_ms":1500,"buckets":[{"allowed":true,"wait_ms":1500},{"allowed":true},{"allowed":true},{"allowed":true}]}`, "buckets[0].wait_ms: must be <= max_delay_ms (1000), got 1500"},
+		{`{"allowed":true,"retry_after_ms":0,"buckets":[{"allowed":true},{"allowed":true},{"allowed":true},{"allowed":true,"wait_ms":1}]}`, "buckets[3].wait_ms: must be <= max_delay_ms (0), got 1"},
+		{`{"allowed":true,"retry_after_ms":0,"wait_ms":100,"buckets":[{"allowed":true,"wait_ms":200},{"allowed":true},{"allowed":true},{"allowed":true}]}`, "wait_ms: disagrees with its buckets"},
+	} {
+		_, err := DecodeAnswer([]byte(tt.body), req)
+		if verr, ok := err.(*FieldError); !ok || verr.Detail() != tt.wantErr {
+			t.Errorf("DecodeAnswer(%s) = %v, want %q", tt.body, err, tt.wantErr)
+		}
+	}
+	// An answer without wait_ms (an older service) waits for nothing.
+	old := `{"allowed":true,"retry_after_ms":0,"buckets":[{"allowed":true},{"allowed":true},{"allowed":true},{"allowed":true}]}`
+	if got, err := DecodeAnswer([]byte(old), req); err != nil || got.WaitMs != 0 {
+		t.Fatalf("DecodeAnswer(old) = %+v, %v", got, err)
+	}
 }

@@ -104,8 +104,9 @@ func FuzzDecodeLeaseAnswer(f *testing.F) {
 
 // FuzzDecodeAnswer: an accepted decide answer agrees with its buckets.
 func FuzzDecodeAnswer(f *testing.F) {
-	req := &Request{Buckets: []Bucket{{Key: "a"}, {Key: "b", Shadow: true}}}
+	req := &Request{Buckets: []Bucket{{Key: "a", MaxDelayMs: 1000}, {Key: "b", Shadow: true}}}
 	f.Add([]byte(`{"allowed":true,"retry_after_ms":0,"buckets":[{"allowed":true,"remaining":3},{"allowed":false}]}`))
+	f.Add([]byte(`{"allowed":true,"retry_after_ms":0,"wait_ms":300,"buckets":[{"allowed":true,"wait_ms":300},{"allowed":true,"wait_ms":5}]}`))
 	f.Add([]byte(`{"allowed":false,"retry_after_ms":9,"buckets":[{"allowed":false,"retry_after_ms":9},{"allowed":true}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		a, err := DecodeAnswer(body, req)
@@ -114,6 +115,9 @@ func FuzzDecodeAnswer(f *testing.F) {
 		}
 		if a.Allowed != a.Buckets[0].Allowed || !a.Allowed && a.Buckets[0].RetryAfterMs < 1 {
 			t.Fatalf("accepted an answer whose verdict disagrees with its enforced bucket: %+v", a)
+		}
+		if a.WaitMs < 0 || a.WaitMs > 1000 || (!a.Allowed && a.WaitMs != 0) || (a.Allowed && a.WaitMs != a.Buckets[0].WaitMs) {
+			t.Fatalf("accepted a wait past its bound or apart from its enforced bucket: %+v", a)
 		}
 	})
 }

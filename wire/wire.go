@@ -16,6 +16,9 @@ const (
 	// MaxFill bounds burst / tokens_per_second, the time an empty bucket
 	// needs to refill: it bounds how long a stored bucket lives.
 	MaxFill = 7 * 24 * time.Hour
+	// MaxDelayMs bounds a bucket's max_delay_ms, the longest a request may
+	// be held for its tokens (bucket.MaxWait).
+	MaxDelayMs = 60_000
 	// MaxBuckets is the most buckets one decision may carry: the most
 	// cluster rules one plugin configuration may hold.
 	MaxBuckets = 16

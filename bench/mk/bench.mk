@@ -45,6 +45,11 @@
 #                        results.json and its page (make bench and
 #                        bench-smoke run it too). BENCH_RLS_FLAGS='-smoke
 #                        -out build/bench-rls' for a quick look elsewhere
+#   make bench-delay     what holding requests (max_delay_ms) costs, each build:
+#                        how late held requests go on (p50, p99), the
+#                        plugin's heap per held request with 10,000 held,
+#                        an idle Envoy's CPU once nothing is held (bench/delay's
+#                        TestDelayCost, DELAY_COST=1); prints the figures
 #   make bench-idle      an idle Envoy's CPU after 1,000 listener updates, with
 #                        the native module and with the Wasm plugin (bench/idlecpu's
 #                        TestIdleCPUAfterListenerUpdates, which bounds the
@@ -70,7 +75,7 @@
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `build/bench -h`).
 
-.PHONY: bench bench-smoke bench-rls bench-rlqs bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle
+.PHONY: bench bench-smoke bench-rls bench-rlqs bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle bench-delay
 
 BENCH_GO := $(GO) -C bench
 define bench_wasm
@@ -163,6 +168,12 @@ bench-idle: setup build build-native
 	uptime
 	set -o pipefail; \
 	IDLE_CPU=1 $(BENCH_GO) test -count=1 -timeout 30m -v -run TestIdleCPUAfterListenerUpdates ./idlecpu/ 2>&1 | grep -E 'idlecpu_test.go|^(--- |ok|FAIL)'
+	uptime
+
+bench-delay: setup build build-native
+	uptime
+	set -o pipefail; \
+	DELAY_COST=1 $(BENCH_GO) test -count=1 -timeout 30m -v -run TestDelayCost ./delay/ 2>&1 | grep -E 'delay_test.go|^(--- |ok|FAIL)'
 	uptime
 
 BENCH_SERVICE_FLAGS ?=

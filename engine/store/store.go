@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
@@ -21,6 +22,15 @@ type Request struct {
 	ID    uint64 // bucket identity: hash of rule and key values (0 is mapped to 1)
 	Limit bucket.Limit
 	Cost  float64
+	// MaxWait > 0 lets Decide reserve the cost when the bucket is short
+	// (bucket.Limit.Reserve): the decision's Wait says how long to hold
+	// the request.
+	MaxWait time.Duration
+	// GoesAt, in a Refund, is when the request that took Cost was to go
+	// on (the decision's now plus its Wait): before then the refund is
+	// bucket.Limit.Cancel, which gives back only what no later holder
+	// counts on. 0: a plain refund.
+	GoesAt int64
 }
 
 // Outcome reports what a decision did besides deciding.
@@ -43,6 +53,7 @@ type slotRef struct {
 	before bucket.State
 	after  bucket.State
 	fullAt int64
+	goesAt int64 // when the decision's request goes on (now + its Wait)
 }
 
 // layout is a bucket record's: free once full (a full bucket and a new one
@@ -164,9 +175,10 @@ func (t *Table) Decide(now int64, reqs []Request, out []bucket.Decision) (ok boo
 // decide computes the decision for ref's bucket; it returns whether it allows.
 func (t *Table) decide(ref *slotRef, req *Request, now int64, d *bucket.Decision) bool {
 	var next bucket.State
-	next, *d = req.Limit.Take(ref.before, now, req.Cost)
+	next, *d = req.Limit.Reserve(ref.before, now, req.Cost, req.MaxWait)
 	ref.after = next
 	ref.fullAt = req.Limit.FullAt(next)
+	ref.goesAt = now + int64(d.Wait)
 	return d.Allowed
 }
 
@@ -200,7 +212,11 @@ func (t *Table) Refund(now int64, reqs []Request) int {
 	if cap(t.refs) < len(reqs) {
 		t.refs = make([]slotRef, len(reqs))
 	}
-	return t.refund(t.refs[:len(reqs)], reqs, now)
+	refs := t.refs[:len(reqs)]
+	for i := range refs {
+		refs[i].goesAt = reqs[i].GoesAt
+	}
+	return t.refund(refs, reqs, now)
 }
 
 // refund gives back the cost of buckets already written. It returns how many
@@ -214,7 +230,7 @@ func (t *Table) refund(refs []slotRef, reqs []Request, now int64) int {
 			if !s.Found {
 				return nil, false // the bucket is gone: nothing to give back
 			}
-			st := req.Limit.Refund(state(s.Record()), now, req.Cost)
+			st := req.Limit.Cancel(state(s.Record()), now, req.Cost, refs[i].goesAt)
 			return t.encode(st, req.Limit.FullAt(st)), true
 		})
 		if err == nil && wrote {

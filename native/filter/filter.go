@@ -3,6 +3,7 @@ package filter
 import (
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 
@@ -31,6 +32,11 @@ type httpFilter struct {
 	// sched runs work on the stream's thread (Run), taken while the
 	// request is paused (Envoy hands it out only in a stream callback).
 	sched shared.Scheduler
+	// holdGen numbers the filter's holds (After); a hold whose number is
+	// no longer current (the stream ended, or held again) runs nothing.
+	// timer is the current hold's.
+	holdGen uint64
+	timer   *time.Timer
 }
 
 // enter takes the worker for a callback.
@@ -131,6 +137,7 @@ func (f *httpFilter) OnStreamComplete() {
 	defer f.w.exit(f.enter())
 	defer f.recover("stream complete")
 	f.paused = false
+	f.dropHold()
 	if f.r != nil {
 		f.r.Done()
 	}
@@ -144,6 +151,7 @@ func (f *httpFilter) OnDestroy() {
 	if f.r != nil {
 		f.r.Done() // idempotent: a stream Envoy never completed
 	}
+	f.dropHold()
 	f.handle, f.body, f.paused, f.sched = nil, nil, false, nil
 	if len(w.free) < maxFreeFilters {
 		w.free = append(w.free, f)
@@ -284,6 +292,45 @@ func (f *httpFilter) Run(fn func()) error {
 		fn()
 	})
 	return nil
+}
+
+// After holds the request (engine.Stream.After): a Go timer, on no Envoy
+// thread, waits delay, then hands fn to the stream's scheduler, which runs
+// it on the worker's thread with the worker held. No worker ever blocks on
+// a hold. The timer takes the worker's lock only to check that the stream
+// still holds this hold (holdGen) and to schedule; a stream that ended
+// (dropHold, under the lock) runs nothing.
+func (f *httpFilter) After(delay int64, fn func()) error {
+	if f.sched == nil {
+		f.sched = f.handle.GetScheduler()
+	}
+	f.dropHold()
+	sched, w, gen := f.sched, f.w, f.holdGen
+	f.timer = time.AfterFunc(time.Duration(delay), func() {
+		w.enterMain()
+		defer w.exitMain()
+		if f.holdGen != gen || f.sched != sched {
+			return
+		}
+		sched.Schedule(func() {
+			defer w.exit(f.enter())
+			defer f.recover("a held request")
+			if f.holdGen == gen {
+				fn()
+			}
+		})
+	})
+	return nil
+}
+
+// dropHold ends the filter's hold, if any: its function will not run. It
+// runs with the worker held.
+func (f *httpFilter) dropHold() {
+	f.holdGen++
+	if f.timer != nil {
+		f.timer.Stop()
+		f.timer = nil
+	}
 }
 
 // Callout sends a call owned by this request, from its worker: its answer

@@ -396,6 +396,7 @@ func (r *report) markdown() string {
 	if r.RLQS != nil {
 		r.RLQS.section(w)
 	}
+	w("\n%s", holdingSection)
 	w("\n## Noise\n\n")
 	w("The machine is shared: other processes (builds, tests) ran during the benchmark. Load average %s at the start, %s at the end. ", in.Machine.LoadAvg, in.Machine.LoadEnd)
 	w("Share of each pinned CPU not used by our processes while a configuration was measured (median across rounds): busy time from /proc/stat minus the CPU time of Envoy (CPU 0) or of this program and limitd (CPU 1). It counts other processes and interrupt handling (which includes some of the kernel's work for the loopback traffic itself).\n\n")
@@ -635,3 +636,10 @@ func plotLabel(id int) string {
 	}
 	return ""
 }
+
+// holdingSection points to what holding requests costs: measured by make
+// bench-delay, which prints its figures (no figures here).
+const holdingSection = `## Holding requests
+
+What holding a request until its tokens are there (` + "`" + `max_delay_ms` + "`" + `, [docs/delay.md](../delay.md)) costs is measured apart from this page, on real Envoy with each build, by ` + "`" + `make bench-delay` + "`" + ` ([bench/delay](../../bench/delay/)'s ` + "`" + `TestDelayCost` + "`" + `), which prints its figures rather than writing them here: how late a held request goes on (p50 and p99, four workers), the plugin's Go heap per held request with 10,000 held on one worker, and an idle Envoy's CPU once nothing is held beside one whose rule never holds (an idle plugin's cost for the timer). The e2e test ` + "`" + `TestDelayManyHeld` + "`" + ` bounds the heap per held request in ` + "`" + `make e2e` + "`" + `.
+`

@@ -118,6 +118,44 @@ type Stream struct {
 	// at once.
 	DeferRun bool
 	Deferred []func()
+	// Timers are the engine's holds (After), each run once by Fire at or
+	// after its moment on Clock (nil: moments count from 0).
+	Timers []*Timer
+	Clock  *Clock
+}
+
+// Timer is one hold of a Stream.
+type Timer struct {
+	Due   int64
+	F     func()
+	Fired bool
+}
+
+// After holds f until Fire reaches due.
+func (s *Stream) After(delay int64, f func()) error {
+	if s.Done {
+		return errGone
+	}
+	now := int64(0)
+	if s.Clock != nil {
+		now = s.Clock.Now()
+	}
+	s.Timers = append(s.Timers, &Timer{Due: now + delay, F: f})
+	return nil
+}
+
+// Fire runs, once each, the holds due by now, unless the request is gone.
+// It returns how many ran.
+func (s *Stream) Fire(now int64) int {
+	n := 0
+	for _, t := range s.Timers {
+		if !t.Fired && t.Due <= now && !s.Done {
+			t.Fired = true
+			n++
+			t.F()
+		}
+	}
+	return n
 }
 
 // NewStream returns a GET / to authority "example" with the headers kv

@@ -52,6 +52,9 @@ var Clauses = []Clause{
 	// Resumes: a paused request goes on once, with what the engine changed.
 	{Name: "resume/after-callout-answer", host: resume(false), check: checkResumed},
 	{Name: "resume/after-plugin-callout-answer", host: resume(true), check: checkResumed},
+	// Timers: a request held with Stream.After goes on once, not before
+	// its delay (max_delay_ms).
+	{Name: "timer/resume-after-delay-once", host: resumeAfterDelay, check: checkResumedAfterDelay},
 	// Clocks: the wall clock in Unix ns, monotone within a request and
 	// advancing across a call.
 	{Name: "clock/monotone", host: monotone},
@@ -423,6 +426,55 @@ func checkResumed(o Outcome) error {
 		return errorf("the upstream saw %s %q, want the engine's yes", HeaderReplaced, o.Header.Get(HeaderUpstreamReplaced))
 	case o.Header.Get(HeaderResponse) != "seen count 1":
 		return errorf("response header %s %q, want \"seen count 1\" (added at the response's headers, having read them)", HeaderResponse, o.Header.Get(HeaderResponse))
+	}
+	return nil
+}
+
+// timerDelay is the delay of the timer clause: long enough to tell early
+// from on time on any host's clock, short enough for every run.
+const timerDelay = 50_000_000
+
+// resumeAfterDelay holds the request with Stream.After and resumes it from
+// the timer: the timer must run once (the upstream sees one request, the
+// response counts one run), on the host's clock no sooner than the delay.
+func resumeAfterDelay(x *exec) engine.Action {
+	t0 := x.h.Now()
+	runs := 0
+	err := x.s.After(timerDelay, func() {
+		runs++
+		if t1 := x.h.Now(); t1-t0 < timerDelay {
+			x.verdict(errorf("the timer ran %d ns after After(%d): before its delay", t1-t0, timerDelay))
+			return
+		}
+		if runs > 1 {
+			return // counted: the response says how many times it ran
+		}
+		if err := x.s.ReplaceRequestHeader(HeaderReplaced, "yes"); err != nil {
+			x.verdict(errorf("ReplaceRequestHeader: %v", err))
+			return
+		}
+		if err := x.s.Resume(); err != nil {
+			x.verdict(errorf("Resume: %v", err))
+		}
+	})
+	if err != nil {
+		return x.sync(errorf("After: %v", err))
+	}
+	x.onResponse = func() {
+		got, _ := x.s.ResponseHeader(HeaderUpstreamCount)
+		_ = x.s.AddResponseHeader(HeaderResponse, "seen count "+got+", timer runs "+strconv.Itoa(runs))
+	}
+	return engine.Pause
+}
+
+func checkResumedAfterDelay(o Outcome) error {
+	switch {
+	case o.Status != 200 || o.Body != UpstreamBody || o.Header.Get(HeaderVerdict) != "":
+		return errorf("got %d %q (verdict %q), want the upstream's answer", o.Status, o.Body, o.Header.Get(HeaderVerdict))
+	case o.Header.Get(HeaderUpstreamReplaced) != "yes":
+		return errorf("the upstream saw %s %q, want the timer's yes", HeaderReplaced, o.Header.Get(HeaderUpstreamReplaced))
+	case o.Header.Get(HeaderResponse) != "seen count 1, timer runs 1":
+		return errorf("response header %s %q, want \"seen count 1, timer runs 1\"", HeaderResponse, o.Header.Get(HeaderResponse))
 	}
 	return nil
 }

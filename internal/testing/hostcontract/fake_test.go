@@ -44,10 +44,11 @@ func TestContractCatchesBrokenHosts(t *testing.T) {
 			"callout/timeout-fails-once", "callout/plugin-timeout-fails-once",
 			"callout/missing-cluster-fails-once", "callout/plugin-missing-cluster-fails-once",
 			"callout/answer-arrives-once", "callout/plugin-answer-arrives-once", "callout/body-over-max-is-too-large",
-			"resume/after-callout-answer", "resume/after-plugin-callout-answer"}, nil},
+			"resume/after-callout-answer", "resume/after-plugin-callout-answer", "timer/resume-after-delay-once"}, nil},
+		{"timers run at once", func(f *fakeTarget) { f.earlyTimers = true }, []string{"timer/resume-after-delay-once"}, nil},
 		{"the clock goes back", func(f *fakeTarget) {
 			f.wrapHost(func(h engine.Host) engine.Host { return &backwards{Host: h} })
-		}, []string{"clock/monotone", "clock/advances-across-a-callout"}, nil},
+		}, []string{"clock/monotone", "clock/advances-across-a-callout", "timer/resume-after-delay-once"}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -96,9 +97,11 @@ type fakeTarget struct {
 	workers []*fakeWorker
 	next    atomic.Uint32
 	up      http.Handler
-	// answers is how many times each call is answered: 1 (0 is 1), or
-	// more for a broken host.
-	answers int
+	// answers is how many times each call is answered (and each timer
+	// run): 1 (0 is 1), or more for a broken host; earlyTimers runs a
+	// timer at once, whatever its delay (a broken host).
+	answers     int
+	earlyTimers bool
 }
 
 type fakeWorker struct {
@@ -148,6 +151,7 @@ func (f *fakeTarget) Do(path string, header map[string]string) (hostcontract.Out
 	o := hostcontract.Outcome{Sent: f.clock.Now()}
 	s := fakehost.NewStream(":path", path)
 	s.DeferRun = true
+	s.Clock = f.clock
 	for k, v := range header {
 		s.Req[k] = v
 	}
@@ -157,8 +161,25 @@ func (f *fakeTarget) Do(path string, header map[string]string) (hostcontract.Out
 	const maxRounds = 64
 	for range maxRounds {
 		calls := append(w.h.TakeCalls(), s.TakeCalls()...)
-		if len(calls) == 0 && len(s.Deferred) == 0 {
+		due := f.nextTimer(s)
+		if len(calls) == 0 && len(s.Deferred) == 0 && due == 0 {
 			break
+		}
+		if due != 0 && len(calls) == 0 && len(s.Deferred) == 0 {
+			// Nothing else to do: time passes until the timer is due.
+			if f.earlyTimers {
+				due = f.clock.Now()
+			}
+			f.clock.Set(max(f.clock.Now(), due))
+			for range max(f.answers, 1) {
+				for _, tm := range s.Timers {
+					if tm.Due <= f.clock.Now() || f.earlyTimers {
+						tm.Fired = false
+					}
+				}
+				s.Fire(max(f.clock.Now(), due))
+			}
+			continue
 		}
 		for _, c := range calls {
 			a := f.answer(c.Call)
@@ -202,6 +223,17 @@ func (f *fakeTarget) Do(path string, header map[string]string) (hostcontract.Out
 	s.Done = true
 	o.Received = f.clock.Now()
 	return o, nil
+}
+
+// nextTimer is the moment of s's earliest timer not yet run, 0 when none.
+func (f *fakeTarget) nextTimer(s *fakehost.Stream) int64 {
+	due := int64(0)
+	for _, tm := range s.Timers {
+		if !tm.Fired && (due == 0 || tm.Due < due) {
+			due = tm.Due
+		}
+	}
+	return due
 }
 
 // answer is what Envoy answers to c: the upstream's answer (a cluster

@@ -1,0 +1,297 @@
+package e2e
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
+)
+
+// delayConfig holds requests short of tokens (max_delay_ms): a rule at 10 a
+// second with burst 1 that holds up to one second, a slow one for a client
+// that hangs up, and two stacked rules.
+const delayConfig = `{"rules": [
+ {"name": "smooth", "match": {"path": {"prefix": "/smooth"}}, "limit_keys": ["header:x-api-key"],
+  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}},
+ {"name": "patient", "match": {"path": {"prefix": "/patient"}}, "limit_keys": ["header:x-api-key"],
+  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 1, "max_delay_ms": 5000}},
+ {"name": "fast", "match": {"path": {"prefix": "/stacked"}}, "limit_keys": ["header:x-api-key"],
+  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}},
+ {"name": "slow", "match": {"path": {"prefix": "/stacked"}}, "limit_keys": ["header:x-api-key"],
+  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 2, "burst": 1, "max_delay_ms": 1000}}]}`
+
+// delayHeader is the response header of a request the plugin held.
+const delayHeader = "X-Ratelimit-Delayed-Ms"
+
+// TestDelay: on Envoy with four workers, both builds.
+func TestDelay(t *testing.T) { forEachBuild(t, testDelay) }
+
+func testDelay(t *testing.T, build envoytest.Build) {
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
+		PluginConfig: delayConfig, UpstreamPort: up.Port(), Concurrency: 4})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	stat := func(name string) uint64 { return e.PluginStat("tokenbucket." + name) }
+
+	t.Run("30 at once: one now, ten spaced by the rate, the rest refused at once", func(t *testing.T) {
+		checkSpacing(t, c, "/smooth", "spacing-"+build.String())
+		if n := stat("rule.smooth.delayed"); n < 9 {
+			t.Fatalf("rule.smooth.delayed = %d, want about 10", n)
+		}
+		if n := stat("rule.smooth.delay_refused"); n < 15 {
+			t.Fatalf("rule.smooth.delay_refused = %d, want about 19", n)
+		}
+	})
+
+	t.Run("a client that hangs up while held gives its place back", func(t *testing.T) {
+		key := map[string]string{"x-api-key": "hangup-" + build.String()}
+		start := time.Now()
+		if r := c.Get("/patient", key); r.Status != 200 || r.Header.Get(delayHeader) != "" {
+			t.Fatalf("first request: %v, delayed %q; want 200 at once", r, r.Header.Get(delayHeader))
+		}
+		// Held one second (its moment: start + 1 s), and the next two.
+		second := make(chan envoytest.Result, 1)
+		go func() { second <- c.Get("/patient", key) }()
+		waitFor(t, "the second request held", func() bool { return heldNow(e, "patient") >= 1 })
+		ctx, cancel := context.WithCancel(context.Background())
+		third := make(chan error, 1)
+		go func() {
+			req := c.NewRequest("GET", "/patient", key).WithContext(ctx)
+			_, err := http.DefaultTransport.RoundTrip(req)
+			third <- err
+		}()
+		waitFor(t, "the third request held", func() bool { return heldNow(e, "patient") >= 2 })
+		cancel() // its moment was start + 2 s
+		<-third
+		waitFor(t, "the hang-up seen", func() bool { return stat("rule.patient.delay_abandoned") == 1 })
+		sent := time.Since(start)
+		fourth := c.Get("/patient", key)
+		held, _ := strconv.Atoi(fourth.Header.Get(delayHeader))
+		// Its tokens came back (it was the last holder): the fourth takes
+		// its moment, start + 2 s, not start + 3 s.
+		if fourth.Status != 200 || held == 0 {
+			t.Fatalf("fourth request: %v, delayed %q; want held, then 200", fourth, fourth.Header.Get(delayHeader))
+		}
+		if goesAt := sent + time.Duration(held)*time.Millisecond; goesAt > 2600*time.Millisecond {
+			t.Fatalf("fourth request went on %v after the first, want about 2 s (the place given back), not 3 s", goesAt)
+		}
+		if r := <-second; r.Status != 200 {
+			t.Fatalf("second request: %v", r)
+		}
+	})
+
+	t.Run("stacked rules hold for the longest wait", func(t *testing.T) {
+		key := "stacked-" + build.String()
+		res := c.Burst(4, func(int) *http.Request {
+			return c.NewRequest("GET", "/stacked", map[string]string{"x-api-key": key})
+		})
+		var held []int
+		for _, r := range res {
+			if r.Status == 200 {
+				d, _ := strconv.Atoi(r.Header.Get(delayHeader))
+				held = append(held, d)
+			}
+		}
+		slices.Sort(held)
+		// The slow rule's 500 ms per request, minus how far apart the
+		// burst's requests arrived.
+		if len(held) != 3 || held[0] != 0 || held[1] < 400 || held[2] < 900 || held[2] > 1100 {
+			t.Fatalf("held %v ms (statuses %v), want [0 ~500 ~1000]: the slower rule's waits", held, envoytest.Statuses(res))
+		}
+	})
+}
+
+// checkSpacing sends 30 requests at once on one key of a rule at 10 a
+// second, burst 1, max_delay_ms 1000: one goes at once, about ten are held
+// and go on spaced by the rate, never sooner, and the rest are refused at
+// once with a Retry-After.
+func checkSpacing(t *testing.T, c *envoytest.Client, path, key string) {
+	t.Helper()
+	start := time.Now()
+	res := c.Burst(30, func(int) *http.Request {
+		return c.NewRequest("GET", path, map[string]string{"x-api-key": key})
+	})
+	st := envoytest.Statuses(res)
+	if st[200] < 11 || st[200] > 13 || st[429] != 30-st[200] {
+		t.Fatalf("statuses %v, want 11 (up to 13 as the burst spreads) admitted, the rest refused", st)
+	}
+	var done []time.Duration
+	var held []int
+	for _, r := range res {
+		switch r.Status {
+		case 200:
+			done = append(done, r.Elapsed)
+			d, _ := strconv.Atoi(r.Header.Get(delayHeader))
+			held = append(held, d)
+		case 429:
+			if r.Header.Get(delayHeader) != "" || r.Header.Get("Retry-After") == "" {
+				t.Fatalf("a refusal: delayed %q, Retry-After %q; want refused at once with a Retry-After", r.Header.Get(delayHeader), r.Header.Get("Retry-After"))
+			}
+		}
+	}
+	slices.Sort(done)
+	slices.Sort(held)
+	// Never faster than the rate: the n-th admitted request cannot have
+	// finished before its token was there, (n-1) × 100 ms after the first
+	// was sent (less a few ms of clock rounding).
+	for n, d := range done {
+		if floor := time.Duration(n)*100*time.Millisecond - 10*time.Millisecond; d < floor {
+			t.Fatalf("admitted request %d finished %v after the burst, before its token (%v): held %v ms", n, d, floor, held)
+		}
+	}
+	// A held request goes on late by its timer's lateness on a loaded
+	// machine (tens of ms), never sooner.
+	if held[0] != 0 || held[len(held)-1] > 1000+200 {
+		t.Fatalf("held %v ms: want one at once and none past max_delay_ms", held)
+	}
+	t.Logf("%s: %v; held %v ms; the last admitted finished %v after the burst began (%v)", path, st, held, done[len(done)-1], time.Since(start))
+}
+
+// heldNow is how many requests rule holds now, over every worker (the
+// gauge rule.<name>.waiting).
+func heldNow(e *envoytest.Envoy, rule string) uint64 {
+	return e.PluginStat("tokenbucket.rule." + rule + ".waiting")
+}
+
+// waitFor polls ok for up to 20 s.
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 20 s for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestDelayCluster: a cluster rule through limitd holds the same way.
+func TestDelayCluster(t *testing.T) { forEachBuild(t, testDelayCluster) }
+
+func testDelayCluster(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 5000, "failure_mode": "deny"},
+	 "rules": [{"name": "fleet", "scope": "cluster", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+	  "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}}]}`
+	e := envoytest.Start(t, envoytest.Options{Build: build, PluginConfig: cfg,
+		UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 4})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	checkSpacing(t, c, "/", "cluster-"+build.String()+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	if n := e.PluginStat("tokenbucket.rule.fleet.delayed"); n < 9 {
+		t.Fatalf("rule.fleet.delayed = %d, want about 10", n)
+	}
+}
+
+// manyHeld is how many requests TestDelayManyHeld holds at once on one
+// worker, and maxHeldBytes the plugin's memory per held request the docs
+// state (docs/delay.md).
+const (
+	manyHeld     = 10_000
+	maxHeldBytes = 4 << 10
+)
+
+// TestDelayManyHeld: one worker holds 10,000 requests (one per key, each
+// waiting 50 s for its key's second token): nothing fails, the rule counts
+// them all as waiting, and the plugin's Go heap (tokenbucket.memory.
+// heap_bytes: the allocated heap its runtime reports, not an RSS sample)
+// grows by at most maxHeldBytes per held request. Then every client hangs
+// up: each held request gives its tokens back, none goes upstream.
+func TestDelayManyHeld(t *testing.T) { forEachBuild(t, testDelayManyHeld) }
+
+func testDelayManyHeld(t *testing.T, build envoytest.Build) {
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	cfg := `{"max_keys": 1000000, "rules": [{"name": "many", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+	  "algorithm_config": {"tokens_per_second": 0.02, "burst": 1, "max_delay_ms": 60000, "max_waiting": 20000}}]}`
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
+		PluginConfig: cfg, UpstreamPort: up.Port(), Concurrency: 1})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	stat := func(name string) uint64 { return e.PluginStat("tokenbucket." + name) }
+	keyOf := func(i int) map[string]string {
+		return map[string]string{"x-api-key": "held-" + strconv.Itoa(i)}
+	}
+	// Each key's first request takes its one token.
+	for from := 0; from < manyHeld; from += envoytest.MaxBurst {
+		res := c.Burst(envoytest.MaxBurst, func(i int) *http.Request { return c.NewRequest("GET", "/", keyOf(from+i)) })
+		if st := envoytest.Statuses(res); st[200] != envoytest.MaxBurst {
+			t.Fatalf("priming: %v", st)
+		}
+	}
+	time.Sleep(2500 * time.Millisecond) // two ticks: the heap after priming
+	before := stat("memory.heap_bytes")
+
+	// Each key's second request is held 50 s; its client gives up at the end.
+	ctx, cancel := context.WithCancel(context.Background())
+	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: -1, DisableKeepAlives: true}
+	hc := &http.Client{Transport: tr}
+	done := make(chan int, manyHeld)
+	for i := range manyHeld {
+		if i%500 == 0 {
+			time.Sleep(100 * time.Millisecond) // spread the connects over the listen backlog
+		}
+		go func() {
+			// A connection refused under the flood of connects never
+			// reached Envoy: it is tried again (at most 5 times).
+			for range 5 {
+				req := c.NewRequest("GET", "/", keyOf(i)).WithContext(ctx)
+				resp, err := hc.Do(req)
+				if err == nil {
+					resp.Body.Close()
+					done <- resp.StatusCode
+					return
+				}
+				if ctx.Err() != nil {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			done <- 0
+		}()
+	}
+	defer cancel()
+	deadline := time.Now().Add(40 * time.Second)
+	for heldNow(e, "many") < manyHeld {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 40 s %d held (allowed %d, evictions %d, abandoned %d, delayed %d, refused %d, full %d)", heldNow(e, "many"), stat("rule.many.allowed"), stat("evictions"), stat("rule.many.delay_abandoned"), stat("rule.many.delayed"),
+				stat("rule.many.delay_refused"), stat("rule.many.waiting_full"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(2500 * time.Millisecond) // two ticks: the heap with every request held
+	held := stat("memory.heap_bytes")
+	perHeld := (float64(held) - float64(before)) / manyHeld
+	t.Logf("%d held on one worker: plugin heap %d -> %d bytes, %.0f bytes per held request (load %s)", manyHeld, before, held, perHeld, loadAvg())
+	if perHeld > maxHeldBytes {
+		t.Fatalf("%.0f bytes per held request, more than the %d the docs state", perHeld, maxHeldBytes)
+	}
+	cancel()
+	for range manyHeld {
+		if st := <-done; st != 0 {
+			t.Fatalf("a held request was answered %d before its client left", st)
+		}
+	}
+	waitFor(t, "every hang-up seen", func() bool { return stat("rule.many.delay_abandoned") == manyHeld })
+	if n := stat("rule.many.delayed"); n != 0 {
+		t.Fatalf("%d held requests went on, want none (their clients left first)", n)
+	}
+}
+
+// loadAvg is the machine's load, for the log.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}
