@@ -131,3 +131,16 @@ type Answer struct {
 	TooLarge bool   // the body was larger than Call.MaxBody
 	Err      error  // reading the answer failed
 }
+
+// Handler is what a host drives for one request, callback by callback: a
+// *Request, or, in the host-contract suite's builds, the suite's driver in
+// its place (internal/testing/hostcontract).
+type Handler interface {
+	OnRequestHeaders() Action
+	OnResponseHeaders(endOfStream bool) Action
+	OnResponseBody(size int, endOfStream bool) Action
+	OnResponseTrailers() Action
+	Done()
+}
+
+var _ Handler = (*Request)(nil)

@@ -137,13 +137,7 @@ type app interface {
 	MaxKeys() int
 }
 
-type handler interface {
-	OnRequestHeaders() engine.Action
-	OnResponseHeaders(endOfStream bool) engine.Action
-	OnResponseBody(size int, endOfStream bool) engine.Action
-	OnResponseTrailers() engine.Action
-	Done()
-}
+type handler = engine.Handler
 
 // engineApp is the engine as an app.
 type engineApp struct{ *engine.Plugin }
