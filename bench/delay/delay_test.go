@@ -4,6 +4,7 @@ package delay
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -76,21 +77,50 @@ func (a *arrivals) of(key string) []time.Time {
 // TestDelayCost prints, for each build: how late held requests go on (p50,
 // p99, max, four workers), the plugin's Go heap per held request with
 // 10,000 held on one worker, and an idle Envoy's CPU once every hold is
-// over, beside one whose rule never holds.
+// over, beside one whose rule never holds. With DELAY_PAGE set it also
+// writes them as a Markdown page there (make bench-delay writes
+// docs/benchmarks/delay.md).
 func TestDelayCost(t *testing.T) {
 	if os.Getenv("DELAY_COST") == "" {
 		t.Skip("set DELAY_COST=1 (make bench-delay) to measure what holding requests costs")
 	}
-	t.Logf("load before: %s", loadAvg())
+	start, loadBefore := time.Now(), loadAvg()
+	t.Logf("load before: %s", loadBefore)
+	var rows []string
 	for _, b := range envoytest.Builds {
-		lateness(t, b)
-		memory(t, b)
-		idle(t, b)
+		l := lateness(t, b)
+		m := memory(t, b)
+		i := idle(t, b)
+		rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s |", b, l, m, i))
 	}
-	t.Logf("load after: %s", loadAvg())
+	loadAfter := loadAvg()
+	t.Logf("load after: %s", loadAfter)
+	if out := os.Getenv("DELAY_PAGE"); out != "" {
+		page := fmt.Sprintf(`# What holding requests costs
+
+Written by `+"`make bench-delay`"+` (bench/delay's TestDelayCost) on %s UTC in %v; load average %s at the start, %s
+at the end. What it measures and why: [docs/delay.md](../delay.md). Each build runs in real Envoy:
+
+- **Late by**: a rule at 10 a second, burst 1, `+"`max_delay_ms`"+` 1000, four workers; %d bursts of 11 requests at once
+  on a fresh key. The k-th held request should reach the upstream 100 ms × k after the first; the figures are how much
+  later it came (p50, p99, max of every held request).
+- **Heap per held request**: %d requests held at once on one worker (a key each, each waiting up to 60 s); the
+  plugin's Go heap (`+"`memory.heap_bytes`"+`) before and while they are held, divided by the requests held.
+- **Idle CPU**: an Envoy of four workers over %v once every hold is over, beside one whose rule never holds: what an
+  idle plugin pays for the timer.
+
+| build | late by: p50 / p99 / max | heap per held request | idle CPU: after holding / never holding |
+|---|---|---|---|
+%s
+`, start.UTC().Format("2006-01-02 15:04"), time.Since(start).Round(time.Second), loadBefore, loadAfter,
+			rounds, held, idleWindow, strings.Join(rows, "\n"))
+		if err := os.WriteFile(out, []byte(page), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
-func lateness(t *testing.T, b envoytest.Build) {
+func lateness(t *testing.T, b envoytest.Build) string {
 	up := startArrivals(t)
 	e := envoytest.Start(t, envoytest.Options{Build: b, Config: envoytest.DemoConfigYAML, PluginConfig: config,
 		UpstreamPort: up.port(), Concurrency: 4})
@@ -120,9 +150,10 @@ func lateness(t *testing.T, b envoytest.Build) {
 	q := func(p float64) time.Duration { return late[min(len(late)-1, int(p*float64(len(late))))] }
 	t.Logf("%s: held requests went on late by p50 %v, p99 %v, max %v, earliest %v (%d held requests, 4 workers; upstream arrival against the first request's + k × 100 ms)",
 		b, q(0.5).Round(10*time.Microsecond), q(0.99).Round(10*time.Microsecond), late[len(late)-1].Round(10*time.Microsecond), late[0].Round(10*time.Microsecond), len(late))
+	return fmt.Sprintf("%v / %v / %v", q(0.5).Round(10*time.Microsecond), q(0.99).Round(10*time.Microsecond), late[len(late)-1].Round(10*time.Microsecond))
 }
 
-func memory(t *testing.T, b envoytest.Build) {
+func memory(t *testing.T, b envoytest.Build) string {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	e := envoytest.Start(t, envoytest.Options{Build: b, Config: envoytest.DemoConfigYAML, PluginConfig: config,
 		UpstreamPort: up.Port(), Concurrency: 1})
@@ -167,9 +198,10 @@ func memory(t *testing.T, b envoytest.Build) {
 	t.Logf("%s: %d requests held on one worker: the plugin's Go heap %d -> %d bytes, %.0f bytes per held request",
 		b, n, before, after, (float64(after)-float64(before))/float64(max(n, 1)))
 	cancel()
+	return fmt.Sprintf("%.0f bytes (%d held)", (float64(after)-float64(before))/float64(max(n, 1)), n)
 }
 
-func idle(t *testing.T, b envoytest.Build) {
+func idle(t *testing.T, b envoytest.Build) string {
 	envs := [2]*envoytest.Envoy{}
 	for i, cfg := range [2]string{config, noDelay} {
 		up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
@@ -186,11 +218,14 @@ func idle(t *testing.T, b envoytest.Build) {
 	time.Sleep(3 * time.Second)
 	cpu0, t0 := [2]time.Duration{envs[0].CPUTime(), envs[1].CPUTime()}, time.Now()
 	time.Sleep(idleWindow)
+	var share [2]float64
 	for i, what := range [2]string{"after holding 10 requests, nothing held", "a rule that never holds"} {
 		used := envs[i].CPUTime() - cpu0[i]
+		share[i] = 100 * float64(used) / float64(time.Since(t0))
 		t.Logf("%s: idle Envoy (4 workers), %s: %v of CPU over %v, %.3f%% of a CPU",
-			b, what, used, time.Since(t0).Round(time.Second), 100*float64(used)/float64(time.Since(t0)))
+			b, what, used, time.Since(t0).Round(time.Second), share[i])
 	}
+	return fmt.Sprintf("%.3f%% / %.3f%% of a CPU", share[0], share[1])
 }
 
 func loadAvg() string {
@@ -198,5 +233,6 @@ func loadAvg() string {
 	if err != nil {
 		return "unknown"
 	}
-	return strings.TrimSpace(string(b))
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ") // the 1, 5 and 15 minute averages
 }

@@ -49,7 +49,8 @@
 #                        how late held requests go on (p50, p99), the
 #                        plugin's heap per held request with 10,000 held,
 #                        an idle Envoy's CPU once nothing is held (bench/delay's
-#                        TestDelayCost, DELAY_COST=1); prints the figures
+#                        TestDelayCost, DELAY_COST=1); prints the figures and
+#                        writes them to docs/benchmarks/delay.md
 #   make bench-idle      an idle Envoy's CPU after 1,000 listener updates, with
 #                        the native module and with the Wasm plugin (bench/idlecpu's
 #                        TestIdleCPUAfterListenerUpdates, which bounds the
@@ -173,7 +174,7 @@ bench-idle: setup build build-native
 bench-delay: setup build build-native
 	uptime
 	set -o pipefail; \
-	DELAY_COST=1 $(BENCH_GO) test -count=1 -timeout 30m -v -run TestDelayCost ./delay/ 2>&1 | grep -E 'delay_test.go|^(--- |ok|FAIL)'
+	DELAY_COST=1 DELAY_PAGE=$(abspath docs/benchmarks/delay.md) $(BENCH_GO) test -count=1 -timeout 30m -v -run TestDelayCost ./delay/ 2>&1 | grep -E 'delay_test.go|^(--- |ok|FAIL)'
 	uptime
 
 BENCH_SERVICE_FLAGS ?=
