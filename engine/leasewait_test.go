@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"strconv"
+	"testing"
+)
+
+// leaseSmooth is a leased cluster rule at 10 a second, burst 1, holding a
+// request up to a second.
+const leaseSmooth = `{"service": {"cluster": "limitd"}, "rules": [
+  {"name": "fleet", "scope": "cluster", "sync": "lease", "algorithm": "token_bucket",
+   "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}}]}`
+
+// TestDelayLeaseTimeline: a leased rule (limitd's memory store on the fake
+// clock) at 10 a second, burst 1, max_delay_ms 1000, thirty requests at one
+// moment: one goes at once, ten are held on the lease and go on one by one
+// as the lease's refills grant their tokens, 100 ms apart and in the order
+// they came, never sooner; the rest are refused at once with the
+// Retry-After they get without holding. The last one in line hangs up
+// while held: a newcomer takes its place.
+func TestDelayLeaseTimeline(t *testing.T) {
+	w := newWorld(t, leaseSmooth).withLimitd()
+	t0 := w.h.now
+	hs := make([]held, 30)
+	for i := range hs {
+		s, r := w.open()
+		w.limitd.serve(s)
+		hs[i] = held{s, r}
+		switch {
+		case i == 0:
+			if s.resumed != 1 || len(s.timers) != 0 {
+				t.Fatalf("request 0: resumed %d, timers %d; want it to go on with the lease's grant", s.resumed, len(s.timers))
+			}
+		case i <= 10:
+			if !s.paused() || len(s.timers) != 1 || s.timers[0].due != t0+int64(i)*sec/10 {
+				t.Fatalf("request %d: replied %d, resumed %d, timers %v; want held until t0+%dms", i, s.replied, s.resumed, s.timers, 100*i)
+			}
+		default:
+			if s.replied != 429 || len(s.timers) != 0 {
+				t.Fatalf("request %d: replied %d, timers %d; want refused at once", i, s.replied, len(s.timers))
+			}
+			// The wait the lease reports without holding: one token at 10/s.
+			if ra := headerOf(s.replyHeaders, "retry-after"); ra != "1" && ra != "2" {
+				t.Fatalf("request %d: Retry-After %q, want 1 (jittered up to 2)", i, ra)
+			}
+		}
+	}
+	if got := w.count("rule.fleet.waiting"); got != 10 {
+		t.Fatalf("waiting %d, want 10", got)
+	}
+	if got := w.count("rule.fleet.delay_refused"); got != 19 {
+		t.Fatalf("delay_refused %d, want 19", got)
+	}
+	// The last in line hangs up: it took nothing, and its place is free.
+	w.h.now = t0 + sec/4
+	w.end(hs[10].s, hs[10].r)
+	if got := w.count("rule.fleet.delay_abandoned"); got != 1 || w.count("rule.fleet.waiting") != 9 {
+		t.Fatalf("after the hang-up: delay_abandoned %d, waiting %d; want 1, 9", got, w.count("rule.fleet.waiting"))
+	}
+	late, lateR := w.open()
+	w.limitd.serve(late)
+	if len(late.timers) != 1 || late.timers[0].due != t0+sec {
+		t.Fatalf("newcomer at t0+250ms: timers %v, want held until t0+1s (the place the hang-up freed)", late.timers)
+	}
+	hs[10] = held{late, lateR}
+	// Each held request goes on at its turn, spending the grant of the
+	// refill it asks for, never before.
+	for step := int64(1); step <= 10; step++ {
+		w.h.now = t0 + step*sec/10
+		for i := 1; i <= 10; i++ {
+			s := hs[i].s
+			s.fire(w.h.now)
+			w.limitd.serve(s)
+			switch wentOn := s.resumed == 1; {
+			case int64(i) <= step && !wentOn:
+				t.Fatalf("at t0+%dms request %d has not gone on (replied %d, timers %v)", 100*step, i, s.replied, s.timers)
+			case int64(i) > step && (wentOn || s.replied != 0):
+				t.Fatalf("at t0+%dms request %d went on or was refused (replied %d) before its turn", 100*step, i, s.replied)
+			}
+		}
+	}
+	for i := 1; i <= 10; i++ {
+		w.respond(hs[i].s, hs[i].r, upstream{})
+		held, _ := strconv.Atoi(addedOf(hs[i].s, DelayHeader))
+		if want := 100 * i; i != 10 && held != want {
+			t.Fatalf("request %d: %s %d, want %d", i, DelayHeader, held, want)
+		}
+		w.end(hs[i].s, hs[i].r)
+	}
+	if got := addedOf(late, DelayHeader); got != "750" {
+		t.Fatalf("newcomer: %s %q, want 750", DelayHeader, got)
+	}
+	if w.count("rule.fleet.delayed") != 10 || w.count("rule.fleet.waiting") != 0 || w.count("rule.fleet.allowed") != 11 {
+		t.Fatalf("delayed %d, waiting %d, allowed %d; want 10, 0, 11", w.count("rule.fleet.delayed"), w.count("rule.fleet.waiting"), w.count("rule.fleet.allowed"))
+	}
+	// One lease call for each grant (eleven), and the one refusal the
+	// held requests waited on.
+	if got := w.count("lease_calls"); got != 12 {
+		t.Fatalf("lease calls %d, want 12", got)
+	}
+	w.h.now = t0 + 11*sec/10
+	w.tick()
+	if len(w.p.leaseLine) != 0 {
+		t.Fatalf("after the last turn the tick keeps %d lines", len(w.p.leaseLine))
+	}
+}
