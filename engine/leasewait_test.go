@@ -104,3 +104,79 @@ func TestDelayLeaseTimeline(t *testing.T) {
 		t.Fatalf("after the last turn the tick keeps %d lines", len(w.p.leaseLine))
 	}
 }
+
+// TestDelayLeaseStacked: a request with a leased rule and a local rule that
+// both hold waits for the longer of the two waits; one that hangs up while
+// held on its lease gives its local reservation back and frees its place
+// in both lines.
+func TestDelayLeaseStacked(t *testing.T) {
+	cfg := `{"service": {"cluster": "limitd"}, "rules": [
+  {"name": "fleet", "scope": "cluster", "sync": "lease", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}},
+  {"name": "here", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 2, "burst": 1, "max_delay_ms": 1000}}]}`
+	w := newWorld(t, cfg).withLimitd()
+	t0 := w.h.now
+	a, _ := w.open()
+	w.limitd.serve(a)
+	if a.resumed != 1 {
+		t.Fatalf("first: resumed %d, replied %d; want it to go on", a.resumed, a.replied)
+	}
+	// B: the local rule's wait (500 ms) is longer than the lease's (100 ms).
+	b, br := w.open()
+	w.limitd.serve(b)
+	if len(b.timers) != 1 || b.timers[0].due != t0+sec/10 {
+		t.Fatalf("B: timers %v, want held on the lease until t0+100ms", b.timers)
+	}
+	// C: the local rule's wait is 1 s; the lease's turn is at 200 ms.
+	c, cr := w.open()
+	w.limitd.serve(c)
+	if len(c.timers) != 1 || c.timers[0].due != t0+2*sec/10 {
+		t.Fatalf("C: timers %v, want held on the lease until t0+200ms", c.timers)
+	}
+	w.h.now = t0 + sec/10
+	b.fire(w.h.now)
+	w.limitd.serve(b)
+	if b.resumed != 0 || len(b.timers) != 2 || b.timers[1].due != t0+sec/2 {
+		t.Fatalf("B after its lease turn: resumed %d, timers %v; want held on until t0+500ms (the local wait)", b.resumed, b.timers)
+	}
+	// C hangs up while held on its lease: its local reservation (the last
+	// in the local line) comes back whole, and nothing left its lease.
+	w.h.now = t0 + 15*sec/100
+	w.end(c, cr)
+	if w.count("rule.fleet.delay_abandoned") != 1 || w.count("refunds") != 1 {
+		t.Fatalf("after C hung up: fleet delay_abandoned %d, refunds %d; want 1, 1", w.count("rule.fleet.delay_abandoned"), w.count("refunds"))
+	}
+	// D takes C's places: the lease's turn at 200 ms, the local one at 1 s.
+	d, dr := w.open()
+	w.limitd.serve(d)
+	if len(d.timers) != 1 || d.timers[0].due != t0+2*sec/10 {
+		t.Fatalf("D: timers %v, want held on the lease until t0+200ms", d.timers)
+	}
+	w.h.now = t0 + 2*sec/10
+	d.fire(w.h.now)
+	w.limitd.serve(d)
+	if len(d.timers) != 2 || d.timers[1].due != t0+sec {
+		t.Fatalf("D after its lease turn: timers %v; want held on until t0+1s (the local wait)", d.timers)
+	}
+	w.h.now = t0 + sec/2
+	b.fire(w.h.now)
+	w.h.now = t0 + sec
+	d.fire(w.h.now)
+	for _, x := range []struct {
+		name string
+		s    *fakeStream
+		r    *Request
+		want string
+	}{{"B", b, br, "500"}, {"D", d, dr, "850"}} {
+		if x.s.resumed != 1 {
+			t.Fatalf("%s: resumed %d, replied %d; want it gone on", x.name, x.s.resumed, x.s.replied)
+		}
+		w.respond(x.s, x.r, upstream{})
+		if got := addedOf(x.s, DelayHeader); got != x.want {
+			t.Fatalf("%s: %s %q, want %s", x.name, DelayHeader, got, x.want)
+		}
+	}
+	if w.count("rule.fleet.delayed") != 2 || w.count("rule.here.delayed") != 2 || w.count("rule.fleet.waiting") != 0 || w.count("rule.here.waiting") != 0 {
+		t.Fatalf("delayed fleet %d here %d, waiting fleet %d here %d; want 2, 2, 0, 0", w.count("rule.fleet.delayed"),
+			w.count("rule.here.delayed"), w.count("rule.fleet.waiting"), w.count("rule.here.waiting"))
+	}
+}
