@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"testing"
 )
@@ -178,5 +179,116 @@ func TestDelayLeaseStacked(t *testing.T) {
 	if w.count("rule.fleet.delayed") != 2 || w.count("rule.here.delayed") != 2 || w.count("rule.fleet.waiting") != 0 || w.count("rule.here.waiting") != 0 {
 		t.Fatalf("delayed fleet %d here %d, waiting fleet %d here %d; want 2, 2, 0, 0", w.count("rule.fleet.delayed"),
 			w.count("rule.here.delayed"), w.count("rule.fleet.waiting"), w.count("rule.here.waiting"))
+	}
+}
+
+// TestDelayLeaseBound: for random arrivals, costs and hang-ups on a leased
+// rule that holds (limitd's memory store on the fake clock), the costs
+// admitted from the start never pass burst + rate × t (nor, over any
+// interval, that plus the most a lease holds: max_share × burst), no
+// request is held past max_delay_ms, and every held request ends: gone
+// on, refused or hung up, none still waiting.
+func TestDelayLeaseBound(t *testing.T) {
+	const (
+		rate, burst, share = 10.0, 4.0, 0.5
+		bound              = sec
+		step               = sec / 100
+	)
+	cfg := `{"service": {"cluster": "limitd"}, "rules": [
+  {"name": "fleet", "scope": "cluster", "sync": "lease", "lease": {"max_share": 0.5}, "algorithm": "token_bucket",
+   "algorithm_config": {"tokens_per_second": 10, "burst": 4, "cost_source": "header:x-cost", "max_delay_ms": 1000, "max_waiting": 8}}]}`
+	for seed := range 20 {
+		rng := rand.New(rand.NewPCG(uint64(seed), 7))
+		w := newWorld(t, cfg).withLimitd()
+		t0 := w.h.now
+		type req struct {
+			s      *fakeStream
+			r      *Request
+			cost   float64
+			at     int64
+			closed bool
+		}
+		var open []*req
+		type admission struct {
+			at   int64
+			cost float64
+		}
+		var admitted []admission
+		settle := func(q *req) {
+			switch {
+			case q.closed:
+			case q.s.action == Continue || q.s.resumed == 1:
+				if held := w.h.now - q.at; held > bound {
+					t.Fatalf("seed %d: a request held %v, past max_delay_ms", seed, held)
+				}
+				admitted = append(admitted, admission{w.h.now, q.cost})
+				w.respond(q.s, q.r, upstream{})
+				w.end(q.s, q.r)
+				q.closed = true
+			case q.s.replied != 0:
+				w.end(q.s, q.r)
+				q.closed = true
+			}
+		}
+		for now := t0; now < t0+4*sec; now += step {
+			w.h.now = now
+			for _, q := range open {
+				if !q.closed {
+					q.s.fire(now)
+					w.limitd.serve(q.s)
+					settle(q)
+				}
+			}
+			for range rng.IntN(3) {
+				cost := float64(1 + rng.IntN(2))
+				s, r := w.open("x-cost", strconv.Itoa(int(cost)))
+				w.limitd.serve(s)
+				q := &req{s: s, r: r, cost: cost, at: now}
+				open = append(open, q)
+				settle(q)
+			}
+			for _, q := range open { // a held request hangs up now and then
+				if !q.closed && rng.IntN(300) == 0 {
+					w.end(q.s, q.r)
+					q.closed = true
+				}
+			}
+			if (now-t0)%sec == 0 {
+				w.tick()
+			}
+		}
+		// Past every bound: nothing is still held.
+		w.h.now += 2 * bound
+		for _, q := range open {
+			if !q.closed {
+				q.s.fire(w.h.now)
+				w.limitd.serve(q.s)
+				if q.s.paused() {
+					t.Fatalf("seed %d: a request from t0+%v still waits at t0+%v", seed, q.at-t0, w.h.now-t0)
+				}
+			}
+		}
+		for i, a := range admitted {
+			sum := 0.0
+			for _, b := range admitted[i:] {
+				sum += b.cost
+				el := float64(b.at-a.at) / 1e9
+				if most := burst + share*burst + rate*el; sum > most+1e-9 {
+					t.Fatalf("seed %d: %v tokens admitted over %vs from t0+%v, more than %v", seed, sum, el, a.at-t0, most)
+				}
+			}
+		}
+		total := 0.0
+		for _, a := range admitted {
+			total += a.cost
+		}
+		if last := w.h.now - t0; total > burst+rate*float64(last)/1e9 {
+			t.Fatalf("seed %d: %v tokens admitted in %v", seed, total, last)
+		}
+		t.Logf("seed %d: admitted %v tokens (%d requests), delayed %d, delay_refused %d, waiting_full %d, abandoned %d", seed, total, len(admitted),
+			w.count("rule.fleet.delayed"), w.count("rule.fleet.delay_refused"), w.count("rule.fleet.waiting_full"), w.count("rule.fleet.delay_abandoned"))
+		if w.count("rule.fleet.delayed") == 0 || w.count("rule.fleet.waiting") != 0 {
+			t.Fatalf("seed %d: delayed %d, waiting %d; want some held, none left", seed, w.count("rule.fleet.delayed"), w.count("rule.fleet.waiting"))
+		}
 	}
 }
