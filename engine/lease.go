@@ -106,11 +106,12 @@ func (p *Plugin) updateLease(id uint64, now int64, f func(lease.Record) (lease.R
 }
 
 // spendLeases spends the request's leased takes. It returns a rejection,
-// or wait when the request waits for a lease call.
+// or wait when the request waits for a lease call or is held on its
+// leases (leasewait.go).
 func (c *Request) spendLeases() (rej *rejection, wait bool) {
 	now := c.leaseNow()
-	if c.queueOnLeases(now) {
-		return nil, true // behind the requests held on its leases
+	if held, rej := c.queueOnLeases(now); held || rej != nil {
+		return rej, held // behind the requests held on its leases
 	}
 	rej, wait = c.spendLeasesAt(now)
 	if c.orHoldOnLeases(rej, now) {

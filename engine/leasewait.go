@@ -1,6 +1,10 @@
 package engine
 
-import "time"
+import (
+	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+)
 
 // Holding a request on its leases (a leased rule with max_delay_ms). A
 // lease's tokens never go into debt: a request takes nothing from a lease
@@ -42,31 +46,32 @@ func costTime(t *take) int64 {
 	return int64(min(t.cost/t.rule.limit.Rate*1e9, 1e18))
 }
 
-// lineOf is the turn a request arriving now takes on its leases: after the
-// last request held on each of its holding leases (0: none is held), and
-// the bound of the take that sets it.
-func (c *Request) lineOf() (at, bound int64) {
+// queueOnLeases holds a request that finds others held on its leases in
+// this worker behind them, when its turn is within the bound; a request
+// whose turn is past the bound, or whose rule holds max_waiting requests
+// already, is refused at once (it never spends ahead of the requests
+// held before it), with the wait until its turn. It reports whether it
+// held the request, or the refusal.
+func (c *Request) queueOnLeases(now int64) (bool, *rejection) {
+	if c.leaseTurn {
+		return false, nil
+	}
+	var at int64
+	var by *take
 	for i := range c.plan.leased {
 		t := &c.plan.leased[i]
-		if t.maxWait > 0 && c.plugin.leaseLine[t.id] > at {
-			at, bound = c.plugin.leaseLine[t.id], t.maxWait
+		if line := c.plugin.leaseLine[t.id]; t.rule.maxWait > 0 && line > max(at, now) {
+			at, by = line, t
 		}
 	}
-	return at, bound
-}
-
-// queueOnLeases holds a request that finds others held on its leases
-// behind them, when its turn is within the bound; it reports whether it
-// did.
-func (c *Request) queueOnLeases(now int64) bool {
-	if c.leaseTurn {
-		return false
+	if by == nil {
+		return false, nil
 	}
-	at, bound := c.lineOf()
-	if at <= now || at-c.plan.now > bound {
-		return false
+	if by.full || at-c.plan.now > by.maxWait {
+		return false, &rejection{rule: by.rule, reason: reasonExceeded, full: by.full,
+			d: bucket.Decision{RetryAfter: time.Duration(at - now), ResetAfter: time.Duration(at - now)}}
 	}
-	return c.holdOnLeases(at, now)
+	return c.holdOnLeases(at, now), nil
 }
 
 // orHoldOnLeases holds a request that rej, a leased rule's refusal for want
