@@ -20,8 +20,8 @@ import (
 // that one's turn plus the time the rate takes to refill its cost
 // (Plugin.leaseLine). At its turn the request spends from its leases as a
 // new request would (a lease call when they are short), without queueing
-// again; refused again, it is held until the new retry moment (at least
-// the time its cost takes to refill) while that is within the bound. A
+// again; refused again, it is held until the new retry moment while that
+// is within the bound. A
 // request arriving while others wait on its lease queues behind them, so
 // requests go on in the order they came, one worker at a time. A turn past
 // the bound, or a rule holding max_waiting requests already, refuses the
@@ -95,11 +95,7 @@ func (c *Request) orHoldOnLeases(rej *rejection, now int64) bool {
 		rej.full = true
 		return false
 	}
-	wait := max(int64(rej.d.RetryAfter), int64(time.Millisecond))
-	if c.leaseTurn {
-		wait = max(wait, costTime(t)) // the cost refills no sooner
-	}
-	at := now + wait
+	at := now + max(int64(rej.d.RetryAfter), int64(time.Millisecond))
 	if !c.leaseTurn {
 		at = max(at, c.plugin.leaseLine[t.id])
 	}
