@@ -111,6 +111,8 @@ func (c *Request) orHoldOnLeases(rej *rejection, now int64) bool {
 func (c *Request) holdOnLeases(at, now int64) bool {
 	p := c.plugin
 	gen := c.gen
+	c.leaseAt, c.leaseHolding = at, true
+	c.countLeaseWaiting(1)
 	err := c.stream.After(at-now, func() {
 		if c.gen == gen && c.leaseHolding {
 			c.leaseHolding = false
@@ -121,11 +123,12 @@ func (c *Request) holdOnLeases(at, now int64) bool {
 		}
 	})
 	if err != nil {
+		c.leaseHolding = false
+		c.countLeaseWaiting(-1)
 		p.warn(&p.failLog, "holding a request on its lease: "+err.Error()+"; it is refused as without holding")
 		return false
 	}
-	c.leaseAt, c.leaseHolding, c.leaseHeld = at, true, true
-	c.countLeaseWaiting(1)
+	c.leaseHeld = true
 	if p.leaseLine == nil {
 		p.leaseLine = map[uint64]int64{}
 	}
