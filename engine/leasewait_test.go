@@ -3,6 +3,7 @@ package engine
 import (
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -289,5 +290,34 @@ func TestDelayLeaseBound(t *testing.T) {
 		if w.count("rule.fleet.delayed") == 0 || w.count("rule.fleet.waiting") != 0 {
 			t.Fatalf("seed %d: delayed %d, waiting %d; want some held, none left", seed, w.count("rule.fleet.delayed"), w.count("rule.fleet.waiting"))
 		}
+	}
+}
+
+// TestDelayLeaseFullAndNoTimer: a leased rule holding max_waiting requests
+// refuses the next one at once (waiting_full), and a host without a timer
+// refuses a request as it would without holding.
+func TestDelayLeaseFullAndNoTimer(t *testing.T) {
+	cfg := strings.Replace(leaseSmooth, `"max_delay_ms": 1000`, `"max_delay_ms": 1000, "max_waiting": 2`, 1)
+	w := newWorld(t, cfg).withLimitd()
+	for i := range 4 {
+		s, _ := w.open()
+		w.limitd.serve(s)
+		switch {
+		case i == 0 && s.resumed != 1, i > 0 && i < 3 && !s.paused(), i == 3 && s.replied != 429:
+			t.Fatalf("request %d: resumed %d, replied %d, timers %d", i, s.resumed, s.replied, len(s.timers))
+		}
+	}
+	if w.count("rule.fleet.waiting_full") != 1 || w.count("rule.fleet.waiting") != 2 {
+		t.Fatalf("waiting_full %d, waiting %d; want 1, 2", w.count("rule.fleet.waiting_full"), w.count("rule.fleet.waiting"))
+	}
+	w2 := newWorld(t, leaseSmooth).withLimitd()
+	w2.do() // takes the one token
+	s := newFakeStream()
+	s.clock, s.noTimer = &w2.h.now, true
+	r := w2.p.NewRequest(s)
+	s.action = r.OnRequestHeaders()
+	w2.limitd.serve(s)
+	if s.replied != 429 || w2.count("rule.fleet.waiting") != 0 || w2.count("rule.fleet.delay_refused") != 1 {
+		t.Fatalf("no timer: replied %d, waiting %d, delay_refused %d; want 429, 0, 1", s.replied, w2.count("rule.fleet.waiting"), w2.count("rule.fleet.delay_refused"))
 	}
 }
