@@ -233,7 +233,7 @@ var badCases = []badCase{
 	{name: "max_waiting zero", in: doc("", alg(`"tokens_per_second":10,"burst":1,"max_delay_ms":1000,"max_waiting":0`)), want: `config: rules[0].algorithm_config.max_waiting: must be between 1 and 100000, got 0`},
 	{name: "max_waiting too many", in: doc("", alg(`"tokens_per_second":10,"burst":1,"max_delay_ms":1000,"max_waiting":100001`)), want: `config: rules[0].algorithm_config.max_waiting: must be between 1 and 100000, got 100001`},
 	{name: "burst below rate, delay 0", in: doc("", alg(`"tokens_per_second":10,"burst":1,"max_delay_ms":0`)), want: `config: rules[0].algorithm_config.burst: must be >= tokens_per_second (10), got 1`, gap: gapRelation},
-	{name: "max_delay_ms leased", in: doc(`"service":{"cluster":"c"}`, `{"name":"r","scope":"cluster","sync":"lease","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":10,"burst":1,"max_delay_ms":1000}}`), want: `config: rules[0].algorithm_config.max_delay_ms: not with sync "lease": a leased rule does not hold requests (yet); use sync "per_request"`, gap: gapRelation},
+	{name: "burst below rate, leased, delay 0", in: doc(`"service":{"cluster":"c"}`, `{"name":"r","scope":"cluster","sync":"lease","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":10,"burst":1,"max_delay_ms":0}}`), want: `config: rules[0].algorithm_config.burst: must be >= tokens_per_second (10), got 1`, gap: gapRelation},
 	{name: "burst too high", in: doc("", alg(`"tokens_per_second":1e9,"burst":1e13`)), want: `config: rules[0].algorithm_config.burst: must be at most 1000000000000, got 1e13`},
 	{name: "refill longer than a year", in: doc("", alg(`"tokens_per_second":0.000001,"burst":100`)), want: `config: rules[0].algorithm_config.burst: burst / tokens_per_second is 100000000 seconds to refill, more than one year (31536000)`, gap: gapRelation},
 	{name: "cost_source jwt", in: doc("", alg(`"tokens_per_second":1,"burst":1,"cost_source":"jwt:cost"`)), want: `config: rules[0].algorithm_config.cost_source: must be "fixed", header:<name>, query:<name>, response_header:<name> or response_json:<path>, got "jwt:cost"`},
@@ -996,5 +996,14 @@ func TestParseDelay(t *testing.T) {
 		if l := c.Rules[0].Limit; l.MaxDelayMS != tt.wantDelay || l.MaxWaiting != tt.wantWait {
 			t.Errorf("%s: Limit = %+v, want max_delay_ms %d, max_waiting %d", tt.alg, l, tt.wantDelay, tt.wantWait)
 		}
+	}
+	// A leased cluster rule holds requests on its lease (a burst below the
+	// rate with them, as a local rule).
+	c, err := Parse([]byte(doc(`"service":{"cluster":"c"}`, `{"name":"r","scope":"cluster","sync":"lease","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":10,"burst":1,"max_delay_ms":1000}}`)))
+	if err != nil {
+		t.Fatalf("leased: %v", err)
+	}
+	if r := c.Rules[0]; r.Sync != SyncLease || r.Limit.MaxDelayMS != 1000 || r.Limit.MaxWaiting != DefaultMaxWaiting {
+		t.Errorf("leased: sync %v, Limit = %+v; want lease, max_delay_ms 1000", r.Sync, r.Limit)
 	}
 }

@@ -167,9 +167,7 @@ func parseSync(path string, o object, r *Rule) error {
 	}
 	r.Sync = Sync(sync)
 	switch {
-	case r.Sync == SyncLease && r.Limit.MaxDelayMS > 0:
-		return errorf(path+".algorithm_config.max_delay_ms", "not with sync \"lease\": a leased rule does not hold requests (yet); use sync \"per_request\"")
-	case r.Sync == SyncLease && r.Limit.Burst < r.Limit.TokensPerSecond:
+	case r.Sync == SyncLease && r.Limit.Burst < r.Limit.TokensPerSecond && r.Limit.MaxDelayMS == 0:
 		return errorf(path+".algorithm_config.burst", "must be >= tokens_per_second ("+fmtFloat(r.Limit.TokensPerSecond)+") for sync \"lease\" (the lease call's bound), got "+fmtFloat(r.Limit.Burst))
 	case r.Sync == SyncLease && r.Mode == ModeShadow:
 		return errorf(path+".sync", "\"lease\" is for enforced rules: a shadow rule is sent per request, to measure what it would do")

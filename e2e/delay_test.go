@@ -42,7 +42,7 @@ func testDelay(t *testing.T, build envoytest.Build) {
 	stat := func(name string) uint64 { return e.PluginStat("tokenbucket." + name) }
 
 	t.Run("30 at once: one now, ten spaced by the rate, the rest refused at once", func(t *testing.T) {
-		checkSpacing(t, c, "/smooth", "spacing-"+build.String())
+		checkSpacing(t, c, "/smooth", "spacing-"+build.String(), 11)
 		if n := stat("rule.smooth.delayed"); n < 9 {
 			t.Fatalf("rule.smooth.delayed = %d, want about 10", n)
 		}
@@ -112,16 +112,17 @@ func testDelay(t *testing.T, build envoytest.Build) {
 // checkSpacing sends 30 requests at once on one key of a rule at 10 a
 // second, burst 1, max_delay_ms 1000: one goes at once, about ten are held
 // and go on spaced by the rate, never sooner, and the rest are refused at
-// once with a Retry-After.
-func checkSpacing(t *testing.T, c *envoytest.Client, path, key string) {
+// once with a Retry-After. At least least are admitted (11 when the held
+// requests' tokens are reserved; fewer on a lease, see TestDelayLease).
+func checkSpacing(t *testing.T, c *envoytest.Client, path, key string, least int) {
 	t.Helper()
 	start := time.Now()
 	res := c.Burst(30, func(int) *http.Request {
 		return c.NewRequest("GET", path, map[string]string{"x-api-key": key})
 	})
 	st := envoytest.Statuses(res)
-	if st[200] < 11 || st[200] > 13 || st[429] != 30-st[200] {
-		t.Fatalf("statuses %v, want 11 (up to 13 as the burst spreads) admitted, the rest refused", st)
+	if st[200] < least || st[200] > 13 || st[429] != 30-st[200] {
+		t.Fatalf("statuses %v, want %d (up to 13 as the burst spreads) admitted, the rest refused", st, least)
 	}
 	var done []time.Duration
 	var held []int
@@ -187,10 +188,40 @@ func testDelayCluster(t *testing.T, build envoytest.Build) {
 		UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 4})
 	c := e.Client()
 	t.Cleanup(c.Close)
-	checkSpacing(t, c, "/", "cluster-"+build.String()+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	checkSpacing(t, c, "/", "cluster-"+build.String()+"-"+strconv.FormatInt(time.Now().UnixNano(), 36), 11)
 	if n := e.PluginStat("tokenbucket.rule.fleet.delayed"); n < 9 {
 		t.Fatalf("rule.fleet.delayed = %d, want about 10", n)
 	}
+}
+
+// TestDelayLease: a leased cluster rule through limitd holds on its lease:
+// one request at once, about ten spaced by the rate as the lease's refills
+// grant their tokens (never faster), the rest refused at once. A lease
+// takes no debt, so with a burst of 1 the global bucket cannot bank the
+// next token while a turn's refill call travels: each turn loses that
+// call's latency, and on a loaded machine a token or two of the second is
+// lost (at least 9 admitted, never more than the rate allows).
+func TestDelayLease(t *testing.T) { forEachBuild(t, testDelayLease) }
+
+func testDelayLease(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 5000, "failure_mode": "deny"},
+	 "rules": [{"name": "fleet", "scope": "cluster", "sync": "lease", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+	  "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}}]}`
+	e := envoytest.Start(t, envoytest.Options{Build: build, PluginConfig: cfg,
+		UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 4})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	checkSpacing(t, c, "/", "lease-"+build.String()+"-"+strconv.FormatInt(time.Now().UnixNano(), 36), 9)
+	if n := e.PluginStat("tokenbucket.rule.fleet.delay_refused"); n == 0 {
+		t.Fatalf("rule.fleet.delay_refused = 0, want the requests past the bound counted")
+	}
+	if n := e.PluginStat("tokenbucket.rule.fleet.delayed"); n < 8 {
+		t.Fatalf("rule.fleet.delayed = %d, want about 10", n)
+	}
+	waitFor(t, "no request held", func() bool { return heldNow(e, "fleet") == 0 })
 }
 
 // manyHeld is how many requests TestDelayManyHeld holds at once on one

@@ -64,12 +64,16 @@ const SeedKey = Name + ":seed"
 type Plugin struct {
 	host Host
 
-	cfg     *config.Config
-	rules   []*rule
-	table   *store.Table
-	leases  *lease.Table
-	held    heldLeases // leases this worker called for (returnExpired)
-	metrics globalMetrics
+	cfg    *config.Config
+	rules  []*rule
+	table  *store.Table
+	leases *lease.Table
+	held   heldLeases // leases this worker called for (returnExpired)
+	// leaseLine is, per lease with requests held on it in this worker
+	// (leasewait.go), the moment after the last one's turn; the tick drops
+	// the moments that have passed.
+	leaseLine map[uint64]int64
+	metrics   globalMetrics
 	// One rate limit per kind of log line a request can trigger.
 	failLog, serviceLog, replyLog, headerLog throttle
 
@@ -206,6 +210,9 @@ func (p *Plugin) Tick(ms *runtime.MemStats) {
 	m.heap, m.sys, m.gc = ms.HeapAlloc, ms.Sys, uint64(ms.NumGC)
 	if len(p.held.list) > 0 {
 		p.returnExpired()
+	}
+	if len(p.leaseLine) > 0 {
+		p.dropPassedTurns()
 	}
 }
 

@@ -106,10 +106,24 @@ func (p *Plugin) updateLease(id uint64, now int64, f func(lease.Record) (lease.R
 }
 
 // spendLeases spends the request's leased takes. It returns a rejection,
-// or wait when the request waits for a lease call.
+// or wait when the request waits for a lease call or is held on its
+// leases (leasewait.go).
 func (c *Request) spendLeases() (rej *rejection, wait bool) {
+	now := c.leaseNow()
+	if held, rej := c.queueOnLeases(now); held || rej != nil {
+		return rej, held // behind the requests held on its leases
+	}
+	rej, wait = c.spendLeasesAt(now)
+	if c.orHoldOnLeases(rej, now) {
+		return nil, true
+	}
+	return rej, wait
+}
+
+// spendLeasesAt is spendLeases at now, without holding.
+func (c *Request) spendLeasesAt(now int64) (rej *rejection, wait bool) {
 	p, pl := c.plugin, &c.plan
-	out, ok, err := c.spend(pl.now)
+	out, ok, err := c.spend(now)
 	if err != nil {
 		for _, t := range pl.leased {
 			t.rule.failedOpen.Increment(1)
@@ -121,7 +135,7 @@ func (c *Request) spendLeases() (rej *rejection, wait bool) {
 		p.spent(pl.leased[i], &out[i])
 	}
 	if ok {
-		c.admitLeased(out, pl.now)
+		c.admitLeased(out, now)
 		return nil, false
 	}
 	// A lease is short. Recent answers may settle the request at once.
@@ -130,12 +144,12 @@ func (c *Request) spendLeases() (rej *rejection, wait bool) {
 		if !r.Lacked {
 			continue
 		}
-		if t.rule.lease.Down(rec, pl.now) {
+		if t.rule.lease.Down(rec, now) {
 			return c.leaseServiceDown(t.rule, false), false
 		}
-		if wait, refusing := t.rule.lease.Refusing(rec, pl.now, t.cost); refusing {
+		if wait, refusing := t.rule.lease.Refusing(rec, now, t.cost); refusing {
 			return &rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{
-				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-pl.now, 0))}}, false
+				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-now, 0))}}, false
 		}
 	}
 	var short []take
@@ -144,7 +158,7 @@ func (c *Request) spendLeases() (rej *rejection, wait bool) {
 			short = append(short, pl.leased[i])
 		}
 	}
-	if err := c.leaseCall(short); err != nil {
+	if err := c.leaseCall(short, now); err != nil {
 		p.serviceFailed(short, "dispatching the lease call: "+err.Error())
 		return c.leaseServiceDown(short[0].rule, false), false
 	}
@@ -282,8 +296,8 @@ type leaseWait struct {
 // leases: its cost from each at least, and each lease's size for the leases
 // whose refill marker it claimed. The plugin owns the call, so its answer
 // is recorded even when the request is gone (leaseAnswered).
-func (c *Request) leaseCall(short []take) error {
-	p, now := c.plugin, c.plan.now
+func (c *Request) leaseCall(short []take, now int64) error {
+	p := c.plugin
 	req := &wire.LeaseRequest{Buckets: make([]wire.LeaseBucket, len(short))}
 	claims := make([]int64, len(short))
 	for i, t := range short {
@@ -386,8 +400,11 @@ func (c *Request) onLeaseAnswer(w *leaseWait) {
 		for i, g := range a.Buckets {
 			if g.RetryAfterMs > 0 || i == len(a.Buckets)-1 {
 				t := short[i]
-				c.next(&rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{
-					Remaining: g.Remaining, RetryAfter: max(millis(g.RetryAfterMs), time.Millisecond), ResetAfter: millis(g.ResetMs)}})
+				rej := &rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{
+					Remaining: g.Remaining, RetryAfter: max(millis(g.RetryAfterMs), time.Millisecond), ResetAfter: millis(g.ResetMs)}}
+				if !c.orHoldOnLeases(rej, now) {
+					c.next(rej)
+				}
 				return
 			}
 		}
@@ -411,7 +428,10 @@ func (c *Request) onLeaseAnswer(w *leaseWait) {
 		}
 		p.leases.Refund(now, back)
 		t := short[0]
-		c.next(&rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{RetryAfter: time.Millisecond}})
+		rej := &rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{RetryAfter: time.Millisecond}}
+		if !c.orHoldOnLeases(rej, now) {
+			c.next(rej)
+		}
 		return
 	}
 	k := 0 // the next of the other leases' results

@@ -43,6 +43,14 @@ type Request struct {
 	goesAt  int64
 	holding bool
 	heldFor int64
+	// Holding the request on its leases (leasewait.go): leaseHolding while
+	// a timer waits for its turn (leaseAt); leaseTurn once its turn came
+	// (it spends without queueing behind others); leaseHeld once it was
+	// held on its leases at all.
+	leaseAt      int64
+	leaseHolding bool
+	leaseTurn    bool
+	leaseHeld    bool
 	// Backing for the request's values (request.values): a request reads
 	// a handful, so none is allocated.
 	values [4]cachedValue
@@ -114,6 +122,9 @@ func (p *Plugin) NewRequest(s Stream) *Request { return &Request{plugin: p, stre
 func (c *Request) Done() {
 	if c.holding {
 		c.abandon() // the client went away, or Envoy ended the stream
+	}
+	if c.leaseHolding {
+		c.abandonLeaseHold()
 	}
 	if c.body.active {
 		c.cutShort()
@@ -208,6 +219,9 @@ func (c *Request) end(rej *rejection) Action {
 	if rej != nil {
 		c.giveBack()
 		c.countDelayRefusal(rej)
+	}
+	if rej == nil && c.leaseHeld {
+		c.leaseWentOn(c.plugin.now())
 	}
 	if !c.shadowsSent && len(c.plan.shadowC) > 0 {
 		c.dispatchShadow()

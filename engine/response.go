@@ -74,6 +74,9 @@ func (c *Request) OnResponseHeaders(endOfStream bool) Action {
 	if c.holding {
 		c.abandon() // Envoy answered the held request itself (a timeout)
 	}
+	if c.leaseHolding {
+		c.abandonLeaseHold()
+	}
 	if c.localReply {
 		return Continue
 	}

@@ -317,10 +317,13 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 		if err == nil {
 			// A bucket that may hold requests smooths them to the rate, so
 			// its burst may be below the rate (one request at a time): a
-			// decide call's bucket with a max_delay_ms, and any charge
-			// (a refund of a held request, a cost from the response).
+			// decide call's bucket with a max_delay_ms, any charge (a
+			// refund of a held request, a cost from the response), and any
+			// lease (a leased rule with a max_delay_ms holds its requests
+			// in the gateway: the lease call carries no delay).
 			smooth := len(extra) == 4 && extra[3] == "max_delay_ms" && x[3].Num > 0 ||
-				len(extra) == 1 && extra[0] == "amount"
+				len(extra) == 1 && extra[0] == "amount" ||
+				len(extra) == 3 && extra[0] == "want"
 			err = checkLimit(at, have[0], have[1], have[2], smooth, h.Rate, h.Burst, lim)
 		}
 		if err == nil {

@@ -40,6 +40,9 @@ func TestDecodeLeaseRequest(t *testing.T) {
 	tests := []decoderCase{
 		{"ok", `{"hash_tag":"t","buckets":[{"key":"a","tokens_per_second":10,"burst":40,"want":8,"min":1,"return":2.5}]}`, ""},
 		{"defaults", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40}]}`, ""},
+		// A leased rule that holds requests may smooth to one at a time.
+		{"burst below rate", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"want":1,"min":1}]}`, ""},
+		{"burst zero", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":0}]}`, "buckets[0].burst: must be > 0, got 0"},
 		{"want above burst", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"want":41}]}`, "buckets[0].want: must be >= 0 and <= 40, got 41"},
 		{"min above want", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"want":4,"min":5}]}`, "buckets[0].min: must be >= 0 and <= 4, got 5"},
 		{"return negative", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":40,"return":-1}]}`, "buckets[0].return: must be >= 0 and <= 40, got -1"},
