@@ -388,6 +388,12 @@ func exampleTemplate(tree any) (string, error) {
 				}
 				out[k] = w
 			}
+			if _, listener := v["filter_chains"]; listener {
+				// Never share a port with another process (see the
+				// harness's bootstrap template): a taken port then fails
+				// the bind, and envoytest.Start retries on new ones.
+				out["enable_reuse_port"] = false
+			}
 			return out, nil
 		case []any:
 			out := make([]any, len(v))

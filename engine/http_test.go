@@ -6,7 +6,11 @@ import "testing"
 // request of its stream (a host reuses its per-request state), which sees
 // none of the first one's values, plan or headers.
 func TestReusedRequestStartsClean(t *testing.T) {
-	w := newWorld(t, `{"rules": [{"name": "per-key", "limit_keys": ["header:x-api-key"], "missing_key": "skip",
+	// A shadow rule stacked on the enforced one, as examples/shadow-rollout
+	// has: the reused Request decides it too (its scratch space reused).
+	w := newWorld(t, `{"rules": [{"name": "trial", "mode": "shadow", "limit_keys": ["header:x-api-key"], "missing_key": "skip",
+	  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 1}},
+	 {"name": "per-key", "limit_keys": ["header:x-api-key"], "missing_key": "skip",
 	  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 1}}]}`)
 	s := newFakeStream()
 	r := w.p.NewRequest(s)

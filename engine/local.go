@@ -14,14 +14,14 @@ import (
 func (c *Request) decideShadows() {
 	for i := range c.plan.shadowLocal {
 		t := &c.plan.shadowLocal[i]
-		ok, _, err := c.decide(c.plan.now, c.plan.shadowLocal[i:i+1])
+		ok, out, err := c.decide(c.plan.now, c.plan.shadowLocal[i:i+1])
 		switch {
 		case err != nil:
 			t.rule.failedOpen.Increment(1)
 		case ok:
 			t.held = true
 			t.rule.allowed.Increment(1)
-			if c.scratch.out[0].Wait > 0 {
+			if out[0].Wait > 0 {
 				// Never held: the rule counts what it would have.
 				t.rule.shadowDelayed.Increment(1)
 			}

@@ -78,12 +78,14 @@ func (s *scratch) keep() scratch {
 	return scratch{reqs: s.reqs[:0], out: s.out[:0], spends: s.spends[:0], results: s.results[:0], text: s.text[:0]}
 }
 
-// decisions is s.out with n elements.
+// decisions is s.out with n elements; s.out is that slice until the next
+// call (a reused Request's s.out starts empty: nothing may read it before).
 func (s *scratch) decisions(n int) []bucket.Decision {
 	if cap(s.out) < n {
 		s.out = make([]bucket.Decision, n)
 	}
-	return s.out[:n]
+	s.out = s.out[:n]
+	return s.out
 }
 
 // leaseResults is s.results with n elements.
