@@ -114,7 +114,7 @@ $(TESTLOG_BIN): $(wildcard internal/testing/testlog/*.go)
 
 # The unit timeout leaves room for internal/testing/hostcontract, which builds
 # the adapters' test modules and runs each in Envoy.
-unit: setup build build-native setup-redis build-ratelimit $(TESTLOG_BIN)
+unit: setup build build-native build-service setup-redis build-ratelimit $(TESTLOG_BIN)
 	@set -o pipefail; rm -f $(TEST_DIR)/unit.*; rc=0; \
 	$(GO) test -json -race -count=1 -timeout 20m $(UNIT_PKGS) 2>&1 | $(TESTLOG) -part unit -print packages -log $(BUILD)/unit.log || rc=1; \
 	(cd third_party/pretty && $(GO) test -json -race -count=1 ./... 2>&1) | $(TESTLOG) -part unit -print packages -log $(BUILD)/unit-pretty.log || rc=1; \
