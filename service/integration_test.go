@@ -436,7 +436,7 @@ func TestIntegrationLedger(t *testing.T) {
 				t.Fatalf("decide 60 = %+v, %v", d, err)
 			}
 			var mu sync.Mutex
-			var returned, refunded float64
+			var returned float64
 			var wg sync.WaitGroup
 			for range 200 {
 				wg.Go(func() {
@@ -463,20 +463,7 @@ func TestIntegrationLedger(t *testing.T) {
 			if a, err := s.Lease(ctx, &wire.LeaseRequest{Buckets: []wire.LeaseBucket{drain}}); err != nil || !a.Granted {
 				t.Fatalf("lease 60 = %+v, %v", a, err)
 			}
-			for range 200 {
-				wg.Go(func() {
-					a, err := s.Charge(ctx, &wire.ChargeRequest{Buckets: []wire.ChargeBucket{{Key: "ledger-refund", Rate: 0.01, Burst: 100, Amount: -5}}})
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					mu.Lock()
-					refunded -= a.Buckets[0].Applied
-					mu.Unlock()
-				})
-			}
-			wg.Wait()
-			if refunded != 40 {
+			if refunded := concurrentRefunds(ctx, t, s, wire.ChargeBucket{Key: "ledger-refund", Rate: 0.01, Burst: 100, Amount: -5}, 200); refunded != 40 {
 				t.Fatalf("200 concurrent refunds of 5 after a decision of 40 gave back %v, want 40", refunded)
 			}
 			// Buckets in different slots (on the cluster): each records its
@@ -618,23 +605,34 @@ func TestIntegrationDelay(t *testing.T) {
 			if d := mustDecide(t, s, delayed("delay-refund", 0.02, 40, 60_000)); !d.Allowed || d.WaitMs < 49_000 || d.WaitMs > 50_000 {
 				t.Fatalf("held: %+v, want a wait of about 50s", d)
 			}
-			var refunded float64
-			for range 100 {
-				wg.Go(func() {
-					a, err := s.Charge(ctx, &wire.ChargeRequest{Buckets: []wire.ChargeBucket{{Key: "delay-refund", Rate: 0.02, Burst: 40, Amount: -1}}})
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					mu.Lock()
-					refunded -= a.Buckets[0].Applied
-					mu.Unlock()
-				})
-			}
-			wg.Wait()
-			if refunded != 1 {
+			if refunded := concurrentRefunds(ctx, t, s, wire.ChargeBucket{Key: "delay-refund", Rate: 0.02, Burst: 40, Amount: -1}, 100); refunded != 1 {
 				t.Fatalf("100 concurrent refunds of a held request of cost 1 gave back %v, want 1", refunded)
 			}
 		})
 	}
+}
+
+// concurrentRefunds sends n charges of b (a refund: b.Amount < 0) at once
+// and returns how much they gave back in all.
+func concurrentRefunds(ctx context.Context, t *testing.T, s Store, b wire.ChargeBucket, n int) float64 {
+	t.Helper()
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		refunded float64
+	)
+	for range n {
+		wg.Go(func() {
+			a, err := s.Charge(ctx, &wire.ChargeRequest{Buckets: []wire.ChargeBucket{b}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			refunded -= a.Buckets[0].Applied
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return refunded
 }
