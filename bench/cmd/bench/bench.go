@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -225,26 +224,14 @@ func (b *bench) startLimitd() error {
 	if err != nil {
 		return err
 	}
+	logFile.Close()
+	// Cleanups run last first: the log goes once spawn's stopped limitd.
+	b.cleanup(func() { os.Remove(logFile.Name()) })
 	cmd := exec.Command(absPath(bin), "--listen", "127.0.0.1:"+strconv.Itoa(port), "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
+	exited, err := b.spawn(cmd, logFile.Name())
+	if err != nil {
 		return err
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	b.cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		logFile.Close()
-		os.Remove(logFile.Name())
-	})
 	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{Proxy: nil}}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
