@@ -23,6 +23,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
@@ -270,9 +272,12 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 // Watch without a token, three times the cap, do not keep a gateway out:
 // its new connection is served (the anonymous ones are evicted at the cap,
 // Watch needs the token), and every anonymous connection is closed before
-// the attack's end.
+// the attack's end. The guard cannot tell a gateway's fresh connection
+// from an attacker's before its first call is read: each is kept from
+// eviction for --conn-grace; the holders' grace here (100 ms) is over long
+// before the gateway connects.
 func TestGRPCDoorHolders(t *testing.T) {
-	l := startDoorLimitd(t, "--grpc-max-conns", "32")
+	l := startDoorLimitd(t, "--grpc-max-conns", "32", "--conn-grace", "100ms")
 	a := startAttack(t, l, "-mode", "holders", "-conns", "96", "-for", "20s")
 	a.waitDialed()
 	answered, took := newGateway(t, l).calls(60, 5*time.Second)
@@ -281,6 +286,39 @@ func TestGRPCDoorHolders(t *testing.T) {
 		r.Opened, r.Refused, r.Closed, r.ClosedAfter, answered, quantile(took, 0.5), quantile(took, 0.99))
 	if answered != 60 {
 		t.Errorf("the gateway got %d of 60 calls answered, want 60", answered)
+	}
+	if r.Closed != r.Opened {
+		t.Errorf("%d of %d anonymous connections still open after %.0f s", r.Opened-r.Closed, r.Opened, r.Seconds)
+	}
+}
+
+// The same holders, and Envoy 1.40's own rate limit filter with the token
+// as the gateway (failure_mode_deny: a failed call is a 500), started while
+// they hold: its 60 requests are answered 200, not 500, and every holder is
+// closed before the attack's end.
+func TestGRPCDoorHoldersEnvoy(t *testing.T) {
+	envoytest.Needs(t, false)
+	l := startDoorLimitd(t, "--grpc-max-conns", "32", "--conn-grace", "100ms")
+	a := startAttack(t, l, "-mode", "holders", "-conns", "96", "-for", "30s")
+	a.waitDialed()
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	e := envoytest.Start(t, envoytest.Options{NoWasm: true, UpstreamPort: up.Port(), RLSPort: l.grpcPort, Concurrency: 2,
+		RateLimit: &envoy.RateLimit{Domain: rlqsDomain, FailureModeDeny: true, Token: doorToken,
+			RouteRateLimits: envoy.RateLimitsYAML(envoy.Descriptor{Actions: []envoy.Action{envoy.RequestHeaders("x-user", "user")}})}})
+	c := e.Client()
+	defer c.Close()
+	statuses := map[int]int{}
+	for range 60 {
+		statuses[c.Get("/", map[string]string{"x-user": "gateway"}).Status]++
+	}
+	r := a.wait()
+	t.Logf("holders against Envoy: %d connections opened, %d refused at the cap, %d of the opened closed by limitd (the last after %.1f s); Envoy's answers %v",
+		r.Opened, r.Refused, r.Closed, r.ClosedAfter, statuses)
+	if statuses[200] != 60 {
+		t.Errorf("Envoy answered %v, want 60 200s", statuses)
+		for _, k := range []string{"cluster.rls.upstream_cx_total", "cluster.rls.upstream_cx_destroy_remote_with_active_rq", "cluster.upstream.ratelimit.error"} {
+			t.Logf("Envoy's %s: %d", k, e.Stat(k))
+		}
 	}
 	if r.Closed != r.Opened {
 		t.Errorf("%d of %d anonymous connections still open after %.0f s", r.Opened-r.Closed, r.Opened, r.Seconds)

@@ -83,8 +83,9 @@ type rlsDoor struct {
 // startRLS loads the configuration (a refused file stops limitd from
 // starting) and serves the rate limit service on the store; nil when
 // --grpc-listen is empty. Its goroutines end with ctx.
-func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []service.Token, identities []service.Identity,
-	identityHeader string, timeout time.Duration, reg prometheus.Registerer, log *slog.Logger,
+// door holds the callers and the guard's times; o adds the door's bounds.
+func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpcdoor.Options, timeout time.Duration,
+	reg prometheus.Registerer, log *slog.Logger,
 ) (*rlsDoor, error) {
 	if o.grpcListen == "" {
 		return nil, nil
@@ -103,8 +104,9 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []
 	if err != nil {
 		return nil, fmt.Errorf("--rls-config: %w", err)
 	}
-	g, err := grpcdoor.New(grpcdoor.Options{Tokens: tokens, Identities: identities, IdentityHeader: identityHeader,
-		MaxConns: o.grpcMaxConns, MaxStreams: uint32(min(o.maxStreams, 1<<31)), MaxRecvBytes: o.maxRecvBytes, Registerer: reg})
+	door.MaxConns, door.MaxStreams, door.MaxRecvBytes = o.grpcMaxConns, uint32(min(o.maxStreams, 1<<31)), o.maxRecvBytes
+	door.Registerer = reg
+	g, err := grpcdoor.New(door)
 	if err != nil {
 		return nil, err
 	}
@@ -121,6 +123,6 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []
 	go g.WatchStore(ctx, store, time.Second)
 	d := &rlsDoor{grpc: g, quota: q, served: make(chan error, 1), addr: ln.Addr().String()}
 	go func() { d.served <- g.Serve(ln) }()
-	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(tokens) > 0)
+	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(door.Tokens) > 0)
 	return d, nil
 }
