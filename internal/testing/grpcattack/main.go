@@ -5,7 +5,10 @@
 // the real build/limitd. It refuses any address but a loopback one, and
 // every mode is bounded in connections, streams, bytes and time.
 //
-//	grpcattack -addr 127.0.0.1:PORT -mode MODE [-conns N] [-streams N] [-for D] [-token T]
+//	grpcattack -addr 127.0.0.1:PORT -mode MODE [-conns N] [-streams N] [-for D] [-token T] [-mixed]
+//
+// Each connection's part lasts -for from its dialing (at most; it ends when
+// the server closes the connection).
 //
 // Modes:
 //
@@ -71,7 +74,7 @@ func main() {
 	mode := flag.String("mode", "", "holders, unfinished or reset")
 	conns := flag.Int("conns", 96, "connections")
 	streams := flag.Int("streams", 8, "streams per connection (unfinished)")
-	hold := flag.Duration("for", 15*time.Second, "how long the attack lasts")
+	hold := flag.Duration("for", 15*time.Second, "how long each connection's part of the attack lasts, from its dialing")
 	token := flag.String("token", "", "a bearer token (reset: every other connection carries it)")
 	mixed := flag.Bool("mixed", false, "unfinished: every other stream calls ShouldRateLimit (else health Check only)")
 	flag.Parse()
@@ -97,7 +100,7 @@ func run(addr, mode string, conns, streams int, hold time.Duration, token string
 	case hold <= 0 || hold > maxFor:
 		return fmt.Errorf("-for: up to %v, got %v", maxFor, hold)
 	}
-	a := &attack{addr: addr, start: time.Now(), end: time.Now().Add(hold), token: token}
+	a := &attack{addr: addr, start: time.Now(), hold: hold, token: token}
 	a.report.Mode = mode
 	var each func(i int, c *client)
 	switch mode {
@@ -123,7 +126,7 @@ func run(addr, mode string, conns, streams int, hold time.Duration, token string
 			defer wg.Done()
 			defer c.conn.Close()
 			each(i, c)
-			if c.waitClosed(a.end) {
+			if c.waitClosed() {
 				a.count(func(r *Report) {
 					r.Closed++
 					r.ClosedAfter = max(r.ClosedAfter, c.closedAt.Sub(a.start).Seconds())
@@ -138,11 +141,12 @@ func run(addr, mode string, conns, streams int, hold time.Duration, token string
 }
 
 type attack struct {
-	addr       string
-	start, end time.Time
-	token      string
-	mu         sync.Mutex
-	report     Report
+	addr   string
+	start  time.Time
+	hold   time.Duration // each connection's, from its dialing
+	token  string
+	mu     sync.Mutex
+	report Report
 }
 
 func (a *attack) count(f func(*Report)) {
@@ -162,6 +166,7 @@ type client struct {
 	next     uint32
 	done     chan struct{} // closed when the server closed the connection
 	closedAt time.Time
+	end      time.Time // the connection's part of the attack ends
 }
 
 func (a *attack) dial() (*client, error) {
@@ -169,7 +174,7 @@ func (a *attack) dial() (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &client{conn: conn, fr: http2.NewFramer(conn, conn), next: 1, done: make(chan struct{})}
+	c := &client{conn: conn, fr: http2.NewFramer(conn, conn), next: 1, done: make(chan struct{}), end: time.Now().Add(a.hold)}
 	c.enc = hpack.NewEncoder(&c.hbuf)
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.WriteString(conn, http2.ClientPreface); err == nil {
@@ -202,12 +207,13 @@ func (a *attack) dial() (*client, error) {
 	return c, nil
 }
 
-// waitClosed waits until the server closes the connection (true) or end.
-func (c *client) waitClosed(end time.Time) bool {
+// waitClosed waits until the server closes the connection (true) or its
+// end.
+func (c *client) waitClosed() bool {
 	select {
 	case <-c.done:
 		return true
-	case <-time.After(time.Until(end)):
+	case <-time.After(time.Until(c.end)):
 		return false
 	}
 }
@@ -291,7 +297,7 @@ func (a *attack) unfinished(c *client, streams int, mixed bool) {
 			return
 		}
 		for sent := 0; sent < messageBytes; sent += chunkBytes {
-			if c.closed() || time.Now().After(a.end) {
+			if c.closed() || time.Now().After(c.end) {
 				return
 			}
 			if err := c.data(id, chunk, false); err != nil {
@@ -312,7 +318,7 @@ func (a *attack) reset(i int, c *client) {
 	msg := []byte{0, 0, 0, 0, 8, 10, 3, 'r', 'l', 's'} // a message of 8 bytes, 5 sent
 	var n int64
 	defer func() { a.count(func(r *Report) { r.Resets += n; r.Streams += int(n) }) }()
-	for n < maxResets && !c.closed() && (n%1024 != 0 || time.Now().Before(a.end)) {
+	for n < maxResets && !c.closed() && (n%1024 != 0 || time.Now().Before(c.end)) {
 		id, err := c.open(rlsMethod, token)
 		if err == nil {
 			err = c.data(id, msg, false)
