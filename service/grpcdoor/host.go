@@ -135,7 +135,8 @@ type Options struct {
 
 // Host is the gRPC door: register services on Server, then Serve. Its
 // health service reports NOT_SERVING for the server ("") and every
-// registered service until SetServing(true).
+// registered service until SetServing(true). A Host is safe for concurrent
+// use.
 type Host struct {
 	srv     *grpc.Server
 	health  *health.Server
