@@ -29,9 +29,17 @@ type ConnOptions struct {
 	// read is kept from eviction (default DefaultConnGrace): its request
 	// may already be in the socket, waiting for the server to read it.
 	Grace time.Duration
+	// UnauthenticatedBusy, when set, is how long a connection that never
+	// carried an authenticated call may stay busy (streams open without a
+	// break) before Sweep closes it. Zero: no bound (the HTTP server's
+	// ReadTimeout bounds a request instead); the gRPC door sets it.
+	UnauthenticatedBusy time.Duration
 	// Now is the guard's clock (default time.Now).
 	Now func() time.Time
-	// Registerer, when set, receives limitd_connections_closed_total.
+	// MetricName names the counter of closed connections (default
+	// limitd_connections_closed_total), one per door on a registry.
+	MetricName string
+	// Registerer, when set, receives the counter of closed connections.
 	Registerer prometheus.Registerer
 }
 
@@ -76,11 +84,15 @@ const (
 // Wire it with Listener, and the http.Server's ConnState and ConnContext
 // (NewHTTPServer does); Server marks each connection that carries a request
 // (MarkRequest), authenticated or refused; call Sweep periodically (limitd
-// does every second) with the current time. A ConnGuard is safe for
+// does every second) with the current time. The gRPC door (package
+// grpcdoor) wires the same guard without net/http: it reports a
+// connection's streams through ConnState (StateActive while one is open,
+// StateIdle when none is) and marks it with Mark. A ConnGuard is safe for
 // concurrent use.
 type ConnGuard struct {
 	max    int
 	idle   time.Duration
+	busy   time.Duration
 	grace  time.Duration
 	now    func() time.Time
 	closed *prometheus.CounterVec
@@ -103,14 +115,18 @@ func NewConnGuard(opts ConnOptions) (*ConnGuard, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.MetricName == "" {
+		opts.MetricName = "limitd_connections_closed_total"
+	}
 	g := &ConnGuard{
 		max:   opts.MaxConns,
 		idle:  opts.UnauthenticatedIdle,
+		busy:  opts.UnauthenticatedBusy,
 		grace: opts.Grace,
 		now:   opts.Now,
 		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limitd_connections_closed_total",
-			Help: "Connections closed by the connection guard: reason cap (a new connection at the cap, none to evict), evicted (an unauthenticated one, for a new one), idle (unauthenticated, idle too long) or refused (answered 401).",
+			Name: opts.MetricName,
+			Help: "Connections closed by the connection guard: reason cap (a new connection at the cap, none to evict), evicted (an unauthenticated one, for a new one), idle (unauthenticated, idle too long), busy (unauthenticated, busy too long; gRPC only) or refused (its call refused for its credentials).",
 		}, []string{"reason"}),
 		conns: make(map[*guardedConn]struct{}),
 	}
@@ -121,6 +137,9 @@ func NewConnGuard(opts ConnOptions) (*ConnGuard, error) {
 	}
 	for _, reason := range closeReasons { // shown at 0 from the start
 		g.closed.WithLabelValues(reason)
+	}
+	if g.busy > 0 {
+		g.closed.WithLabelValues("busy")
 	}
 	return g, nil
 }
@@ -296,6 +315,21 @@ func MarkRequest(ctx context.Context, mark ConnMark) (authenticated bool) {
 	if !ok {
 		return false
 	}
+	return gc.mark(mark)
+}
+
+// Mark records mark on c, a connection g's Listener accepted, as
+// MarkRequest does for a request's; a server without a ConnContext hook
+// (the gRPC door) calls it. Another net.Conn is left alone (false).
+func (g *ConnGuard) Mark(c net.Conn, mark ConnMark) (authenticated bool) {
+	gc, ok := c.(*guardedConn)
+	if !ok || gc.g != g {
+		return false
+	}
+	return gc.mark(mark)
+}
+
+func (gc *guardedConn) mark(mark ConnMark) (authenticated bool) {
 	g := gc.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -313,7 +347,9 @@ func MarkRequest(ctx context.Context, mark ConnMark) (authenticated bool) {
 
 // Sweep closes every connection that never authenticated and has been idle
 // since before now − UnauthenticatedIdle (a fresh one counts as idle since
-// accepted, after its grace), and every refused one, and returns how many.
+// accepted, after its grace), or busy since before now −
+// UnauthenticatedBusy when that is set, and every refused one, and returns
+// how many.
 func (g *ConnGuard) Sweep(now time.Time) int {
 	type victim struct {
 		c      *guardedConn
@@ -328,6 +364,8 @@ func (g *ConnGuard) Sweep(now time.Time) int {
 			victims = append(victims, victim{c, "refused"})
 		case rank == 2 && now.Sub(key) >= g.idle:
 			victims = append(victims, victim{c, "idle"})
+		case rank == 3 && g.busy > 0 && now.Sub(key) >= g.busy:
+			victims = append(victims, victim{c, "busy"})
 		default:
 			continue
 		}

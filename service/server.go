@@ -99,17 +99,14 @@ const DefaultTimeout = time.Second
 // body over the limit, 503 when the store fails or times out.
 type Server struct {
 	store   Store
-	tokens  []serverToken // none: no token needed
-	bearer  BearerTokens  // tokens[i]'s value is bearer's i-th
+	callers *Callers
+	calls   []prometheus.Counter // calls[i] counts callers.Names()[i]'s
 	limits  wire.Limits
 	timeout time.Duration
 	log     *slog.Logger
 	metrics *metrics
 	errLog  LogThrottle
 	mux     *http.ServeMux
-
-	identities map[string]serverIdentity // a front proxy's callers, by the identity it forwards
-	idHeader   string                    // the header it forwards them in
 
 	now        func() time.Time
 	readyEvery time.Duration
@@ -160,51 +157,13 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Token != "" {
 		toks = append([]Token{{Name: "default", Value: cfg.Token}}, toks...)
 	}
-	seen := map[string]bool{}
-	proxies := 0
-	for i, t := range toks {
-		switch {
-		case t.Name == "" || t.Value == "":
-			return nil, fmt.Errorf("service: config: tokens[%d]: name and value are required", i)
-		case seen[t.Name]:
-			return nil, fmt.Errorf("service: config: tokens[%d].name: %q named twice", i, t.Name)
-		}
-		if err := CheckCaller(t.Name); err != nil {
-			return nil, fmt.Errorf("service: config: tokens[%d].name: %w", i, err)
-		}
-		seen[t.Name] = true
-		if t.FrontProxy {
-			proxies++
-		}
-		s.bearer.Add(t.Value)
-		s.tokens = append(s.tokens, serverToken{name: t.Name, frontProxy: t.FrontProxy,
-			calls: m.authorized.WithLabelValues(t.Name)})
+	callers, err := NewCallers(toks, cfg.Identities, cfg.IdentityHeader)
+	if err != nil {
+		return nil, err
 	}
-	switch {
-	case proxies > 0 && cfg.IdentityHeader == "":
-		return nil, errors.New("service: config: identity header: required with a front proxy's token")
-	case len(cfg.Identities) > 0 && proxies == 0:
-		return nil, errors.New("service: config: identities: need a front proxy's token to arrive by")
-	}
-	s.idHeader = http.CanonicalHeaderKey(cfg.IdentityHeader)
-	for i, id := range cfg.Identities {
-		switch {
-		case id.Value == "":
-			return nil, fmt.Errorf("service: config: identities[%d].value: required", i)
-		case seen[id.Name]:
-			return nil, fmt.Errorf("service: config: identities[%d].name: %q named twice", i, id.Name)
-		}
-		if err := CheckCaller(id.Name); err != nil {
-			return nil, fmt.Errorf("service: config: identities[%d].name: %w", i, err)
-		}
-		if _, dup := s.identities[id.Value]; dup {
-			return nil, fmt.Errorf("service: config: identities[%d].value: %q listed twice", i, id.Value)
-		}
-		seen[id.Name] = true
-		if s.identities == nil {
-			s.identities = map[string]serverIdentity{}
-		}
-		s.identities[id.Value] = serverIdentity{name: id.Name, calls: m.authorized.WithLabelValues(id.Name)}
+	s.callers = callers
+	for _, name := range callers.Names() {
+		s.calls = append(s.calls, m.authorized.WithLabelValues(name))
 	}
 	s.mux.HandleFunc("/v1/decide", s.serve(s.decide, m.latency))
 	s.mux.HandleFunc("/v1/lease", s.serve(s.lease, m.leaseLatency))
@@ -359,49 +318,24 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, why string) {
 	s.fail(w, http.StatusUnauthorized, why)
 }
 
-// serverToken is a Token as the server knows it (its value is in
-// Server.bearer, at the same index): its caller's name and counter.
-type serverToken struct {
-	name       string
-	frontProxy bool
-	calls      prometheus.Counter
-}
-
-// serverIdentity is an Identity as the server knows it.
-type serverIdentity struct {
-	name  string
-	calls prometheus.Counter
-}
-
-// authorized returns the caller of r: the name of the bearer token r
-// carries, or, for a front proxy's token, of the identity it forwards in
-// the identity header (exactly one value, one of Config.Identities);
-// DefaultCaller when no token is needed. It counts the call under the
-// caller's name. Otherwise it returns why r is refused. Every token is
-// compared, so the time taken does not say which one matched.
+// authorized returns the caller of r (Callers.Authenticate, from its
+// Authorization and identity headers), DefaultCaller when no token is
+// needed, and counts the call under the caller's name; otherwise it returns
+// why r is refused.
 func (s *Server) authorized(r *http.Request) (caller, why string) {
-	if len(s.tokens) == 0 {
+	if s.callers.Open() {
 		return DefaultCaller, ""
 	}
-	i := s.bearer.Match(r.Header.Get("Authorization"))
+	var identity []string
+	if h := s.callers.IdentityHeader(); h != "" {
+		identity = r.Header[h]
+	}
+	i, why := s.callers.Authenticate(r.Header.Get("Authorization"), identity)
 	if i < 0 {
-		return "", "authorization: missing or wrong bearer token"
+		return "", why
 	}
-	match := &s.tokens[i]
-	if !match.frontProxy {
-		match.calls.Inc()
-		return match.name, ""
-	}
-	vs := r.Header[s.idHeader]
-	id, ok := serverIdentity{}, len(vs) == 1
-	if ok {
-		id, ok = s.identities[vs[0]]
-	}
-	if !ok {
-		return "", "authorization: front proxy " + strconv.Quote(match.name) + ": " + s.idHeader + " names no known caller"
-	}
-	id.calls.Inc()
-	return id.name, ""
+	s.calls[i].Inc()
+	return s.callers.Names()[i], ""
 }
 
 func equalFoldASCII(a, b string) bool {

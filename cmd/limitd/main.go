@@ -42,6 +42,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/version"
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/grpcdoor"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
@@ -109,8 +110,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.ledgerWindow, "ledger-window", service.DefaultLedgerWindow, "how long tokens a lease grants or a decision reserves can be given back (by a return or a refund): at least one window, at most two")
 	fs.IntVar(&o.maxConns, "max-conns", service.DefaultMaxConns, "most HTTP connections open at once; keep it below the open-file limit minus the Redis connections")
-	fs.DurationVar(&o.unauthIdle, "unauthenticated-idle", service.DefaultUnauthenticatedIdle, "how long a connection that never carried an authenticated /v1 call may stay idle")
-	fs.DurationVar(&o.connGrace, "conn-grace", service.DefaultConnGrace, "how long a new connection with no request read yet is kept from eviction at --max-conns")
+	fs.DurationVar(&o.unauthIdle, "unauthenticated-idle", service.DefaultUnauthenticatedIdle, "how long a connection that never carried an authenticated call may stay idle (both doors)")
+	fs.DurationVar(&o.connGrace, "conn-grace", service.DefaultConnGrace, "how long a new connection with no request read yet is kept from eviction at --max-conns (and --grpc-max-conns)")
 	fs.BoolVar(&o.version, "version", false, "print limitd's version (\"dev\" unless the build stamped one: make release) and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -204,7 +205,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	// The rate limit service (gRPC), the second front door on the store.
 	rlsCtx, stopRLS := context.WithCancel(ctx)
 	defer stopRLS()
-	door, err := startRLS(rlsCtx, &o.rls, store, tokens, o.timeout, reg, log)
+	door, err := startRLS(rlsCtx, &o.rls, store, grpcdoor.Options{Tokens: tokens, Identities: identities,
+		IdentityHeader: o.identityHeader, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace}, o.timeout, reg, log)
 	if err != nil {
 		return err
 	}

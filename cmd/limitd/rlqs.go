@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/grpcdoor"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlqs"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 )
@@ -46,9 +47,9 @@ func (o *rlqsOptions) check() error {
 	return nil
 }
 
-// startRLQS registers the rate limit quota service on g, reading srv's
-// configuration.
-func startRLQS(o *rlqsOptions, srv *rls.Server, g *rls.GRPC, store service.Store, tokens []service.Token,
+// startRLQS registers the rate limit quota service on g, the gRPC door,
+// reading srv's configuration.
+func startRLQS(o *rlqsOptions, srv *rls.Server, g *grpcdoor.Host, store service.Store,
 	timeout time.Duration, reg prometheus.Registerer, log *slog.Logger,
 ) (*rlqs.Server, error) {
 	un, _ := rlqs.ParseUnmatched(o.unmatched)
@@ -56,11 +57,11 @@ func startRLQS(o *rlqsOptions, srv *rls.Server, g *rls.GRPC, store service.Store
 	if err != nil {
 		return nil, err
 	}
-	q, err := rlqs.NewServer(rlqs.Options{Store: store, Config: srv.Config, Tokens: tokens, Unmatched: un,
+	q, err := rlqs.NewServer(rlqs.Options{Store: store, Config: srv.Config, Unmatched: un,
 		TTL: o.ttl, AbandonAfter: o.abandonAfter, Timeout: timeout, Logger: log, Metrics: m})
 	if err != nil {
 		return nil, err
 	}
-	g.Register(q.Register)
+	q.Register(g.Server())
 	return q, nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/grpcdoor"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlqs"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
@@ -35,9 +36,9 @@ func (o *rlsOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.algorithm, "rls-algorithm", "token_bucket", "how the rate limit service counts limits that name no algorithm: token_bucket or fixed_window")
 	fs.DurationVar(&o.poll, "rls-config-poll", rls.DefaultPoll, "how often the rate limit service's configuration files are read again")
 	fs.StringVar(&o.windowPrefix, "rls-window-key-prefix", "", "prefix of the rate limit service's fixed-window counters (envoyproxy/ratelimit's CACHE_KEY_PREFIX)")
-	fs.IntVar(&o.grpcMaxConns, "grpc-max-conns", rls.DefaultMaxConns, "most gRPC connections open at once")
-	fs.UintVar(&o.maxStreams, "grpc-max-streams", rls.DefaultMaxStreams, "most gRPC calls in flight per connection")
-	fs.IntVar(&o.maxRecvBytes, "grpc-max-recv-bytes", rls.DefaultMaxRecvBytes, "largest gRPC request message")
+	fs.IntVar(&o.grpcMaxConns, "grpc-max-conns", grpcdoor.DefaultMaxConns, "most gRPC connections open at once; at the cap a new one evicts one that never carried an authenticated call, or is closed")
+	fs.UintVar(&o.maxStreams, "grpc-max-streams", grpcdoor.DefaultMaxStreams, "most gRPC calls in flight per connection")
+	fs.IntVar(&o.maxRecvBytes, "grpc-max-recv-bytes", grpcdoor.DefaultMaxRecvBytes, "largest gRPC request message")
 	o.quota.register(fs)
 }
 
@@ -73,8 +74,8 @@ func (o *rlsOptions) check(tokens int) error {
 
 // rlsDoor is the running rate limit service.
 type rlsDoor struct {
-	grpc   *rls.GRPC
-	quota  *rlqs.Server // the rate limit quota service, on grpc
+	grpc   *grpcdoor.Host // the gRPC door: listener, guard, authentication
+	quota  *rlqs.Server   // the rate limit quota service, on grpc
 	served chan error
 	addr   string
 }
@@ -82,7 +83,8 @@ type rlsDoor struct {
 // startRLS loads the configuration (a refused file stops limitd from
 // starting) and serves the rate limit service on the store; nil when
 // --grpc-listen is empty. Its goroutines end with ctx.
-func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []service.Token, timeout time.Duration,
+// door holds the callers and the guard's times; o adds the door's bounds.
+func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpcdoor.Options, timeout time.Duration,
 	reg prometheus.Registerer, log *slog.Logger,
 ) (*rlsDoor, error) {
 	if o.grpcListen == "" {
@@ -102,12 +104,14 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []
 	if err != nil {
 		return nil, fmt.Errorf("--rls-config: %w", err)
 	}
-	g, err := rls.NewGRPC(srv, rls.GRPCOptions{Tokens: tokens, MaxConns: o.grpcMaxConns,
-		MaxStreams: uint32(min(o.maxStreams, 1<<31)), MaxRecvBytes: o.maxRecvBytes})
+	door.MaxConns, door.MaxStreams, door.MaxRecvBytes = o.grpcMaxConns, uint32(min(o.maxStreams, 1<<31)), o.maxRecvBytes
+	door.Registerer = reg
+	g, err := grpcdoor.New(door)
 	if err != nil {
 		return nil, err
 	}
-	q, err := startRLQS(&o.quota, srv, g, store, tokens, timeout, reg, log)
+	srv.Register(g.Server())
+	q, err := startRLQS(&o.quota, srv, g, store, timeout, reg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -119,6 +123,6 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []
 	go g.WatchStore(ctx, store, time.Second)
 	d := &rlsDoor{grpc: g, quota: q, served: make(chan error, 1), addr: ln.Addr().String()}
 	go func() { d.served <- g.Serve(ln) }()
-	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(tokens) > 0)
+	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(door.Tokens) > 0)
 	return d, nil
 }

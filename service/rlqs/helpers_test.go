@@ -21,6 +21,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/grpcdoor"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
@@ -80,7 +81,7 @@ type fixture struct {
 	store service.Store
 	clock *clock
 	srv   *Server
-	grpc  *rls.GRPC
+	grpc  *grpcdoor.Host
 	conn  *grpc.ClientConn
 	reg   *prometheus.Registry
 }
@@ -91,6 +92,9 @@ type fixtureOpts struct {
 	unmatched Unmatched
 	tokens    []service.Token
 	ttl       time.Duration
+	// identities and identityHeader: a front proxy's callers.
+	identities     []service.Identity
+	identityHeader string
 }
 
 func memoryStore(c *clock) service.Store {
@@ -142,16 +146,17 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.srv, err = NewServer(Options{Store: o.store, Config: rsrv.Config, Tokens: o.tokens, Unmatched: o.unmatched,
+	f.srv, err = NewServer(Options{Store: o.store, Config: rsrv.Config, Unmatched: o.unmatched,
 		TTL: o.ttl, Now: o.clock.Now, Logger: quiet, Metrics: qm})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.grpc, err = rls.NewGRPC(rsrv, rls.GRPCOptions{Tokens: o.tokens})
+	f.grpc, err = grpcdoor.New(grpcdoor.Options{Tokens: o.tokens, Identities: o.identities, IdentityHeader: o.identityHeader})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.grpc.Register(f.srv.Register)
+	rsrv.Register(f.grpc.Server())
+	f.srv.Register(f.grpc.Server())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

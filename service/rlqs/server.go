@@ -63,8 +63,6 @@ package rlqs
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -79,7 +77,6 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -170,10 +167,6 @@ type Options struct {
 	// Config returns the configuration in use (the rate limit service's:
 	// rls.Server.Config); nil means none yet (streams get Unavailable).
 	Config func() *rlsconfig.Config
-	// Tokens are the bearer tokens (as the gRPC server's): the caller's
-	// name, for the ledger and MaxStreamsPerCaller, is the matching one's.
-	// None: every caller is service.DefaultCaller.
-	Tokens []service.Token
 	// Unmatched is the answer to a bucket that matches no limit.
 	Unmatched Unmatched
 	// TTL is an assignment's longest life (DefaultTTL), in whole seconds;
@@ -202,7 +195,6 @@ type Server struct {
 	rlqspb.UnimplementedRateLimitQuotaServiceServer
 
 	opts   Options
-	tokens []authToken
 	shares *shares
 
 	mu       sync.Mutex
@@ -212,11 +204,6 @@ type Server struct {
 	closing  bool
 	// abandonOnClose: Shutdown abandons the streams' buckets.
 	abandonOnClose bool
-}
-
-type authToken struct {
-	sum  [sha256.Size]byte
-	name string
 }
 
 // NewServer returns a Server for opts.
@@ -250,36 +237,13 @@ func NewServer(opts Options) (*Server, error) {
 		opts.Logger = slog.Default()
 	}
 	s := &Server{opts: opts, shares: newShares(), streams: map[uint64]*stream{}, byCaller: map[string]int{}}
-	for _, t := range opts.Tokens {
-		s.tokens = append(s.tokens, authToken{sum: sha256.Sum256([]byte(t.Value)), name: t.Name})
-	}
 	return s, nil
 }
 
-// Register registers s on g (on the rate limit service's gRPC server).
+// Register registers s on g: the gRPC door's server (package grpcdoor),
+// which authenticates each stream and puts its caller (for the ledger and
+// MaxStreamsPerCaller) in the stream's context.
 func (s *Server) Register(g *grpc.Server) { rlqspb.RegisterRateLimitQuotaServiceServer(g, s) }
-
-// caller names the caller of ctx by its bearer token (checked already by the
-// gRPC server's interceptor).
-func (s *Server) caller(ctx context.Context) string {
-	if len(s.tokens) == 0 {
-		return service.DefaultCaller
-	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get("authorization")
-	const scheme = "bearer "
-	if len(vals) != 1 || len(vals[0]) <= len(scheme) || !strings.EqualFold(vals[0][:len(scheme)], scheme) {
-		return ""
-	}
-	sum := sha256.Sum256([]byte(vals[0][len(scheme):]))
-	name := ""
-	for i := range s.tokens {
-		if subtle.ConstantTimeCompare(sum[:], s.tokens[i].sum[:]) == 1 {
-			name = s.tokens[i].name
-		}
-	}
-	return name
-}
 
 // stream is one open StreamRateLimitQuotas call: one Envoy.
 type stream struct {
@@ -338,9 +302,9 @@ type bucket struct {
 
 // StreamRateLimitQuotas serves one Envoy.
 func (s *Server) StreamRateLimitQuotas(srv rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
-	caller := s.caller(srv.Context())
-	if caller == "" {
-		return s.opts.Metrics.refuse(status.Error(codes.Unauthenticated, "rlqs: authorization: missing or wrong bearer token"))
+	caller, ok := service.CallerFrom(srv.Context())
+	if !ok {
+		return s.opts.Metrics.refuse(status.Error(codes.Unauthenticated, "rlqs: authorization: no caller (serve it on the gRPC door)"))
 	}
 	st, err := s.open(caller, srv)
 	if err != nil {

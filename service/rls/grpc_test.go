@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/grpcdoor"
 )
 
 // With tokens, a call needs "authorization: Bearer <token>" in its
@@ -100,8 +101,8 @@ func (f *flaky) Ping(context.Context) error { return f.err }
 func TestMessageBound(t *testing.T) {
 	c := newClock(epoch)
 	f := start(t, basicYAML, fixtureOpts{store: memory(c), now: c.Now})
-	_, err := f.try(t.Context(), request("apis", desc("generic_key", strings.Repeat("x", DefaultMaxRecvBytes))))
+	_, err := f.try(t.Context(), request("apis", desc("generic_key", strings.Repeat("x", grpcdoor.DefaultMaxRecvBytes))))
 	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("a %d-byte message: %v, want ResourceExhausted", DefaultMaxRecvBytes, err)
+		t.Fatalf("a %d-byte message: %v, want ResourceExhausted", grpcdoor.DefaultMaxRecvBytes, err)
 	}
 }

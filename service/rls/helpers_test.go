@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/grpcdoor"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
 
@@ -49,7 +50,7 @@ func (c *clock) Add(d time.Duration) {
 type fixture struct {
 	t      *testing.T
 	srv    *Server
-	grpc   *GRPC
+	grpc   *grpcdoor.Host
 	client pb.RateLimitServiceClient
 	conn   *grpc.ClientConn
 	reg    *prometheus.Registry
@@ -63,6 +64,9 @@ type fixtureOpts struct {
 	now     func() time.Time
 	tokens  []service.Token
 	timeout time.Duration
+	// identities and identityHeader: a front proxy's callers.
+	identities     []service.Identity
+	identityHeader string
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -84,10 +88,11 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	if f.w, err = NewWatcher(f.dir, f.srv, quiet); err != nil {
 		t.Fatal(err)
 	}
-	f.grpc, err = NewGRPC(f.srv, GRPCOptions{Tokens: o.tokens})
+	f.grpc, err = grpcdoor.New(grpcdoor.Options{Tokens: o.tokens, Identities: o.identities, IdentityHeader: o.identityHeader, Registerer: f.reg})
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.srv.Register(f.grpc.Server())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -31,8 +31,6 @@ type Metrics struct {
 	storeErrors  prometheus.Counter
 	shadowErrors prometheus.Counter
 	configLoads  *prometheus.CounterVec
-	authorized   *prometheus.CounterVec
-	unauthorized prometheus.Counter
 	errLog       service.LogThrottle
 
 	mu     sync.RWMutex
@@ -65,14 +63,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Shadow and quota-mode token buckets whose own decision failed in the store (answered OK)."}),
 		configLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "limitd_rls_config_loads_total",
 			Help: "Rate limit service configuration loads, by result: success, or error (the file refused; the previous configuration keeps serving)."}, []string{"result"}),
-		authorized: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "limitd_rls_authorized_calls_total",
-			Help: "ShouldRateLimit calls that carried a valid bearer token, by the token's name."}, []string{"caller"}),
-		unauthorized: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rls_unauthenticated_calls_total",
-			Help: "ShouldRateLimit calls refused for a missing or wrong bearer token."}),
 		series: map[seriesKey]*series{},
 	}
 	for _, c := range []prometheus.Collector{m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode,
-		m.invalid, m.storeErrors, m.shadowErrors, m.configLoads, m.authorized, m.unauthorized} {
+		m.invalid, m.storeErrors, m.shadowErrors, m.configLoads} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("rls: metrics: %w", err)
 		}

@@ -35,6 +35,9 @@ type RateLimit struct {
 	// XRateLimitHeaders is enable_x_ratelimit_headers ("" = DRAFT_VERSION_03,
 	// the x-ratelimit-limit, -remaining and -reset headers; "OFF" for none).
 	XRateLimitHeaders string
+	// Token, when set, is sent as "authorization: Bearer <Token>" in every
+	// call's metadata (the service's initial_metadata): limitd's token.
+	Token string
 	// Extra are more fields of the filter's configuration (YAML), e.g.
 	// "enable_retry_after_header: true".
 	Extra string

@@ -1,0 +1,53 @@
+package service
+
+import (
+	"testing"
+	"time"
+)
+
+// TestConnGuardBusy: with UnauthenticatedBusy (the gRPC door's), a sweep
+// also closes a connection that never authenticated and has been busy (a
+// stream open) that long; an authenticated one, busy or not, never.
+func TestConnGuardBusy(t *testing.T) {
+	const ms = time.Millisecond
+	runGuard(t, ConnOptions{MaxConns: 4, Grace: time.Second, UnauthenticatedIdle: 5 * time.Second, UnauthenticatedBusy: 10 * time.Second}, []guardStep{
+		{0, "admit", "a", "", ""},
+		{0, "admit", "b", "", ""},
+		{0, "admit", "c", "", ""},
+		{0, "active", "a", "", "a opens a stream"},
+		{0, "request", "a", "", "without a token"},
+		{0, "auth", "b", "", "b authenticated"},
+		{0, "active", "b", "", "b opens a stream"},
+		{4999 * ms, "sweep", "", "", "c idle 4.999 s, a busy 4.999 s"},
+		{5000 * ms, "sweep", "", "c", "c idle since accepted, 5 s"},
+		{9999 * ms, "sweep", "", "", "a busy 9.999 s"},
+		{10000 * ms, "sweep", "", "a", "a busy 10 s"},
+		{time.Hour, "sweep", "", "", "b authenticated: never"},
+	})
+}
+
+// Mark marks a connection the guard accepted, as MarkRequest does a
+// request's, and leaves any other alone.
+func TestConnGuardMark(t *testing.T) {
+	g, err := NewConnGuard(ConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := NewConnGuard(ConnOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := g.admit(pipeConn(t))
+	if g.Mark(c, ConnRequest) {
+		t.Error("a connection that carried no authenticated call reported authenticated")
+	}
+	if other.Mark(c, ConnAuthenticated) || g.Mark(pipeConn(t), ConnAuthenticated) {
+		t.Error("a connection another guard accepted, or none did, was marked")
+	}
+	if g.Mark(c, ConnRequest) {
+		t.Error("another guard's mark reached the connection")
+	}
+	if !g.Mark(c, ConnAuthenticated) || !g.Mark(c, ConnRequest) {
+		t.Error("an authenticated connection reported not authenticated")
+	}
+}
