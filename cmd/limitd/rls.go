@@ -26,6 +26,7 @@ type rlsOptions struct {
 	grpcMaxConns int
 	maxStreams   uint
 	maxRecvBytes int
+	maxKeyBytes  int // --max-key-bytes, the HTTP door's flag
 	quota        rlqsOptions
 }
 
@@ -94,7 +95,7 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []
 		return nil, err
 	}
 	srv, err := rls.NewServer(rls.Options{Store: store, Algorithm: algo, WindowKeyPrefix: o.windowPrefix,
-		Timeout: timeout, Logger: log, Metrics: m})
+		MaxKeyBytes: o.maxKeyBytes, Timeout: timeout, Logger: log, Metrics: m})
 	if err != nil {
 		return nil, err
 	}

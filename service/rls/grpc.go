@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -94,7 +93,7 @@ func NewGRPC(s *Server, opts GRPCOptions) (*GRPC, error) {
 		grpc.UnaryInterceptor(a.unary),
 		grpc.StreamInterceptor(a.stream),
 	)
-	pb.RegisterRateLimitServiceServer(srv, s)
+	s.register(srv) // decode.go: the lenient handler
 	h := health.NewServer()
 	h.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	h.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)

@@ -37,7 +37,7 @@ descriptors:
   - key: added
     rate_limit: {unit: minute, requests_per_unit: 1}
 `)
-	if applied, err := f.w.Check(); !applied || err != nil {
+	if applied, err := f.settle(); !applied || err != nil {
 		t.Fatalf("a changed file: applied %v, %v", applied, err)
 	}
 	r := f.call(request("d", desc("kept", "x"), desc("changed", "x"), desc("added", "x")))
@@ -59,7 +59,7 @@ descriptors:
   - key: kept
     rate_limit: {unit: fortnight, requests_per_unit: 5}
 `)
-	applied, err := f.w.Check()
+	applied, err := f.settle()
 	if applied || err == nil {
 		t.Fatalf("a bad file: applied %v, %v", applied, err)
 	}
@@ -83,7 +83,7 @@ descriptors:
 	}
 	f.write("config.yaml", "domain: d\n")
 	f.write("other.yml", "domain: e\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
-	if applied, err := f.w.Check(); !applied || err != nil {
+	if applied, err := f.settle(); !applied || err != nil {
 		t.Fatalf("a fixed file and a new one: applied %v, %v", applied, err)
 	}
 	if got := f.srv.Config().Domains(); strings.Join(got, ",") != "d,e" {
@@ -91,7 +91,7 @@ descriptors:
 	}
 	// A folder's files naming one domain twice are refused.
 	f.write("third.yaml", "domain: e\n")
-	if _, err := f.w.Check(); err == nil || !strings.Contains(err.Error(), "duplicate domain") {
+	if _, err := f.settle(); err == nil || !strings.Contains(err.Error(), "duplicate domain") {
 		t.Errorf("a domain twice: %v", err)
 	}
 	// A missing path is refused too, and the last configuration serves.
@@ -104,4 +104,52 @@ descriptors:
 	if f.srv.Config() == nil || len(f.srv.Config().Domains()) != 2 {
 		t.Error("the configuration was dropped")
 	}
+}
+
+// A file written slowly in place is loaded only once it has stopped
+// changing: a poll that finds the files changed since the last poll waits
+// for the next, and applies them when they read the same on both. A half
+// written file (valid YAML, its limits missing) never serves.
+func TestReloadWaitsForWrittenFiles(t *testing.T) {
+	c := newClock(epoch)
+	f := start(t, basicYAML, fixtureOpts{store: memory(c), now: c.Now})
+	full := basicYAML + "  - key: added\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
+	half := full[:strings.Index(full, "  - key: generic_key")]
+	for i, step := range []struct {
+		write   string // "" writes nothing
+		applied bool
+	}{
+		{half, false}, // new: wait for the next poll
+		{full, false}, // changed since: wait again
+		{"", true},    // the same on two polls: applied
+		{"", false},   // unchanged
+		{half, false}, // a new edit starts
+		{basicYAML, false},
+		{basicYAML, true},
+	} {
+		if step.write != "" {
+			f.write("config.yaml", step.write)
+		}
+		applied, err := f.w.Check()
+		if err != nil || applied != step.applied {
+			t.Fatalf("poll %d: applied %v, %v; want %v", i, applied, err, step.applied)
+		}
+		if lim := f.srv.Config(); len(lim.Limits("apis")) == 0 {
+			t.Fatalf("poll %d: the half-written file serves", i)
+		}
+	}
+	if got := len(f.srv.Config().Limits("apis")); got != 1 {
+		t.Errorf("limits %d after the last poll, want 1", got)
+	}
+}
+
+// settle polls f's files twice, as the Watcher's ticker would: the first
+// poll sees a change, the second applies it. It returns the second poll's
+// result.
+func (f *fixture) settle() (bool, error) {
+	f.t.Helper()
+	if applied, err := f.w.Check(); applied || err != nil {
+		f.t.Fatalf("the first poll after a change: applied %v, %v; want it to wait", applied, err)
+	}
+	return f.w.Check()
 }

@@ -39,8 +39,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -59,7 +57,7 @@ const (
 	// MaxDescriptors bounds the descriptors of one request.
 	MaxDescriptors = 64
 	// MaxEntries bounds the entries of one descriptor.
-	MaxEntries = 32
+	MaxEntries = rlsconfig.MaxEntries
 )
 
 // NearLimitRatio is the share of a limit past which hits count as near the
@@ -75,6 +73,10 @@ type Options struct {
 	// WindowKeyPrefix starts every fixed-window counter's name
 	// (envoyproxy/ratelimit's CACHE_KEY_PREFIX; default none, its default).
 	WindowKeyPrefix string
+	// MaxKeyBytes bounds the names of buckets, counters and the statistics'
+	// descriptor labels; a longer one is hashed (rlsconfig.Naming; default
+	// rlsconfig.DefaultMaxKeyBytes, limitd's --max-key-bytes).
+	MaxKeyBytes int
 	// Timeout bounds each call (default service.DefaultTimeout).
 	Timeout time.Duration
 	// Now is the clock of fixed windows (default time.Now), as
@@ -92,7 +94,7 @@ type Server struct {
 
 	store   service.Store
 	algo    rlsconfig.Algorithm
-	prefix  string
+	names   rlsconfig.Naming
 	timeout time.Duration
 	now     func() time.Time
 	log     *slog.Logger
@@ -122,8 +124,9 @@ func NewServer(opts Options) (*Server, error) {
 		opts.Logger = slog.Default()
 	}
 	return &Server{
-		store: opts.Store, algo: opts.Algorithm, prefix: opts.WindowKeyPrefix, timeout: opts.Timeout,
-		now: opts.Now, log: opts.Logger, metrics: opts.Metrics,
+		store: opts.Store, algo: opts.Algorithm, timeout: opts.Timeout,
+		names: rlsconfig.Naming{MaxKeyBytes: opts.MaxKeyBytes, WindowPrefix: opts.WindowKeyPrefix},
+		now:   opts.Now, log: opts.Logger, metrics: opts.Metrics,
 	}, nil
 }
 
@@ -218,6 +221,7 @@ func (s *Server) translate(cfg *rlsconfig.Config, req *pb.RateLimitRequest) ([]d
 		}
 		d.limit, d.values = m.Limit, m.Values
 		if d.limit != nil {
+			d.limit.Key = s.names.Label(d.limit.Key) // d.limit is the lookup's copy
 			for _, r := range d.limit.Replaces {
 				replacing[r] = true
 			}
@@ -272,14 +276,14 @@ func (s *Server) count(ctx context.Context, domain string, ds []descriptor) erro
 			div := d.limit.Unit.Seconds()
 			d.index = len(wreq.Windows)
 			wreq.Windows = append(wreq.Windows, service.Window{
-				Key:    WindowKey(s.prefix, domain, d.entries, d.values, now.Unix()/div*div),
+				Key:    s.names.WindowKey(domain, d.entries, d.values, now.Unix()/div*div),
 				Hits:   d.hits,
 				Expiry: div,
 			})
 			d.reset = time.Duration(div-now.Unix()%div) * time.Second
 		default:
 			rate := float64(d.limit.RequestsPerUnit) / float64(d.limit.Unit.Seconds())
-			key := BucketKey(domain, d.entries, d.values)
+			key := s.names.BucketKey(domain, d.entries, d.values)
 			b := wire.Bucket{Key: key, Rate: rate, Burst: float64(d.limit.Capacity()), Cost: float64(d.hits), Shadow: !d.enforced()}
 			d.index = -1
 			for j := range breq.Buckets { // the same bucket twice: one take of both costs
@@ -376,40 +380,4 @@ func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
 		resp.Statuses[i] = st
 	}
 	return resp
-}
-
-// BucketKey is the key of the token bucket of a descriptor of domain whose
-// entries name it with values: "<domain>_<key1>_<value1>_<key2>_<value2>_",
-// envoyproxy/ratelimit's counter name without the window. The store names
-// it as any /v1/decide bucket of that key and limit (see package service).
-func BucketKey(domain string, entries []rlsconfig.Entry, values []string) string {
-	var b strings.Builder
-	writeKey(&b, domain, entries, values)
-	return b.String()
-}
-
-// WindowKey is the name of the fixed-window counter of a descriptor, as
-// envoyproxy/ratelimit names it: prefix, BucketKey, and the window's start
-// in Unix seconds.
-func WindowKey(prefix, domain string, entries []rlsconfig.Entry, values []string, start int64) string {
-	var b strings.Builder
-	b.WriteString(prefix)
-	writeKey(&b, domain, entries, values)
-	b.WriteString(strconv.FormatInt(start, 10))
-	return b.String()
-}
-
-func writeKey(b *strings.Builder, domain string, entries []rlsconfig.Entry, values []string) {
-	b.WriteString(domain)
-	b.WriteByte('_')
-	for i, e := range entries {
-		b.WriteString(e.Key)
-		b.WriteByte('_')
-		if i < len(values) {
-			b.WriteString(values[i])
-		} else {
-			b.WriteString(e.Value)
-		}
-		b.WriteByte('_')
-	}
 }
