@@ -14,14 +14,18 @@
 //
 //   - token_bucket (the default): a bucket of capacity requests_per_unit
 //     (or the extension burst) refilled continuously at requests_per_unit per
-//     unit, named like a /v1/decide bucket whose key is
-//     "<domain>_<key>_<value>_..._" (BucketKey). The buckets of a request are
-//     decided together: when one refuses, none is taken from.
+//     unit, named like a /v1/decide bucket whose key is the descriptor's
+//     unambiguous name (rlsconfig.Naming.BucketKey). The buckets of a request
+//     are decided together: when one refuses, none is taken from.
 //   - fixed_window: envoyproxy/ratelimit's counter of the window (now
 //     truncated to the unit), incremented by the hits, over the limit past
-//     requests_per_unit, named as it names them (WindowKey). Every counter
-//     counts, over the limit or not, as there. When an enforced window is
-//     over its limit, the request's token buckets are only read.
+//     requests_per_unit, named as it names them (rlsconfig.Naming.WindowKey).
+//     Every counter counts, over the limit or not, as there. When an enforced
+//     window is over its limit, the request's token buckets are only read.
+//
+// Names and the statistics' descriptor labels longer than
+// Options.MaxKeyBytes are hashed (rlsconfig.Naming). A request's string that
+// is not valid UTF-8 is read in a stated form and decided (decode.go).
 //
 // requests_per_unit 0 is counted as a fixed window whatever the algorithm (a
 // bucket of capacity 0 would never refill): every hit is over the limit.
@@ -260,6 +264,24 @@ func (d *descriptor) enforced() bool { return !d.limit.ShadowMode && !d.limit.Qu
 // happens), then the token buckets in one decision, only read when an
 // enforced window is over its limit.
 func (s *Server) count(ctx context.Context, domain string, ds []descriptor) error {
+	wreq, breq := s.storeRequests(domain, ds)
+	refused := false
+	if len(wreq.Windows) > 0 {
+		var err error
+		if refused, err = s.countWindows(ctx, wreq, ds); err != nil {
+			return err
+		}
+	}
+	if len(breq.Buckets) == 0 {
+		return nil
+	}
+	return s.decideBuckets(ctx, breq, ds, refused)
+}
+
+// storeRequests builds the store's requests of ds: a counter per fixed
+// window, a bucket per token bucket (the same bucket twice is one bucket of
+// both costs), each descriptor's index into its request set.
+func (s *Server) storeRequests(domain string, ds []descriptor) (*service.CountRequest, *wire.Request) {
 	var wreq service.CountRequest
 	var breq wire.Request
 	var now time.Time
@@ -268,8 +290,7 @@ func (s *Server) count(ctx context.Context, domain string, ds []descriptor) erro
 		if d.limit == nil {
 			continue
 		}
-		switch d.algo {
-		case rlsconfig.FixedWindow:
+		if d.algo == rlsconfig.FixedWindow {
 			if now.IsZero() {
 				now = s.now()
 			}
@@ -281,53 +302,59 @@ func (s *Server) count(ctx context.Context, domain string, ds []descriptor) erro
 				Expiry: div,
 			})
 			d.reset = time.Duration(div-now.Unix()%div) * time.Second
-		default:
-			rate := float64(d.limit.RequestsPerUnit) / float64(d.limit.Unit.Seconds())
-			key := s.names.BucketKey(domain, d.entries, d.values)
-			b := wire.Bucket{Key: key, Rate: rate, Burst: float64(d.limit.Capacity()), Cost: float64(d.hits), Shadow: !d.enforced()}
-			d.index = -1
-			for j := range breq.Buckets { // the same bucket twice: one take of both costs
-				if o := &breq.Buckets[j]; o.Key == b.Key && o.Rate == b.Rate && o.Burst == b.Burst && o.Shadow == b.Shadow {
-					o.Cost += b.Cost
-					d.index = j
-				}
-			}
-			if d.index < 0 {
-				d.index = len(breq.Buckets)
-				breq.Buckets = append(breq.Buckets, b)
+			continue
+		}
+		rate := float64(d.limit.RequestsPerUnit) / float64(d.limit.Unit.Seconds())
+		key := s.names.BucketKey(domain, d.entries, d.values)
+		b := wire.Bucket{Key: key, Rate: rate, Burst: float64(d.limit.Capacity()), Cost: float64(d.hits), Shadow: !d.enforced()}
+		d.index = -1
+		for j := range breq.Buckets {
+			if o := &breq.Buckets[j]; o.Key == b.Key && o.Rate == b.Rate && o.Burst == b.Burst && o.Shadow == b.Shadow {
+				o.Cost += b.Cost
+				d.index = j
 			}
 		}
-	}
-	refused := false
-	if len(wreq.Windows) > 0 {
-		a, err := s.store.Count(ctx, &wreq)
-		if err != nil {
-			return err
-		}
-		for i := range ds {
-			d := &ds[i]
-			if d.limit == nil || d.algo != rlsconfig.FixedWindow {
-				continue
-			}
-			d.after = a.Counts[d.index]
-			d.before = d.after - min(d.after, d.hits)
-			limit := uint64(d.limit.RequestsPerUnit)
-			d.over = d.after > limit
-			if !d.over {
-				d.remaining = limit - d.after
-			}
-			refused = refused || (d.over && d.enforced())
+		if d.index < 0 {
+			d.index = len(breq.Buckets)
+			breq.Buckets = append(breq.Buckets, b)
 		}
 	}
-	if len(breq.Buckets) == 0 {
-		return nil
+	return &wreq, &breq
+}
+
+// countWindows increments the fixed windows' counters and reads the
+// answers into ds; refused reports an enforced window over its limit.
+func (s *Server) countWindows(ctx context.Context, wreq *service.CountRequest, ds []descriptor) (refused bool, err error) {
+	a, err := s.store.Count(ctx, wreq)
+	if err != nil {
+		return false, err
 	}
+	for i := range ds {
+		d := &ds[i]
+		if d.limit == nil || d.algo != rlsconfig.FixedWindow {
+			continue
+		}
+		d.after = a.Counts[d.index]
+		d.before = d.after - min(d.after, d.hits)
+		limit := uint64(d.limit.RequestsPerUnit)
+		d.over = d.after > limit
+		if !d.over {
+			d.remaining = limit - d.after
+		}
+		refused = refused || (d.over && d.enforced())
+	}
+	return refused, nil
+}
+
+// decideBuckets decides the token buckets in one decision (costs 0 when
+// refused: only read) and reads the answers into ds.
+func (s *Server) decideBuckets(ctx context.Context, breq *wire.Request, ds []descriptor, refused bool) error {
 	if refused {
 		for j := range breq.Buckets {
 			breq.Buckets[j].Cost = 0
 		}
 	}
-	a, shadowErrs, err := service.Decide(ctx, s.store, &breq)
+	a, shadowErrs, err := service.Decide(ctx, s.store, breq)
 	if err != nil {
 		return err
 	}
