@@ -1,10 +1,14 @@
 package rls
 
 import (
+	"bytes"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // A changed file applies without a restart; every bucket whose limit did
@@ -152,4 +156,36 @@ func (f *fixture) settle() (bool, error) {
 		f.t.Fatalf("the first poll after a change: applied %v, %v; want it to wait", applied, err)
 	}
 	return f.w.Check()
+}
+
+// A FIFO named like a configuration file neither blocks the Watcher nor
+// passes silently: it is skipped, and logged once while it stays.
+func TestReloadSkipsFIFO(t *testing.T) {
+	c := newClock(epoch)
+	f := start(t, basicYAML, fixtureOpts{store: memory(c), now: c.Now})
+	if err := syscall.Mkfifo(filepath.Join(f.dir, "fifo.yaml"), 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	var logs bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		w, err := NewWatcher(f.dir, f.srv, slog.New(slog.NewTextHandler(&logs, nil)))
+		if err == nil {
+			_, err = w.Check()
+		}
+		done <- err
+	}()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-timeout.C:
+		t.Fatal("the Watcher blocked on a FIFO")
+	}
+	if got := strings.Count(logs.String(), "fifo.yaml"); got != 1 {
+		t.Errorf("logs %q: want the FIFO named once", logs.String())
+	}
 }
