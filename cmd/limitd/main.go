@@ -205,6 +205,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	// The rate limit service (gRPC), the second front door on the store.
 	rlsCtx, stopRLS := context.WithCancel(ctx)
 	defer stopRLS()
+	o.rls.maxKeyBytes = o.limits.MaxKeyBytes // RLS names past it are hashed
 	door, err := startRLS(rlsCtx, &o.rls, store, grpcdoor.Options{Tokens: tokens, Identities: identities,
 		IdentityHeader: o.identityHeader, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace}, o.timeout, reg, log)
 	if err != nil {

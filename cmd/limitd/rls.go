@@ -27,6 +27,7 @@ type rlsOptions struct {
 	grpcMaxConns int
 	maxStreams   uint
 	maxRecvBytes int
+	maxKeyBytes  int // --max-key-bytes, the HTTP door's flag
 	quota        rlqsOptions
 }
 
@@ -96,7 +97,7 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 		return nil, err
 	}
 	srv, err := rls.NewServer(rls.Options{Store: store, Algorithm: algo, WindowKeyPrefix: o.windowPrefix,
-		Timeout: timeout, Logger: log, Metrics: m})
+		MaxKeyBytes: o.maxKeyBytes, Timeout: timeout, Logger: log, Metrics: m})
 	if err != nil {
 		return nil, err
 	}

@@ -75,10 +75,10 @@ func TestExtensions(t *testing.T) {
 			var window, bucket bool
 			for _, k := range strings.Split(keys, "\n") {
 				window = window || strings.HasPrefix(k, "ext_window_k_")
-				bucket = bucket || strings.HasPrefix(k, "rl:") && strings.HasSuffix(k, "ext_bucket_k_")
+				bucket = bucket || strings.HasPrefix(k, "rl:") && strings.HasSuffix(k, ":3:ext_6:bucket_1:k")
 			}
 			if !window || !bucket {
-				t.Errorf("Redis keys %q: want a window's counter ext_window_k_<start> and a bucket rl:...ext_bucket_k_", keys)
+				t.Errorf("Redis keys %q: want a window's counter ext_window_k_<start> and a bucket rl:...:3:ext_6:bucket_1:k", keys)
 			}
 		})
 	}

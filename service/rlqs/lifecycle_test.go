@@ -12,7 +12,6 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 	"github.com/ratelimit-wasm/tokenbucket/service"
-	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
@@ -67,7 +66,7 @@ func TestAbandonIdle(t *testing.T) {
 		// remaining reads the global bucket (a lease of nothing).
 		remaining := func() int64 {
 			ans, err := st.Lease(context.Background(), &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{
-				Key: rls.BucketKey("quota", []rlsconfig.Entry{{Key: "api_key", Value: "idle"}}, nil), Rate: 40.0 / 60, Burst: 40}}})
+				Key: rlsconfig.Naming{}.BucketKey("quota", []rlsconfig.Entry{{Key: "api_key", Value: "idle"}}, nil), Rate: 40.0 / 60, Burst: 40}}})
 			if err != nil {
 				t.Fatal(err)
 			}

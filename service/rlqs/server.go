@@ -16,7 +16,7 @@
 // unmatched and gets the Unmatched default (blanket ALLOW_ALL or DENY_ALL);
 // a map that names two keys of one level is ambiguous and gets the same
 // default, counted apart. A matched token_bucket limit is the bucket
-// service.Decide would decide for ShouldRateLimit: rls.BucketKey, the
+// service.Decide would decide for ShouldRateLimit: rlsconfig.Naming.BucketKey, the
 // limit's rate and capacity. An unlimited, shadow_mode or quota_mode limit
 // is ALLOW_ALL; a limit of 0, or a fixed_window limit (it is a counter, not
 // a bucket that can be leased), DENY_ALL.
@@ -617,7 +617,7 @@ func (s *Server) newBucket(cfg *rlsconfig.Config, domain string, id *rlqspb.Buck
 		b.sent = shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
 		return b
 	}
-	b.key = rls.BucketKey(domain, entries, m.Values)
+	b.key = rlsconfig.Naming{}.BucketKey(domain, entries, m.Values)
 	b.rate = float64(l.RequestsPerUnit) / float64(l.Unit.Seconds())
 	b.burst = float64(l.Capacity())
 	b.sent = shape{blanket: typev3.RateLimitStrategy_DENY_ALL}

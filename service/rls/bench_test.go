@@ -1,10 +1,14 @@
 package rls
 
 import (
+	"bytes"
 	"testing"
 	"time"
 
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
@@ -40,4 +44,42 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkDecodeRequest is the handler's decoding of one request of two
+// nested descriptors: valid (strict, as the generated handler decodes, plus
+// the copy of its bytes as unknown fields), and with a value not UTF-8
+// (strict, mended, strict again).
+func BenchmarkDecodeRequest(b *testing.B) {
+	req := request("rl", desc("source_cluster", "proxy", "destination_cluster", "@@"), desc("wild", "foo1"))
+	valid, err := proto.Marshal(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	invalid := bytes.ReplaceAll(valid, []byte("@@"), []byte("\xff\xfe"))
+	for _, tc := range []struct {
+		name string
+		wire []byte
+	}{{"valid", valid}, {"invalid-utf8", invalid}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				raw := &emptypb.Empty{}
+				if err := proto.Unmarshal(tc.wire, raw); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := decodeRequest(raw.ProtoReflect().GetUnknown()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	b.Run("generated", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := proto.Unmarshal(valid, &pb.RateLimitRequest{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

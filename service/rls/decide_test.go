@@ -35,8 +35,8 @@ func TestSameBucketAsDecide(t *testing.T) {
 	}
 	h := httptest.NewServer(api)
 	defer h.Close()
-	key := BucketKey("apis", []rlsconfig.Entry{{Key: "generic_key", Value: "slow"}}, nil)
-	if key != "apis_generic_key_slow_" {
+	key := rlsconfig.Naming{}.BucketKey("apis", []rlsconfig.Entry{{Key: "generic_key", Value: "slow"}}, nil)
+	if key != "4:apis_11:generic_key_4:slow" {
 		t.Fatalf("BucketKey = %q", key)
 	}
 	body := `{"buckets":[{"key":"` + key + `","tokens_per_second":` + strconv.FormatFloat(10.0/60, 'g', -1, 64) + `,"burst":10,"cost":1}]}`
@@ -80,7 +80,7 @@ func TestDelayedDebtRefusesRLS(t *testing.T) {
 			for range 10 {
 				f.call(request("apis", desc("generic_key", "slow")))
 			}
-			key := BucketKey("apis", []rlsconfig.Entry{{Key: "generic_key", Value: "slow"}}, nil)
+			key := rlsconfig.Naming{}.BucketKey("apis", []rlsconfig.Entry{{Key: "generic_key", Value: "slow"}}, nil)
 			held := &wire.Request{Buckets: []wire.Bucket{{Key: key, Rate: 10.0 / 60, Burst: 10, Cost: 1, MaxDelayMs: 60_000}}}
 			a, _, err := service.Decide(context.Background(), st, held)
 			if err != nil || !a.Allowed || a.WaitMs != 6000 {

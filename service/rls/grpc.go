@@ -1,7 +1,6 @@
 package rls
 
 import (
-	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 )
 
@@ -11,5 +10,7 @@ const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
 // Register registers s on g: the gRPC door's server (package grpcdoor),
 // which authenticates each call and puts its caller in the call's context
-// before ShouldRateLimit runs. Call it before the door serves.
-func (s *Server) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
+// before ShouldRateLimit runs. Call it before the door serves. The service
+// decodes its requests itself (decode.go), so that a descriptor value that
+// is not UTF-8 is decided rather than failing the call.
+func (s *Server) Register(g *grpc.Server) { s.register(g) }

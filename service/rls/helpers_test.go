@@ -59,11 +59,12 @@ type fixture struct {
 }
 
 type fixtureOpts struct {
-	store   service.Store
-	algo    rlsconfig.Algorithm
-	now     func() time.Time
-	tokens  []service.Token
-	timeout time.Duration
+	store       service.Store
+	algo        rlsconfig.Algorithm
+	now         func() time.Time
+	tokens      []service.Token
+	timeout     time.Duration
+	maxKeyBytes int
 	// identities and identityHeader: a front proxy's callers.
 	identities     []service.Identity
 	identityHeader string
@@ -81,7 +82,8 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.srv, err = NewServer(Options{Store: o.store, Algorithm: o.algo, Now: o.now, Logger: quiet, Metrics: m, Timeout: o.timeout})
+	f.srv, err = NewServer(Options{Store: o.store, Algorithm: o.algo, Now: o.now, Logger: quiet, Metrics: m, Timeout: o.timeout,
+		MaxKeyBytes: o.maxKeyBytes})
 	if err != nil {
 		t.Fatal(err)
 	}

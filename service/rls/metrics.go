@@ -118,8 +118,9 @@ func (m *Metrics) of(domain, key string) *series {
 }
 
 // validLabel is s with invalid UTF-8 replaced (Prometheus refuses such label
-// values). gRPC's decoder already refuses them in a request's strings; this
-// keeps a caller without that check from failing the call.
+// values). The handler's decoder already puts a request's invalid strings in
+// a valid form (decode.go); this keeps a caller of ShouldRateLimit that
+// skips it from failing the call.
 func validLabel(s string) string {
 	if utf8.ValidString(s) {
 		return s

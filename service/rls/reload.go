@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
@@ -13,11 +14,22 @@ import (
 const DefaultPoll = 2 * time.Second
 
 // Watcher keeps a Server's configuration in step with its files: Check reads
-// them, and when their names or contents changed, parses them and applies
-// the result, or, when they are refused, logs the error, counts it
-// (limitd_rls_config_loads_total{result="error"}) and keeps the previous
-// configuration serving. A refused configuration is not tried again until
-// the files change once more.
+// them, and when their names or contents changed and then read the same on
+// the next poll, parses them and applies the result, or, when they are
+// refused, logs the error, counts it (limitd_rls_config_loads_total{result=
+// "error"}) and keeps the previous configuration serving. A refused
+// configuration is not tried again until the files change once more.
+//
+// A change is applied only once it has stopped: files that differ from
+// those of the previous poll are read again at the next, so a file written
+// slowly in place is not loaded half-written (unless its writer pauses for
+// a whole poll). A file renamed into place is whole when it appears and is
+// loaded by the poll after the one that first sees it. Only the first
+// load, at start, applies what one read finds.
+//
+// Only regular files are read (rlsconfig.ReadFiles): another entry of the
+// folder named like a configuration file (a FIFO, a socket) is skipped, and
+// logged each time the set of such entries changes.
 //
 // The files are polled, not watched through inotify: a poll sees every way a
 // file can change (edited in place, replaced by a rename, a Kubernetes
@@ -26,11 +38,14 @@ const DefaultPoll = 2 * time.Second
 // of waiting for an event. Reading a few small files every DefaultPoll costs
 // nothing next to the service's calls.
 type Watcher struct {
-	path   string
-	server *Server
-	log    *slog.Logger
-	sum    [sha256.Size]byte
-	loaded bool
+	path    string
+	server  *Server
+	log     *slog.Logger
+	sum     [sha256.Size]byte // of the files last applied or refused
+	loaded  bool
+	seen    [sha256.Size]byte // of the files the previous poll read
+	seenOK  bool              // the previous poll read the files
+	skipped string            // the entries skipped, as last logged
 }
 
 // NewWatcher loads the configuration at path into s: an error when it is
@@ -46,13 +61,20 @@ func NewWatcher(path string, s *Server, log *slog.Logger) (*Watcher, error) {
 	return w, nil
 }
 
-// Check reads the configuration files and applies them when they changed.
-// It reports whether a new configuration was applied, and the error of one
-// that was refused.
+// Check reads the configuration files and applies them when they changed
+// and read the same on the previous poll. It reports whether a new
+// configuration was applied, and the error of one that was refused.
 func (w *Watcher) Check() (bool, error) {
-	files, err := rlsconfig.ReadFiles(w.path)
+	files, skipped, err := rlsconfig.ReadFiles(w.path)
 	if err != nil {
+		w.seenOK = false
 		return false, w.refuse(err)
+	}
+	if s := strings.Join(skipped, ","); s != w.skipped {
+		w.skipped = s
+		if s != "" {
+			w.log.Warn("rate limit service: configuration entries skipped: not regular files", "path", w.path, "skipped", skipped)
+		}
 	}
 	h := sha256.New()
 	for _, f := range files {
@@ -63,7 +85,9 @@ func (w *Watcher) Check() (bool, error) {
 	}
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
-	if w.loaded && sum == w.sum {
+	settled := w.seenOK && sum == w.seen
+	w.seen, w.seenOK = sum, true
+	if w.loaded && (sum == w.sum || !settled) {
 		return false, nil
 	}
 	w.sum, w.loaded = sum, true

@@ -14,14 +14,18 @@
 //
 //   - token_bucket (the default): a bucket of capacity requests_per_unit
 //     (or the extension burst) refilled continuously at requests_per_unit per
-//     unit, named like a /v1/decide bucket whose key is
-//     "<domain>_<key>_<value>_..._" (BucketKey). The buckets of a request are
-//     decided together: when one refuses, none is taken from.
+//     unit, named like a /v1/decide bucket whose key is the descriptor's
+//     unambiguous name (rlsconfig.Naming.BucketKey). The buckets of a request
+//     are decided together: when one refuses, none is taken from.
 //   - fixed_window: envoyproxy/ratelimit's counter of the window (now
 //     truncated to the unit), incremented by the hits, over the limit past
-//     requests_per_unit, named as it names them (WindowKey). Every counter
-//     counts, over the limit or not, as there. When an enforced window is
-//     over its limit, the request's token buckets are only read.
+//     requests_per_unit, named as it names them (rlsconfig.Naming.WindowKey).
+//     Every counter counts, over the limit or not, as there. When an enforced
+//     window is over its limit, the request's token buckets are only read.
+//
+// Names and the statistics' descriptor labels longer than
+// Options.MaxKeyBytes are hashed (rlsconfig.Naming). A request's string that
+// is not valid UTF-8 is read in a stated form and decided (decode.go).
 //
 // requests_per_unit 0 is counted as a fixed window whatever the algorithm (a
 // bucket of capacity 0 would never refill): every hit is over the limit.
@@ -39,8 +43,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -59,7 +61,7 @@ const (
 	// MaxDescriptors bounds the descriptors of one request.
 	MaxDescriptors = 64
 	// MaxEntries bounds the entries of one descriptor.
-	MaxEntries = 32
+	MaxEntries = rlsconfig.MaxEntries
 )
 
 // NearLimitRatio is the share of a limit past which hits count as near the
@@ -75,6 +77,10 @@ type Options struct {
 	// WindowKeyPrefix starts every fixed-window counter's name
 	// (envoyproxy/ratelimit's CACHE_KEY_PREFIX; default none, its default).
 	WindowKeyPrefix string
+	// MaxKeyBytes bounds the names of buckets, counters and the statistics'
+	// descriptor labels; a longer one is hashed (rlsconfig.Naming; default
+	// rlsconfig.DefaultMaxKeyBytes, limitd's --max-key-bytes).
+	MaxKeyBytes int
 	// Timeout bounds each call (default service.DefaultTimeout).
 	Timeout time.Duration
 	// Now is the clock of fixed windows (default time.Now), as
@@ -92,7 +98,7 @@ type Server struct {
 
 	store   service.Store
 	algo    rlsconfig.Algorithm
-	prefix  string
+	names   rlsconfig.Naming
 	timeout time.Duration
 	now     func() time.Time
 	log     *slog.Logger
@@ -122,8 +128,9 @@ func NewServer(opts Options) (*Server, error) {
 		opts.Logger = slog.Default()
 	}
 	return &Server{
-		store: opts.Store, algo: opts.Algorithm, prefix: opts.WindowKeyPrefix, timeout: opts.Timeout,
-		now: opts.Now, log: opts.Logger, metrics: opts.Metrics,
+		store: opts.Store, algo: opts.Algorithm, timeout: opts.Timeout,
+		names: rlsconfig.Naming{MaxKeyBytes: opts.MaxKeyBytes, WindowPrefix: opts.WindowKeyPrefix},
+		now:   opts.Now, log: opts.Logger, metrics: opts.Metrics,
 	}, nil
 }
 
@@ -218,6 +225,7 @@ func (s *Server) translate(cfg *rlsconfig.Config, req *pb.RateLimitRequest) ([]d
 		}
 		d.limit, d.values = m.Limit, m.Values
 		if d.limit != nil {
+			d.limit.Key = s.names.Label(d.limit.Key) // d.limit is the lookup's copy
 			for _, r := range d.limit.Replaces {
 				replacing[r] = true
 			}
@@ -256,6 +264,24 @@ func (d *descriptor) enforced() bool { return !d.limit.ShadowMode && !d.limit.Qu
 // happens), then the token buckets in one decision, only read when an
 // enforced window is over its limit.
 func (s *Server) count(ctx context.Context, domain string, ds []descriptor) error {
+	wreq, breq := s.storeRequests(domain, ds)
+	refused := false
+	if len(wreq.Windows) > 0 {
+		var err error
+		if refused, err = s.countWindows(ctx, wreq, ds); err != nil {
+			return err
+		}
+	}
+	if len(breq.Buckets) == 0 {
+		return nil
+	}
+	return s.decideBuckets(ctx, breq, ds, refused)
+}
+
+// storeRequests builds the store's requests of ds: a counter per fixed
+// window, a bucket per token bucket (the same bucket twice is one bucket of
+// both costs), each descriptor's index into its request set.
+func (s *Server) storeRequests(domain string, ds []descriptor) (*service.CountRequest, *wire.Request) {
 	var wreq service.CountRequest
 	var breq wire.Request
 	var now time.Time
@@ -264,66 +290,71 @@ func (s *Server) count(ctx context.Context, domain string, ds []descriptor) erro
 		if d.limit == nil {
 			continue
 		}
-		switch d.algo {
-		case rlsconfig.FixedWindow:
+		if d.algo == rlsconfig.FixedWindow {
 			if now.IsZero() {
 				now = s.now()
 			}
 			div := d.limit.Unit.Seconds()
 			d.index = len(wreq.Windows)
 			wreq.Windows = append(wreq.Windows, service.Window{
-				Key:    WindowKey(s.prefix, domain, d.entries, d.values, now.Unix()/div*div),
+				Key:    s.names.WindowKey(domain, d.entries, d.values, now.Unix()/div*div),
 				Hits:   d.hits,
 				Expiry: div,
 			})
 			d.reset = time.Duration(div-now.Unix()%div) * time.Second
-		default:
-			rate := float64(d.limit.RequestsPerUnit) / float64(d.limit.Unit.Seconds())
-			key := BucketKey(domain, d.entries, d.values)
-			b := wire.Bucket{Key: key, Rate: rate, Burst: float64(d.limit.Capacity()), Cost: float64(d.hits), Shadow: !d.enforced()}
-			d.index = -1
-			for j := range breq.Buckets { // the same bucket twice: one take of both costs
-				if o := &breq.Buckets[j]; o.Key == b.Key && o.Rate == b.Rate && o.Burst == b.Burst && o.Shadow == b.Shadow {
-					o.Cost += b.Cost
-					d.index = j
-				}
-			}
-			if d.index < 0 {
-				d.index = len(breq.Buckets)
-				breq.Buckets = append(breq.Buckets, b)
+			continue
+		}
+		rate := float64(d.limit.RequestsPerUnit) / float64(d.limit.Unit.Seconds())
+		key := s.names.BucketKey(domain, d.entries, d.values)
+		b := wire.Bucket{Key: key, Rate: rate, Burst: float64(d.limit.Capacity()), Cost: float64(d.hits), Shadow: !d.enforced()}
+		d.index = -1
+		for j := range breq.Buckets {
+			if o := &breq.Buckets[j]; o.Key == b.Key && o.Rate == b.Rate && o.Burst == b.Burst && o.Shadow == b.Shadow {
+				o.Cost += b.Cost
+				d.index = j
 			}
 		}
-	}
-	refused := false
-	if len(wreq.Windows) > 0 {
-		a, err := s.store.Count(ctx, &wreq)
-		if err != nil {
-			return err
-		}
-		for i := range ds {
-			d := &ds[i]
-			if d.limit == nil || d.algo != rlsconfig.FixedWindow {
-				continue
-			}
-			d.after = a.Counts[d.index]
-			d.before = d.after - min(d.after, d.hits)
-			limit := uint64(d.limit.RequestsPerUnit)
-			d.over = d.after > limit
-			if !d.over {
-				d.remaining = limit - d.after
-			}
-			refused = refused || (d.over && d.enforced())
+		if d.index < 0 {
+			d.index = len(breq.Buckets)
+			breq.Buckets = append(breq.Buckets, b)
 		}
 	}
-	if len(breq.Buckets) == 0 {
-		return nil
+	return &wreq, &breq
+}
+
+// countWindows increments the fixed windows' counters and reads the
+// answers into ds; refused reports an enforced window over its limit.
+func (s *Server) countWindows(ctx context.Context, wreq *service.CountRequest, ds []descriptor) (refused bool, err error) {
+	a, err := s.store.Count(ctx, wreq)
+	if err != nil {
+		return false, err
 	}
+	for i := range ds {
+		d := &ds[i]
+		if d.limit == nil || d.algo != rlsconfig.FixedWindow {
+			continue
+		}
+		d.after = a.Counts[d.index]
+		d.before = d.after - min(d.after, d.hits)
+		limit := uint64(d.limit.RequestsPerUnit)
+		d.over = d.after > limit
+		if !d.over {
+			d.remaining = limit - d.after
+		}
+		refused = refused || (d.over && d.enforced())
+	}
+	return refused, nil
+}
+
+// decideBuckets decides the token buckets in one decision (costs 0 when
+// refused: only read) and reads the answers into ds.
+func (s *Server) decideBuckets(ctx context.Context, breq *wire.Request, ds []descriptor, refused bool) error {
 	if refused {
 		for j := range breq.Buckets {
 			breq.Buckets[j].Cost = 0
 		}
 	}
-	a, shadowErrs, err := service.Decide(ctx, s.store, &breq)
+	a, shadowErrs, err := service.Decide(ctx, s.store, breq)
 	if err != nil {
 		return err
 	}
@@ -376,40 +407,4 @@ func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
 		resp.Statuses[i] = st
 	}
 	return resp
-}
-
-// BucketKey is the key of the token bucket of a descriptor of domain whose
-// entries name it with values: "<domain>_<key1>_<value1>_<key2>_<value2>_",
-// envoyproxy/ratelimit's counter name without the window. The store names
-// it as any /v1/decide bucket of that key and limit (see package service).
-func BucketKey(domain string, entries []rlsconfig.Entry, values []string) string {
-	var b strings.Builder
-	writeKey(&b, domain, entries, values)
-	return b.String()
-}
-
-// WindowKey is the name of the fixed-window counter of a descriptor, as
-// envoyproxy/ratelimit names it: prefix, BucketKey, and the window's start
-// in Unix seconds.
-func WindowKey(prefix, domain string, entries []rlsconfig.Entry, values []string, start int64) string {
-	var b strings.Builder
-	b.WriteString(prefix)
-	writeKey(&b, domain, entries, values)
-	b.WriteString(strconv.FormatInt(start, 10))
-	return b.String()
-}
-
-func writeKey(b *strings.Builder, domain string, entries []rlsconfig.Entry, values []string) {
-	b.WriteString(domain)
-	b.WriteByte('_')
-	for i, e := range entries {
-		b.WriteString(e.Key)
-		b.WriteByte('_')
-		if i < len(values) {
-			b.WriteString(values[i])
-		} else {
-			b.WriteString(e.Value)
-		}
-		b.WriteByte('_')
-	}
 }

@@ -18,12 +18,14 @@ package rlsconfig
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 )
 
 // Bounds on what Parse and Load read.
@@ -226,11 +228,12 @@ func parse(files []File, maxNodes int) (*Config, error) {
 	return c, nil
 }
 
-// Load reads the configuration at path: one YAML file, or every file of a
-// folder whose name ends in .yaml or .yml (not its subfolders), in name
-// order. It returns the files read too, for a caller that watches them.
+// Load reads the configuration at path: one YAML file, or every regular
+// file of a folder whose name ends in .yaml or .yml (not its subfolders),
+// in name order. It returns the files read too, for a caller that watches
+// them.
 func Load(path string) (*Config, []File, error) {
-	files, err := ReadFiles(path)
+	files, _, err := ReadFiles(path)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -239,52 +242,76 @@ func Load(path string) (*Config, []File, error) {
 }
 
 // ReadFiles reads the configuration files at path, as Load does, bounded by
-// MaxFiles and MaxFileBytes.
-func ReadFiles(path string) ([]File, error) {
+// MaxFiles and MaxFileBytes. Only regular files are read (a symbolic link
+// is followed): a folder's other entries named *.yaml or *.yml (a FIFO, a
+// socket, a device) are skipped and returned in skipped, for the caller to
+// log; a path that is itself one is refused. A FIFO is opened without
+// waiting for a writer, so none blocks the reader.
+func ReadFiles(path string) (files []File, skipped []string, err error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("rlsconfig: %w", err)
+		return nil, nil, fmt.Errorf("rlsconfig: %w", err)
 	}
-	names := []string{path}
-	if st.IsDir() {
-		ents, err := os.ReadDir(path)
+	if !st.IsDir() {
+		data, err := readBounded(path)
 		if err != nil {
-			return nil, fmt.Errorf("rlsconfig: %w", err)
+			return nil, nil, err
 		}
-		names = names[:0]
-		for _, e := range ents {
-			n := e.Name()
-			if strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
-				continue
-			}
-			full := filepath.Join(path, n)
-			if fi, err := os.Stat(full); err != nil || fi.IsDir() {
-				continue // a dangling link or a folder: not a file to read
-			}
-			names = append(names, full)
-		}
-		if len(names) > MaxFiles {
-			return nil, fmt.Errorf("rlsconfig: %s: more than %d configuration files", path, MaxFiles)
-		}
-		slices.SortFunc(names, cmp.Compare)
+		return []File{{Name: path, Data: data}}, nil, nil
 	}
-	files := make([]File, 0, len(names))
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("rlsconfig: %w", err)
+	}
+	var names []string
+	for _, e := range ents {
+		n := e.Name()
+		if strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
+			continue
+		}
+		full := filepath.Join(path, n)
+		if fi, err := os.Stat(full); err != nil || fi.IsDir() {
+			continue // a dangling link or a folder: not a file to read
+		}
+		names = append(names, full)
+	}
+	if len(names) > MaxFiles {
+		return nil, nil, fmt.Errorf("rlsconfig: %s: more than %d configuration files", path, MaxFiles)
+	}
+	slices.SortFunc(names, cmp.Compare)
 	for _, n := range names {
 		data, err := readBounded(n)
-		if err != nil {
-			return nil, err
+		switch {
+		case errors.Is(err, errNotRegular):
+			skipped = append(skipped, n)
+		case err != nil:
+			return nil, nil, err
+		default:
+			files = append(files, File{Name: n, Data: data})
 		}
-		files = append(files, File{Name: n, Data: data})
 	}
-	return files, nil
+	return files, skipped, nil
 }
 
+// errNotRegular is readBounded's refusal of a file that is not a regular
+// file.
+var errNotRegular = errors.New("not a regular file")
+
+// readBounded reads a regular file of at most MaxFileBytes. It opens the
+// file without blocking (O_NONBLOCK: opening a FIFO for reading would wait
+// for a writer) and checks what it opened, so a file swapped for a FIFO
+// between a look and the open is refused too.
 func readBounded(name string) ([]byte, error) {
-	f, err := os.Open(name)
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("rlsconfig: %w", err)
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, fmt.Errorf("rlsconfig: %w", err)
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("rlsconfig: %s: %w (%s)", name, errNotRegular, fi.Mode().Type())
+	}
 	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("rlsconfig: %s: %w", name, err)

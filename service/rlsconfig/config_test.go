@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func parseOne(t *testing.T, yaml string) (*Config, error) {
@@ -247,5 +249,52 @@ func TestLoad(t *testing.T) {
 	}
 	if _, _, err := Load(filepath.Join(dir, "missing")); err == nil {
 		t.Error("a missing path was accepted")
+	}
+}
+
+// A file in the folder that is not a regular file (a FIFO named *.yaml, a
+// device) is skipped and named, never read: opening a FIFO for reading
+// would wait for a writer forever. A path that is itself one is refused.
+func TestReadFilesSkipsSpecialFiles(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("domain: a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "b.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	type result struct {
+		files   []File
+		skipped []string
+		err     error
+	}
+	done := make(chan result, 2)
+	go func() {
+		files, skipped, err := ReadFiles(dir)
+		done <- result{files, skipped, err}
+	}()
+	go func() {
+		files, skipped, err := ReadFiles(fifo)
+		done <- result{files, skipped, err}
+	}()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	for range 2 {
+		select {
+		case r := <-done:
+			switch {
+			case r.err == nil && (len(r.files) != 1 || !slices.Equal(r.skipped, []string{fifo})):
+				t.Errorf("the folder: files %d, skipped %v; want a.yaml read, b.yaml skipped", len(r.files), r.skipped)
+			case r.err != nil && !strings.Contains(r.err.Error(), "not a regular file"):
+				t.Errorf("the FIFO itself: %v", r.err)
+			}
+		case <-timeout.C:
+			// Free the blocked reader, so the test ends.
+			if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+				f.Close()
+			}
+			t.Fatal("ReadFiles blocked on a FIFO")
+		}
 	}
 }

@@ -36,22 +36,47 @@ func (c *Config) Lookup(domain string, entries []Entry) (m Match, known bool) {
 	if d == nil {
 		return Match{}, false
 	}
-	children, prev := d.children, d
-	var detailed, metric strings.Builder
-	detailed.WriteString(domain)
-	metric.WriteString(domain)
-	var share []string // per entry: the share_threshold wildcard value, or ""
-	var limit *RateLimit
+	w := lookup{domain: domain, entries: entries}
+	w.detailed.WriteString(domain)
+	w.metric.WriteString(domain)
+	limit := w.walk(d)
+	if limit == nil {
+		return Match{}, true
+	}
+	m = Match{Limit: limit, Values: make([]string, len(entries))}
 	for i, e := range entries {
+		m.Values[i] = e.Value
+		if w.share != nil && w.share[i] != "" {
+			m.Values[i] = w.share[i]
+		}
+	}
+	limit.Key = w.statsKey(limit)
+	return m, true
+}
+
+// lookup is one Lookup under way: the statistics names it builds entry by
+// entry, and the share_threshold wildcards it meets.
+type lookup struct {
+	domain           string
+	entries          []Entry
+	detailed, metric strings.Builder
+	share            []string // per entry: the share_threshold wildcard value, or ""; nil: none
+}
+
+// walk follows the entries down the tree from the domain's root d and
+// returns a copy of the limit the last entry reaches (nil: none).
+func (w *lookup) walk(d *node) *RateLimit {
+	children, prev := d.children, d
+	var limit *RateLimit
+	for i, e := range w.entries {
 		final := e.Key + "_" + e.Value
-		detailed.WriteByte('.')
-		detailed.WriteString(final)
-		next := children[final]
-		wildcard := ""
+		w.detailed.WriteByte('.')
+		w.detailed.WriteString(final)
+		next, wildcard := children[final], ""
 		if next == nil {
-			for _, w := range prev.wildcards {
-				if strings.HasPrefix(final, strings.TrimSuffix(w, "*")) {
-					next, wildcard = children[w], w
+			for _, p := range prev.wildcards {
+				if strings.HasPrefix(final, strings.TrimSuffix(p, "*")) {
+					next, wildcard = children[p], p
 					break
 				}
 			}
@@ -61,31 +86,20 @@ func (c *Config) Lookup(domain string, entries []Entry) (m Match, known bool) {
 			next = children[e.Key]
 		}
 		if wildcard != "" && next != nil && next.shareThreshold && next.wildcardPattern != "" {
-			if share == nil {
-				share = make([]string, len(entries))
+			if w.share == nil {
+				w.share = make([]string, len(w.entries))
 			}
-			share[i] = strings.TrimPrefix(next.wildcardPattern, e.Key+"_")
+			w.share[i] = strings.TrimPrefix(next.wildcardPattern, e.Key+"_")
 		}
-		metric.WriteByte('.')
-		metric.WriteString(e.Key)
+		w.metric.WriteByte('.')
+		w.metric.WriteString(e.Key)
 		if next != nil {
-			val := ""
-			switch {
-			case wildcard != "" && share != nil && share[i] != "":
-				val = share[i]
-			case wildcard != "" && next.valueToMetric:
-				val = e.Value
-			case wildcard != "":
-				val = strings.TrimPrefix(wildcard, e.Key+"_")
-			case byValue, next.valueToMetric:
-				val = e.Value
-			}
-			if val != "" {
-				metric.WriteByte('_')
-				metric.WriteString(val)
+			if val := w.metricValue(i, next, wildcard, byValue); val != "" {
+				w.metric.WriteByte('_')
+				w.metric.WriteString(val)
 			}
 		}
-		if next != nil && next.limit != nil && i == len(entries)-1 {
+		if next != nil && next.limit != nil && i == len(w.entries)-1 {
 			l := *next.limit
 			limit = &l
 		}
@@ -94,38 +108,49 @@ func (c *Config) Lookup(domain string, entries []Entry) (m Match, known bool) {
 		}
 		children, prev = next.children, next
 	}
-	if limit == nil {
-		return Match{}, true
-	}
-	m = Match{Limit: limit, Values: make([]string, len(entries))}
-	for i, e := range entries {
-		m.Values[i] = e.Value
-		if share != nil && share[i] != "" {
-			m.Values[i] = share[i]
-		}
-	}
+	return limit
+}
+
+// metricValue is what the statistics name says of entry i, which found
+// next (by its value when byValue, or through wildcard): the share_threshold
+// wildcard, the request's value, the wildcard's value, or nothing.
+func (w *lookup) metricValue(i int, next *node, wildcard string, byValue bool) string {
+	e := w.entries[i]
 	switch {
-	case limit.DetailedMetric && share != nil:
+	case wildcard != "" && w.share != nil && w.share[i] != "":
+		return w.share[i]
+	case wildcard != "" && next.valueToMetric:
+		return e.Value
+	case wildcard != "":
+		return strings.TrimPrefix(wildcard, e.Key+"_")
+	case byValue, next.valueToMetric:
+		return e.Value
+	}
+	return ""
+}
+
+// statsKey is the name limit's statistics are counted under.
+func (w *lookup) statsKey(limit *RateLimit) string {
+	switch {
+	case limit.DetailedMetric && w.share != nil:
 		var b strings.Builder
-		b.WriteString(domain)
-		for i, e := range entries {
+		b.WriteString(w.domain)
+		for i, e := range w.entries {
 			b.WriteByte('.')
 			b.WriteString(e.Key)
-			if share[i] != "" {
+			if w.share[i] != "" {
 				b.WriteByte('_')
-				b.WriteString(share[i])
+				b.WriteString(w.share[i])
 			} else if e.Value != "" {
 				b.WriteByte('_')
 				b.WriteString(e.Value)
 			}
 		}
-		limit.Key = b.String()
+		return b.String()
 	case limit.DetailedMetric:
-		limit.Key = detailed.String()
-	default:
-		limit.Key = metric.String()
+		return w.detailed.String()
 	}
-	return m, true
+	return w.metric.String()
 }
 
 // OverrideKey is the statistics name of a descriptor whose request carries
