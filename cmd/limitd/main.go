@@ -362,20 +362,40 @@ func loadTokens(file string, getenv func(string) string) ([]service.Token, []ser
 	}
 	var toks []service.Token
 	var ids []service.Identity
+	// A value given twice would make every call carrying it the call of the
+	// last line that gives it: the file is refused, naming both lines (not
+	// the value, a secret).
+	tokenLine := map[string]int{} // a token: the line that gave it
+	idLine := map[string]int{}    // an identity: the line that listed it
+	once := func(lines map[string]int, v string, n int, what string) error {
+		if at, dup := lines[v]; dup {
+			return fmt.Errorf("--token-file %s: lines %d and %d give the same %s: one %s names one caller", file, at, n, what, what)
+		}
+		lines[v] = n
+		return nil
+	}
 	for i, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
+		var err error
 		switch {
 		case len(f) == 0 || strings.HasPrefix(f[0], "#"):
 		case len(f) == 1:
 			toks = append(toks, service.Token{Name: service.DefaultCaller, Value: f[0]})
+			err = once(tokenLine, f[0], i+1, "token")
 		case len(f) == 2:
 			toks = append(toks, service.Token{Name: f[0], Value: f[1]})
+			err = once(tokenLine, f[1], i+1, "token")
 		case len(f) == 3 && f[2] == "front-proxy" && f[1] != "identity":
 			toks = append(toks, service.Token{Name: f[0], Value: f[1], FrontProxy: true})
+			err = once(tokenLine, f[1], i+1, "token")
 		case len(f) == 3 && f[1] == "identity" && f[2] != "front-proxy":
 			ids = append(ids, service.Identity{Name: f[0], Value: f[2]})
+			err = once(idLine, f[2], i+1, "identity")
 		default:
-			return nil, nil, fmt.Errorf("--token-file %s: line %d: want \"<name> <token>\", \"<name> <token> front-proxy\", \"<name> identity <value>\" or a token, got %d fields", file, i+1, len(f))
+			err = fmt.Errorf("--token-file %s: line %d: want \"<name> <token>\", \"<name> <token> front-proxy\", \"<name> identity <value>\" or a token, got %d fields", file, i+1, len(f))
+		}
+		if err != nil {
+			return nil, nil, err
 		}
 	}
 	if len(toks) == 0 {

@@ -161,6 +161,29 @@ func TestLoadFrontProxy(t *testing.T) {
 	}
 }
 
+// TestLoadTokensRefusesSharedValue: two lines that give the same token (or
+// the same identity) to different callers would send every call to the
+// last one; the file is refused, naming both lines.
+func TestLoadTokensRefusesSharedValue(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ body, want string }{
+		{"gw-a tok\ngw-b other\ngw-c tok\n", "lines 1 and 3"},
+		{"# c\ntok\ngw-b tok\n", "lines 2 and 3"},
+		{"gw-a tok\nedge tok front-proxy\n", "lines 1 and 2"},
+		{"gw-a tok\ngw-a tok\n", "lines 1 and 2"},
+		{"edge e front-proxy\nx identity v\ny identity v\n", "lines 2 and 3"},
+	} {
+		file := filepath.Join(dir, "tokens")
+		if err := os.WriteFile(file, []byte(tc.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := loadTokens(file, env())
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want an error naming %s", tc.body, err, tc.want)
+		}
+	}
+}
+
 func TestRedisOptions(t *testing.T) {
 	tests := []struct {
 		redis, master string
