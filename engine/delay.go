@@ -20,8 +20,12 @@ import (
 // count what they would have held (shadow_delayed), never holding.
 //
 // Bounded: each rule holds at most max_waiting requests at once in one
-// Plugin (waiting); past it a take may not wait (planRules), so a request
-// short of tokens is refused at once (waiting_full).
+// Plugin (waiting). The place is claimed when the request is decided with
+// a wait (planRules: rule.claimed), before any call it makes, and kept
+// until it goes on, is refused or ends (releaseClaims), so requests decided
+// while others wait for an answer count them too; with every place claimed
+// a take may not wait, so a request short of tokens is refused at once
+// (waiting_full).
 
 // DelayHeader is the response header of a request the engine held: how
 // long, in whole milliseconds (rounded up), from its decision to the moment
@@ -41,6 +45,7 @@ func (c *Request) hold() bool {
 	gen := c.gen
 	c.holding = true
 	c.countWaiting(1)
+	c.releaseClaims(true)
 	err := c.stream.After(c.goesAt-now, func() {
 		if c.gen == gen && c.holding {
 			c.goOn()
@@ -62,6 +67,7 @@ func (c *Request) hold() bool {
 func (c *Request) goOn() {
 	c.holding = false
 	c.countWaiting(-1)
+	c.releaseClaims(false)
 	c.wentOn(c.plugin.now())
 	c.resume()
 }
@@ -84,6 +90,7 @@ func (c *Request) wentOn(now int64) {
 func (c *Request) abandon() {
 	c.holding = false
 	c.countWaiting(-1)
+	c.releaseClaims(false)
 	c.eachWaiting(func(t *take) { t.rule.delayAbandon.Increment(1) })
 	c.giveBack()
 }
@@ -95,6 +102,21 @@ func (c *Request) eachWaiting(f func(*take)) {
 		for i := range takes {
 			if t := &takes[i]; t.d.Wait > 0 && t.rule.maxWait > 0 {
 				f(t)
+			}
+		}
+	}
+}
+
+// releaseClaims gives back the places of max_waiting the request's takes
+// claimed (planRules); with held, it keeps those of the takes that hold
+// the request (eachWaiting), given back when the hold ends.
+func (c *Request) releaseClaims(held bool) {
+	for _, takes := range [...][]take{c.plan.local, c.plan.cluster, c.plan.leased} {
+		for i := range takes {
+			t := &takes[i]
+			if t.claim && !(held && t.d.Wait > 0) {
+				t.claim = false
+				t.rule.claimed--
 			}
 		}
 	}

@@ -436,6 +436,65 @@ func TestDelayClusterAbandoned(t *testing.T) {
 	}
 }
 
+// TestDelayMaxWaitingInFlight: max_waiting bounds the requests a rule
+// holds at once, counting those planned but not yet held: six requests
+// decided at one moment, each waiting for the limit service's answer
+// before it is held (a cluster rule's wait, or a local rule's reserved
+// while a stacked cluster rule is asked), are never more than two held
+// with max_waiting 2; the others are refused at once (waiting_full), and
+// the places come back as requests go on.
+func TestDelayMaxWaitingInFlight(t *testing.T) {
+	for _, tc := range []struct{ name, cfg, rule string }{
+		{"cluster", `{"service": {"cluster": "limitd"}, "rules": [{"name": "fleet", "scope": "cluster", "algorithm": "token_bucket",
+  "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000, "max_waiting": 2}}]}`, "fleet"},
+		{"local behind a cluster call", `{"service": {"cluster": "limitd"}, "rules": [
+  {"name": "here", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000, "max_waiting": 2}},
+  {"name": "fleet", "scope": "cluster", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1000, "burst": 1000}}]}`, "here"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, tc.cfg).withLimitd()
+			hs := w.openN(6)
+			if len(hs[0].s.calls) != 1 || len(hs[1].s.calls) != 1 {
+				t.Fatalf("calls %d, %d; want the first two to ask the limit service", len(hs[0].s.calls), len(hs[1].s.calls))
+			}
+			var streams []*fakeStream
+			for _, h := range hs {
+				streams = append(streams, h.s)
+			}
+			w.limitd.serve(streams...)
+			heldN, refused := 0, 0
+			for _, h := range hs {
+				heldN += len(h.s.timers)
+				if h.s.replied == 429 {
+					refused++
+				}
+			}
+			if heldN > 2 || w.count("rule."+tc.rule+".waiting") > 2 {
+				t.Fatalf("held %d (waiting gauge %d), want at most max_waiting 2", heldN, w.count("rule."+tc.rule+".waiting"))
+			}
+			if heldN == 0 || int64(refused) != w.count("rule."+tc.rule+".waiting_full") || heldN+refused != 5 {
+				t.Fatalf("held %d, refused %d, waiting_full %d; want one at once, the rest held or refused as full",
+					heldN, refused, w.count("rule."+tc.rule+".waiting_full"))
+			}
+			// The places come back: once those held went on, the next
+			// request short of tokens is held again.
+			w.h.now += 2 * sec
+			w.fireAll(hs)
+			for _, h := range hs {
+				w.end(h.s, h.r)
+			}
+			if w.count("rule."+tc.rule+".waiting") != 0 {
+				t.Fatalf("waiting gauge %d after every request ended, want 0", w.count("rule."+tc.rule+".waiting"))
+			}
+			more := w.openN(2)
+			w.limitd.serve(more[0].s, more[1].s)
+			if more[0].s.resumed != 1 || len(more[1].s.timers) != 1 {
+				t.Fatalf("afterwards: resumed %d, timers %d; want the first to go on and the second held", more[0].s.resumed, len(more[1].s.timers))
+			}
+		})
+	}
+}
+
 // TestDelayClusterTimeline: a cluster rule answered by limitd (its memory
 // store on the fake clock): twelve requests at one moment, one goes at
 // once, ten are held 100 ms apart, the twelfth is refused at once. A local
