@@ -15,7 +15,9 @@
 // prior knowledge), so a gateway can multiplex its callouts over a few
 // connections. It binds loopback by default. Bound to any other address it
 // refuses to start without a bearer token (--token-file, or the environment
-// variable LIMITD_TOKEN), which every /v1 request must then carry. SIGTERM or SIGINT
+// variable LIMITD_TOKEN), which every /v1 request must then carry, and so
+// must a scrape of /metrics (its labels carry request values), unless
+// --metrics-listen serves /metrics alone on a listener of its own. SIGTERM or SIGINT
 // stops it gracefully: no new connections, requests in flight are answered.
 package main
 
@@ -61,6 +63,7 @@ var versionOut io.Writer = os.Stdout
 type options struct {
 	rls             rlsOptions // the rate limit service's (rls.go)
 	listen          string
+	metricsListen   string
 	redis           string
 	redisMaster     string
 	redisCluster    bool
@@ -89,6 +92,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	o.rls.register(fs)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "address to serve HTTP on; a non-loopback address requires a token")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address to serve /metrics on, alone and to whoever reaches it (bind it where only the scraper does); empty = on --listen, where a non-loopback address asks for a caller's bearer token")
 	fs.StringVar(&o.redis, "redis", "", "Redis: a URL (redis://[user:pass@]host:port/db, rediss://...), or host:port[,host:port...] (several = Redis Cluster, or Sentinels with --redis-master); empty = in-memory store")
 	fs.StringVar(&o.redisMaster, "redis-master", "", "Sentinel master name: --redis lists the Sentinels")
 	fs.BoolVar(&o.redisCluster, "redis-cluster", false, "treat a single --redis address as a Redis Cluster seed")
@@ -150,6 +154,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("--listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.listen)
 	}
 	if err := o.rls.check(len(tokens)); err != nil {
+		return err
+	}
+	metrics, err := metricsAccess(o.listen, o.metricsListen)
+	if err != nil {
 		return err
 	}
 
@@ -216,10 +224,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	srv, err := service.NewServer(service.Config{
 		Store: store, StoreName: storeName, Tokens: tokens, Identities: identities, IdentityHeader: o.identityHeader, Limits: o.limits,
-		Timeout: o.timeout, Logger: log, Registry: reg,
+		Timeout: o.timeout, Logger: log, Registry: reg, Metrics: metrics,
 	})
 	if err != nil {
 		return err
+	}
+	var metricsSrv *http.Server
+	var metricsGuard *service.ConnGuard
+	metricsServed := make(chan error, 1)
+	if metrics == service.MetricsElsewhere {
+		if metricsSrv, metricsGuard, err = serveMetrics(o.metricsListen, srv.MetricsHandler(), metricsServed, log); err != nil {
+			return err
+		}
+		defer metricsSrv.Close() // whatever else ends run; a no-op after Shutdown
 	}
 	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace, Registerer: reg})
 	if err != nil {
@@ -238,6 +255,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			select {
 			case now := <-tick.C:
 				guard.Sweep(now)
+				if metricsGuard != nil {
+					metricsGuard.Sweep(now)
+				}
 			case <-sweepCtx.Done():
 				return
 			}
@@ -258,6 +278,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return err
 	case err := <-rlsServed:
 		return fmt.Errorf("--grpc-listen: %w", err)
+	case err := <-metricsServed:
+		return fmt.Errorf("--metrics-listen: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: finishing requests in flight", "timeout", o.shutdownTimeout.String())
@@ -266,6 +288,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if door != nil {
 		door.quota.Shutdown(o.rls.quota.shutdown == "abandon") // the quota streams end, or GracefulStop waits for them
 		door.grpc.GracefulStop(sctx)
+	}
+	if metricsSrv != nil {
+		_ = metricsSrv.Shutdown(sctx)
 	}
 	if err := httpSrv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
@@ -402,6 +427,58 @@ func loadTokens(file string, getenv func(string) string) ([]service.Token, []ser
 		return nil, nil, fmt.Errorf("--token-file %s: no token", file)
 	}
 	return toks, ids, nil
+}
+
+// metricsAccess is who may read /metrics: its labels carry request values
+// (a detailed metric's descriptor values: API keys, user ids). With
+// --metrics-listen, whoever reaches that listener, where /metrics is served
+// alone; else, on --listen, whoever reaches a loopback address, and on any
+// other, a call carrying a caller's bearer token, as /v1 asks.
+func metricsAccess(listen, metricsListen string) (service.MetricsAccess, error) {
+	if metricsListen != "" {
+		if _, port, err := net.SplitHostPort(metricsListen); err != nil {
+			return 0, fmt.Errorf("--metrics-listen %q: %w", metricsListen, err)
+		} else if metricsListen == listen && port != "0" {
+			return 0, fmt.Errorf("--metrics-listen %s: the address of --listen; leave it empty to serve /metrics there", metricsListen)
+		}
+		return service.MetricsElsewhere, nil
+	}
+	loopback, err := isLoopback(listen)
+	if err != nil {
+		return 0, err
+	}
+	if loopback {
+		return service.MetricsOpen, nil
+	}
+	return service.MetricsBearer, nil
+}
+
+// maxMetricsConns bounds the connections of the --metrics-listen listener,
+// meant for a scraper or two.
+const maxMetricsConns = 16
+
+// serveMetrics serves h at /metrics, and nothing else, on addr: HTTP/1.1
+// and h2c, each connection bounded as on --listen, at most maxMetricsConns
+// at once (the oldest idle one closed for a new one). served receives
+// what Serve returns; the guard is to be swept as --listen's is.
+func serveMetrics(addr string, h http.Handler, served chan<- error, log *slog.Logger) (*http.Server, *service.ConnGuard, error) {
+	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: maxMetricsConns})
+	if err != nil {
+		return nil, nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
+	srv := service.NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		service.MarkRequest(r.Context(), service.ConnRequest)
+		mux.ServeHTTP(w, r)
+	}), guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
+	go func() { served <- srv.Serve(guard.Listener(ln)) }()
+	log.Info("metrics listening", "addr", ln.Addr().String())
+	return srv, guard, nil
 }
 
 // isLoopback reports whether a listen address binds only loopback interfaces:
