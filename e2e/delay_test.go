@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strconv"
@@ -325,4 +328,75 @@ func loadAvg() string {
 		return "unknown"
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// TestDelayRouteTimeout pins which of Envoy's timeouts count the time a
+// request is held (docs/delay.md): the route's timeout starts when the
+// router gets the request, after the hold, so a request held 2 s under a
+// 1 s route timeout is served (the same route answers 504 to an upstream
+// slower than 1 s); the connection manager's stream_idle_timeout does
+// count it, so a request held past it is ended and gives its place back.
+func TestDelayRouteTimeout(t *testing.T) { forEachBuild(t, testDelayRouteTimeout) }
+
+func testDelayRouteTimeout(t *testing.T, build envoytest.Build) {
+	// The upstream answers at once, or after x-upstream-delay-ms (at most
+	// 3 s, or until Envoy gives up on the request).
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ms, _ := strconv.Atoi(r.Header.Get("x-upstream-delay-ms")); ms > 0 {
+			select {
+			case <-time.After(time.Duration(min(ms, 3000)) * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	}))
+	t.Cleanup(up.Close)
+	_, port, err := net.SplitHostPort(up.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	upPort, _ := strconv.Atoi(port)
+	const route = "route: {cluster: upstream, timeout: 15s}"
+	if !strings.Contains(envoytest.DemoConfigYAML, route) {
+		t.Fatalf("the bootstrap has no %q to shorten", route)
+	}
+	var wasm string // a template of our own: the plugin's path is not filled in from $PLUGIN_WASM
+	if build == envoytest.Wasm {
+		wasm = envoytest.PluginWasm(t)
+	}
+	e := envoytest.Start(t, envoytest.Options{Build: build, PluginWasm: wasm, UpstreamPort: upPort, Concurrency: 1,
+		Config: strings.Replace(envoytest.DemoConfigYAML, route, "route: {cluster: upstream, timeout: 1s}", 1),
+		HCM:    "stream_idle_timeout: 3s",
+		PluginConfig: `{"rules": [{"name": "patient", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+  "algorithm_config": {"tokens_per_second": 0.2, "burst": 1, "max_delay_ms": 10000}}]}`})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	stat := func(name string) uint64 { return e.PluginStat("tokenbucket.rule.patient." + name) }
+
+	// The route timeout is in force: an upstream slower than 1 s is 504.
+	if r := c.Get("/", map[string]string{"x-api-key": "slow-" + build.String(), "x-upstream-delay-ms": "2000"}); r.Status != 504 {
+		t.Fatalf("upstream slower than the route timeout: %v, want 504", r)
+	}
+	key := map[string]string{"x-api-key": "held-" + build.String()}
+	start := time.Now()
+	if r := c.Get("/", key); r.Status != 200 || r.Header.Get(delayHeader) != "" {
+		t.Fatalf("first request: %v, want 200 at once", r)
+	}
+	// The second's token is there 5 s after the first: past the stream's
+	// idle timeout (3 s), which ends it while held; it was the last in
+	// line, so its place comes back.
+	second := c.Get("/", key)
+	if second.Status == 200 || stat("delay_abandoned") != 1 {
+		t.Fatalf("held past stream_idle_timeout: %v (%v, %v), delay_abandoned %d; want ended by Envoy, abandoned", second, second.Elapsed, second.Header, stat("delay_abandoned"))
+	}
+	t.Logf("held past stream_idle_timeout: status %d after %v", second.Status, second.Elapsed)
+	// The third, sent about 3 s after the first, is held until 5 s after
+	// it: about 2 s, twice the route timeout, and served.
+	third := c.Get("/", key)
+	held, _ := strconv.Atoi(third.Header.Get(delayHeader))
+	if third.Status != 200 || held < 1200 {
+		t.Fatalf("held under a 1 s route timeout: %v, delayed %d ms; want 200 after more than the route timeout", third, held)
+	}
+	t.Logf("held %d ms under a 1 s route timeout, served %v after the first", held, time.Since(start))
 }

@@ -15,8 +15,10 @@ import (
 // instead of going on: the host's timer (Stream.After) calls goOn, which
 // resumes it. A held request that ends first (the client went away, Envoy
 // answered it: Done, OnResponseHeaders) is abandoned: the one refund,
-// giveBack, returns what it took, once (its held flags), by
-// bucket.Limit.Cancel for a take still waiting. Shadow rules reserve too and
+// giveBack, returns what it took of local rules, once (its held flags), by
+// bucket.Limit.Cancel for a take still waiting; its cluster takes stay
+// spent (abandon), so over every interval the requests going on stay
+// within burst + rate × t. Shadow rules reserve too and
 // count what they would have held (shadow_delayed), never holding.
 //
 // Bounded: each rule holds at most max_waiting requests at once in one
@@ -85,13 +87,21 @@ func (c *Request) wentOn(now int64) {
 	})
 }
 
-// abandon ends the hold of a request that will not go on: what it took
-// comes back (giveBack, once), and the rules count it.
+// abandon ends the hold of a request that will not go on: what it took of
+// local rules comes back (giveBack, once: bucket.Limit.Cancel keeps the
+// moments of the holders behind it), and the rules count it. What it took
+// of the limit service's buckets stays spent: the service cannot tell
+// whether others reserved behind it (other workers and Envoys reserve in
+// the same bucket), and a refund while they wait would let a new request go
+// on beside them, over the rate.
 func (c *Request) abandon() {
 	c.holding = false
 	c.countWaiting(-1)
 	c.releaseClaims(false)
 	c.eachWaiting(func(t *take) { t.rule.delayAbandon.Increment(1) })
+	for i := range c.plan.cluster {
+		c.plan.cluster[i].held = false // spent, as if it had gone on
+	}
 	c.giveBack()
 }
 
