@@ -1,12 +1,14 @@
 package service
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -260,6 +262,49 @@ func TestServerMetricsAccess(t *testing.T) {
 	}
 	if w := do(newServer(MetricsOpen), "GET", "/metrics", ""); w.Code != 200 {
 		t.Errorf("open: GET /metrics = %d without token, want 200", w.Code)
+	}
+}
+
+// TestMetricsBearerRawClient: a client speaking raw HTTP/1.1 to a real
+// listener (MetricsBearer) gets 401 for /metrics without the token, its
+// connection closed, however many times it asks (200 connections); with the
+// token it scrapes twice on one connection, kept open.
+func TestMetricsBearerRawClient(t *testing.T) {
+	s, err := NewServer(Config{Store: NewMemoryStore(MemoryOptions{}), Token: "s3cret", Metrics: MetricsBearer,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, addr := serveGuarded(t, s, ConnOptions{MaxConns: 64})
+	for i := range 200 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		auth := ""
+		if i%2 == 1 {
+			auth = "wrong"
+		}
+		if code := rawGet(t, c, bufio.NewReader(c), "/metrics", auth); code != 401 {
+			c.Close()
+			t.Fatalf("attempt %d: /metrics with token %q = %d, want 401", i, auth, code)
+		}
+		if !waitClosed(c) {
+			c.Close()
+			t.Fatalf("attempt %d: the refused connection stayed open", i)
+		}
+		c.Close()
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	for i := range 2 {
+		if code := rawGet(t, c, r, "/metrics", "s3cret"); code != 200 {
+			t.Fatalf("scrape %d with the token: %d, want 200 on the same connection", i, code)
+		}
 	}
 }
 
