@@ -197,6 +197,43 @@ func testDelayCluster(t *testing.T, build envoytest.Build) {
 	}
 }
 
+// TestDelayClusterMaxWaiting: max_waiting bounds a cluster rule's held
+// requests on one worker though each is held only once limitd answered:
+// eight requests at once, on a rule that holds two (a request counts from
+// its decision, not from its hold), are one at once, at most two held and
+// the rest refused at once as full. The held ones go on 2 s apart, so the
+// eight are decided long before a place frees.
+func TestDelayClusterMaxWaiting(t *testing.T) { forEachBuild(t, testDelayClusterMaxWaiting) }
+
+func testDelayClusterMaxWaiting(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 5000, "failure_mode": "deny"},
+	 "rules": [{"name": "fleet", "scope": "cluster", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+	  "algorithm_config": {"tokens_per_second": 0.5, "burst": 1, "max_delay_ms": 10000, "max_waiting": 2}}]}`
+	e := envoytest.Start(t, envoytest.Options{Build: build, PluginConfig: cfg,
+		UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 1})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	key := "max-waiting-" + build.String() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	res := c.Burst(8, func(int) *http.Request {
+		return c.NewRequest("GET", "/", map[string]string{"x-api-key": key})
+	})
+	held := 0
+	for _, r := range res {
+		if r.Status == 200 && r.Header.Get(delayHeader) != "" && r.Header.Get(delayHeader) != "0" {
+			held++
+		}
+	}
+	st := envoytest.Statuses(res)
+	full := e.PluginStat("tokenbucket.rule.fleet.waiting_full")
+	t.Logf("statuses %v, held %d, waiting_full %d", st, held, full)
+	if held > 2 || st[200] > 3 || st[200]+st[429] != 8 || uint64(st[429]) != full {
+		t.Fatalf("statuses %v, held %d, waiting_full %d; want one at once, at most max_waiting 2 held, the rest refused as full", st, held, full)
+	}
+}
+
 // TestDelayLease: a leased cluster rule through limitd holds on its lease:
 // one request at once, about ten spaced by the rate as the lease's refills
 // grant their tokens (never faster), the rest refused at once. A lease
