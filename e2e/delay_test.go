@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -232,6 +234,124 @@ func testDelayClusterMaxWaiting(t *testing.T, build envoytest.Build) {
 	if held > 2 || st[200] > 3 || st[200]+st[429] != 8 || uint64(st[429]) != full {
 		t.Fatalf("statuses %v, held %d, waiting_full %d; want one at once, at most max_waiting 2 held, the rest refused as full", st, held, full)
 	}
+}
+
+// TestDelayClusterHangUps: clients that hang up while a cluster rule holds
+// them do not lift the rate: twenty requests at once on a rule at 10 a
+// second (one at once, nineteen held 100 ms apart), nine of the held ones
+// hang up, then twenty more arrive at once. Counted where the upstream
+// receives them, the requests never exceed burst + rate × t over any
+// interval (plus two for the timers' lateness on a loaded machine): an
+// abandoned request's tokens stay spent, so a newcomer never goes on
+// beside the holders behind it (with refunds, nine more went through).
+func TestDelayClusterHangUps(t *testing.T) { forEachBuild(t, testDelayClusterHangUps) }
+
+func testDelayClusterHangUps(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	var mu sync.Mutex
+	var arrived []time.Time
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrived = append(arrived, time.Now())
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok\n")
+	}))
+	t.Cleanup(up.Close)
+	_, port, err := net.SplitHostPort(up.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	upPort, _ := strconv.Atoi(port)
+	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 5000, "failure_mode": "deny"},
+	 "rules": [{"name": "fleet", "scope": "cluster", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+	  "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 5000}}]}`
+	e := envoytest.Start(t, envoytest.Options{Build: build, PluginConfig: cfg,
+		UpstreamPort: upPort, ServicePort: svc, Concurrency: 2})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	key := map[string]string{"x-api-key": "hang-ups-" + build.String() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	stat := func(name string) uint64 { return e.PluginStat("tokenbucket.rule.fleet." + name) }
+
+	const first, gone = 20, 9
+	cancels := make([]context.CancelFunc, first)
+	finished := make([]atomic.Bool, first)
+	done := make(chan struct{}, first)
+	for i := range first {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cancels[i] = cancel
+		go func() {
+			defer func() { finished[i].Store(true); done <- struct{}{} }()
+			if resp, err := http.DefaultTransport.RoundTrip(c.NewRequest("GET", "/", key).WithContext(ctx)); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	waitFor(t, "nineteen held", func() bool { return heldNow(e, "fleet") >= first-1 })
+	waitFor(t, "the first answered", func() bool {
+		for i := range finished {
+			if finished[i].Load() {
+				return true
+			}
+		}
+		return false
+	})
+	// Nine of those still held hang up, every other one first: whatever
+	// order they were held in, some wait behind them.
+	n := 0
+	for _, i := range append(evens(first), odds(first)...) {
+		if n < gone && !finished[i].Load() {
+			cancels[i]()
+			cancels[i] = nil
+			n++
+		}
+	}
+	if n < gone {
+		t.Fatalf("only %d requests still held to hang up, want %d", n, gone)
+	}
+	waitFor(t, "the hang-ups seen", func() bool { return stat("delay_abandoned") >= gone })
+	res := c.Burst(20, func(int) *http.Request { return c.NewRequest("GET", "/", key) })
+	for range first {
+		<-done
+	}
+	for _, cancel := range cancels {
+		if cancel != nil {
+			cancel()
+		}
+	}
+	mu.Lock()
+	at := slices.Clone(arrived)
+	mu.Unlock()
+	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+	t.Logf("second burst %v; %d reached the upstream over %v", envoytest.Statuses(res), len(at), at[len(at)-1].Sub(at[0]))
+	if len(at) < first-gone {
+		t.Fatalf("%d reached the upstream, want at least the %d that did not hang up", len(at), first-gone)
+	}
+	worst, wi, wj := 0.0, 0, 0 // the interval most over burst + rate × t
+	for i := range at {
+		for j := i; j < len(at); j++ {
+			if over := float64(j-i+1) - (1 + 10*at[j].Sub(at[i]).Seconds()); over > worst {
+				worst, wi, wj = over, i, j
+			}
+		}
+	}
+	t.Logf("the interval most over burst + rate × t: %d requests within %v, %.1f over", wj-wi+1, at[wj].Sub(at[wi]), worst)
+	if worst > 2 {
+		t.Fatalf("%d requests reached the upstream within %v: %.1f over burst + rate × t, want at most 2 (timers' lateness)", wj-wi+1, at[wj].Sub(at[wi]), worst)
+	}
+}
+
+// evens and odds are the even and the odd numbers below n.
+func evens(n int) []int { return everyOther(0, n) }
+func odds(n int) []int  { return everyOther(1, n) }
+
+func everyOther(from, n int) []int {
+	var out []int
+	for i := from; i < n; i += 2 {
+		out = append(out, i)
+	}
+	return out
 }
 
 // TestDelayLease: a leased cluster rule through limitd holds on its lease:
