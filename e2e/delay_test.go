@@ -2,11 +2,16 @@ package e2e
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -194,6 +199,161 @@ func testDelayCluster(t *testing.T, build envoytest.Build) {
 	}
 }
 
+// TestDelayClusterMaxWaiting: max_waiting bounds a cluster rule's held
+// requests on one worker though each is held only once limitd answered:
+// eight requests at once, on a rule that holds two (a request counts from
+// its decision, not from its hold), are one at once, at most two held and
+// the rest refused at once as full. The held ones go on 2 s apart, so the
+// eight are decided long before a place frees.
+func TestDelayClusterMaxWaiting(t *testing.T) { forEachBuild(t, testDelayClusterMaxWaiting) }
+
+func testDelayClusterMaxWaiting(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
+	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 5000, "failure_mode": "deny"},
+	 "rules": [{"name": "fleet", "scope": "cluster", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+	  "algorithm_config": {"tokens_per_second": 0.5, "burst": 1, "max_delay_ms": 10000, "max_waiting": 2}}]}`
+	e := envoytest.Start(t, envoytest.Options{Build: build, PluginConfig: cfg,
+		UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 1})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	key := "max-waiting-" + build.String() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	res := c.Burst(8, func(int) *http.Request {
+		return c.NewRequest("GET", "/", map[string]string{"x-api-key": key})
+	})
+	held := 0
+	for _, r := range res {
+		if r.Status == 200 && r.Header.Get(delayHeader) != "" && r.Header.Get(delayHeader) != "0" {
+			held++
+		}
+	}
+	st := envoytest.Statuses(res)
+	full := e.PluginStat("tokenbucket.rule.fleet.waiting_full")
+	t.Logf("statuses %v, held %d, waiting_full %d", st, held, full)
+	if held > 2 || st[200] > 3 || st[200]+st[429] != 8 || uint64(st[429]) != full {
+		t.Fatalf("statuses %v, held %d, waiting_full %d; want one at once, at most max_waiting 2 held, the rest refused as full", st, held, full)
+	}
+}
+
+// TestDelayClusterHangUps: clients that hang up while a cluster rule holds
+// them do not lift the rate: twenty requests at once on a rule at 10 a
+// second (one at once, nineteen held 100 ms apart), nine of the held ones
+// hang up, then twenty more arrive at once. Counted where the upstream
+// receives them, the requests never exceed burst + rate × t over any
+// interval (plus two for the timers' lateness on a loaded machine): an
+// abandoned request's tokens stay spent, so a newcomer never goes on
+// beside the holders behind it (with refunds, nine more went through).
+func TestDelayClusterHangUps(t *testing.T) { forEachBuild(t, testDelayClusterHangUps) }
+
+func testDelayClusterHangUps(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	var mu sync.Mutex
+	var arrived []time.Time
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrived = append(arrived, time.Now())
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok\n")
+	}))
+	t.Cleanup(up.Close)
+	_, port, err := net.SplitHostPort(up.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	upPort, _ := strconv.Atoi(port)
+	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 5000, "failure_mode": "deny"},
+	 "rules": [{"name": "fleet", "scope": "cluster", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+	  "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 5000}}]}`
+	e := envoytest.Start(t, envoytest.Options{Build: build, PluginConfig: cfg,
+		UpstreamPort: upPort, ServicePort: svc, Concurrency: 2})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	key := map[string]string{"x-api-key": "hang-ups-" + build.String() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	stat := func(name string) uint64 { return e.PluginStat("tokenbucket.rule.fleet." + name) }
+
+	const first, gone = 20, 9
+	cancels := make([]context.CancelFunc, first)
+	finished := make([]atomic.Bool, first)
+	done := make(chan struct{}, first)
+	for i := range first {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cancels[i] = cancel
+		go func() {
+			defer func() { finished[i].Store(true); done <- struct{}{} }()
+			if resp, err := http.DefaultTransport.RoundTrip(c.NewRequest("GET", "/", key).WithContext(ctx)); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	waitFor(t, "nineteen held", func() bool { return heldNow(e, "fleet") >= first-1 })
+	waitFor(t, "the first answered", func() bool {
+		for i := range finished {
+			if finished[i].Load() {
+				return true
+			}
+		}
+		return false
+	})
+	// Nine of those still held hang up, every other one first: whatever
+	// order they were held in, some wait behind them.
+	n := 0
+	for _, i := range append(evens(first), odds(first)...) {
+		if n < gone && !finished[i].Load() {
+			cancels[i]()
+			cancels[i] = nil
+			n++
+		}
+	}
+	if n < gone {
+		t.Fatalf("only %d requests still held to hang up, want %d", n, gone)
+	}
+	waitFor(t, "the hang-ups seen", func() bool { return stat("delay_abandoned") >= gone })
+	res := c.Burst(20, func(int) *http.Request { return c.NewRequest("GET", "/", key) })
+	for range first {
+		<-done
+	}
+	for _, cancel := range cancels {
+		if cancel != nil {
+			cancel()
+		}
+	}
+	mu.Lock()
+	at := slices.Clone(arrived)
+	mu.Unlock()
+	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+	t.Logf("second burst %v; %d reached the upstream over %v", envoytest.Statuses(res), len(at), at[len(at)-1].Sub(at[0]))
+	if len(at) < first-gone {
+		t.Fatalf("%d reached the upstream, want at least the %d that did not hang up", len(at), first-gone)
+	}
+	worst, wi, wj := 0.0, 0, 0 // the interval most over burst + rate × t
+	for i := range at {
+		for j := i; j < len(at); j++ {
+			if over := float64(j-i+1) - (1 + 10*at[j].Sub(at[i]).Seconds()); over > worst {
+				worst, wi, wj = over, i, j
+			}
+		}
+	}
+	t.Logf("the interval most over burst + rate × t: %d requests within %v, %.1f over", wj-wi+1, at[wj].Sub(at[wi]), worst)
+	if worst > 2 {
+		t.Fatalf("%d requests reached the upstream within %v: %.1f over burst + rate × t, want at most 2 (timers' lateness)", wj-wi+1, at[wj].Sub(at[wi]), worst)
+	}
+}
+
+// evens and odds are the even and the odd numbers below n.
+func evens(n int) []int { return everyOther(0, n) }
+func odds(n int) []int  { return everyOther(1, n) }
+
+func everyOther(from, n int) []int {
+	var out []int
+	for i := from; i < n; i += 2 {
+		out = append(out, i)
+	}
+	return out
+}
+
 // TestDelayLease: a leased cluster rule through limitd holds on its lease:
 // one request at once, about ten spaced by the rate as the lease's refills
 // grant their tokens (never faster), the rest refused at once. A lease
@@ -325,4 +485,75 @@ func loadAvg() string {
 		return "unknown"
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// TestDelayRouteTimeout pins which of Envoy's timeouts count the time a
+// request is held (docs/delay.md): the route's timeout starts when the
+// router gets the request, after the hold, so a request held 2 s under a
+// 1 s route timeout is served (the same route answers 504 to an upstream
+// slower than 1 s); the connection manager's stream_idle_timeout does
+// count it, so a request held past it is ended and gives its place back.
+func TestDelayRouteTimeout(t *testing.T) { forEachBuild(t, testDelayRouteTimeout) }
+
+func testDelayRouteTimeout(t *testing.T, build envoytest.Build) {
+	// The upstream answers at once, or after x-upstream-delay-ms (at most
+	// 3 s, or until Envoy gives up on the request).
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ms, _ := strconv.Atoi(r.Header.Get("x-upstream-delay-ms")); ms > 0 {
+			select {
+			case <-time.After(time.Duration(min(ms, 3000)) * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	}))
+	t.Cleanup(up.Close)
+	_, port, err := net.SplitHostPort(up.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	upPort, _ := strconv.Atoi(port)
+	const route = "route: {cluster: upstream, timeout: 15s}"
+	if !strings.Contains(envoytest.DemoConfigYAML, route) {
+		t.Fatalf("the bootstrap has no %q to shorten", route)
+	}
+	var wasm string // a template of our own: the plugin's path is not filled in from $PLUGIN_WASM
+	if build == envoytest.Wasm {
+		wasm = envoytest.PluginWasm(t)
+	}
+	e := envoytest.Start(t, envoytest.Options{Build: build, PluginWasm: wasm, UpstreamPort: upPort, Concurrency: 1,
+		Config: strings.Replace(envoytest.DemoConfigYAML, route, "route: {cluster: upstream, timeout: 1s}", 1),
+		HCM:    "stream_idle_timeout: 3s",
+		PluginConfig: `{"rules": [{"name": "patient", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+  "algorithm_config": {"tokens_per_second": 0.2, "burst": 1, "max_delay_ms": 10000}}]}`})
+	c := e.Client()
+	t.Cleanup(c.Close)
+	stat := func(name string) uint64 { return e.PluginStat("tokenbucket.rule.patient." + name) }
+
+	// The route timeout is in force: an upstream slower than 1 s is 504.
+	if r := c.Get("/", map[string]string{"x-api-key": "slow-" + build.String(), "x-upstream-delay-ms": "2000"}); r.Status != 504 {
+		t.Fatalf("upstream slower than the route timeout: %v, want 504", r)
+	}
+	key := map[string]string{"x-api-key": "held-" + build.String()}
+	start := time.Now()
+	if r := c.Get("/", key); r.Status != 200 || r.Header.Get(delayHeader) != "" {
+		t.Fatalf("first request: %v, want 200 at once", r)
+	}
+	// The second's token is there 5 s after the first: past the stream's
+	// idle timeout (3 s), which ends it while held; it was the last in
+	// line, so its place comes back.
+	second := c.Get("/", key)
+	if second.Status == 200 || stat("delay_abandoned") != 1 {
+		t.Fatalf("held past stream_idle_timeout: %v (%v, %v), delay_abandoned %d; want ended by Envoy, abandoned", second, second.Elapsed, second.Header, stat("delay_abandoned"))
+	}
+	t.Logf("held past stream_idle_timeout: status %d after %v", second.Status, second.Elapsed)
+	// The third, sent about 3 s after the first, is held until 5 s after
+	// it: about 2 s, twice the route timeout, and served.
+	third := c.Get("/", key)
+	held, _ := strconv.Atoi(third.Header.Get(delayHeader))
+	if third.Status != 200 || held < 1200 {
+		t.Fatalf("held under a 1 s route timeout: %v, delayed %d ms; want 200 after more than the route timeout", third, held)
+	}
+	t.Logf("held %d ms under a 1 s route timeout, served %v after the first", held, time.Since(start))
 }

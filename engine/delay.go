@@ -15,13 +15,19 @@ import (
 // instead of going on: the host's timer (Stream.After) calls goOn, which
 // resumes it. A held request that ends first (the client went away, Envoy
 // answered it: Done, OnResponseHeaders) is abandoned: the one refund,
-// giveBack, returns what it took, once (its held flags), by
-// bucket.Limit.Cancel for a take still waiting. Shadow rules reserve too and
+// giveBack, returns what it took of local rules, once (its held flags), by
+// bucket.Limit.Cancel for a take still waiting; its cluster takes stay
+// spent (abandon), so over every interval the requests going on stay
+// within burst + rate × t. Shadow rules reserve too and
 // count what they would have held (shadow_delayed), never holding.
 //
 // Bounded: each rule holds at most max_waiting requests at once in one
-// Plugin (waiting); past it a take may not wait (planRules), so a request
-// short of tokens is refused at once (waiting_full).
+// Plugin (waiting). The place is claimed when the request is decided with
+// a wait (planRules: rule.claimed), before any call it makes, and kept
+// until it goes on, is refused or ends (releaseClaims), so requests decided
+// while others wait for an answer count them too; with every place claimed
+// a take may not wait, so a request short of tokens is refused at once
+// (waiting_full).
 
 // DelayHeader is the response header of a request the engine held: how
 // long, in whole milliseconds (rounded up), from its decision to the moment
@@ -41,6 +47,7 @@ func (c *Request) hold() bool {
 	gen := c.gen
 	c.holding = true
 	c.countWaiting(1)
+	c.releaseClaims(true)
 	err := c.stream.After(c.goesAt-now, func() {
 		if c.gen == gen && c.holding {
 			c.goOn()
@@ -62,6 +69,7 @@ func (c *Request) hold() bool {
 func (c *Request) goOn() {
 	c.holding = false
 	c.countWaiting(-1)
+	c.releaseClaims(false)
 	c.wentOn(c.plugin.now())
 	c.resume()
 }
@@ -79,12 +87,21 @@ func (c *Request) wentOn(now int64) {
 	})
 }
 
-// abandon ends the hold of a request that will not go on: what it took
-// comes back (giveBack, once), and the rules count it.
+// abandon ends the hold of a request that will not go on: what it took of
+// local rules comes back (giveBack, once: bucket.Limit.Cancel keeps the
+// moments of the holders behind it), and the rules count it. What it took
+// of the limit service's buckets stays spent: the service cannot tell
+// whether others reserved behind it (other workers and Envoys reserve in
+// the same bucket), and a refund while they wait would let a new request go
+// on beside them, over the rate.
 func (c *Request) abandon() {
 	c.holding = false
 	c.countWaiting(-1)
+	c.releaseClaims(false)
 	c.eachWaiting(func(t *take) { t.rule.delayAbandon.Increment(1) })
+	for i := range c.plan.cluster {
+		c.plan.cluster[i].held = false // spent, as if it had gone on
+	}
 	c.giveBack()
 }
 
@@ -95,6 +112,21 @@ func (c *Request) eachWaiting(f func(*take)) {
 		for i := range takes {
 			if t := &takes[i]; t.d.Wait > 0 && t.rule.maxWait > 0 {
 				f(t)
+			}
+		}
+	}
+}
+
+// releaseClaims gives back the places of max_waiting the request's takes
+// claimed (planRules); with held, it keeps those of the takes that hold
+// the request (eachWaiting), given back when the hold ends.
+func (c *Request) releaseClaims(held bool) {
+	for _, takes := range [...][]take{c.plan.local, c.plan.cluster, c.plan.leased} {
+		for i := range takes {
+			t := &takes[i]
+			if t.claim && !(held && t.d.Wait > 0) {
+				t.claim = false
+				t.rule.claimed--
 			}
 		}
 	}

@@ -156,10 +156,13 @@ type rule struct {
 	shadowLog   throttle
 	// Holding requests (max_delay_ms, delay.go): maxWait in ns (0: the
 	// rule refuses at once); waiting is how many requests this Plugin
-	// holds for the rule now; the counters are defined only for rules
-	// that hold.
+	// holds for the rule now; claimed how many hold a place of its
+	// max_waiting (held, or decided with a wait and not yet held or
+	// refused: claimed >= waiting); the counters are defined only for
+	// rules that hold.
 	maxWait       int64
 	waiting       int
+	claimed       int
 	delayed       Counter // requests held, then gone on
 	delayRefused  Counter // refused: the wait would pass max_delay_ms
 	waitingFull   Counter // refused: max_waiting requests held already

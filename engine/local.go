@@ -113,7 +113,8 @@ func (c *Request) giveBack() {
 }
 
 // giveBackCluster refunds the per-request cluster takes the request holds
-// (a held request that ended: delay.go) with one charge call of −cost each.
+// with one charge call of −cost each (a held request that ended leaves its
+// cluster takes spent instead: abandon, delay.go).
 // The limit service recorded them as this caller's reservations (a request
 // with a max_delay_ms, or a refundable rule), which is what lets it give
 // them back; takes it did not record hold nothing to refund.

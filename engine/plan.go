@@ -25,10 +25,13 @@ type take struct {
 	// cost, or −cost for a status charge_on does not list.
 	amount float64
 	// maxWait is how long the request may be held for this take's tokens
-	// (the rule's max_delay_ms; 0 when the rule holds none, or when it
-	// holds max_waiting requests already: full).
+	// (the rule's max_delay_ms; 0 when the rule holds none, or when its
+	// max_waiting places are taken already: full). claim: the take holds
+	// one of those places (rule.claimed) until the request goes on, is
+	// refused or ends (Request.releaseClaims).
 	maxWait int64
 	full    bool
+	claim   bool
 }
 
 // plan is one request's decision in the making. It lives on the Request
@@ -93,18 +96,26 @@ func (c *Request) planRules(r *requestValues) *rejection {
 			continue
 		}
 		t := take{rule: ru, id: id, key: key, cost: requestCost(ru, r)}
-		if ru.maxWait > 0 {
-			t.maxWait, t.full = ru.maxWait, ru.waiting >= ru.Limit.MaxWaiting
-			if t.full {
-				t.maxWait = 0
-			}
-		}
 		if t.cost > ru.limit.Burst {
 			if ru.Mode == config.ModeShadow {
 				c.plugin.shadowRejected(ru)
 				continue
 			}
 			return &rejection{rule: ru, reason: reasonCostTooHigh}
+		}
+		if ru.maxWait > 0 {
+			// A place of max_waiting is claimed here, when the wait is
+			// asked for, not when the request is held: between the two a
+			// call may run (a cluster rule's answer, a lease), and the
+			// requests decided meanwhile must count this one.
+			t.maxWait, t.full = ru.maxWait, ru.claimed >= ru.Limit.MaxWaiting
+			switch {
+			case t.full:
+				t.maxWait = 0
+			case ru.Mode != config.ModeShadow: // a shadow rule never holds
+				t.claim = true
+				ru.claimed++
+			}
 		}
 		pl := &c.plan
 		pl.charges = pl.charges || ru.charges

@@ -128,6 +128,7 @@ func (c *Request) Done() {
 	if c.leaseHolding {
 		c.abandonLeaseHold()
 	}
+	c.releaseClaims(false) // a request that ended while it waited for an answer
 	if c.body.active {
 		c.cutShort()
 	}
@@ -221,6 +222,7 @@ func (c *Request) end(rej *rejection) Action {
 	if rej != nil {
 		c.giveBack()
 		c.countDelayRefusal(rej)
+		c.releaseClaims(false)
 	}
 	if rej == nil && c.leaseHeld {
 		c.leaseWentOn(c.plugin.now())
@@ -232,8 +234,9 @@ func (c *Request) end(rej *rejection) Action {
 		return Pause
 	}
 	if rej == nil && c.goesAt > 0 && c.hold() {
-		return Pause
+		return Pause // hold keeps the places of the rules that hold it
 	}
+	c.releaseClaims(false)
 	if paused {
 		c.resume()
 	}

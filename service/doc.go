@@ -1,17 +1,31 @@
 // Package service is the cluster-wide limit service: token buckets kept in
-// Redis (a single node, Sentinel or Redis Cluster) and decided by one Lua
-// script, behind a small HTTP API, so every gateway of a fleet shares one
-// limit. cmd/limitd is its binary; openapi.yaml describes the API.
+// Redis (a single node, Sentinel or Redis Cluster), each call one atomic run
+// of a Lua script (five of them, below), or in the process's memory with the
+// same semantics, so every gateway of a fleet shares one limit. cmd/limitd
+// is its binary; openapi.yaml describes the HTTP API.
 //
 // # Front doors
 //
-// The service has one decision core (Decide, over a Store) and two front
-// doors that translate into it and never decide: the HTTP API (Server, this
-// package) and Envoy's rate limit service over gRPC (package rls, configured
-// by envoyproxy/ratelimit's YAML through package rlsconfig). Besides token
-// buckets, a Store keeps fixed-window counters (Count, window.lua, and the
-// memory store's mirror), which the rate limit service counts with when a
-// limit asks for envoyproxy/ratelimit's fixed windows.
+// The service has one core, a Store (Decide, Lease, Charge, Count), and
+// three front doors that translate into it:
+//
+//   - the HTTP API (Server, this package), which the plugin and the native
+//     module call: /v1/decide (Decide), /v1/lease, /v1/charge;
+//   - Envoy's rate limit service, ShouldRateLimit over gRPC (package rls,
+//     configured by envoyproxy/ratelimit's YAML through package rlsconfig):
+//     token buckets through Decide, and envoyproxy/ratelimit's fixed
+//     windows through Count (window.lua, and the memory store's mirror);
+//   - Envoy's rate limit quota service, a bidirectional gRPC stream per
+//     Envoy (package rlqs, the same YAML): the one door that computes, for
+//     it divides each limit's rate among the Envoys reporting demand for it
+//     and hands each an assignment Envoy enforces alone; its model and
+//     bound are in its package doc.
+//
+// The HTTP API and the rate limit service decide nothing themselves: every
+// decision is the store's, so a limit named the same way through either is
+// one bucket. Every door takes the same bearer tokens (cmd/limitd's
+// --token-file: Config.Tokens here), a token's name being the call's caller
+// in the ledger.
 //
 // # Model
 //
@@ -37,6 +51,13 @@
 // every lease, until it is paid back.
 //
 // # Redis
+//
+// Five Lua scripts, each call one atomic run per Redis Cluster slot:
+// bucket.lua, the part the next three start with (Redis's clock, reading
+// and writing one bucket and its ledger); decide.lua (a decision: Decide),
+// lease.lua (a lease call: Lease), charge.lua (costs known from the
+// response, refunds, and the undo of a request split over slots: Charge);
+// and window.lua (fixed-window counters: Count).
 //
 // RedisStore runs decide.lua once per request, by SHA (EVALSHA; on NOSCRIPT
 // it falls back to EVAL once, which loads the script again). The script
@@ -108,7 +129,9 @@
 //
 // Server serves POST /v1/decide, /v1/lease and /v1/charge, GET /healthz,
 // GET /readyz (the store answered its last Ping, at most Config.ReadyEvery
-// old) and GET /metrics (Prometheus). A shadow bucket is decided on its own
+// old) and GET /metrics (Prometheus; Config.Metrics says to whom: its
+// labels carry request values, so off loopback it asks for a caller's
+// token, or is served on a listener of its own). A shadow bucket is decided on its own
 // and never changes the enforced answer, even when its decision fails (it is
 // then answered allowed and counted as a shadow error). NewHTTPServer serves
 // it over HTTP/1.1 and h2c on one port, each connection bounded (streams,

@@ -53,6 +53,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Registry receives the metrics (default a new registry, served alone).
 	Registry *prometheus.Registry
+	// Metrics says who may read GET /metrics (default MetricsOpen).
+	Metrics MetricsAccess
 	// ReadyEvery is how long /readyz answers from the store's last Ping
 	// before asking again (default DefaultReadyEvery): however often it is
 	// asked, unauthenticated, the store is pinged at most once per period.
@@ -60,6 +62,25 @@ type Config struct {
 	// Now is the clock of the /readyz cache (default time.Now).
 	Now func() time.Time
 }
+
+// MetricsAccess says who may read GET /metrics. Its labels carry request
+// values (a detailed metric's descriptor values: API keys, user ids), so
+// the metrics are as private as the calls.
+type MetricsAccess uint8
+
+const (
+	// MetricsOpen serves /metrics to whoever reaches the listener: for a
+	// listener bound to loopback.
+	MetricsOpen MetricsAccess = iota
+	// MetricsBearer serves /metrics to a call that /v1 would accept (one of
+	// the Tokens; a front proxy's with a listed identity), 401 otherwise; a
+	// scrape is not counted as the caller's call. Without tokens it is
+	// MetricsOpen.
+	MetricsBearer
+	// MetricsElsewhere serves /metrics on a listener of its own
+	// (Server.MetricsHandler); the Server answers it 404.
+	MetricsElsewhere
+)
 
 // DefaultReadyEvery is the default Config.ReadyEvery.
 const DefaultReadyEvery = time.Second
@@ -92,7 +113,7 @@ const DefaultTimeout = time.Second
 //	GET  /healthz     200 while the process runs
 //	GET  /readyz      200 when the store answered its last Redis PING (at
 //	                  most one per Config.ReadyEvery), else 503
-//	GET  /metrics     Prometheus metrics
+//	GET  /metrics     Prometheus metrics (Config.Metrics says to whom)
 //
 // Errors are JSON {"error": "<field>: <message>"}: 400 for an invalid
 // request, 401 without the bearer token, 405 for a wrong method, 413 for a
@@ -105,6 +126,7 @@ type Server struct {
 	timeout time.Duration
 	log     *slog.Logger
 	metrics *metrics
+	promh   http.Handler // the metrics, as /metrics serves them
 	errLog  LogThrottle
 	mux     *http.ServeMux
 
@@ -170,8 +192,32 @@ func NewServer(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("/v1/charge", s.serve(s.charge, m.chargeLatency))
 	s.mux.HandleFunc("/healthz", s.healthz)
 	s.mux.HandleFunc("/readyz", s.readyz)
-	s.mux.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
+	s.promh = promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})
+	switch cfg.Metrics {
+	case MetricsOpen:
+		s.mux.Handle("/metrics", s.promh)
+	case MetricsBearer:
+		s.mux.HandleFunc("/metrics", s.scrape)
+	case MetricsElsewhere:
+	default:
+		return nil, fmt.Errorf("service: config: metrics: unknown access %d", cfg.Metrics)
+	}
 	return s, nil
+}
+
+// MetricsHandler serves the metrics to whoever reaches it: for a listener
+// of their own (Config.Metrics MetricsElsewhere).
+func (s *Server) MetricsHandler() http.Handler { return s.promh }
+
+// scrape serves /metrics to a call carrying a caller's credentials
+// (MetricsBearer), as /v1 checks them, without counting it as a call.
+func (s *Server) scrape(w http.ResponseWriter, r *http.Request) {
+	if _, _, why := s.caller(r); why != "" {
+		s.refuse(w, r, why)
+		return
+	}
+	MarkRequest(r.Context(), ConnAuthenticated)
+	s.promh.ServeHTTP(w, r)
 }
 
 // ServeHTTP implements http.Handler. Behind a ConnGuard, it marks the
@@ -323,8 +369,18 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, why string) {
 // needed, and counts the call under the caller's name; otherwise it returns
 // why r is refused.
 func (s *Server) authorized(r *http.Request) (caller, why string) {
+	caller, calls, why := s.caller(r)
+	if calls != nil {
+		calls.Inc()
+	}
+	return caller, why
+}
+
+// caller is authorized without counting: the caller of r and its calls'
+// counter (nil when no token is needed), or why r is refused.
+func (s *Server) caller(r *http.Request) (string, prometheus.Counter, string) {
 	if s.callers.Open() {
-		return DefaultCaller, ""
+		return DefaultCaller, nil, ""
 	}
 	var identity []string
 	if h := s.callers.IdentityHeader(); h != "" {
@@ -332,10 +388,9 @@ func (s *Server) authorized(r *http.Request) (caller, why string) {
 	}
 	i, why := s.callers.Authenticate(r.Header.Get("Authorization"), identity)
 	if i < 0 {
-		return "", why
+		return "", nil, why
 	}
-	s.calls[i].Inc()
-	return s.callers.Names()[i], ""
+	return s.callers.Names()[i], s.calls[i], ""
 }
 
 func equalFoldASCII(a, b string) bool {

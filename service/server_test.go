@@ -1,12 +1,14 @@
 package service
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -197,6 +199,111 @@ func TestServerMetricsEndpoint(t *testing.T) {
 	for _, name := range []string{"limitd_decisions_total", "limitd_rejections_total", "limitd_store_errors_total", "limitd_decide_duration_seconds_bucket"} {
 		if !strings.Contains(w.Body.String(), name) {
 			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+// TestServerMetricsAccess: /metrics shows request values in its labels
+// (detailed metrics: API keys, user ids), so where the listener is not
+// loopback it asks for a caller's bearer token, as /v1 does (a front
+// proxy's with a listed identity), without counting the scrape as a call;
+// served on a listener of its own, the Server does not serve it and
+// MetricsHandler does.
+func TestServerMetricsAccess(t *testing.T) {
+	newServer := func(access MetricsAccess) *Server {
+		s, err := NewServer(Config{
+			Store: NewMemoryStore(MemoryOptions{}), StoreName: "memory", Metrics: access,
+			Tokens:         []Token{{Name: "gw", Value: "s3cret"}, {Name: "edge", Value: "edge-tok", FrontProxy: true}},
+			Identities:     []Identity{{Name: "gw-b", Value: "spiffe://b"}},
+			IdentityHeader: "x-limitd-identity",
+			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := newServer(MetricsBearer)
+	for _, tt := range []struct {
+		header []string
+		code   int
+	}{
+		{nil, 401},
+		{[]string{"Authorization", "Bearer wrong"}, 401},
+		{[]string{"Authorization", "Bearer edge-tok"}, 401}, // a front proxy's, without a listed identity
+		{[]string{"Authorization", "Bearer s3cret"}, 200},
+		{[]string{"Authorization", "Bearer edge-tok", "x-limitd-identity", "spiffe://b"}, 200},
+	} {
+		w := do(s, "GET", "/metrics", "", tt.header...)
+		if w.Code != tt.code {
+			t.Errorf("bearer: GET /metrics %v = %d, want %d", tt.header, w.Code, tt.code)
+		}
+		if w.Code == 200 && !strings.Contains(w.Body.String(), "limitd_decisions_total") {
+			t.Errorf("bearer: GET /metrics %v lacks limitd_decisions_total", tt.header)
+		}
+		if w.Code == 401 && w.Header().Get("WWW-Authenticate") == "" {
+			t.Errorf("bearer: 401 without the challenge")
+		}
+	}
+	if got := counterValue(s.metrics.authorized.WithLabelValues("gw")); got != 0 {
+		t.Errorf("scrapes counted as gw's calls: %v, want 0", got)
+	}
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if w := do(s, "GET", p, ""); w.Code != 200 {
+			t.Errorf("bearer: GET %s = %d without token, want 200", p, w.Code)
+		}
+	}
+	apart := newServer(MetricsElsewhere)
+	if w := do(apart, "GET", "/metrics", "", "Authorization", "Bearer s3cret"); w.Code != 404 {
+		t.Errorf("elsewhere: GET /metrics on the API's listener = %d, want 404", w.Code)
+	}
+	if w := do(apart.MetricsHandler(), "GET", "/metrics", ""); w.Code != 200 || !strings.Contains(w.Body.String(), "limitd_decisions_total") {
+		t.Errorf("elsewhere: MetricsHandler = %d, want 200 with the metrics", w.Code)
+	}
+	if w := do(newServer(MetricsOpen), "GET", "/metrics", ""); w.Code != 200 {
+		t.Errorf("open: GET /metrics = %d without token, want 200", w.Code)
+	}
+}
+
+// TestMetricsBearerRawClient: a client speaking raw HTTP/1.1 to a real
+// listener (MetricsBearer) gets 401 for /metrics without the token, its
+// connection closed, however many times it asks (200 connections); with the
+// token it scrapes twice on one connection, kept open.
+func TestMetricsBearerRawClient(t *testing.T) {
+	s, err := NewServer(Config{Store: NewMemoryStore(MemoryOptions{}), Token: "s3cret", Metrics: MetricsBearer,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, addr := serveGuarded(t, s, ConnOptions{MaxConns: 64})
+	for i := range 200 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		auth := ""
+		if i%2 == 1 {
+			auth = "wrong"
+		}
+		if code := rawGet(t, c, bufio.NewReader(c), "/metrics", auth); code != 401 {
+			c.Close()
+			t.Fatalf("attempt %d: /metrics with token %q = %d, want 401", i, auth, code)
+		}
+		if !waitClosed(c) {
+			c.Close()
+			t.Fatalf("attempt %d: the refused connection stayed open", i)
+		}
+		c.Close()
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	for i := range 2 {
+		if code := rawGet(t, c, r, "/metrics", "s3cret"); code != 200 {
+			t.Fatalf("scrape %d with the token: %d, want 200 on the same connection", i, code)
 		}
 	}
 }

@@ -148,7 +148,8 @@ func (a *Answer) Settle(req *Request) {
 //
 //	{"hash_tag":"t","buckets":[{"key":"k","tokens_per_second":10,"burst":20,"cost":1,"shadow":true,"refundable":true,"max_delay_ms":500}]}
 //
-// (hash_tag, shadow, refundable and max_delay_ms only when set).
+// (hash_tag, shadow, refundable and max_delay_ms only when set, or for
+// max_delay_ms, when the burst is below the rate).
 func AppendRequest(b []byte, r *Request) []byte {
 	b = appendTag(b, r.HashTag)
 	for i := range r.Buckets {
@@ -162,7 +163,7 @@ func AppendRequest(b []byte, r *Request) []byte {
 		if bk.Refundable {
 			b = append(b, `,"refundable":true`...)
 		}
-		if bk.MaxDelayMs > 0 {
+		if bk.MaxDelayMs > 0 || bk.Burst < bk.Rate { // below the rate: a bucket that holds (0: not this request)
 			b = append(b, `,"max_delay_ms":`...)
 			b = strconv.AppendInt(b, bk.MaxDelayMs, 10)
 		}
@@ -317,11 +318,13 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 		if err == nil {
 			// A bucket that may hold requests smooths them to the rate, so
 			// its burst may be below the rate (one request at a time): a
-			// decide call's bucket with a max_delay_ms, any charge (a
+			// decide call's bucket that names a max_delay_ms (0 included:
+			// its rule holds max_waiting requests already, so this one may
+			// not wait, but the bucket is the one the others wait on), any charge (a
 			// refund of a held request, a cost from the response), and any
 			// lease (a leased rule with a max_delay_ms holds its requests
 			// in the gateway: the lease call carries no delay).
-			smooth := len(extra) == 4 && extra[3] == "max_delay_ms" && x[3].Num > 0 ||
+			smooth := len(extra) == 4 && extra[3] == "max_delay_ms" && x[3].Exists() ||
 				len(extra) == 1 && extra[0] == "amount" ||
 				len(extra) == 3 && extra[0] == "want"
 			err = checkLimit(at, have[0], have[1], have[2], smooth, h.Rate, h.Burst, lim)

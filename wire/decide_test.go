@@ -17,7 +17,8 @@ func TestDecodeRequest(t *testing.T) {
 		{"refundable", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":20,"refundable":true}]}`, ""},
 		{"max delay", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"max_delay_ms":1000}]}`, ""},
 		{"max delay zero", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":10,"max_delay_ms":0}]}`, ""},
-		{"max delay zero, burst below rate", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"max_delay_ms":0}]}`, "buckets[0].burst: must be >= tokens_per_second (10), got 1"},
+		{"max delay zero, burst below rate", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"max_delay_ms":0}]}`, ""},
+		{"no max delay, burst below rate", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":1}]}`, "buckets[0].burst: must be >= tokens_per_second (10), got 1"},
 		{"max delay negative", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":10,"max_delay_ms":-1}]}`, "buckets[0].max_delay_ms: must be >= 0 and <= 60000, got -1"},
 		{"max delay long", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"max_delay_ms":60001}]}`, "buckets[0].max_delay_ms: must be >= 0 and <= 60000, got 60001"},
 		{"max delay fraction", `{"buckets":[{"key":"a","tokens_per_second":10,"burst":10,"max_delay_ms":2.5}]}`, "buckets[0].max_delay_ms: must be a whole number of milliseconds, got 2.5"},
@@ -142,7 +143,9 @@ func checkRequest(req *Request, lim Limits) string {
 			return "key " + b.Key
 		case !(b.Rate > 0 && b.Rate <= MaxAmount):
 			return "rate"
-		case !((b.Burst >= b.Rate || b.MaxDelayMs > 0 && b.Burst > 0) && b.Burst <= MaxAmount) || b.Burst/b.Rate > lim.MaxFill.Seconds():
+		// Below the rate only for a bucket that named a max_delay_ms (0
+		// included), which AppendRequest names for such a bucket.
+		case !(b.Burst > 0 && b.Burst <= MaxAmount) || b.Burst/b.Rate > lim.MaxFill.Seconds():
 			return "burst"
 		case !(b.Cost >= 0 && b.Cost <= MaxAmount):
 			return "cost"

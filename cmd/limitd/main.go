@@ -15,7 +15,9 @@
 // prior knowledge), so a gateway can multiplex its callouts over a few
 // connections. It binds loopback by default. Bound to any other address it
 // refuses to start without a bearer token (--token-file, or the environment
-// variable LIMITD_TOKEN), which every /v1 request must then carry. SIGTERM or SIGINT
+// variable LIMITD_TOKEN), which every /v1 request must then carry, and so
+// must a scrape of /metrics (its labels carry request values), unless
+// --metrics-listen serves /metrics alone on a listener of its own. SIGTERM or SIGINT
 // stops it gracefully: no new connections, requests in flight are answered.
 package main
 
@@ -62,6 +64,7 @@ var versionOut io.Writer = os.Stdout
 type options struct {
 	rls             rlsOptions // the rate limit service's (rls.go)
 	listen          string
+	metricsListen   string
 	redis           string
 	redisMaster     string
 	redisCluster    bool
@@ -90,6 +93,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	o.rls.register(fs)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "address to serve HTTP on; a non-loopback address requires a token")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address to serve /metrics on, alone and to whoever reaches it (bind it where only the scraper does); empty = on --listen, where a non-loopback address asks for a caller's bearer token")
 	fs.StringVar(&o.redis, "redis", "", "Redis: a URL (redis://[user:pass@]host:port/db, rediss://...), or host:port[,host:port...] (several = Redis Cluster, or Sentinels with --redis-master); empty = in-memory store")
 	fs.StringVar(&o.redisMaster, "redis-master", "", "Sentinel master name: --redis lists the Sentinels")
 	fs.BoolVar(&o.redisCluster, "redis-cluster", false, "treat a single --redis address as a Redis Cluster seed")
@@ -151,6 +155,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("--listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.listen)
 	}
 	if err := o.rls.check(len(tokens)); err != nil {
+		return err
+	}
+	metrics, err := metricsAccess(o.listen, o.metricsListen)
+	if err != nil {
 		return err
 	}
 
@@ -219,10 +227,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	srv, err := service.NewServer(service.Config{
 		Store: store, StoreName: storeName, Tokens: tokens, Identities: identities, IdentityHeader: o.identityHeader, Limits: o.limits,
-		Timeout: o.timeout, Logger: log, Registry: reg,
+		Timeout: o.timeout, Logger: log, Registry: reg, Metrics: metrics,
 	})
 	if err != nil {
 		return err
+	}
+	var metricsSrv *http.Server
+	var metricsGuard *service.ConnGuard
+	metricsServed := make(chan error, 1)
+	if metrics == service.MetricsElsewhere {
+		if metricsSrv, metricsGuard, err = serveMetrics(o.metricsListen, srv.MetricsHandler(), metricsServed, log); err != nil {
+			return err
+		}
+		defer metricsSrv.Close() // whatever else ends run; a no-op after Shutdown
 	}
 	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace, Registerer: reg})
 	if err != nil {
@@ -241,6 +258,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			select {
 			case now := <-tick.C:
 				guard.Sweep(now)
+				if metricsGuard != nil {
+					metricsGuard.Sweep(now)
+				}
 			case <-sweepCtx.Done():
 				return
 			}
@@ -261,6 +281,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return err
 	case err := <-rlsServed:
 		return fmt.Errorf("--grpc-listen: %w", err)
+	case err := <-metricsServed:
+		return fmt.Errorf("--metrics-listen: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: finishing requests in flight", "timeout", o.shutdownTimeout.String())
@@ -269,6 +291,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if door != nil {
 		door.quota.Shutdown(o.rls.quota.shutdown == "abandon") // the quota streams end, or GracefulStop waits for them
 		door.grpc.GracefulStop(sctx)
+	}
+	if metricsSrv != nil {
+		_ = metricsSrv.Shutdown(sctx)
 	}
 	if err := httpSrv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
@@ -365,26 +390,98 @@ func loadTokens(file string, getenv func(string) string) ([]service.Token, []ser
 	}
 	var toks []service.Token
 	var ids []service.Identity
+	// A value given twice would make every call carrying it the call of the
+	// last line that gives it: the file is refused, naming both lines (not
+	// the value, a secret).
+	tokenLine := map[string]int{} // a token: the line that gave it
+	idLine := map[string]int{}    // an identity: the line that listed it
+	once := func(lines map[string]int, v string, n int, what string) error {
+		if at, dup := lines[v]; dup {
+			return fmt.Errorf("--token-file %s: lines %d and %d give the same %s: one %s names one caller", file, at, n, what, what)
+		}
+		lines[v] = n
+		return nil
+	}
 	for i, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
+		var err error
 		switch {
 		case len(f) == 0 || strings.HasPrefix(f[0], "#"):
 		case len(f) == 1:
 			toks = append(toks, service.Token{Name: service.DefaultCaller, Value: f[0]})
+			err = once(tokenLine, f[0], i+1, "token")
 		case len(f) == 2:
 			toks = append(toks, service.Token{Name: f[0], Value: f[1]})
+			err = once(tokenLine, f[1], i+1, "token")
 		case len(f) == 3 && f[2] == "front-proxy" && f[1] != "identity":
 			toks = append(toks, service.Token{Name: f[0], Value: f[1], FrontProxy: true})
+			err = once(tokenLine, f[1], i+1, "token")
 		case len(f) == 3 && f[1] == "identity" && f[2] != "front-proxy":
 			ids = append(ids, service.Identity{Name: f[0], Value: f[2]})
+			err = once(idLine, f[2], i+1, "identity")
 		default:
-			return nil, nil, fmt.Errorf("--token-file %s: line %d: want \"<name> <token>\", \"<name> <token> front-proxy\", \"<name> identity <value>\" or a token, got %d fields", file, i+1, len(f))
+			err = fmt.Errorf("--token-file %s: line %d: want \"<name> <token>\", \"<name> <token> front-proxy\", \"<name> identity <value>\" or a token, got %d fields", file, i+1, len(f))
+		}
+		if err != nil {
+			return nil, nil, err
 		}
 	}
 	if len(toks) == 0 {
 		return nil, nil, fmt.Errorf("--token-file %s: no token", file)
 	}
 	return toks, ids, nil
+}
+
+// metricsAccess is who may read /metrics: its labels carry request values
+// (a detailed metric's descriptor values: API keys, user ids). With
+// --metrics-listen, whoever reaches that listener, where /metrics is served
+// alone; else, on --listen, whoever reaches a loopback address, and on any
+// other, a call carrying a caller's bearer token, as /v1 asks.
+func metricsAccess(listen, metricsListen string) (service.MetricsAccess, error) {
+	if metricsListen != "" {
+		if _, port, err := net.SplitHostPort(metricsListen); err != nil {
+			return 0, fmt.Errorf("--metrics-listen %q: %w", metricsListen, err)
+		} else if metricsListen == listen && port != "0" {
+			return 0, fmt.Errorf("--metrics-listen %s: the address of --listen; leave it empty to serve /metrics there", metricsListen)
+		}
+		return service.MetricsElsewhere, nil
+	}
+	loopback, err := isLoopback(listen)
+	if err != nil {
+		return 0, err
+	}
+	if loopback {
+		return service.MetricsOpen, nil
+	}
+	return service.MetricsBearer, nil
+}
+
+// maxMetricsConns bounds the connections of the --metrics-listen listener,
+// meant for a scraper or two.
+const maxMetricsConns = 16
+
+// serveMetrics serves h at /metrics, and nothing else, on addr: HTTP/1.1
+// and h2c, each connection bounded as on --listen, at most maxMetricsConns
+// at once (the oldest idle one closed for a new one). served receives
+// what Serve returns; the guard is to be swept as --listen's is.
+func serveMetrics(addr string, h http.Handler, served chan<- error, log *slog.Logger) (*http.Server, *service.ConnGuard, error) {
+	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: maxMetricsConns})
+	if err != nil {
+		return nil, nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
+	srv := service.NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		service.MarkRequest(r.Context(), service.ConnRequest)
+		mux.ServeHTTP(w, r)
+	}), guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
+	go func() { served <- srv.Serve(guard.Listener(ln)) }()
+	log.Info("metrics listening", "addr", ln.Addr().String())
+	return srv, guard, nil
 }
 
 // isLoopback reports whether a listen address binds only loopback interfaces:

@@ -161,6 +161,29 @@ func TestLoadFrontProxy(t *testing.T) {
 	}
 }
 
+// TestLoadTokensRefusesSharedValue: two lines that give the same token (or
+// the same identity) to different callers would send every call to the
+// last one; the file is refused, naming both lines.
+func TestLoadTokensRefusesSharedValue(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ body, want string }{
+		{"gw-a tok\ngw-b other\ngw-c tok\n", "lines 1 and 3"},
+		{"# c\ntok\ngw-b tok\n", "lines 2 and 3"},
+		{"gw-a tok\nedge tok front-proxy\n", "lines 1 and 2"},
+		{"gw-a tok\ngw-a tok\n", "lines 1 and 2"},
+		{"edge e front-proxy\nx identity v\ny identity v\n", "lines 2 and 3"},
+	} {
+		file := filepath.Join(dir, "tokens")
+		if err := os.WriteFile(file, []byte(tc.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := loadTokens(file, env())
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want an error naming %s", tc.body, err, tc.want)
+		}
+	}
+}
+
 func TestRedisOptions(t *testing.T) {
 	tests := []struct {
 		redis, master string
@@ -365,6 +388,72 @@ func TestRunRedisWithToken(t *testing.T) {
 		if !strings.Contains(string(m), name) {
 			t.Errorf("/metrics lacks %s", name)
 		}
+	}
+}
+
+// TestMetricsAccess: /metrics shows request values in its labels, so on a
+// listener that is not loopback it needs a caller's token, unless
+// --metrics-listen serves it on a listener of its own.
+func TestMetricsAccess(t *testing.T) {
+	for _, tt := range []struct {
+		listen, metricsListen string
+		want                  service.MetricsAccess
+	}{
+		{"127.0.0.1:8081", "", service.MetricsOpen},
+		{"[::1]:8081", "", service.MetricsOpen},
+		{"0.0.0.0:8081", "", service.MetricsBearer},
+		{":8081", "", service.MetricsBearer},
+		{"10.0.0.1:8081", "", service.MetricsBearer},
+		{"0.0.0.0:8081", "10.0.0.1:9090", service.MetricsElsewhere},
+		{"127.0.0.1:8081", "127.0.0.1:9090", service.MetricsElsewhere},
+	} {
+		got, err := metricsAccess(tt.listen, tt.metricsListen)
+		if err != nil || got != tt.want {
+			t.Errorf("metricsAccess(%q, %q) = %v, %v; want %v", tt.listen, tt.metricsListen, got, err, tt.want)
+		}
+	}
+	if _, err := metricsAccess("127.0.0.1:8081", "127.0.0.1:8081"); err == nil {
+		t.Error("--metrics-listen equal to --listen: want an error")
+	}
+}
+
+// TestRunMetricsListen: with --metrics-listen, /metrics is served there
+// (no token: the operator chose who reaches it) and no longer on --listen.
+func TestRunMetricsListen(t *testing.T) {
+	addr, logs, _, _ := start(t, []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, env("LIMITD_TOKEN", "tok"))
+	var maddr string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, `"msg":"metrics listening"`) {
+			if i := strings.Index(line, `"addr":"`); i >= 0 {
+				maddr = line[i+len(`"addr":"`):]
+				maddr = maddr[:strings.IndexByte(maddr, '"')]
+			}
+		}
+	}
+	if maddr == "" {
+		t.Fatalf("no metrics listening log with its address:\n%s", logs)
+	}
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("http://" + maddr + "/metrics"); code != 200 || !strings.Contains(body, "limitd_decisions_total") {
+		t.Fatalf("GET /metrics on --metrics-listen: %d, want 200 with the metrics", code)
+	}
+	if code, _ := get("http://" + maddr + "/v1/decide"); code != 404 {
+		t.Fatalf("GET /v1/decide on --metrics-listen: %d, want 404 (only /metrics there)", code)
+	}
+	if code, _ := get("http://" + addr + "/metrics"); code != 404 {
+		t.Fatalf("GET /metrics on --listen: %d, want 404 (served on --metrics-listen)", code)
+	}
+	if code, _ := get("http://" + addr + "/healthz"); code != 200 {
+		t.Fatalf("GET /healthz on --listen: %d, want 200", code)
 	}
 }
 
