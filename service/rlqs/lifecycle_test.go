@@ -2,12 +2,16 @@ package rlqs
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
@@ -135,4 +139,69 @@ func TestStoreDown(t *testing.T) {
 		}
 	}
 	tokenBucket(t, got.BucketAction[0])
+}
+
+// gauge reads a gauge's value.
+func gauge(t *testing.T, g interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
+// Every stream's handler ends with its context: 10,000 streams, each
+// answered once and then dropped by its client (its context cancelled, as
+// an Envoy that restarts does), leave the streams gauge at its baseline
+// and no stream counted against its caller, so the 10,001st opens.
+func TestStreamsEndWithTheirContext(t *testing.T) {
+	f := start(t, quotaYAML, fixtureOpts{tokens: callers})
+	base := gauge(t, f.srv.opts.Metrics.streams)
+	const n, workers = 10_000, 8
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer honest-token")
+				s, err := rlqspb.NewRateLimitQuotaServiceClient(f.conn).StreamRateLimitQuotas(ctx)
+				if err == nil {
+					err = s.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "quota", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+						usage(map[string]string{"free": fmt.Sprint(i)}, 1, 0, 0)}})
+				}
+				if err == nil {
+					_, err = s.Recv()
+				}
+				cancel()
+				if err != nil {
+					errs <- fmt.Errorf("stream %d: %w", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	// The handlers end as their cancellations arrive: wait for that,
+	// bounded.
+	deadline := time.Now().Add(30 * time.Second)
+	for gauge(t, f.srv.opts.Metrics.streams) != base && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // waiting for the handlers, bounded by the deadline
+	}
+	if got := gauge(t, f.srv.opts.Metrics.streams); got != base {
+		t.Fatalf("limitd_rlqs_streams after %d streams opened and dropped: %v, want %v", n, got, base)
+	}
+	f.srv.mu.Lock()
+	open, held := len(f.srv.streams), f.srv.byCaller["honest"]
+	f.srv.mu.Unlock()
+	if open != 0 || held != 0 {
+		t.Errorf("after %d streams dropped: %d open, %d counted against their caller, want 0", n, open, held)
+	}
+	s, _ := f.open("honest-token")
+	exchange(t, s, "quota", usage(map[string]string{"free": "x"}, 1, 0, 0))
 }

@@ -98,6 +98,8 @@ func (s *Server) StreamRateLimitQuotas(srv rlqspb.RateLimitQuotaService_StreamRa
 		case r = <-in:
 		case <-st.quit:
 			return s.goodbye(st)
+		case <-srv.Context().Done(): // the client left: the reader may be gone
+			return status.FromContextError(srv.Context().Err()).Err()
 		}
 		if errors.Is(r.err, io.EOF) {
 			return nil
