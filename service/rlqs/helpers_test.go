@@ -91,6 +91,7 @@ type fixtureOpts struct {
 	unmatched Unmatched
 	tokens    []service.Token
 	ttl       time.Duration
+	bounds    *bounds // nil: the defaults
 }
 
 func memoryStore(c *clock) service.Store {
@@ -146,6 +147,9 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 		TTL: o.ttl, Now: o.clock.Now, Logger: quiet, Metrics: qm})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.bounds != nil {
+		f.srv.bounds = *o.bounds
 	}
 	f.grpc, err = rls.NewGRPC(rsrv, rls.GRPCOptions{Tokens: o.tokens})
 	if err != nil {

@@ -205,3 +205,43 @@ func TestStreamsEndWithTheirContext(t *testing.T) {
 	s, _ := f.open("honest-token")
 	exchange(t, s, "quota", usage(map[string]string{"free": "x"}, 1, 0, 0))
 }
+
+// Idle buckets of every kind are abandoned, not only those leased: a
+// bucket answered with a blanket rule (unlimited, a limit of 0, a fixed
+// window, shadow mode, unmatched) and reported idle for AbandonAfter is
+// abandoned, so that ordinary traffic does not fill Envoy's reports and the
+// stream's bound with buckets nobody uses.
+func TestAbandonIdleBlanket(t *testing.T) {
+	f := start(t, quotaYAML, fixtureOpts{})
+	s, _ := f.open("")
+	ids := []map[string]string{{"free": "x"}, {"blocked": "x"}, {"counted": "x"}, {"watched": "x"}, {"nothing": "x"}}
+	report := func(allowed uint64) *rlqspb.RateLimitQuotaResponse {
+		var us []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage
+		for _, id := range ids {
+			us = append(us, usage(id, allowed, 0, 5*time.Second))
+		}
+		return exchange(t, s, "quota", us...)
+	}
+	if _, bl, _ := kinds(report(1)); bl != len(ids) {
+		t.Fatalf("want %d blanket rules at the first report", len(ids))
+	}
+	for i := 0; ; i++ {
+		if i > int(DefaultAbandonAfter/(5*time.Second))+1 {
+			t.Fatalf("blanket buckets reported idle for %v were not abandoned", time.Duration(i)*5*time.Second)
+		}
+		f.clock.Add(5 * time.Second)
+		r := report(0)
+		_, bl, ab := kinds(r)
+		if ab == 0 {
+			continue
+		}
+		if ab != len(ids) || bl != 0 {
+			t.Fatalf("after %v idle: %d abandoned, %d blanket rules; want all %d abandoned", time.Duration(i+1)*5*time.Second, ab, bl, len(ids))
+		}
+		t.Logf("abandoned after %v reported idle", time.Duration(i+1)*5*time.Second)
+		break
+	}
+	if got := f.srv.tracked.Load(); got != 0 {
+		t.Errorf("%d buckets kept after all were abandoned, want 0", got)
+	}
+}

@@ -71,6 +71,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -180,6 +181,8 @@ type Server struct {
 	closing  bool
 	// abandonOnClose: Shutdown abandons the streams' buckets.
 	abandonOnClose bool
+	bounds         bounds       // of streams and buckets (stream.go)
+	tracked        atomic.Int64 // buckets kept by every stream
 }
 
 type authToken struct {
@@ -217,7 +220,7 @@ func NewServer(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{opts: opts, shares: newShares(), streams: map[uint64]*stream{}, byCaller: map[string]int{}}
+	s := &Server{opts: opts, shares: newShares(), streams: map[uint64]*stream{}, byCaller: map[string]int{}, bounds: defaultBounds}
 	for _, t := range opts.Tokens {
 		s.tokens = append(s.tokens, authToken{sum: sha256.Sum256([]byte(t.Value)), name: t.Name})
 	}
@@ -289,6 +292,7 @@ type bucket struct {
 	hasSent bool
 	expiry  time.Time // the sent assignment's end, with grace
 	idle    time.Time // since when reported idle; zero: busy
+	served  time.Time // when an assignment was last sent
 }
 
 // residue is the most Envoy can still admit under b's last assignment from
@@ -346,22 +350,12 @@ func (s *Server) ttl(b *bucket, interval time.Duration) time.Duration {
 
 // assign books one bucket's usage and returns its next action (nil: none).
 func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, denied float64, elapsed time.Duration, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, error) {
-	if allowed+denied == 0 {
-		if b.idle.IsZero() {
-			b.idle = now
-		}
-	} else {
-		b.idle = time.Time{}
-	}
 	if b.key == "" { // not leased: the blanket rule, refreshed
 		ttl := s.opts.TTL
 		b.hasSent, b.expiry = true, now.Add(ttl+s.opts.Grace)
 		return action(b.id, b.sent, ttl), nil
 	}
 	b.held = math.Max(0, b.held-allowed)
-	if !b.idle.IsZero() && now.Sub(b.idle) >= s.opts.AbandonAfter {
-		return s.abandon(ctx, st, b, now)
-	}
 	interval := max(elapsed, time.Second)
 	ttl := s.ttl(b, elapsed)
 	life := ttl + s.opts.Grace

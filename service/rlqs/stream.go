@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -21,18 +22,38 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
 
-// Bounds of what a client sends.
+// Bounds of what a client sends. A stream is ended (InvalidArgument) only
+// for a report without a domain or with another domain than its first; the
+// other bounds are met by answering, never by ending the stream: Envoy 1.40
+// sends every bucket it holds in every report, so a stream ended for its
+// buckets would be ended again at each report and its Envoy cut off its
+// quota.
 const (
-	// MaxStreams bounds the streams open at once.
-	MaxStreams = 256
-	// MaxStreamsPerCaller bounds the streams of one caller (token name).
-	MaxStreamsPerCaller = 64
-	// MaxBuckets bounds the buckets one stream reports.
-	MaxBuckets = 256
-	// MaxUsages bounds the bucket usages of one report.
-	MaxUsages = MaxBuckets
-	// MaxEntryBytes bounds a bucket_id key or value.
+	// MaxStreams bounds the streams open at once (ResourceExhausted past
+	// it): one stream per Envoy.
+	MaxStreams = 2048
+	// MaxStreamsPerCaller bounds the streams of one caller (token name),
+	// ResourceExhausted past it: with one token shared by a fleet, the
+	// simple set-up, it is the most Envoys one limitd serves.
+	MaxStreamsPerCaller = 1024
+	// MaxBuckets bounds the buckets one stream keeps. A new bucket past
+	// it takes the place of the bucket reported idle the longest (which
+	// is abandoned); when none is idle, it is abandoned at once (Envoy
+	// applies its no_assignment_behavior to its requests and reports it
+	// again at its next request).
+	MaxBuckets = 512
+	// MaxTracked bounds the buckets kept by all streams together, met as
+	// MaxBuckets is.
+	MaxTracked = 1 << 16
+	// MaxUsages bounds the bucket usages of one report that are read; the
+	// rest of the report is left unanswered.
+	MaxUsages = 4 * MaxBuckets
+	// MaxEntryBytes bounds a bucket_id key or value, and MaxIDBytes all of
+	// a bucket_id's keys and values: a bucket_id beyond them (or with more
+	// than rls.MaxEntries entries, or bytes that are not UTF-8) cannot be
+	// read and is answered untracked as unmatched (Options.Unmatched).
 	MaxEntryBytes = 256
+	MaxIDBytes    = 512
 	// MaxDomainBytes bounds the domain.
 	MaxDomainBytes = 256
 	// MaxCount clamps a report's allowed or denied count.
@@ -41,12 +62,27 @@ const (
 	MaxElapsed = time.Hour
 	// MaxTTL bounds the life a long reporting interval gives assignments.
 	MaxTTL = 5 * time.Minute
-	// ReportBurst and ReportRate bound the reports of one stream: a token
-	// bucket of ReportBurst reports refilled at ReportRate a second
-	// (Envoy sends one per reporting interval and one per new bucket).
-	ReportBurst = MaxBuckets
+	// ReportBurst and ReportRate bound the reports of one stream that may
+	// start buckets: a token bucket of ReportBurst reports refilled at
+	// ReportRate a second (Envoy sends one per reporting interval and one
+	// per new bucket). A report past it is still read: its known buckets
+	// are answered, its new ones abandoned (Envoy reports them again at
+	// their next request).
+	ReportBurst = 256
 	ReportRate  = 10
+	// MinServeGap is the least time between two assignments of one bucket:
+	// a bucket reported again sooner (a flood of reports) is booked, not
+	// answered, so that a stream makes at most one store call a bucket in
+	// that time.
+	MinServeGap = time.Second
 )
+
+// bounds are the bounds a Server applies (the constants; tests lower them).
+type bounds struct {
+	streams, perCaller, buckets, tracked int
+}
+
+var defaultBounds = bounds{streams: MaxStreams, perCaller: MaxStreamsPerCaller, buckets: MaxBuckets, tracked: MaxTracked}
 
 // stream is one open StreamRateLimitQuotas call: one Envoy.
 type stream struct {
@@ -169,10 +205,10 @@ func (s *Server) open(caller string, srv rlqspb.RateLimitQuotaService_StreamRate
 	switch {
 	case s.closing:
 		return nil, status.Error(codes.Unavailable, "rlqs: shutting down")
-	case len(s.streams) >= MaxStreams:
-		return nil, status.Errorf(codes.ResourceExhausted, "rlqs: streams: at most %d open at once", MaxStreams)
-	case s.byCaller[caller] >= MaxStreamsPerCaller:
-		return nil, status.Errorf(codes.ResourceExhausted, "rlqs: streams: at most %d open at once per caller", MaxStreamsPerCaller)
+	case len(s.streams) >= s.bounds.streams:
+		return nil, status.Errorf(codes.ResourceExhausted, "rlqs: streams: at most %d open at once", s.bounds.streams)
+	case s.byCaller[caller] >= s.bounds.perCaller:
+		return nil, status.Errorf(codes.ResourceExhausted, "rlqs: streams: at most %d open at once per caller", s.bounds.perCaller)
 	}
 	s.nextID++
 	st := &stream{id: s.nextID, caller: caller, srv: srv, buckets: map[string]*bucket{}, quit: make(chan struct{}),
@@ -199,6 +235,7 @@ func (s *Server) close(st *stream) {
 	s.mu.Unlock()
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	s.tracked.Add(-int64(len(st.buckets)))
 	ctx := service.WithCaller(context.Background(), st.caller)
 	now := s.opts.Now()
 	for _, b := range st.buckets {
@@ -213,13 +250,15 @@ func (s *Server) close(st *stream) {
 }
 
 // report handles one usage report and returns the assignments to send.
+// Nothing Envoy reports ends the stream but a missing or changed domain:
+// a bucket past the bounds or that cannot be read is answered without being
+// kept (untracked), and a report past the report budget is booked (what its
+// known buckets allowed is debited) without store calls for new buckets.
 func (s *Server) report(st *stream, msg *rlqspb.RateLimitQuotaUsageReports) (*rlqspb.RateLimitQuotaResponse, error) {
 	now := s.opts.Now()
-	if m := s.opts.Metrics; m != nil {
+	m := s.opts.Metrics
+	if m != nil {
 		m.reports.Inc()
-	}
-	if err := st.admitReport(now); err != nil {
-		return nil, err
 	}
 	if err := s.checkReport(st, msg); err != nil {
 		return nil, err
@@ -228,46 +267,177 @@ func (s *Server) report(st *stream, msg *rlqspb.RateLimitQuotaUsageReports) (*rl
 	if cfg == nil {
 		return nil, status.Error(codes.Unavailable, "rlqs: no configuration loaded yet")
 	}
+	budget := st.admitReport(now)
+	if !budget && m != nil {
+		m.overBudget.Inc()
+	}
 	ctx := service.WithCaller(st.srv.Context(), st.caller)
 	resp := &rlqspb.RateLimitQuotaResponse{}
-	for _, u := range msg.BucketQuotaUsages {
-		id := canonical(u.BucketId)
-		b := st.buckets[id]
-		if b == nil {
-			if len(st.buckets) >= MaxBuckets {
-				return nil, status.Errorf(codes.ResourceExhausted, "rlqs: buckets: at most %d per stream", MaxBuckets)
+	for i, u := range msg.BucketQuotaUsages {
+		if i >= MaxUsages {
+			if m != nil {
+				m.untracked.WithLabelValues("past_max_usages").Add(float64(len(msg.BucketQuotaUsages) - i))
 			}
-			b = s.newBucket(cfg, st.domain, u.BucketId)
-			st.buckets[id] = b
+			break
 		}
-		allowed := float64(min(u.NumRequestsAllowed, MaxCount))
-		denied := float64(min(u.NumRequestsDenied, MaxCount))
-		elapsed := min(max(u.TimeElapsed.AsDuration(), 0), MaxElapsed)
-		act, err := s.assign(ctx, st, b, allowed, denied, elapsed, now)
-		if err != nil {
+		if err := s.usage(ctx, cfg, st, u, budget, now, resp); err != nil {
 			return nil, err
-		}
-		if act != nil {
-			resp.BucketAction = append(resp.BucketAction, act)
 		}
 	}
 	return resp, nil
 }
 
-// admitReport takes one report from st's report budget.
-func (st *stream) admitReport(now time.Time) error {
+// usage handles one bucket's part of a report, appending its actions (none,
+// one, or an eviction's abandon and the bucket's own) to resp.
+func (s *Server) usage(ctx context.Context, cfg *rlsconfig.Config, st *stream, u *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage,
+	budget bool, now time.Time, resp *rlqspb.RateLimitQuotaResponse,
+) error {
+	allowed := float64(min(u.GetNumRequestsAllowed(), MaxCount))
+	denied := float64(min(u.GetNumRequestsDenied(), MaxCount))
+	elapsed := min(max(u.GetTimeElapsed().AsDuration(), 0), MaxElapsed)
+	busy := allowed+denied > 0
+	add := func(a *rlqspb.RateLimitQuotaResponse_BucketAction) {
+		if a != nil {
+			resp.BucketAction = append(resp.BucketAction, a)
+		}
+	}
+	if why := unreadable(u.GetBucketId()); why != "" {
+		s.opts.Logger.Debug("rlqs: bucket_id unreadable", "domain", st.domain, "why", why)
+		add(s.untracked(u.GetBucketId(), s.unmatched(), busy, why))
+		return nil
+	}
+	id := canonical(u.BucketId)
+	b := st.buckets[id]
+	if b == nil {
+		// A bucket not kept is abandoned, idle or not: Envoy then holds
+		// only the buckets kept and those made since its last answer, so
+		// its reports stay within the gRPC door's message bound.
+		switch {
+		case !budget:
+			add(s.untracked(u.BucketId, shape{}, false, "over_budget"))
+			return nil
+		case !s.room(ctx, st, now, add):
+			add(s.untracked(u.BucketId, shape{}, false, "max_buckets"))
+			return nil
+		}
+		b = s.newBucket(cfg, st.domain, u.BucketId)
+		st.buckets[id] = b
+	}
+	if busy {
+		b.idle = time.Time{}
+	} else if b.idle.IsZero() {
+		b.idle = now
+	}
+	if !b.idle.IsZero() && now.Sub(b.idle) >= s.opts.AbandonAfter {
+		add(s.abandon(ctx, st, b, now))
+		return nil
+	}
+	if !b.served.IsZero() && now.Sub(b.served) < MinServeGap {
+		// Served a moment ago (a report flood): booked only.
+		b.held = math.Max(0, b.held-allowed)
+		return nil
+	}
+	act, err := s.assign(ctx, st, b, allowed, denied, elapsed, now)
+	if err != nil {
+		return err
+	}
+	if act != nil {
+		b.served = now
+	}
+	add(act)
+	return nil
+}
+
+// room makes room for one more bucket of st: true when st and the process
+// are below their bounds, or after abandoning st's bucket idle the longest
+// (its abandon added through add).
+func (s *Server) room(ctx context.Context, st *stream, now time.Time, add func(*rlqspb.RateLimitQuotaResponse_BucketAction)) bool {
+	if len(st.buckets) < s.bounds.buckets && s.tracked.Load() < int64(s.bounds.tracked) {
+		s.tracked.Add(1)
+		return true
+	}
+	var victim *bucket
+	for _, b := range st.buckets {
+		if !b.idle.IsZero() && (victim == nil || b.idle.Before(victim.idle)) {
+			victim = b
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	add(s.abandon(ctx, st, victim, now))
+	s.tracked.Add(1)
+	return true
+}
+
+// unmatched is the shape of a bucket that matches no limit.
+func (s *Server) unmatched() shape {
+	if s.opts.Unmatched == DenyUnmatched {
+		return shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
+	}
+	return shape{blanket: typev3.RateLimitStrategy_ALLOW_ALL}
+}
+
+// untracked answers a bucket the stream does not keep: abandoned (Envoy
+// drops it; its key's next request makes it again, under the filter's
+// no_assignment_behavior, and reports it at once) unless busy, then the
+// blanket rule sh for the TTL; counted by why.
+func (s *Server) untracked(id *rlqspb.BucketId, sh shape, busy bool, why string) *rlqspb.RateLimitQuotaResponse_BucketAction {
+	if m := s.opts.Metrics; m != nil {
+		m.untracked.WithLabelValues(why).Inc()
+	}
+	if !busy {
+		if m := s.opts.Metrics; m != nil {
+			m.abandoned.Inc()
+		}
+		return abandonAction(id)
+	}
+	return action(id, sh, s.opts.TTL)
+}
+
+// unreadable says why a bucket_id cannot be read as a descriptor ("": it
+// can): no entries, too many, an empty key, a key or value too long, too
+// many bytes in all, or bytes that are not UTF-8 (kept by the lenient
+// codec, codec.go).
+func unreadable(id *rlqspb.BucketId) string {
+	if id == nil || len(id.Bucket) == 0 {
+		return "empty"
+	}
+	if len(id.Bucket) > rls.MaxEntries {
+		return "entries"
+	}
+	total := 0
+	for k, v := range id.Bucket {
+		switch {
+		case len(k) == 0 || len(k) > MaxEntryBytes || len(v) > MaxEntryBytes:
+			return "entry_bytes"
+		case !utf8.ValidString(k) || !utf8.ValidString(v):
+			return "utf8"
+		}
+		total += len(k) + len(v)
+	}
+	if total > MaxIDBytes {
+		return "id_bytes"
+	}
+	return ""
+}
+
+// admitReport takes one report from st's report budget: false when there
+// is none left.
+func (st *stream) admitReport(now time.Time) bool {
 	if d := now.Sub(st.last); d > 0 {
 		st.reports = math.Min(ReportBurst, st.reports+d.Seconds()*ReportRate)
 		st.last = now
 	}
 	if st.reports < 1 {
-		return status.Errorf(codes.ResourceExhausted, "rlqs: reports: at most %d a second after a burst of %d", ReportRate, ReportBurst)
+		return false
 	}
 	st.reports--
-	return nil
+	return true
 }
 
-// checkReport bounds a report and fixes the stream's domain.
+// checkReport fixes the stream's domain: the one thing a report can get
+// wrong that ends the stream (InvalidArgument).
 func (s *Server) checkReport(st *stream, msg *rlqspb.RateLimitQuotaUsageReports) error {
 	switch {
 	case len(msg.Domain) > MaxDomainBytes:
@@ -276,24 +446,9 @@ func (s *Server) checkReport(st *stream, msg *rlqspb.RateLimitQuotaUsageReports)
 		return status.Error(codes.InvalidArgument, "rlqs: domain: required in the first report")
 	case st.domain != "" && msg.Domain != "" && msg.Domain != st.domain:
 		return status.Errorf(codes.InvalidArgument, "rlqs: domain: %q, but the stream's is %q", msg.Domain, st.domain)
-	case len(msg.BucketQuotaUsages) > MaxUsages:
-		return status.Errorf(codes.InvalidArgument, "rlqs: bucket_quota_usages: at most %d per report, got %d", MaxUsages, len(msg.BucketQuotaUsages))
 	}
 	if st.domain == "" {
 		st.domain = msg.Domain
-	}
-	for i, u := range msg.BucketQuotaUsages {
-		if u.BucketId == nil || len(u.BucketId.Bucket) == 0 {
-			return status.Errorf(codes.InvalidArgument, "rlqs: bucket_quota_usages[%d].bucket_id: required", i)
-		}
-		if len(u.BucketId.Bucket) > rls.MaxEntries {
-			return status.Errorf(codes.InvalidArgument, "rlqs: bucket_quota_usages[%d].bucket_id: at most %d entries", i, rls.MaxEntries)
-		}
-		for k, v := range u.BucketId.Bucket {
-			if len(k) == 0 || len(k) > MaxEntryBytes || len(v) > MaxEntryBytes {
-				return status.Errorf(codes.InvalidArgument, "rlqs: bucket_quota_usages[%d].bucket_id: keys of 1 to %d bytes, values up to %d", i, MaxEntryBytes, MaxEntryBytes)
-			}
-		}
 	}
 	return nil
 }
@@ -349,9 +504,12 @@ func (s *Server) newBucket(cfg *rlsconfig.Config, domain string, id *rlqspb.Buck
 
 // abandon tells Envoy to drop b and returns what it holds beyond what Envoy
 // could still admit before the abandon arrives.
-func (s *Server) abandon(ctx context.Context, st *stream, b *bucket, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, error) {
-	s.shares.drop(b.key, st.id)
+func (s *Server) abandon(ctx context.Context, st *stream, b *bucket, now time.Time) *rlqspb.RateLimitQuotaResponse_BucketAction {
+	if b.key != "" {
+		s.shares.drop(b.key, st.id)
+	}
 	delete(st.buckets, canonical(b.id))
+	s.tracked.Add(-1)
 	if m := s.opts.Metrics; m != nil {
 		m.abandoned.Inc()
 	}
@@ -364,10 +522,15 @@ func (s *Server) abandon(ctx context.Context, st *stream, b *bucket, now time.Ti
 			s.opts.Logger.Warn("rlqs: store", "key", b.key, "err", err)
 		}
 	}
+	return abandonAction(b.id)
+}
+
+// abandonAction tells Envoy to drop the bucket id.
+func abandonAction(id *rlqspb.BucketId) *rlqspb.RateLimitQuotaResponse_BucketAction {
 	return &rlqspb.RateLimitQuotaResponse_BucketAction{
-		BucketId: b.id,
+		BucketId: id,
 		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{
 			AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{},
 		},
-	}, nil
+	}
 }
