@@ -103,7 +103,7 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []
 		return nil, fmt.Errorf("--rls-config: %w", err)
 	}
 	g, err := rls.NewGRPC(srv, rls.GRPCOptions{Tokens: tokens, MaxConns: o.grpcMaxConns,
-		MaxStreams: uint32(min(o.maxStreams, 1<<31)), MaxRecvBytes: o.maxRecvBytes})
+		MaxStreams: uint32(min(o.maxStreams, 1<<31)), MaxRecvBytes: o.maxRecvBytes, Codec: rlqs.Codec{}})
 	if err != nil {
 		return nil, err
 	}

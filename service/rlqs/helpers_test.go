@@ -151,7 +151,7 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	if o.bounds != nil {
 		f.srv.bounds = *o.bounds
 	}
-	f.grpc, err = rls.NewGRPC(rsrv, rls.GRPCOptions{Tokens: o.tokens})
+	f.grpc, err = rls.NewGRPC(rsrv, rls.GRPCOptions{Tokens: o.tokens, Codec: Codec{}})
 	if err != nil {
 		t.Fatal(err)
 	}

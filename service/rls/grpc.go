@@ -12,6 +12,7 @@ import (
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -58,6 +59,9 @@ type GRPCOptions struct {
 	// MaxConns bounds the connections open at once (DefaultMaxConns):
 	// further ones wait to be accepted.
 	MaxConns int
+	// Codec, when set, is the codec of every call (the quota service's
+	// rlqs.Codec, which reads the reports gRPC's proto codec refuses).
+	Codec encoding.CodecV2
 }
 
 // GRPC is the gRPC server of a rate limit service: ShouldRateLimit and the
@@ -84,7 +88,11 @@ func NewGRPC(s *Server, opts GRPCOptions) (*GRPC, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := grpc.NewServer(
+	var extra []grpc.ServerOption
+	if opts.Codec != nil {
+		extra = append(extra, grpc.ForceServerCodecV2(opts.Codec))
+	}
+	srv := grpc.NewServer(append(extra,
 		grpc.MaxRecvMsgSize(opts.MaxRecvBytes),
 		grpc.MaxConcurrentStreams(opts.MaxStreams),
 		grpc.MaxHeaderListSize(DefaultMaxHeaderBytes),
@@ -93,7 +101,7 @@ func NewGRPC(s *Server, opts GRPCOptions) (*GRPC, error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: MaxConnectionIdle}),
 		grpc.UnaryInterceptor(a.unary),
 		grpc.StreamInterceptor(a.stream),
-	)
+	)...)
 	pb.RegisterRateLimitServiceServer(srv, s)
 	h := health.NewServer()
 	h.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
