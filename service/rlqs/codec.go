@@ -3,8 +3,6 @@ package rlqs
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc/encoding"
@@ -16,14 +14,13 @@ import (
 )
 
 // Codec is the gRPC codec of the server that carries the quota service
-// (rls.GRPCOptions.Codec). It is gRPC's proto codec but for two cases Go's
-// protobuf refuses and Envoy's C++ serializer sends: a proto3 string that
-// is not UTF-8 in a usage report (a bucket_id value read from a request
+// (rls.GRPCOptions.Codec). It is gRPC's proto codec but for a usage report
+// Go's protobuf refuses and Envoy's C++ serializer sends: one with a
+// proto3 string that is not UTF-8 (a bucket_id value read from a request
 // header), decoded by hand (decodeReports) to what proto.Unmarshal would
-// give if it accepted such strings, and the answer carrying such a
-// bucket_id back, encoded by hand (encodeResponse). A valid
-// message is decoded and encoded by proto as before; every other message
-// goes to gRPC's proto codec.
+// give if it accepted such strings. A valid report is decoded by proto;
+// every other message goes to gRPC's proto codec. No answer names such a
+// bucket: Envoy's parser refuses it (report, stream.go).
 type Codec struct{}
 
 var _ encoding.CodecV2 = Codec{}
@@ -35,17 +32,7 @@ func (Codec) Name() string { return protoenc.Name }
 func protoCodec() encoding.CodecV2 { return encoding.GetCodecV2(protoenc.Name) }
 
 // Marshal implements encoding.CodecV2.
-func (Codec) Marshal(v any) (mem.BufferSlice, error) {
-	data, err := protoCodec().Marshal(v)
-	if r, ok := v.(*rlqspb.RateLimitQuotaResponse); ok && err != nil {
-		b, verr := encodeResponse(r)
-		if verr != nil {
-			return nil, fmt.Errorf("rlqs: codec: %w", errors.Join(err, verr))
-		}
-		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
-	}
-	return data, err
-}
+func (Codec) Marshal(v any) (mem.BufferSlice, error) { return protoCodec().Marshal(v) }
 
 // Unmarshal implements encoding.CodecV2.
 func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
@@ -188,39 +175,4 @@ func decodeBucketID(b []byte, id *rlqspb.BucketId) error {
 		id.ProtoReflect().SetUnknown(unknown)
 	}
 	return nil
-}
-
-// encodeResponse encodes r as proto.Marshal does, but for its bucket_ids'
-// strings, whose bytes it writes as they are.
-func encodeResponse(r *rlqspb.RateLimitQuotaResponse) ([]byte, error) {
-	var out []byte
-	for _, a := range r.BucketAction {
-		var act []byte
-		if a.BucketId != nil {
-			act = protowire.AppendTag(act, 1, protowire.BytesType)
-			act = protowire.AppendBytes(act, encodeBucketID(a.BucketId))
-		}
-		rest, err := proto.Marshal(&rlqspb.RateLimitQuotaResponse_BucketAction{BucketAction: a.BucketAction})
-		if err != nil {
-			return nil, err
-		}
-		act = append(act, rest...)
-		out = protowire.AppendTag(out, 1, protowire.BytesType)
-		out = protowire.AppendBytes(out, act)
-	}
-	return append(out, r.ProtoReflect().GetUnknown()...), nil
-}
-
-func encodeBucketID(id *rlqspb.BucketId) []byte {
-	var out []byte
-	for _, k := range slices.Sorted(maps.Keys(id.Bucket)) {
-		var e []byte
-		e = protowire.AppendTag(e, 1, protowire.BytesType)
-		e = protowire.AppendString(e, k)
-		e = protowire.AppendTag(e, 2, protowire.BytesType)
-		e = protowire.AppendString(e, id.Bucket[k])
-		out = protowire.AppendTag(out, 1, protowire.BytesType)
-		out = protowire.AppendBytes(out, e)
-	}
-	return append(out, id.ProtoReflect().GetUnknown()...)
 }

@@ -303,6 +303,15 @@ func (s *Server) usage(ctx context.Context, cfg *rlsconfig.Config, st *stream, u
 	}
 	if why := unreadable(u.GetBucketId()); why != "" {
 		s.opts.Logger.Debug("rlqs: bucket_id unreadable", "domain", st.domain, "why", why)
+		if why == "utf8" {
+			// Envoy 1.40 refuses an answer naming it (its parser checks
+			// UTF-8 and ends the stream): left unanswered, the bucket
+			// stays under no_assignment_behavior.
+			if m := s.opts.Metrics; m != nil {
+				m.untracked.WithLabelValues(why).Inc()
+			}
+			return nil
+		}
 		add(s.untracked(u.GetBucketId(), s.unmatched(), busy, why))
 		return nil
 	}
@@ -397,7 +406,7 @@ func (s *Server) untracked(id *rlqspb.BucketId, sh shape, busy bool, why string)
 
 // unreadable says why a bucket_id cannot be read as a descriptor ("": it
 // can): no entries, too many, an empty key, a key or value too long, too
-// many bytes in all, or bytes that are not UTF-8 (kept by the lenient
+// many bytes in all, or bytes that are not UTF-8 (decoded by the lenient
 // codec, codec.go).
 func unreadable(id *rlqspb.BucketId) string {
 	if id == nil || len(id.Bucket) == 0 {
