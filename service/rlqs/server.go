@@ -45,20 +45,29 @@
 // A stream's end returns only what it holds beyond what Envoy could still
 // admit (Envoy keeps its assignments until their TTL): what an Envoy that
 // vanished held comes back to the fleet through the global bucket's refill.
-// A bucket reported idle for AbandonAfter is abandoned (abandon_action: Envoy
-// drops it and stops reporting it) and what it held beyond its residue
-// returned.
+// A bucket of any kind reported idle for AbandonAfter is abandoned
+// (abandon_action: Envoy drops it and stops reporting it) and what it held
+// beyond its residue returned.
 //
 // # Bounds
 //
-// Streams at once (MaxStreams, MaxStreamsPerCaller: ResourceExhausted),
-// buckets per stream (MaxBuckets: ResourceExhausted), usages per report
-// (MaxUsages), bucket_id entries (rls.MaxEntries) and their bytes
-// (MaxEntryBytes), domain bytes (MaxDomainBytes): InvalidArgument. Reports
-// per stream are a token bucket of ReportBurst refilled at ReportRate a
-// second (ResourceExhausted past it). Counts are clamped to MaxCount and
-// time_elapsed to [0, MaxElapsed]. Each status ends the stream; Envoy
-// opens another at its next report.
+// Streams at once (MaxStreams, MaxStreamsPerCaller: ResourceExhausted at
+// open). Nothing a report carries ends its stream but its domain, missing
+// from the first report or changed (InvalidArgument): Envoy sends every
+// bucket it holds in every
+// report, so a stream ended for its buckets would end again at each. A
+// stream keeps at most MaxBuckets buckets (MaxTracked in all); a new bucket
+// past it takes the place of the bucket idle the longest or is abandoned.
+// A bucket_id that cannot be read (MaxEntryBytes, MaxIDBytes,
+// rls.MaxEntries, empty) is answered as unmatched and not kept; one that is
+// not UTF-8, which Go's protobuf refuses to decode and Envoy sends, is
+// decoded by Codec and left unanswered (Envoy's parser refuses an answer
+// naming it). Reports that may start buckets are a token bucket of
+// ReportBurst refilled at ReportRate a second (past it, known buckets are
+// answered and new ones abandoned); a bucket is assigned at most once per
+// MinServeGap (sooner, its report is booked). At most MaxUsages usages of a
+// report are read. Counts are clamped to MaxCount and time_elapsed to
+// [0, MaxElapsed]. Every stream's handler ends with its context.
 package rlqs
 
 import (
