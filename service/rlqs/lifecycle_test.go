@@ -3,6 +3,7 @@ package rlqs
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -153,11 +154,13 @@ func gauge(t *testing.T, g interface{ Write(*dto.Metric) error }) float64 {
 
 // Every stream's handler ends with its context: 10,000 streams, each
 // answered once and then dropped by its client (its context cancelled, as
-// an Envoy that restarts does), leave the streams gauge at its baseline
-// and no stream counted against its caller, so the 10,001st opens.
+// an Envoy that restarts does), leave the streams gauge at its baseline,
+// the goroutines near theirs, and no stream counted against its caller, so
+// the 10,001st opens.
 func TestStreamsEndWithTheirContext(t *testing.T) {
 	f := start(t, quotaYAML, fixtureOpts{tokens: callers})
 	base := gauge(t, f.srv.opts.Metrics.streams)
+	goroutines := runtime.NumGoroutine()
 	const n, workers = 10_000, 8
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -195,6 +198,13 @@ func TestStreamsEndWithTheirContext(t *testing.T) {
 	}
 	if got := gauge(t, f.srv.opts.Metrics.streams); got != base {
 		t.Fatalf("limitd_rlqs_streams after %d streams opened and dropped: %v, want %v", n, got, base)
+	}
+	// Each stream's reader goroutine ends too (a margin for gRPC's own).
+	for runtime.NumGoroutine() > goroutines+50 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // waiting for the goroutines, bounded by the deadline
+	}
+	if got := runtime.NumGoroutine(); got > goroutines+50 {
+		t.Errorf("%d goroutines after %d streams opened and dropped, %d before", got, n, goroutines)
 	}
 	f.srv.mu.Lock()
 	open, held := len(f.srv.streams), f.srv.byCaller["honest"]
