@@ -141,7 +141,8 @@ func TestHostileBounds(t *testing.T) {
 }
 
 // Many buckets at the default bounds: a report of more new buckets than
-// MaxBuckets keeps MaxBuckets and abandons the rest; the stream goes on.
+// MaxBuckets keeps MaxBuckets and abandons the rest, the stream going on;
+// of a report of more than MaxUsages, MaxUsages are answered.
 func TestManyBuckets(t *testing.T) {
 	f := start(t, quotaYAML, fixtureOpts{tokens: callers})
 	s, _ := f.open("hostile-token")
@@ -160,6 +161,19 @@ func TestManyBuckets(t *testing.T) {
 	r = exchange(t, s, "quota", usage(map[string]string{"free": "0"}, 1, 0, time.Second), usage(map[string]string{"api_key": "a"}, 1, 0, 0))
 	if tb, bl, ab := kinds(r); tb != 0 || bl != 1 || ab != 1 {
 		t.Errorf("a bucket kept and a new one with none idle: %v, want the first's blanket rule and the second abandoned", r)
+	}
+
+	// A report of more than MaxUsages: MaxUsages read and answered.
+	s, _ = f.open("hostile-token")
+	msg = buckets(0, MaxUsages+5)
+	for _, u := range msg.BucketQuotaUsages {
+		u.BucketId.Bucket = map[string]string{"free": u.BucketId.Bucket["api_key"]}
+	}
+	if got := len(exchange(t, s, "quota", msg.BucketQuotaUsages...).BucketAction); got != MaxUsages {
+		t.Errorf("a report of %d usages: %d answered, want %d", MaxUsages+5, got, MaxUsages)
+	}
+	if got := counter(t, f.srv.opts.Metrics.untracked.WithLabelValues("past_max_usages")); got != 5 {
+		t.Errorf("limitd_rlqs_untracked_buckets_total{why=past_max_usages} = %v, want 5", got)
 	}
 }
 
