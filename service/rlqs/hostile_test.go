@@ -1,8 +1,10 @@
 package rlqs
 
 import (
+	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
 )
@@ -256,4 +259,47 @@ func TestHostileDemand(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The buckets kept are bounded in memory: MaxTracked buckets, each with a
+// bucket_id of about MaxIDBytes (the most a bucket kept can carry), hold
+// well under 256 MiB of heap.
+func TestKeptBucketsMemory(t *testing.T) {
+	f := start(t, quotaYAML, fixtureOpts{})
+	cfg := f.srv.opts.Config()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	var kept []*stream
+	now := f.clock.Now()
+	for s := range MaxTracked / MaxBuckets {
+		st := &stream{id: uint64(s + 1), caller: "x", buckets: map[string]*bucket{}, reports: ReportBurst, last: now, domain: "quota"}
+		for i := range MaxBuckets {
+			v := fmt.Sprintf("%d-%d-", s, i)
+			b, err := proto.Marshal(usage(map[string]string{"free": v + strings.Repeat("v", 250-len(v)), "x": strings.Repeat("w", 250)}, 1, 0, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var u rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage // decoded, as from the wire
+			if err := proto.Unmarshal(b, &u); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.srv.usage(context.Background(), cfg, st, &u, true, now, &rlqspb.RateLimitQuotaResponse{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		kept = append(kept, st)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	heap := float64(after.HeapAlloc) - float64(before.HeapAlloc)
+	n := f.srv.tracked.Load()
+	t.Logf("%d buckets kept with bucket_ids of 505 bytes: %.1f MiB of heap, %.0f bytes a bucket", n, heap/(1<<20), heap/float64(n))
+	if n != MaxTracked {
+		t.Errorf("%d buckets kept, want %d", n, MaxTracked)
+	}
+	if heap > 256<<20 {
+		t.Errorf("%d buckets kept hold %.1f MiB, want under 256", n, heap/(1<<20))
+	}
+	runtime.KeepAlive(kept)
 }
