@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
+	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 )
 
 var callers = []service.Token{{Name: "honest", Value: "honest-token"}, {Name: "hostile", Value: "hostile-token"}}
@@ -262,10 +263,12 @@ func TestHostileDemand(t *testing.T) {
 }
 
 // The buckets kept are bounded in memory: MaxTracked buckets, each with a
-// bucket_id of about MaxIDBytes (the most a bucket kept can carry), hold
-// well under 256 MiB of heap.
+// bucket_id of about MaxIDBytes (the most a bucket kept can carry; each
+// stream's MaxStreamIDBytes lifted), hold well under 256 MiB of heap.
 func TestKeptBucketsMemory(t *testing.T) {
-	f := start(t, quotaYAML, fixtureOpts{})
+	lifted := defaultBounds
+	lifted.idBytes = MaxBuckets * MaxIDBytes // the process's bound, not the stream's
+	f := start(t, quotaYAML, fixtureOpts{bounds: &lifted})
 	cfg := f.srv.opts.Config()
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -302,4 +305,33 @@ func TestKeptBucketsMemory(t *testing.T) {
 		t.Errorf("%d buckets kept hold %.1f MiB, want under 256", n, heap/(1<<20))
 	}
 	runtime.KeepAlive(kept)
+}
+
+// The bucket_ids a stream keeps are bounded in bytes, so that the report of
+// the buckets kept fits the gRPC server's 64 KiB message bound: of 300 busy
+// buckets of 254-byte ids, those past MaxStreamIDBytes are abandoned.
+func TestKeptIDBytes(t *testing.T) {
+	f := start(t, quotaYAML, fixtureOpts{})
+	s, _ := f.open("")
+	var all []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage
+	for i := range 300 {
+		v := fmt.Sprintf("%d-", i)
+		all = append(all, usage(map[string]string{"free": v + strings.Repeat("v", 250-len(v))}, 1, 0, time.Second))
+	}
+	kept := 0
+	for i := 0; i < len(all); i += 100 {
+		tb, bl, ab := kinds(exchange(t, s, "quota", all[i:i+100]...))
+		kept += tb + bl
+		if tb+bl+ab != 100 {
+			t.Errorf("a report of 100 buckets: %d answered", tb+bl+ab)
+		}
+	}
+	if want := MaxStreamIDBytes / 254; kept != want {
+		t.Errorf("%d buckets of 254-byte ids kept, want %d", kept, want)
+	}
+	size := proto.Size(&rlqspb.RateLimitQuotaUsageReports{Domain: "quota", BucketQuotaUsages: all[:kept]})
+	t.Logf("%d buckets kept; their report: %d bytes", kept, size)
+	if size > rls.DefaultMaxRecvBytes {
+		t.Errorf("the report of the buckets kept is %d bytes, over the gRPC bound %d", size, rls.DefaultMaxRecvBytes)
+	}
 }

@@ -42,9 +42,14 @@ const (
 	// applies its no_assignment_behavior to its requests and reports it
 	// again at its next request).
 	MaxBuckets = 512
-	// MaxTracked bounds the buckets kept by all streams together, met as
-	// MaxBuckets is.
-	MaxTracked = 1 << 16
+	// MaxTracked bounds the buckets kept by all streams together, and
+	// MaxStreamIDBytes the bytes of the bucket_ids one stream keeps, both
+	// met as MaxBuckets is. Envoy reports the buckets kept and those made
+	// since its last answer, so MaxStreamIDBytes keeps its reports within
+	// the gRPC server's default message bound (rls.DefaultMaxRecvBytes,
+	// 64 KiB, with about 30 bytes a usage beside its bucket_id).
+	MaxTracked       = 1 << 16
+	MaxStreamIDBytes = 40 << 10
 	// MaxUsages bounds the bucket usages of one report that are read; the
 	// rest of the report is left unanswered.
 	MaxUsages = 4 * MaxBuckets
@@ -79,10 +84,11 @@ const (
 
 // bounds are the bounds a Server applies (the constants; tests lower them).
 type bounds struct {
-	streams, perCaller, buckets, tracked int
+	streams, perCaller, buckets, tracked, idBytes int
 }
 
-var defaultBounds = bounds{streams: MaxStreams, perCaller: MaxStreamsPerCaller, buckets: MaxBuckets, tracked: MaxTracked}
+var defaultBounds = bounds{streams: MaxStreams, perCaller: MaxStreamsPerCaller, buckets: MaxBuckets, tracked: MaxTracked,
+	idBytes: MaxStreamIDBytes}
 
 // stream is one open StreamRateLimitQuotas call: one Envoy.
 type stream struct {
@@ -94,6 +100,7 @@ type stream struct {
 	domain  string
 	buckets map[string]*bucket // by bucket_id's canonical form
 	reports float64            // report tokens left (ReportBurst, ReportRate)
+	idBytes int                // of the buckets' bucket_ids (MaxStreamIDBytes)
 	last    time.Time          // when reports was last refilled
 }
 
@@ -325,7 +332,7 @@ func (s *Server) usage(ctx context.Context, cfg *rlsconfig.Config, st *stream, u
 		case !budget:
 			add(s.untracked(u.BucketId, shape{}, false, "over_budget"))
 			return nil
-		case !s.room(ctx, st, now, add):
+		case !s.room(ctx, st, u.BucketId, now, add):
 			add(s.untracked(u.BucketId, shape{}, false, "max_buckets"))
 			return nil
 		}
@@ -357,26 +364,35 @@ func (s *Server) usage(ctx context.Context, cfg *rlsconfig.Config, st *stream, u
 	return nil
 }
 
-// room makes room for one more bucket of st: true when st and the process
-// are below their bounds, or after abandoning st's bucket idle the longest
-// (its abandon added through add).
-func (s *Server) room(ctx context.Context, st *stream, now time.Time, add func(*rlqspb.RateLimitQuotaResponse_BucketAction)) bool {
-	if len(st.buckets) < s.bounds.buckets && s.tracked.Load() < int64(s.bounds.tracked) {
-		s.tracked.Add(1)
-		return true
-	}
-	var victim *bucket
-	for _, b := range st.buckets {
-		if !b.idle.IsZero() && (victim == nil || b.idle.Before(victim.idle)) {
-			victim = b
+// room makes room for one more bucket of st, of bucket_id id: true when st
+// and the process are below their bounds, or after abandoning st's buckets
+// idle the longest until they are (their abandons added through add).
+func (s *Server) room(ctx context.Context, st *stream, id *rlqspb.BucketId, now time.Time, add func(*rlqspb.RateLimitQuotaResponse_BucketAction)) bool {
+	need := idBytes(id)
+	for len(st.buckets) >= s.bounds.buckets || s.tracked.Load() >= int64(s.bounds.tracked) || st.idBytes+need > s.bounds.idBytes {
+		var victim *bucket
+		for _, b := range st.buckets {
+			if !b.idle.IsZero() && (victim == nil || b.idle.Before(victim.idle)) {
+				victim = b
+			}
 		}
+		if victim == nil {
+			return false
+		}
+		add(s.abandon(ctx, st, victim, now))
 	}
-	if victim == nil {
-		return false
-	}
-	add(s.abandon(ctx, st, victim, now))
 	s.tracked.Add(1)
+	st.idBytes += need
 	return true
+}
+
+// idBytes is the bytes of a bucket_id's keys and values.
+func idBytes(id *rlqspb.BucketId) int {
+	n := 0
+	for k, v := range id.GetBucket() {
+		n += len(k) + len(v)
+	}
+	return n
 }
 
 // unmatched is the shape of a bucket that matches no limit.
@@ -519,6 +535,7 @@ func (s *Server) abandon(ctx context.Context, st *stream, b *bucket, now time.Ti
 	}
 	delete(st.buckets, canonical(b.id))
 	s.tracked.Add(-1)
+	st.idBytes -= idBytes(b.id)
 	if m := s.opts.Metrics; m != nil {
 		m.abandoned.Inc()
 	}
