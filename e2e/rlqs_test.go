@@ -603,3 +603,87 @@ func TestRLQSNoServer(t *testing.T) {
 		}
 	}
 }
+
+// TestRLQSManyKeys: one client sends 300 distinct x-api-keys to one Envoy
+// (more than the 256 buckets a stream held, at which the stream used to
+// end for good: that Envoy then admitted 0 of 30 of an honest key), and
+// requests whose key is not UTF-8 (Envoy sends such a header's bytes as
+// they are, and Go's protobuf refuses them: the stream used to end at each
+// report). Meanwhile and after, an honest key asked below its limit of 40
+// a minute is still admitted, on the one stream limitd opened.
+func TestRLQSManyKeys(t *testing.T) {
+	envoytest.Needs(t, false)
+	redis := redistest.Start(t)
+	svc := startRLQSLimitd(t, redis.Addr())
+	envoys, ok := quotaEnvoys(t, 1, svc.grpcPort, rlqsQuota("api_key", "x-api-key"))
+	if !ok {
+		return
+	}
+	f := newFleet(t, envoys, "x-api-key", "honest")
+	f.untilAdmitted(0)
+	c := envoys[0].Client()
+	defer c.Close()
+	const keys = 300
+	statuses := map[int]int{}
+	for i := range keys { // bounded: one request a key
+		key := fmt.Sprintf("attacker-%d", i)
+		if i%30 == 0 {
+			key = fmt.Sprintf("bad-\xff\xfe-%d", i) // not UTF-8
+		}
+		statuses[c.Get("/", map[string]string{"x-api-key": key}).Status]++
+	}
+	t.Logf("the client's %d keys: statuses %v", keys, statuses)
+	// The honest key, 20 requests 2 s apart (30 a minute, its limit 40).
+	from := f.now()
+	const asked = 20
+	for i := range asked {
+		f.get(0)
+		if i%5 == 0 {
+			c.Get("/", map[string]string{"x-api-key": fmt.Sprintf("bad-\xc0-%d", i)})
+		}
+		time.Sleep(2 * time.Second) // pacing the honest key, 20 steps
+	}
+	got := f.admitted(0, from, f.now()+1)
+	metric := func(name string) float64 { return limitdCounter(t, svc.httpPort, name) }
+	t.Logf("after %d keys: the honest key admitted %d of %d; limitd: streams %v, refused streams %v, untracked not UTF-8 %v, abandoned %v",
+		keys, got, asked, metric("limitd_rlqs_streams"), metric(`limitd_rlqs_refused_streams_total{code="ResourceExhausted"}`)+
+			metric(`limitd_rlqs_refused_streams_total{code="InvalidArgument"}`), metric(`limitd_rlqs_untracked_buckets_total{why="utf8"}`),
+		metric("limitd_rlqs_abandoned_buckets_total"))
+	if got < asked*3/4 {
+		t.Errorf("the honest key admitted %d of %d asked below its limit after %d keys, want at least %d", got, asked, keys, asked*3/4)
+	}
+	if n := metric(`limitd_rlqs_untracked_buckets_total{why="utf8"}`); n == 0 {
+		t.Errorf("limitd read no bucket_id that is not UTF-8: Envoy did not send the header's bytes")
+	}
+	for _, code := range []string{"ResourceExhausted", "InvalidArgument", "Internal"} {
+		if n := metric(`limitd_rlqs_refused_streams_total{code="` + code + `"}`); n != 0 {
+			t.Errorf("limitd ended %v streams %s, want none", n, code)
+		}
+	}
+	f.checkBound(40, 40.0/60)
+}
+
+// TestRLQSEnvoyRestarts: an Envoy started, assigned and stopped 8 times
+// leaves limitd with no stream open (the handler used to outlive a stream
+// its Envoy dropped: 13 of 20 restarts leaked one, and 64 leaks refused
+// every new stream of the caller).
+func TestRLQSEnvoyRestarts(t *testing.T) {
+	envoytest.Needs(t, false)
+	redis := redistest.Start(t)
+	svc := startRLQSLimitd(t, redis.Addr())
+	const restarts = 8
+	streams := func() float64 { return limitdCounter(t, svc.httpPort, "limitd_rlqs_streams") }
+	for i := range restarts {
+		e := envoytest.Start(t, envoytest.Options{NoWasm: true, RLQSPort: svc.grpcPort, RateLimitQuota: rlqsQuota("api_key", "x-api-key"),
+			Concurrency: 2})
+		newFleet(t, []*envoytest.Envoy{e}, "x-api-key", fmt.Sprint("restart-", i)).untilAdmitted(0)
+		e.Stop()
+	}
+	deadline := time.Now().Add(rlqsWait)
+	for streams() != 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond) // waiting for the handlers to end, bounded by the deadline
+	}
+	if n := streams(); n != 0 {
+		t.Errorf("after %d Envoys started and stopped: limitd_rlqs_streams %v, want 0", restarts, n)
+	}
+}

@@ -106,7 +106,7 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 		return nil, fmt.Errorf("--rls-config: %w", err)
 	}
 	door.MaxConns, door.MaxStreams, door.MaxRecvBytes = o.grpcMaxConns, uint32(min(o.maxStreams, 1<<31)), o.maxRecvBytes
-	door.Registerer = reg
+	door.Registerer, door.Codec = reg, rlqs.Codec{}
 	g, err := grpcdoor.New(door)
 	if err != nil {
 		return nil, err

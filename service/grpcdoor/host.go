@@ -48,6 +48,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -131,6 +132,9 @@ type Options struct {
 	Now func() time.Time
 	// Registerer, when set, receives the door's metrics.
 	Registerer prometheus.Registerer
+	// Codec, when set, is the codec of every call (the quota service's
+	// rlqs.Codec, which reads the reports gRPC's proto codec refuses).
+	Codec encoding.CodecV2
 }
 
 // Host is the gRPC door: register services on Server, then Serve. Its
@@ -208,7 +212,11 @@ func New(opts Options) (*Host, error) {
 			}
 		}
 	}
-	h.srv = grpc.NewServer(
+	var extra []grpc.ServerOption
+	if opts.Codec != nil {
+		extra = append(extra, grpc.ForceServerCodecV2(opts.Codec))
+	}
+	h.srv = grpc.NewServer(append(extra,
 		grpc.Creds(doorCreds{h}),
 		grpc.InTapHandle(h.tap),
 		grpc.MaxRecvMsgSize(opts.MaxRecvBytes),
@@ -224,7 +232,7 @@ func New(opts Options) (*Host, error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: MaxConnectionIdle}),
 		grpc.UnaryInterceptor(unary),
 		grpc.StreamInterceptor(stream),
-	)
+	)...)
 	h.health = health.NewServer()
 	h.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(h.srv, h.health)

@@ -92,6 +92,7 @@ type fixtureOpts struct {
 	unmatched Unmatched
 	tokens    []service.Token
 	ttl       time.Duration
+	bounds    *bounds // nil: the defaults
 	// identities and identityHeader: a front proxy's callers.
 	identities     []service.Identity
 	identityHeader string
@@ -151,7 +152,10 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.grpc, err = grpcdoor.New(grpcdoor.Options{Tokens: o.tokens, Identities: o.identities, IdentityHeader: o.identityHeader})
+	if o.bounds != nil {
+		f.srv.bounds = *o.bounds
+	}
+	f.grpc, err = grpcdoor.New(grpcdoor.Options{Tokens: o.tokens, Identities: o.identities, IdentityHeader: o.identityHeader, Codec: Codec{}})
 	if err != nil {
 		t.Fatal(err)
 	}

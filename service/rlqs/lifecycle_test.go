@@ -2,12 +2,17 @@ package rlqs
 
 import (
 	"context"
+	"fmt"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
@@ -134,4 +139,118 @@ func TestStoreDown(t *testing.T) {
 		}
 	}
 	tokenBucket(t, got.BucketAction[0])
+}
+
+// gauge reads a gauge's value.
+func gauge(t *testing.T, g interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
+// Every stream's handler ends with its context: 10,000 streams, each
+// answered once and then dropped by its client (its context cancelled, as
+// an Envoy that restarts does), leave the streams gauge at its baseline,
+// the goroutines near theirs, and no stream counted against its caller, so
+// the 10,001st opens.
+func TestStreamsEndWithTheirContext(t *testing.T) {
+	f := start(t, quotaYAML, fixtureOpts{tokens: callers})
+	base := gauge(t, f.srv.opts.Metrics.streams)
+	goroutines := runtime.NumGoroutine()
+	const n, workers = 10_000, 8
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer honest-token")
+				s, err := rlqspb.NewRateLimitQuotaServiceClient(f.conn).StreamRateLimitQuotas(ctx)
+				if err == nil {
+					err = s.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "quota", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+						usage(map[string]string{"free": fmt.Sprint(i)}, 1, 0, 0)}})
+				}
+				if err == nil {
+					_, err = s.Recv()
+				}
+				cancel()
+				if err != nil {
+					errs <- fmt.Errorf("stream %d: %w", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	// The handlers end as their cancellations arrive: wait for that,
+	// bounded.
+	deadline := time.Now().Add(30 * time.Second)
+	for gauge(t, f.srv.opts.Metrics.streams) != base && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // waiting for the handlers, bounded by the deadline
+	}
+	if got := gauge(t, f.srv.opts.Metrics.streams); got != base {
+		t.Fatalf("limitd_rlqs_streams after %d streams opened and dropped: %v, want %v", n, got, base)
+	}
+	// Each stream's reader goroutine ends too (a margin for gRPC's own).
+	for runtime.NumGoroutine() > goroutines+50 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // waiting for the goroutines, bounded by the deadline
+	}
+	if got := runtime.NumGoroutine(); got > goroutines+50 {
+		t.Errorf("%d goroutines after %d streams opened and dropped, %d before", got, n, goroutines)
+	}
+	f.srv.mu.Lock()
+	open, held := len(f.srv.streams), f.srv.byCaller["honest"]
+	f.srv.mu.Unlock()
+	if open != 0 || held != 0 {
+		t.Errorf("after %d streams dropped: %d open, %d counted against their caller, want 0", n, open, held)
+	}
+	s, _ := f.open("honest-token")
+	exchange(t, s, "quota", usage(map[string]string{"free": "x"}, 1, 0, 0))
+}
+
+// Idle buckets of every kind are abandoned, not only those leased: a
+// bucket answered with a blanket rule (unlimited, a limit of 0, a fixed
+// window, shadow mode, unmatched) and reported idle for AbandonAfter is
+// abandoned, so that ordinary traffic does not fill Envoy's reports and the
+// stream's bound with buckets nobody uses.
+func TestAbandonIdleBlanket(t *testing.T) {
+	f := start(t, quotaYAML, fixtureOpts{})
+	s, _ := f.open("")
+	ids := []map[string]string{{"free": "x"}, {"blocked": "x"}, {"counted": "x"}, {"watched": "x"}, {"nothing": "x"}}
+	report := func(allowed uint64) *rlqspb.RateLimitQuotaResponse {
+		var us []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage
+		for _, id := range ids {
+			us = append(us, usage(id, allowed, 0, 5*time.Second))
+		}
+		return exchange(t, s, "quota", us...)
+	}
+	if _, bl, _ := kinds(report(1)); bl != len(ids) {
+		t.Fatalf("want %d blanket rules at the first report", len(ids))
+	}
+	for i := 0; ; i++ {
+		if i > int(DefaultAbandonAfter/(5*time.Second))+1 {
+			t.Fatalf("blanket buckets reported idle for %v were not abandoned", time.Duration(i)*5*time.Second)
+		}
+		f.clock.Add(5 * time.Second)
+		r := report(0)
+		_, bl, ab := kinds(r)
+		if ab == 0 {
+			continue
+		}
+		if ab != len(ids) || bl != 0 {
+			t.Fatalf("after %v idle: %d abandoned, %d blanket rules; want all %d abandoned", time.Duration(i+1)*5*time.Second, ab, bl, len(ids))
+		}
+		t.Logf("abandoned after %v reported idle", time.Duration(i+1)*5*time.Second)
+		break
+	}
+	if got := f.srv.tracked.Load(); got != 0 {
+		t.Errorf("%d buckets kept after all were abandoned, want 0", got)
+	}
 }

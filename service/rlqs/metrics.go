@@ -21,6 +21,8 @@ type Metrics struct {
 	leased     prometheus.Counter
 	returned   prometheus.Counter
 	abandoned  prometheus.Counter
+	overBudget prometheus.Counter
+	untracked  *prometheus.CounterVec
 }
 
 // NewMetrics registers the quota service's series with reg.
@@ -45,9 +47,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		returned: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rlqs_returned_tokens_total",
 			Help: "Tokens given back to global buckets (after the ledger's clamps)."}),
 		abandoned: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rlqs_abandoned_buckets_total",
-			Help: "Buckets abandoned after being reported idle."}),
+			Help: "Buckets abandoned: reported idle for the abandon time, idle and not kept, or to make room for a new bucket."}),
+		overBudget: prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rlqs_reports_over_budget_total",
+			Help: "Reports past a stream's report budget: read, their new buckets left unanswered."}),
+		untracked: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "limitd_rlqs_untracked_buckets_total",
+			Help: "Bucket usages answered without the bucket being kept, by why: max_buckets (the stream's or the process's bound), utf8, entry_bytes, id_bytes, entries, empty (unreadable: answered as unmatched), over_budget, past_max_usages (not answered)."}, []string{"why"}),
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.reports, m.responses, m.assigned, m.refused, m.storeCalls, m.storeErrs, m.leased, m.returned, m.abandoned} {
+	for _, c := range []prometheus.Collector{m.streams, m.reports, m.responses, m.assigned, m.refused, m.storeCalls, m.storeErrs, m.leased, m.returned, m.abandoned, m.overBudget, m.untracked} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("rlqs: metrics: %w", err)
 		}
