@@ -107,6 +107,7 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, tokens []
 	if err != nil {
 		return nil, err
 	}
+	o.quota.algorithm = algo
 	q, err := startRLQS(&o.quota, srv, g, store, tokens, timeout, reg, log)
 	if err != nil {
 		return nil, err

@@ -80,6 +80,7 @@ type fixture struct {
 	store service.Store
 	clock *clock
 	srv   *Server
+	rls   *rls.Server
 	grpc  *rls.GRPC
 	conn  *grpc.ClientConn
 	reg   *prometheus.Registry
@@ -91,6 +92,8 @@ type fixtureOpts struct {
 	unmatched Unmatched
 	tokens    []service.Token
 	ttl       time.Duration
+	replicas  int
+	algorithm rlsconfig.Algorithm
 }
 
 func memoryStore(c *clock) service.Store {
@@ -132,18 +135,18 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rsrv, err := rls.NewServer(rls.Options{Store: o.store, Logger: quiet, Metrics: m})
+	rsrv, err := rls.NewServer(rls.Options{Store: o.store, Algorithm: o.algorithm, Logger: quiet, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rsrv.SetConfig(cfg)
-	f := &fixture{t: t, store: o.store, clock: o.clock, reg: prometheus.NewRegistry()}
+	f := &fixture{t: t, store: o.store, clock: o.clock, rls: rsrv, reg: prometheus.NewRegistry()}
 	qm, err := NewMetrics(f.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.srv, err = NewServer(Options{Store: o.store, Config: rsrv.Config, Tokens: o.tokens, Unmatched: o.unmatched,
-		TTL: o.ttl, Now: o.clock.Now, Logger: quiet, Metrics: qm})
+		TTL: o.ttl, Replicas: o.replicas, Algorithm: o.algorithm, Now: o.clock.Now, Logger: quiet, Metrics: qm})
 	if err != nil {
 		t.Fatal(err)
 	}
