@@ -197,3 +197,47 @@ func TestFixedWindowDefault(t *testing.T) {
 	s, _ = f.open("")
 	tokenBucket(t, exchange(t, s, "quota", usage(map[string]string{"other": "x"}, 0, 1, 0)).BucketAction[0])
 }
+
+// A gateway that opens streams on an honest Envoy's key, reports a large
+// demand and closes them at once (clean churn, 20 streams a second) cannot
+// push the honest Envoy, asking 10 a second, below its fair half of the
+// key's 40 a minute: what
+// each ended stream was assigned counts against its caller's part until it
+// lapses (before: 0.02 a second on Envoy against its fair 0.33).
+func TestChurningGateway(t *testing.T) {
+	f := start(t, quotaYAML, fixtureOpts{tokens: callers})
+	id := map[string]string{"api_key": "churned"}
+	honest := &fleetNode{node: f.node(id, "honest-token")}
+	streams := 0
+	t0 := f.clock.Now()
+	for range 3 * 60 {
+		for range 20 {
+			s, cancel := f.open("hostile-token")
+			exchange(t, s, "quota", usage(id, 100, 1000, time.Second))
+			if err := s.CloseSend(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Recv(); err == nil { // the stream's end: the server is done with it
+				t.Fatal("a closed stream answered")
+			}
+			cancel()
+			streams++
+		}
+		// The honest Envoy asks 10 a second, reporting every 5 s.
+		for range 10 {
+			now := f.clock.Now()
+			honest.e.request(now)
+			if !honest.seen || !now.Before(honest.next) {
+				honest.seen, honest.next = true, now.Add(envoyEvery)
+				honest.report()
+			}
+			f.clock.Add(100 * time.Millisecond)
+		}
+	}
+	el := f.clock.Now().Sub(t0).Seconds()
+	fair := 40.0 / 60 / 2 * el
+	t.Logf("the honest Envoy against %d churned streams over %.0fs: %d admitted (%.2f a second; fair half %.2f)", streams, el, honest.e.total, float64(honest.e.total)/el, fair/el)
+	if float64(honest.e.total) < 0.8*fair {
+		t.Errorf("the honest Envoy admitted %d over %.0fs, want at least 80%% of its fair half (%.0f)", honest.e.total, el, fair)
+	}
+}
