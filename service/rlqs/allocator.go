@@ -67,7 +67,11 @@ type AllocOptions struct {
 //     among them, since Envoy runs one of them at a time per bucket.
 //   - At every moment the rates counted for a limit sum to at most
 //     (1 − Spare) of its rate, and the max_tokens counted to at most its
-//     burst (each divided by Replicas).
+//     burst (each divided by Replicas). A new assignment fits in what the
+//     others' commitments leave (to a new holder: and the fair shares of
+//     the holders still reporting, given them yet or not), and within what
+//     its caller's other holders, ended ones included, leave of the
+//     caller's share.
 //   - Each limit has free tokens, at most its burst, refilled at its rate
 //     less the rates counted (so at least Spare of it). An assignment that
 //     makes Envoy start a new, full bucket (any shape but the one in force
@@ -99,7 +103,8 @@ type ledger struct {
 
 // grant is what one holder was sent for a limit.
 type grant struct {
-	live    bool // the holder's stream is open and the bucket kept
+	live    bool    // the holder's stream is open and the bucket kept
+	frac    float64 // its fair share of the limit at its last report
 	last    shape
 	sentAt  time.Time // of last
 	ttl     time.Duration
@@ -149,17 +154,27 @@ func (a *Allocator) Assign(lim Limit, h Holder, demand float64, interval time.Du
 		g = &grant{}
 		l.grants[h] = g
 	}
-	g.live = true
+	g.live, g.frac = true, frac
 	rate := l.lim.Rate * (1 - Spare)
 	// Room: what the other holders' commitments leave, and what the other
 	// holders of h's caller leave of the caller's part (the commitments of
-	// its ended streams count there until they lapse).
+	// its ended streams count there until they lapse). To a holder without
+	// a bucket in force (a new stream), a holder still reporting holds its
+	// fair share too, taken or not, so that new streams, ended since, cannot
+	// keep it from it.
+	// Envoy keeps its bucket when the shape in force is sent again before it
+	// lapses there (its TTL from when it arrived, after it was sent).
+	inForce := g.last.max > 0 && !now.Add(a.opts.Grace).After(g.sentAt.Add(g.ttl))
 	oRate, oMax, cRate := 0.0, 0.0, 0.0
 	for oh, og := range l.grants {
 		if og == g {
 			continue
 		}
 		r, m := og.counted()
+		if !inForce && og.live && now.Sub(og.sentAt) <= 2*life {
+			r = math.Max(r, og.frac*rate)
+			m = math.Max(m, math.Floor(og.frac*l.lim.Burst*(1-Reserve)))
+		}
 		oRate += r
 		oMax += m
 		if oh.Caller == h.Caller {
@@ -168,9 +183,6 @@ func (a *Allocator) Assign(lim Limit, h Holder, demand float64, interval time.Du
 	}
 	roomRate := math.Min(rate-oRate, callerFrac*rate-cRate)
 	roomMax := l.lim.Burst - oMax
-	// Envoy keeps its bucket when the shape in force is sent again before it
-	// lapses there (its TTL from when it arrived, after it was sent).
-	inForce := g.last.max > 0 && !now.Add(a.opts.Grace).After(g.sentAt.Add(g.ttl))
 	want := a.fit(frac*rate, frac*l.lim.Burst*(1-Reserve))
 	// A holder with a bucket in force leaves Reserve of the free tokens to
 	// the holders without one, unless it shrinks (what it gives up goes to

@@ -109,7 +109,7 @@ func (s *shares) drop(key string, stream uint64) {
 // Headroom is the part of a rate that the demands leave unasked which is
 // not spread over them: a new Envoy finds it uncommitted at its first
 // report.
-const Headroom = 0.25
+const Headroom = 0.5
 
 // fairShares returns the fractions (summing to at most 1) of a rate that
 // streams demanding ds (requests per second) receive. Each demand is first
