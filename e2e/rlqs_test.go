@@ -31,12 +31,13 @@ import (
 // --grpc-listen, over a real redis-server, and enforces the token-bucket
 // assignments limitd sends back. Every test checks the fleet's bound: the
 // requests admitted by every Envoy since a key's first request never exceed
-// the limit's burst plus its rate times the time since (limitd takes what an
-// assignment can admit from the global bucket before it sends it).
+// the limit's burst plus its rate times the time since (limitd counts every
+// assignment until its TTL and pays each new Envoy bucket's max_tokens from
+// the limit's free tokens: docs/rate-limit-quota.md#the-bound).
 //
 // Envoy 1.40's filter reports every bucket every 5 s, whatever a bucket's
 // reporting_interval says (a fixed timer: envoyproxy/envoy#46033), and
-// limitd's assignments live at least two reports; the waits below count in
+// limitd's assignments live at least three reports; the waits below count in
 // those. Every load loop is bounded by a deadline and a request count; every
 // wait by a generous deadline.
 
@@ -45,9 +46,8 @@ const (
 	// rlqsInterval is how often Envoy 1.40 reports, in fact; the
 	// filter's reporting_interval says 1 s, for the Envoys that honor it.
 	rlqsInterval = 5 * time.Second
-	// rlqsTTL is the assignments' time to live (--rlqs-ttl, which limitd
-	// raises to two reports): what an Envoy that vanished holds comes back
-	// to the fleet after it.
+	// rlqsTTL is --rlqs-ttl (which limitd raises to three reports): what
+	// an Envoy that vanished was assigned is counted until it has passed.
 	rlqsTTL = 2 * rlqsInterval
 	// rlqsWait bounds every wait for limitd's or Envoy's first answer
 	// (the machine is loaded).
@@ -56,10 +56,7 @@ const (
 
 // rlqsLimits is the --rls-config of these tests: 40 a minute per API key,
 // the budget the issue names, and, for tests that watch shares move, 5 a
-// second per user, fast enough to see within seconds, with a burst of 200:
-// an assignment lives at least two reports (10 s), and limitd sizes its
-// assignments for limits whose rate over that life is at most a quarter of
-// the burst.
+// second per user, fast enough to see within seconds, with a burst of 200.
 const rlqsLimits = `domain: ` + rlqsDomain + `
 descriptors:
   - key: api_key

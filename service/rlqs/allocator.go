@@ -183,7 +183,10 @@ func (a *Allocator) Assign(lim Limit, h Holder, demand float64, interval time.Du
 	}
 	roomRate := math.Min(rate-oRate, callerFrac*rate-cRate)
 	roomMax := l.lim.Burst - oMax
-	want := a.fit(frac*rate, frac*l.lim.Burst*(1-Reserve))
+	// max_tokens: the share of the burst, but no more than twice what the
+	// holder asks over two reports, so that a burst it does not ask stays
+	// in the free tokens, for new buckets.
+	want := a.fit(frac*rate, math.Min(frac*l.lim.Burst*(1-Reserve), math.Max(1, 4*demand*max(interval, time.Second).Seconds())))
 	// A holder with a bucket in force leaves Reserve of the free tokens to
 	// the holders without one, unless it shrinks (what it gives up goes to
 	// the others).
@@ -193,6 +196,15 @@ func (a *Allocator) Assign(lim Limit, h Holder, demand float64, interval time.Du
 	}
 	fits := func(sh shape) bool { return sh.rate() <= roomRate && float64(sh.max) <= roomMax }
 	keep := inForce && fits(g.last)
+	if keep && want.rate() < 0.85*g.last.rate() {
+		// Shrinking: the bucket in force goes on, not counted any longer
+		// than it is already (the room it gives up opens only then), while
+		// the next report still comes before it lapses.
+		if ttl, ok := a.shrinkLater(g, interval, now); ok {
+			g.sentAt, g.ttl = now, ttl
+			return g.last, ttl
+		}
+	}
 	var sh shape
 	if keep && (near(want, g.last) || len(g.commits) >= maxCommits) {
 		sh = g.last
@@ -218,6 +230,20 @@ func (a *Allocator) Assign(lim Limit, h Holder, demand float64, interval time.Du
 		g.commit(sh, now.Add(life))
 	}
 	return sh, ttl
+}
+
+// shrinkLater returns the TTL with which g's last shape can be sent again
+// without being counted past the end it is counted to already, when that
+// still outlives the next report (an interval and twice the grace).
+func (a *Allocator) shrinkLater(g *grant, interval time.Duration, now time.Time) (time.Duration, bool) {
+	var end time.Time
+	for _, c := range g.commits {
+		if c.sh == g.last {
+			end = c.end
+		}
+	}
+	ttl := end.Sub(now.Add(a.opts.Grace)).Truncate(time.Second)
+	return ttl, ttl >= max(interval, time.Second)+2*a.opts.Grace
 }
 
 // Release records that h's bucket of key is no longer reported (its stream

@@ -74,7 +74,7 @@ func TestAllocatorTimeline(t *testing.T) {
 	s := 5 * time.Second
 	full := plain.Rate * (1 - Spare)
 	runTimeline(t, a, plain, []step{
-		{at: 0, h: A, demand: 1, rateLo: full * (1 - Headroom), rateHi: full, minMax: 40, countedRate: -1},
+		{at: 0, h: A, demand: 1, rateLo: full * (1 - Headroom), rateHi: full, minMax: 4, countedRate: -1},
 		{at: 5 * time.Second, h: A, demand: 20, interval: s, rateLo: full * (1 - Headroom), rateHi: full, minMax: 40, countedRate: -1},
 		// B asks the whole rate: it gets what A's commitment leaves.
 		{at: 6 * time.Second, h: B, demand: 200, interval: s, rateLo: 0, rateHi: full * 0.3, countedRate: -1},
