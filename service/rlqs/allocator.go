@@ -22,6 +22,12 @@ const MinTTLReports = 3
 // holder's last shape is sent again (or DENY_ALL), never a new one.
 const maxCommits = 8
 
+// maxCallerGrants bounds the holders of one caller a limit keeps, ended
+// streams' included until their assignments lapse (so memory and the work
+// of each assignment): a caller churning streams faster gets DENY_ALL for
+// its new ones.
+const maxCallerGrants = 4 * MaxStreamsPerCaller
+
 // sweepEvery is how many Assign calls pass between two sweeps of the
 // ledgers no holder counts on any more.
 const sweepEvery = 1024
@@ -151,6 +157,11 @@ func (a *Allocator) Assign(lim Limit, h Holder, demand float64, interval time.Du
 	frac, callerFrac := a.shares.set(lim.Key, h.Stream, h.Caller, demand, l.lim.Rate, now, 2*life+interval)
 	g := l.grants[h]
 	if g == nil {
+		if l.callerGrants(h.Caller) >= maxCallerGrants {
+			// The caller's streams of this limit, ended ones still counted
+			// included, are at their bound: nothing new until some lapse.
+			return shape{blanket: typev3.RateLimitStrategy_DENY_ALL}, ttl
+		}
 		g = &grant{}
 		l.grants[h] = g
 	}
@@ -334,6 +345,17 @@ func (l *ledger) advance(now time.Time) {
 			delete(l.grants, h)
 		}
 	}
+}
+
+// callerGrants is the number of caller's holders in l.
+func (l *ledger) callerGrants(caller string) int {
+	n := 0
+	for h := range l.grants {
+		if h.Caller == caller {
+			n++
+		}
+	}
+	return n
 }
 
 // counted is the largest rate and the largest max_tokens of g's

@@ -127,3 +127,33 @@ func TestAllocatorInvariants(t *testing.T) {
 		}
 	}
 }
+
+// A caller churning holders on one limit (each reports once, then its
+// stream ends) is held to maxCallerGrants holders there, ended ones
+// included, whatever the churn; another caller's new holder is still
+// assigned its share.
+func TestAllocatorChurnBounded(t *testing.T) {
+	a := NewAllocator(AllocOptions{})
+	now := epoch
+	for i := range 20000 {
+		h := holderOf(uint64(i), "churner")
+		a.Assign(plain, h, 1000, envoyEvery, now)
+		a.Release(plain.Key, h)
+		if i%100 == 99 {
+			now = now.Add(100 * time.Millisecond)
+		}
+	}
+	if n := len(a.ledgers[plain.Key].grants); n > 4*MaxStreamsPerCaller {
+		t.Fatalf("%d holders kept after 20,000 churned, want at most %d", n, 4*MaxStreamsPerCaller)
+	}
+	h := holderOf(1<<40, "honest")
+	sh, _ := a.Assign(plain, h, 100, envoyEvery, now)
+	for range 8 { // its share once the churner's assignments lapse
+		now = now.Add(envoyEvery)
+		sh, _ = a.Assign(plain, h, 100, envoyEvery, now)
+	}
+	if sh.rate() < 0.4*plain.Rate {
+		t.Errorf("the honest holder beside the churner: %+v (%.1f/s), want at least 40%% of the rate", sh, sh.rate())
+	}
+	t.Logf("after 20,000 churned holders: %d kept; the honest one %.1f/s, max_tokens %d", len(a.ledgers[plain.Key].grants), sh.rate(), sh.max)
+}
