@@ -87,9 +87,11 @@ type AllocOptions struct {
 //
 // So the tokens in Envoy's buckets, plus what they admitted, plus the free
 // tokens, never grow faster than the limit's rate, and start at its burst:
-// the fleet admits at most burst + rate × t (docs/limit-service.md). Time is
-// passed in; methods are safe for concurrent use; the zero value is not
-// usable (NewAllocator).
+// the fleet admits at most burst + rate × t (docs/rate-limit-quota.md,
+// "The bound"). A shrinking holder keeps the shape in force, sent with a
+// TTL that adds nothing to its count, until its last report before it
+// lapses. Time is passed in; methods are safe for concurrent use; the zero
+// value is not usable (NewAllocator).
 type Allocator struct {
 	opts   AllocOptions
 	shares *shares
