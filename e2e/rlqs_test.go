@@ -468,9 +468,11 @@ func TestRLQSTwoEnvoys(t *testing.T) {
 }
 
 // TestRLQSRebalance: demand moves from one Envoy to the other, and the
-// shares follow within three reporting intervals: with 5 a second for the
-// key, the Envoy now asked admits at least half the rate over the two
-// reports after those intervals, and the fleet never exceeds the bound.
+// shares follow within six reporting intervals (the idle one's assignment
+// stays counted until its TTL of three and the grace have passed, then the
+// other grows at its next reports): with 5 a second for the key, the Envoy
+// now asked admits at least half the rate over the two reports after those
+// intervals, and the fleet never exceeds the bound.
 func TestRLQSRebalance(t *testing.T) {
 	envoytest.Needs(t, false)
 	redis := redistest.Start(t)
@@ -483,17 +485,18 @@ func TestRLQSRebalance(t *testing.T) {
 	// Envoy starts a full bucket at each new assignment, so what it
 	// admits comes in waves of a report: measure over two.
 	const window = 2 * rlqsInterval
+	const follow = 6 * rlqsInterval
 	f := newFleet(t, envoys, "x-user", "moving")
 	f.untilAdmitted(0)
 	f.untilAdmitted(1)
 	for step, i := range []int{0, 1} {
 		switched := f.now()
-		f.drive(i, qps, 3*rlqsInterval+window)
-		from := switched + 3*rlqsInterval
+		f.drive(i, qps, follow+window)
+		from := switched + follow
 		got, other := f.admitted(i, from, from+window), f.admitted(1-i, from, from+window)
-		t.Logf("step %d: demand on Envoy %d: it admitted %d and the idle one %d in the %v after %v", step, i, got, other, window, 3*rlqsInterval)
+		t.Logf("step %d: demand on Envoy %d: it admitted %d and the idle one %d in the %v after %v", step, i, got, other, window, follow)
 		if want := int(rate * window.Seconds() / 2); got < want {
-			t.Errorf("step %d: Envoy %d admitted %d in the %v starting three reporting intervals after demand moved to it, want at least %d",
+			t.Errorf("step %d: Envoy %d admitted %d in the %v starting six reporting intervals after demand moved to it, want at least %d",
 				step, i, got, window, want)
 		}
 	}
