@@ -31,12 +31,13 @@ import (
 // --grpc-listen, over a real redis-server, and enforces the token-bucket
 // assignments limitd sends back. Every test checks the fleet's bound: the
 // requests admitted by every Envoy since a key's first request never exceed
-// the limit's burst plus its rate times the time since (limitd takes what an
-// assignment can admit from the global bucket before it sends it).
+// the limit's burst plus its rate times the time since (limitd counts every
+// assignment until its TTL and pays each new Envoy bucket's max_tokens from
+// the limit's free tokens: docs/rate-limit-quota.md#the-bound).
 //
 // Envoy 1.40's filter reports every bucket every 5 s, whatever a bucket's
 // reporting_interval says (a fixed timer: envoyproxy/envoy#46033), and
-// limitd's assignments live at least two reports; the waits below count in
+// limitd's assignments live at least three reports; the waits below count in
 // those. Every load loop is bounded by a deadline and a request count; every
 // wait by a generous deadline.
 
@@ -45,9 +46,8 @@ const (
 	// rlqsInterval is how often Envoy 1.40 reports, in fact; the
 	// filter's reporting_interval says 1 s, for the Envoys that honor it.
 	rlqsInterval = 5 * time.Second
-	// rlqsTTL is the assignments' time to live (--rlqs-ttl, which limitd
-	// raises to two reports): what an Envoy that vanished holds comes back
-	// to the fleet after it.
+	// rlqsTTL is --rlqs-ttl (which limitd raises to three reports): what
+	// an Envoy that vanished was assigned is counted until it has passed.
 	rlqsTTL = 2 * rlqsInterval
 	// rlqsWait bounds every wait for limitd's or Envoy's first answer
 	// (the machine is loaded).
@@ -56,10 +56,7 @@ const (
 
 // rlqsLimits is the --rls-config of these tests: 40 a minute per API key,
 // the budget the issue names, and, for tests that watch shares move, 5 a
-// second per user, fast enough to see within seconds, with a burst of 200:
-// an assignment lives at least two reports (10 s), and limitd sizes its
-// assignments for limits whose rate over that life is at most a quarter of
-// the burst.
+// second per user, fast enough to see within seconds, with a burst of 200.
 const rlqsLimits = `domain: ` + rlqsDomain + `
 descriptors:
   - key: api_key
@@ -471,9 +468,11 @@ func TestRLQSTwoEnvoys(t *testing.T) {
 }
 
 // TestRLQSRebalance: demand moves from one Envoy to the other, and the
-// shares follow within three reporting intervals: with 5 a second for the
-// key, the Envoy now asked admits at least half the rate over the two
-// reports after those intervals, and the fleet never exceeds the bound.
+// shares follow within six reporting intervals (the idle one's assignment
+// stays counted until its TTL of three and the grace have passed, then the
+// other grows at its next reports): with 5 a second for the key, the Envoy
+// now asked admits at least half the rate over the two reports after those
+// intervals, and the fleet never exceeds the bound.
 func TestRLQSRebalance(t *testing.T) {
 	envoytest.Needs(t, false)
 	redis := redistest.Start(t)
@@ -486,17 +485,18 @@ func TestRLQSRebalance(t *testing.T) {
 	// Envoy starts a full bucket at each new assignment, so what it
 	// admits comes in waves of a report: measure over two.
 	const window = 2 * rlqsInterval
+	const follow = 6 * rlqsInterval
 	f := newFleet(t, envoys, "x-user", "moving")
 	f.untilAdmitted(0)
 	f.untilAdmitted(1)
 	for step, i := range []int{0, 1} {
 		switched := f.now()
-		f.drive(i, qps, 3*rlqsInterval+window)
-		from := switched + 3*rlqsInterval
+		f.drive(i, qps, follow+window)
+		from := switched + follow
 		got, other := f.admitted(i, from, from+window), f.admitted(1-i, from, from+window)
-		t.Logf("step %d: demand on Envoy %d: it admitted %d and the idle one %d in the %v after %v", step, i, got, other, window, 3*rlqsInterval)
+		t.Logf("step %d: demand on Envoy %d: it admitted %d and the idle one %d in the %v after %v", step, i, got, other, window, follow)
 		if want := int(rate * window.Seconds() / 2); got < want {
-			t.Errorf("step %d: Envoy %d admitted %d in the %v starting three reporting intervals after demand moved to it, want at least %d",
+			t.Errorf("step %d: Envoy %d admitted %d in the %v starting six reporting intervals after demand moved to it, want at least %d",
 				step, i, got, window, want)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/service/grpcdoor"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlqs"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
+	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
 
 // rlqsOptions are the flags of the rate limit quota service, served on
@@ -21,12 +22,17 @@ type rlqsOptions struct {
 	ttl          time.Duration
 	abandonAfter time.Duration
 	shutdown     string
+	replicas     int
+	// algorithm is --rls-algorithm's (set by startRLS): fixed-window limits
+	// are DENY_ALL to the quota service.
+	algorithm rlsconfig.Algorithm
 }
 
 func (o *rlqsOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.unmatched, "rlqs-unmatched", "allow", "what the rate limit quota service assigns a bucket that matches no limit of --rls-config: allow (ALLOW_ALL) or deny (DENY_ALL)")
-	fs.DurationVar(&o.ttl, "rlqs-ttl", rlqs.DefaultTTL, "longest life of a rate limit quota assignment (whole seconds; shortened for limits whose rate over it would tie up over a quarter of the burst)")
+	fs.DurationVar(&o.ttl, "rlqs-ttl", rlqs.DefaultTTL, "least life of a rate limit quota assignment (whole seconds; raised to three reporting intervals)")
 	fs.DurationVar(&o.abandonAfter, "rlqs-abandon-after", rlqs.DefaultAbandonAfter, "how long a quota bucket is reported idle before the service abandons it")
+	fs.IntVar(&o.replicas, "rlqs-replicas", 1, "limitd processes serving the rate limit quota service for one --rls-config: each assigns 1/N of every limit's rate and burst")
 	fs.StringVar(&o.shutdown, "rlqs-shutdown", "keep", "what limitd tells its quota streams at shutdown: keep (assignments stand until their TTL) or abandon (Envoy falls back to its no_assignment_behavior)")
 }
 
@@ -37,6 +43,9 @@ func (o *rlqsOptions) check() error {
 	}
 	if o.ttl < time.Second {
 		return fmt.Errorf("--rlqs-ttl: must be >= 1s, got %v", o.ttl)
+	}
+	if o.replicas < 1 {
+		return fmt.Errorf("--rlqs-replicas: must be >= 1, got %d", o.replicas)
 	}
 	if o.abandonAfter <= 0 {
 		return fmt.Errorf("--rlqs-abandon-after: must be > 0, got %v", o.abandonAfter)
@@ -58,7 +67,7 @@ func startRLQS(o *rlqsOptions, srv *rls.Server, g *grpcdoor.Host, store service.
 		return nil, err
 	}
 	q, err := rlqs.NewServer(rlqs.Options{Store: store, Config: srv.Config, Unmatched: un,
-		TTL: o.ttl, AbandonAfter: o.abandonAfter, Timeout: timeout, Logger: log, Metrics: m})
+		TTL: o.ttl, Replicas: o.replicas, Algorithm: o.algorithm, AbandonAfter: o.abandonAfter, Timeout: timeout, Logger: log, Metrics: m})
 	if err != nil {
 		return nil, err
 	}

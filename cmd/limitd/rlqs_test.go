@@ -31,6 +31,7 @@ func TestRunRLQSFlagErrors(t *testing.T) {
 		{[]string{"--rlqs-unmatched", "maybe"}, "--rlqs-unmatched: want allow or deny"},
 		{[]string{"--rlqs-ttl", "500ms"}, "--rlqs-ttl: must be >= 1s"},
 		{[]string{"--rlqs-abandon-after", "0s"}, "--rlqs-abandon-after: must be > 0"},
+		{[]string{"--rlqs-replicas", "0"}, "--rlqs-replicas: must be >= 1"},
 		{[]string{"--rlqs-shutdown", "later"}, "--rlqs-shutdown: want keep or abandon"},
 	} {
 		args := append([]string{"--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--rls-config", good}, tc.args...)
@@ -42,8 +43,8 @@ func TestRunRLQSFlagErrors(t *testing.T) {
 }
 
 // limitd on a real Redis serves the rate limit quota service on
-// --grpc-listen beside the rate limit service, with the same token: a
-// quota stream's assignment is leased from the very bucket ShouldRateLimit
+// --grpc-listen beside the rate limit service, with the same token: what a
+// quota stream reports allowed is taken from the very bucket ShouldRateLimit
 // decides for the same descriptor, and at shutdown the stream is told its
 // assignments stand and ends Unavailable while run returns nil.
 func TestRunRLQSRedis(t *testing.T) {
@@ -67,7 +68,7 @@ func TestRunRLQSRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := q.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "apis", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{{
-		BucketId: &rlqspb.BucketId{Bucket: map[string]string{"generic_key": "slow"}}, NumRequestsDenied: 1,
+		BucketId: &rlqspb.BucketId{Bucket: map[string]string{"generic_key": "slow"}}, NumRequestsAllowed: 1,
 	}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +80,8 @@ func TestRunRLQSRedis(t *testing.T) {
 	if tb == nil || tb.MaxTokens != 1 {
 		t.Fatalf("assignment %v, want a token bucket of max_tokens 1 (of the limit's 2)", r)
 	}
-	// The quota stream holds its token: ShouldRateLimit on the same
-	// descriptor finds one left, not two.
+	// The quota stream's reported request is taken from the bucket
+	// ShouldRateLimit decides for the same descriptor: one left, not two.
 	c := pb.NewRateLimitServiceClient(conn)
 	req := &pb.RateLimitRequest{Domain: "apis", Descriptors: []*rlpb.RateLimitDescriptor{{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: "generic_key", Value: "slow"}}}}}
 	var got []pb.RateLimitResponse_Code
@@ -92,7 +93,7 @@ func TestRunRLQSRedis(t *testing.T) {
 		got = append(got, r.OverallCode)
 	}
 	if got[1] != pb.RateLimitResponse_OVER_LIMIT {
-		t.Errorf("ShouldRateLimit beside a quota stream holding a token: %v, want the second OVER_LIMIT", got)
+		t.Errorf("ShouldRateLimit after a quota stream reported a request: %v, want the second OVER_LIMIT", got)
 	}
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {

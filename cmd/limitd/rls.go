@@ -112,6 +112,7 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 		return nil, err
 	}
 	srv.Register(g.Server())
+	o.quota.algorithm = algo
 	q, err := startRLQS(&o.quota, srv, g, store, timeout, reg, log)
 	if err != nil {
 		return nil, err

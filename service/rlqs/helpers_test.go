@@ -81,6 +81,7 @@ type fixture struct {
 	store service.Store
 	clock *clock
 	srv   *Server
+	rls   *rls.Server
 	grpc  *grpcdoor.Host
 	conn  *grpc.ClientConn
 	reg   *prometheus.Registry
@@ -93,6 +94,12 @@ type fixtureOpts struct {
 	tokens    []service.Token
 	ttl       time.Duration
 	bounds    *bounds // nil: the defaults
+	// resetsPerSecond and resetBurst: the door's reset budget (0: its
+	// defaults), raised by tests that drop streams on purpose.
+	resetsPerSecond float64
+	resetBurst      int
+	replicas        int
+	algorithm       rlsconfig.Algorithm
 	// identities and identityHeader: a front proxy's callers.
 	identities     []service.Identity
 	identityHeader string
@@ -137,25 +144,26 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rsrv, err := rls.NewServer(rls.Options{Store: o.store, Logger: quiet, Metrics: m})
+	rsrv, err := rls.NewServer(rls.Options{Store: o.store, Algorithm: o.algorithm, Logger: quiet, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rsrv.SetConfig(cfg)
-	f := &fixture{t: t, store: o.store, clock: o.clock, reg: prometheus.NewRegistry()}
+	f := &fixture{t: t, store: o.store, clock: o.clock, rls: rsrv, reg: prometheus.NewRegistry()}
 	qm, err := NewMetrics(f.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.srv, err = NewServer(Options{Store: o.store, Config: rsrv.Config, Unmatched: o.unmatched,
-		TTL: o.ttl, Now: o.clock.Now, Logger: quiet, Metrics: qm})
+		TTL: o.ttl, Replicas: o.replicas, Algorithm: o.algorithm, Now: o.clock.Now, Logger: quiet, Metrics: qm})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o.bounds != nil {
 		f.srv.bounds = *o.bounds
 	}
-	f.grpc, err = grpcdoor.New(grpcdoor.Options{Tokens: o.tokens, Identities: o.identities, IdentityHeader: o.identityHeader, Codec: Codec{}})
+	f.grpc, err = grpcdoor.New(grpcdoor.Options{Tokens: o.tokens, Identities: o.identities, IdentityHeader: o.identityHeader,
+		ResetsPerSecond: o.resetsPerSecond, ResetBurst: o.resetBurst, Codec: Codec{}})
 	if err != nil {
 		t.Fatal(err)
 	}

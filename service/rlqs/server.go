@@ -2,10 +2,11 @@
 // service (envoy.service.rate_limit_quota.v3.RateLimitQuotaService, one
 // bidirectional stream per Envoy of usage reports and quota assignments),
 // served by Envoy's own rate_limit_quota filter. Its limits are the rate
-// limit service's (package rlsconfig, the same --rls-config YAML), and each
-// assignment is carved from the same global bucket in the store as
-// ShouldRateLimit's and /v1/lease's through the lease ledger, so the fleet
-// never admits more than burst + rate × t.
+// limit service's (package rlsconfig, the same --rls-config YAML); each
+// limit's rate and burst are divided between the Envoys reporting it by an
+// Allocator, which leases nothing: the assignments in force sum to at most
+// the limit's rate and burst, so the fleet never admits more than
+// burst + rate × t (per replica: Options.Replicas).
 //
 // # Buckets
 //
@@ -18,36 +19,27 @@
 // default, counted apart. A matched token_bucket limit is the bucket
 // service.Decide would decide for ShouldRateLimit: rlsconfig.Naming.BucketKey, the
 // limit's rate and capacity. An unlimited, shadow_mode or quota_mode limit
-// is ALLOW_ALL; a limit of 0, or a fixed_window limit (it is a counter, not
-// a bucket that can be leased), DENY_ALL.
+// is ALLOW_ALL; a limit of 0, or a fixed_window limit (its own algorithm or
+// Options.Algorithm: a counter ShouldRateLimit keeps, not a token bucket to
+// divide), DENY_ALL.
 //
 // # Assignments
 //
-// For each bucket of a report, the stream's share of the limit's rate is
-// its reported demand's fair fraction (shares.go) and the same fraction of
-// the burst left after the rates' life and a reserve for new Envoys
-// ((burst − rate × (TTL + Grace)) × (1 − Reserve)). It is
-// sent as a token_bucket (max_tokens, tokens_per_fill per whole-second
+// For each bucket of a report, the Allocator (allocator.go) gives the
+// stream its demand's fair fraction (share.go) of the limit's rate and of
+// its burst, as far as the assignments still counted leave room, and pays
+// for each new Envoy bucket's max_tokens from the limit's free tokens. It
+// is sent as a token_bucket (max_tokens, tokens_per_fill per whole-second
 // fill_interval, as Envoy 1.40 reads it: its rate is tokens_per_fill over
-// the interval truncated to seconds) with assignment_time_to_live TTL. What
-// Envoy can admit under it from the report on is at most max_tokens plus the
-// rate over TTL + Grace (Grace covers the report's and the assignment's way
-// over the stream), plus, when the shape changes (Envoy then starts a new,
-// full bucket), what the old one could still admit before the new one
-// arrives (its max_tokens plus its rate over Grace). The stream holds that
-// much, leased from the global bucket (service.Store.Lease, under the
-// caller's name) and debited by every reported allowed request: at each
-// report it leases what it lacks or returns what it holds beyond it. When
-// the global bucket cannot give what is lacking, the shape is shrunk to what
-// is held, down to DENY_ALL. A shape within 15% of the last one sent is
-// sent again unchanged, so Envoy keeps its bucket and its tokens.
-//
-// A stream's end returns only what it holds beyond what Envoy could still
-// admit (Envoy keeps its assignments until their TTL): what an Envoy that
-// vanished held comes back to the fleet through the global bucket's refill.
-// A bucket of any kind reported idle for AbandonAfter is abandoned
-// (abandon_action: Envoy drops it and stops reporting it) and what it held
-// beyond its residue returned.
+// the interval truncated to seconds) with an assignment_time_to_live of at
+// least TTL and MinTTLReports reporting intervals. A shape within 15% of
+// the last one sent is sent again unchanged, so Envoy keeps its bucket and
+// its tokens. A stream's end or an abandoned bucket leaves what it was
+// assigned counted until its TTL has passed (Envoy keeps its assignments
+// until then). A bucket of any kind reported idle for AbandonAfter is
+// abandoned (abandon_action: Envoy drops it and stops reporting it). A
+// reload reaches the buckets that keep reporting: each report reads its
+// bucket's limit again from a configuration loaded since.
 //
 // # Bounds
 //
@@ -88,15 +80,15 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
-	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // ServiceName is the gRPC service served.
 const ServiceName = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService"
 
 // Reserve is the part of a limit's burst no stream's max_tokens is sized
-// from, so that a new Envoy gets tokens at its first report while the
-// others' shares still hold the rest.
+// from, and the part of its free tokens a stream whose bucket is in force
+// leaves when it does not shrink (Allocator), so that a new Envoy gets
+// tokens at its first report while the others' shares hold the rest.
 const Reserve = 0.125
 
 // MaxFill is the longest fill_interval, in seconds, of the intervals tried
@@ -106,7 +98,7 @@ const MaxFill = 60
 
 // Defaults of Options.
 const (
-	// DefaultTTL is an assignment's longest life.
+	// DefaultTTL is an assignment's least life.
 	DefaultTTL = 10 * time.Second
 	// DefaultGrace is the time a report and an assignment may take over the
 	// stream, covered by every lease.
@@ -139,20 +131,28 @@ func ParseUnmatched(s string) (Unmatched, error) {
 
 // Options configure a Server. Store and Config are required.
 type Options struct {
-	// Store leases the assignments (the HTTP API's and ShouldRateLimit's).
+	// Store is the service's store (the HTTP API's and ShouldRateLimit's);
+	// the Allocator keeps its counts in memory, not there.
 	Store service.Store
 	// Config returns the configuration in use (the rate limit service's:
 	// rls.Server.Config); nil means none yet (streams get Unavailable).
 	Config func() *rlsconfig.Config
 	// Unmatched is the answer to a bucket that matches no limit.
 	Unmatched Unmatched
-	// TTL is an assignment's longest life (DefaultTTL), in whole seconds;
-	// it is shortened for a limit whose rate over it would tie up more than
-	// a quarter of the burst, never below twice the reporting interval or a
-	// second.
+	// TTL is an assignment's least life (DefaultTTL), in whole seconds,
+	// raised to MinTTLReports reporting intervals (up to MaxTTL).
 	TTL time.Duration
-	// Grace (DefaultGrace) is covered by every lease beyond the TTL.
+	// Grace (DefaultGrace) is the longest an assignment takes to reach
+	// Envoy: each is counted for TTL + Grace (Allocator).
 	Grace time.Duration
+	// Replicas (default 1) is the number of limitd processes serving the
+	// quota service for one set of limits: each divides 1/Replicas of every
+	// limit (AllocOptions.Replicas).
+	Replicas int
+	// Algorithm is the rate limit service's algorithm for limits that name
+	// none (rls.Options.Algorithm; Default: token_bucket). Fixed-window
+	// limits are DENY_ALL here.
+	Algorithm rlsconfig.Algorithm
 	// AbandonAfter (DefaultAbandonAfter) is how long a bucket is reported
 	// idle before the stream abandons it.
 	AbandonAfter time.Duration
@@ -171,8 +171,8 @@ type Options struct {
 type Server struct {
 	rlqspb.UnimplementedRateLimitQuotaServiceServer
 
-	opts   Options
-	shares *shares
+	opts  Options
+	alloc *Allocator
 
 	mu       sync.Mutex
 	nextID   uint64
@@ -183,6 +183,8 @@ type Server struct {
 	abandonOnClose bool
 	bounds         bounds       // of streams and buckets (stream.go)
 	tracked        atomic.Int64 // buckets kept by every stream
+	// fixedLogged: the fixed-window limits whose DENY_ALL was logged.
+	fixedLogged sync.Map
 }
 
 // NewServer returns a Server for opts.
@@ -215,7 +217,8 @@ func NewServer(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{opts: opts, shares: newShares(), streams: map[uint64]*stream{}, byCaller: map[string]int{}, bounds: defaultBounds}
+	s := &Server{opts: opts, streams: map[uint64]*stream{}, byCaller: map[string]int{}, bounds: defaultBounds,
+		alloc: NewAllocator(AllocOptions{TTL: opts.TTL, Grace: opts.Grace, Replicas: opts.Replicas})}
 	return s, nil
 }
 
@@ -250,233 +253,29 @@ func (sh shape) most(d time.Duration) float64 {
 	return float64(sh.max) + sh.rate()*d.Seconds()
 }
 
-// bucket is one bucket of a stream.
+// bucket is one bucket of a stream. The stream code sets id, idle and
+// (newBucket, refresh) cfg, key, rate, burst and, for a bucket not
+// divided (key ""), sent: its blanket rule.
 type bucket struct {
-	id      *rlqspb.BucketId
-	key     string // the store's bucket key; "" when not leased
-	rate    float64
-	burst   float64
-	held    float64 // leased and not yet returned nor spent
-	ent     float64 // what it may still lease: its share of the refill
-	entAt   time.Time
-	frac    float64 // its share at the last report
-	sent    shape
-	hasSent bool
-	expiry  time.Time // the sent assignment's end, with grace
-	idle    time.Time // since when reported idle; zero: busy
-	served  time.Time // when an assignment was last sent
-}
-
-// residue is the most Envoy can still admit under b's last assignment from
-// now on: its full bucket and its rate to the assignment's end.
-func (s *Server) residue(b *bucket, now time.Time) float64 {
-	if !b.hasSent || !now.Before(b.expiry) {
-		return 0
-	}
-	return b.sent.most(b.expiry.Sub(now))
-}
-
-// lease asks b's global bucket for want (at least 0) after returning ret,
-// and books the answer in b.held: what it granted and what it took back.
-func (s *Server) lease(ctx context.Context, b *bucket, want, ret float64) (float64, error) {
-	want, ret = math.Min(want, b.burst), math.Min(ret, b.burst) // the store's bounds
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	defer cancel()
-	a, err := s.opts.Store.Lease(ctx, &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{
-		Key: b.key, Rate: b.rate, Burst: b.burst, Want: want, Return: ret,
-	}}})
-	m := s.opts.Metrics
-	if m != nil {
-		m.storeCalls.Inc()
-	}
-	if err != nil {
-		if m != nil {
-			m.storeErrs.Inc()
-		}
-		return 0, err
-	}
-	g := a.Buckets[0]
-	if m != nil {
-		m.leased.Add(g.Tokens)
-		m.returned.Add(g.Returned)
-	}
-	b.held += g.Tokens - g.Returned
-	if b.held < 0 {
-		b.held = 0
-	}
-	return g.Tokens, nil
-}
-
-// ttl is the life of b's assignments: Options.TTL, shortened so that the
-// rate over it ties up at most a quarter of the burst, never below twice
-// the reporting interval (up to MaxTTL) nor a second.
-func (s *Server) ttl(b *bucket, interval time.Duration) time.Duration {
-	ttl := s.opts.TTL
-	if b.rate > 0 {
-		fit := time.Duration((b.burst/4/b.rate)*float64(time.Second)) - s.opts.Grace
-		ttl = min(ttl, fit)
-	}
-	ttl = max(ttl, min(2*interval, MaxTTL), time.Second)
-	return ttl.Truncate(time.Second)
+	id     *rlqspb.BucketId
+	cfg    *rlsconfig.Config // the configuration its limit was read from
+	key    string            // the store's bucket key; "" when not divided
+	rate   float64
+	burst  float64
+	sent   shape
+	idle   time.Time // since when reported idle; zero: busy
+	served time.Time // when an assignment was last sent
 }
 
 // assign books one bucket's usage and returns its next action (nil: none).
 func (s *Server) assign(ctx context.Context, st *stream, b *bucket, allowed, denied float64, elapsed time.Duration, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, error) {
-	if b.key == "" { // not leased: the blanket rule, refreshed
-		ttl := s.opts.TTL
-		b.hasSent, b.expiry = true, now.Add(ttl+s.opts.Grace)
-		return action(b.id, b.sent, ttl), nil
+	if b.key == "" { // not divided: the blanket rule, refreshed
+		return action(b.id, b.sent, s.opts.TTL), nil
 	}
-	b.held = math.Max(0, b.held-allowed)
-	interval := max(elapsed, time.Second)
-	ttl := s.ttl(b, elapsed)
-	life := ttl + s.opts.Grace
-	d := (allowed + denied) / interval.Seconds()
-	frac := s.shares.set(b.key, st.id, st.caller, d, b.rate, now, 2*life+interval)
-
-	// The old assignment's residue while the new one is on its way: none
-	// when Envoy keeps its bucket (the same shape, still in force).
-	changedResidue := 0.0
-	if b.hasSent && now.Before(b.expiry) {
-		changedResidue = math.Min(b.held, b.sent.most(s.opts.Grace))
-	}
-	// The stream may lease its share of the global bucket's refill since
-	// its last report (up to its share of the burst), and what its share
-	// of the burst grew by: under overload, the first to report would
-	// otherwise take every token refilled.
-	if b.entAt.IsZero() {
-		b.ent = frac * b.burst
-	} else if d := now.Sub(b.entAt); d > 0 {
-		b.ent += frac*b.rate*d.Seconds() + max(0, frac-b.frac)*b.burst
-	}
-	b.ent = math.Min(b.ent, frac*b.burst)
-	b.entAt, b.frac = now, frac
-	want := s.fit(b.rate*frac, (b.burst-b.rate*life.Seconds())*(1-Reserve)*frac)
-	keep := b.hasSent && b.sent.max > 0 && now.Before(b.expiry) && near(want, b.sent)
-	if keep {
-		want = b.sent
-	}
-	target := want.most(life)
-	if !keep {
-		target += changedResidue
-	}
-	var err error
-	switch {
-	case b.held < target && b.ent > 0:
-		var got float64
-		got, err = s.lease(ctx, b, math.Min(target-b.held, b.ent), 0)
-		b.ent -= got
-	case b.held > target:
-		_, err = s.lease(ctx, b, 0, b.held-target)
-	}
-	if err != nil {
-		// The store failed: nothing was leased or returned as far as is
-		// known, and the assignment in force stands until its TTL.
-		s.opts.Logger.Warn("rlqs: store", "key", b.key, "err", err)
-		return nil, nil
-	}
-	inForce := b.hasSent && b.sent.max > 0 && now.Before(b.expiry)
-	switch {
-	case b.held >= target:
-	case !keep && inForce && want.max >= b.sent.max && b.sent.most(life) <= b.held:
-		// Growing, and what the new shape and the old one's residue
-		// need is not held yet: the part of it that fits, when its rate
-		// (or, at the same rate, its max_tokens) is above the old one's;
-		// else the old shape goes on (Envoy keeps its bucket). What was
-		// leased stays held for the next report.
-		c := s.shrink(want, b.held-changedResidue, life)
-		if c.rate() < b.sent.rate() || (c.rate() == b.sent.rate() && c.max <= b.sent.max) {
-			c = b.sent
-		}
-		want = c
-	default: // the global bucket is short: shrink to what is held
-		want = s.shrink(want, b.held-changedResidue, life)
-	}
-	if inForce {
-		want = distinct(want, b.sent)
-	}
-	b.sent, b.hasSent, b.expiry = want, true, now.Add(life)
-	return action(b.id, want, ttl), nil
-}
-
-// fit is the token bucket nearest below a rate (tokens a second) and a
-// burst: tokens_per_fill over a whole-second fill_interval at most rate, and
-// max_tokens at most burst but at least 1 (DENY_ALL when no token fits).
-func (s *Server) fit(rate, burst float64) shape {
-	deny := shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
-	if math.IsNaN(rate) || math.IsNaN(burst) || rate <= 0 {
-		return deny
-	}
-	sh := shape{max: uint32(math.Min(math.Max(math.Floor(burst), 1), math.MaxUint32))}
-	switch {
-	case rate >= MaxFill:
-		sh.perFill, sh.fill = uint32(math.Min(math.Floor(rate), math.MaxUint32)), 1
-	case rate*MaxFill < 1:
-		sh.perFill, sh.fill = 1, int64(math.Min(math.Ceil(1/rate), 86400))
-	default: // the nearest rate at most rate, over intervals of 1 to MaxFill s
-		best := 0.0
-		for f := int64(1); f <= MaxFill; f++ {
-			if n := math.Floor(rate * float64(f)); n >= 1 && n/float64(f) > best {
-				best, sh.perFill, sh.fill = n/float64(f), uint32(n), f
-			}
-		}
-	}
-	return sh
-}
-
-// shrink fits sh into avail: what Envoy can admit under it over life at
-// most avail. The rate goes first (steady traffic flows at it), max_tokens
-// takes what is left; when even the rate does not fit it is lowered, and
-// when no token fits, DENY_ALL.
-func (s *Server) shrink(sh shape, avail float64, life time.Duration) shape {
-	deny := shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
-	if sh.max == 0 || avail < 1 {
-		return deny
-	}
-	r := math.Min(sh.rate(), (avail-1)/life.Seconds())
-	for range 16 {
-		c := s.fit(r, math.Min(float64(sh.max), avail-r*life.Seconds()))
-		if c.max == 0 {
-			break
-		}
-		if c.most(life) <= avail {
-			return c
-		}
-		r *= 0.9
-	}
-	return deny
-}
-
-// distinct returns sh as Envoy will see it beside old, the shape in force:
-// Envoy 1.40 keeps its bucket (and its rate) when max_tokens,
-// tokens_per_fill and fill_interval's nanos are equal, so a shape that
-// differs from old only in fill_interval's whole seconds would leave it on
-// the old rate. Such a shape is sent with one token fewer, or, at one
-// token, with tokens_per_fill and fill_interval doubled (the same rate).
-// The old bucket's residue is held as for any change.
-func distinct(sh, old shape) shape {
-	if sh.max == 0 || old.max == 0 || sh == old || sh.max != old.max || sh.perFill != old.perFill {
-		return sh
-	}
-	if sh.max > 1 {
-		sh.max--
-		return sh
-	}
-	if sh.perFill > 1<<30 { // doubling would overflow: a token a fill fewer
-		sh.perFill--
-		return sh
-	}
-	sh.perFill, sh.fill = sh.perFill*2, sh.fill*2
-	return sh
-}
-
-// near reports whether a is within 15% of b in rate and max_tokens.
-func near(a, b shape) bool {
-	if a.max == 0 || b.max == 0 {
-		return false
-	}
-	within := func(x, y float64) bool { return x >= 0.85*y && x <= 1.15*y }
-	return within(float64(a.max), float64(b.max)) && within(a.rate(), b.rate())
+	s.debit(ctx, b, allowed)
+	demand := (allowed + denied) / max(elapsed, time.Second).Seconds()
+	sh, ttl := s.alloc.Assign(Limit{Key: b.key, Rate: b.rate, Burst: b.burst}, holder(st, b), demand, elapsed, now)
+	return action(b.id, sh, ttl), nil
 }
 
 // action is the assignment of sh to id for ttl.

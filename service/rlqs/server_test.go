@@ -22,11 +22,10 @@ func TestAssignmentFromConfig(t *testing.T) {
 		}
 		tb, ttl := tokenBucket(t, r.BucketAction[0])
 		rate := float64(tb.TokensPerFill.GetValue()) / tb.FillInterval.AsDuration().Seconds()
-		most := float64(tb.MaxTokens) + rate*(ttl+DefaultGrace).Seconds()
-		if tb.MaxTokens < 1 || most > 40 || ttl < time.Second {
-			t.Fatalf("assignment %v ttl %v: admits up to %.1f, want 1..40", tb, ttl, most)
+		if tb.MaxTokens < 1 || tb.MaxTokens > 40 || rate > 40.0/60 || ttl < DefaultTTL {
+			t.Fatalf("assignment %v ttl %v: want max_tokens 1..40, a rate up to 40 a minute, a TTL of at least %v", tb, ttl, DefaultTTL)
 		}
-		t.Logf("first assignment: max_tokens %d, %d per %v, ttl %v (admits at most %.1f)", tb.MaxTokens, tb.TokensPerFill.GetValue(), tb.FillInterval.AsDuration(), ttl, most)
+		t.Logf("first assignment: max_tokens %d, %d per %v, ttl %v", tb.MaxTokens, tb.TokensPerFill.GetValue(), tb.FillInterval.AsDuration(), ttl)
 		want := typev3.RateLimitStrategy_ALLOW_ALL
 		if un == DenyUnmatched {
 			want = typev3.RateLimitStrategy_DENY_ALL
@@ -63,7 +62,9 @@ func TestShapeSeenByEnvoy(t *testing.T) {
 		if c.max == 1 {
 			old = shape{max: 1, perFill: 1, fill: 9}
 		}
-		got := distinct(c, old)
+		g := &grant{last: old, commits: []commit{{sh: old, end: epoch.Add(time.Minute)}}}
+		l := &ledger{grants: map[Holder]*grant{{}: g}}
+		got := l.distinct(c, g)
 		if got == c && c != old && got.max == old.max && got.perFill == old.perFill {
 			t.Errorf("distinct(%+v, %+v) = %+v: Envoy sees it as the old one", c, old, got)
 		}

@@ -10,8 +10,9 @@ import (
 // shares divides each global bucket's rate between the callers (token
 // names) whose streams report it, by their reported demand: max-min fair
 // (no caller is given more than an equal split while another asks for
-// more), then the rest of the rate in proportion to demand; a caller's
-// part is divided between its streams the same way. A
+// more), then the rest of the rate (but Headroom of it) in proportion to
+// demand; a caller's part is divided between its streams the same way, all
+// of it. A
 // caller that names a demand far above the others', or opens many streams,
 // so gets no more than an equal split of the rate.
 type shares struct {
@@ -30,8 +31,9 @@ type demand struct {
 func newShares() *shares { return &shares{keys: map[string]map[uint64]demand{}} }
 
 // set records stream's demand of key at now and returns its fraction of
-// the key's rate limit (0 to 1), counting only the demands reported within stale.
-func (s *shares) set(key string, stream uint64, caller string, rate, limit float64, now time.Time, stale time.Duration) float64 {
+// the key's rate limit (0 to 1) and its caller's, counting only the demands
+// reported within stale.
+func (s *shares) set(key string, stream uint64, caller string, rate, limit float64, now time.Time, stale time.Duration) (frac, callerFrac float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.keys[key]
@@ -64,7 +66,7 @@ func (s *shares) set(key string, stream uint64, caller string, rate, limit float
 			mine = i
 		}
 	}
-	frac := fairShares(ds, limit)[mine]
+	callerFrac = fairShares(ds, limit)[mine]
 	// Within the caller: the same division of the caller's part.
 	var own []float64
 	me := 0
@@ -76,7 +78,11 @@ func (s *shares) set(key string, stream uint64, caller string, rate, limit float
 			own = append(own, d.rate)
 		}
 	}
-	return frac * fairShares(own, frac*limit)[me]
+	within, sum := fairShares(own, callerFrac*limit), 0.0
+	for _, w := range within {
+		sum += w
+	}
+	return callerFrac * within[me] / sum, callerFrac
 }
 
 func sortedIDs(m map[uint64]demand) []uint64 {
@@ -100,12 +106,18 @@ func (s *shares) drop(key string, stream uint64) {
 	}
 }
 
-// fairShares returns the fractions (summing to 1) of a rate that streams
-// demanding ds (requests per second) receive. Each demand is first doubled
-// (room to grow between two reports) and raised by a floor of a
+// Headroom is the part of a rate that the demands leave unasked which is
+// not spread over them: a new Envoy finds it uncommitted at its first
+// report.
+const Headroom = 0.5
+
+// fairShares returns the fractions (summing to at most 1) of a rate that
+// streams demanding ds (requests per second) receive. Each demand is first
+// doubled (room to grow between two reports) and raised by a floor of a
 // twentieth of an equal split (an idle stream keeps a little, a new one
 // starts with some). When the doubled demands fit in the rate, each gets
-// its own and the rest in proportion; when they do not, they are capped at
+// its own and, in proportion, the rest but Headroom of it; when they do
+// not, they are capped at
 // the max-min fair level L (sum(min(c, L)) = rate): nobody gets more than
 // L while another wants more, so a stream claiming an absurd demand gets at
 // most what the others leave, and each honest one at least min(its demand,
@@ -146,8 +158,12 @@ func fairShares(ds []float64, rate float64) []float64 {
 			sum += c[i]
 		}
 	}
+	spread := 1.0 // of the rest of the rate, when the demands leave some
+	if sum < rate {
+		spread = 1 - Headroom
+	}
 	for i := range c {
-		out[i] = c[i] / sum
+		out[i] = (c[i] + (rate-sum)*spread*c[i]/sum) / rate
 	}
 	return out
 }

@@ -227,8 +227,8 @@ func (s *Server) open(caller string, srv rlqspb.RateLimitQuotaService_StreamRate
 	return st, nil
 }
 
-// close ends st: its demands leave the shares, and what its buckets hold
-// beyond what Envoy could still admit is returned.
+// close ends st: its demands leave the shares; what its buckets were
+// assigned stays counted until its TTL (Allocator.Release).
 func (s *Server) close(st *stream) {
 	s.mu.Lock()
 	if m := s.opts.Metrics; m != nil {
@@ -242,16 +242,8 @@ func (s *Server) close(st *stream) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	s.tracked.Add(-int64(len(st.buckets)))
-	ctx := service.WithCaller(context.Background(), st.caller)
-	now := s.opts.Now()
 	for _, b := range st.buckets {
-		if b.key == "" {
-			continue
-		}
-		s.shares.drop(b.key, st.id)
-		if excess := b.held - s.residue(b, now); excess > 0 {
-			_, _ = s.lease(ctx, b, 0, excess)
-		}
+		s.release(st, b)
 	}
 }
 
@@ -337,6 +329,9 @@ func (s *Server) usage(ctx context.Context, cfg *rlsconfig.Config, st *stream, u
 		}
 		b = s.newBucket(cfg, st.domain, u.BucketId)
 		st.buckets[id] = b
+	} else if b.cfg != cfg { // a reload reaches a bucket that keeps reporting
+		b = s.refresh(st, b, cfg)
+		st.buckets[id] = b
 	}
 	if busy {
 		b.idle = time.Time{}
@@ -344,12 +339,12 @@ func (s *Server) usage(ctx context.Context, cfg *rlsconfig.Config, st *stream, u
 		b.idle = now
 	}
 	if !b.idle.IsZero() && now.Sub(b.idle) >= s.opts.AbandonAfter {
-		add(s.abandon(ctx, st, b, now))
+		add(s.abandon(st, b))
 		return nil
 	}
 	if !b.served.IsZero() && now.Sub(b.served) < MinServeGap {
 		// Served a moment ago (a report flood): booked only.
-		b.held = math.Max(0, b.held-allowed)
+		s.debit(ctx, b, allowed)
 		return nil
 	}
 	act, err := s.assign(ctx, st, b, allowed, denied, elapsed, now)
@@ -378,7 +373,7 @@ func (s *Server) room(ctx context.Context, st *stream, id *rlqspb.BucketId, now 
 		if victim == nil {
 			return false
 		}
-		add(s.abandon(ctx, st, victim, now))
+		add(s.abandon(st, victim))
 	}
 	s.tracked.Add(1)
 	st.idBytes += need
@@ -494,7 +489,7 @@ func canonical(id *rlqspb.BucketId) string {
 // newBucket finds the limit of a bucket_id, and the shape it gets when
 // nothing is leased for it.
 func (s *Server) newBucket(cfg *rlsconfig.Config, domain string, id *rlqspb.BucketId) *bucket {
-	b := &bucket{id: id}
+	b := &bucket{id: id, cfg: cfg}
 	deflt := shape{blanket: typev3.RateLimitStrategy_ALLOW_ALL}
 	if s.opts.Unmatched == DenyUnmatched {
 		deflt.blanket = typev3.RateLimitStrategy_DENY_ALL
@@ -515,7 +510,7 @@ func (s *Server) newBucket(cfg *rlsconfig.Config, domain string, id *rlqspb.Buck
 	case l.Unlimited || l.ShadowMode || l.QuotaMode:
 		b.sent = shape{blanket: typev3.RateLimitStrategy_ALLOW_ALL}
 		return b
-	case l.RequestsPerUnit == 0 || l.Algorithm == rlsconfig.FixedWindow:
+	case l.RequestsPerUnit == 0 || s.fixedWindow(l):
 		b.sent = shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
 		return b
 	}
@@ -526,26 +521,15 @@ func (s *Server) newBucket(cfg *rlsconfig.Config, domain string, id *rlqspb.Buck
 	return b
 }
 
-// abandon tells Envoy to drop b and returns what it holds beyond what Envoy
-// could still admit before the abandon arrives.
-func (s *Server) abandon(ctx context.Context, st *stream, b *bucket, now time.Time) *rlqspb.RateLimitQuotaResponse_BucketAction {
-	if b.key != "" {
-		s.shares.drop(b.key, st.id)
-	}
+// abandon tells Envoy to drop b; what it was assigned stays counted until
+// its TTL has passed.
+func (s *Server) abandon(st *stream, b *bucket) *rlqspb.RateLimitQuotaResponse_BucketAction {
+	s.release(st, b)
 	delete(st.buckets, canonical(b.id))
 	s.tracked.Add(-1)
 	st.idBytes -= idBytes(b.id)
 	if m := s.opts.Metrics; m != nil {
 		m.abandoned.Inc()
-	}
-	residue := 0.0
-	if b.hasSent && now.Before(b.expiry) {
-		residue = b.sent.most(s.opts.Grace)
-	}
-	if excess := b.held - residue; excess > 0 {
-		if _, err := s.lease(ctx, b, 0, excess); err != nil {
-			s.opts.Logger.Warn("rlqs: store", "key", b.key, "err", err)
-		}
 	}
 	return abandonAction(b.id)
 }

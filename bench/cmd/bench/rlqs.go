@@ -62,20 +62,18 @@ const (
 )
 
 // The quota filter's limit: every x-api-key value its own bucket of
-// rlqsRate a second with a burst of rlqsBurst, which no load reaches.
-// The burst is 100 s of the rate so that limitd gives assignments its
-// full TTL (10 s) and a max_tokens near the burst
-// ((burst − rate × 11 s) × 7/8): docs/limit-service.md, "Assignments".
+// rlqsRate a second, written plain (no burst extension: a burst of one
+// second of the rate, as envoyproxy/ratelimit's YAML gives), which no load
+// reaches.
 const (
 	rlqsRate  = 1000000
-	rlqsBurst = 100 * rlqsRate
+	rlqsBurst = rlqsRate
 	rlqsYAML  = `domain: ` + rlsDomain + `
 descriptors:
   - key: api_key
     rate_limit:
       unit: second
       requests_per_unit: 1000000
-      burst: 100000000
 `
 )
 
