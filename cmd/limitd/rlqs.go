@@ -66,7 +66,7 @@ func startRLQS(o *rlqsOptions, srv *rls.Server, g *grpcdoor.Host, store service.
 	if err != nil {
 		return nil, err
 	}
-	q, err := rlqs.NewServer(rlqs.Options{Store: store, Config: srv.Config, Unmatched: un,
+	q, err := rlqs.NewServer(rlqs.Options{Store: store, Config: srv.Config, Naming: srv.Naming(), Unmatched: un,
 		TTL: o.ttl, Replicas: o.replicas, Algorithm: o.algorithm, AbandonAfter: o.abandonAfter, Timeout: timeout, Logger: log, Metrics: m})
 	if err != nil {
 		return nil, err

@@ -94,6 +94,8 @@ type fixtureOpts struct {
 	tokens    []service.Token
 	ttl       time.Duration
 	bounds    *bounds // nil: the defaults
+	// maxKeyBytes is the rate limit service's (its --max-key-bytes).
+	maxKeyBytes int
 	// resetsPerSecond and resetBurst: the door's reset budget (0: its
 	// defaults), raised by tests that drop streams on purpose.
 	resetsPerSecond float64
@@ -144,7 +146,7 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rsrv, err := rls.NewServer(rls.Options{Store: o.store, Algorithm: o.algorithm, Logger: quiet, Metrics: m})
+	rsrv, err := rls.NewServer(rls.Options{Store: o.store, Algorithm: o.algorithm, MaxKeyBytes: o.maxKeyBytes, Logger: quiet, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +156,7 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.srv, err = NewServer(Options{Store: o.store, Config: rsrv.Config, Unmatched: o.unmatched,
+	f.srv, err = NewServer(Options{Store: o.store, Config: rsrv.Config, Naming: rsrv.Naming(), Unmatched: o.unmatched,
 		TTL: o.ttl, Replicas: o.replicas, Algorithm: o.algorithm, Now: o.clock.Now, Logger: quiet, Metrics: qm})
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -226,5 +227,24 @@ func TestAbandonIdleBlanket(t *testing.T) {
 	}
 	if got := f.srv.tracked.Load(); got != 0 {
 		t.Errorf("%d buckets kept after all were abandoned, want 0", got)
+	}
+}
+
+// The quota service names a descriptor's bucket as the rate limit service
+// does, whatever --max-key-bytes is: a value past the bound is hashed into
+// the same name by both doors, so both count one bucket.
+func TestNamingFollowsMaxKeyBytes(t *testing.T) {
+	c := &clock{t: epoch}
+	f := start(t, quotaYAML, fixtureOpts{store: memoryStore(c), clock: c, maxKeyBytes: 64})
+	long := strings.Repeat("k", 200)
+	entries := []rlsconfig.Entry{{Key: "api_key", Value: long}}
+	want := rlsconfig.Naming{MaxKeyBytes: 64}.BucketKey("quota", entries, nil)
+	if want == (rlsconfig.Naming{}).BucketKey("quota", entries, nil) {
+		t.Fatal("the test's value is not past the bound it sets")
+	}
+	a := f.node(map[string]string{"api_key": long}, "")
+	run(f, []*node{a}, []float64{1}, 10*time.Second, time.Second, func(time.Time) {})
+	if rate, _, _ := f.srv.alloc.Counted(want, c.Now()); rate == 0 {
+		t.Errorf("nothing counted under the rate limit service's name %q of the descriptor", want)
 	}
 }

@@ -137,6 +137,9 @@ type Options struct {
 	// Config returns the configuration in use (the rate limit service's:
 	// rls.Server.Config); nil means none yet (streams get Unavailable).
 	Config func() *rlsconfig.Config
+	// Naming names a descriptor's bucket in the store: the rate limit
+	// service's (rls.Server.Naming), so that both count one bucket.
+	Naming rlsconfig.Naming
 	// Unmatched is the answer to a bucket that matches no limit.
 	Unmatched Unmatched
 	// TTL is an assignment's least life (DefaultTTL), in whole seconds,

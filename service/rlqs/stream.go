@@ -514,7 +514,7 @@ func (s *Server) newBucket(cfg *rlsconfig.Config, domain string, id *rlqspb.Buck
 		b.sent = shape{blanket: typev3.RateLimitStrategy_DENY_ALL}
 		return b
 	}
-	b.key = rlsconfig.Naming{}.BucketKey(domain, entries, m.Values)
+	b.key = s.opts.Naming.BucketKey(domain, entries, m.Values)
 	b.rate = float64(l.RequestsPerUnit) / float64(l.Unit.Seconds())
 	b.burst = float64(l.Capacity())
 	b.sent = shape{blanket: typev3.RateLimitStrategy_DENY_ALL}

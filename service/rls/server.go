@@ -140,6 +140,11 @@ func (s *Server) SetConfig(c *rlsconfig.Config) { s.config.Store(c) }
 // Config is the configuration in use (nil before SetConfig).
 func (s *Server) Config() *rlsconfig.Config { return s.config.Load() }
 
+// Naming is how s names the counters of descriptors in the store: the quota
+// service names them the same way (rlqs.Options.Naming), so both doors count
+// one bucket for a descriptor.
+func (s *Server) Naming() rlsconfig.Naming { return s.names }
+
 // descriptor is one descriptor of a request as it is counted.
 type descriptor struct {
 	entries   []rlsconfig.Entry
