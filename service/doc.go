@@ -16,10 +16,12 @@
 //     token buckets through Decide, and envoyproxy/ratelimit's fixed
 //     windows through Count (window.lua, and the memory store's mirror);
 //   - Envoy's rate limit quota service, a bidirectional gRPC stream per
-//     Envoy (package rlqs, the same YAML): the one door that computes, for
-//     it divides each limit's rate among the Envoys reporting demand for it
-//     and hands each an assignment Envoy enforces alone; its model and
-//     bound are in its package doc.
+//     Envoy (package rlqs, the same YAML): it divides each limit's rate and
+//     burst among the Envoys reporting demand for it, leasing nothing, and
+//     hands each an assignment Envoy enforces alone; what the Envoys report
+//     allowed is then taken from the same bucket through Lease, so the
+//     other doors see that traffic one report late. Its model and bound
+//     are in its package doc.
 //
 // The HTTP API and the rate limit service decide nothing themselves: every
 // decision is the store's, so a limit named the same way through either is
