@@ -177,6 +177,10 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecodeLease -fuzztime $(FUZZTIME) ./engine/lease/
 	$(GO) test -run XXX -fuzz FuzzParse -fuzztime $(FUZZTIME) ./service/rlsconfig/
 	$(GO) test -run XXX -fuzz FuzzShouldRateLimit -fuzztime $(FUZZTIME) ./service/rls/
+	$(GO) test -run XXX -fuzz FuzzDecodeRequest -fuzztime $(FUZZTIME) ./service/rls/
+	$(GO) test -run XXX -fuzz FuzzBucketKeyUnambiguous -fuzztime $(FUZZTIME) ./service/rlsconfig/
+	$(GO) test -run XXX -fuzz FuzzCodec -fuzztime $(FUZZTIME) ./service/rlqs/
+	$(GO) test -run XXX -fuzz FuzzMend -fuzztime $(FUZZTIME) ./internal/protomend/
 	cd third_party/pretty && $(GO) test -run XXX -fuzz FuzzUnescape -fuzztime $(FUZZTIME) .
 
 # The files and cross-package calls of one allowed request on each build, to

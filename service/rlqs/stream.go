@@ -428,10 +428,10 @@ func unreadable(id *rlqspb.BucketId) string {
 	total := 0
 	for k, v := range id.Bucket {
 		switch {
+		case rlsconfig.IsInvalidUTF8(k) || rlsconfig.IsInvalidUTF8(v) || !utf8.ValidString(k) || !utf8.ValidString(v):
+			return "utf8" // first: an answer naming it would end the stream
 		case len(k) == 0 || len(k) > MaxEntryBytes || len(v) > MaxEntryBytes:
 			return "entry_bytes"
-		case !utf8.ValidString(k) || !utf8.ValidString(v):
-			return "utf8"
 		}
 		total += len(k) + len(v)
 	}

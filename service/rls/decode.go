@@ -3,7 +3,6 @@ package rls
 import (
 	"context"
 	"errors"
-	"unicode/utf8"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -13,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/protomend"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
 
@@ -79,7 +79,7 @@ func decodeRequest(b []byte) (*pb.RateLimitRequest, error) {
 	if strict == nil {
 		return req, nil
 	}
-	mended, err := mendStrings(nil, b, requestFields)
+	mended, _, err := protomend.Mend(nil, b, requestFields, invalidUTF8)
 	if err != nil {
 		return nil, errors.New("rls: request: " + strict.Error())
 	}
@@ -90,62 +90,11 @@ func decodeRequest(b []byte) (*pb.RateLimitRequest, error) {
 	return req, nil
 }
 
-// fields are the string and message fields of one message type, by number.
-type fields struct {
-	strings  []protowire.Number
-	messages map[protowire.Number]*fields
-}
-
 // The strings of a RateLimitRequest: its domain (1), and in each descriptor
 // (2) each entry's (1) key (1) and value (2).
-var (
-	entryFields      = &fields{strings: []protowire.Number{1, 2}}
-	descriptorFields = &fields{messages: map[protowire.Number]*fields{1: entryFields}}
-	requestFields    = &fields{strings: []protowire.Number{1}, messages: map[protowire.Number]*fields{2: descriptorFields}}
-)
+var requestFields = &protomend.Fields{Strings: []protowire.Number{1}, Messages: map[protowire.Number]*protomend.Fields{
+	2: {Messages: map[protowire.Number]*protomend.Fields{1: {Strings: []protowire.Number{1, 2}}}},
+}}
 
-// mendStrings appends to out the message b of type f with every string
-// field of f, at any depth, that is not valid UTF-8 replaced by
-// rlsconfig.InvalidUTF8 of its bytes; every other field is copied as it
-// is. It fails on bytes that are not a well-formed message.
-func mendStrings(out, b []byte, f *fields) ([]byte, error) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, protowire.ParseError(n)
-		}
-		sub := f.messages[num]
-		isString := false
-		for _, s := range f.strings {
-			isString = isString || s == num
-		}
-		if typ != protowire.BytesType || (sub == nil && !isString) {
-			m := protowire.ConsumeFieldValue(num, typ, b[n:])
-			if m < 0 {
-				return nil, protowire.ParseError(m)
-			}
-			out = append(out, b[:n+m]...)
-			b = b[n+m:]
-			continue
-		}
-		v, m := protowire.ConsumeBytes(b[n:])
-		if m < 0 {
-			return nil, protowire.ParseError(m)
-		}
-		out = protowire.AppendTag(out, num, typ)
-		switch {
-		case sub != nil:
-			inner, err := mendStrings(nil, v, sub)
-			if err != nil {
-				return nil, err
-			}
-			out = protowire.AppendBytes(out, inner)
-		case utf8.Valid(v):
-			out = protowire.AppendBytes(out, v)
-		default:
-			out = protowire.AppendString(out, rlsconfig.InvalidUTF8(string(v)))
-		}
-		b = b[n+m:]
-	}
-	return out, nil
-}
+// invalidUTF8 is rlsconfig.InvalidUTF8 of a string's bytes.
+func invalidUTF8(b []byte) string { return rlsconfig.InvalidUTF8(string(b)) }

@@ -71,16 +71,6 @@ func FuzzDecodeRequest(f *testing.F) {
 		if _, err := proto.Marshal(got); err != nil {
 			t.Fatalf("the decoded request does not marshal: %v", err)
 		}
-		// The same bytes with every string made valid by hand decode
-		// strictly to the same request.
-		mended, err := mendStrings(nil, b, requestFields)
-		if err != nil {
-			t.Fatal(err)
-		}
-		again := &pb.RateLimitRequest{}
-		if err := proto.Unmarshal(mended, again); err != nil || !proto.Equal(again, got) {
-			t.Fatalf("mended bytes: %v, %v; want %v", again, err, got)
-		}
 	})
 }
 

@@ -136,6 +136,21 @@ func InvalidUTF8(s string) string {
 	return "\uFFFD" + hashHex(s)
 }
 
+// IsInvalidUTF8 reports whether s has InvalidUTF8's form: what a door
+// decoded from a string that was not UTF-8 (or a client wrote that way).
+func IsInvalidUTF8(s string) bool {
+	h, ok := strings.CutPrefix(s, "\uFFFD")
+	if !ok || len(h) != hashHexBytes {
+		return false
+	}
+	for i := range len(h) {
+		if c := h[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 func valueOf(entries []Entry, values []string, i int) string {
 	if i < len(values) {
 		return values[i]
