@@ -123,7 +123,7 @@ unit: setup build build-native build-service setup-redis build-ratelimit $(TESTL
 
 e2e: setup setup-redis build build-native build-service build-ratelimit $(TESTLOG_BIN)
 	@rm -f $(TEST_DIR)/e2e.*
-	set -o pipefail; $(GO) test -json -count=1 -timeout 20m ./e2e/... 2>&1 | $(TESTLOG) -part e2e -log $(BUILD)/e2e.log
+	set -o pipefail; $(GO) test -json -count=1 -timeout 45m ./e2e/... 2>&1 | $(TESTLOG) -part e2e -log $(BUILD)/e2e.log
 
 # The README's test command: every test, e2e included. Every part runs even
 # when one before it failed; the summary at the end names each part's
