@@ -4,7 +4,7 @@
 // rate limit service of Envoy's own rate limit filter
 // (envoy.filters.http.ratelimit, the RLS gRPC API): real Envoy 1.40 (its
 // filter is the client, no plugin), limitd (build/limitd), envoyproxy/ratelimit
-// built from source (build/ratelimit/service_cmd) and real redis-server
+// built from source (build/envoy-ratelimit/service_cmd) and real redis-server
 // processes, one per service.
 //
 // Each test runs on flavours of the service: envoyproxy/ratelimit,

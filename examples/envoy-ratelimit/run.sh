@@ -65,7 +65,7 @@ envoyproxy)
     RUNTIME_ROOT="$PWD/examples" RUNTIME_SUBDIRECTORY=envoy-ratelimit \
     RUNTIME_APPDIRECTORY=config RUNTIME_WATCH_ROOT=false \
     HOST=127.0.0.1 PORT=$http_port GRPC_HOST=127.0.0.1 GRPC_PORT=$grpc_port DEBUG_HOST=127.0.0.1 DEBUG_PORT=$debug_port \
-    "${RATELIMIT_BIN:-build/ratelimit/service_cmd}" &
+    "${RATELIMIT_BIN:-build/envoy-ratelimit/service_cmd}" &
   pids+=($!)
   echo "envoyproxy/ratelimit: gRPC on 127.0.0.1:$grpc_port, HTTP on 127.0.0.1:$http_port"
   ;;

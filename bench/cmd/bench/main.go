@@ -134,7 +134,7 @@ func parseParams(args []string) (*params, error) {
 	fs.StringVar(&p.compareWasm, "compare-wasm", "", "with -attrib: another build of the plugin, run with (3)'s rule as one more listener of (23), so a change is measured against PLUGIN_WASM in one Envoy")
 	fs.StringVar(&p.module, "module", envOr("NATIVE_MODULE", envoy.DefaultNativeModule()), "the native module (make build-native) for configurations 12 and 15 (a gap when absent)")
 	fs.IntVar(&p.startRounds, "start-rounds", 3, "starts of Envoy with no filter, the plugin and the native module, each measured from start to the first 200 and its RSS after 1000 requests (0: none)")
-	fs.StringVar(&p.ratelimit, "ratelimit", envOr("RATELIMIT_BIN", "build/ratelimit/service_cmd"), "envoyproxy/ratelimit's server (make build-ratelimit) for the RLS section (a gap when absent)")
+	fs.StringVar(&p.ratelimit, "ratelimit", envOr("RATELIMIT_BIN", "build/envoy-ratelimit/service_cmd"), "envoyproxy/ratelimit's server (make build-ratelimit) for the RLS section (a gap when absent)")
 	fs.BoolVar(&p.rls, "rls", true, "also run the RLS section: Envoy's ratelimit filter against envoyproxy/ratelimit and limitd, and the plugin's cluster rule, each with a redis-server of its own (rls.go)")
 	fs.StringVar(&p.rlsLimitd, "rls-limitd", "", "limitd for the RLS section, built with its symbols so that its profile names functions (make bench-rls: build/limitd-symbols; default -limitd)")
 	fs.BoolVar(&p.rlsOnly, "rls-only", false, "run only the RLS section and put it into -out's results.json (kept otherwise), then rewrite -out's README.md (make bench-rls)")

@@ -6,7 +6,7 @@
 // limitd's rate limit service API against it.
 //
 // The binary is built from source by `make build-ratelimit`
-// (build/ratelimit/service_cmd, mk/ratelimit.mk): [Binary] finds it through
+// (build/envoy-ratelimit/service_cmd, mk/ratelimit.mk): [Binary] finds it through
 // $RATELIMIT_BIN, which the Makefile exports, else in the build directory of
 // the checkout that holds the working directory.
 //
@@ -119,12 +119,12 @@ type Server struct {
 }
 
 // Binary returns the server's path: $RATELIMIT_BIN, else
-// build/ratelimit/service_cmd of the checkout that holds the working
+// build/envoy-ratelimit/service_cmd of the checkout that holds the working
 // directory. The error says how to build it.
 func Binary() (string, error) {
 	p := os.Getenv("RATELIMIT_BIN")
 	if p == "" {
-		p = checkoutFile("build", "ratelimit", "service_cmd")
+		p = checkoutFile("build", "envoy-ratelimit", "service_cmd")
 	}
 	if st, err := os.Stat(p); p == "" || err != nil || st.IsDir() {
 		return "", fmt.Errorf("envoyratelimit: RATELIMIT_BIN=%q names no program (run `make build-ratelimit`)", p)
