@@ -46,7 +46,18 @@ var rlqsConfigs = []rlsConfig{
 	{52, "rlqs-quota", "Envoy's rate_limit_quota → limitd (RLQS)", rlsQuota, "token_bucket"},
 	{53, "rlqs-plugin-lease", "plugin, cluster rule with leases → limitd (one hot key)", rlsLease, "token_bucket"},
 	{54, "rlqs-module-lease", "native module, cluster rule with leases → limitd (one hot key)", rlsModuleLease, "token_bucket"},
+	{rlqsFloorID, "rlqs-quota-allow", "Envoy's rate_limit_quota → limitd, every bucket ALLOW_ALL (the filter's floor)", rlsQuota, "token_bucket"},
 }
+
+// rlqsFloorID is the configuration that measures what Envoy's quota filter
+// costs of itself: the same filter, the same stream and the same buckets as
+// (52), but limitd's limit is unlimited, so every assignment is a blanket
+// ALLOW_ALL and Envoy keeps no token bucket. (52) ÷ (55) is what dividing the
+// rate into token buckets adds; (55) ÷ (51) what the filter's own matching,
+// bucket ids and reports cost beside local_ratelimit, which no answer of
+// limitd's changes. Its rate points are not measured: it asks limitd what
+// (52) asks.
+const rlqsFloorID = 55
 
 // rlqsFractions are the rate points, fractions of a configuration's
 // saturated throughput (1: the closed loop itself), and rlqsWindow (full
@@ -74,6 +85,13 @@ descriptors:
     rate_limit:
       unit: second
       requests_per_unit: 1000000
+`
+	// rlqsAllowYAML is (55)'s: the same descriptor, unlimited.
+	rlqsAllowYAML = `domain: ` + rlsDomain + `
+descriptors:
+  - key: api_key
+    rate_limit:
+      unlimited: true
 `
 )
 
@@ -148,7 +166,7 @@ func (b *bench) rlqsRun() error {
 		return err
 	}
 	for _, t := range targets {
-		if t.c.Kind == rlsQuota {
+		if t.c.Kind == rlsQuota && t.c.ID != rlqsFloorID {
 			b.rlqs.Denied = t.denied
 		}
 	}
@@ -164,7 +182,7 @@ func (b *bench) rlqsRun() error {
 		}
 	}
 	for _, t := range targets {
-		if t.c.Kind == rlsNone || t.c.Kind == rlsLocal {
+		if t.c.Kind == rlsNone || t.c.Kind == rlsLocal || t.c.ID == rlqsFloorID {
 			continue
 		}
 		var thr []float64

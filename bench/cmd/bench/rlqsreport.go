@@ -131,7 +131,7 @@ func (r *rlqsReport) summarise(targets []*rlsTarget) error {
 			if s.Metrics["limitd_rlqs_assignments_total"] == 0 {
 				problems = append(problems, fmt.Sprintf("(%d): limitd sent no assignment", t.c.ID))
 			}
-			for _, p := range t.points {
+			for _, p := range t.points { // (55) has none
 				if p.Calls == 0 || p.Assignments == 0 {
 					problems = append(problems, fmt.Sprintf("(%d): no report or no assignment in the window at %.0f%%", t.c.ID, 100*p.Fraction))
 				}
@@ -260,6 +260,10 @@ func (r *rlqsReport) section(w func(string, ...any)) {
 	w("| figure | measured | target | |\n|---|---|---|---|\n")
 	ratio := r.cpuRatio(52, 51)
 	w("| quota filter ÷ `local_ratelimit`, Envoy CPU per request (one pinned worker) | %s | ≤ %.2f | %s |\n", f(ratio, 2), targetQuotaVsLocal, verdict(ratio, targetQuotaVsLocal))
+	if floor := r.cpuRatio(rlqsFloorID, 51); floor.N > 0 {
+		w("| of which the quota filter's own cost: every bucket `ALLOW_ALL` (55) ÷ `local_ratelimit` | %s | | Envoy's, not limitd's |\n", f(floor, 2))
+		w("| of which limitd's token buckets: (52) ÷ (55) | %s | | |\n", f(r.cpuRatio(52, rlqsFloorID), 2))
+	}
 	q := r.result(52)
 	reqs := spanOf(q, func(p ratePoint) float64 { return p.Achieved })
 	for _, row := range []struct {

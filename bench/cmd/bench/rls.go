@@ -245,7 +245,10 @@ func (b *bench) rlsStartAll(name string, configs []rlsConfig, tools rlsTools, re
 	var targets []*rlsTarget
 	for _, c := range configs {
 		t := &rlsTarget{c: c}
-		if c.Kind == rlsQuota {
+		switch {
+		case c.ID == rlqsFloorID:
+			t.yaml = rlqsAllowYAML
+		case c.Kind == rlsQuota:
 			t.yaml = rlqsYAML
 		}
 		if gap := tools.missing(c); gap != "" {
