@@ -36,7 +36,9 @@ $(BUILD)/libtokenbucket-linux-%.so: $(WASM_SRC) go.mod go.sum $(VERSION_STAMP)
 
 # The native module image's entrypoint (cmd/installmodule: copies the module
 # into an emptyDir from an init container), static, for each architecture.
-$(BUILD)/installmodule-linux-%: cmd/installmodule/main.go go.mod go.sum
+# REPRO_FLAGS carry the version, which changes the binary's build ID: a
+# release must not reuse an installer built for another version.
+$(BUILD)/installmodule-linux-%: $(filter-out %_test.go,$(wildcard cmd/installmodule/*.go)) go.mod go.sum $(VERSION_STAMP)
 	@mkdir -p $(BUILD)
 	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build $(REPRO_FLAGS) -o $@ ./cmd/installmodule
 
