@@ -49,7 +49,7 @@ oci-native: build-native $(BUILD)/installmodule-linux-$(NATIVE_ARCH)
 # pluginConfig through the plugin's parser as Istio hands it over. The
 # manifests' own choices (failStrategy, phase, limits) are not judged.
 #
-#   make validate-istio                                  build/istio/*.yaml, after make oci
+#   make validate-istio                                  build/istio/*.yaml, after make oci and/or make oci-native
 #   make validate-istio MANIFESTS='my/wasmplugin.yaml my/limitd.yaml'
 #
 # Without MANIFESTS it validates build/istio/*.yaml as `make oci` and `make
@@ -73,11 +73,13 @@ oci-push: build
 
 validate-istio:
 ifeq ($(MANIFESTS),)
-	@ls $(BUILD)/istio/*.yaml $(BUILD)/plugin-oci.json >/dev/null 2>&1 || { \
-		echo 'validate-istio: no $(BUILD)/istio/*.yaml and $(BUILD)/plugin-oci.json: run make oci OCI_REF=<registry>/<name>:<tag> first, or pass MANIFESTS=...'; exit 1; }
+	@ls $(BUILD)/istio/*.yaml >/dev/null 2>&1 && { [ -e $(BUILD)/plugin-oci.json ] || [ -e $(BUILD)/native-oci.json ]; } || { \
+		echo 'validate-istio: no $(BUILD)/istio/*.yaml with the summary of the image they name: run make oci OCI_REF=<registry>/<name>:<tag> (the plugin) or make oci-native OCI_NATIVE_REF=<registry>/<name>:<tag> (the native module) first, or pass MANIFESTS=...'; exit 1; }
 	@if [ -e $(BUILD)/istio/native-envoyfilter.yaml ] && [ ! -e $(BUILD)/native-oci.json ]; then \
 		echo 'validate-istio: $(BUILD)/istio/native-envoyfilter.yaml but no $(BUILD)/native-oci.json: run make oci-native'; exit 1; fi
-	$(GO) run ./cmd/validateistio -image $(BUILD)/plugin-oci.json \
+	@if [ ! -e $(BUILD)/plugin-oci.json ] && ls $(BUILD)/istio/*.yaml | grep -qv '/native-[^/]*\.yaml$$'; then \
+		echo 'validate-istio: plugin manifests in $(BUILD)/istio but no $(BUILD)/plugin-oci.json: run make oci'; exit 1; fi
+	$(GO) run ./cmd/validateistio $(if $(wildcard $(BUILD)/plugin-oci.json),-image $(BUILD)/plugin-oci.json) \
 		$(if $(wildcard $(BUILD)/native-oci.json),-native-image $(BUILD)/native-oci.json) $(BUILD)/istio/*.yaml
 else
 	$(GO) run ./cmd/validateistio $(MANIFESTS)

@@ -109,6 +109,25 @@ func TestValidateIstioKeepsTheReference(t *testing.T) {
 		t.Errorf("make validate-istio with native manifests and no native-oci.json: err %v, want a failure naming make oci-native:\n%s", err, o)
 	}
 
+	// make oci-native alone, the native module's path in
+	// examples/istio/README.md and docs/istio.md: validate-istio validates
+	// what was built, the native manifests, without asking for the
+	// plugin's image. (Its error asked for the Wasm image.)
+	if err := os.Remove(summary); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "build", "istio")); err != nil {
+		t.Fatal(err)
+	}
+	makeIn(t, dir, "oci-native", "OCI_NATIVE_REF="+nativeRef)
+	out = makeIn(t, dir, "validate-istio")
+	if !strings.Contains(out, "native-envoyfilter.yaml") {
+		t.Errorf("make validate-istio after make oci-native alone did not validate the native manifests:\n%s", out)
+	}
+	if got := readManifests(t, dir); len(got) != 1 || got["native-envoyfilter.yaml"] != string(rendered) {
+		t.Errorf("make oci-native alone rendered %d manifests, or validate-istio rewrote them", len(got))
+	}
+
 	// Nothing rendered: a failure that says what to run, not a render.
 	if err := os.RemoveAll(filepath.Join(dir, "build", "istio")); err != nil {
 		t.Fatal(err)
