@@ -15,9 +15,17 @@
 //     receives as Istio does it (package manifest: protojson of the
 //     google.protobuf.Struct);
 //
+//   - in a .yaml or .yml file, each Envoy Gateway EnvoyExtensionPolicy:
+//     the config of each spec.dynamicModule entry whose filterName is the
+//     native module's (tokenbucket), as the JSON text Envoy Gateway hands
+//     the module;
+//
 //   - in a .yaml or .yml file, each other document (an Envoy bootstrap or
-//     resource): the configuration of every Wasm plugin in it (an object
-//     with vm_config), a google.protobuf.StringValue (or BytesValue).
+//     resource, an Istio EnvoyFilter): the configuration of every Wasm
+//     plugin in it (an object with vm_config) and of every filter of the
+//     native module (a dynamic module filter with filter_name tokenbucket;
+//     other modules' filters are not ours to check), a
+//     google.protobuf.StringValue (or BytesValue).
 //
 //     go run ./cmd/checkconfig envoy.yaml examples/istio/wasmplugin-gateway.yaml my.json
 //
@@ -76,7 +84,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			continue
 		}
 		if len(found) == 0 {
-			fmt.Fprintf(stdout, "FAIL %s: no plugin configuration (no WasmPlugin, no Wasm filter with vm_config)\n", path)
+			fmt.Fprintf(stdout, "FAIL %s: no plugin configuration (no WasmPlugin, no Wasm filter with vm_config, no dynamic module filter with filter_name %s, no EnvoyExtensionPolicy dynamicModule with filterName %s)\n", path, moduleFilter, moduleFilter)
 			code = max(code, 1)
 			continue
 		}
@@ -155,6 +163,16 @@ func fromYAML(b []byte) ([]found, error) {
 			out = append(out, found{where: doc + ", WasmPlugin " + f.where + " spec.pluginConfig", data: f.data})
 			continue
 		}
+		if m, ok := tree.(map[string]any); ok && m["kind"] == "EnvoyExtensionPolicy" {
+			fs, err := fromExtensionPolicy(m)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", doc, err)
+			}
+			for _, f := range fs {
+				out = append(out, found{where: doc + ", " + f.where, data: f.data})
+			}
+			continue
+		}
 		fs, err := fromEnvoy(tree, "")
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", doc, err)
@@ -184,6 +202,45 @@ func fromWasmPlugin(j []byte) (found, error) {
 	return found{where: wp.Namespace + "/" + wp.Name, data: data}, nil
 }
 
+// moduleFilter is the native module's filter_name (Envoy Gateway's
+// filterName).
+const moduleFilter = "tokenbucket"
+
+// fromExtensionPolicy returns the native module's configurations of an
+// Envoy Gateway EnvoyExtensionPolicy: each spec.dynamicModule entry with
+// filterName tokenbucket, its config as the JSON text Envoy Gateway hands
+// the module (an object; a string would reach the module quoted).
+func fromExtensionPolicy(m map[string]any) ([]found, error) {
+	spec, _ := m["spec"].(map[string]any)
+	mods, ok := spec["dynamicModule"].([]any)
+	if !ok {
+		return nil, nil
+	}
+	name := ""
+	if meta, ok := m["metadata"].(map[string]any); ok {
+		ns, _ := meta["namespace"].(string)
+		n, _ := meta["name"].(string)
+		name = ns + "/" + n
+	}
+	var out []found
+	for i, e := range mods {
+		mod, _ := e.(map[string]any)
+		if mod["filterName"] != moduleFilter {
+			continue
+		}
+		var data []byte
+		if cfg, ok := mod["config"]; ok {
+			b, err := json.Marshal(cfg)
+			if err != nil {
+				return nil, fmt.Errorf("spec.dynamicModule[%d].config: %w", i, err)
+			}
+			data = b
+		}
+		out = append(out, found{where: fmt.Sprintf("EnvoyExtensionPolicy %s spec.dynamicModule[%d].config", name, i), data: data})
+	}
+	return out, nil
+}
+
 const (
 	stringValue = "type.googleapis.com/google.protobuf.StringValue"
 	bytesValue  = "type.googleapis.com/google.protobuf.BytesValue"
@@ -206,6 +263,16 @@ func fromEnvoy(v any, path string) ([]found, error) {
 				where = "Wasm plugin " + strconv.Quote(name) + " at " + where
 			}
 			return []found{{where: where, data: data}}, nil
+		}
+		if _, ok := v["dynamic_module_config"]; ok {
+			if v["filter_name"] != moduleFilter {
+				return nil, nil // another module's filter
+			}
+			data, err := pluginConfiguration(v["filter_config"])
+			if err != nil {
+				return nil, fmt.Errorf("%s.filter_config: %w", path, err)
+			}
+			return []found{{where: "native module filter at " + strings.TrimPrefix(path, "."), data: data}}, nil
 		}
 		keys := make([]string, 0, len(v))
 		for k := range v {

@@ -95,7 +95,7 @@ func TestCheck(t *testing.T) {
 		{name: "two documents", file: "m.yaml", in: wasmPlugin(t, "", "") + "\n---\n" + bootstrap(bad), code: 1,
 			want: []string{"ok   m.yaml (document 0, WasmPlugin istio-system/ratelimit spec.pluginConfig)",
 				`FAIL m.yaml (document 1, Wasm plugin "tokenbucket" at static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.config): ` + badLine}},
-		{name: "no plugin", file: "n.yaml", in: "admin: {}\n", code: 1, want: []string{"FAIL n.yaml: no plugin configuration (no WasmPlugin, no Wasm filter with vm_config)"}},
+		{name: "no plugin", file: "n.yaml", in: "admin: {}\n", code: 1, want: []string{"FAIL n.yaml: no plugin configuration (no WasmPlugin, no Wasm filter with vm_config, no dynamic module filter with filter_name tokenbucket, no EnvoyExtensionPolicy dynamicModule with filterName tokenbucket)"}},
 		{name: "other extension", file: "c.txt", in: good, code: 2, want: []string{"FAIL c.txt: checkconfig: c.txt: want a .json, .yaml or .yml file"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -170,5 +170,100 @@ func TestDemoCommentSaysItsRule(t *testing.T) {
 	}
 	if !strings.Contains(header.String(), want) {
 		t.Errorf("envoy.yaml's header does not say %q:\n%s", want, header.String())
+	}
+}
+
+// nativeBootstrap is an Envoy bootstrap with the native module's filter
+// (filter_name tokenbucket) whose filter_config is the StringValue cfg, and
+// another module's filter, which is not ours to check.
+func nativeBootstrap(cfg string) string {
+	return `static_resources:
+  listeners:
+  - name: l
+    address: { socket_address: { address: 127.0.0.1, port_value: 10000 } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: l
+          http_filters:
+          - name: other
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+              dynamic_module_config: { name: other }
+              filter_name: other
+              filter_config: { "@type": type.googleapis.com/google.protobuf.StringValue, value: "not ours" }
+          - name: envoy.filters.http.dynamic_modules
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+              dynamic_module_config: { name: tokenbucket, do_not_close: true }
+              filter_name: tokenbucket
+              filter_config:
+                "@type": type.googleapis.com/google.protobuf.StringValue
+                value: |
+                  ` + cfg + `
+          - name: envoy.filters.http.router
+`
+}
+
+// TestNativeModuleConfigurations: make lint reads the native module's
+// configurations as it reads the plugin's: the dynamic module filter of an
+// Envoy configuration (and so of an Istio EnvoyFilter's patch), and an
+// Envoy Gateway EnvoyExtensionPolicy's spec.dynamicModule config, the
+// places docs/native.md sends native users. (Each was refused as "no
+// plugin configuration".)
+func TestNativeModuleConfigurations(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	policy := func(cfg string) string {
+		return `apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: EnvoyExtensionPolicy
+metadata: { name: tokenbucket, namespace: default }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: eg }]
+  dynamicModule:
+  - name: tokenbucket
+    filterName: tokenbucket
+    config: ` + cfg + `
+`
+	}
+	for _, tc := range []struct {
+		name, file string
+		code       int
+		want       string
+	}{
+		{"envoy good", write("native-good.yaml", nativeBootstrap(good)), 0, "ok   "},
+		{"envoy bad", write("native-bad.yaml", nativeBootstrap(bad)), 1, "FAIL "},
+		{"policy good", write("policy-good.yaml", policy(good)), 0, "ok   "},
+		{"policy bad", write("policy-bad.yaml", policy(bad)), 1, "FAIL "},
+		{"policy string", write("policy-string.yaml", policy(strconv.Quote(good))), 1, "FAIL "},
+		{"istio example", "../../examples/istio/native-envoyfilter.yaml", 0, "ok   "},
+		{"envoy gateway example", "../../examples/envoy-gateway/native.yaml", 0, "ok   "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := run([]string{tc.file}, nil, &out, &errOut)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d:\n%s%s", code, tc.code, out.String(), errOut.String())
+			}
+			for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+				if !strings.HasPrefix(line, tc.want) {
+					t.Errorf("line %q, want it to start %q", line, tc.want)
+				}
+				if strings.Contains(line, "not ours") || strings.Contains(line, `"other"`) {
+					t.Errorf("another module's filter was checked: %q", line)
+				}
+			}
+			if tc.code == 1 && !strings.Contains(out.String(), "burst") && tc.name != "policy string" {
+				t.Errorf("the refusal does not say what is wrong:\n%s", out.String())
+			}
+		})
 	}
 }
