@@ -114,6 +114,19 @@ var exampleChecks = map[string]func(t *testing.T, e *envoytest.Envoy, runs []ses
 			}
 		}
 	},
+	// The refused request: what its prose says, which the one-line session
+	// does not print.
+	"smooth-bursts": func(t *testing.T, _ *envoytest.Envoy, runs []sessionRun) {
+		for _, r := range runs {
+			if r.res.Status != http.StatusTooManyRequests {
+				continue
+			}
+			if got := r.res.Header.Get("X-Ratelimit-Reason"); got != "token_bucket_exceeded" || r.res.Header.Get("Retry-After") == "" {
+				t.Errorf("README line %d: the 429 has x-ratelimit-reason %q and Retry-After %q, want token_bucket_exceeded and one",
+					r.cmd.line, got, r.res.Header.Get("Retry-After"))
+			}
+		}
+	},
 	"shadow-rollout": func(t *testing.T, e *envoytest.Envoy, runs []sessionRun) {
 		for _, r := range runs {
 			for name, vs := range r.res.Header {
@@ -240,7 +253,7 @@ func TestExamples(t *testing.T) {
 				Config: ex.bootstrap, UpstreamPort: envoytest.FreePort(t), Concurrency: 1,
 			})
 			booted := time.Since(start)
-			runs := runSession(t, envoyRoute(e), ex.session)
+			runs := runSession(t, envoyRoute(e), ex.session, examplePace[name])
 			if check := exampleChecks[name]; check != nil && !t.Failed() {
 				check(t, e, runs)
 			}
@@ -751,9 +764,20 @@ func envoyRoute(e *envoytest.Envoy) route {
 	return func(raw string) (string, string, error) { return exampleURL(raw, e.ListenerPort(), e.AdminPort()) }
 }
 
-// runSession replays the commands through to and reports every output that
+// humanPace is the least time a reader takes from one pasted command to the
+// next. examplePace names the examples replayed at that pace: those whose
+// outcomes (not only their countdowns, which a reader sees lower) hold only
+// if the commands follow each other within a second. (smooth-bursts' three
+// blocks, pasted one after another as its README said, showed a reader 200,
+// 200, 200 where the machine-paced replay printed 200, 200, 429.)
+const humanPace = 1500 * time.Millisecond
+
+var examplePace = map[string]time.Duration{"smooth-bursts": humanPace}
+
+// runSession replays the commands through to, pace apart (a command's own
+// requests, a loop's, go back to back), and reports every output that
 // differs from the README.
-func runSession(t *testing.T, to route, cmds []sessionCmd) []sessionRun {
+func runSession(t *testing.T, to route, cmds []sessionCmd, pace time.Duration) []sessionRun {
 	t.Helper()
 	hc := &http.Client{Timeout: envoytest.RequestTimeout, Transport: &http.Transport{Proxy: nil}}
 	defer hc.CloseIdleConnections()
@@ -761,6 +785,9 @@ func runSession(t *testing.T, to route, cmds []sessionCmd) []sessionRun {
 	var runs []sessionRun
 	for i := range cmds {
 		cmd := &cmds[i]
+		if i > 0 && pace > 0 && (strings.HasPrefix(cmd.text, "curl") || strings.HasPrefix(cmd.text, "for ")) {
+			time.Sleep(pace) // a reader's pace, not a wait for an outcome
+		}
 		parsed, err := parseCommand(cmd.text, vars)
 		if err != nil {
 			t.Fatalf("README line %d: %v", cmd.line, err)
@@ -783,17 +810,91 @@ func runSession(t *testing.T, to route, cmds []sessionCmd) []sessionRun {
 			if !c.discard {
 				out.Write(res.Body)
 			}
-			out.WriteString(strings.NewReplacer(`%{http_code}`, strconv.Itoa(res.Status), `\n`, "\n").Replace(c.writeOut))
+			out.WriteString(writeOut(c.writeOut, res))
 		}
 		if len(parsed.calls) == 0 || parsed.calls[0].include {
 			continue
 		}
 		got := strings.TrimSuffix(out.String(), "\n")
-		if want := strings.Join(cmd.want, "\n"); got != want {
+		if want := strings.Join(cmd.want, "\n"); !outputMatches(got, want) {
 			t.Errorf("README line %d: $ %s\nprints:\n%s\nREADME says:\n%s", cmd.line, abbreviate(cmd.text), got, want)
 		}
 	}
 	return runs
+}
+
+// measuredHeaders are the headers whose value is a measured time, with how
+// far (in the header's unit) a session's run may differ from the value its
+// README shows: a README shows what a reader would typically see.
+var measuredHeaders = map[string]int{"x-ratelimit-delayed-ms": 150}
+
+// measuredMark brackets a measured header's value in writeOut's output.
+const measuredMark = "\x00"
+
+// writeOut is what curl -w format prints for res: %{http_code}, and
+// %header{name} (curl 7.84 and later) the response header's value, empty
+// when absent; a measured header's value is bracketed by measuredMark for
+// outputMatches.
+func writeOut(format string, res envoytest.Result) string {
+	s := strings.NewReplacer(`%{http_code}`, strconv.Itoa(res.Status), `\n`, "\n").Replace(format)
+	return headerOutRE.ReplaceAllStringFunc(s, func(m string) string {
+		name := strings.ToLower(headerOutRE.FindStringSubmatch(m)[1])
+		v := res.Header.Get(name)
+		if _, ok := measuredHeaders[name]; ok && v != "" {
+			return measuredMark + name + "=" + v + measuredMark
+		}
+		return v
+	})
+}
+
+var headerOutRE = regexp.MustCompile(`%header\{([A-Za-z0-9-]+)\}`)
+
+// outputMatches says whether got, a session command's output as writeOut
+// made it, is what the README shows: line by line, trailing spaces aside
+// (a terminal shows none), and a measured header's value within its
+// tolerance of the README's.
+func outputMatches(got, want string) bool {
+	gl, wl := strings.Split(got, "\n"), strings.Split(want, "\n")
+	if len(gl) != len(wl) {
+		return false
+	}
+	for i := range gl {
+		g, w := strings.TrimRight(gl[i], " "), strings.TrimRight(wl[i], " ")
+		parts := strings.Split(g, measuredMark)
+		if len(parts) == 1 {
+			if g != w {
+				return false
+			}
+			continue
+		}
+		// parts alternate literal text and name=value: the README's line
+		// must hold the same text with a number in each value's place.
+		var pat strings.Builder
+		pat.WriteString("^")
+		var values []string
+		for j, p := range parts {
+			if j%2 == 0 {
+				pat.WriteString(regexp.QuoteMeta(p))
+				continue
+			}
+			values = append(values, p)
+			pat.WriteString(`([0-9]+)`)
+		}
+		pat.WriteString("$")
+		m := regexp.MustCompile(pat.String()).FindStringSubmatch(w)
+		if m == nil {
+			return false
+		}
+		for j, nv := range values {
+			name, v, _ := strings.Cut(nv, "=")
+			a, err1 := strconv.Atoi(v)
+			b, err2 := strconv.Atoi(m[j+1])
+			if err1 != nil || err2 != nil || a-b > measuredHeaders[name] || b-a > measuredHeaders[name] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // doCurl sends one curl call the way curl would: with the README's
@@ -1036,11 +1137,11 @@ func TestExampleRateLimitQuota(t *testing.T) {
 		t.Fatal("README.md: no command of the session prints 429")
 	}
 	to := envoyRoute(e)
-	runSession(t, to, cmds[:first+1])
+	runSession(t, to, cmds[:first+1], 0)
 	if line := e.WaitLog(quoted, rlqsWait); line == "" {
 		t.Fatalf("Envoy did not log %q within %v", quoted, rlqsWait)
 	}
-	runSession(t, to, cmds[first+1:])
+	runSession(t, to, cmds[first+1:], 0)
 }
 
 // rlqsExampleTemplate turns the example's envoy.yaml into a template whose
@@ -1116,4 +1217,34 @@ func rlqsExampleSession(t *testing.T, dir string) []sessionCmd {
 		t.Fatal("README.md: no ```console rate-limit-quota session")
 	}
 	return cmds
+}
+
+// TestWriteOutMeasured: %header{name} prints the header (empty when absent),
+// trailing spaces are no difference, and a measured header matches the
+// README's value within its tolerance and no further.
+func TestWriteOutMeasured(t *testing.T) {
+	held := envoytest.Result{Status: 200, Header: http.Header{"X-Ratelimit-Delayed-Ms": {"537"}}}
+	plain := envoytest.Result{Status: 429, Header: http.Header{}}
+	const format = `%{http_code} %header{x-ratelimit-delayed-ms}\n`
+	got := strings.TrimSuffix(writeOut(format, plain)+writeOut(format, held), "\n")
+	for _, tc := range []struct {
+		want string
+		ok   bool
+	}{
+		{"429\n200 500", true},
+		{"429 \n200 537", true},
+		{"429\n200 650", true},
+		{"429\n200 700", false},
+		{"429\n200", false},
+		{"200\n200 500", false},
+		{"429\n200 500\n200", false},
+	} {
+		if ok := outputMatches(got, tc.want); ok != tc.ok {
+			t.Errorf("outputMatches(%q, %q) = %v, want %v", got, tc.want, ok, tc.ok)
+		}
+	}
+	if got := writeOut(`%header{x-ratelimit-reason}|%{http_code}`, envoytest.Result{Status: 429,
+		Header: http.Header{"X-Ratelimit-Reason": {"token_bucket_exceeded"}}}); got != "token_bucket_exceeded|429" {
+		t.Errorf("writeOut = %q", got)
+	}
 }

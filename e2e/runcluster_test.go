@@ -91,7 +91,7 @@ func TestRunCluster(t *testing.T) {
 	t.Cleanup(func() { stopScript(t, cmd.Process.Pid, exited, logPath, mp) })
 
 	awaitReady(t, exited, logPath, mp, mp.url("http://127.0.0.1:8081/readyz"), "ready")
-	runSession(t, mp.route, cmds)
+	runSession(t, mp.route, cmds, 0)
 
 	if b, err := os.ReadFile(redisLog); err != nil || !strings.Contains(string(b), "Ready to accept connections") {
 		t.Errorf("Redis log %s: %v\n%s", redisLog, err, b)

@@ -80,7 +80,7 @@ func TestRunEnvoyRatelimit(t *testing.T) {
 				// edge would see a's five requests come back.
 				time.Sleep(clearOfMinuteEdge(time.Now()))
 			}
-			runSession(t, mp.route, cmds)
+			runSession(t, mp.route, cmds, 0)
 			if !strings.HasPrefix(tc.service, "limitd") {
 				return
 			}
