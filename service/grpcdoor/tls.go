@@ -56,6 +56,17 @@ type TLSFiles struct {
 	ClientSAN string
 }
 
+// TLSFileError is a TLS file refused: which one (Which: "cert", for the
+// certificate and its key, or "client-ca"), and why.
+type TLSFileError struct {
+	Which string
+	Err   error
+}
+
+func (e *TLSFileError) Error() string { return "grpcdoor: tls: " + e.Which + ": " + e.Err.Error() }
+
+func (e *TLSFileError) Unwrap() error { return e.Err }
+
 // stamp is what tells that a file changed.
 type stamp struct {
 	mod  time.Time
@@ -136,7 +147,7 @@ func (s *certStore) config(now time.Time) *tls.Config {
 func (s *certStore) load() (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(s.files.Cert, s.files.Key)
 	if err != nil {
-		return nil, fmt.Errorf("grpcdoor: tls: certificate %s, key %s: %w", s.files.Cert, s.files.Key, err)
+		return nil, &TLSFileError{"cert", fmt.Errorf("certificate %s, key %s: %w", s.files.Cert, s.files.Key, err)}
 	}
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS12,
@@ -148,11 +159,11 @@ func (s *certStore) load() (*tls.Config, error) {
 	}
 	pem, err := os.ReadFile(s.files.ClientCA)
 	if err != nil {
-		return nil, fmt.Errorf("grpcdoor: tls: client CA: %w", err)
+		return nil, &TLSFileError{"client-ca", err}
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("grpcdoor: tls: client CA %s: no PEM certificate in it", s.files.ClientCA)
+		return nil, &TLSFileError{"client-ca", fmt.Errorf("%s: no PEM certificate in it", s.files.ClientCA)}
 	}
 	cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	san := s.files.ClientSAN
