@@ -69,7 +69,11 @@ type attackReport struct {
 	Streams     int     `json:"streams"`
 	DataBytes   int64   `json:"data_bytes"`
 	Resets      int64   `json:"resets"`
-	Seconds     float64 `json:"seconds"`
+	// The TLS modes' (handshakes, slowhello).
+	Handshakes        int64   `json:"handshakes"`
+	HandshakeFailures int64   `json:"handshake_failures"`
+	HelloBytes        int64   `json:"hello_bytes"`
+	Seconds           float64 `json:"seconds"`
 }
 
 // attacker is a running grpcattack.
