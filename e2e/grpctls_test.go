@@ -146,7 +146,8 @@ func TestGRPCDoorMutualTLSEnvoy(t *testing.T) {
 // another CA, an expired one and none. Every slow handshake is closed
 // (evicted at the cap, or at the handshake deadline), no flooding
 // handshake succeeds, limitd's RSS stays under doorMemoryBound, and a
-// gateway with Envoy's certificate is answered throughout.
+// gateway with Envoy's certificate is answered throughout (its calls one
+// after the other until every attacker has ended).
 func TestGRPCDoorTLSAttacks(t *testing.T) {
 	p := newDoorPKI(t)
 	l := startTLSLimitd(t, p, "--conn-grace", "100ms")
@@ -167,21 +168,30 @@ func TestGRPCDoorTLSAttacks(t *testing.T) {
 		took             []time.Duration
 		peak             = base
 	)
-	for busy := true; busy; {
-		select {
-		case err := <-slow.done:
-			slow.done <- err
-			busy = false
-		default:
-			if d, err := g.call(5 * time.Second); err != nil {
-				failed++
-				t.Logf("gateway: %v", err)
-			} else {
-				answered++
-				took = append(took, d)
-			}
-			peak = max(peak, procStatus(t, pid, "VmRSS"))
+	running := func() bool {
+		all := []*attacker{slow}
+		for _, a := range floods {
+			all = append(all, a)
 		}
+		for _, a := range all {
+			select {
+			case err := <-a.done:
+				a.done <- err
+			default:
+				return true
+			}
+		}
+		return false
+	}
+	for running() {
+		if d, err := g.call(5 * time.Second); err != nil {
+			failed++
+			t.Logf("gateway: %v", err)
+		} else {
+			answered++
+			took = append(took, d)
+		}
+		peak = max(peak, procStatus(t, pid, "VmRSS"))
 	}
 	cpu, elapsed := cpuTime(t, pid)-cpu0, time.Since(start)
 	r := slow.wait()
