@@ -250,3 +250,24 @@ func TestGRPCDoorTLSRefusesCleartext(t *testing.T) {
 		t.Errorf("failed handshakes %v after %v, want the cleartext clients counted", after, before)
 	}
 }
+
+// Envoy 1.40's rate limit quota filter streams its reports to limitd's
+// quota service over mutual TLS (the cluster rlqs with Envoy's client
+// certificate, no token): its first assignment arrives (a request of the
+// key is admitted under DENY_ALL until then), and the stream is counted
+// under the certificate's caller.
+func TestRLQSMutualTLSEnvoy(t *testing.T) {
+	envoytest.Needs(t, false)
+	p := newDoorPKI(t)
+	l := startTLSLimitd(t, p)
+	e := envoytest.Start(t, envoytest.Options{NoWasm: true, RLQSPort: l.grpcPort, RateLimitQuota: rlqsQuota("api_key", "x-api-key"),
+		Concurrency: 2, Data: map[string]any{"rlqs_tls": map[string]any{"ca": p.ca, "cert": p.envoyCert, "key": p.envoyKey}}})
+	f := newFleet(t, []*envoytest.Envoy{e}, "x-api-key", "k-tls")
+	t.Logf("Envoy over mutual TLS admitted its first request after %v", f.untilAdmitted(0).Round(time.Millisecond))
+	if got := l.metric(t, "limitd_rlqs_streams"); got != 1 {
+		t.Errorf("limitd_rlqs_streams %v, want Envoy's one stream", got)
+	}
+	if got := l.metric(t, `limitd_rls_authorized_calls_total{caller="`+p.envoyCaller+`"}`); got < 1 {
+		t.Errorf("calls of %s: %v, want the stream counted under the certificate's caller", p.envoyCaller, got)
+	}
+}
