@@ -2,9 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"flag"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +150,120 @@ func TestRunGRPCMutualTLS(t *testing.T) {
 	}
 	if !strings.Contains(string(m), "\nlimitd_grpc_tls_handshake_failures_total ") || strings.Contains(string(m), "\nlimitd_grpc_tls_handshake_failures_total 0\n") {
 		t.Error("/metrics: the cleartext client's failed handshakes are not counted")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run returned %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return")
+	}
+}
+
+// secretVolume lays files out as Kubernetes mounts a secret: each name a
+// link to ..data/name, ..data a link to a timestamped folder; update swaps
+// ..data to a new folder at once, as the kubelet does on rotation.
+type secretVolume struct {
+	t   *testing.T
+	dir string
+	n   int
+}
+
+func newSecretVolume(t *testing.T, files map[string]string) *secretVolume {
+	t.Helper()
+	v := &secretVolume{t: t, dir: t.TempDir()}
+	v.update(files)
+	for name := range files {
+		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(v.dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return v
+}
+
+// update writes files (name: the file whose content to copy) into a new
+// folder and points ..data at it.
+func (v *secretVolume) update(files map[string]string) {
+	v.t.Helper()
+	v.n++
+	folder := fmt.Sprintf("..2026_11_29_%02d", v.n)
+	if err := os.Mkdir(filepath.Join(v.dir, folder), 0o700); err != nil {
+		v.t.Fatal(err)
+	}
+	for name, from := range files {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			v.t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(v.dir, folder, name), b, 0o600); err != nil {
+			v.t.Fatal(err)
+		}
+	}
+	tmp := filepath.Join(v.dir, "..data_tmp")
+	if err := os.Symlink(folder, tmp); err != nil {
+		v.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(v.dir, "..data")); err != nil {
+		v.t.Fatal(err)
+	}
+}
+
+func (v *secretVolume) path(name string) string { return filepath.Join(v.dir, name) }
+
+// Certificates rotated as Kubernetes rotates a mounted secret (Envoy
+// Gateway's certgen, cert-manager): a new CA, and limitd's and Envoy's
+// certificates signed by it, swapped in at once. New connections get the
+// new server certificate, and a client certificate of the new CA is
+// accepted, while the old CA's is refused; no restart.
+func TestRunGRPCTLSRotation(t *testing.T) {
+	srv := redistest.Start(t)
+	oldCA, oldCert, oldKey, oldClient, oldClientKey := tlsFiles(t)
+	newCA, newCert, newKey, newClient, newClientKey := tlsFiles(t)
+	vol := newSecretVolume(t, map[string]string{"tls.crt": oldCert, "tls.key": oldKey, "ca.crt": oldCA.File})
+	_, logs, cancel, done := start(t, []string{"--listen", "127.0.0.1:0", "--redis", srv.Addr(),
+		"--grpc-listen", "127.0.0.1:0", "--rls-config", writeConfig(t, rlsYAML),
+		"--grpc-tls-cert", vol.path("tls.crt"), "--grpc-tls-key", vol.path("tls.key"), "--grpc-tls-client-ca", vol.path("ca.crt")}, env())
+	addr := grpcAddr(t, logs)
+	// handshake runs one handshake with a client certificate (trusting
+	// both CAs) and returns the server's certificate, or the handshake's
+	// error.
+	handshake := func(clientCert, clientKey string) (*x509.Certificate, error) {
+		cfg, err := testpki.ClientConfig("127.0.0.1", clientCert, clientKey, oldCA.File, newCA.File)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", addr, cfg)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err != nil { // TLS 1.3: a refused client certificate shows here
+			return nil, err
+		}
+		return c.ConnectionState().PeerCertificates[0], nil
+	}
+	if served, err := handshake(oldClient, oldClientKey); err != nil || served.CheckSignatureFrom(oldCA.Cert) != nil {
+		t.Fatalf("before the rotation: %v, want a certificate of the old CA", err)
+	}
+	vol.update(map[string]string{"tls.crt": newCert, "tls.key": newKey, "ca.crt": newCA.File})
+	var served *x509.Certificate
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) { // polling with a deadline: limitd looks at the files at most once a second
+		if served, err = handshake(newClient, newClientKey); err == nil {
+			break
+		}
+	}
+	if err != nil || served.CheckSignatureFrom(newCA.Cert) != nil {
+		t.Fatalf("after the rotation: %v, want the server's certificate of the new CA\n%s", err, logs)
+	}
+	if _, err := handshake(oldClient, oldClientKey); err == nil {
+		t.Error("after the rotation, a client certificate of the old CA is accepted")
+	}
+	if !strings.Contains(logs.String(), "TLS files read again") {
+		t.Errorf("no log of the rotation:\n%s", logs)
 	}
 	cancel()
 	select {
