@@ -271,3 +271,10 @@ func TestRLQSMutualTLSEnvoy(t *testing.T) {
 		t.Errorf("calls of %s: %v, want the stream counted under the certificate's caller", p.envoyCaller, got)
 	}
 }
+
+// TestGRPCDoorUnfinishedMessages over TLS (a server certificate, no client
+// CA: the attacker completes its handshakes and has no token): the same
+// bound, doorMemoryBound, with each connection's TLS buffers on top.
+func TestGRPCDoorUnfinishedMessagesTLS(t *testing.T) {
+	testUnfinished(t, true, newDoorPKI(t))
+}
