@@ -223,13 +223,13 @@ func New(opts Options) (*Host, error) {
 		}
 	}
 	authorized := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "limitd_rls_authorized_calls_total",
-		Help: "gRPC calls (rate limit and quota services) authorized, by caller (the token's name, or the identity a front proxy forwarded)."}, []string{"caller"})
+		Help: "gRPC calls (rate limit and quota services) authorized, by caller (the token's name, the identity a front proxy forwarded, or a verified client certificate's name)."}, []string{"caller"})
 	h.unauthenticated = prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rls_unauthenticated_calls_total",
 		Help: "gRPC calls refused Unauthenticated: no token, a wrong one, or a front proxy's without a known identity."})
 	h.resetClosed = prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_grpc_reset_closed_total",
 		Help: "gRPC connections closed for resetting streams, or having calls refused, faster than the door allows."})
 	h.handshakeFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_grpc_tls_handshake_failures_total",
-		Help: "gRPC connections closed because their TLS handshake failed: a client certificate refused, a protocol error, or no handshake within the deadline."})
+		Help: "gRPC connections closed because their TLS handshake failed: a client certificate refused, a protocol error, no handshake within the deadline, or the connection closed during it (evicted by the guard)."})
 	h.authorized = authorized
 	for _, name := range callers.Names() {
 		h.calls = append(h.calls, authorized.WithLabelValues(name))
