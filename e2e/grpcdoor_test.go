@@ -69,7 +69,11 @@ type attackReport struct {
 	Streams     int     `json:"streams"`
 	DataBytes   int64   `json:"data_bytes"`
 	Resets      int64   `json:"resets"`
-	Seconds     float64 `json:"seconds"`
+	// The TLS modes' (handshakes, slowhello).
+	Handshakes        int64   `json:"handshakes"`
+	HandshakeFailures int64   `json:"handshake_failures"`
+	HelloBytes        int64   `json:"hello_bytes"`
+	Seconds           float64 `json:"seconds"`
 }
 
 // attacker is a running grpcattack.
@@ -338,11 +342,19 @@ func TestGRPCDoorUnfinishedMessages(t *testing.T) {
 	}
 }
 
-func testUnfinishedMessages(t *testing.T, mixed bool) {
-	l := startDoorLimitd(t)
+func testUnfinishedMessages(t *testing.T, mixed bool) { testUnfinished(t, mixed, nil) }
+
+// testUnfinished is testUnfinishedMessages, over TLS with p's files when
+// p is set (grpctls_test.go).
+func testUnfinished(t *testing.T, mixed bool, p *doorPKI) {
+	l, attackTLS, newGW := startDoorLimitd(t), "-tls=false", newGateway
+	if p != nil {
+		l, attackTLS = startDoorLimitd(t, "--grpc-tls-cert", p.cert, "--grpc-tls-key", p.key), "-tls"
+		newGW = func(t *testing.T, l *rlqsLimitd) *gateway { return newTLSGateway(t, l, p) }
+	}
 	pid := l.pid()
 	base := procStatus(t, pid, "VmRSS")
-	a := startAttack(t, l, "-mode", "unfinished", "-conns", "1024", "-streams", "8", "-for", "30s", "-mixed="+strconv.FormatBool(mixed))
+	a := startAttack(t, l, "-mode", "unfinished", "-conns", "1024", "-streams", "8", "-for", "30s", "-mixed="+strconv.FormatBool(mixed), attackTLS)
 	peak, over := base, false
 	watch := time.NewTicker(100 * time.Millisecond)
 	defer watch.Stop()
@@ -366,9 +378,9 @@ func testUnfinishedMessages(t *testing.T, mixed bool) {
 		t.Fatalf("limitd's RSS passed %d MiB under the attack (%d MiB, from %d MiB)", doorMemoryBound>>20, peak>>20, base>>20)
 	}
 	r := a.wait()
-	answered, _ := newGateway(t, l).calls(10, 5*time.Second)
-	t.Logf("unfinished messages: %d connections opened, %d refused, %d streams, %d MiB of message sent; %d closed by limitd (the last after %.1f s); limitd's RSS %d MiB before, peak %d MiB (VmHWM %d MiB); gateway after: %d of 10 answered",
-		r.Opened, r.Refused, r.Streams, r.DataBytes>>20, r.Closed, r.ClosedAfter, base>>20, peak>>20, hwm>>20, answered)
+	answered, _ := newGW(t, l).calls(10, 5*time.Second)
+	t.Logf("unfinished messages (tls %v): %d connections opened, %d refused, %d streams, %d MiB of message sent; %d closed by limitd (the last after %.1f s); limitd's RSS %d MiB before, peak %d MiB (VmHWM %d MiB); gateway after: %d of 10 answered",
+		p != nil, r.Opened, r.Refused, r.Streams, r.DataBytes>>20, r.Closed, r.ClosedAfter, base>>20, peak>>20, hwm>>20, answered)
 	if hwm > doorMemoryBound {
 		t.Errorf("limitd's peak RSS %d MiB, want under %d MiB", hwm>>20, doorMemoryBound>>20)
 	}

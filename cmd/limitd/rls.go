@@ -29,6 +29,7 @@ type rlsOptions struct {
 	maxRecvBytes int
 	maxKeyBytes  int // --max-key-bytes, the HTTP door's flag
 	quota        rlqsOptions
+	tls          grpcTLSOptions
 }
 
 func (o *rlsOptions) register(fs *flag.FlagSet) {
@@ -41,10 +42,14 @@ func (o *rlsOptions) register(fs *flag.FlagSet) {
 	fs.UintVar(&o.maxStreams, "grpc-max-streams", grpcdoor.DefaultMaxStreams, "most gRPC calls in flight per connection")
 	fs.IntVar(&o.maxRecvBytes, "grpc-max-recv-bytes", grpcdoor.DefaultMaxRecvBytes, "largest gRPC request message")
 	o.quota.register(fs)
+	o.tls.register(fs)
 }
 
 // check validates the flags before anything starts.
 func (o *rlsOptions) check(tokens int) error {
+	if err := o.tls.check(o.grpcListen); err != nil {
+		return err
+	}
 	if o.grpcListen == "" {
 		if o.config != "" {
 			return fmt.Errorf("--rls-config: needs --grpc-listen")
@@ -67,8 +72,8 @@ func (o *rlsOptions) check(tokens int) error {
 	if err != nil {
 		return fmt.Errorf("--grpc-listen: %w", err)
 	}
-	if !loopback && tokens == 0 {
-		return fmt.Errorf("--grpc-listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.grpcListen)
+	if !loopback && tokens == 0 && !o.tls.mutual() {
+		return fmt.Errorf("--grpc-listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN), or client certificates (--grpc-tls-client-ca)", o.grpcListen)
 	}
 	return nil
 }
@@ -107,9 +112,10 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	}
 	door.MaxConns, door.MaxStreams, door.MaxRecvBytes = o.grpcMaxConns, uint32(min(o.maxStreams, 1<<31)), o.maxRecvBytes
 	door.Registerer, door.Codec = reg, rlqs.Codec{}
+	door.TLS, door.Logger = o.tls.files(), log
 	g, err := grpcdoor.New(door)
 	if err != nil {
-		return nil, err
+		return nil, tlsFlagError(err)
 	}
 	srv.Register(g.Server())
 	o.quota.algorithm = algo
@@ -125,6 +131,6 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	go g.WatchStore(ctx, store, time.Second)
 	d := &rlsDoor{grpc: g, quota: q, served: make(chan error, 1), addr: ln.Addr().String()}
 	go func() { d.served <- g.Serve(ln) }()
-	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(door.Tokens) > 0)
+	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(door.Tokens) > 0, "tls", door.TLS != nil, "mutual_tls", o.tls.mutual())
 	return d, nil
 }

@@ -15,6 +15,13 @@
 //     call refused is answered Unauthenticated and never reaches a handler;
 //     the interceptors refuse any call that arrives without a caller.
 //     grpc.health.v1.Health/Check needs no token; Watch and List do.
+//     With TLS and a client CA (Options.TLS, TLSFiles), a verified client
+//     certificate authenticates its connection from the handshake on and
+//     names the caller of its calls that carry no token (CertCaller); a
+//     token, when a call carries one, names the caller instead.
+//   - TLS, when set, runs between the guard and everything else: the guard
+//     counts a connection from its accept, handshake or not, and the
+//     reset scanner reads the decrypted frames (tls.go).
 //   - Connections go through a service.ConnGuard, the HTTP door's: at most
 //     MaxConns open; at the cap, a new connection evicts one that never
 //     carried an authenticated call (refused first, then idle longest, then
@@ -36,8 +43,10 @@ package grpcdoor
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -135,6 +144,12 @@ type Options struct {
 	// Codec, when set, is the codec of every call (the quota service's
 	// rlqs.Codec, which reads the reports gRPC's proto codec refuses).
 	Codec encoding.CodecV2
+	// TLS, when set, serves TLS (and mutual TLS with its ClientCA) instead
+	// of cleartext h2c: see TLSFiles.
+	TLS *TLSFiles
+	// Logger receives the door's events (TLS files read again or
+	// refused); nil: slog.Default().
+	Logger *slog.Logger
 }
 
 // Host is the gRPC door: register services on Server, then Serve. Its
@@ -152,8 +167,11 @@ type Host struct {
 	burst   float64
 
 	calls           []prometheus.Counter
+	authorized      *prometheus.CounterVec
 	unauthenticated prometheus.Counter
 	resetClosed     prometheus.Counter
+	handshakeFailed prometheus.Counter
+	certs           *certStore // nil: cleartext
 
 	mu      sync.Mutex
 	serving bool
@@ -196,17 +214,28 @@ func New(opts Options) (*Host, error) {
 	}
 	h := &Host{guard: guard, callers: callers, idKey: strings.ToLower(callers.IdentityHeader()), now: opts.Now,
 		rate: opts.ResetsPerSecond, burst: float64(opts.ResetBurst), stop: make(chan struct{})}
+	if opts.TLS != nil {
+		if opts.Logger == nil {
+			opts.Logger = slog.Default()
+		}
+		if h.certs, err = newCertStore(*opts.TLS, opts.Now(), opts.Logger); err != nil {
+			return nil, err
+		}
+	}
 	authorized := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "limitd_rls_authorized_calls_total",
-		Help: "gRPC calls (rate limit and quota services) authorized, by caller (the token's name, or the identity a front proxy forwarded)."}, []string{"caller"})
+		Help: "gRPC calls (rate limit and quota services) authorized, by caller (the token's name, the identity a front proxy forwarded, or a verified client certificate's name)."}, []string{"caller"})
 	h.unauthenticated = prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_rls_unauthenticated_calls_total",
 		Help: "gRPC calls refused Unauthenticated: no token, a wrong one, or a front proxy's without a known identity."})
 	h.resetClosed = prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_grpc_reset_closed_total",
 		Help: "gRPC connections closed for resetting streams, or having calls refused, faster than the door allows."})
+	h.handshakeFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "limitd_grpc_tls_handshake_failures_total",
+		Help: "gRPC connections closed because their TLS handshake failed: a client certificate refused, a protocol error, no handshake within the deadline, or the connection closed during it (evicted by the guard)."})
+	h.authorized = authorized
 	for _, name := range callers.Names() {
 		h.calls = append(h.calls, authorized.WithLabelValues(name))
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{authorized, h.unauthenticated, h.resetClosed} {
+		for _, c := range []prometheus.Collector{authorized, h.unauthenticated, h.resetClosed, h.handshakeFailed} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("grpcdoor: metrics: %w", err)
 			}
@@ -364,14 +393,19 @@ func (h *Host) tap(ctx context.Context, info *tap.Info) (context.Context, error)
 		return nil, status.Error(codes.Internal, "grpcdoor: a connection not accepted by the door")
 	}
 	caller, why := service.DefaultCaller, ""
-	if !h.callers.Open() {
+	auths, hasAuth := info.Header["authorization"]
+	switch {
+	case c.certCaller != "" && (h.callers.Open() || !hasAuth):
+		caller = c.certCaller // a verified client certificate's, without a token
+		c.certCalls.Inc()
+	case !h.callers.Open():
 		var identity []string
 		if h.idKey != "" {
 			identity = info.Header[h.idKey]
 		}
 		var auth string
-		if v := info.Header["authorization"]; len(v) == 1 {
-			auth = v[0]
+		if len(auths) == 1 {
+			auth = auths[0]
 		}
 		var i int
 		if i, why = h.callers.Authenticate(auth, identity); i >= 0 {
@@ -380,11 +414,11 @@ func (h *Host) tap(ctx context.Context, info *tap.Info) (context.Context, error)
 		}
 	}
 	if why == "" {
-		h.guard.Mark(c.Conn, service.ConnAuthenticated)
+		h.guard.Mark(c.guarded, service.ConnAuthenticated)
 		c.opened(ctx, false)
 		return service.WithCaller(ctx, caller), nil
 	}
-	authed := h.guard.Mark(c.Conn, service.ConnRequest)
+	authed := h.guard.Mark(c.guarded, service.ConnRequest)
 	if info.FullMethodName == healthCheck {
 		if !c.opened(ctx, !authed) {
 			return nil, c.refuse(codes.ResourceExhausted, fmt.Sprintf("grpcdoor: at most %d call at once on a connection without a token", MaxUnauthenticatedStreams))
@@ -393,7 +427,7 @@ func (h *Host) tap(ctx context.Context, info *tap.Info) (context.Context, error)
 	}
 	h.unauthenticated.Inc()
 	if !authed {
-		h.guard.Mark(c.Conn, service.ConnRefused)
+		h.guard.Mark(c.guarded, service.ConnRefused)
 	}
 	return nil, c.refuse(codes.Unauthenticated, "grpcdoor: "+why)
 }
@@ -419,9 +453,15 @@ var errResets = errors.New("grpcdoor: connection closed: streams reset or refuse
 
 // conn is a connection the door serves, over the guard's.
 type conn struct {
-	net.Conn // the guard's
+	net.Conn          // what HTTP/2 is read from: the guard's, or TLS over it
+	guarded  net.Conn // the guard's
 	h        *Host
 	scan     frameScanner // the reading goroutine's
+
+	// certCaller is the caller a verified client certificate names, ""
+	// without one; certCalls counts its calls.
+	certCaller string
+	certCalls  prometheus.Counter
 
 	mu     sync.Mutex
 	budget resetBudget
@@ -435,7 +475,7 @@ func (c *conn) Read(p []byte) (int, error) {
 	if n > 0 {
 		if r := c.scan.feed(p[:n]); r > 0 && !c.spend(r) {
 			c.h.resetClosed.Inc()
-			_ = c.Conn.Close()
+			_ = c.guarded.Close()
 			return 0, errResets
 		}
 	}
@@ -453,7 +493,7 @@ func (c *conn) spend(n int) bool {
 func (c *conn) refuse(code codes.Code, msg string) error {
 	if !c.spend(1) {
 		c.h.resetClosed.Inc()
-		_ = c.Conn.Close()
+		_ = c.guarded.Close()
 	}
 	return status.Error(code, msg)
 }
@@ -468,7 +508,7 @@ func (c *conn) opened(ctx context.Context, anonymous bool) bool {
 		return false
 	}
 	if c.open++; c.open == 1 {
-		c.h.guard.ConnState(c.Conn, http.StateActive)
+		c.h.guard.ConnState(c.guarded, http.StateActive)
 	}
 	context.AfterFunc(ctx, c.closed)
 	return true
@@ -478,21 +518,28 @@ func (c *conn) closed() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.open--; c.open == 0 {
-		c.h.guard.ConnState(c.Conn, http.StateIdle)
+		c.h.guard.ConnState(c.guarded, http.StateIdle)
 	}
 }
 
-// doorCreds are cleartext transport credentials (Envoy's clusters speak
-// h2c) that wrap each accepted connection in a conn and hand it to the
-// tap through the call's peer.
+// doorCreds are the door's transport credentials: cleartext (Envoy's
+// clusters speak h2c) or, with Options.TLS, TLS run over the guard's
+// connection; either way they wrap each accepted connection in a conn and
+// hand it to the tap through the call's peer.
 type doorCreds struct{ h *Host }
 
 type connInfo struct {
 	credentials.CommonAuthInfo
-	c *conn
+	c   *conn
+	tls bool
 }
 
-func (connInfo) AuthType() string { return "insecure" }
+func (i connInfo) AuthType() string {
+	if i.tls {
+		return "tls"
+	}
+	return "insecure"
+}
 
 func connOf(ctx context.Context) *conn {
 	p, ok := peer.FromContext(ctx)
@@ -506,16 +553,41 @@ func connOf(ctx context.Context) *conn {
 	return info.c
 }
 
+// ServerHandshake implements credentials.TransportCredentials. grpc-go
+// calls it under the connection's HandshakeTimeout deadline.
 func (d doorCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	c := &conn{Conn: raw, h: d.h, budget: resetBudget{rate: d.h.rate, burst: d.h.burst}}
-	return c, connInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, c: c}, nil
+	c := &conn{Conn: raw, guarded: raw, h: d.h, budget: resetBudget{rate: d.h.rate, burst: d.h.burst}}
+	if d.h.certs == nil {
+		return c, connInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, c: c}, nil
+	}
+	tc := tls.Server(raw, d.h.certs.config(d.h.now()))
+	if err := tc.Handshake(); err != nil {
+		d.h.handshakeFailed.Inc()
+		_ = raw.Close()
+		return nil, nil, fmt.Errorf("grpcdoor: tls handshake: %w", err)
+	}
+	c.Conn = tc
+	if st := tc.ConnectionState(); len(st.VerifiedChains) > 0 {
+		name, err := CertCaller(st.PeerCertificates[0]) // VerifyConnection checked it
+		if err != nil {
+			d.h.handshakeFailed.Inc()
+			_ = raw.Close()
+			return nil, nil, err
+		}
+		c.certCaller, c.certCalls = name, d.h.authorized.WithLabelValues(name)
+		d.h.guard.Mark(raw, service.ConnAuthenticated)
+	}
+	return c, connInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}, c: c, tls: true}, nil
 }
 
 func (doorCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	return nil, nil, errors.New("grpcdoor: server credentials only")
 }
 
-func (doorCreds) Info() credentials.ProtocolInfo {
+func (d doorCreds) Info() credentials.ProtocolInfo {
+	if d.h.certs != nil {
+		return credentials.ProtocolInfo{SecurityProtocol: "tls"}
+	}
 	return credentials.ProtocolInfo{SecurityProtocol: "insecure"}
 }
 

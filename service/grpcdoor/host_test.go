@@ -259,6 +259,11 @@ func tryRaw(addr string) (*rawConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return rawOver(c)
+}
+
+// rawOver exchanges the preface and settings on c.
+func rawOver(c net.Conn) (*rawConn, error) {
 	r := &rawConn{c: c, fr: http2.NewFramer(c, c), next: 1}
 	r.enc = hpack.NewEncoder(&r.hbuf)
 	r.dec = hpack.NewDecoder(4096, nil)

@@ -338,3 +338,43 @@ func TestBootstrapRateLimitQuota(t *testing.T) {
 		}
 	}
 }
+
+// TestBootstrapUpstreamTLS: .Data.rls_tls and .Data.rlqs_tls put mutual
+// TLS (the CA, a client certificate) on the clusters rls and rlqs, as
+// Envoy Gateway's cluster to its rate limit service has; without them, the
+// clusters are cleartext.
+func TestBootstrapUpstreamTLS(t *testing.T) {
+	files := map[string]any{"ca": "/certs/ca.crt", "cert": "/certs/tls.crt", "key": "/certs/tls.key"}
+	for _, data := range []map[string]any{nil, {"rls_tls": files, "rlqs_tls": files}} {
+		d, err := Data(Options{NoWasm: true, RLSPort: 5, RLQSPort: 6, Data: data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Render(Bootstrap, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			StaticResources struct {
+				Clusters []map[string]any `json:"clusters"`
+			} `json:"static_resources"`
+		}
+		if err := yaml.Unmarshal([]byte(got), &doc); err != nil {
+			t.Fatalf("%v\n%s", err, got)
+		}
+		if len(doc.StaticResources.Clusters) != 2 {
+			t.Fatalf("clusters %v, want rls and rlqs", doc.StaticResources.Clusters)
+		}
+		for _, c := range doc.StaticResources.Clusters {
+			b, _ := json.Marshal(c)
+			socket := strings.Contains(string(b), `"transport_socket"`)
+			switch {
+			case data == nil && socket:
+				t.Errorf("cluster %v without TLS data: %s", c["name"], b)
+			case data != nil && (!socket || !strings.Contains(string(b), `"trusted_ca":{"filename":"/certs/ca.crt"}`) ||
+				!strings.Contains(string(b), `"certificate_chain":{"filename":"/certs/tls.crt"}`)):
+				t.Errorf("cluster %v with TLS data: %s", c["name"], b)
+			}
+		}
+	}
+}
