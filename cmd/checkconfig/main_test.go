@@ -26,6 +26,22 @@ const (
 // bootstrap is an Envoy bootstrap with one Wasm filter whose configuration
 // is the StringValue cfg.
 func bootstrap(cfg string) string {
+	return withFilters(`          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: tokenbucket
+                vm_config: { runtime: envoy.wasm.runtime.v8, code: { local: { filename: plugin.wasm } } }
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: |
+                    ` + cfg + `
+`)
+}
+
+// withFilters is an Envoy bootstrap whose listener has the HTTP filters
+// filters (YAML list items, indented as they stand) and the router.
+func withFilters(filters string) string {
 	return `static_resources:
   listeners:
   - name: l
@@ -37,17 +53,7 @@ func bootstrap(cfg string) string {
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: l
           http_filters:
-          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: tokenbucket
-                vm_config: { runtime: envoy.wasm.runtime.v8, code: { local: { filename: plugin.wasm } } }
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: |
-                    ` + cfg + `
-          - name: envoy.filters.http.router
+` + filters + `          - name: envoy.filters.http.router
 `
 }
 
@@ -177,18 +183,7 @@ func TestDemoCommentSaysItsRule(t *testing.T) {
 // (filter_name tokenbucket) whose filter_config is the StringValue cfg, and
 // another module's filter, which is not ours to check.
 func nativeBootstrap(cfg string) string {
-	return `static_resources:
-  listeners:
-  - name: l
-    address: { socket_address: { address: 127.0.0.1, port_value: 10000 } }
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: l
-          http_filters:
-          - name: other
+	return withFilters(`          - name: other
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
               dynamic_module_config: { name: other }
@@ -203,8 +198,7 @@ func nativeBootstrap(cfg string) string {
                 "@type": type.googleapis.com/google.protobuf.StringValue
                 value: |
                   ` + cfg + `
-          - name: envoy.filters.http.router
-`
+`)
 }
 
 // TestNativeModuleConfigurations: make lint reads the native module's

@@ -63,13 +63,5 @@ func TestRunGRPCFrontProxy(t *testing.T) {
 	if want := `limitd_rls_authorized_calls_total{caller="team-a"} 1`; !strings.Contains(string(m), want) {
 		t.Errorf("/metrics lacks %s", want)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run returned %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("run did not return")
-	}
+	stopRun(t, cancel, done)
 }

@@ -684,3 +684,18 @@ func TestVersion(t *testing.T) {
 		t.Errorf("the stamped build's --version: %q, %v; want %q", b, err, "limitd v9.8.7-rc1\n")
 	}
 }
+
+// stopRun cancels a run started in the background and waits (15 s at most)
+// for it to return nil on done.
+func stopRun(t *testing.T, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run returned %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return")
+	}
+}

@@ -141,13 +141,5 @@ func TestRunRLSRedis(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run returned %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("run did not return")
-	}
+	stopRun(t, cancel, done)
 }

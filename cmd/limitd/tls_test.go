@@ -151,15 +151,7 @@ func TestRunGRPCMutualTLS(t *testing.T) {
 	if !strings.Contains(string(m), "\nlimitd_grpc_tls_handshake_failures_total ") || strings.Contains(string(m), "\nlimitd_grpc_tls_handshake_failures_total 0\n") {
 		t.Error("/metrics: the cleartext client's failed handshakes are not counted")
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run returned %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("run did not return")
-	}
+	stopRun(t, cancel, done)
 }
 
 // secretVolume lays files out as Kubernetes mounts a secret: each name a
@@ -265,13 +257,5 @@ func TestRunGRPCTLSRotation(t *testing.T) {
 	if !strings.Contains(logs.String(), "TLS files read again") {
 		t.Errorf("no log of the rotation:\n%s", logs)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run returned %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("run did not return")
-	}
+	stopRun(t, cancel, done)
 }

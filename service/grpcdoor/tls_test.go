@@ -1,18 +1,11 @@
 package grpcdoor
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"math/big"
 	"net"
-	"net/url"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,101 +15,38 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/testpki"
 	"github.com/ratelimit-wasm/tokenbucket/service"
 )
 
-// pki is a CA made in the test, and the certificates it signs.
+// pki is a CA made in the test (package testpki), and the certificates it
+// signs.
 type pki struct {
-	t    *testing.T
-	dir  string
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  string // the CA certificate's file
+	t *testing.T
+	*testpki.CA
 }
-
-var serial int64
 
 func newPKI(t *testing.T, name string) *pki {
 	t.Helper()
-	p := &pki{t: t, dir: t.TempDir()}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := testpki.NewCA(t.TempDir(), name, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.cert, _ = x509.ParseCertificate(der)
-	p.key = key
-	p.pem = filepath.Join(p.dir, name+"-ca.crt")
-	writePEM(t, p.pem, "CERTIFICATE", der)
-	return p
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	return &pki{t: t, CA: ca}
 }
 
 // leaf is a certificate's names and life.
-type leaf struct {
-	cn        string
-	dns       []string
-	ips       []net.IP
-	uri       string
-	notBefore time.Time
-	notAfter  time.Time
-	server    bool // a server's (else a client's) extended key usage
-}
+type leaf = testpki.Leaf
 
 // issue signs l and returns the certificate's and the key's files, and the
 // key pair.
 func (p *pki) issue(name string, l leaf) (certFile, keyFile string, pair tls.Certificate) {
 	p.t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certFile, keyFile, err := p.Issue(name, l, time.Now())
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	if l.notBefore.IsZero() {
-		l.notBefore = time.Now().Add(-time.Hour)
-	}
-	if l.notAfter.IsZero() {
-		l.notAfter = time.Now().Add(24 * time.Hour)
-	}
-	usage := x509.ExtKeyUsageClientAuth
-	if l.server {
-		usage = x509.ExtKeyUsageServerAuth
-	}
-	serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: l.cn}, DNSNames: l.dns, IPAddresses: l.ips,
-		NotBefore: l.notBefore, NotAfter: l.notAfter, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}}
-	if l.uri != "" {
-		u, err := url.Parse(l.uri)
-		if err != nil {
-			p.t.Fatal(err)
-		}
-		tmpl.URIs = []*url.URL{u}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.cert, &key.PublicKey, p.key)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(p.dir, name+".crt"), filepath.Join(p.dir, name+".key")
-	writePEM(p.t, certFile, "CERTIFICATE", der)
-	writePEM(p.t, keyFile, "PRIVATE KEY", kder)
-	pair, err = tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
+	if pair, err = tls.LoadX509KeyPair(certFile, keyFile); err != nil {
 		p.t.Fatal(err)
 	}
 	return certFile, keyFile, pair
@@ -126,14 +56,14 @@ func (p *pki) issue(name string, l leaf) (certFile, keyFile string, pair tls.Cer
 // the door's TLS files with clientCA ("" for TLS without client
 // certificates).
 func (p *pki) serverFiles(clientCA string) *TLSFiles {
-	cert, key, _ := p.issue("server", leaf{cn: "limitd", ips: []net.IP{net.IPv4(127, 0, 0, 1)}, server: true})
+	cert, key, _ := p.issue("server", leaf{CN: "limitd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true})
 	return &TLSFiles{Cert: cert, Key: key, ClientCA: clientCA}
 }
 
 // clientTLS is a client's TLS configuration trusting ca, with certs.
 func clientTLS(ca *pki, certs ...tls.Certificate) *tls.Config {
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool.AddCert(ca.Cert)
 	return &tls.Config{RootCAs: pool, Certificates: certs, ServerName: "127.0.0.1", NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12}
 }
 
@@ -176,25 +106,25 @@ func handshake(addr string, cfg *tls.Config) (*tls.Conn, error) {
 // is counted; a cleartext client is not served.
 func TestTLSClientCertificates(t *testing.T) {
 	ca, other := newPKI(t, "ca"), newPKI(t, "other")
-	d := startDoor(t, Options{TLS: ca.serverFiles(ca.pem)})
+	d := startDoor(t, Options{TLS: ca.serverFiles(ca.File)})
 	for _, c := range []struct {
 		name string
 		leaf leaf
 		want string
 	}{
-		{"uri", leaf{cn: "cn-1", dns: []string{"gw.example"}, uri: "spiffe://cluster.local/ns/eg/sa/envoy"}, "spiffe://cluster.local/ns/eg/sa/envoy"},
-		{"dns", leaf{cn: "cn-2", dns: []string{"*.envoy-gateway-system", "b"}}, "*.envoy-gateway-system"},
-		{"cn", leaf{cn: "envoy"}, "envoy"},
+		{"uri", leaf{CN: "cn-1", DNS: []string{"gw.example"}, URI: "spiffe://cluster.local/ns/eg/sa/envoy"}, "spiffe://cluster.local/ns/eg/sa/envoy"},
+		{"dns", leaf{CN: "cn-2", DNS: []string{"*.envoy-gateway-system", "b"}}, "*.envoy-gateway-system"},
+		{"cn", leaf{CN: "envoy"}, "envoy"},
 	} {
 		_, _, pair := ca.issue(c.name, c.leaf)
 		if got, err := echo(d.tlsClient(clientTLS(ca, pair))); err != nil || got != c.want {
 			t.Errorf("%s: %q %v, want the caller %q", c.name, got, err, c.want)
 		}
 	}
-	_, _, stranger := other.issue("stranger", leaf{cn: "envoy"})
-	_, _, expired := ca.issue("expired", leaf{cn: "envoy", notBefore: time.Now().Add(-48 * time.Hour), notAfter: time.Now().Add(-24 * time.Hour)})
-	_, _, server := ca.issue("server-usage", leaf{cn: "envoy", server: true})
-	_, _, spaced := ca.issue("spaced", leaf{cn: "Envoy Gateway"})
+	_, _, stranger := other.issue("stranger", leaf{CN: "envoy"})
+	_, _, expired := ca.issue("expired", leaf{CN: "envoy", NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-24 * time.Hour)})
+	_, _, server := ca.issue("server-usage", leaf{CN: "envoy", Server: true})
+	_, _, spaced := ca.issue("spaced", leaf{CN: "Envoy Gateway"})
 	for name, cfg := range map[string]*tls.Config{
 		"no certificate":           clientTLS(ca),
 		"another CA's":             clientTLS(ca, stranger),
@@ -221,8 +151,8 @@ func TestTLSClientCertificates(t *testing.T) {
 // token is needed.
 func TestTLSTokens(t *testing.T) {
 	ca := newPKI(t, "ca")
-	d := startDoor(t, Options{Tokens: testTokens[:1], TLS: ca.serverFiles(ca.pem)})
-	_, _, pair := ca.issue("envoy", leaf{cn: "envoy"})
+	d := startDoor(t, Options{Tokens: testTokens[:1], TLS: ca.serverFiles(ca.File)})
+	_, _, pair := ca.issue("envoy", leaf{CN: "envoy"})
 	cc := d.tlsClient(clientTLS(ca, pair))
 	for _, c := range []struct {
 		name string
@@ -257,20 +187,20 @@ func TestTLSTokens(t *testing.T) {
 // envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN.
 func TestTLSClientSAN(t *testing.T) {
 	ca := newPKI(t, "ca")
-	files := ca.serverFiles(ca.pem)
+	files := ca.serverFiles(ca.File)
 	files.ClientSAN = "envoy.eg.svc"
 	d := startDoor(t, Options{TLS: files})
 	for _, c := range []struct {
 		leaf leaf
 		ok   bool
 	}{
-		{leaf{cn: "a", dns: []string{"envoy.eg.svc"}}, true},
-		{leaf{cn: "b", dns: []string{"x.example", "*.eg.svc"}}, true},
-		{leaf{cn: "envoy.eg.svc"}, false},
-		{leaf{cn: "c", dns: []string{"other.eg.example"}}, false},
-		{leaf{cn: "d", uri: "spiffe://envoy.eg.svc"}, false},
+		{leaf{CN: "a", DNS: []string{"envoy.eg.svc"}}, true},
+		{leaf{CN: "b", DNS: []string{"x.example", "*.eg.svc"}}, true},
+		{leaf{CN: "envoy.eg.svc"}, false},
+		{leaf{CN: "c", DNS: []string{"other.eg.example"}}, false},
+		{leaf{CN: "d", URI: "spiffe://envoy.eg.svc"}, false},
 	} {
-		_, _, pair := ca.issue(c.leaf.cn, c.leaf)
+		_, _, pair := ca.issue(c.leaf.CN, c.leaf)
 		conn, err := handshake(d.addr, clientTLS(ca, pair))
 		if err == nil {
 			conn.Close()
@@ -298,7 +228,7 @@ func TestTLSReload(t *testing.T) {
 		return c.ConnectionState().PeerCertificates[0].SerialNumber
 	}
 	first := served()
-	cert, key, _ := ca.issue("rotated", leaf{cn: "limitd", ips: []net.IP{net.IPv4(127, 0, 0, 1)}, server: true})
+	cert, key, _ := ca.issue("rotated", leaf{CN: "limitd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true})
 	rotate := func(from, to string) {
 		t.Helper()
 		b, err := os.ReadFile(from)
@@ -337,8 +267,8 @@ func TestTLSReload(t *testing.T) {
 // cleartext.
 func TestTLSRapidResetCloses(t *testing.T) {
 	ca := newPKI(t, "ca")
-	_, _, pair := ca.issue("envoy", leaf{cn: "envoy"})
-	d := startDoor(t, Options{TLS: ca.serverFiles(ca.pem), ResetBurst: 20})
+	_, _, pair := ca.issue("envoy", leaf{CN: "envoy"})
+	d := startDoor(t, Options{TLS: ca.serverFiles(ca.File), ResetBurst: 20})
 	r := dialRawTLS(t, d.addr, clientTLS(ca, pair))
 	for i := range 1000 {
 		id, err := r.tryOpen(echoMethod, "")
@@ -365,8 +295,8 @@ func TestTLSRapidResetCloses(t *testing.T) {
 // the cap is then closed.
 func TestTLSUnfinishedHandshakeEvicted(t *testing.T) {
 	ca := newPKI(t, "ca")
-	_, _, pair := ca.issue("envoy", leaf{cn: "envoy"})
-	d := startDoor(t, Options{TLS: ca.serverFiles(ca.pem), MaxConns: 2})
+	_, _, pair := ca.issue("envoy", leaf{CN: "envoy"})
+	d := startDoor(t, Options{TLS: ca.serverFiles(ca.File), MaxConns: 2})
 	gw, err := handshake(d.addr, clientTLS(ca, pair))
 	if err != nil {
 		t.Fatal(err)
