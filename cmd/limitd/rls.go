@@ -29,6 +29,7 @@ type rlsOptions struct {
 	maxRecvBytes int
 	maxKeyBytes  int // --max-key-bytes, the HTTP door's flag
 	quota        rlqsOptions
+	feat         rlsFeatures // rlsfeat.go
 }
 
 func (o *rlsOptions) register(fs *flag.FlagSet) {
@@ -41,6 +42,7 @@ func (o *rlsOptions) register(fs *flag.FlagSet) {
 	fs.UintVar(&o.maxStreams, "grpc-max-streams", grpcdoor.DefaultMaxStreams, "most gRPC calls in flight per connection")
 	fs.IntVar(&o.maxRecvBytes, "grpc-max-recv-bytes", grpcdoor.DefaultMaxRecvBytes, "largest gRPC request message")
 	o.quota.register(fs)
+	o.feat.register(fs)
 }
 
 // check validates the flags before anything starts.
@@ -61,6 +63,9 @@ func (o *rlsOptions) check(tokens int) error {
 		return fmt.Errorf("--rls-config-poll: must be > 0, got %v", o.poll)
 	}
 	if err := o.quota.check(); err != nil {
+		return err
+	}
+	if err := o.feat.check(); err != nil {
 		return err
 	}
 	loopback, err := isLoopback(o.grpcListen)
@@ -96,8 +101,10 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	if err != nil {
 		return nil, err
 	}
-	srv, err := rls.NewServer(rls.Options{Store: store, Algorithm: algo, WindowKeyPrefix: o.windowPrefix,
-		MaxKeyBytes: o.maxKeyBytes, Timeout: timeout, Logger: log, Metrics: m})
+	sopts := rls.Options{Store: store, Algorithm: algo, WindowKeyPrefix: o.windowPrefix,
+		MaxKeyBytes: o.maxKeyBytes, Timeout: timeout, Logger: log, Metrics: m}
+	o.feat.apply(&sopts)
+	srv, err := rls.NewServer(sopts)
 	if err != nil {
 		return nil, err
 	}

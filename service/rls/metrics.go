@@ -128,15 +128,17 @@ func validLabel(s string) string {
 	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
-// record counts a descriptor's hits with envoyproxy/ratelimit's meanings.
-// A fixed window's counts are its: of the hits that took the counter past
-// the limit, those past it are over the limit and those between 80% of it
-// and it near the limit. A token bucket's are the same said of the tokens
+// record counts a descriptor's hits with envoyproxy/ratelimit's meanings,
+// nearRatio its NEAR_LIMIT_RATIO (the near threshold is
+// floor(float32(limit) × nearRatio), in float32 as there). A fixed window's
+// counts are its: of the hits that took the counter past the limit, those
+// past it are over the limit and those between the threshold and it near
+// the limit. A token bucket's are the same said of the tokens
 // used from a full bucket (capacity minus the whole tokens left): a
 // descriptor that alone had the tokens is within the limit (near when its
 // take left less than 20% of the capacity), one that had not is over the
 // limit with all its hits.
-func (m *Metrics) record(domain string, d *descriptor) {
+func (m *Metrics) record(domain string, d *descriptor, nearRatio float32) {
 	s := m.of(domain, d.limit.Key)
 	hits := float64(d.hits)
 	s.total.Add(hits)
@@ -152,7 +154,7 @@ func (m *Metrics) record(domain string, d *descriptor) {
 			before = after - min(after, d.hits)
 		}
 	}
-	near := uint64(math.Floor(float64(float32(limit) * float32(NearLimitRatio))))
+	near := uint64(math.Floor(float64(float32(limit) * nearRatio)))
 	if after > limit {
 		if before >= limit {
 			s.over.Add(hits)

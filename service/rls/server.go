@@ -65,7 +65,8 @@ const (
 )
 
 // NearLimitRatio is the share of a limit past which hits count as near the
-// limit (envoyproxy/ratelimit's NEAR_LIMIT_RATIO default).
+// limit (envoyproxy/ratelimit's NEAR_LIMIT_RATIO default): the default of
+// Options.NearLimitRatio.
 const NearLimitRatio = 0.8
 
 // Options configure a Server. Store is required.
@@ -90,6 +91,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Metrics receives the statistics (required: NewMetrics).
 	Metrics *Metrics
+	// NearLimitRatio is the share of a limit past which hits count as near
+	// it, in float32 as envoyproxy/ratelimit's NEAR_LIMIT_RATIO: the
+	// threshold is floor(float32(limit) × ratio). 0 means NearLimitRatio;
+	// otherwise it must be within (0, 1].
+	NearLimitRatio float32
 }
 
 // Server implements pb.RateLimitServiceServer.
@@ -103,6 +109,7 @@ type Server struct {
 	now     func() time.Time
 	log     *slog.Logger
 	metrics *Metrics
+	near    float32
 	config  atomic.Pointer[rlsconfig.Config]
 }
 
@@ -127,10 +134,16 @@ func NewServer(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	switch r := opts.NearLimitRatio; {
+	case r == 0:
+		opts.NearLimitRatio = NearLimitRatio
+	case !(r > 0 && r <= 1):
+		return nil, fmt.Errorf("rls: options: near limit ratio: want within (0, 1], got %v", r)
+	}
 	return &Server{
 		store: opts.Store, algo: opts.Algorithm, timeout: opts.Timeout,
 		names: rlsconfig.Naming{MaxKeyBytes: opts.MaxKeyBytes, WindowPrefix: opts.WindowKeyPrefix},
-		now:   opts.Now, log: opts.Logger, metrics: opts.Metrics,
+		now:   opts.Now, log: opts.Logger, metrics: opts.Metrics, near: opts.NearLimitRatio,
 	}, nil
 }
 
@@ -398,7 +411,7 @@ func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
 			LimitRemaining:     uint32(min(d.remaining, math.MaxUint32)),
 			DurationUntilReset: durationpb.New(d.reset),
 		}
-		s.metrics.record(domain, d)
+		s.metrics.record(domain, d, s.near)
 		if d.over {
 			switch {
 			case d.limit.QuotaMode:
