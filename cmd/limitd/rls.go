@@ -47,6 +47,9 @@ func (o *rlsOptions) register(fs *flag.FlagSet) {
 
 // check validates the flags before anything starts.
 func (o *rlsOptions) check(tokens int) error {
+	if err := o.feat.check(o.grpcListen); err != nil {
+		return err
+	}
 	if o.grpcListen == "" {
 		if o.config != "" {
 			return fmt.Errorf("--rls-config: needs --grpc-listen")
@@ -65,9 +68,7 @@ func (o *rlsOptions) check(tokens int) error {
 	if err := o.quota.check(); err != nil {
 		return err
 	}
-	if err := o.feat.check(); err != nil {
-		return err
-	}
+
 	loopback, err := isLoopback(o.grpcListen)
 	if err != nil {
 		return fmt.Errorf("--grpc-listen: %w", err)
@@ -106,6 +107,9 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	o.feat.apply(&sopts)
 	srv, err := rls.NewServer(sopts)
 	if err != nil {
+		return nil, err
+	}
+	if err := o.feat.servePeerSeries(ctx, m, log); err != nil {
 		return nil, err
 	}
 	w, err := rls.NewWatcher(o.config, srv, log)

@@ -1,10 +1,21 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"strconv"
+	"strings"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 )
 
@@ -12,6 +23,8 @@ import (
 // answers and statistics on request (its NEAR_LIMIT_RATIO and the like).
 type rlsFeatures struct {
 	nearLimitRatio float32
+	promListen     string
+	promPath       string
 }
 
 // float32Flag is a flag.Value of a float32, parsed as envoyproxy/ratelimit
@@ -37,10 +50,27 @@ func (f float32Flag) Set(s string) error {
 func (o *rlsFeatures) register(fs *flag.FlagSet) {
 	o.nearLimitRatio = rls.NearLimitRatio
 	fs.Var(float32Flag{&o.nearLimitRatio}, "rls-near-limit-ratio", "share of a limit past which the rate limit service counts hits as near it (envoyproxy/ratelimit's NEAR_LIMIT_RATIO; float32; within (0, 1])")
+	fs.StringVar(&o.promListen, "prometheus-listen", "", "address to serve the rate limit service's statistics on as envoyproxy/ratelimit's Prometheus sink names them (its USE_PROMETHEUS, PROMETHEUS_ADDR), alone and to whoever reaches it; empty = off")
+	fs.StringVar(&o.promPath, "prometheus-path", "/metrics", "path of those statistics on --prometheus-listen (envoyproxy/ratelimit's PROMETHEUS_PATH)")
 }
 
 // check validates the flags before anything starts.
-func (o *rlsFeatures) check() error {
+// grpcListen is --grpc-listen: the features are the rate limit service's.
+func (o *rlsFeatures) check(grpcListen string) error {
+	if o.promListen != "" {
+		if grpcListen == "" {
+			return errors.New("--prometheus-listen: needs --grpc-listen")
+		}
+		if _, _, err := net.SplitHostPort(o.promListen); err != nil {
+			return fmt.Errorf("--prometheus-listen: %w", err)
+		}
+		if !strings.HasPrefix(o.promPath, "/") {
+			return fmt.Errorf("--prometheus-path: must start with /, got %q", o.promPath)
+		}
+	}
+	if grpcListen == "" {
+		return nil
+	}
 	if r := o.nearLimitRatio; !(r > 0 && r <= 1) {
 		return fmt.Errorf("--rls-near-limit-ratio: want within (0, 1], got %v", r)
 	}
@@ -50,4 +80,54 @@ func (o *rlsFeatures) check() error {
 // apply sets the server's options of o.
 func (o *rlsFeatures) apply(opts *rls.Options) {
 	opts.NearLimitRatio = o.nearLimitRatio
+}
+
+// servePeerSeries serves the envoyproxy/ratelimit series of m on
+// --prometheus-listen, at --prometheus-path only, until ctx ends: a
+// registry and a listener of their own, each connection bounded as on
+// --metrics-listen. Nothing when the flag is empty.
+func (o *rlsFeatures) servePeerSeries(ctx context.Context, m *rls.Metrics, log *slog.Logger) error {
+	if o.promListen == "" {
+		return nil
+	}
+	peer := rls.NewPeerSeries()
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(peer); err != nil {
+		return fmt.Errorf("--prometheus-listen: %w", err)
+	}
+	m.WithPeerSeries(peer)
+	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: maxMetricsConns})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.promListen)
+	if err != nil {
+		return fmt.Errorf("--prometheus-listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(o.promPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	srv := service.NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		service.MarkRequest(r.Context(), service.ConnRequest)
+		mux.ServeHTTP(w, r)
+	}), guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
+	go func() {
+		if err := srv.Serve(guard.Listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("prometheus listener failed", "addr", o.promListen, "err", err)
+		}
+	}()
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case now := <-tick.C:
+				guard.Sweep(now)
+			case <-ctx.Done():
+				_ = srv.Close()
+				return
+			}
+		}
+	}()
+	log.Info("rate limit service's prometheus series listening", "addr", ln.Addr().String(), "path", o.promPath)
+	return nil
 }

@@ -1,8 +1,16 @@
 package rls
 
 import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
@@ -46,5 +54,103 @@ descriptors:
 	}
 	if _, err := NewServer(Options{Store: memory(newClock(time.Unix(0, 0))), Metrics: &Metrics{}, NearLimitRatio: 1.5}); err == nil {
 		t.Error("NewServer accepted a near limit ratio of 1.5")
+	}
+}
+
+// peerLines are the series of reg as "name{label="value",...} value"
+// lines, the labels in name order, of the names that start with prefix.
+func peerLines(t *testing.T, reg *prometheus.Registry, prefix string) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), prefix) {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+strconv.Quote(l.GetValue()))
+			}
+			v := m.GetCounter().GetValue()
+			if mf.GetType() == dto.MetricType_HISTOGRAM {
+				v = float64(m.GetHistogram().GetSampleCount())
+			}
+			out = append(out, fmt.Sprintf("%s{%s} %v", mf.GetName(), strings.Join(ls, ","), v))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// envoyproxy/ratelimit's Prometheus series, as its default mapping makes
+// them of its statsd names: a key of two parts is labelled domain and
+// key1, a longer one domain, key1 and key2 (the parts past the third
+// dropped, so eg.outer.inner and eg.outer.inner.deep_x add up), a series
+// appears with its first hit, and the calls, errors and loads are counted.
+func TestPeerSeries(t *testing.T) {
+	const yaml = `
+domain: eg
+descriptors:
+  - key: k
+    value: a
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: outer
+    descriptors:
+      - key: inner
+        rate_limit: {unit: hour, requests_per_unit: 5}
+        descriptors:
+          - key: deep
+            value: x
+            rate_limit: {unit: hour, requests_per_unit: 5}
+`
+	c := newClock(time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC))
+	peer := NewPeerSeries()
+	preg := prometheus.NewRegistry()
+	if err := preg.Register(peer); err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, yaml, fixtureOpts{store: memory(c), algo: rlsconfig.FixedWindow, now: c.Now,
+		options: func(o *Options) { o.Metrics.WithPeerSeries(peer) }})
+	for range 3 {
+		f.call(request("eg", desc("k", "a")))
+	}
+	f.call(request("eg", desc("outer", "o", "inner", "i")))
+	f.call(request("eg", desc("outer", "o", "inner", "i", "deep", "x")))
+	if _, err := f.try(context.Background(), request("eg")); err == nil {
+		t.Fatal("a request without descriptors was answered")
+	}
+	want := []string{
+		`ratelimit_service_config_load_success{} 1`,
+		`ratelimit_service_rate_limit_near_limit{domain="eg",key1="k_a"} 1`,
+		`ratelimit_service_rate_limit_over_limit{domain="eg",key1="k_a"} 1`,
+		`ratelimit_service_rate_limit_total_hits{domain="eg",key1="k_a"} 3`,
+		`ratelimit_service_rate_limit_total_hits{domain="eg",key1="outer",key2="inner"} 2`,
+		`ratelimit_service_rate_limit_within_limit{domain="eg",key1="k_a"} 2`,
+		`ratelimit_service_rate_limit_within_limit{domain="eg",key1="outer",key2="inner"} 2`,
+		`ratelimit_service_response_time_seconds{grpc_method="ShouldRateLimit"} 6`,
+		`ratelimit_service_should_rate_limit_error{err_type="service_error"} 1`,
+		`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 6`,
+	}
+	if got := peerLines(t, preg, "ratelimit_service_"); !slices.Equal(got, want) {
+		t.Errorf("series:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// The peer's series are bounded as limitd's: past MaxSeries label sets,
+// hits are counted under key1 "_overflow".
+func TestPeerSeriesBound(t *testing.T) {
+	p := NewPeerSeries()
+	for i := range MaxSeries + 5 {
+		p.add("d.k_"+strconv.Itoa(i)+".x", "total_hits", 1)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(p)
+	lines := peerLines(t, reg, "ratelimit_service_rate_limit_total_hits")
+	if len(lines) != MaxSeries+1 || !slices.Contains(lines, `ratelimit_service_rate_limit_total_hits{domain="d",key1="_overflow"} 5`) {
+		t.Errorf("%d series (want %d), overflow: %v", len(lines), MaxSeries+1, slices.Contains(lines, `ratelimit_service_rate_limit_total_hits{domain="d",key1="_overflow"} 5`))
 	}
 }

@@ -177,6 +177,9 @@ type descriptor struct {
 
 // ShouldRateLimit implements pb.RateLimitServiceServer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	if p := s.metrics.peer; p != nil {
+		defer func(start time.Time) { p.call(time.Since(start)) }(time.Now())
+	}
 	cfg := s.config.Load()
 	if cfg == nil {
 		return nil, status.Error(codes.Unavailable, "rls: no configuration loaded")
@@ -184,12 +187,18 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) 
 	ds, err := s.translate(cfg, req)
 	if err != nil {
 		s.metrics.invalid.Inc()
+		if p := s.metrics.peer; p != nil {
+			p.errored("service_error")
+		}
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if err := s.count(ctx, req.Domain, ds); err != nil {
 		s.metrics.storeErrors.Inc()
+		if p := s.metrics.peer; p != nil {
+			p.errored("redis_error")
+		}
 		if n, ok := s.metrics.errLog.Allow(time.Now()); ok {
 			s.log.Warn("rate limit service: store failed", "err", err, "suppressed", n)
 		}
