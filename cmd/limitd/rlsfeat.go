@@ -25,6 +25,8 @@ type rlsFeatures struct {
 	nearLimitRatio float32
 	promListen     string
 	promPath       string
+	headers        bool
+	headerNames    string
 }
 
 // float32Flag is a flag.Value of a float32, parsed as envoyproxy/ratelimit
@@ -52,6 +54,41 @@ func (o *rlsFeatures) register(fs *flag.FlagSet) {
 	fs.Var(float32Flag{&o.nearLimitRatio}, "rls-near-limit-ratio", "share of a limit past which the rate limit service counts hits as near it (envoyproxy/ratelimit's NEAR_LIMIT_RATIO; float32; within (0, 1])")
 	fs.StringVar(&o.promListen, "prometheus-listen", "", "address to serve the rate limit service's statistics on as envoyproxy/ratelimit's Prometheus sink names them (its USE_PROMETHEUS, PROMETHEUS_ADDR), alone and to whoever reaches it; empty = off")
 	fs.StringVar(&o.promPath, "prometheus-path", "/metrics", "path of those statistics on --prometheus-listen (envoyproxy/ratelimit's PROMETHEUS_PATH)")
+	fs.BoolVar(&o.headers, "rls-response-headers", false, "add to the rate limit service's answers the limit closest to refusing as three headers for the client (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED)")
+	d := rls.DefaultResponseHeaders
+	fs.StringVar(&o.headerNames, "rls-response-header-names", d.Limit+","+d.Remaining+","+d.Reset, "names of those headers: limit,remaining,reset (envoyproxy/ratelimit's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER)")
+}
+
+// responseHeaders parses --rls-response-header-names.
+func (o *rlsFeatures) responseHeaders() (*rls.ResponseHeaders, error) {
+	names := strings.Split(o.headerNames, ",")
+	if len(names) != 3 {
+		return nil, fmt.Errorf("--rls-response-header-names: want three names, limit,remaining,reset; got %q", o.headerNames)
+	}
+	for i, n := range names {
+		names[i] = strings.TrimSpace(n)
+		if !validHeaderName(names[i]) {
+			return nil, fmt.Errorf("--rls-response-header-names: %q is not a header name", names[i])
+		}
+	}
+	return &rls.ResponseHeaders{Limit: names[0], Remaining: names[1], Reset: names[2]}, nil
+}
+
+// validHeaderName reports whether s is an HTTP field name (RFC 9110's
+// token).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // check validates the flags before anything starts.
@@ -74,12 +111,16 @@ func (o *rlsFeatures) check(grpcListen string) error {
 	if r := o.nearLimitRatio; !(r > 0 && r <= 1) {
 		return fmt.Errorf("--rls-near-limit-ratio: want within (0, 1], got %v", r)
 	}
-	return nil
+	_, err := o.responseHeaders()
+	return err
 }
 
 // apply sets the server's options of o.
 func (o *rlsFeatures) apply(opts *rls.Options) {
 	opts.NearLimitRatio = o.nearLimitRatio
+	if o.headers {
+		opts.Headers, _ = o.responseHeaders() // checked by check
+	}
 }
 
 // servePeerSeries serves the envoyproxy/ratelimit series of m on

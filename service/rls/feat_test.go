@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -152,5 +153,71 @@ func TestPeerSeriesBound(t *testing.T) {
 	lines := peerLines(t, reg, "ratelimit_service_rate_limit_total_hits")
 	if len(lines) != MaxSeries+1 || !slices.Contains(lines, `ratelimit_service_rate_limit_total_hits{domain="d",key1="_overflow"} 5`) {
 		t.Errorf("%d series (want %d), overflow: %v", len(lines), MaxSeries+1, slices.Contains(lines, `ratelimit_service_rate_limit_total_hits{domain="d",key1="_overflow"} 5`))
+	}
+}
+
+// headerList is an answer's response_headers_to_add as "key: value" lines.
+func headerList(r *pb.RateLimitResponse) []string {
+	var out []string
+	for _, h := range r.GetResponseHeadersToAdd() {
+		out = append(out, h.GetKey()+": "+h.GetValue())
+	}
+	return out
+}
+
+// With Options.Headers, an answer reports the limit closest to refusing as
+// envoyproxy/ratelimit does: the last one refused, else the first of the
+// fewest remaining; shadow_mode and quota_mode are never refused, so only
+// their remaining counts; a fixed window's reset is the window's end, a
+// token bucket's the seconds until it is full, rounded up.
+func TestResponseHeaders(t *testing.T) {
+	const yaml = `
+domain: d
+descriptors:
+  - key: hour
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: minute
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: bucket
+    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: token_bucket}
+`
+	c := newClock(time.Date(2026, 11, 29, 10, 20, 15, 0, time.UTC))
+	f := start(t, yaml, fixtureOpts{store: memory(c), algo: rlsconfig.FixedWindow, now: c.Now,
+		options: func(o *Options) { o.Headers = &ResponseHeaders{Limit: "L", Remaining: "R", Reset: "T"} }})
+	hm := request("d", desc("hour", "h"), desc("minute", "m"), desc("free", "f"))
+	for i, want := range [][]string{
+		{"L: 3", "R: 2", "T: 45"}, // 2 < 4: the minute's
+		{"L: 3", "R: 1", "T: 45"},
+		{"L: 3", "R: 0", "T: 45"},
+		{"L: 3", "R: 0", "T: 45"}, // refused by the minute
+	} {
+		if got := headerList(f.call(hm)); !slices.Equal(got, want) {
+			t.Errorf("call %d: %q, want %q", i+1, got, want)
+		}
+	}
+	// The minute's refusal wins over the shadow's 0 before it.
+	r := f.call(request("d", desc("shadow", "s"), desc("shadow", "s"), desc("minute", "m"), desc("hour", "h")))
+	if got, want := headerList(r), []string{"L: 3", "R: 0", "T: 45"}; r.OverallCode != over || !slices.Equal(got, want) {
+		t.Errorf("shadow then minute: %v %q, want %q", r.OverallCode, got, want)
+	}
+	// A shadow over its limit is reported by its remaining (0), the first 0.
+	if got, want := headerList(f.call(request("d", desc("free", "f"), desc("shadow", "s")))), []string{"L: 1", "R: 0", "T: 45"}; !slices.Equal(got, want) {
+		t.Errorf("shadow: %q, want %q", got, want)
+	}
+	// A token bucket of 4 a minute: 1 taken, 45 s to full again (15 s a token, 3 s → rounded up).
+	c.Add(3 * time.Second)
+	f.call(request("d", desc("bucket", "b")))
+	c.Add(3 * time.Second)
+	if got, want := headerList(f.call(request("d", desc("bucket", "b")))), []string{"L: 4", "R: 2", "T: 27"}; !slices.Equal(got, want) {
+		t.Errorf("bucket: %q, want %q", got, want)
+	}
+	// Unlimited and unknown descriptors alone: no headers.
+	if got := headerList(f.call(request("d", desc("free", "f"), desc("nothing", "x")))); got != nil {
+		t.Errorf("no limit: %q", got)
 	}
 }

@@ -91,6 +91,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Metrics receives the statistics (required: NewMetrics).
 	Metrics *Metrics
+	// Headers, when set, adds to every answer with a limit the three
+	// headers envoyproxy/ratelimit adds with LIMIT_RESPONSE_HEADERS_ENABLED
+	// (ResponseHeaders).
+	Headers *ResponseHeaders
 	// NearLimitRatio is the share of a limit past which hits count as near
 	// it, in float32 as envoyproxy/ratelimit's NEAR_LIMIT_RATIO: the
 	// threshold is floor(float32(limit) × ratio). 0 means NearLimitRatio;
@@ -110,6 +114,7 @@ type Server struct {
 	log     *slog.Logger
 	metrics *Metrics
 	near    float32
+	headers *ResponseHeaders
 	config  atomic.Pointer[rlsconfig.Config]
 }
 
@@ -144,6 +149,7 @@ func NewServer(opts Options) (*Server, error) {
 		store: opts.Store, algo: opts.Algorithm, timeout: opts.Timeout,
 		names: rlsconfig.Naming{MaxKeyBytes: opts.MaxKeyBytes, WindowPrefix: opts.WindowKeyPrefix},
 		now:   opts.Now, log: opts.Logger, metrics: opts.Metrics, near: opts.NearLimitRatio,
+		headers: opts.Headers,
 	}, nil
 }
 
@@ -402,6 +408,7 @@ func (s *Server) decideBuckets(ctx context.Context, breq *wire.Request, ds []des
 // answer builds the response and counts the statistics.
 func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(ds))}
+	closest, closestRemaining := -1, uint64(math.MaxUint32) // the descriptor the headers report
 	for i := range ds {
 		d := &ds[i]
 		switch {
@@ -421,6 +428,9 @@ func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
 			DurationUntilReset: durationpb.New(d.reset),
 		}
 		s.metrics.record(domain, d, s.near)
+		if rem := min(d.remaining, math.MaxUint32); rem < closestRemaining || d.over && d.enforced() {
+			closest, closestRemaining = i, min(rem, closestRemaining)
+		}
 		if d.over {
 			switch {
 			case d.limit.QuotaMode:
@@ -432,6 +442,9 @@ func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
 			}
 		}
 		resp.Statuses[i] = st
+	}
+	if s.headers != nil && closest >= 0 {
+		resp.ResponseHeadersToAdd = s.headers.of(&ds[closest])
 	}
 	return resp
 }
