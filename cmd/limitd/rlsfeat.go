@@ -27,6 +27,7 @@ type rlsFeatures struct {
 	promPath       string
 	headers        bool
 	headerNames    string
+	metadata       bool
 }
 
 // float32Flag is a flag.Value of a float32, parsed as envoyproxy/ratelimit
@@ -55,6 +56,7 @@ func (o *rlsFeatures) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.promListen, "prometheus-listen", "", "address to serve the rate limit service's statistics on as envoyproxy/ratelimit's Prometheus sink names them (its USE_PROMETHEUS, PROMETHEUS_ADDR), alone and to whoever reaches it; empty = off")
 	fs.StringVar(&o.promPath, "prometheus-path", "/metrics", "path of those statistics on --prometheus-listen (envoyproxy/ratelimit's PROMETHEUS_PATH)")
 	fs.BoolVar(&o.headers, "rls-response-headers", false, "add to the rate limit service's answers the limit closest to refusing as three headers for the client (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED)")
+	fs.BoolVar(&o.metadata, "rls-response-metadata", false, "add to the rate limit service's answers the request as decided, as dynamic metadata (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA)")
 	d := rls.DefaultResponseHeaders
 	fs.StringVar(&o.headerNames, "rls-response-header-names", d.Limit+","+d.Remaining+","+d.Reset, "names of those headers: limit,remaining,reset (envoyproxy/ratelimit's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER)")
 }
@@ -118,6 +120,7 @@ func (o *rlsFeatures) check(grpcListen string) error {
 // apply sets the server's options of o.
 func (o *rlsFeatures) apply(opts *rls.Options) {
 	opts.NearLimitRatio = o.nearLimitRatio
+	opts.Metadata = o.metadata
 	if o.headers {
 		opts.Headers, _ = o.responseHeaders() // checked by check
 	}

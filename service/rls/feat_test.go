@@ -9,9 +9,13 @@ import (
 	"testing"
 	"time"
 
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
@@ -219,5 +223,60 @@ descriptors:
 	// Unlimited and unknown descriptors alone: no headers.
 	if got := headerList(f.call(request("d", desc("free", "f"), desc("nothing", "x")))); got != nil {
 		t.Errorf("no limit: %q", got)
+	}
+}
+
+// With Options.Metadata, an answer carries the request as decided, as
+// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA gives it: the domain,
+// each descriptor's entries, limit override and own hits, the request's
+// hits, the quota_mode descriptors over their limit and whether any limit
+// is in quota_mode. Without it, none.
+func TestDynamicMetadata(t *testing.T) {
+	const yaml = `
+domain: d
+descriptors:
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: plain
+    rate_limit: {unit: hour, requests_per_unit: 100}
+`
+	c := newClock(time.Date(2026, 11, 29, 10, 20, 15, 0, time.UTC))
+	f := start(t, yaml, fixtureOpts{store: memory(c), algo: rlsconfig.FixedWindow, now: c.Now,
+		options: func(o *Options) { o.Metadata = true }})
+	override := desc("plain", "p")
+	override.Limit = &rlpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 7, Unit: typev3.RateLimitUnit_MINUTE}
+	req := &pb.RateLimitRequest{Domain: "d", HitsAddend: 2,
+		Descriptors: []*rlpb.RateLimitDescriptor{withHits(desc("plain", "p"), 3), desc("quota", "q"), override, desc("none", "n")}}
+	r := f.call(req)
+	if r.OverallCode != ok {
+		t.Fatalf("quota mode refused: %v", codesOf(r))
+	}
+	want, err := structpb.NewStruct(map[string]any{
+		"domain": "d",
+		"descriptors": []any{
+			map[string]any{"entries": []any{"plain=p"}, "hitsAddend": 3},
+			map[string]any{"entries": []any{"quota=q"}},
+			map[string]any{"entries": []any{"plain=p"}, "limit": override.Limit.String()},
+			map[string]any{"entries": []any{"none=n"}},
+		},
+		"hitsAddend":          2,
+		"quotaModeViolations": []any{1},
+		"quotaModeEnabled":    true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(r.DynamicMetadata, want) {
+		t.Errorf("dynamic metadata:\n%v\nwant:\n%v", r.DynamicMetadata, want)
+	}
+	r = f.call(request("d", desc("plain", "p")))
+	if got := r.GetDynamicMetadata().GetFields(); got["quotaModeEnabled"].GetBoolValue() || got["quotaModeViolations"] != nil || got["hitsAddend"] != nil {
+		t.Errorf("a plain request: %v", r.DynamicMetadata)
+	}
+
+	g := start(t, yaml, fixtureOpts{store: memory(c), algo: rlsconfig.FixedWindow, now: c.Now})
+	if r := g.call(req); r.DynamicMetadata != nil {
+		t.Errorf("without Options.Metadata: %v", r.DynamicMetadata)
 	}
 }

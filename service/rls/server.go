@@ -95,6 +95,10 @@ type Options struct {
 	// headers envoyproxy/ratelimit adds with LIMIT_RESPONSE_HEADERS_ENABLED
 	// (ResponseHeaders).
 	Headers *ResponseHeaders
+	// Metadata, when set, adds to every answer the dynamic metadata
+	// envoyproxy/ratelimit adds with RESPONSE_DYNAMIC_METADATA (see
+	// dynamicMetadata in metadata.go).
+	Metadata bool
 	// NearLimitRatio is the share of a limit past which hits count as near
 	// it, in float32 as envoyproxy/ratelimit's NEAR_LIMIT_RATIO: the
 	// threshold is floor(float32(limit) × ratio). 0 means NearLimitRatio;
@@ -115,6 +119,7 @@ type Server struct {
 	metrics *Metrics
 	near    float32
 	headers *ResponseHeaders
+	meta    bool
 	config  atomic.Pointer[rlsconfig.Config]
 }
 
@@ -149,7 +154,7 @@ func NewServer(opts Options) (*Server, error) {
 		store: opts.Store, algo: opts.Algorithm, timeout: opts.Timeout,
 		names: rlsconfig.Naming{MaxKeyBytes: opts.MaxKeyBytes, WindowPrefix: opts.WindowKeyPrefix},
 		now:   opts.Now, log: opts.Logger, metrics: opts.Metrics, near: opts.NearLimitRatio,
-		headers: opts.Headers,
+		headers: opts.Headers, meta: opts.Metadata,
 	}, nil
 }
 
@@ -210,7 +215,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) 
 		}
 		return nil, status.Error(codes.Unavailable, "rls: store: "+err.Error())
 	}
-	return s.answer(req.Domain, ds), nil
+	return s.answer(req, ds), nil
 }
 
 // translate finds each descriptor's limit and hits, as envoyproxy/ratelimit
@@ -406,7 +411,8 @@ func (s *Server) decideBuckets(ctx context.Context, breq *wire.Request, ds []des
 }
 
 // answer builds the response and counts the statistics.
-func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
+func (s *Server) answer(req *pb.RateLimitRequest, ds []descriptor) *pb.RateLimitResponse {
+	domain := req.Domain
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(ds))}
 	closest, closestRemaining := -1, uint64(math.MaxUint32) // the descriptor the headers report
 	for i := range ds {
@@ -445,6 +451,9 @@ func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
 	}
 	if s.headers != nil && closest >= 0 {
 		resp.ResponseHeadersToAdd = s.headers.of(&ds[closest])
+	}
+	if s.meta {
+		resp.DynamicMetadata = dynamicMetadata(req, ds)
 	}
 	return resp
 }
