@@ -5,9 +5,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
+	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
 
 // rlsFeatures are the flags of what envoyproxy/ratelimit adds to its
@@ -28,6 +31,7 @@ type rlsFeatures struct {
 	headers        bool
 	headerNames    string
 	metadata       bool
+	checkOnly      bool
 }
 
 // float32Flag is a flag.Value of a float32, parsed as envoyproxy/ratelimit
@@ -56,6 +60,7 @@ func (o *rlsFeatures) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.promListen, "prometheus-listen", "", "address to serve the rate limit service's statistics on as envoyproxy/ratelimit's Prometheus sink names them (its USE_PROMETHEUS, PROMETHEUS_ADDR), alone and to whoever reaches it; empty = off")
 	fs.StringVar(&o.promPath, "prometheus-path", "/metrics", "path of those statistics on --prometheus-listen (envoyproxy/ratelimit's PROMETHEUS_PATH)")
 	fs.BoolVar(&o.headers, "rls-response-headers", false, "add to the rate limit service's answers the limit closest to refusing as three headers for the client (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED)")
+	fs.BoolVar(&o.checkOnly, "check", false, "check the configuration at --rls-config (a file or a folder) as the rate limit service would load it, print each file's errors (file:line: field path: reason) or a one-line summary, and exit: non-zero on an error; nothing is started")
 	fs.BoolVar(&o.metadata, "rls-response-metadata", false, "add to the rate limit service's answers the request as decided, as dynamic metadata (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA)")
 	d := rls.DefaultResponseHeaders
 	fs.StringVar(&o.headerNames, "rls-response-header-names", d.Limit+","+d.Remaining+","+d.Reset, "names of those headers: limit,remaining,reset (envoyproxy/ratelimit's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER)")
@@ -173,5 +178,59 @@ func (o *rlsFeatures) servePeerSeries(ctx context.Context, m *rls.Metrics, log *
 		}
 	}()
 	log.Info("rate limit service's prometheus series listening", "addr", ln.Addr().String(), "path", o.promPath)
+	return nil
+}
+
+// checkOut is where --check prints.
+var checkOut io.Writer = os.Stdout
+
+// checkConfig checks the configuration at path (--rls-config) as the rate
+// limit service would load it, without starting it: every file on its own
+// (so each refused file is reported, with its first error), then a domain
+// named in two files. It prints to w each error, one a line
+// ("rlsconfig: <file>:<line>: <field path>: <reason>"), or a one-line
+// summary, and returns an error when any file was refused.
+func checkConfig(w io.Writer, path string) error {
+	if path == "" {
+		return errors.New("--check: needs --rls-config")
+	}
+	files, skipped, err := rlsconfig.ReadFiles(path)
+	if err != nil {
+		fmt.Fprintln(w, err)
+		return fmt.Errorf("--check: %s: not read", path)
+	}
+	for _, s := range skipped {
+		fmt.Fprintf(w, "rlsconfig: %s: skipped: not a regular file\n", s)
+	}
+	var good []rlsconfig.File
+	first := map[string]rlsconfig.File{} // by domain
+	refused := 0
+	for _, f := range files {
+		c, err := rlsconfig.Parse([]rlsconfig.File{f})
+		if err == nil && len(c.Domains()) == 1 {
+			d := c.Domains()[0]
+			if prev, dup := first[d]; dup {
+				_, err = rlsconfig.Parse([]rlsconfig.File{prev, f})
+			} else {
+				first[d] = f
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(w, err)
+			refused++
+			continue
+		}
+		good = append(good, f)
+	}
+	if refused > 0 {
+		return fmt.Errorf("--check: %s: %d of %d files refused", path, refused, len(files))
+	}
+	c, err := rlsconfig.Parse(good)
+	if err != nil { // not expected: each file and the domains were checked
+		fmt.Fprintln(w, err)
+		return fmt.Errorf("--check: %s: refused", path)
+	}
+	descriptors, limits := c.Count()
+	fmt.Fprintf(w, "%s: ok: %d files, %d domains, %d descriptors (%d with a limit)\n", path, len(files), len(c.Domains()), descriptors, limits)
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -86,5 +88,79 @@ func TestRunPrometheusListen(t *testing.T) {
 		"--prometheus-listen", taken.Addr().String()}, env(), io.Discard, nil)
 	if err == nil || !strings.HasPrefix(err.Error(), "--prometheus-listen: ") || !strings.Contains(err.Error(), "address already in use") {
 		t.Errorf("a taken --prometheus-listen: %v", err)
+	}
+}
+
+// configDir is a new folder of files (name → content).
+func configDir(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// --check reads a configuration folder as the service would and exits:
+// each refused file's error with its file, line and field path, or a
+// one-line summary; non-zero exit status (an error from run) on an error.
+// Nothing is started (no listener, no Redis).
+func TestRunCheck(t *testing.T) {
+	var out strings.Builder
+	checkOut = &out
+	t.Cleanup(func() { checkOut = os.Stdout })
+	check := func(args ...string) (string, error) {
+		out.Reset()
+		err := run(context.Background(), append([]string{"--listen", "256.0.0.1:1", "--redis", "127.0.0.1:1"}, args...), env(), io.Discard, nil)
+		return out.String(), err
+	}
+
+	good := configDir(t, map[string]string{
+		"apis.yaml":  rlsYAML,
+		"other.yaml": "domain: other\ndescriptors:\n  - key: k\n    descriptors:\n      - key: free\n        rate_limit: {unlimited: true}\n",
+		"notes.txt":  "not a configuration file",
+	})
+	got, err := check("--rls-config", good, "--check")
+	if err != nil || got != good+": ok: 2 files, 2 domains, 3 descriptors (2 with a limit)\n" {
+		t.Errorf("a good folder: %v, %q", err, got)
+	}
+
+	bad := configDir(t, map[string]string{
+		"a.yaml": rlsYAML,
+		"b.yaml": "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+		"c.yaml": "domain: c\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: -1\n",
+		"d.yaml": "domain: apis\ndescriptors: []\n",
+		"e.yaml": "domain: e\ndescriptors: [\n",
+		"f.yaml": "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+		"g.yaml": "domain: g\ndescriptors:\n  - key: k\n    rate_limt: {unit: second, requests_per_unit: 1}\n",
+	})
+	got, err = check("--rls-config", bad, "--check")
+	if err == nil || err.Error() != "--check: "+bad+": 5 of 7 files refused" {
+		t.Errorf("a bad folder: %v", err)
+	}
+	lines := strings.Split(strings.TrimSuffix(got, "\n"), "\n")
+	wants := []string{
+		"rlsconfig: " + filepath.Join(bad, "b.yaml") + ":4: descriptors[0].rate_limit.unit: ",
+		"rlsconfig: " + filepath.Join(bad, "c.yaml") + ":6: descriptors[0].rate_limit.requests_per_unit: ",
+		"rlsconfig: " + filepath.Join(bad, "d.yaml") + ":1: domain: duplicate domain \"apis\"",
+		"rlsconfig: " + filepath.Join(bad, "e.yaml") + ":",
+		"rlsconfig: " + filepath.Join(bad, "g.yaml") + ":4: descriptors[0]",
+	}
+	if len(lines) != len(wants) {
+		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(wants), got)
+	}
+	for i, want := range wants {
+		if !strings.HasPrefix(lines[i], want) {
+			t.Errorf("line %d: %q, want it to start with %q", i+1, lines[i], want)
+		}
+	}
+
+	if _, err := check("--check"); err == nil || err.Error() != "--check: needs --rls-config" {
+		t.Errorf("--check alone: %v", err)
+	}
+	if _, err := check("--rls-config", filepath.Join(good, "missing"), "--check"); err == nil {
+		t.Error("a missing path passed the check")
 	}
 }
