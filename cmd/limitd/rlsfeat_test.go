@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -163,4 +164,52 @@ func TestRunCheck(t *testing.T) {
 	if _, err := check("--rls-config", filepath.Join(good, "missing"), "--check"); err == nil {
 		t.Error("a missing path passed the check")
 	}
+}
+
+// An attacker holding --prometheus-listen's connections (100 that send a
+// request's first bytes and never finish it, from this separate client)
+// does not keep the scraper out: the listener keeps at most 16 open,
+// evicting the unfinished ones once past their grace, and a scrape is
+// answered within a bounded wait.
+func TestRunPrometheusListenFlood(t *testing.T) {
+	_, logs, _, _ := start(t, []string{"--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--rls-config", writeConfig(t, rlsYAML),
+		"--prometheus-listen", "127.0.0.1:0"}, env())
+	addr := logAddr(t, logs, "rate limit service's prometheus series listening")
+	var flood []net.Conn
+	for range 100 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			break // refused at the cap: the flood is bounded
+		}
+		flood = append(flood, c)
+		t.Cleanup(func() { c.Close() })
+		_, _ = io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+	}
+	client := &http.Client{Timeout: 2 * time.Second}
+	var last error
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := client.Get("http://" + addr + "/metrics")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+			err = errors.New(resp.Status)
+		}
+		last = err
+		if time.Now().After(deadline) {
+			t.Fatalf("no scrape answered within 20 s of the flood: %v", last)
+		}
+	}
+	open := 0
+	for _, c := range flood {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+			open++
+		}
+	}
+	if open > maxMetricsConns {
+		t.Errorf("%d of the flood's connections still open, want at most %d", open, maxMetricsConns)
+	}
+	t.Logf("%d connections dialled, %d still open after the scrape", len(flood), open)
 }
