@@ -231,6 +231,15 @@ func checkConfig(w io.Writer, path string) error {
 		return fmt.Errorf("--check: %s: refused", path)
 	}
 	descriptors, limits := c.Count()
-	fmt.Fprintf(w, "%s: ok: %d files, %d domains, %d descriptors (%d with a limit)\n", path, len(files), len(c.Domains()), descriptors, limits)
+	fmt.Fprintf(w, "%s: ok: %s, %s, %s (%d with a limit)\n", path, count(len(files), "file"), count(len(c.Domains()), "domain"),
+		count(descriptors, "descriptor"), limits)
 	return nil
+}
+
+// count is "1 <noun>" or "<n> <noun>s".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }

@@ -158,6 +158,11 @@ func TestRunCheck(t *testing.T) {
 		}
 	}
 
+	one := configDir(t, map[string]string{"apis.yaml": rlsYAML})
+	if got, err := check("--rls-config", one, "--check"); err != nil || got != one+": ok: 1 file, 1 domain, 1 descriptor (1 with a limit)\n" {
+		t.Errorf("a folder of one file: %v, %q", err, got)
+	}
+
 	if _, err := check("--check"); err == nil || err.Error() != "--check: needs --rls-config" {
 		t.Errorf("--check alone: %v", err)
 	}

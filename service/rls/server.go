@@ -30,6 +30,16 @@
 // requests_per_unit 0 is counted as a fixed window whatever the algorithm (a
 // bucket of capacity 0 would never refill): every hit is over the limit.
 //
+// # What envoyproxy/ratelimit adds on request
+//
+// As its settings of the same meaning do: Options.Headers puts the limit
+// closest to refusing in response_headers_to_add (ResponseHeaders, its
+// LIMIT_RESPONSE_HEADERS_ENABLED), Options.Metadata the request as decided
+// in dynamic_metadata (metadata.go, its RESPONSE_DYNAMIC_METADATA),
+// Options.NearLimitRatio sets the near-limit threshold (its
+// NEAR_LIMIT_RATIO), and Metrics.WithPeerSeries counts its Prometheus
+// series (PeerSeries, its USE_PROMETHEUS) beside limitd's own.
+//
 // # Errors
 //
 // A request without a domain or descriptors, or beyond the bounds (MaxDescriptors, MaxEntries, hits_addend
