@@ -23,11 +23,26 @@ import (
 // values: those Envoy Gateway's dashboards read), the same count of
 // ShouldRateLimit calls and a configuration load on both.
 func TestDifferentialPrometheus(t *testing.T) {
+	comparePrometheus(t, nil, nil)
+}
+
+// TestDifferentialNearLimitRatio is TestDifferentialPrometheus with
+// NEAR_LIMIT_RATIO=0.5 and --rls-near-limit-ratio 0.5: limits of 5 and 4
+// are near past 2 hits rather than 4 and 3.
+func TestDifferentialNearLimitRatio(t *testing.T) {
+	comparePrometheus(t, []string{"NEAR_LIMIT_RATIO=0.5"}, []string{"--rls-near-limit-ratio", "0.5"})
+}
+
+// comparePrometheus plays kindsScript on envoyproxy/ratelimit (refEnv
+// added to its environment) and limitd with fixed windows (limitdArgs
+// added), each serving its Prometheus series, and compares them.
+func comparePrometheus(t *testing.T, refEnv, limitdArgs []string) {
+	t.Helper()
 	refPort, limitdPort := freePort(t), freePort(t)
-	ref := flavour{name: "envoyproxy-ratelimit", kind: reference, window: true, args: []string{"STATS_FLUSH_INTERVAL=100ms",
-		"USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:" + strconv.Itoa(refPort), "PROMETHEUS_PATH=/metrics"}}
-	lim := flavour{name: "limitd-fixed-window", kind: limitd, window: true, args: []string{"--rls-algorithm", "fixed_window",
-		"--prometheus-listen", "127.0.0.1:" + strconv.Itoa(limitdPort)}}
+	ref := flavour{name: "envoyproxy-ratelimit", kind: reference, window: true, args: append([]string{"STATS_FLUSH_INTERVAL=100ms",
+		"USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:" + strconv.Itoa(refPort), "PROMETHEUS_PATH=/metrics"}, refEnv...)}
+	lim := flavour{name: "limitd-fixed-window", kind: limitd, window: true, args: append([]string{"--rls-algorithm", "fixed_window",
+		"--prometheus-listen", "127.0.0.1:" + strconv.Itoa(limitdPort)}, limitdArgs...)}
 	sides := startSides(t, map[string]string{"kinds.yaml": kindsYAML},
 		envoy.RateLimit{Domain: "kinds", FailureModeDeny: true, RouteRateLimits: kindsRateLimits}, ref, lim)
 	var got [][][]seen

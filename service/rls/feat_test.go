@@ -280,3 +280,34 @@ descriptors:
 		t.Errorf("without Options.Metadata: %v", r.DynamicMetadata)
 	}
 }
+
+// A caller of ShouldRateLimit that skips the handler's decoder (which puts
+// invalid UTF-8 in a valid form) still gets an answer that can be sent:
+// the dynamic metadata's strings are made valid, else the answer would not
+// marshal and the call would fail.
+func TestDynamicMetadataInvalidUTF8(t *testing.T) {
+	c := newClock(time.Date(2026, 11, 29, 10, 20, 15, 0, time.UTC))
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(Options{Store: memory(c), Now: c.Now, Logger: quiet, Metrics: m, Metadata: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := rlsconfig.Parse([]rlsconfig.File{{Name: "c.yaml", Data: []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetConfig(cfg)
+	r, err := s.ShouldRateLimit(context.Background(), request("d", desc("k\xff", "v\xfe")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := proto.Marshal(r); err != nil {
+		t.Fatalf("the answer does not marshal: %v", err)
+	}
+	if got := r.DynamicMetadata.Fields["descriptors"].GetListValue().GetValues()[0].GetStructValue().Fields["entries"].GetListValue().GetValues()[0].GetStringValue(); got != "k\uFFFD=v\uFFFD" {
+		t.Errorf("entry %q", got)
+	}
+}
