@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
@@ -131,7 +132,8 @@ func (o *rlsFeatures) apply(opts *rls.Options) {
 	}
 }
 
-// servePeerSeries serves the envoyproxy/ratelimit series of m on
+// servePeerSeries serves the envoyproxy/ratelimit series of m, and the Go
+// runtime's and the process's, on
 // --prometheus-listen, at --prometheus-path only, until ctx ends: a
 // registry and a listener of their own, each connection bounded as on
 // --metrics-listen. Nothing when the flag is empty.
@@ -140,9 +142,16 @@ func (o *rlsFeatures) servePeerSeries(ctx context.Context, m *rls.Metrics, log *
 		return nil
 	}
 	peer := rls.NewPeerSeries()
+	// The peer serves its default registry, which holds the Go runtime's
+	// and the process's series too: Envoy Gateway's dashboard reads
+	// process_*_memory_bytes there (and go_memstats_gc_cpu_fraction, which
+	// neither client library's default Go collector has served since Go
+	// 1.17).
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(peer); err != nil {
-		return fmt.Errorf("--prometheus-listen: %w", err)
+	for _, c := range []prometheus.Collector{peer, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("--prometheus-listen: %w", err)
+		}
 	}
 	m.WithPeerSeries(peer)
 	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: maxMetricsConns})

@@ -311,3 +311,31 @@ func TestDynamicMetadataInvalidUTF8(t *testing.T) {
 		t.Errorf("entry %q", got)
 	}
 }
+
+// A call before any configuration is a service_error in the peer's
+// series, as envoyproxy/ratelimit counts its "no rate limit configuration
+// loaded".
+func TestPeerSeriesNoConfig(t *testing.T) {
+	peer := NewPeerSeries()
+	preg := prometheus.NewRegistry()
+	preg.MustRegister(peer)
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(Options{Store: memory(newClock(time.Unix(0, 0))), Logger: quiet, Metrics: m.WithPeerSeries(peer)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ShouldRateLimit(context.Background(), request("d", desc("k", "v"))); err == nil {
+		t.Fatal("answered without a configuration")
+	}
+	want := []string{
+		`ratelimit_service_response_time_seconds{grpc_method="ShouldRateLimit"} 1`,
+		`ratelimit_service_should_rate_limit_error{err_type="service_error"} 1`,
+		`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 1`,
+	}
+	if got := peerLines(t, preg, "ratelimit_service_"); !slices.Equal(got, want) {
+		t.Errorf("series:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

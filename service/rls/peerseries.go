@@ -21,7 +21,8 @@ import (
 //     parts add up in one series). A series appears with its first hit, as
 //     there (a statsd counter is sent once it is not zero).
 //   - ratelimit_service_should_rate_limit_error{err_type}: redis_error (the
-//     store failed), service_error (a request refused as invalid).
+//     store failed), service_error (a request refused as invalid, or a call
+//     before any configuration).
 //   - ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}, and
 //     ratelimit_service_response_time_seconds{grpc_method}, a histogram of
 //     the calls' whole milliseconds (the unit is the peer's, whatever the

@@ -203,6 +203,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) 
 	}
 	cfg := s.config.Load()
 	if cfg == nil {
+		if p := s.metrics.peer; p != nil {
+			p.errored("service_error") // as the peer counts its "no rate limit configuration loaded"
+		}
 		return nil, status.Error(codes.Unavailable, "rls: no configuration loaded")
 	}
 	ds, err := s.translate(cfg, req)
