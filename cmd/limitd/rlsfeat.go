@@ -106,8 +106,12 @@ func (o *rlsFeatures) check(grpcListen string) error {
 		if grpcListen == "" {
 			return errors.New("--prometheus-listen: needs --grpc-listen")
 		}
-		if _, _, err := net.SplitHostPort(o.promListen); err != nil {
+		_, port, err := net.SplitHostPort(o.promListen)
+		if err != nil {
 			return fmt.Errorf("--prometheus-listen: %w", err)
+		}
+		if o.promListen == grpcListen && port != "0" {
+			return fmt.Errorf("--prometheus-listen %s: the address of --grpc-listen", o.promListen)
 		}
 		if !strings.HasPrefix(o.promPath, "/") {
 			return fmt.Errorf("--prometheus-path: must start with /, got %q", o.promPath)

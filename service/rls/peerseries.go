@@ -155,25 +155,30 @@ func (p *PeerSeries) Describe(chan<- *prometheus.Desc) {}
 func (p *PeerSeries) Collect(ch chan<- prometheus.Metric) {
 	p.mu.Lock()
 	var ms []prometheus.Metric
+	add := func(d *prometheus.Desc, v float64, labels ...string) {
+		if m, err := prometheus.NewConstMetric(d, prometheus.CounterValue, v, labels...); err == nil {
+			ms = append(ms, m) // err: labels that do not fit d, which the code above never builds
+		}
+	}
 	for k, v := range p.hits {
 		if k.two {
-			ms = append(ms, prometheus.MustNewConstMetric(peerDescs2[k.stat], prometheus.CounterValue, v, k.domain, k.key1, k.key2))
+			add(peerDescs2[k.stat], v, k.domain, k.key1, k.key2)
 		} else {
-			ms = append(ms, prometheus.MustNewConstMetric(peerDescs1[k.stat], prometheus.CounterValue, v, k.domain, k.key1))
+			add(peerDescs1[k.stat], v, k.domain, k.key1)
 		}
 	}
 	for t, v := range p.errs {
-		ms = append(ms, prometheus.MustNewConstMetric(peerErrDesc, prometheus.CounterValue, v, t))
+		add(peerErrDesc, v, t)
 	}
 	if p.loads[0] > 0 {
-		ms = append(ms, prometheus.MustNewConstMetric(peerLoadOK, prometheus.CounterValue, p.loads[0]))
+		add(peerLoadOK, p.loads[0])
 	}
 	if p.loads[1] > 0 {
-		ms = append(ms, prometheus.MustNewConstMetric(peerLoadErr, prometheus.CounterValue, p.loads[1]))
+		add(peerLoadErr, p.loads[1])
 	}
 	called := p.called
 	if called {
-		ms = append(ms, prometheus.MustNewConstMetric(peerReqDesc, prometheus.CounterValue, p.calls, "ShouldRateLimit"))
+		add(peerReqDesc, p.calls, "ShouldRateLimit")
 	}
 	p.mu.Unlock()
 	for _, m := range ms {
