@@ -21,14 +21,21 @@ type rlHeader struct {
 // LIMIT_RESPONSE_HEADERS_ENABLED=true (header names of its own) and on
 // limitd with fixed windows, --rls-response-headers and the same names:
 // every request gets the same status and the same three headers on both
-// (the reset within a second: the sides are asked a moment apart).
+// (the reset within a second: the sides are asked a moment apart). limitd
+// with token buckets and the same flags beside them writes the headers on
+// the same requests, with a remaining count within the limit and a reset
+// within the hour (its own buckets' values, and maybe another descriptor's:
+// a refused request takes nothing from the others, so the closest limit
+// can differ).
 func TestDifferentialResponseHeaders(t *testing.T) {
 	ref := flavour{name: "envoyproxy-ratelimit", kind: reference, window: true, args: []string{"LIMIT_RESPONSE_HEADERS_ENABLED=true",
 		"LIMIT_LIMIT_HEADER=Q-Limit", "LIMIT_REMAINING_HEADER=Q-Remaining", "LIMIT_RESET_HEADER=Q-Reset"}}
 	lim := flavour{name: "limitd-fixed-window", kind: limitd, window: true, args: []string{"--rls-algorithm", "fixed_window",
 		"--rls-response-headers", "--rls-response-header-names", "Q-Limit,Q-Remaining,Q-Reset"}}
+	bucket := flavour{name: "limitd-token-bucket", kind: limitd, args: []string{
+		"--rls-response-headers", "--rls-response-header-names", "Q-Limit,Q-Remaining,Q-Reset"}}
 	sides := startSides(t, map[string]string{"kinds.yaml": kindsYAML},
-		envoy.RateLimit{Domain: "kinds", FailureModeDeny: true, RouteRateLimits: kindsRateLimits}, ref, lim)
+		envoy.RateLimit{Domain: "kinds", FailureModeDeny: true, RouteRateLimits: kindsRateLimits}, ref, lim, bucket)
 	got := make([][]rlHeader, len(sides))
 	inOneWindow(t, redisesOf(sides), func() {
 		for i := range got {
@@ -54,6 +61,13 @@ func TestDifferentialResponseHeaders(t *testing.T) {
 		}
 		if a.limit != "" {
 			with++
+		}
+		c := got[2][j]
+		limit, el := strconv.Atoi(c.limit)
+		remaining, er := strconv.Atoi(c.remaining)
+		reset, et := strconv.Atoi(c.reset)
+		if (c.limit == "") != (a.limit == "") || a.limit != "" && (el != nil || er != nil || et != nil || remaining > limit || reset < 0 || reset > 3600) {
+			t.Errorf("request %d: token buckets %+v, envoyproxy/ratelimit %+v", j, c, a)
 		}
 	}
 	if with == 0 {
