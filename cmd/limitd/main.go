@@ -137,6 +137,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		_, err := fmt.Fprintln(versionOut, "limitd "+version.Version)
 		return err
 	}
+	if o.rls.feat.checkOnly { // --check: the rate limit service's configuration, nothing started (rlsfeat.go)
+		return checkConfig(checkOut, o.rls.config)
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)

@@ -30,6 +30,7 @@ type rlsOptions struct {
 	maxKeyBytes  int // --max-key-bytes, the HTTP door's flag
 	quota        rlqsOptions
 	tls          grpcTLSOptions
+	feat         rlsFeatures // rlsfeat.go
 }
 
 func (o *rlsOptions) register(fs *flag.FlagSet) {
@@ -43,11 +44,15 @@ func (o *rlsOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxRecvBytes, "grpc-max-recv-bytes", grpcdoor.DefaultMaxRecvBytes, "largest gRPC request message")
 	o.quota.register(fs)
 	o.tls.register(fs)
+	o.feat.register(fs)
 }
 
 // check validates the flags before anything starts.
 func (o *rlsOptions) check(tokens int) error {
 	if err := o.tls.check(o.grpcListen); err != nil {
+		return err
+	}
+	if err := o.feat.check(o.grpcListen); err != nil {
 		return err
 	}
 	if o.grpcListen == "" {
@@ -68,6 +73,7 @@ func (o *rlsOptions) check(tokens int) error {
 	if err := o.quota.check(); err != nil {
 		return err
 	}
+
 	loopback, err := isLoopback(o.grpcListen)
 	if err != nil {
 		return fmt.Errorf("--grpc-listen: %w", err)
@@ -101,9 +107,14 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	if err != nil {
 		return nil, err
 	}
-	srv, err := rls.NewServer(rls.Options{Store: store, Algorithm: algo, WindowKeyPrefix: o.windowPrefix,
-		MaxKeyBytes: o.maxKeyBytes, Timeout: timeout, Logger: log, Metrics: m})
+	sopts := rls.Options{Store: store, Algorithm: algo, WindowKeyPrefix: o.windowPrefix,
+		MaxKeyBytes: o.maxKeyBytes, Timeout: timeout, Logger: log, Metrics: m}
+	o.feat.apply(&sopts)
+	srv, err := rls.NewServer(sopts)
 	if err != nil {
+		return nil, err
+	}
+	if err := o.feat.servePeerSeries(ctx, m, log); err != nil {
 		return nil, err
 	}
 	w, err := rls.NewWatcher(o.config, srv, log)

@@ -55,6 +55,13 @@ func TestRunRLSFlagErrors(t *testing.T) {
 		{[]string{"--grpc-listen", "nonsense", "--rls-config", good}, "--grpc-listen"},
 		{[]string{"--grpc-listen", "127.0.0.1:0", "--rls-config", bad}, bad + ":4: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'"},
 		{[]string{"--grpc-listen", "127.0.0.1:0", "--rls-config", good, "--rls-config-poll", "0s"}, "--rls-config-poll"},
+		{[]string{"--grpc-listen", "127.0.0.1:0", "--rls-config", good, "--rls-near-limit-ratio", "1.5"}, "--rls-near-limit-ratio: want within (0, 1], got 1.5"},
+		{[]string{"--grpc-listen", "127.0.0.1:0", "--rls-config", good, "--rls-near-limit-ratio", "0"}, "--rls-near-limit-ratio"},
+		{[]string{"--prometheus-listen", "127.0.0.1:0"}, "--prometheus-listen: needs --grpc-listen"},
+		{[]string{"--grpc-listen", "127.0.0.1:9", "--rls-config", good, "--prometheus-listen", "127.0.0.1:9"}, "--prometheus-listen 127.0.0.1:9: the address of --grpc-listen"},
+		{[]string{"--grpc-listen", "127.0.0.1:0", "--rls-config", good, "--rls-response-header-names", "a,b"}, "--rls-response-header-names: want three names"},
+		{[]string{"--grpc-listen", "127.0.0.1:0", "--rls-config", good, "--rls-response-header-names", "a,b c,d"}, `--rls-response-header-names: "b c" is not a header name`},
+		{[]string{"--grpc-listen", "127.0.0.1:0", "--rls-config", good, "--prometheus-listen", "127.0.0.1:0", "--prometheus-path", "metrics"}, "--prometheus-path: must start with /"},
 	} {
 		err := run(context.Background(), append([]string{"--listen", "127.0.0.1:0"}, tc.args...), env(), io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -14,7 +14,10 @@
 // TestRefusedFile, TestRedisStopped, and TestExtensions for limitd alone)
 // say what each must answer; the differential ones play the same traffic
 // on two or three side by side and compare (TestDifferentialFixedWindow,
-// TestDifferentialTokenBucket, TestDifferentialStats) or feed both every
+// TestDifferentialTokenBucket, TestDifferentialStats; with envoyproxy/ratelimit's
+// settings beside limitd's flags: TestDifferentialPrometheus,
+// TestDifferentialNearLimitRatio, TestDifferentialResponseHeaders,
+// TestDifferentialDynamicMetadata) or feed both every
 // configuration file that ships in envoyproxy/ratelimit's source
 // (TestReferenceConfigurations, TestReferenceConfigurationPairs). Fixed
 // windows are counted on the clock: a script is played inside one window

@@ -68,6 +68,8 @@ type fixtureOpts struct {
 	// identities and identityHeader: a front proxy's callers.
 	identities     []service.Identity
 	identityHeader string
+	// options changes the Server's options last.
+	options func(*Options)
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -82,8 +84,12 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.srv, err = NewServer(Options{Store: o.store, Algorithm: o.algo, Now: o.now, Logger: quiet, Metrics: m, Timeout: o.timeout,
-		MaxKeyBytes: o.maxKeyBytes})
+	opts := Options{Store: o.store, Algorithm: o.algo, Now: o.now, Logger: quiet, Metrics: m, Timeout: o.timeout,
+		MaxKeyBytes: o.maxKeyBytes}
+	if o.options != nil {
+		o.options(&opts)
+	}
+	f.srv, err = NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

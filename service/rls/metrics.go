@@ -35,6 +35,8 @@ type Metrics struct {
 
 	mu     sync.RWMutex
 	series map[seriesKey]*series
+
+	peer *PeerSeries // nil: not served
 }
 
 type seriesKey struct{ domain, descriptor string }
@@ -76,8 +78,18 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
+// WithPeerSeries makes m count envoyproxy/ratelimit's series in p too,
+// and returns m. Call it before m's Server serves.
+func (m *Metrics) WithPeerSeries(p *PeerSeries) *Metrics {
+	m.peer = p
+	return m
+}
+
 // ConfigLoaded counts a configuration load: ok, or refused.
 func (m *Metrics) ConfigLoaded(ok bool) {
+	if m.peer != nil {
+		m.peer.loaded(ok)
+	}
 	if ok {
 		m.configLoads.WithLabelValues("success").Inc()
 	} else {
@@ -128,18 +140,40 @@ func validLabel(s string) string {
 	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
-// record counts a descriptor's hits with envoyproxy/ratelimit's meanings.
-// A fixed window's counts are its: of the hits that took the counter past
-// the limit, those past it are over the limit and those between 80% of it
-// and it near the limit. A token bucket's are the same said of the tokens
+// record counts a descriptor's hits with envoyproxy/ratelimit's meanings,
+// nearRatio its NEAR_LIMIT_RATIO (the near threshold is
+// floor(float32(limit) × nearRatio), in float32 as there). A fixed window's
+// counts are its: of the hits that took the counter past the limit, those
+// past it are over the limit and those between the threshold and it near
+// the limit. A token bucket's are the same said of the tokens
 // used from a full bucket (capacity minus the whole tokens left): a
 // descriptor that alone had the tokens is within the limit (near when its
 // take left less than 20% of the capacity), one that had not is over the
 // limit with all its hits.
-func (m *Metrics) record(domain string, d *descriptor) {
+func (m *Metrics) record(domain string, d *descriptor, nearRatio float32) {
+	c := countsOf(d, nearRatio)
 	s := m.of(domain, d.limit.Key)
+	s.total.Add(c.total)
+	s.over.Add(c.over)
+	s.near.Add(c.near)
+	s.within.Add(c.within)
+	s.shadow.Add(c.shadow)
+	if p := m.peer; p != nil {
+		p.add(d.limit.Key, "total_hits", c.total)
+		p.add(d.limit.Key, "over_limit", c.over)
+		p.add(d.limit.Key, "near_limit", c.near)
+		p.add(d.limit.Key, "within_limit", c.within)
+		p.add(d.limit.Key, "shadow_mode", c.shadow)
+	}
+}
+
+// counts are what a descriptor's hits add to its statistics.
+type counts struct{ total, over, near, within, shadow float64 }
+
+// countsOf is what d's hits count, as record says.
+func countsOf(d *descriptor, nearRatio float32) counts {
 	hits := float64(d.hits)
-	s.total.Add(hits)
+	c := counts{total: hits}
 	var limit, before, after uint64
 	if d.algo == rlsconfig.FixedWindow {
 		limit, before, after = uint64(d.limit.RequestsPerUnit), d.before, d.after
@@ -152,29 +186,26 @@ func (m *Metrics) record(domain string, d *descriptor) {
 			before = after - min(after, d.hits)
 		}
 	}
-	near := uint64(math.Floor(float64(float32(limit) * float32(NearLimitRatio))))
+	near := uint64(math.Floor(float64(float32(limit) * nearRatio)))
 	if after > limit {
 		if before >= limit {
-			s.over.Add(hits)
+			c.over = hits
 		} else {
-			s.over.Add(float64(after - limit))
-			s.near.Add(float64(limit - max(near, before)))
+			c.over = float64(after - limit)
+			c.near = float64(limit - max(near, before))
 		}
 		if d.limit.ShadowMode {
-			if before >= limit {
-				s.shadow.Add(hits)
-			} else {
-				s.shadow.Add(float64(after - limit))
-			}
+			c.shadow = c.over
 		}
-		return
+		return c
 	}
 	if after > near {
 		if before >= near {
-			s.near.Add(hits)
+			c.near = hits
 		} else {
-			s.near.Add(float64(after - near))
+			c.near = float64(after - near)
 		}
 	}
-	s.within.Add(hits)
+	c.within = hits
+	return c
 }

@@ -20,7 +20,7 @@ func TestSeriesBound(t *testing.T) {
 	for i := range MaxSeries + 5 {
 		d := &descriptor{hits: 1, algo: rlsconfig.FixedWindow, after: 1,
 			limit: &rlsconfig.RateLimit{RequestsPerUnit: 10, Unit: rlsconfig.Second, Key: "d.k_" + strconv.Itoa(i)}}
-		m.record("d", d)
+		m.record("d", d, NearLimitRatio)
 	}
 	mfs, err := reg.Gather()
 	if err != nil {

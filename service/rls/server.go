@@ -30,6 +30,16 @@
 // requests_per_unit 0 is counted as a fixed window whatever the algorithm (a
 // bucket of capacity 0 would never refill): every hit is over the limit.
 //
+// # What envoyproxy/ratelimit adds on request
+//
+// As its settings of the same meaning do: Options.Headers puts the limit
+// closest to refusing in response_headers_to_add (ResponseHeaders, its
+// LIMIT_RESPONSE_HEADERS_ENABLED), Options.Metadata the request as decided
+// in dynamic_metadata (metadata.go, its RESPONSE_DYNAMIC_METADATA),
+// Options.NearLimitRatio sets the near-limit threshold (its
+// NEAR_LIMIT_RATIO), and Metrics.WithPeerSeries counts its Prometheus
+// series (PeerSeries, its USE_PROMETHEUS) beside limitd's own.
+//
 // # Errors
 //
 // A request without a domain or descriptors, or beyond the bounds (MaxDescriptors, MaxEntries, hits_addend
@@ -65,7 +75,8 @@ const (
 )
 
 // NearLimitRatio is the share of a limit past which hits count as near the
-// limit (envoyproxy/ratelimit's NEAR_LIMIT_RATIO default).
+// limit (envoyproxy/ratelimit's NEAR_LIMIT_RATIO default): the default of
+// Options.NearLimitRatio.
 const NearLimitRatio = 0.8
 
 // Options configure a Server. Store is required.
@@ -90,6 +101,19 @@ type Options struct {
 	Logger *slog.Logger
 	// Metrics receives the statistics (required: NewMetrics).
 	Metrics *Metrics
+	// Headers, when set, adds to every answer with a limit the three
+	// headers envoyproxy/ratelimit adds with LIMIT_RESPONSE_HEADERS_ENABLED
+	// (ResponseHeaders).
+	Headers *ResponseHeaders
+	// Metadata, when set, adds to every answer the dynamic metadata
+	// envoyproxy/ratelimit adds with RESPONSE_DYNAMIC_METADATA (see
+	// dynamicMetadata in metadata.go).
+	Metadata bool
+	// NearLimitRatio is the share of a limit past which hits count as near
+	// it, in float32 as envoyproxy/ratelimit's NEAR_LIMIT_RATIO: the
+	// threshold is floor(float32(limit) × ratio). 0 means NearLimitRatio;
+	// otherwise it must be within (0, 1].
+	NearLimitRatio float32
 }
 
 // Server implements pb.RateLimitServiceServer.
@@ -103,6 +127,9 @@ type Server struct {
 	now     func() time.Time
 	log     *slog.Logger
 	metrics *Metrics
+	near    float32
+	headers *ResponseHeaders
+	meta    bool
 	config  atomic.Pointer[rlsconfig.Config]
 }
 
@@ -127,10 +154,17 @@ func NewServer(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	switch r := opts.NearLimitRatio; {
+	case r == 0:
+		opts.NearLimitRatio = NearLimitRatio
+	case !(r > 0 && r <= 1):
+		return nil, fmt.Errorf("rls: options: near limit ratio: want within (0, 1], got %v", r)
+	}
 	return &Server{
 		store: opts.Store, algo: opts.Algorithm, timeout: opts.Timeout,
 		names: rlsconfig.Naming{MaxKeyBytes: opts.MaxKeyBytes, WindowPrefix: opts.WindowKeyPrefix},
-		now:   opts.Now, log: opts.Logger, metrics: opts.Metrics,
+		now:   opts.Now, log: opts.Logger, metrics: opts.Metrics, near: opts.NearLimitRatio,
+		headers: opts.Headers, meta: opts.Metadata,
 	}, nil
 }
 
@@ -164,25 +198,37 @@ type descriptor struct {
 
 // ShouldRateLimit implements pb.RateLimitServiceServer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	if p := s.metrics.peer; p != nil {
+		defer func(start time.Time) { p.call(time.Since(start)) }(time.Now())
+	}
 	cfg := s.config.Load()
 	if cfg == nil {
+		if p := s.metrics.peer; p != nil {
+			p.errored("service_error") // as the peer counts its "no rate limit configuration loaded"
+		}
 		return nil, status.Error(codes.Unavailable, "rls: no configuration loaded")
 	}
 	ds, err := s.translate(cfg, req)
 	if err != nil {
 		s.metrics.invalid.Inc()
+		if p := s.metrics.peer; p != nil {
+			p.errored("service_error")
+		}
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if err := s.count(ctx, req.Domain, ds); err != nil {
 		s.metrics.storeErrors.Inc()
+		if p := s.metrics.peer; p != nil {
+			p.errored("redis_error")
+		}
 		if n, ok := s.metrics.errLog.Allow(time.Now()); ok {
 			s.log.Warn("rate limit service: store failed", "err", err, "suppressed", n)
 		}
 		return nil, status.Error(codes.Unavailable, "rls: store: "+err.Error())
 	}
-	return s.answer(req.Domain, ds), nil
+	return s.answer(req, ds), nil
 }
 
 // translate finds each descriptor's limit and hits, as envoyproxy/ratelimit
@@ -378,8 +424,10 @@ func (s *Server) decideBuckets(ctx context.Context, breq *wire.Request, ds []des
 }
 
 // answer builds the response and counts the statistics.
-func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
+func (s *Server) answer(req *pb.RateLimitRequest, ds []descriptor) *pb.RateLimitResponse {
+	domain := req.Domain
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(ds))}
+	closest, closestRemaining := -1, uint64(math.MaxUint32) // the descriptor the headers report
 	for i := range ds {
 		d := &ds[i]
 		switch {
@@ -398,7 +446,10 @@ func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
 			LimitRemaining:     uint32(min(d.remaining, math.MaxUint32)),
 			DurationUntilReset: durationpb.New(d.reset),
 		}
-		s.metrics.record(domain, d)
+		s.metrics.record(domain, d, s.near)
+		if rem := min(d.remaining, math.MaxUint32); rem < closestRemaining || d.over && d.enforced() {
+			closest, closestRemaining = i, min(rem, closestRemaining)
+		}
 		if d.over {
 			switch {
 			case d.limit.QuotaMode:
@@ -410,6 +461,12 @@ func (s *Server) answer(domain string, ds []descriptor) *pb.RateLimitResponse {
 			}
 		}
 		resp.Statuses[i] = st
+	}
+	if s.headers != nil && closest >= 0 {
+		resp.ResponseHeadersToAdd = s.headers.of(&ds[closest])
+	}
+	if s.meta {
+		resp.DynamicMetadata = dynamicMetadata(req, ds)
 	}
 	return resp
 }

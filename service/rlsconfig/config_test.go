@@ -298,3 +298,18 @@ func TestReadFilesSkipsSpecialFiles(t *testing.T) {
 		}
 	}
 }
+
+// Count counts every level of every domain's descriptors, and those with a
+// limit.
+func TestCount(t *testing.T) {
+	c, err := Parse([]File{
+		{Name: "a.yaml", Data: []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    descriptors:\n      - key: n\n        value: v\n")},
+		{Name: "b.yaml", Data: []byte("domain: b\ndescriptors:\n  - key: free\n    rate_limit: {unlimited: true}\n")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, l := c.Count(); d != 3 || l != 2 {
+		t.Errorf("Count() = %d, %d; want 3, 2", d, l)
+	}
+}
