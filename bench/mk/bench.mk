@@ -68,6 +68,11 @@
 #                        bench and bench-smoke run it too).
 #                        BENCH_RLQS_FLAGS='-smoke -out build/bench-rlqs'
 #                        for a quick look elsewhere
+#   make bench-rlqs-ratio  only the saturation rounds of the RLQS section's no
+#                        filter, local_ratelimit and quota filter (with and
+#                        without token buckets): their Envoy CPU ratios
+#                        printed, with the load; nothing written (a few
+#                        minutes: for a quiet moment)
 #   make bench-service   the limit service's decisions/s and p50/p99 against a
 #                        real Redis, with and without batching, beside
 #                        redis-benchmark EVALSHA (bench/cmd/benchservice);
@@ -76,7 +81,7 @@
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `build/bench -h`).
 
-.PHONY: bench bench-smoke bench-rls bench-rlqs bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle bench-delay
+.PHONY: bench bench-smoke bench-rls bench-rlqs bench-rlqs-ratio bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle bench-delay
 
 BENCH_GO := $(GO) -C bench
 define bench_wasm
@@ -126,6 +131,10 @@ bench-rlqs: build build-native setup build-service $(BENCH_BIN)
 	uptime
 	$(BENCH_BIN) -rlqs-only -out docs/benchmarks -limitd $(BUILD)/limitd -module $(NATIVE_SO) $(BENCH_RLQS_FLAGS)
 	uptime
+
+bench-rlqs-ratio: setup build-service $(BENCH_BIN)
+	@uptime
+	$(BENCH_BIN) -rlqs-only -rlqs-ratio -out $(BUILD)/bench-rlqs-ratio -limitd $(BUILD)/limitd $(BENCH_RLQS_FLAGS)
 
 $(BUILD)/bench-ops.wasm: bench/internal/footprint/ops/*.go bench/go.mod bench/go.sum
 	$(call bench_wasm,./internal/footprint/ops)

@@ -102,6 +102,7 @@ type params struct {
 	rlsLimitd    string
 	rlqs         bool
 	rlqsOnly     bool
+	rlqsRatio    bool
 }
 
 func parseParams(args []string) (*params, error) {
@@ -139,6 +140,7 @@ func parseParams(args []string) (*params, error) {
 	fs.StringVar(&p.rlsLimitd, "rls-limitd", "", "limitd for the RLS section, built with its symbols so that its profile names functions (make bench-rls: build/limitd-symbols; default -limitd)")
 	fs.BoolVar(&p.rlsOnly, "rls-only", false, "run only the RLS section and put it into -out's results.json (kept otherwise), then rewrite -out's README.md (make bench-rls)")
 	fs.BoolVar(&p.rlqs, "rlqs", true, "also run the RLQS section: Envoy's rate_limit_quota filter against limitd's RLQS beside no filter, local_ratelimit and the plugin's and the native module's leases, each limitd with a redis-server of its own (rlqs.go)")
+	fs.BoolVar(&p.rlqsRatio, "rlqs-ratio", false, "with -rlqs-only: only the saturation rounds of no filter, local_ratelimit and the quota filter with and without token buckets, and only printed (the CPU ratios, with the load), -out untouched: a quick look on a quiet machine (make bench-rlqs-ratio)")
 	fs.BoolVar(&p.rlqsOnly, "rlqs-only", false, "run only the RLQS section and put it into -out's results.json (kept otherwise), then rewrite -out's README.md (make bench-rlqs)")
 	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {

@@ -161,7 +161,16 @@ func (b *bench) rlqsRun() error {
 		Rounds: p.rounds, Keys: p.keys, Conns: p.conns, OpenConns: p.openConns, Warmup: p.warmup.String(),
 		SatWindow: p.satWindow.String(), RateWindow: window.String(), Fractions: rlqsFractions, Smoke: p.smoke,
 		Pinning: b.info.Pinning, Rate: rlqsRate, Burst: rlqsBurst}
-	targets, err := b.rlsStartAll("rlqs", rlqsConfigs, rlsTools{limitd: p.limitd, module: p.module}, &b.rlqs.Redis, &b.rlqs.Limitd, &b.rlqs.Gaps)
+	configs := rlqsConfigs
+	if p.rlqsRatio {
+		configs = nil
+		for _, c := range rlqsConfigs {
+			if c.Kind == rlsNone || c.Kind == rlsLocal || c.Kind == rlsQuota {
+				configs = append(configs, c)
+			}
+		}
+	}
+	targets, err := b.rlsStartAll("rlqs", configs, rlsTools{limitd: p.limitd, module: p.module}, &b.rlqs.Redis, &b.rlqs.Limitd, &b.rlqs.Gaps)
 	if err != nil {
 		return err
 	}
@@ -182,7 +191,7 @@ func (b *bench) rlqsRun() error {
 		}
 	}
 	for _, t := range targets {
-		if t.c.Kind == rlsNone || t.c.Kind == rlsLocal || t.c.ID == rlqsFloorID {
+		if t.c.Kind == rlsNone || t.c.Kind == rlsLocal || t.c.ID == rlqsFloorID || p.rlqsRatio {
 			continue
 		}
 		var thr []float64
@@ -366,6 +375,15 @@ func (b *bench) rlqsAwait(t *rlsTarget) error {
 func (b *bench) rlqsOnly() error {
 	if err := b.rlqsRun(); err != nil {
 		return err
+	}
+	if b.p.rlqsRatio {
+		r := b.rlqs
+		for _, pair := range [][2]int{{52, 51}, {rlqsFloorID, 51}, {52, rlqsFloorID}, {51, 50}} {
+			s := r.cpuRatio(pair[0], pair[1])
+			fmt.Printf("Envoy CPU per request (%d) ÷ (%d): %.2f (%.2f–%.2f, %d rounds)\n", pair[0], pair[1], s.Median, s.Min, s.Max, s.N)
+		}
+		fmt.Printf("load average %s at the start, %s at the end; %s\n", r.LoadStart, r.LoadEnd, r.Duration)
+		return nil
 	}
 	return b.writeSection(b.rlqs.Duration, b.rlqs.LoadEnd, func(rep *report) { rep.RLQS = b.rlqs }, (*report).rlqsSummary)
 }
