@@ -24,7 +24,10 @@
 //     version last ACKed, the response's nonce and error_detail (code
 //     InvalidArgument, the reason as the message); it is counted
 //     (Loaded(false)) and logged, and the last good configuration keeps
-//     serving.
+//     serving. The same response sent again (a snapshot cache answers a
+//     NACK with it at once while its version is not the one ACKed) is
+//     NACKed again after a back-off (as below, doubling while it repeats),
+//     without being converted, counted or logged again.
 //   - A stream that fails (the server gone, a message over
 //     Options.MaxMessageBytes, garbage on the connection) is opened again
 //     after a back-off: Backoff.Initial doubling to Backoff.Max, each wait
@@ -125,6 +128,12 @@ type Client struct {
 	version string // the version last ACKed
 	sum     [sha256.Size]byte
 	applied bool
+
+	// refused is the digest of the response last refused, and repeats how
+	// many times in a row it came again (the stream's goroutine alone).
+	refused    [sha256.Size]byte
+	repeats    int
+	lastReason string // why it was refused ("": none refused since the last applied)
 }
 
 // New checks o and returns a Client; nothing connects before Run.
@@ -249,26 +258,43 @@ func (c *Client) stream(ctx context.Context) (answered bool, err error) {
 			return answered, fmt.Errorf("rlsxds: receive: %w", err)
 		}
 		answered = true
-		if err := st.Send(c.handle(resp, node)); err != nil {
+		req := c.handle(resp, node)
+		if req == nil { // the response last refused, again
+			c.repeats++
+			d := c.o.Backoff.Delay(c.repeats)
+			if err := c.o.Wait(ctx, d/2+time.Duration(c.o.Rand()*float64(d/2))); err != nil {
+				return answered, err
+			}
+			req = c.nack(resp, node, c.version, c.lastReason)
+		}
+		if err := st.Send(req); err != nil {
 			return answered, fmt.Errorf("rlsxds: send: %w", err)
 		}
 	}
 }
 
-// handle applies a response or refuses it, and returns the ACK or NACK.
+// handle applies a response or refuses it, and returns the ACK or NACK;
+// nil for the response last refused sent again, which is neither
+// converted, nor counted, nor logged again: the caller NACKs it after a
+// back-off (a snapshot cache answers a NACK with the same response at
+// once, as long as its version is not the one ACKed).
 func (c *Client) handle(resp *discovery.DiscoveryResponse, node *core.Node) *discovery.DiscoveryRequest {
+	raw := rawDigest(resp)
+	if c.lastReason != "" && raw == c.refused {
+		return nil
+	}
 	cfg, files, err := c.check(resp)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	req := &discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.GetNonce()}
 	if err != nil {
 		c.o.Loaded(false)
 		c.log.Error("rate limit service: xds configuration refused (NACK); the previous one keeps serving",
 			"version", resp.GetVersionInfo(), "nonce", resp.GetNonce(), "err", err)
-		req.VersionInfo = c.version
-		req.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
-		return req
+		c.refused, c.repeats, c.lastReason = raw, 0, err.Error()
+		return c.nack(resp, node, c.version, c.lastReason)
 	}
+	c.lastReason, c.repeats = "", 0
+	req := &discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.GetNonce()}
 	sum := digest(files)
 	if !c.applied || sum != c.sum {
 		c.o.Apply(cfg)
@@ -283,6 +309,30 @@ func (c *Client) handle(resp *discovery.DiscoveryResponse, node *core.Node) *dis
 	c.version = resp.GetVersionInfo()
 	req.VersionInfo = c.version
 	return req
+}
+
+// nack refuses resp for reason, naming version, the one last ACKed.
+func (c *Client) nack(resp *discovery.DiscoveryResponse, node *core.Node, version, reason string) *discovery.DiscoveryRequest {
+	return &discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.GetNonce(), VersionInfo: version,
+		ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: reason}}
+}
+
+// rawDigest is a response's digest as received: its version, type and
+// resources' bytes (not its nonce, which changes with each sending).
+func rawDigest(resp *discovery.DiscoveryResponse) [sha256.Size]byte {
+	h := sha256.New()
+	h.Write([]byte(resp.GetVersionInfo()))
+	h.Write([]byte{0})
+	h.Write([]byte(resp.GetTypeUrl()))
+	for _, r := range resp.GetResources() {
+		h.Write([]byte{0})
+		h.Write([]byte(r.GetTypeUrl()))
+		h.Write([]byte{0})
+		h.Write(r.GetValue())
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
 }
 
 func (c *Client) check(resp *discovery.DiscoveryResponse) (*rlsconfig.Config, []rlsconfig.File, error) {

@@ -274,3 +274,64 @@ func TestHostileGarbage(t *testing.T) {
 	default:
 	}
 }
+
+// A server that sends a refused response again on each NACK (as a
+// snapshot cache does while its snapshot's version is not the one ACKed)
+// gets each repeat NACKed after a back-off, doubling, and the refusal is
+// logged and counted once: the loop is bounded by the back-off, not by how
+// fast the server answers.
+func TestHostileRepeatsRefused(t *testing.T) {
+	const repeats = 4
+	nacked := make(chan int, 1)
+	addr := startHostile(t, func(s discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+		if _, err := s.Recv(); err != nil {
+			return err
+		}
+		if err := s.Send(good(t)); err != nil {
+			return err
+		}
+		if _, err := s.Recv(); err != nil {
+			return err
+		}
+		bad := response(t, "bad", domain("a", "gw", limit("k", "v", 1, rlsconf.RateLimitUnit_UNKNOWN)))
+		n := 0
+		for range repeats + 1 {
+			if err := s.Send(bad); err != nil {
+				return err
+			}
+			req, err := s.Recv()
+			if err != nil {
+				return err
+			}
+			if req.GetErrorDetail() != nil {
+				n++
+			}
+		}
+		nacked <- n
+		<-s.Context().Done()
+		return nil
+	})
+	tg := newTarget(t)
+	w := newWaits()
+	log := &logBuffer{}
+	hostileClient(t, addr, tg, w, log)
+	// Backoff{1s, 30s} (the default), Rand 0: half of 1s, 1s, 2s, 4s.
+	for i, want := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second} {
+		if d := w.next(t); d != want {
+			t.Errorf("repeat %d: waited %v, want %v", i+1, d, want)
+		}
+		w.release <- struct{}{}
+	}
+	select {
+	case n := <-nacked:
+		if n != repeats+1 {
+			t.Errorf("%d NACKs, want %d", n, repeats+1)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the repeats were not answered within 30s")
+	}
+	serving(t, tg)
+	if got := strings.Count(log.String(), "NACK"); got != 1 || tg.loads(t, "error") != 1 {
+		t.Errorf("%d NACKs logged, %v counted; want 1 and 1:\n%s", got, tg.loads(t, "error"), log)
+	}
+}
