@@ -1,10 +1,11 @@
 package rlsxds
 
 import (
+	"bytes"
 	"fmt"
+	"strings"
 
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
-	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -14,87 +15,121 @@ import (
 // TypeURL is the one resource type the client asks for and accepts.
 const TypeURL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
 
-// yamlRoot, yamlDescriptor, yamlRateLimit and yamlReplace are a resource
-// as envoyproxy/ratelimit's YAML writes it: the fields the resource has,
-// and no others.
-type yamlRoot struct {
-	Domain      string           `yaml:"domain"`
-	Descriptors []yamlDescriptor `yaml:"descriptors,omitempty"`
-}
-
-type yamlDescriptor struct {
-	Key            string           `yaml:"key"`
-	Value          string           `yaml:"value,omitempty"`
-	RateLimit      *yamlRateLimit   `yaml:"rate_limit,omitempty"`
-	Descriptors    []yamlDescriptor `yaml:"descriptors,omitempty"`
-	ShadowMode     bool             `yaml:"shadow_mode,omitempty"`
-	DetailedMetric bool             `yaml:"detailed_metric,omitempty"`
-}
-
-type yamlRateLimit struct {
-	Unit            string        `yaml:"unit"`
-	RequestsPerUnit uint32        `yaml:"requests_per_unit"`
-	Unlimited       bool          `yaml:"unlimited,omitempty"`
-	Name            string        `yaml:"name,omitempty"`
-	Replaces        []yamlReplace `yaml:"replaces,omitempty"`
-}
-
-type yamlReplace struct {
-	Name string `yaml:"name"`
-}
-
 // FileName is the name a resource's configuration errors give it, as a
 // file's would: "xds:" and the resource's name.
 func FileName(resource string) string { return "xds:" + resource }
 
 // Render writes one RateLimitConfig resource as the YAML file
 // envoyproxy/ratelimit's format reads, so it is validated by the one path
-// files take (rlsconfig.Parse). The unit is written by its enum name
+// files take (rlsconfig.Parse): the fields the resource has, each string
+// double-quoted (quote), the unit by its enum name
 // (UNKNOWN included, which only an unlimited limit may have), as
-// envoyproxy/ratelimit converts it. Descriptors nest at most
-// rlsconfig.MaxDepth levels: a deeper resource is refused here, before the
-// recursion.
+// envoyproxy/ratelimit converts it. Writing stops past
+// rlsconfig.MaxFileBytes, and descriptors nest at most rlsconfig.MaxDepth
+// levels: a larger or deeper resource is refused here, in time linear in
+// what was written.
 func Render(c *rlsconf.RateLimitConfig) (rlsconfig.File, error) {
-	name := FileName(c.GetName())
-	descs, err := renderDescriptors(c.GetDescriptors(), 1, name, "descriptors")
-	if err != nil {
+	r := renderer{file: FileName(c.GetName())}
+	r.b.WriteString("domain: ")
+	r.quote(c.GetDomain())
+	r.b.WriteByte('\n')
+	if err := r.descriptors(c.GetDescriptors(), 0, "descriptors"); err != nil {
 		return rlsconfig.File{}, err
 	}
-	data, err := yaml.Marshal(yamlRoot{Domain: c.GetDomain(), Descriptors: descs})
-	if err != nil {
-		return rlsconfig.File{}, fmt.Errorf("rlsxds: %s: %w", name, err)
+	if err := r.check(); err != nil {
+		return rlsconfig.File{}, err
 	}
-	return rlsconfig.File{Name: name, Data: data}, nil
+	return rlsconfig.File{Name: r.file, Data: r.b.Bytes()}, nil
 }
 
-func renderDescriptors(ds []*rlsconf.RateLimitDescriptor, depth int, file, field string) ([]yamlDescriptor, error) {
-	if len(ds) == 0 {
-		return nil, nil
+// renderer writes one resource's YAML.
+type renderer struct {
+	file string
+	b    bytes.Buffer
+}
+
+func (r *renderer) check() error {
+	if r.b.Len() > rlsconfig.MaxFileBytes {
+		return &rlsconfig.Error{File: r.file, Msg: fmt.Sprintf("larger than %d bytes", rlsconfig.MaxFileBytes)}
 	}
-	if depth > rlsconfig.MaxDepth {
-		return nil, &rlsconfig.Error{File: file, Field: field, Msg: fmt.Sprintf("descriptors nest more than %d deep", rlsconfig.MaxDepth)}
-	}
-	out := make([]yamlDescriptor, len(ds))
-	for i, d := range ds {
-		at := fmt.Sprintf("%s[%d]", field, i)
-		sub, err := renderDescriptors(d.GetDescriptors(), depth+1, file, at+".descriptors")
-		if err != nil {
-			return nil, err
+	return nil
+}
+
+// quote writes s as a YAML double-quoted scalar: every character that is
+// not printable in YAML, or that a double-quoted scalar would fold (line
+// breaks), escaped as \uXXXX; '"' and '\\' escaped; the rest as it is.
+func (r *renderer) quote(s string) {
+	r.b.WriteByte('"')
+	for _, c := range s {
+		switch {
+		case c == '"' || c == '\\':
+			r.b.WriteByte('\\')
+			r.b.WriteRune(c)
+		case c < 0x20, c >= 0x7f && c <= 0x9f, c == 0x2028, c == 0x2029, c == 0xfeff, c == 0xfffe, c == 0xffff,
+			c >= 0xd800 && c <= 0xdfff:
+			fmt.Fprintf(&r.b, "\\u%04x", c)
+		default:
+			r.b.WriteRune(c)
 		}
-		out[i] = yamlDescriptor{
-			Key: d.GetKey(), Value: d.GetValue(), Descriptors: sub,
-			ShadowMode: d.GetShadowMode(), DetailedMetric: d.GetDetailedMetric(),
+	}
+	r.b.WriteByte('"')
+}
+
+func (r *renderer) descriptors(ds []*rlsconf.RateLimitDescriptor, depth int, field string) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	if depth >= rlsconfig.MaxDepth {
+		return &rlsconfig.Error{File: r.file, Field: field, Msg: fmt.Sprintf("descriptors nest more than %d deep", rlsconfig.MaxDepth)}
+	}
+	in := strings.Repeat("  ", depth)
+	r.b.WriteString(in + "descriptors:\n")
+	for i, d := range ds {
+		if err := r.check(); err != nil {
+			return err
+		}
+		r.b.WriteString(in + "- key: ")
+		r.quote(d.GetKey())
+		r.b.WriteByte('\n')
+		if d.GetValue() != "" {
+			r.b.WriteString(in + "  value: ")
+			r.quote(d.GetValue())
+			r.b.WriteByte('\n')
 		}
 		if rl := d.GetRateLimit(); rl != nil {
-			y := &yamlRateLimit{Unit: rl.GetUnit().String(), RequestsPerUnit: rl.GetRequestsPerUnit(),
-				Unlimited: rl.GetUnlimited(), Name: rl.GetName()}
-			for _, r := range rl.GetReplaces() {
-				y.Replaces = append(y.Replaces, yamlReplace{Name: r.GetName()})
+			fmt.Fprintf(&r.b, "%s  rate_limit: {unit: %s, requests_per_unit: %d", in, rl.GetUnit(), rl.GetRequestsPerUnit())
+			if rl.GetUnlimited() {
+				r.b.WriteString(", unlimited: true")
 			}
-			out[i].RateLimit = y
+			if rl.GetName() != "" {
+				r.b.WriteString(", name: ")
+				r.quote(rl.GetName())
+			}
+			if len(rl.GetReplaces()) > 0 {
+				r.b.WriteString(", replaces: [")
+				for j, rp := range rl.GetReplaces() {
+					if j > 0 {
+						r.b.WriteString(", ")
+					}
+					r.b.WriteString("{name: ")
+					r.quote(rp.GetName())
+					r.b.WriteString("}")
+				}
+				r.b.WriteString("]")
+			}
+			r.b.WriteString("}\n")
+		}
+		if d.GetShadowMode() {
+			r.b.WriteString(in + "  shadow_mode: true\n")
+		}
+		if d.GetDetailedMetric() {
+			r.b.WriteString(in + "  detailed_metric: true\n")
+		}
+		if err := r.descriptors(d.GetDescriptors(), depth+1, fmt.Sprintf("%s[%d].descriptors", field, i)); err != nil {
+			return err
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // Convert reads a response's resources and parses them as one

@@ -122,3 +122,53 @@ func TestConvertRefused(t *testing.T) {
 		}
 	}
 }
+
+// A resource that writes past rlsconfig.MaxFileBytes is refused as a file
+// that large is, as soon as the writing passes the bound.
+func TestRenderBound(t *testing.T) {
+	c := &rlsconf.RateLimitConfig{Name: "big", Domain: "d"}
+	for i := range 200_000 {
+		c.Descriptors = append(c.Descriptors, limit("k", fmt.Sprint("value-", i), 1, rlsconf.RateLimitUnit_SECOND))
+	}
+	_, err := Render(c)
+	if err == nil || err.Error() != fmt.Sprintf("rlsconfig: xds:big: larger than %d bytes", rlsconfig.MaxFileBytes) {
+		t.Fatalf("%v", err)
+	}
+}
+
+// FuzzRender: whatever a resource's strings hold, the YAML written reads
+// back as the same domain, key, value and limit name.
+func FuzzRender(f *testing.F) {
+	for _, s := range [][4]string{
+		{"d", "k", "v", "n"}, {"a: b", "- x", "#c", "&a"}, {"\"q\"", "k\nl", "v\\", "*"}, {"é", "\t", "v*", "'"},
+		{"yes", "null", "~", "0x10"}, {"{a}", "[b]", "!tag", "%x"}, {"\u2028", "\x00", "\ufeff", "\\u0041"},
+	} {
+		f.Add(s[0], s[1], s[2], s[3])
+	}
+	f.Fuzz(func(t *testing.T, d, k, v, n string) {
+		c := &rlsconf.RateLimitConfig{Name: "f", Domain: d, Descriptors: []*rlsconf.RateLimitDescriptor{
+			{Key: k, Value: v, RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_DAY, RequestsPerUnit: 3, Name: n}}}}
+		if _, err := anypb.New(c); err != nil {
+			t.Skip("not a valid message (strings must be UTF-8)")
+		}
+		file, err := Render(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := rlsconfig.Parse([]rlsconfig.File{file})
+		if d == "" || k == "" {
+			if err == nil {
+				t.Fatalf("an empty domain or key accepted:\n%s", file.Data)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("%v\n%s", err, file.Data)
+		}
+		ls := cfg.Limits(d)
+		if len(ls) != 1 || ls[0].Limit.Name != n || ls[0].Limit.RequestsPerUnit != 3 || ls[0].Limit.Unit != rlsconfig.Day ||
+			!reflect.DeepEqual(ls[0].Entries, []rlsconfig.Entry{{Key: k, Value: v}}) {
+			t.Fatalf("read back %s\n%s", dump(ls), file.Data)
+		}
+	})
+}
