@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -22,6 +23,8 @@ type xdsOptions struct {
 	cert, key, ca, san           string
 	headers                      string
 	startWithoutConfig           bool
+	backoff, backoffMax          time.Duration
+	maxRecvBytes                 int
 
 	// read by check
 	metadata *structpb.Struct
@@ -38,6 +41,9 @@ func (o *xdsOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ca, "rls-xds-tls-ca", "", "the CA (PEM) that signs the xDS server's certificate; with no TLS flag the client connects in plaintext")
 	fs.StringVar(&o.san, "rls-xds-tls-san", "", "the name the xDS server's certificate must hold (default: the host of --rls-xds-server)")
 	fs.StringVar(&o.headers, "rls-xds-headers", "", "gRPC metadata the xDS client sends: k=v,k=v")
+	fs.DurationVar(&o.backoff, "rls-xds-backoff", rlsxds.DefaultBackoff.Initial, "the xDS client's wait after a failed stream, doubled after each further failure, jittered")
+	fs.DurationVar(&o.backoffMax, "rls-xds-backoff-max", rlsxds.DefaultBackoff.Max, "the longest wait between two xDS streams")
+	fs.IntVar(&o.maxRecvBytes, "rls-xds-max-recv-bytes", rlsxds.DefaultMaxMessageBytes, "the largest xDS response; a larger one ends the stream")
 	fs.BoolVar(&o.startWithoutConfig, "rls-start-without-config", false, "serve before the first configuration over xDS arrives (answering Unavailable until then); without it the gRPC port opens only once one is applied")
 }
 
@@ -49,12 +55,23 @@ func (o *xdsOptions) check() error {
 			"--rls-xds-node-metadata": o.nodeMetadata != "", "--rls-xds-tls-cert": o.cert != "", "--rls-xds-tls-key": o.key != "",
 			"--rls-xds-tls-ca": o.ca != "", "--rls-xds-tls-san": o.san != "", "--rls-xds-headers": o.headers != "",
 			"--rls-start-without-config": o.startWithoutConfig,
+			"--rls-xds-backoff":          o.backoff != rlsxds.DefaultBackoff.Initial,
+			"--rls-xds-backoff-max":      o.backoffMax != rlsxds.DefaultBackoff.Max,
+			"--rls-xds-max-recv-bytes":   o.maxRecvBytes != rlsxds.DefaultMaxMessageBytes,
 		} {
 			if set {
 				return fmt.Errorf("%s: needs --rls-xds-server", name)
 			}
 		}
 		return nil
+	}
+	switch {
+	case o.backoff <= 0:
+		return fmt.Errorf("--rls-xds-backoff: must be > 0, got %v", o.backoff)
+	case o.backoffMax < o.backoff:
+		return fmt.Errorf("--rls-xds-backoff-max: must be >= --rls-xds-backoff (%v), got %v", o.backoff, o.backoffMax)
+	case o.maxRecvBytes <= 0:
+		return fmt.Errorf("--rls-xds-max-recv-bytes: must be > 0, got %d", o.maxRecvBytes)
 	}
 	if o.nodeMetadata != "" {
 		var m map[string]any
@@ -81,7 +98,8 @@ func (o *xdsOptions) check() error {
 	if err != nil {
 		return fmt.Errorf("--rls-xds-tls-*: %w", err)
 	}
-	o.client = &rlsxds.Options{Server: o.server, NodeID: o.nodeID, NodeMetadata: o.metadata, TLS: tlsc, Headers: o.header}
+	o.client = &rlsxds.Options{Server: o.server, NodeID: o.nodeID, NodeMetadata: o.metadata, TLS: tlsc, Headers: o.header,
+		Backoff: rlsxds.Backoff{Initial: o.backoff, Max: o.backoffMax}, MaxMessageBytes: o.maxRecvBytes}
 	return nil
 }
 

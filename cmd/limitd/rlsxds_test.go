@@ -37,6 +37,10 @@ func TestRunRLSXDSFlagErrors(t *testing.T) {
 		{append(x, "--rls-xds-headers", "a=1,b"), `--rls-xds-headers: want k=v,k=v, got "b"`},
 		{append(x, "--rls-xds-tls-cert", good), "--rls-xds-tls-*: rlsxds: tls: a client certificate needs its key"},
 		{append(x, "--rls-xds-tls-ca", "/nonexistent/ca.pem"), "/nonexistent/ca.pem"},
+		{append(x, "--rls-xds-backoff", "0s"), "--rls-xds-backoff: must be > 0"},
+		{append(x, "--rls-xds-backoff", "10s", "--rls-xds-backoff-max", "5s"), "--rls-xds-backoff-max: must be >= --rls-xds-backoff (10s), got 5s"},
+		{append(x, "--rls-xds-max-recv-bytes", "-1"), "--rls-xds-max-recv-bytes: must be > 0"},
+		{[]string{"--listen", "127.0.0.1:0", "--rls-xds-backoff", "2s"}, "--rls-xds-backoff: needs --rls-xds-server"},
 	} {
 		err := run(context.Background(), tc.args, env(), io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
