@@ -24,10 +24,10 @@
 //     version last ACKed, the response's nonce and error_detail (code
 //     InvalidArgument, the reason as the message); it is counted
 //     (Loaded(false)) and logged, and the last good configuration keeps
-//     serving. The same response sent again (a snapshot cache answers a
-//     NACK with it at once while its version is not the one ACKed) is
-//     NACKed again after a back-off (as below, doubling while it repeats),
-//     without being converted, counted or logged again.
+//     serving. A refusal that follows a refusal is sent after a back-off
+//     (as below, doubling while refusals go on): a snapshot cache answers a
+//     NACK at once with the same response while its version is not the one
+//     ACKed. That same response is not converted, counted or logged again.
 //   - A stream that fails (the server gone, a message over
 //     Options.MaxMessageBytes, garbage on the connection) is opened again
 //     after a back-off: Backoff.Initial doubling to Backoff.Max, each wait
@@ -258,14 +258,13 @@ func (c *Client) stream(ctx context.Context) (answered bool, err error) {
 			return answered, fmt.Errorf("rlsxds: receive: %w", err)
 		}
 		answered = true
-		req := c.handle(resp, node)
-		if req == nil { // the response last refused, again
+		req, again := c.handle(resp, node)
+		if again { // a refusal after a refusal
 			c.repeats++
 			d := c.o.Backoff.Delay(c.repeats)
 			if err := c.o.Wait(ctx, d/2+time.Duration(c.o.Rand()*float64(d/2))); err != nil {
 				return answered, err
 			}
-			req = c.nack(resp, node, c.version, c.lastReason)
 		}
 		if err := st.Send(req); err != nil {
 			return answered, fmt.Errorf("rlsxds: send: %w", err)
@@ -273,15 +272,16 @@ func (c *Client) stream(ctx context.Context) (answered bool, err error) {
 	}
 }
 
-// handle applies a response or refuses it, and returns the ACK or NACK;
-// nil for the response last refused sent again, which is neither
-// converted, nor counted, nor logged again: the caller NACKs it after a
-// back-off (a snapshot cache answers a NACK with the same response at
-// once, as long as its version is not the one ACKed).
-func (c *Client) handle(resp *discovery.DiscoveryResponse, node *core.Node) *discovery.DiscoveryRequest {
+// handle applies a response or refuses it, and returns the ACK or NACK,
+// and again: a refusal that follows a refusal, which the caller sends
+// after a back-off (a snapshot cache answers a NACK at once with the same
+// response, as long as its version is not the one ACKed). The response
+// last refused, sent again, is neither converted, nor counted, nor logged
+// again.
+func (c *Client) handle(resp *discovery.DiscoveryResponse, node *core.Node) (req *discovery.DiscoveryRequest, again bool) {
 	raw := rawDigest(resp)
 	if c.lastReason != "" && raw == c.refused {
-		return nil
+		return c.nack(resp, node, c.version, c.lastReason), true
 	}
 	cfg, files, err := c.check(resp)
 	c.mu.Lock()
@@ -290,11 +290,12 @@ func (c *Client) handle(resp *discovery.DiscoveryResponse, node *core.Node) *dis
 		c.o.Loaded(false)
 		c.log.Error("rate limit service: xds configuration refused (NACK); the previous one keeps serving",
 			"version", resp.GetVersionInfo(), "nonce", resp.GetNonce(), "err", err)
-		c.refused, c.repeats, c.lastReason = raw, 0, err.Error()
-		return c.nack(resp, node, c.version, c.lastReason)
+		again = c.lastReason != ""
+		c.refused, c.lastReason = raw, err.Error()
+		return c.nack(resp, node, c.version, c.lastReason), again
 	}
 	c.lastReason, c.repeats = "", 0
-	req := &discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.GetNonce()}
+	req = &discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.GetNonce()}
 	sum := digest(files)
 	if !c.applied || sum != c.sum {
 		c.o.Apply(cfg)
@@ -308,7 +309,7 @@ func (c *Client) handle(resp *discovery.DiscoveryResponse, node *core.Node) *dis
 	}
 	c.version = resp.GetVersionInfo()
 	req.VersionInfo = c.version
-	return req
+	return req, false
 }
 
 // nack refuses resp for reason, naming version, the one last ACKed.

@@ -362,3 +362,33 @@ func domain(name, d string, ds ...*rlsconf.RateLimitDescriptor) *rlsconf.RateLim
 }
 
 func slogTo(l *logBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+// auto releases every wait at once until the test ends, and returns the
+// delays asked on a channel of its own.
+func (w *waits) auto(t *testing.T) <-chan time.Duration {
+	t.Helper()
+	out := make(chan time.Duration, 64)
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case d := <-w.asked:
+				select {
+				case out <- d:
+				default:
+				}
+				select {
+				case w.release <- struct{}{}:
+				case <-done:
+					return
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done); <-stopped })
+	return out
+}

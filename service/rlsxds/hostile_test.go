@@ -101,7 +101,9 @@ func TestHostileWrongTypes(t *testing.T) {
 	})
 	tg := newTarget(t)
 	log := &logBuffer{}
-	hostileClient(t, addr, tg, newWaits(), log)
+	w := newWaits()
+	waited := w.auto(t)
+	hostileClient(t, addr, tg, w, log)
 	for i, want := range []string{"ngood good ", "n2 good rlsxds: type_url", "n3 good rlsxds: resources[0].type_url", "n4 good rlsxds: resources[0]: "} {
 		select {
 		case got := <-nacks:
@@ -113,6 +115,9 @@ func TestHostileWrongTypes(t *testing.T) {
 		}
 	}
 	serving(t, tg)
+	if len(waited) != 2 {
+		t.Errorf("%d back-offs, want 2 (before the second and the third refusal)", len(waited))
+	}
 	if tg.loads(t, "error") != 3 || !strings.Contains(log.String(), "NACK") {
 		t.Errorf("refused loads %v; log %s", tg.loads(t, "error"), log)
 	}
@@ -333,5 +338,65 @@ func TestHostileRepeatsRefused(t *testing.T) {
 	serving(t, tg)
 	if got := strings.Count(log.String(), "NACK"); got != 1 || tg.loads(t, "error") != 1 {
 		t.Errorf("%d NACKs logged, %v counted; want 1 and 1:\n%s", got, tg.loads(t, "error"), log)
+	}
+}
+
+// Refused responses in a row that differ (a server alternating two bad
+// snapshots) are each read, logged and counted, and each NACK after the
+// first waits a back-off: refusals cost at most one conversion per wait.
+func TestHostileAlternatingRefused(t *testing.T) {
+	nacked := make(chan int, 1)
+	addr := startHostile(t, func(s discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+		if _, err := s.Recv(); err != nil {
+			return err
+		}
+		if err := s.Send(good(t)); err != nil {
+			return err
+		}
+		if _, err := s.Recv(); err != nil {
+			return err
+		}
+		bad := []*discovery.DiscoveryResponse{
+			response(t, "bad-1", domain("a", "gw", limit("k", "v", 1, rlsconf.RateLimitUnit_UNKNOWN))),
+			response(t, "bad-2", domain("a", "")),
+		}
+		n := 0
+		for i := range 4 {
+			if err := s.Send(bad[i%2]); err != nil {
+				return err
+			}
+			req, err := s.Recv()
+			if err != nil {
+				return err
+			}
+			if req.GetErrorDetail() != nil {
+				n++
+			}
+		}
+		nacked <- n
+		<-s.Context().Done()
+		return nil
+	})
+	tg := newTarget(t)
+	w := newWaits()
+	log := &logBuffer{}
+	hostileClient(t, addr, tg, w, log)
+	for i, want := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second} {
+		if d := w.next(t); d != want {
+			t.Errorf("refusal %d: waited %v, want %v", i+2, d, want)
+		}
+		w.release <- struct{}{}
+	}
+	select {
+	case n := <-nacked:
+		if n != 4 {
+			t.Errorf("%d NACKs, want 4", n)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the refusals were not answered within 30s")
+	}
+	serving(t, tg)
+	if got := strings.Count(log.String(), "NACK"); got != 4 || tg.loads(t, "error") != 4 {
+		t.Errorf("%d NACKs logged, %v counted; want 4 and 4", got, tg.loads(t, "error"))
 	}
 }
