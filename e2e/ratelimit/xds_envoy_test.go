@@ -132,7 +132,7 @@ func TestEnvoyGatewayGoldenThroughEnvoy(t *testing.T) {
 	x := startXDSServer(t, "127.0.0.1:0", p.server, nil)
 	x.set("0", cases[0].resources...)
 	ref := startReferenceXDS(t, x.addr, p)
-	lim := startLimitdWith(t, limitdBinary(t), limitdXDSArgs(x.addr, p), nil, true).service
+	lim := startLimitdWith(t, limitdBinary(t), limitdXDSArgs(x.addr, p, string(limitd)), nil, true).service
 	var used, skipped []string
 	for i, c := range cases {
 		version := fmt.Sprintf("envoy-%d", i)

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -376,10 +377,10 @@ func startReferenceXDS(t *testing.T, addr string, p *xdsPKI) *service {
 }
 
 // limitdXDSArgs are limitd's flags as a client of the ADS server at addr,
-// with the same TLS files and node.
-func limitdXDSArgs(addr string, p *xdsPKI) []string {
+// with the same TLS files and node; who names it in the node's metadata.
+func limitdXDSArgs(addr string, p *xdsPKI, who string) []string {
 	return []string{"--rls-xds-server", addr, "--rls-xds-node-id", xdsNode,
-		"--rls-xds-node-metadata", `{"who":"` + string(limitd) + `"}`,
+		"--rls-xds-node-metadata", `{"who":"` + who + `"}`,
 		"--rls-xds-tls-cert", p.clientCert, "--rls-xds-tls-key", p.client, "--rls-xds-tls-ca", p.ca,
 		"--rls-xds-tls-san", "envoy-gateway", "--rls-algorithm", "fixed_window"}
 }
@@ -495,16 +496,17 @@ func decideGolden(t *testing.T, c goldenCase, ref, lim *service) (calls int) {
 // envoyproxy/ratelimit (GRPC_XDS_SOTW) and to limitd (--rls-xds-server,
 // fixed windows), both ACK it, and the descriptors the case's routes make
 // get the same answers from both (direct gRPC calls). Then, on the same
-// two: a snapshot that does not validate is NACKed by both while the last
-// good one serves; the ADS server is stopped and started again on its
-// address with a new snapshot, which both take.
+// two: a changed snapshot under traffic (no call fails, each answer has the
+// old limit or the new); a snapshot that does not validate is NACKed by
+// both while the last good one serves; the ADS server is stopped and
+// started again on its address with a new snapshot, which both take.
 func TestEnvoyGatewayGolden(t *testing.T) {
 	cases := goldenCases(t)
 	p := newXDSPKI(t)
 	x := startXDSServer(t, "127.0.0.1:0", p.server, nil)
 	x.set("0-"+cases[0].name, cases[0].resources...)
 	ref := startReferenceXDS(t, x.addr, p)
-	lim := startLimitdWith(t, limitdBinary(t), limitdXDSArgs(x.addr, p), nil, true).service
+	lim := startLimitdWith(t, limitdBinary(t), limitdXDSArgs(x.addr, p, string(limitd)), nil, true).service
 	who := []string{string(reference), string(limitd)}
 	calls := 0
 	for i, c := range cases {
@@ -520,8 +522,29 @@ func TestEnvoyGatewayGolden(t *testing.T) {
 	}
 	t.Logf("%d cases, %d calls on each service", len(cases), calls)
 
-	// A bad snapshot: NACKed by both, the last case serving on.
+	// The last case changed under traffic on both: every limit to 1000 an
+	// hour; then the last case again.
 	last := cases[len(cases)-1]
+	domain := slices.Sorted(mapsKeys(last.calls))[0]
+	d := last.calls[domain][0]
+	r, err := ref.call(domain, 1, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	underChange(t, []*service{ref, lim}, domain, d, r.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(), func() {
+		x.set("changed", changeLimits(last.resources, 1000)...)
+		x.waitACK("changed", who...)
+		if err := ref.rl.WaitLoads(len(cases)+1, len(ref.rl.ConfigErrors()), waitTimeout); err != nil {
+			t.Fatal(err)
+		}
+	})
+	x.set("last", last.resources...)
+	x.waitACK("last", who...)
+	if err := ref.rl.WaitLoads(len(cases)+2, len(ref.rl.ConfigErrors()), waitTimeout); err != nil {
+		t.Fatal(err)
+	}
+
+	// A bad snapshot: NACKed by both, the last case serving on.
 	nr, nl := x.nackCount(who[0]), x.nackCount(who[1])
 	bad := &rlsconf.RateLimitConfig{Name: "bad", Domain: "bad", Descriptors: []*rlsconf.RateLimitDescriptor{
 		{Key: "k", RateLimit: &rlsconf.RateLimitPolicy{RequestsPerUnit: 1}}}}
@@ -539,7 +562,7 @@ func TestEnvoyGatewayGolden(t *testing.T) {
 	x2 := startXDSServer(t, x.addr, p.server, nil)
 	x2.set("restarted", cases[0].resources...)
 	x2.waitACK("restarted", who...)
-	if err := ref.rl.WaitLoads(len(cases)+1, len(ref.rl.ConfigErrors()), waitTimeout); err != nil {
+	if err := ref.rl.WaitLoads(len(cases)+3, len(ref.rl.ConfigErrors()), waitTimeout); err != nil {
 		t.Fatal(err)
 	}
 	decideGolden(t, cases[0], ref, lim)
@@ -560,8 +583,8 @@ func TestEnvoyGatewayStartBeforeSnapshot(t *testing.T) {
 	c := cases[0]
 	p := newXDSPKI(t)
 	x := startXDSServer(t, "127.0.0.1:0", p.server, nil)
-	waiting := startLimitdWith(t, limitdBinary(t), limitdXDSArgs(x.addr, p), nil, false)
-	early := startLimitdWith(t, limitdBinary(t), append(limitdXDSArgs(x.addr, p), "--rls-start-without-config"), nil, true)
+	waiting := startLimitdWith(t, limitdBinary(t), limitdXDSArgs(x.addr, p, "waiting"), nil, false)
+	early := startLimitdWith(t, limitdBinary(t), append(limitdXDSArgs(x.addr, p, "early"), "--rls-start-without-config"), nil, true)
 	waiting.waitLog(t, "waiting for the first configuration over xds")
 	if conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(waiting.grpcPort), time.Second); err == nil {
 		conn.Close()
@@ -584,52 +607,69 @@ func TestEnvoyGatewayStartBeforeSnapshot(t *testing.T) {
 		before = r.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
 	}
 
-	// A changed snapshot under traffic: the limit of every descriptor of
-	// domain moves from the case's to 1000 per hour; each answer has one
-	// of the two, none fails, and once ACKed the new one serves.
-	changed := changeLimits(c.resources, 1000)
+	// A changed snapshot under traffic.
+	underChange(t, []*service{waiting.service, early.service}, domain, c.calls[domain][0], before, func() {
+		x.set("2", changeLimits(c.resources, 1000)...)
+		x.waitACK("2", "waiting", "early")
+	})
+}
+
+// underChange calls every service of ss about descriptor d of domain, over
+// and over (bounded), from 100 calls before change runs to 100 calls after
+// it returned, then checks: no call failed,
+// every answer had the limit before or 1000 (changeLimits' limit), and
+// after the change every service answers 1000.
+func underChange(t *testing.T, ss []*service, domain string, d entries, before uint32, change func()) {
+	t.Helper()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var failures []string
-	for _, s := range []*service{waiting.service, early.service} {
+	var calls atomic.Int64
+	for _, s := range ss {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; i < 2000; i++ { // bounded; stops when told
+			for i := 0; i < 5000; i++ { // bounded; stops when told
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				r, err := s.call(domain, 1, c.calls[domain][0])
-				if err != nil {
-					mu.Lock()
-					failures = append(failures, err.Error())
-					mu.Unlock()
-					continue
+				r, err := s.call(domain, 1, d)
+				calls.Add(1)
+				mu.Lock()
+				switch {
+				case err != nil:
+					failures = append(failures, fmt.Sprintf("%s: %v", s.kind, err))
+				case r.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != 1000 &&
+					r.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != before:
+					failures = append(failures, fmt.Sprintf("%s: %v", s.kind, r))
 				}
-				if l := r.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); l != 1000 && l != before {
-					mu.Lock()
-					failures = append(failures, fmt.Sprintf("limit %d", l))
-					mu.Unlock()
-				}
+				mu.Unlock()
 			}
 		}()
 	}
-	x.set("2", changed...)
-	x.waitACK("2", string(limitd))
+	waitCalls := func(n int64) {
+		for deadline := time.Now().Add(waitTimeout); calls.Load() < n && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond) // bounded: until the traffic has made n calls
+		}
+	}
+	waitCalls(100)
+	change()
+	waitCalls(calls.Load() + 100)
 	close(stop)
 	wg.Wait()
 	if len(failures) > 0 {
-		t.Errorf("%d calls failed under the change: %v", len(failures), failures[:min(5, len(failures))])
+		t.Errorf("%d of %d calls failed under the change: %v", len(failures), calls.Load(), failures[:min(5, len(failures))])
 	}
-	for _, s := range []*service{waiting.service, early.service} {
-		r, err := s.call(domain, 1, c.calls[domain][0])
+	for _, s := range ss {
+		r, err := s.call(domain, 1, d)
 		if err != nil || r.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != 1000 {
-			t.Errorf("after the change: %v, %v", r, err)
+			t.Errorf("%s after the change: %v, %v", s.kind, r, err)
 		}
 	}
+	t.Logf("%d calls around the change", calls.Load())
 }
 
 // changeLimits copies rs with every limit set to n per hour.
