@@ -396,12 +396,36 @@ type limitdProcess struct {
 // limitd: args and env are its whole configuration beside the listeners'
 // flags and --redis) on a new redis-server, and, when ready, waits until it
 // is ready (/readyz and the gRPC port); else only until it has started.
-// The process is stopped when t ends.
+// A port taken between its choice and limitd's start (other tests run on
+// the machine) is chosen again, at most three times when ready. The
+// process is stopped when t ends.
 func startLimitdWith(t *testing.T, bin string, args, env []string, ready bool) *limitdProcess {
 	t.Helper()
 	r := redistest.Start(t)
-	s := &service{kind: limitd, redis: r}
 	logPath := filepath.Join(t.TempDir(), "limitd.log")
+	for attempt := 1; ; attempt++ {
+		p := launchWith(t, bin, r, logPath, args, env)
+		if !ready {
+			p.dial(t)
+			return p
+		}
+		err := waitLimitd(p.httpPort, p.grpcPort, p.done)
+		if err == nil {
+			p.dial(t)
+			return p
+		}
+		p.stop()
+		if attempt >= 3 || !strings.Contains(p.log(), "address already in use") {
+			t.Fatalf("limitd did not start: %v\n%s", err, logtext.Tail(p.log(), 30))
+		}
+	}
+}
+
+// launchWith starts one limitd process on r, logging to logPath, stopped
+// when t ends.
+func launchWith(t *testing.T, bin string, r *redistest.Server, logPath string, args, env []string) *limitdProcess {
+	t.Helper()
+	s := &service{kind: limitd, redis: r}
 	s.log = func() string { b, _ := os.ReadFile(logPath); return string(b) }
 	s.httpPort, s.grpcPort = freePort(t), freePort(t)
 	argv := append([]string{"--listen", "127.0.0.1:" + strconv.Itoa(s.httpPort),
@@ -423,21 +447,20 @@ func startLimitdWith(t *testing.T, bin string, args, env []string, ready bool) *
 		if t.Failed() {
 			t.Logf("limitd's log tail:\n%s", logtext.Tail(s.log(), 30))
 		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
+		p.stop()
 	})
-	if ready {
-		if err := waitLimitd(s.httpPort, s.grpcPort, p.done); err != nil {
-			t.Fatalf("limitd did not start: %v\n%s", err, logtext.Tail(s.log(), 30))
-		}
-	}
-	s.dial(t)
 	return p
+}
+
+// stop ends the process: SIGTERM, then SIGKILL after 10 s.
+func (p *limitdProcess) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
 }
 
 // flush empties both services' Redis servers.
