@@ -55,9 +55,15 @@ func TestClientACKNACK(t *testing.T) {
 	run(t, c)
 	awaitConfigured(t, c)
 	first := s.await("ACK of version 1", ack("1"))
-	if first.GetNode().GetId() != "envoy-ratelimit" || first.GetTypeUrl() != TypeURL {
-		t.Errorf("ACK: node %q, type %q", first.GetNode().GetId(), first.GetTypeUrl())
+	if first.GetNode().GetId() != "envoy-ratelimit" || first.GetTypeUrl() != TypeURL ||
+		first.GetNode().GetMetadata().GetFields()["cluster"].GetStringValue() != "ratelimit" {
+		t.Errorf("ACK: node %v, type %q", first.GetNode(), first.GetTypeUrl())
 	}
+	s.mu.Lock()
+	if len(s.headers) != 1 || strings.Join(s.headers[0].Get("x-tenant"), ",") != "t1" {
+		t.Errorf("stream headers %v, want x-tenant: t1", s.headers)
+	}
+	s.mu.Unlock()
 	if tg.loads(t, "success") != 1 {
 		t.Errorf("loads: %v", tg.loads(t, "success"))
 	}

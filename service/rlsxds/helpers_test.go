@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
@@ -135,16 +136,23 @@ type adsServer struct {
 	grpc  *grpc.Server
 	addr  string
 
-	mu   sync.Mutex
-	reqs []*discovery.DiscoveryRequest
-	got  chan struct{} // a request arrived
+	mu      sync.Mutex
+	reqs    []*discovery.DiscoveryRequest
+	headers []metadata.MD // of each stream opened
+	got     chan struct{} // a request arrived
 }
 
 // startADS serves on addr ("127.0.0.1:0" for a new port) with creds.
 func startADS(t *testing.T, addr string, creds *tls.Config) *adsServer {
 	t.Helper()
 	s := &adsServer{t: t, cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil), got: make(chan struct{}, 1024)}
-	cb := serverv3.CallbackFuncs{StreamRequestFunc: func(_ int64, r *discovery.DiscoveryRequest) error {
+	cb := serverv3.CallbackFuncs{StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
+		md, _ := metadata.FromIncomingContext(ctx)
+		s.mu.Lock()
+		s.headers = append(s.headers, md)
+		s.mu.Unlock()
+		return nil
+	}, StreamRequestFunc: func(_ int64, r *discovery.DiscoveryRequest) error {
 		s.mu.Lock()
 		s.reqs = append(s.reqs, r)
 		s.mu.Unlock()
