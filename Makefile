@@ -181,6 +181,7 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzBucketKeyUnambiguous -fuzztime $(FUZZTIME) ./service/rlsconfig/
 	$(GO) test -run XXX -fuzz FuzzCodec -fuzztime $(FUZZTIME) ./service/rlqs/
 	$(GO) test -run XXX -fuzz FuzzMend -fuzztime $(FUZZTIME) ./internal/protomend/
+	$(GO) test -run XXX -fuzz FuzzRender -fuzztime $(FUZZTIME) ./service/rlsxds/
 	cd third_party/pretty && $(GO) test -run XXX -fuzz FuzzUnescape -fuzztime $(FUZZTIME) .
 
 # The files and cross-package calls of one allowed request on each build, to

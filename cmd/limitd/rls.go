@@ -31,6 +31,7 @@ type rlsOptions struct {
 	quota        rlqsOptions
 	tls          grpcTLSOptions
 	feat         rlsFeatures // rlsfeat.go
+	xds          xdsOptions  // --rls-xds-*: the configuration over xDS instead
 }
 
 func (o *rlsOptions) register(fs *flag.FlagSet) {
@@ -45,6 +46,7 @@ func (o *rlsOptions) register(fs *flag.FlagSet) {
 	o.quota.register(fs)
 	o.tls.register(fs)
 	o.feat.register(fs)
+	o.xds.register(fs)
 }
 
 // check validates the flags before anything starts.
@@ -55,14 +57,20 @@ func (o *rlsOptions) check(tokens int) error {
 	if err := o.feat.check(o.grpcListen); err != nil {
 		return err
 	}
+	if err := o.xds.check(); err != nil {
+		return err
+	}
 	if o.grpcListen == "" {
 		if o.config != "" {
 			return fmt.Errorf("--rls-config: needs --grpc-listen")
 		}
+		if o.xds.server != "" {
+			return fmt.Errorf("--rls-xds-server: needs --grpc-listen")
+		}
 		return nil
 	}
-	if o.config == "" {
-		return fmt.Errorf("--grpc-listen: needs --rls-config")
+	if (o.config == "") == (o.xds.server == "") {
+		return fmt.Errorf("--grpc-listen: needs --rls-config or --rls-xds-server (one of them)")
 	}
 	if _, err := rlsconfig.ParseAlgorithm(o.algorithm); err != nil {
 		return fmt.Errorf("--rls-algorithm: want token_bucket or fixed_window, got %q", o.algorithm)
@@ -117,9 +125,13 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	if err := o.feat.servePeerSeries(ctx, m, log); err != nil {
 		return nil, err
 	}
-	w, err := rls.NewWatcher(o.config, srv, log)
-	if err != nil {
-		return nil, fmt.Errorf("--rls-config: %w", err)
+	var w *rls.Watcher
+	if o.config != "" {
+		if w, err = rls.NewWatcher(o.config, srv, log); err != nil {
+			return nil, fmt.Errorf("--rls-config: %w", err)
+		}
+	} else if err := startXDS(ctx, &o.xds, srv, m, log); err != nil {
+		return nil, err
 	}
 	door.MaxConns, door.MaxStreams, door.MaxRecvBytes = o.grpcMaxConns, uint32(min(o.maxStreams, 1<<31)), o.maxRecvBytes
 	door.Registerer, door.Codec = reg, rlqs.Codec{}
@@ -138,10 +150,12 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-listen: %w", err)
 	}
-	go w.Run(ctx, o.poll)
+	if w != nil {
+		go w.Run(ctx, o.poll)
+	}
 	go g.WatchStore(ctx, store, time.Second)
 	d := &rlsDoor{grpc: g, quota: q, served: make(chan error, 1), addr: ln.Addr().String()}
 	go func() { d.served <- g.Serve(ln) }()
-	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(door.Tokens) > 0, "tls", door.TLS != nil, "mutual_tls", o.tls.mutual())
+	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "xds", o.xds.server, "algorithm", algo.String(), "auth", len(door.Tokens) > 0, "tls", door.TLS != nil, "mutual_tls", o.tls.mutual())
 	return d, nil
 }

@@ -23,6 +23,14 @@
 // windows are counted on the clock: a script is played inside one window
 // (its start aligned, or replayed when an edge fell inside).
 //
+// Configured over xDS, both services take Envoy Gateway's golden
+// RateLimitConfig outputs from one ADS server with mutual TLS
+// (TestEnvoyGatewayGolden by direct calls, TestEnvoyGatewayGoldenThroughEnvoy
+// through Envoy where its actions run here); limitd alone is started before
+// any snapshot (TestEnvoyGatewayStartBeforeSnapshot) and run against a
+// hostile ADS server (TestXDSHostileServer). Envoy Gateway's source is read
+// from the module cache (`go mod download`), not a dependency of this module.
+//
 // It is a Go module of its own (`make test-ratelimit`): its go.mod names
 // envoyproxy/ratelimit at the version mk/ratelimit.mk builds, so that
 // `go mod download` puts that version's source in the module cache, where
