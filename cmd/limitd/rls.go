@@ -28,7 +28,9 @@ type rlsOptions struct {
 	maxStreams   uint
 	maxRecvBytes int
 	maxKeyBytes  int // --max-key-bytes, the HTTP door's flag
-	quota        rlqsOptions
+	// listenTCP opens --grpc-listen's listener (options.listenTCP).
+	listenTCP func(addr string) (net.Listener, error)
+	quota     rlqsOptions
 }
 
 func (o *rlsOptions) register(fs *flag.FlagSet) {
@@ -43,8 +45,10 @@ func (o *rlsOptions) register(fs *flag.FlagSet) {
 	o.quota.register(fs)
 }
 
-// check validates the flags before anything starts.
-func (o *rlsOptions) check(tokens int) error {
+// check validates the flags before anything starts. open: serve a
+// non-loopback address without tokens (the ratelimit mode, as
+// envoyproxy/ratelimit does: ratelimit.go).
+func (o *rlsOptions) check(tokens int, open bool) error {
 	if o.grpcListen == "" {
 		if o.config != "" {
 			return fmt.Errorf("--rls-config: needs --grpc-listen")
@@ -67,7 +71,7 @@ func (o *rlsOptions) check(tokens int) error {
 	if err != nil {
 		return fmt.Errorf("--grpc-listen: %w", err)
 	}
-	if !loopback && tokens == 0 {
+	if !loopback && tokens == 0 && !open {
 		return fmt.Errorf("--grpc-listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.grpcListen)
 	}
 	return nil
@@ -77,6 +81,7 @@ func (o *rlsOptions) check(tokens int) error {
 type rlsDoor struct {
 	grpc   *grpcdoor.Host // the gRPC door: listener, guard, authentication
 	quota  *rlqs.Server   // the rate limit quota service, on grpc
+	rls    *rls.Server    // the rate limit service, on grpc
 	served chan error
 	addr   string
 }
@@ -117,13 +122,17 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", o.grpcListen)
+	listen := o.listenTCP
+	if listen == nil {
+		listen = func(addr string) (net.Listener, error) { return (&options{}).listenTCP("grpc-listen", addr) }
+	}
+	ln, err := listen(o.grpcListen)
 	if err != nil {
-		return nil, fmt.Errorf("--grpc-listen: %w", err)
+		return nil, err
 	}
 	go w.Run(ctx, o.poll)
 	go g.WatchStore(ctx, store, time.Second)
-	d := &rlsDoor{grpc: g, quota: q, served: make(chan error, 1), addr: ln.Addr().String()}
+	d := &rlsDoor{grpc: g, quota: q, rls: srv, served: make(chan error, 1), addr: ln.Addr().String()}
 	go func() { d.served <- g.Serve(ln) }()
 	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(door.Tokens) > 0)
 	return d, nil

@@ -135,6 +135,10 @@ type Options struct {
 	// Codec, when set, is the codec of every call (the quota service's
 	// rlqs.Codec, which reads the reports gRPC's proto codec refuses).
 	Codec encoding.CodecV2
+	// MaxConnectionAge, when set, ends a connection that old with a GOAWAY
+	// (gRPC adds a jitter of ±10%), and MaxConnectionAgeGrace, when set,
+	// closes it that much later (zero: no bound of either).
+	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
 }
 
 // Host is the gRPC door: register services on Server, then Serve. Its
@@ -229,7 +233,8 @@ func New(opts Options) (*Host, error) {
 		grpc.SharedWriteBuffer(true),
 		grpc.ConnectionTimeout(HandshakeTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: MaxConnectionIdle}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: MaxConnectionIdle,
+			MaxConnectionAge: opts.MaxConnectionAge, MaxConnectionAgeGrace: opts.MaxConnectionAgeGrace}),
 		grpc.UnaryInterceptor(unary),
 		grpc.StreamInterceptor(stream),
 	)...)
