@@ -286,6 +286,7 @@ func serve(ctx context.Context, o *options, getenv func(string) string, stderr i
 	defer stopRLS()
 	o.rls.maxKeyBytes = o.limits.MaxKeyBytes // RLS names past it are hashed
 	o.rls.listenTCP = func(addr string) (net.Listener, error) { return o.listenTCP("grpc-listen", addr) }
+	o.rls.nameFlag = o.name
 	door, err := startRLS(rlsCtx, &o.rls, store, grpcdoor.Options{Tokens: tokens, Identities: identities,
 		IdentityHeader: o.identityHeader, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace,
 		MaxConnectionAge: o.grpcMaxConnAge, MaxConnectionAgeGrace: o.grpcMaxConnAgeGrace}, o.timeout, reg, log)

@@ -30,7 +30,9 @@ type rlsOptions struct {
 	maxKeyBytes  int // --max-key-bytes, the HTTP door's flag
 	// listenTCP opens --grpc-listen's listener (options.listenTCP).
 	listenTCP func(addr string) (net.Listener, error)
-	quota     rlqsOptions
+	// flagName names a flag in errors (options.name); nil: "--" and its name.
+	nameFlag func(flag string) string
+	quota    rlqsOptions
 }
 
 func (o *rlsOptions) register(fs *flag.FlagSet) {
@@ -108,7 +110,7 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	}
 	w, err := rls.NewWatcher(o.config, srv, log)
 	if err != nil {
-		return nil, fmt.Errorf("--rls-config: %w", err)
+		return nil, fmt.Errorf("%s: %w", o.flagName("rls-config"), err)
 	}
 	door.MaxConns, door.MaxStreams, door.MaxRecvBytes = o.grpcMaxConns, uint32(min(o.maxStreams, 1<<31)), o.maxRecvBytes
 	door.Registerer, door.Codec = reg, rlqs.Codec{}
@@ -136,4 +138,12 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	go func() { d.served <- g.Serve(ln) }()
 	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "algorithm", algo.String(), "auth", len(door.Tokens) > 0)
 	return d, nil
+}
+
+// flagName is how an error names the flag f.
+func (o *rlsOptions) flagName(f string) string {
+	if o.nameFlag == nil {
+		return "--" + f
+	}
+	return o.nameFlag(f)
 }
