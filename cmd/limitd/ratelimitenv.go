@@ -153,9 +153,9 @@ var limitdEnv = []envSetting{
 	{"LIMITD_TOKEN_FILE", "", []string{"token-file"}, "`--token-file`: the callers and their tokens"},
 	{"LIMITD_LISTEN", "", []string{"listen"}, "`--listen`: limitd's own HTTP API (`/v1`, `/healthz`, `/readyz`, `/metrics`); off when empty"},
 	{"LIMITD_METRICS_LISTEN", "", []string{"metrics-listen"}, "`--metrics-listen`: limitd's own `/metrics`"},
-	{"LIMITD_KEY_PREFIX", "tb:", []string{"key-prefix"}, "`--key-prefix`: the prefix of token buckets' Redis keys"},
+	{"LIMITD_KEY_PREFIX", "rl:", []string{"key-prefix"}, "`--key-prefix`: the prefix of token buckets' Redis keys"},
 	{"LIMITD_GRPC_MAX_CONNS", "1024", []string{"grpc-max-conns"}, "`--grpc-max-conns`"},
-	{"LIMITD_CONFIG_POLL", "1s", []string{"rls-config-poll"}, "`--rls-config-poll`: how often the YAML folder is read again"},
+	{"LIMITD_CONFIG_POLL", "2s", []string{"rls-config-poll"}, "`--rls-config-poll`: how often the YAML folder is read again"},
 }
 
 // pendingFlags are flags the table maps to that other branches of issue 40

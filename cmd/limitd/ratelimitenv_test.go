@@ -300,3 +300,24 @@ func envTableMarkdown() string {
 	}
 	return b.String()
 }
+
+// TestLimitdEnvDefaults: a LIMITD_* variable's default is its flag's, but
+// LIMITD_LISTEN's (limitd's HTTP API is off in the ratelimit mode). The
+// Istio token-bucket differential found LIMITD_KEY_PREFIX's "tb:" against
+// --key-prefix's "rl:".
+func TestLimitdEnvDefaults(t *testing.T) {
+	fs := newFlagSet(&options{}, io.Discard)
+	for _, s := range limitdEnv {
+		if len(s.Flags) != 1 || s.Name == "LIMITD_LISTEN" {
+			continue
+		}
+		f := fs.Lookup(s.Flags[0])
+		if f == nil {
+			t.Errorf("%s: no --%s", s.Name, s.Flags[0])
+			continue
+		}
+		if f.DefValue != s.Default {
+			t.Errorf("%s: default %q, --%s's %q", s.Name, s.Default, f.Name, f.DefValue)
+		}
+	}
+}
