@@ -267,3 +267,58 @@ func TestRatelimitDotFiles(t *testing.T) {
 		t.Errorf("a dot file: %v, want RUNTIME_IGNOREDOTFILES named", err)
 	}
 }
+
+// TestRatelimitHTTPAttacker: a raw client holds more connections than the
+// HTTP listener (HOST:PORT) keeps (maxModeConns), every one with a request
+// never finished, and sends /json bodies past its bound and hostile JSON;
+// meanwhile /healthcheck still answers, and the hostile bodies get 400.
+func TestRatelimitHTTPAttacker(t *testing.T) {
+	srv := redistest.Start(t)
+	addrs, _, _ := startMode(t, loopbackEnv(srv.Addr(), configMap(t, rlsYAML)))
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range maxModeConns + 64 {
+		c, err := net.DialTimeout("tcp", addrs.HTTP, 5*time.Second)
+		if err != nil {
+			continue // refused at the cap: what the guard may do
+		}
+		conns = append(conns, c)
+		_, _ = c.Write([]byte("GET /healthcheck HTTP/1.1\r\nHost: x\r\nX-Slow: ")) // never finished
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := client.Get("http://" + addrs.HTTP + "/healthcheck")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && string(b) == "OK" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthcheck under %d unfinished requests: %v", len(conns), err)
+		}
+		time.Sleep(50 * time.Millisecond) // bounded by the deadline: Redis's first answer
+	}
+	for _, body := range []string{
+		`{"domain":"apis","descriptors":[{"entries":[{"key":"generic_key","value":"` + strings.Repeat("x", maxJSONBytes) + `"}]}]}`,
+		`{"domain":"apis","descriptors":[{"entries":[{"key":"generic_key","value":"\udc00"}]}]}`,
+		strings.Repeat("[", 10000),
+		`{"domain":"","descriptors":[]}`,
+		`{"domain":"apis","hitsAddend":4294967295,"descriptors":[{"entries":[{"key":"generic_key","value":"slow"}]}]}`,
+	} {
+		resp, err := client.Post("http://"+addrs.HTTP+"/json", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("/json %.40q: %v", body, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 400 && resp.StatusCode != 429 {
+			t.Errorf("/json %.40q: %d, want 400 (or 429 for hits past the limit)", body, resp.StatusCode)
+		}
+	}
+}

@@ -173,14 +173,14 @@ var pendingFlags = map[string]bool{
 }
 
 // envReader reads the variables of the tables, each one's default from
-// its row, and keeps the first error.
+// its row, and keeps every error, in the order met.
 type envReader struct {
 	getenv func(string) string
 	rows   map[string]envSetting
 	flags  *flag.FlagSet // limitd's, to know which flags this build has
 	args   []string
 	byFlag map[string]string // a flag: the variables that set it
-	err    error
+	errs   []error
 }
 
 func newEnvReader(getenv func(string) string) *envReader {
@@ -192,12 +192,8 @@ func newEnvReader(getenv func(string) string) *envReader {
 	return r
 }
 
-// fail keeps the first error.
-func (r *envReader) fail(err error) {
-	if r.err == nil {
-		r.err = err
-	}
-}
+// fail keeps err.
+func (r *envReader) fail(err error) { r.errs = append(r.errs, err) }
 
 // set reports whether name is set to something but its default.
 func (r *envReader) set(name string) bool {
@@ -328,8 +324,8 @@ func (r *envReader) hostPort(host, port string) string {
 
 // fromEnv translates envoyproxy/ratelimit's environment (and limitd's
 // LIMITD_* choices) into limitd's flags and the mode's settings: the one
-// place where a variable becomes a flag. The error names the first
-// variable refused and why.
+// place where a variable becomes a flag. The error names every variable
+// refused and why, one a line.
 func fromEnv(getenv func(string) string) ([]string, *ratelimitMode, error) {
 	r := newEnvReader(getenv)
 	m := &ratelimitMode{byFlag: r.byFlag}
@@ -522,8 +518,8 @@ func fromEnv(getenv func(string) string) ([]string, *ratelimitMode, error) {
 	r.flag("grpc-max-conns", strconv.Itoa(r.int("LIMITD_GRPC_MAX_CONNS")), "LIMITD_GRPC_MAX_CONNS")
 	r.flag("rls-config-poll", r.duration("LIMITD_CONFIG_POLL").String(), "LIMITD_CONFIG_POLL")
 
-	if r.err != nil {
-		return nil, nil, r.err
+	if len(r.errs) > 0 {
+		return nil, nil, errors.Join(r.errs...)
 	}
 	return r.args, m, nil
 }
