@@ -289,7 +289,8 @@ func serve(ctx context.Context, o *options, getenv func(string) string, stderr i
 	o.rls.nameFlag = o.name
 	door, err := startRLS(rlsCtx, &o.rls, store, grpcdoor.Options{Tokens: tokens, Identities: identities,
 		IdentityHeader: o.identityHeader, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace,
-		MaxConnectionAge: o.grpcMaxConnAge, MaxConnectionAgeGrace: o.grpcMaxConnAgeGrace}, o.timeout, reg, log)
+		MaxConnectionAge: o.grpcMaxConnAge, MaxConnectionAgeGrace: o.grpcMaxConnAgeGrace,
+		EvictOpen: open, UnauthenticatedBusy: openBusy(open)}, o.timeout, reg, log)
 	if err != nil {
 		return err
 	}

@@ -139,6 +139,20 @@ func checkDotFiles(dir string) error {
 	return nil
 }
 
+// openBusyBound is how long a connection of the open gRPC door may stay
+// busy without a break: long, since its calls are served (a quota
+// stream lasts as long as its Envoy); the cap's eviction bounds the rest.
+const openBusyBound = 24 * time.Hour
+
+// openBusy is the gRPC door's UnauthenticatedBusy: its default (0) unless
+// the door is open.
+func openBusy(open bool) time.Duration {
+	if open {
+		return openBusyBound
+	}
+	return 0
+}
+
 // openGRPC reports whether the gRPC listener serves every caller: no token
 // and no client certificate, as the peer.
 func (m *ratelimitMode) openGRPC(tokens int) bool { return tokens == 0 && !m.clientCA }

@@ -322,3 +322,47 @@ func TestRatelimitHTTPAttacker(t *testing.T) {
 		}
 	}
 }
+
+// TestRatelimitOpenDoorEviction: with no token, every caller is equal, so
+// none may keep a connection slot for good: an attacker that filled the
+// gRPC listener's connections (LIMITD_GRPC_MAX_CONNS) with one call each
+// cannot keep a new gateway out (before, each of its connections counted
+// as authenticated, never evicted, and the gateway's was closed).
+func TestRatelimitOpenDoorEviction(t *testing.T) {
+	srv := redistest.Start(t)
+	const maxConns = 8
+	addrs, logs, _ := startMode(t, loopbackEnv(srv.Addr(), configMap(t, rlsYAML), "LIMITD_GRPC_MAX_CONNS", strconv.Itoa(maxConns)))
+	req := &pb.RateLimitRequest{Domain: "apis", Descriptors: []*rlpb.RateLimitDescriptor{{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: "generic_key", Value: "other"}}}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := func(conn *grpc.ClientConn) error {
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		defer ccancel()
+		_, err := pb.NewRateLimitServiceClient(conn).ShouldRateLimit(cctx, req)
+		return err
+	}
+	var held []*grpc.ClientConn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := 0; i < maxConns; i++ {
+		c, err := grpc.NewClient(addrs.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		for call(c) != nil && ctx.Err() == nil { // the first calls wait for Redis
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	gw, err := grpc.NewClient(addrs.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	if err := call(gw); err != nil {
+		t.Fatalf("a gateway's call with %d connections held: %v\n%s", maxConns, err, logs)
+	}
+}

@@ -139,6 +139,12 @@ type Options struct {
 	// (gRPC adds a jitter of ±10%), and MaxConnectionAgeGrace, when set,
 	// closes it that much later (zero: no bound of either).
 	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
+	// EvictOpen: with no tokens, a connection stays as evictable at
+	// MaxConns as an anonymous one (idle longest, then busy longest)
+	// after its calls, instead of counting as authenticated, so that no
+	// caller holds a slot for good where everyone may call (limitd's
+	// ratelimit mode). Its streams are not limited.
+	EvictOpen bool
 }
 
 // Host is the gRPC door: register services on Server, then Serve. Its
@@ -154,6 +160,8 @@ type Host struct {
 	now     func() time.Time
 	rate    float64
 	burst   float64
+
+	evictOpen bool // Options.EvictOpen
 
 	calls           []prometheus.Counter
 	unauthenticated prometheus.Counter
@@ -198,7 +206,7 @@ func New(opts Options) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Host{guard: guard, callers: callers, idKey: strings.ToLower(callers.IdentityHeader()), now: opts.Now,
+	h := &Host{guard: guard, callers: callers, idKey: strings.ToLower(callers.IdentityHeader()), now: opts.Now, evictOpen: opts.EvictOpen,
 		rate: opts.ResetsPerSecond, burst: float64(opts.ResetBurst), stop: make(chan struct{})}
 	authorized := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "limitd_rls_authorized_calls_total",
 		Help: "gRPC calls (rate limit and quota services) authorized, by caller (the token's name, or the identity a front proxy forwarded)."}, []string{"caller"})
@@ -385,7 +393,11 @@ func (h *Host) tap(ctx context.Context, info *tap.Info) (context.Context, error)
 		}
 	}
 	if why == "" {
-		h.guard.Mark(c.Conn, service.ConnAuthenticated)
+		mark := service.ConnAuthenticated
+		if h.evictOpen && h.callers.Open() {
+			mark = service.ConnRequest
+		}
+		h.guard.Mark(c.Conn, mark)
 		c.opened(ctx, false)
 		return service.WithCaller(ctx, caller), nil
 	}
