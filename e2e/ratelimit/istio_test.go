@@ -117,6 +117,18 @@ func configMap(t *testing.T, root string, files map[string]string) {
 // also serves limitd's /metrics (LIMITD_METRICS_LISTEN) for its counters.
 func startIstio(t *testing.T, k kind, files map[string]string, env ...string) *service {
 	t.Helper()
+	s, err := tryIstio(t, k, files, env...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tryIstio is startIstio, returning the error of a service that did not
+// start (build/ratelimit refusing a configuration exits, with the reason in
+// the error).
+func tryIstio(t *testing.T, k kind, files map[string]string, env ...string) (*service, error) {
+	t.Helper()
 	envoytest.Needs(t, false)
 	r := redistest.Start(t)
 	s := &service{kind: k, redis: r}
@@ -128,11 +140,66 @@ func startIstio(t *testing.T, k kind, files map[string]string, env ...string) *s
 		opts.ConfiguredLines = []string{"configuration loaded"}
 		s.httpPort = freePort(t)
 		opts.Env = append(opts.Env, "LIMITD_METRICS_LISTEN=127.0.0.1:"+strconv.Itoa(s.httpPort))
+	} else {
+		opts.Binary = envoyratelimit.Require(t)
 	}
-	s.rl = envoyratelimit.Start(t, opts)
+	rl, err := envoyratelimit.StartServer(opts)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(rl.Stop)
+	s.rl = rl
 	s.grpcPort, s.configDir, s.log = s.rl.GRPCPort(), s.rl.ConfigDir(), s.rl.Log
 	s.dial(t)
-	return s
+	return s, nil
+}
+
+// TestIstioReferenceConfigurations feeds every configuration file shipped
+// in envoyproxy/ratelimit's source, one at a time as the sample's
+// ConfigMap, to envoyproxy/ratelimit and to build/ratelimit, both started
+// as the sample starts the peer: both accept it or both refuse it (limitd
+// naming the file), and every accepted file is decided alike, asked
+// directly over gRPC (decideAlike: build/ratelimit with
+// LIMITD_ALGORITHM=fixed_window the same answers; with token buckets the
+// same codes for the first hits and the same limits).
+func TestIstioReferenceConfigurations(t *testing.T) {
+	mod := referenceModule(t)
+	accepted := 0
+	for _, path := range referenceConfigs(t) {
+		rel, _ := filepath.Rel(mod, path)
+		t.Run(strings.ReplaceAll(rel, "/", "_"), func(t *testing.T) {
+			text, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := filepath.Base(path)
+			files := map[string]string{name: string(text)}
+			ref := startIstio(t, reference, files)
+			refAccepts := len(ref.rl.ConfigErrors()) == 0
+			var sides []*service
+			var refusal error
+			for _, env := range [][]string{{"LIMITD_ALGORITHM=fixed_window"}, nil} {
+				s, err := tryIstio(t, asRatelimit, files, env...)
+				if err != nil {
+					refusal = err
+					break
+				}
+				sides = append(sides, s)
+			}
+			if refAccepts != (refusal == nil) {
+				t.Fatalf("envoyproxy/ratelimit accepts: %v (%v); build/ratelimit: %v", refAccepts, ref.rl.ConfigErrors(), refusal)
+			}
+			if refusal != nil {
+				if !strings.Contains(refusal.Error(), name) {
+					t.Errorf("build/ratelimit's refusal does not name the file %s: %v", name, refusal)
+				}
+				return
+			}
+			accepted++
+			decideAlike(t, string(text), ref, sides[0], sides[1])
+		})
+	}
+	t.Logf("%d configurations accepted by both and decided alike", accepted)
 }
 
 // istioSides starts the peer and build/ratelimit as the sample does, env
