@@ -484,3 +484,52 @@ func httpGet(t *testing.T, url string) (int, string) {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	return resp.StatusCode, string(b)
 }
+
+// swapConfigMap updates a ConfigMap laid out by configMap as the kubelet
+// does: the new files in a new timestamped folder, ..data swapped to it at
+// once (a link renamed over the old), the old folder removed.
+func swapConfigMap(t *testing.T, root string, files map[string]string, stamp string) {
+	t.Helper()
+	dir := filepath.Join(root, envoyratelimit.Subdirectory, "config")
+	old, err := os.Readlink(filepath.Join(dir, "..data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, stamp), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, stamp, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(stamp, filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, old)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIstioConfigMapUpdate: the sample's ConfigMap updated as the kubelet
+// updates a mounted one (the ..data link swapped) is loaded by both
+// services without a restart: both then decide /productpage with the new
+// limit.
+func TestIstioConfigMapUpdate(t *testing.T) {
+	files := map[string]string{"config.yaml": istioYAML}
+	both := []*service{startIstio(t, reference, files), startIstio(t, asRatelimit, files, "LIMITD_ALGORITHM=fixed_window")}
+	probe := entries{"PATH", "/probe"}
+	for _, s := range both {
+		s.waitLimit(t, "ratelimit", probe, 100)
+	}
+	updated := strings.Replace(istioYAML, "requests_per_unit: 100", "requests_per_unit: 7", 1)
+	for _, s := range both {
+		swapConfigMap(t, filepath.Dir(filepath.Dir(s.configDir)), map[string]string{"config.yaml": updated}, "..2026_11_29_10_05_00.000000002")
+	}
+	for _, s := range both {
+		s.waitLimit(t, "ratelimit", probe, 7)
+	}
+}
