@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"os"
 	"os/exec"
@@ -207,7 +208,8 @@ func TestTableFlags(t *testing.T) {
 }
 
 // TestPeerSettings reads envoyproxy/ratelimit's settings.go, at the version
-// e2e/ratelimit's go.mod requires, from the module cache: every variable it
+// e2e/ratelimit's go.mod requires, from the Go module proxy (or its
+// cache): every variable it
 // reads is in the table, with its default, and the table has no other.
 func TestPeerSettings(t *testing.T) {
 	mod, err := os.ReadFile("../../e2e/ratelimit/go.mod")
@@ -218,14 +220,18 @@ func TestPeerSettings(t *testing.T) {
 	if m == nil {
 		t.Fatal("e2e/ratelimit/go.mod requires no github.com/envoyproxy/ratelimit")
 	}
-	out, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	out, err := exec.Command("go", "mod", "download", "-json", "github.com/envoyproxy/ratelimit@"+string(m[1])).Output()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("go mod download github.com/envoyproxy/ratelimit@%s: %v", m[1], err)
 	}
-	file := filepath.Join(strings.TrimSpace(string(out)), "github.com/envoyproxy/ratelimit@"+string(m[1]), "src/settings/settings.go")
+	var mod2 struct{ Dir string }
+	if err := json.Unmarshal(out, &mod2); err != nil || mod2.Dir == "" {
+		t.Fatalf("go mod download: %q: %v", out, err)
+	}
+	file := filepath.Join(mod2.Dir, "src/settings/settings.go")
 	src, err := os.ReadFile(file)
 	if err != nil {
-		t.Fatalf("%v (cd e2e/ratelimit && go mod download github.com/envoyproxy/ratelimit)", err)
+		t.Fatal(err)
 	}
 	ours := map[string]string{}
 	for _, s := range ratelimitEnv {
