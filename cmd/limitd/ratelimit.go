@@ -269,9 +269,9 @@ func (m *ratelimitMode) listen(o *options, s *modeServers, vars, addr string, h 
 
 // health answers /healthcheck as the peer's health checker does: 200 "OK"
 // when healthy, else 500 with no body. Healthy: Redis answered (once at
-// start; always, with REDIS_HEALTH_CHECK_ACTIVE_CONNECTION), a
-// configuration is loaded (with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED),
-// and limitd is not stopping.
+// start; always, with REDIS_HEALTH_CHECK_ACTIVE_CONNECTION), the
+// configuration loaded has a domain (with
+// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED), and limitd is not stopping.
 type health struct {
 	m        *ratelimitMode
 	door     *rlsDoor
@@ -292,8 +292,10 @@ func (h *health) healthy(ctx context.Context) bool {
 	if h.stopping.Load() {
 		return false
 	}
-	if h.m.healthNeedsConfig && h.door.rls.Config() == nil {
-		return false
+	if h.m.healthNeedsConfig {
+		if c := h.door.rls.Config(); c == nil || len(c.Domains()) == 0 {
+			return false // the peer's too: a configuration without a domain is not one
+		}
 	}
 	if g, ok := h.store.(*readyGate); ok {
 		if !g.ready.Load() {

@@ -366,3 +366,41 @@ func TestRatelimitOpenDoorEviction(t *testing.T) {
 		t.Fatalf("a gateway's call with %d connections held: %v\n%s", maxConns, err, logs)
 	}
 }
+
+// TestRatelimitHealthNeedsADomain: with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED,
+// /healthcheck fails while the configuration loaded has no domain, as the
+// peer's does (an empty folder loads, and is not enough), and passes once
+// a file gives one.
+func TestRatelimitHealthNeedsADomain(t *testing.T) {
+	srv := redistest.Start(t)
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	addrs, logs, _ := startMode(t, loopbackEnv(srv.Addr(), root, "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true", "LIMITD_CONFIG_POLL", "50ms"))
+	health := func() string {
+		code, body := get(t, "http://"+addrs.HTTP+"/healthcheck")
+		return strconv.Itoa(code) + " " + body
+	}
+	// Redis answers within the bound; the empty configuration keeps it failing.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if got := health(); got != "500 " {
+			t.Fatalf("/healthcheck with no domain: %q, want 500\n%s", got, logs)
+		}
+		if strings.Contains(logs.String(), "redis store ready") {
+			break
+		}
+	}
+	if got := health(); got != "500 " {
+		t.Fatalf("/healthcheck with no domain, Redis there: %q, want 500", got)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(rlsYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); health() != "200 OK"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthcheck with a domain: %q, want 200 OK\n%s", health(), logs)
+		}
+	}
+}

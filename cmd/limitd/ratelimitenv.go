@@ -96,7 +96,7 @@ var ratelimitEnv = []envSetting{
 	{"LIMIT_LIMIT_HEADER", "RateLimit-Limit", []string{"rls-limit-header"}, "`--rls-limit-header` (with `LIMIT_RESPONSE_HEADERS_ENABLED=true`)"},
 	{"LIMIT_REMAINING_HEADER", "RateLimit-Remaining", []string{"rls-remaining-header"}, "`--rls-remaining-header` (idem)"},
 	{"LIMIT_RESET_HEADER", "RateLimit-Reset", []string{"rls-reset-header"}, "`--rls-reset-header` (idem)"},
-	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "false", nil, "`true`: `/healthcheck` fails until a configuration is loaded"},
+	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "false", nil, "`true`: `/healthcheck` fails while the configuration loaded has no domain"},
 	{"REDIS_SOCKET_TYPE", "unix", []string{"redis"}, "`tcp` or `unix` (`--redis`)"},
 	{"REDIS_TYPE", "SINGLE", []string{"redis", "redis-master", "redis-cluster"}, "`SINGLE`, `SENTINEL` (`REDIS_URL` is the master's name, then the Sentinels: `--redis-master`) or `CLUSTER` (`--redis-cluster`), any case"},
 	{"REDIS_URL", "/var/run/nutcracker/ratelimit.sock", []string{"redis", "redis-master"}, "`--redis`: host:port, a socket's path, or a comma list as `REDIS_TYPE` asks"},
