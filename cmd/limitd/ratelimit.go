@@ -228,8 +228,9 @@ func (m *ratelimitMode) serve(o *options, door *rlsDoor, store service.Store, to
 			http.Error(w, "limitd serves no "+r.URL.Path+" here: no pprof and no /stats; its metrics are Prometheus (USE_PROMETHEUS, LIMITD_METRICS_LISTEN)", http.StatusNotFound)
 			return
 		}
-		_, _ = io.WriteString(w, "limitd "+version.Version+" as envoyproxy/ratelimit: nothing else is served on this listener\n")
+		_, _ = io.WriteString(w, "/rlconfig: the configuration loaded, one line per limit (limitd "+version.Version+")\n")
 	})
+	debug.HandleFunc("/rlconfig", func(w http.ResponseWriter, r *http.Request) { writeRLConfig(w, door) })
 	daddr, err := m.listen(o, s, "DEBUG_HOST/DEBUG_PORT", m.debugAddr, debug, log)
 	if err != nil {
 		s.close()
@@ -356,4 +357,26 @@ func (j *jsonHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}
 	_, _ = w.Write(out)
+}
+
+// writeRLConfig writes the configuration loaded as the peer's /rlconfig
+// does: one line per limit, "<key>: unit=MINUTE requests_per_unit=40,
+// shadow_mode: false, quota_mode: false" (an unlimited one's unit UNKNOWN,
+// its requests 0), sorted by key; nothing before a configuration is
+// loaded.
+func writeRLConfig(w io.Writer, door *rlsDoor) {
+	c := door.rls.Config()
+	if c == nil {
+		return
+	}
+	for _, d := range c.Domains() {
+		for _, p := range c.Limits(d) {
+			l := p.Limit
+			unit, n := strings.ToUpper(l.Unit.String()), l.RequestsPerUnit
+			if l.Unlimited {
+				unit, n = "UNKNOWN", 0
+			}
+			fmt.Fprintf(w, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t\n", l.Key, unit, n, l.ShadowMode, l.QuotaMode)
+		}
+	}
 }

@@ -183,6 +183,10 @@ func TestRatelimitModeIstio(t *testing.T) {
 	if code, _ := get(t, "http://"+addrs.Debug+"/"); code != 200 {
 		t.Errorf("debug /: %d", code)
 	}
+	if code, body := get(t, "http://"+addrs.Debug+"/rlconfig"); code != 200 ||
+		body != "apis.generic_key_slow: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\n" {
+		t.Errorf("debug /rlconfig: %d %q", code, body)
+	}
 	if code, body := get(t, "http://"+addrs.Debug+"/debug/pprof/"); code != 404 || !strings.Contains(body, "no pprof") {
 		t.Errorf("debug /debug/pprof/: %d %q, want 404 saying why", code, body)
 	}

@@ -38,7 +38,7 @@ type envSetting struct {
 var ratelimitEnv = []envSetting{
 	{"HOST", "0.0.0.0", nil, "the HTTP listener's address: `/healthcheck` and `/json`, as the peer serves them"},
 	{"PORT", "8080", nil, "the HTTP listener's port"},
-	{"DEBUG_HOST", "0.0.0.0", nil, "the debug listener's address: `/` lists what it serves; pprof and `/stats` are not served (limitd's metrics are Prometheus)"},
+	{"DEBUG_HOST", "0.0.0.0", nil, "the debug listener's address: `/rlconfig` as the peer prints it; pprof and `/stats` are not served (limitd's metrics are Prometheus)"},
 	{"DEBUG_PORT", "6070", nil, "the debug listener's port"},
 	{"GRPC_UDS", "", nil, "refused when set: limitd serves gRPC on TCP only"},
 	{"GRPC_HOST", "0.0.0.0", []string{"grpc-listen"}, "the gRPC listener's address (`--grpc-listen`): the rate limit service and the quota service"},

@@ -158,13 +158,14 @@ func tryIstio(t *testing.T, k kind, files map[string]string, env ...string) (*se
 // in envoyproxy/ratelimit's source, one at a time as the sample's
 // ConfigMap, to envoyproxy/ratelimit and to build/ratelimit, both started
 // as the sample starts the peer: both accept it or both refuse it (limitd
-// naming the file), and every accepted file is decided alike, asked
+// naming the file), both list its limits alike on the debug listener's
+// /rlconfig, and every accepted file is decided alike, asked
 // directly over gRPC (decideAlike: build/ratelimit with
 // LIMITD_ALGORITHM=fixed_window the same answers; with token buckets the
 // same codes for the first hits and the same limits).
 func TestIstioReferenceConfigurations(t *testing.T) {
 	mod := referenceModule(t)
-	accepted := 0
+	accepted, listed := 0, 0
 	for _, path := range referenceConfigs(t) {
 		rel, _ := filepath.Rel(mod, path)
 		t.Run(strings.ReplaceAll(rel, "/", "_"), func(t *testing.T) {
@@ -196,10 +197,26 @@ func TestIstioReferenceConfigurations(t *testing.T) {
 				return
 			}
 			accepted++
+			var dumps []string
+			for _, s := range []*service{ref, sides[0]} {
+				d, err := s.rl.LoadedConfig()
+				if err != nil {
+					t.Fatal(err)
+				}
+				lines := strings.Split(strings.TrimSpace(d), "\n")
+				slices.Sort(lines)
+				dumps = append(dumps, strings.Join(lines, "\n"))
+			}
+			if dumps[0] != dumps[1] {
+				t.Errorf("/rlconfig:\nenvoyproxy/ratelimit:\n%s\nbuild/ratelimit:\n%s", dumps[0], dumps[1])
+			}
+			if dumps[0] != "" {
+				listed++
+			}
 			decideAlike(t, string(text), ref, sides[0], sides[1])
 		})
 	}
-	t.Logf("%d configurations accepted by both and decided alike", accepted)
+	t.Logf("%d configurations accepted by both and decided alike; %d of them list limits on /rlconfig, alike", accepted, listed)
 }
 
 // istioSides starts the peer and build/ratelimit as the sample does, env
