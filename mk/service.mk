@@ -3,14 +3,18 @@
 # Its benchmark (make bench-service) is in the benchmark lab: bench/mk/bench.mk.
 # See service/openapi.yaml.
 #
-#   make build-service        build/limitd: one static binary (CGO_ENABLED=0)
+#   make build-service        build/limitd: one static binary (CGO_ENABLED=0), and
+#                             build/ratelimit: the same file under the name that
+#                             configures it as envoyproxy/ratelimit is, from that
+#                             project's environment variables (docs/from-envoy-ratelimit.md)
 #   make test-service         unit tests (miniredis) and, when redis-server is
 #                             installed, integration tests; -race
 #   make test-service-redis   the same with CI=true: a missing redis-server fails
 #   make fuzz-service         fuzz the request decoder (package wire) for FUZZTIME
 #   make oci-limitd           limitd as a container image, no Docker daemon (cmd/ociimage -exe):
 #                             a static linux binary FROM scratch, /etc/passwd with user nonroot
-#                             (65532), run as 65532:65532, port 8081; written as build/limitd-oci/
+#                             (65532), run as 65532:65532, port 8081, /bin/ratelimit a link
+#                             to it (Envoy Gateway's command); written as build/limitd-oci/
 #                             (OCI layout) and build/limitd-oci.tar, both read back and verified,
 #                             digests in build/limitd-oci.json. Same binary, same digest.
 #                             OCI_LIMITD_REF names it; LIMITD_OCI_ARCH picks amd64 or arm64.
@@ -35,7 +39,18 @@ $(BUILD)/limitd: $(LIMITD_SRC) go.mod go.sum $(VERSION_STAMP)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w $(VERSION_LDFLAG)' -o $@ ./cmd/limitd
 	@ls -l $@ | awk '{print "built " $$9 ": " $$5 " bytes"}'
 
-build-service: $(BUILD)/limitd
+# build/ratelimit is a hard link to build/limitd: one build, the same bytes,
+# the name (argv[0]) picks the mode (cmd/limitd/ratelimit.go). Relinked
+# whenever it is not build/limitd's file; a folder there (the peer's former
+# home, build/ratelimit/service_cmd, now build/envoy-ratelimit) is removed.
+$(BUILD)/ratelimit: $(BUILD)/limitd FORCE
+	@if [ "$$(stat -c %i $< 2>/dev/null)" != "$$(stat -c %i $@ 2>/dev/null)" ]; then \
+		rm -rf $@ && ln $< $@ && echo "linked $@ to $<"; fi
+
+build-service: $(BUILD)/limitd $(BUILD)/ratelimit
+
+# The tests read build/ratelimit from here, as LIMITD_BIN names build/limitd.
+export RATELIMIT_COMPAT_BIN ?= $(abspath $(BUILD)/ratelimit)
 
 test-service:
 	$(GO) test -race -count=1 $(SERVICE_PKGS)
@@ -57,5 +72,5 @@ $(LIMITD_OCI_BIN): $(LIMITD_SRC) go.mod go.sum $(VERSION_STAMP)
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(LIMITD_OCI_ARCH) $(GO) build -trimpath -buildvcs=false -ldflags='-s -w $(VERSION_LDFLAG)' -o $@ ./cmd/limitd
 
 oci-limitd: $(LIMITD_OCI_BIN)
-	$(GO) run ./cmd/ociimage -exe $(LIMITD_OCI_BIN) -exe-name limitd -exe-port 8081 -exe-cmd '--listen=:8081' \
+	$(GO) run ./cmd/ociimage -exe $(LIMITD_OCI_BIN) -exe-name limitd -exe-alias /bin/ratelimit -exe-port 8081 -exe-cmd '--listen=:8081' \
 		-layout $(BUILD)/limitd-oci -archive $(BUILD)/limitd-oci.tar -summary $(BUILD)/limitd-oci.json -ref $(OCI_LIMITD_REF)

@@ -51,8 +51,14 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil); err != nil {
-		fmt.Fprintln(os.Stderr, "limitd:", err)
+	// Invoked as "ratelimit" (build/ratelimit, the image's /bin/ratelimit),
+	// limitd is configured as envoyproxy/ratelimit is: ratelimit.go.
+	name, start := "limitd", run
+	if isRatelimitName(os.Args[0]) {
+		name, start = ratelimitName, runRatelimit
+	}
+	if err := start(ctx, os.Args[1:], os.Getenv, os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
 		os.Exit(1)
 	}
 }
@@ -62,33 +68,72 @@ var versionOut io.Writer = os.Stdout
 
 // options are the command-line flags.
 type options struct {
-	rls             rlsOptions // the rate limit service's (rls.go)
-	listen          string
-	metricsListen   string
-	redis           string
-	redisMaster     string
-	redisCluster    bool
-	redisPoolSize   int
-	keyPrefix       string
-	tokenFile       string
-	identityHeader  string
-	batchMax        int
-	batchWindow     time.Duration
-	batchWorkers    int
-	timeout         time.Duration
-	shutdownTimeout time.Duration
-	limits          wire.Limits
-	memoryMaxKeys   int
-	logLevel        string
-	ledgerWindow    time.Duration
-	maxConns        int
-	unauthIdle      time.Duration
-	connGrace       time.Duration
-	version         bool
+	rls                 rlsOptions // the rate limit service's (rls.go)
+	listen              string
+	metricsListen       string
+	redis               string
+	redisMaster         string
+	redisCluster        bool
+	redisPoolSize       int
+	keyPrefix           string
+	tokenFile           string
+	identityHeader      string
+	batchMax            int
+	batchWindow         time.Duration
+	batchWorkers        int
+	timeout             time.Duration
+	shutdownTimeout     time.Duration
+	limits              wire.Limits
+	memoryMaxKeys       int
+	logLevel            string
+	ledgerWindow        time.Duration
+	maxConns            int
+	unauthIdle          time.Duration
+	connGrace           time.Duration
+	logFormat           string
+	grpcMaxConnAge      time.Duration
+	grpcMaxConnAgeGrace time.Duration
+	version             bool
+	// mode is set when limitd runs as envoyproxy/ratelimit (ratelimit.go):
+	// what its environment asks beyond the flags.
+	mode *ratelimitMode
+}
+
+// name is how an error names the flag f ("listen": "--listen"): in the
+// ratelimit mode, the environment variables it came from.
+func (o *options) name(f string) string {
+	if o.mode != nil {
+		if v, ok := o.mode.byFlag[f]; ok {
+			return v + " (--" + f + ")"
+		}
+	}
+	return "--" + f
+}
+
+// listen opens the TCP listener of flag f on addr; its error names f (or
+// the variables it came from).
+func (o *options) listenTCP(f, addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", o.name(f), err)
+	}
+	return ln, nil
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
+	fs := newFlagSet(o, stderr)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return o, nil
+}
+
+// newFlagSet is limitd's flags, bound to o.
+func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("limitd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o.rls.register(fs)
@@ -112,18 +157,15 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.limits.MaxFill, "max-fill", wire.MaxFill, "longest refill time (burst / tokens_per_second) accepted; bounds key lifetime")
 	fs.IntVar(&o.memoryMaxKeys, "memory-max-keys", service.DefaultMemoryMaxKeys, "most buckets the in-memory store holds")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "json", "json (one JSON object a line) or text (key=value)")
 	fs.DurationVar(&o.ledgerWindow, "ledger-window", service.DefaultLedgerWindow, "how long tokens a lease grants or a decision reserves can be given back (by a return or a refund): at least one window, at most two")
 	fs.IntVar(&o.maxConns, "max-conns", service.DefaultMaxConns, "most HTTP connections open at once; keep it below the open-file limit minus the Redis connections")
 	fs.DurationVar(&o.unauthIdle, "unauthenticated-idle", service.DefaultUnauthenticatedIdle, "how long a connection that never carried an authenticated call may stay idle (both doors)")
+	fs.DurationVar(&o.grpcMaxConnAge, "grpc-max-connection-age", 0, "end a gRPC connection this old with a GOAWAY (±10% jitter); 0 = never")
+	fs.DurationVar(&o.grpcMaxConnAgeGrace, "grpc-max-connection-age-grace", 0, "close a gRPC connection this long after --grpc-max-connection-age's GOAWAY; 0 = never")
 	fs.DurationVar(&o.connGrace, "conn-grace", service.DefaultConnGrace, "how long a new connection with no request read yet is kept from eviction at --max-conns (and --grpc-max-conns)")
 	fs.BoolVar(&o.version, "version", false, "print limitd's version (\"dev\" unless the build stamped one: make release) and exit")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	return o, nil
+	return fs
 }
 
 // run starts the service and blocks until ctx is done (then shuts down
@@ -140,29 +182,55 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if o.rls.feat.checkOnly { // --check: the rate limit service's configuration, nothing started (rlsfeat.go)
 		return checkConfig(checkOut, o.rls.config)
 	}
+	return serve(ctx, o, getenv, stderr, ready)
+}
+
+// newLogger is the log of --log-level and --log-format.
+func newLogger(o *options, w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return nil, fmt.Errorf("%s: %w", o.name("log-level"), err)
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	ho := &slog.HandlerOptions{Level: level}
+	switch o.logFormat {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("%s: want json or text, got %q", o.name("log-format"), o.logFormat)
+}
 
+// serve runs the service o describes until ctx is done or serving fails.
+func serve(ctx context.Context, o *options, getenv func(string) string, stderr io.Writer, ready func(addr string)) error {
+	log, err := newLogger(o, stderr)
+	if err != nil {
+		return err
+	}
 	tokens, identities, err := loadTokens(o.tokenFile, getenv)
 	if err != nil {
 		return err
 	}
-	loopback, err := isLoopback(o.listen)
-	if err != nil {
+	// Without --listen (the ratelimit mode's default), no HTTP API.
+	api := o.listen != "" || o.mode == nil
+	if api {
+		loopback, err := isLoopback(o.listen)
+		if err != nil {
+			return err
+		}
+		if !loopback && len(tokens) == 0 {
+			return fmt.Errorf("%s %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.name("listen"), o.listen)
+		}
+	}
+	open := o.mode != nil && o.mode.openGRPC(len(tokens))
+	if err := o.rls.check(len(tokens), open); err != nil {
 		return err
 	}
-	if !loopback && len(tokens) == 0 {
-		return fmt.Errorf("--listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN)", o.listen)
-	}
-	if err := o.rls.check(len(tokens)); err != nil {
-		return err
-	}
-	metrics, err := metricsAccess(o.listen, o.metricsListen)
-	if err != nil {
-		return err
+	metrics := service.MetricsElsewhere
+	if api {
+		if metrics, err = metricsAccess(o.listen, o.metricsListen); err != nil {
+			return err
+		}
 	}
 
 	reg := prometheus.NewRegistry()
@@ -179,6 +247,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		uopts, err := redisOptions(o, getenv)
 		if err != nil {
 			return err
+		}
+		if o.mode != nil {
+			o.mode.redis(uopts)
 		}
 		redis.SetLogger(&redisLogger{log: log})
 		client = redis.NewUniversalClient(uopts)
@@ -217,8 +288,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	rlsCtx, stopRLS := context.WithCancel(ctx)
 	defer stopRLS()
 	o.rls.maxKeyBytes = o.limits.MaxKeyBytes // RLS names past it are hashed
+	o.rls.listenTCP = func(addr string) (net.Listener, error) { return o.listenTCP("grpc-listen", addr) }
+	o.rls.nameFlag = o.name
 	door, err := startRLS(rlsCtx, &o.rls, store, grpcdoor.Options{Tokens: tokens, Identities: identities,
-		IdentityHeader: o.identityHeader, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace}, o.timeout, reg, log)
+		IdentityHeader: o.identityHeader, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace,
+		MaxConnectionAge: o.grpcMaxConnAge, MaxConnectionAgeGrace: o.grpcMaxConnAgeGrace,
+		EvictOpen: open, UnauthenticatedBusy: openBusy(open)}, o.timeout, reg, log)
 	if err != nil {
 		return err
 	}
@@ -238,19 +313,42 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	var metricsSrv *http.Server
 	var metricsGuard *service.ConnGuard
 	metricsServed := make(chan error, 1)
-	if metrics == service.MetricsElsewhere {
-		if metricsSrv, metricsGuard, err = serveMetrics(o.metricsListen, srv.MetricsHandler(), metricsServed, log); err != nil {
+	if metrics == service.MetricsElsewhere && o.metricsListen != "" {
+		if metricsSrv, metricsGuard, err = serveMetrics(o, o.metricsListen, srv.MetricsHandler(), metricsServed, log); err != nil {
 			return err
 		}
 		defer metricsSrv.Close() // whatever else ends run; a no-op after Shutdown
 	}
-	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace, Registerer: reg})
-	if err != nil {
-		return err
+	guards := []*service.ConnGuard{metricsGuard}
+	// The ratelimit mode's listeners (HOST/PORT, DEBUG_HOST/DEBUG_PORT).
+	var modeSrv *modeServers
+	if o.mode != nil {
+		if modeSrv, err = o.mode.serve(o, door, store, len(tokens) > 0, log); err != nil {
+			return err
+		}
+		defer modeSrv.close()
+		guards = append(guards, modeSrv.guards...)
 	}
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return err
+	// HTTP/1.1 and h2c on the one port, each connection bounded (see
+	// service.NewHTTPServer).
+	var httpSrv *http.Server
+	var served chan error // nil (never ready) without the HTTP API
+	apiAddr := ""
+	if api {
+		guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: o.maxConns, UnauthenticatedIdle: o.unauthIdle, Grace: o.connGrace, Registerer: reg})
+		if err != nil {
+			return err
+		}
+		ln, err := o.listenTCP("listen", o.listen)
+		if err != nil {
+			return err
+		}
+		guards = append(guards, guard)
+		httpSrv = service.NewHTTPServer(srv, guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
+		served = make(chan error, 1)
+		go func() { served <- httpSrv.Serve(guard.Listener(ln)) }()
+		apiAddr = ln.Addr().String()
+		log.Info("limitd listening", "version", version.Version, "addr", apiAddr, "store", storeName, "auth", len(tokens) > 0, "callers", len(tokens))
 	}
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	defer stopSweep()
@@ -260,32 +358,34 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		for {
 			select {
 			case now := <-tick.C:
-				guard.Sweep(now)
-				if metricsGuard != nil {
-					metricsGuard.Sweep(now)
+				for _, g := range guards {
+					if g != nil {
+						g.Sweep(now)
+					}
 				}
 			case <-sweepCtx.Done():
 				return
 			}
 		}
 	}()
-	// HTTP/1.1 and h2c on the one port, each connection bounded (see
-	// service.NewHTTPServer).
-	httpSrv := service.NewHTTPServer(srv, guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
-	served := make(chan error, 1)
-	go func() { served <- httpSrv.Serve(guard.Listener(ln)) }()
-	log.Info("limitd listening", "version", version.Version, "addr", ln.Addr().String(), "store", storeName, "auth", len(tokens) > 0, "callers", len(tokens))
+	var modeServed chan error
+	if modeSrv != nil {
+		modeServed = modeSrv.served
+		modeSrv.ready(apiAddr)
+	}
 	if ready != nil {
-		ready(ln.Addr().String())
+		ready(apiAddr)
 	}
 
 	select {
 	case err := <-served:
 		return err
 	case err := <-rlsServed:
-		return fmt.Errorf("--grpc-listen: %w", err)
+		return fmt.Errorf("%s: %w", o.name("grpc-listen"), err)
 	case err := <-metricsServed:
-		return fmt.Errorf("--metrics-listen: %w", err)
+		return fmt.Errorf("%s: %w", o.name("metrics-listen"), err)
+	case err := <-modeServed:
+		return err
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: finishing requests in flight", "timeout", o.shutdownTimeout.String())
@@ -297,6 +397,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	if metricsSrv != nil {
 		_ = metricsSrv.Shutdown(sctx)
+	}
+	if modeSrv != nil {
+		modeSrv.shutdown(sctx)
+	}
+	if httpSrv == nil {
+		log.Info("stopped")
+		return nil
 	}
 	if err := httpSrv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
@@ -467,14 +574,14 @@ const maxMetricsConns = 16
 // and h2c, each connection bounded as on --listen, at most maxMetricsConns
 // at once (the oldest idle one closed for a new one). served receives
 // what Serve returns; the guard is to be swept as --listen's is.
-func serveMetrics(addr string, h http.Handler, served chan<- error, log *slog.Logger) (*http.Server, *service.ConnGuard, error) {
+func serveMetrics(o *options, addr string, h http.Handler, served chan<- error, log *slog.Logger) (*http.Server, *service.ConnGuard, error) {
 	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: maxMetricsConns})
 	if err != nil {
 		return nil, nil, err
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := o.listenTCP("metrics-listen", addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--metrics-listen: %w", err)
+		return nil, nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", h)

@@ -28,10 +28,14 @@ type rlsOptions struct {
 	maxStreams   uint
 	maxRecvBytes int
 	maxKeyBytes  int // --max-key-bytes, the HTTP door's flag
-	quota        rlqsOptions
-	tls          grpcTLSOptions
-	feat         rlsFeatures // rlsfeat.go
-	xds          xdsOptions  // --rls-xds-*: the configuration over xDS instead
+	// listenTCP opens --grpc-listen's listener (options.listenTCP).
+	listenTCP func(addr string) (net.Listener, error)
+	// flagName names a flag in errors (options.name); nil: "--" and its name.
+	nameFlag func(flag string) string
+	quota    rlqsOptions
+	tls      grpcTLSOptions
+	feat     rlsFeatures // rlsfeat.go
+	xds      xdsOptions  // --rls-xds-*: the configuration over xDS instead
 }
 
 func (o *rlsOptions) register(fs *flag.FlagSet) {
@@ -49,8 +53,10 @@ func (o *rlsOptions) register(fs *flag.FlagSet) {
 	o.xds.register(fs)
 }
 
-// check validates the flags before anything starts.
-func (o *rlsOptions) check(tokens int) error {
+// check validates the flags before anything starts. open: serve a
+// non-loopback address without tokens (the ratelimit mode, as
+// envoyproxy/ratelimit does: ratelimit.go).
+func (o *rlsOptions) check(tokens int, open bool) error {
 	if err := o.tls.check(o.grpcListen); err != nil {
 		return err
 	}
@@ -86,8 +92,8 @@ func (o *rlsOptions) check(tokens int) error {
 	if err != nil {
 		return fmt.Errorf("--grpc-listen: %w", err)
 	}
-	if !loopback && tokens == 0 && !o.tls.mutual() {
-		return fmt.Errorf("--grpc-listen %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN), or client certificates (--grpc-tls-client-ca)", o.grpcListen)
+	if !loopback && tokens == 0 && !open && !o.tls.mutual() {
+		return fmt.Errorf("%s %s: not a loopback address, so a bearer token is required (--token-file or LIMITD_TOKEN), or client certificates (--grpc-tls-client-ca)", o.flagName("grpc-listen"), o.grpcListen)
 	}
 	return nil
 }
@@ -96,6 +102,7 @@ func (o *rlsOptions) check(tokens int) error {
 type rlsDoor struct {
 	grpc   *grpcdoor.Host // the gRPC door: listener, guard, authentication
 	quota  *rlqs.Server   // the rate limit quota service, on grpc
+	rls    *rls.Server    // the rate limit service, on grpc
 	served chan error
 	addr   string
 }
@@ -128,7 +135,7 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	var w *rls.Watcher
 	if o.config != "" {
 		if w, err = rls.NewWatcher(o.config, srv, log); err != nil {
-			return nil, fmt.Errorf("--rls-config: %w", err)
+			return nil, fmt.Errorf("%s: %w", o.flagName("rls-config"), err)
 		}
 	} else if err := startXDS(ctx, &o.xds, srv, m, log); err != nil {
 		return nil, err
@@ -146,16 +153,28 @@ func startRLS(ctx context.Context, o *rlsOptions, store service.Store, door grpc
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", o.grpcListen)
+	listen := o.listenTCP
+	if listen == nil {
+		listen = func(addr string) (net.Listener, error) { return (&options{}).listenTCP("grpc-listen", addr) }
+	}
+	ln, err := listen(o.grpcListen)
 	if err != nil {
-		return nil, fmt.Errorf("--grpc-listen: %w", err)
+		return nil, err
 	}
 	if w != nil {
 		go w.Run(ctx, o.poll)
 	}
 	go g.WatchStore(ctx, store, time.Second)
-	d := &rlsDoor{grpc: g, quota: q, served: make(chan error, 1), addr: ln.Addr().String()}
+	d := &rlsDoor{grpc: g, quota: q, rls: srv, served: make(chan error, 1), addr: ln.Addr().String()}
 	go func() { d.served <- g.Serve(ln) }()
 	log.Info("rate limit service listening", "addr", d.addr, "config", o.config, "xds", o.xds.server, "algorithm", algo.String(), "auth", len(door.Tokens) > 0, "tls", door.TLS != nil, "mutual_tls", o.tls.mutual())
 	return d, nil
+}
+
+// flagName is how an error names the flag f.
+func (o *rlsOptions) flagName(f string) string {
+	if o.nameFlag == nil {
+		return "--" + f
+	}
+	return o.nameFlag(f)
 }

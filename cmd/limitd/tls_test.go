@@ -78,11 +78,11 @@ func TestGRPCTLSStandsForAToken(t *testing.T) {
 	if err := fs.Parse([]string{"--grpc-listen", "0.0.0.0:8081", "--rls-config", "x.yaml", "--grpc-tls-cert", cert, "--grpc-tls-key", key}); err != nil {
 		t.Fatal(err)
 	}
-	if err := o.check(0); err == nil || !strings.Contains(err.Error(), "--grpc-tls-client-ca") {
+	if err := o.check(0, false); err == nil || !strings.Contains(err.Error(), "--grpc-tls-client-ca") {
 		t.Errorf("TLS without a client CA, no token: %v, want an error naming --grpc-tls-client-ca", err)
 	}
 	o.tls.clientCA = ca.File
-	if err := o.check(0); err != nil {
+	if err := o.check(0, false); err != nil {
 		t.Errorf("mutual TLS, no token: %v", err)
 	}
 }

@@ -87,6 +87,8 @@ type Summary struct {
 	// ExecutableSHA256 the sha256 of its bytes (empty for the plugin).
 	Executable       string `json:"executable,omitempty"`
 	ExecutableSHA256 string `json:"executable_sha256,omitempty"`
+	// Aliases are the symbolic links to the executable (-exe-alias).
+	Aliases []string `json:"aliases,omitempty"`
 	// User is the uid:gid an -exe image runs as.
 	User string `json:"user,omitempty"`
 	// Module is /libtokenbucket.so in a -module image, ModuleSHA256 the
@@ -110,6 +112,7 @@ func run(args []string, stdout io.Writer) error {
 	exeName := fs.String("exe-name", "", "the executable's name under /usr/local/bin (default: the base name of -exe)")
 	exeCmd := fs.String("exe-cmd", "", "default arguments of an -exe image, separated by spaces")
 	exePort := fs.Int("exe-port", 0, "TCP port an -exe image exposes (0: none)")
+	exeAlias := fs.String("exe-alias", "", "absolute paths, separated by spaces, at which an -exe image holds a symbolic link to the executable (limitd's /bin/ratelimit)")
 	modulePath := fs.String("module", "", "package this native module (a Linux ELF shared object) instead of -wasm")
 	installerPath := fs.String("module-installer", "", "with -module: the installer (cmd/installmodule, static, the module's architecture), the image's entrypoint")
 	renderNative := fs.String("render-native", "", "native-module manifests (space-separated, each file or file=output-dir) whose image volume references and .../tokenbucket-native container images to fill in with -ref@<image digest>, written to -render-out or output-dir (empty: none)")
@@ -152,7 +155,7 @@ func run(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		exe = oci.Executable{Name: *exeName, Binary: bin, Cmd: strings.Fields(*exeCmd)}
+		exe = oci.Executable{Name: *exeName, Binary: bin, Cmd: strings.Fields(*exeCmd), Aliases: strings.Fields(*exeAlias)}
 		if exe.Name == "" {
 			exe.Name = filepath.Base(*exePath)
 		}
@@ -276,6 +279,7 @@ func run(args []string, stdout io.Writer) error {
 		s.WasmSHA256, s.WasmSize = "", 0
 		s.Executable = oci.ExecutablePath(exe.Name)
 		s.ExecutableSHA256 = sha256Hex(exe.Binary)
+		s.Aliases = exe.Aliases
 		s.User = strconv.Itoa(oci.NonRootUID) + ":" + strconv.Itoa(oci.NonRootUID)
 	}
 	if *summaryPath != "" {
@@ -341,6 +345,9 @@ func printSummary(w io.Writer, s Summary) {
 	} else if s.Executable != "" {
 		what, hash, width = "executable", s.ExecutableSHA256, 11
 		fmt.Fprintf(w, "Container image of %s (static, runs as %s), read back and verified:\n", s.Executable, s.User)
+		for _, a := range s.Aliases {
+			fmt.Fprintf(w, "  %s -> %s\n", a, s.Executable)
+		}
 	} else {
 		fmt.Fprintf(w, "OCI image (Wasm image spec, compat variant) of %d-byte plugin.wasm, verified as Istio reads it:\n", s.WasmSize)
 	}

@@ -433,3 +433,43 @@ func TestRunModule(t *testing.T) {
 		t.Errorf("a manifest without a reference: %v", err)
 	}
 }
+
+// TestRunExecutableAlias: -exe-alias puts a symbolic link to the
+// executable in the image (limitd's /bin/ratelimit), which the image read
+// back from the archive holds.
+func TestRunExecutableAlias(t *testing.T) {
+	t.Setenv("SOURCE_DATE_EPOCH", "")
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "limitd")
+	bin := elftest.Fake(elf.EM_X86_64, false, "a")
+	if err := os.WriteFile(exe, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	archive, summary := filepath.Join(dir, "limitd-oci.tar"), filepath.Join(dir, "limitd-oci.json")
+	var out bytes.Buffer
+	if err := run([]string{"-exe", exe, "-exe-alias", "/bin/ratelimit", "-layout", filepath.Join(dir, "limitd-oci"),
+		"-archive", archive, "-summary", summary}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if s := readSummary(t, summary); len(s.Aliases) != 1 || s.Aliases[0] != "/bin/ratelimit" ||
+		!strings.Contains(out.String(), "/bin/ratelimit -> /usr/local/bin/limitd") {
+		t.Errorf("summary %+v\nprinted:\n%s", s, out.String())
+	}
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := oci.ReadArchive(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := oci.Executable{Name: "limitd", Binary: bin, Aliases: []string{"/bin/ratelimit"}}
+	if _, err := oci.VerifyExecutable(img, e); err != nil {
+		t.Errorf("read back: %v", err)
+	}
+	e.Aliases = nil
+	if _, err := oci.VerifyExecutable(img, e); err == nil {
+		t.Error("read back: a link not asked for went unnoticed")
+	}
+}

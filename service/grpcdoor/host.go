@@ -150,6 +150,16 @@ type Options struct {
 	// Logger receives the door's events (TLS files read again or
 	// refused); nil: slog.Default().
 	Logger *slog.Logger
+	// MaxConnectionAge, when set, ends a connection that old with a GOAWAY
+	// (gRPC adds a jitter of ±10%), and MaxConnectionAgeGrace, when set,
+	// closes it that much later (zero: no bound of either).
+	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
+	// EvictOpen: with no tokens, a connection stays as evictable at
+	// MaxConns as an anonymous one (idle longest, then busy longest)
+	// after its calls, instead of counting as authenticated, so that no
+	// caller holds a slot for good where everyone may call (limitd's
+	// ratelimit mode). Its streams are not limited.
+	EvictOpen bool
 }
 
 // Host is the gRPC door: register services on Server, then Serve. Its
@@ -165,6 +175,8 @@ type Host struct {
 	now     func() time.Time
 	rate    float64
 	burst   float64
+
+	evictOpen bool // Options.EvictOpen
 
 	calls           []prometheus.Counter
 	authorized      *prometheus.CounterVec
@@ -212,7 +224,7 @@ func New(opts Options) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Host{guard: guard, callers: callers, idKey: strings.ToLower(callers.IdentityHeader()), now: opts.Now,
+	h := &Host{guard: guard, callers: callers, idKey: strings.ToLower(callers.IdentityHeader()), now: opts.Now, evictOpen: opts.EvictOpen,
 		rate: opts.ResetsPerSecond, burst: float64(opts.ResetBurst), stop: make(chan struct{})}
 	if opts.TLS != nil {
 		if opts.Logger == nil {
@@ -258,7 +270,8 @@ func New(opts Options) (*Host, error) {
 		grpc.SharedWriteBuffer(true),
 		grpc.ConnectionTimeout(HandshakeTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: MaxConnectionIdle}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: MaxConnectionIdle,
+			MaxConnectionAge: opts.MaxConnectionAge, MaxConnectionAgeGrace: opts.MaxConnectionAgeGrace}),
 		grpc.UnaryInterceptor(unary),
 		grpc.StreamInterceptor(stream),
 	)...)
@@ -414,7 +427,11 @@ func (h *Host) tap(ctx context.Context, info *tap.Info) (context.Context, error)
 		}
 	}
 	if why == "" {
-		h.guard.Mark(c.guarded, service.ConnAuthenticated)
+		mark := service.ConnAuthenticated
+		if h.evictOpen && h.callers.Open() {
+			mark = service.ConnRequest
+		}
+		h.guard.Mark(c.guarded, mark)
 		c.opened(ctx, false)
 		return service.WithCaller(ctx, caller), nil
 	}

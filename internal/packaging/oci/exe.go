@@ -32,6 +32,10 @@ type Executable struct {
 	Cmd []string
 	// Ports are the exposed TCP ports.
 	Ports []int
+	// Aliases are absolute paths, outside /usr/local/bin, at which the
+	// layer holds a symbolic link to the executable: another name to run
+	// it by (limitd's /bin/ratelimit).
+	Aliases []string
 }
 
 // ExecutablePath returns where the image holds the executable named name.
@@ -46,6 +50,7 @@ func ExecutablePath(name string) string { return "/usr/local/bin/" + name }
 //	/home/nonroot/            its home and the working directory, owned by it
 //	/tmp/                     mode 1777
 //	/usr/local/bin/<name>     the executable, mode 0755, owned by root
+//	each of e.Aliases         a symbolic link to it (and its folders)
 //
 // The config runs the executable as NonRootUID:NonRootUID with e's Cmd and
 // exposed ports, on the ELF file's architecture. There are no CA
@@ -59,6 +64,11 @@ func BuildExecutable(e Executable, created time.Time) (*Image, error) {
 	arch, err := StaticELFArch(e.Binary)
 	if err != nil {
 		return nil, err
+	}
+	for _, a := range e.Aliases {
+		if !path.IsAbs(a) || path.Clean(a) != a || a == "/" || path.Dir(a) == path.Dir(ExecutablePath(e.Name)) {
+			return nil, fmt.Errorf("oci: alias %q: want a clean absolute path outside %s", a, path.Dir(ExecutablePath(e.Name)))
+		}
 	}
 	created = created.UTC()
 	rawTar, err := rootfsTar(e, created)
@@ -134,7 +144,7 @@ func goArch(m elf.Machine) string {
 func rootfsTar(e Executable, created time.Time) ([]byte, error) {
 	passwd := "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n"
 	group := "root:x:0:\nnonroot:x:65532:\n"
-	return writeLayer(created, []layerEntry{
+	entries := []layerEntry{
 		{name: "etc/", mode: 0o755, dir: true},
 		{name: "etc/group", mode: 0o644, contents: []byte(group)},
 		{name: "etc/passwd", mode: 0o644, contents: []byte(passwd)},
@@ -145,7 +155,27 @@ func rootfsTar(e Executable, created time.Time) ([]byte, error) {
 		{name: "usr/local/", mode: 0o755, dir: true},
 		{name: "usr/local/bin/", mode: 0o755, dir: true},
 		{name: ExecutablePath(e.Name)[1:], mode: 0o755, contents: e.Binary},
-	})
+	}
+	dirs := map[string]bool{}
+	for _, en := range entries {
+		if en.dir {
+			dirs[en.name] = true
+		}
+	}
+	for _, a := range e.Aliases {
+		var parents []string
+		for d := path.Dir(a); d != "/"; d = path.Dir(d) {
+			parents = append([]string{d[1:] + "/"}, parents...)
+		}
+		for _, d := range parents {
+			if !dirs[d] {
+				dirs[d] = true
+				entries = append(entries, layerEntry{name: d, mode: 0o755, dir: true})
+			}
+		}
+		entries = append(entries, layerEntry{name: a[1:], mode: 0o777, link: ExecutablePath(e.Name)})
+	}
+	return writeLayer(created, entries)
 }
 
 // layerEntry is one file or folder (dir) of a layer writeLayer makes, owned
@@ -155,6 +185,7 @@ type layerEntry struct {
 	mode     int64
 	uid      int
 	dir      bool
+	link     string // a symbolic link to link
 	contents []byte
 }
 
@@ -168,8 +199,11 @@ func writeLayer(created time.Time, entries []layerEntry) ([]byte, error) {
 			Typeflag: tar.TypeReg, Name: en.name, Mode: en.mode, Size: int64(len(en.contents)),
 			Uid: en.uid, Gid: en.uid, ModTime: created, Format: tar.FormatPAX,
 		}
-		if en.dir {
+		switch {
+		case en.dir:
 			hdr.Typeflag = tar.TypeDir
+		case en.link != "":
+			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, en.link
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, fmt.Errorf("oci: layer: %s: %w", en.name, err)
@@ -217,9 +251,17 @@ func VerifyExecutable(img v1.Image, e Executable) (v1.Hash, error) {
 			return v1.Hash{}, fmt.Errorf("oci: config.ExposedPorts: %v lacks %d/tcp", c.ExposedPorts, p)
 		}
 	}
-	files, err := layerFiles(img)
+	files, links, err := layerContents(img)
 	if err != nil {
 		return v1.Hash{}, err
+	}
+	for _, a := range e.Aliases {
+		if got := links[a[1:]]; got != ExecutablePath(e.Name) {
+			return v1.Hash{}, fmt.Errorf("oci: %s: a link to %q, want one to %s", a, got, ExecutablePath(e.Name))
+		}
+	}
+	if len(links) != len(e.Aliases) {
+		return v1.Hash{}, fmt.Errorf("oci: %d symbolic links in the layer, want %d (%q)", len(links), len(e.Aliases), e.Aliases)
 	}
 	if !bytes.Contains(files["etc/passwd"], []byte("nonroot:x:"+uid+":"+uid+":")) {
 		return v1.Hash{}, fmt.Errorf("oci: /etc/passwd: no nonroot user %s", uid)
@@ -258,35 +300,47 @@ const maxLayerSize = 256 << 20
 
 // layerFiles returns the regular files of img's only layer by name.
 func layerFiles(img v1.Image) (map[string][]byte, error) {
+	files, _, err := layerContents(img)
+	return files, err
+}
+
+// layerContents returns the regular files of img's only layer by name,
+// and its symbolic links' targets by name.
+func layerContents(img v1.Image) (map[string][]byte, map[string]string, error) {
 	layers, err := img.Layers()
 	if err != nil || len(layers) != 1 {
-		return nil, fmt.Errorf("oci: layers: want 1, got %d (%v)", len(layers), err)
+		return nil, nil, fmt.Errorf("oci: layers: want 1, got %d (%v)", len(layers), err)
 	}
 	rc, err := layers[0].Uncompressed()
 	if err != nil {
-		return nil, fmt.Errorf("oci: layer: %w", err)
+		return nil, nil, fmt.Errorf("oci: layer: %w", err)
 	}
 	defer rc.Close()
 	files := map[string][]byte{}
+	links := map[string]string{}
 	var total int64
 	tr := tar.NewReader(rc)
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return files, nil
+			return files, links, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("oci: layer: %w", err)
+			return nil, nil, fmt.Errorf("oci: layer: %w", err)
+		}
+		if hdr.Typeflag == tar.TypeSymlink {
+			links[path.Clean(hdr.Name)] = hdr.Linkname
+			continue
 		}
 		if hdr.Typeflag != tar.TypeReg {
 			continue
 		}
 		if total += hdr.Size; total > maxLayerSize {
-			return nil, fmt.Errorf("oci: layer: more than %d bytes", maxLayerSize)
+			return nil, nil, fmt.Errorf("oci: layer: more than %d bytes", maxLayerSize)
 		}
 		b, err := io.ReadAll(tr)
 		if err != nil {
-			return nil, fmt.Errorf("oci: layer: %s: %w", hdr.Name, err)
+			return nil, nil, fmt.Errorf("oci: layer: %s: %w", hdr.Name, err)
 		}
 		files[path.Clean(hdr.Name)] = b
 	}

@@ -138,3 +138,42 @@ func TestRealLimitd(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBuildExecutableAliases: an alias is a symbolic link in the image to
+// the executable (/bin/ratelimit, the command Envoy Gateway runs, starts
+// limitd under the name that configures it as envoyproxy/ratelimit), read
+// back by VerifyExecutable; an image without it fails verification.
+func TestBuildExecutableAliases(t *testing.T) {
+	e := limitdExe("v1")
+	e.Aliases = []string{"/bin/ratelimit"}
+	im, err := oci.BuildExecutable(e, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := mustV1(t, im)
+	if _, err := oci.VerifyExecutable(img, e); err != nil {
+		t.Fatalf("VerifyExecutable: %v", err)
+	}
+	var link *tar.Header
+	for _, en := range layerEntries(t, img) {
+		if en.hdr.Name == "bin/ratelimit" {
+			link = en.hdr
+		}
+	}
+	if link == nil || link.Typeflag != tar.TypeSymlink || link.Linkname != "/usr/local/bin/limitd" {
+		t.Fatalf("bin/ratelimit: %+v, want a link to /usr/local/bin/limitd", link)
+	}
+	plain, err := oci.BuildExecutable(limitdExe("v1"), t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := oci.VerifyExecutable(mustV1(t, plain), e); err == nil || !strings.Contains(err.Error(), "/bin/ratelimit") {
+		t.Errorf("an image without the alias: %v, want it named", err)
+	}
+	for _, bad := range []string{"bin/ratelimit", "/usr/local/bin/limitd", "/", "/bin/../etc/passwd"} {
+		e.Aliases = []string{bad}
+		if _, err := oci.BuildExecutable(e, t0); err == nil {
+			t.Errorf("alias %q accepted", bad)
+		}
+	}
+}

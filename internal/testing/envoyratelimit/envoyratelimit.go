@@ -97,8 +97,13 @@ type Options struct {
 	// given here wins over the defaults above), e.g.
 	// "NEAR_LIMIT_RATIO=0.5" or "LOCAL_CACHE_SIZE_IN_BYTES=1048576".
 	Env []string
-	// Binary is the server's path; "" means Binary().
+	// Binary is the server's path; "" means Binary(). Another server
+	// configured as this one is (limitd's build/ratelimit) may run here.
 	Binary string
+	// ConfiguredLines, when set, are the log lines that say the first
+	// configuration was loaded or refused (LoadedLine and RefusedLine
+	// otherwise): another Binary's.
+	ConfiguredLines []string
 	// StartTimeout bounds the wait for readiness; 0 means StartTimeout.
 	StartTimeout time.Duration
 }
@@ -250,12 +255,16 @@ func (s *Server) start(bin string, opts Options) error {
 		s.waitErr = s.cmd.Wait()
 		logf.Close()
 	}()
-	return s.waitReady(cmp.Or(opts.StartTimeout, StartTimeout))
+	lines := opts.ConfiguredLines
+	if len(lines) == 0 {
+		lines = []string{LoadedLine, RefusedLine}
+	}
+	return s.waitReady(cmp.Or(opts.StartTimeout, StartTimeout), lines)
 }
 
 // waitReady waits for the first configuration outcome, /healthcheck and
 // the gRPC port.
-func (s *Server) waitReady(timeout time.Duration) error {
+func (s *Server) waitReady(timeout time.Duration, configuredLines []string) error {
 	deadline := time.Now().Add(timeout)
 	last := "no answer"
 	for {
@@ -263,7 +272,7 @@ func (s *Server) waitReady(timeout time.Duration) error {
 			return fmt.Errorf("%w:\n%s", err, logtext.Tail(s.Log(), 30))
 		}
 		log := s.Log()
-		configured := strings.Contains(log, LoadedLine) || strings.Contains(log, RefusedLine)
+		configured := slices.ContainsFunc(configuredLines, func(l string) bool { return strings.Contains(log, l) })
 		body, code, err := s.get(s.HTTPURL("/healthcheck"))
 		switch {
 		case err != nil:
