@@ -1,0 +1,561 @@
+// Copyright 2026 The tokenbucket authors. SPDX-License-Identifier: Apache-2.0
+
+package ratelimit
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoyratelimit"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/logtext"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/loopback"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
+)
+
+// Envoy Gateway's own control plane as the xDS server of a rate limit
+// service: Envoy Gateway v1.9.1 (its binary, `make test-envoy-gateway`)
+// runs standalone, as on a host without Kubernetes (provider Custom, file
+// resources, host infrastructure), with global limits on. Its rate limit
+// xDS server (port 18001, fixed in Envoy Gateway, on every address; the
+// tests dial 127.0.0.1) serves a RateLimitConfig for each Gateway listener
+// with a global BackendTrafficPolicy. Envoy Gateway deploys no rate limit
+// service in that mode (CreateOrUpdateRateLimitInfra is "not supported yet
+// for host infrastructure"), so the test starts each service itself, with
+// the environment Envoy Gateway gives its own deployment, and asks it
+// directly: the proxy Envoy Gateway runs would call the service at its
+// Kubernetes name (envoy-ratelimit.<namespace>.svc.cluster.local:8081),
+// which nothing resolves here.
+
+const (
+	// egRateLimitXDSPort is Envoy Gateway's rate limit xDS port
+	// (XdsGrpcSotwConfigServerPort), egNodeID the node ID its snapshot is
+	// keyed by (InfraName): neither can be configured.
+	egRateLimitXDSPort = 18001
+	egNodeID           = "envoy-ratelimit"
+	// egStartTimeout bounds Envoy Gateway's start until it serves the
+	// policy's RateLimitConfig (a loaded machine: generous).
+	egStartTimeout = 120 * time.Second
+	// egLimit is the policy's limit: egLimit requests an hour per key. An
+	// hour, so that a fixed window's edge rarely falls inside a run (one
+	// that does is replayed with a fresh key).
+	egLimit = 5
+)
+
+// egControlPlane is a running Envoy Gateway: where its rate limit xDS
+// server is and the files a client needs for its mutual TLS (the
+// certificates Envoy Gateway's certgen writes for its own rate limit
+// deployment, envoy-rate-limit/).
+type egControlPlane struct {
+	url, san                string // dial url, verify the server's certificate for san
+	cert, key, ca           string // client certificate, key, and the CA of both sides
+	log                     func() string
+	redisAddr               string
+	gatewayPort, adminPort  int
+	resourcesDir, configDir string
+}
+
+// xdsService is one rate limit service configured over xDS: start runs it
+// against Envoy Gateway's control plane and returns the address of its
+// RateLimitService (plain gRPC, loopback). Adding limitd is one more row of
+// xdsServices (limitd with its --rls-xds-* flags, or build/ratelimit with
+// the environment below).
+type xdsService struct {
+	name  string
+	start func(t *testing.T, cp *egControlPlane) string
+}
+
+// xdsServices are the services TestEnvoyGatewayControlPlane runs.
+var xdsServices = []xdsService{
+	{name: "envoyproxy-ratelimit", start: startReferenceXDS},
+}
+
+// egEnv is the environment Envoy Gateway v1.9.1 gives its rate limit
+// deployment for xDS (expectedRateLimitContainerEnv in
+// internal/infrastructure/kubernetes/ratelimit/resource.go), with the
+// files and the server's address of cp; the SAN, which Envoy Gateway
+// leaves to the Kubernetes service name, is the certificate's here.
+func egEnv(cp *egControlPlane) []string {
+	return []string{
+		"CONFIG_TYPE=GRPC_XDS_SOTW",
+		"CONFIG_GRPC_XDS_SERVER_URL=" + cp.url,
+		"CONFIG_GRPC_XDS_NODE_ID=" + egNodeID,
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true",
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + cp.cert,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + cp.key,
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + cp.ca,
+		"CONFIG_GRPC_XDS_SERVER_TLS_SAN=" + cp.san,
+		"FORCE_START_WITHOUT_INITIAL_CONFIG=true",
+		"RUNTIME_IGNOREDOTFILES=true",
+		"RUNTIME_WATCH_ROOT=false",
+		"USE_STATSD=false",
+	}
+}
+
+// startReferenceXDS runs envoyproxy/ratelimit (build/envoy-ratelimit/
+// service_cmd) in its GRPC_XDS_SOTW mode against cp.
+func startReferenceXDS(t *testing.T, cp *egControlPlane) string {
+	t.Helper()
+	s, err := envoyratelimit.StartServer(envoyratelimit.Options{RedisAddr: cp.redisAddr, Env: egEnv(cp), StartTimeout: egStartTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("envoyproxy/ratelimit's log tail:\n%s", logtext.Tail(s.Log(), 30))
+		}
+		s.Stop()
+	})
+	return s.GRPCAddr()
+}
+
+// envoyGatewayBinary is $ENVOY_GATEWAY_BIN: `make test-envoy-gateway`
+// builds Envoy Gateway and sets it. Unset, the test skips, even under
+// CI=true: the build is long and not part of `make test`. Set to a path
+// that holds no program, the test fails.
+func envoyGatewayBinary(t *testing.T) string {
+	t.Helper()
+	p := os.Getenv("ENVOY_GATEWAY_BIN")
+	if p == "" {
+		t.Skip("ENVOY_GATEWAY_BIN is unset: `make test-envoy-gateway` builds Envoy Gateway and runs this test")
+	}
+	if st, err := os.Stat(p); err != nil || st.IsDir() {
+		t.Fatalf("ENVOY_GATEWAY_BIN=%q names no program", p)
+	}
+	return p
+}
+
+// egConfig is Envoy Gateway's own configuration: standalone (file
+// resources from dir, host infrastructure under home), global limits on
+// Redis at redisAddr, its admin server on a loopback port, no metrics
+// server.
+const egConfig = `apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: EnvoyGateway
+gateway:
+  controllerName: gateway.envoyproxy.io/gatewayclass-controller
+provider:
+  type: Custom
+  custom:
+    resource:
+      type: File
+      file:
+        paths: [%q]
+    infrastructure:
+      type: Host
+      host:
+        configHome: %q
+        dataHome: %q
+        stateHome: %q
+        runtimeDir: %q
+logging:
+  level:
+    default: info
+admin:
+  address:
+    host: 127.0.0.1
+    port: %d
+telemetry:
+  metrics:
+    prometheus:
+      disable: true
+rateLimit:
+  backend:
+    type: Redis
+    redis:
+      url: %q
+extensionApis:
+  enableBackend: true
+`
+
+// egResources are the file resources: a Gateway whose proxies run the
+// project's Envoy (envoyVersion, from the data home the test links), an
+// HTTPRoute, and the global limit of examples/envoy-gateway/global.yaml
+// (each x-api-key, egLimit an hour here).
+const egResources = `apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata:
+  name: eg
+spec:
+  controllerName: gateway.envoyproxy.io/gatewayclass-controller
+  parametersRef:
+    group: gateway.envoyproxy.io
+    kind: EnvoyProxy
+    name: host-envoy
+    namespace: default
+---
+apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: EnvoyProxy
+metadata:
+  name: host-envoy
+  namespace: default
+spec:
+  provider:
+    type: Host
+    host:
+      envoyVersion: %q
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: eg
+  namespace: default
+spec:
+  gatewayClassName: eg
+  listeners:
+  - name: http
+    protocol: HTTP
+    port: %d
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: backend
+  namespace: default
+spec:
+  parentRefs:
+  - name: eg
+  rules:
+  - matches:
+    - path:
+        type: PathPrefix
+        value: /
+    backendRefs:
+    - group: gateway.envoyproxy.io
+      kind: Backend
+      name: backend
+---
+apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: Backend
+metadata:
+  name: backend
+  namespace: default
+spec:
+  endpoints:
+  - ip:
+      address: 127.0.0.1
+      port: %d
+---
+apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: BackendTrafficPolicy
+metadata:
+  name: per-key-global
+  namespace: default
+spec:
+  targetRefs:
+  - group: gateway.networking.k8s.io
+    kind: HTTPRoute
+    name: backend
+  rateLimit:
+    type: Global
+    global:
+      rules:
+      - clientSelectors:
+        - headers:
+          - name: x-api-key
+            type: Distinct
+        limit:
+          requests: %d
+          unit: Hour
+`
+
+// startEnvoyGateway runs Envoy Gateway standalone on a new redis-server
+// and returns it once its rate limit xDS server accepts a TLS connection;
+// it is stopped when t ends.
+func startEnvoyGateway(t *testing.T) *egControlPlane {
+	t.Helper()
+	bin := envoyGatewayBinary(t)
+	envoyBin := envoy.DefaultBinary()
+	if _, err := os.Stat(envoyBin); err != nil {
+		t.Fatalf("no Envoy at %s for Envoy Gateway's proxies (FUNC_E_DATA_HOME, ENVOY_VERSION: `make setup`): %v", envoyBin, err)
+	}
+	r := redistest.Start(t)
+	dir := t.TempDir()
+	cp := &egControlPlane{redisAddr: r.Addr(), resourcesDir: filepath.Join(dir, "resources"), configDir: filepath.Join(dir, "config")}
+	home := filepath.Join(dir, "home")
+	data := filepath.Join(home, "data")
+	version := filepath.Base(filepath.Dir(filepath.Dir(envoyBin)))
+	// The host infrastructure runs Envoy through func-e from its data
+	// home: the project's Envoy there, so that nothing is downloaded.
+	if err := os.MkdirAll(filepath.Join(data, "envoy-versions"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Dir(filepath.Dir(envoyBin)), filepath.Join(data, "envoy-versions", version)); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{cp.resourcesDir, cp.configDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var err error
+	if cp.adminPort, err = loopback.FreePort(); err != nil {
+		t.Fatal(err)
+	}
+	if cp.gatewayPort, err = loopback.FreePort(); err != nil {
+		t.Fatal(err)
+	}
+	backendPort, err := loopback.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	configHome := filepath.Join(home, "config")
+	write := func(path, text string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(cp.resourcesDir, "resources.yaml"), fmt.Sprintf(egResources, version, cp.gatewayPort, backendPort, egLimit))
+	configPath := filepath.Join(cp.configDir, "envoy-gateway.yaml")
+	write(configPath, fmt.Sprintf(egConfig, cp.resourcesDir, configHome, data, filepath.Join(home, "state"),
+		filepath.Join(home, "run"), cp.adminPort, cp.redisAddr))
+
+	// The control plane's certificates, as `envoy-gateway certgen --local`
+	// writes them for a host: envoy-gateway/ (its servers),
+	// envoy-rate-limit/ (the rate limit service's client side), one CA.
+	logPath := filepath.Join(dir, "envoy-gateway.log")
+	cp.log = func() string { b, _ := os.ReadFile(logPath); return string(b) }
+	ctx, cancel := context.WithTimeout(context.Background(), egStartTimeout)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, bin, "certgen", "--local", "--config-home", configHome).CombinedOutput(); err != nil {
+		t.Fatalf("envoy-gateway certgen --local: %v\n%s", err, logtext.Tail(string(out), 20))
+	}
+	rl := filepath.Join(configHome, "certs", "envoy-rate-limit")
+	cp.cert, cp.key, cp.ca = filepath.Join(rl, "tls.crt"), filepath.Join(rl, "tls.key"), filepath.Join(rl, "ca.crt")
+	if cp.san, err = firstDNSName(filepath.Join(configHome, "certs", "envoy-gateway", "tls.crt")); err != nil {
+		t.Fatal(err)
+	}
+	cp.url = "127.0.0.1:" + strconv.Itoa(egRateLimitXDSPort)
+
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "server", "--config-path", configPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("Envoy Gateway's log tail:\n%s", logtext.Tail(cp.log(), 40))
+		}
+		// Envoy Gateway stops the Envoy it started on SIGTERM; its
+		// process group is killed after a grace period in any case.
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+	})
+	return cp
+}
+
+// firstDNSName is the first DNS name of the PEM certificate in path.
+func firstDNSName(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return "", fmt.Errorf("%s: no PEM block", path)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	if len(c.DNSNames) == 0 {
+		return "", fmt.Errorf("%s: no DNS name", path)
+	}
+	return c.DNSNames[0], nil
+}
+
+// fetchRateLimitConfigs asks cp's rate limit xDS server for its
+// RateLimitConfig resources once, as the rate limit service does (node
+// egNodeID, the client certificate of Envoy Gateway's certgen).
+func fetchRateLimitConfigs(ctx context.Context, cp *egControlPlane) ([]*rlconfv3.RateLimitConfig, error) {
+	pair, err := tls.LoadX509KeyPair(cp.cert, cp.key)
+	if err != nil {
+		return nil, err
+	}
+	caPEM, err := os.ReadFile(cp.ca)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("%s: no certificate", cp.ca)
+	}
+	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, ServerName: cp.san, MinVersion: tls.VersionTLS12})
+	conn, err := grpc.NewClient(cp.url, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		return nil, err
+	}
+	const typeURL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: egNodeID}, TypeUrl: typeURL}); err != nil {
+		return nil, err
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	var out []*rlconfv3.RateLimitConfig
+	for _, a := range resp.GetResources() {
+		c := new(rlconfv3.RateLimitConfig)
+		if err := a.UnmarshalTo(c); err != nil {
+			return nil, fmt.Errorf("resource %s: %w", a.GetTypeUrl(), err)
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// egLimitConfig waits until cp serves a RateLimitConfig that holds the
+// policy's limit and returns it: the domain (the Gateway listener), and
+// the route's descriptor with the rule's one below it.
+func egLimitConfig(t *testing.T, cp *egControlPlane) (domain string, route, rule *rlconfv3.RateLimitDescriptor) {
+	t.Helper()
+	last := "nothing yet"
+	for deadline := time.Now().Add(egStartTimeout); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		configs, err := fetchRateLimitConfigs(ctx, cp)
+		cancel()
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		last = fmt.Sprintf("%d RateLimitConfigs: %v", len(configs), configs)
+		for _, c := range configs {
+			for _, d := range c.GetDescriptors() {
+				for _, sub := range d.GetDescriptors() {
+					if l := sub.GetRateLimit(); l != nil && l.GetRequestsPerUnit() == egLimit && l.GetUnit() == rlconfv3.RateLimitUnit_HOUR {
+						return c.GetDomain(), d, sub
+					}
+				}
+			}
+		}
+	}
+	t.Fatalf("Envoy Gateway served no RateLimitConfig with %d an hour within %v: %s", egLimit, egStartTimeout, last)
+	return "", nil, nil
+}
+
+// TestEnvoyGatewayControlPlane: Envoy Gateway's own control plane,
+// standalone, serves the RateLimitConfig of a global BackendTrafficPolicy
+// (one descriptor for the route, its rule's below it, keyed by the header's
+// value) over mutual TLS; each rate limit service it configures answers
+// egLimit OK then OVER_LIMIT for one key, and OK for another.
+func TestEnvoyGatewayControlPlane(t *testing.T) {
+	cp := startEnvoyGateway(t)
+	domain, route, rule := egLimitConfig(t, cp)
+	t.Logf("Envoy Gateway serves domain %q: %s=%s, then %s (%d per %s)", domain, route.GetKey(), route.GetValue(),
+		rule.GetKey(), rule.GetRateLimit().GetRequestsPerUnit(), rule.GetRateLimit().GetUnit())
+	if !strings.Contains(cp.log(), "started") {
+		t.Errorf("Envoy Gateway's log says nothing started:\n%s", logtext.Tail(cp.log(), 20))
+	}
+	for _, svc := range xdsServices {
+		t.Run(svc.name, func(t *testing.T) {
+			addr := svc.start(t, cp)
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			client := rlsv3.NewRateLimitServiceClient(conn)
+			ask := func(key string) (rlsv3.RateLimitResponse_Code, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+				defer cancel()
+				resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlcommon.RateLimitDescriptor{{
+					Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: route.GetKey(), Value: route.GetValue()}, {Key: rule.GetKey(), Value: key}},
+				}}})
+				return resp.GetOverallCode(), err
+			}
+			// The service may have loaded an earlier, empty snapshot
+			// first: wait until it counts the policy's descriptors.
+			if err := waitCounted(client, domain, route, rule); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for attempt := 0; attempt < 3; attempt++ {
+				key := fmt.Sprintf("key-%d-%d", time.Now().UnixNano(), attempt)
+				hour := time.Now().UTC().Truncate(time.Hour)
+				got = got[:0]
+				for i := 0; i <= egLimit; i++ {
+					code, err := ask(key)
+					if err != nil {
+						t.Fatalf("request %d: %v", i+1, err)
+					}
+					got = append(got, code.String())
+				}
+				other, err := ask(key + "-other")
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, "other key: "+other.String())
+				if !time.Now().UTC().Truncate(time.Hour).Equal(hour) {
+					continue // a window edge fell inside: replay with a new key
+				}
+				want := append(strings.Split(strings.Repeat("OK ", egLimit), " ")[:egLimit], "OVER_LIMIT", "other key: OK")
+				if strings.Join(got, ",") != strings.Join(want, ",") {
+					t.Fatalf("answers %v, want %v", got, want)
+				}
+				return
+			}
+			t.Fatalf("three runs crossed an hour's edge: %v", got)
+		})
+	}
+}
+
+// waitCounted waits until the service answers for the policy's
+// descriptors (with the key "probe") with a current limit: it has applied
+// Envoy Gateway's configuration, not an earlier empty one.
+func waitCounted(client rlsv3.RateLimitServiceClient, domain string, route, rule *rlconfv3.RateLimitDescriptor) error {
+	last := errors.New("no answer")
+	for deadline := time.Now().Add(waitTimeout); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlcommon.RateLimitDescriptor{{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: route.GetKey(), Value: route.GetValue()}, {Key: rule.GetKey(), Value: "probe"}},
+		}}})
+		cancel()
+		switch {
+		case err != nil:
+			last = err
+		case len(resp.GetStatuses()) != 1 || resp.GetStatuses()[0].GetCurrentLimit() == nil:
+			last = fmt.Errorf("no current limit yet: %v", resp)
+		default:
+			return nil
+		}
+	}
+	return fmt.Errorf("the service did not apply Envoy Gateway's configuration within %v: %w", waitTimeout, last)
+}
