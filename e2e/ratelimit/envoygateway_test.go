@@ -9,6 +9,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,9 +46,10 @@ import (
 // service in that mode (CreateOrUpdateRateLimitInfra is "not supported yet
 // for host infrastructure"), so the test starts each service itself, with
 // the environment Envoy Gateway gives its own deployment, and asks it
-// directly: the proxy Envoy Gateway runs would call the service at its
-// Kubernetes name (envoy-ratelimit.<namespace>.svc.cluster.local:8081),
-// which nothing resolves here.
+// directly: the Envoy that Envoy Gateway runs on a host rejects its rate
+// limit cluster (whose TLS files are the Kubernetes paths, /certs/ca.crt),
+// and would call the service at its Kubernetes name
+// (envoy-ratelimit.<namespace>.svc.cluster.local:8081) in any case.
 
 const (
 	// egRateLimitXDSPort is Envoy Gateway's rate limit xDS port
@@ -71,6 +74,7 @@ type egControlPlane struct {
 	url, san                string // dial url, verify the server's certificate for san
 	cert, key, ca           string // client certificate, key, and the CA of both sides
 	log                     func() string
+	exited                  <-chan struct{} // closed when Envoy Gateway has exited
 	redisAddr               string
 	gatewayPort, adminPort  int
 	resourcesDir, configDir string
@@ -328,8 +332,16 @@ func startEnvoyGateway(t *testing.T) *egControlPlane {
 	}
 	write(filepath.Join(cp.resourcesDir, "resources.yaml"), fmt.Sprintf(egResources, version, cp.gatewayPort, backendPort, egLimit))
 	configPath := filepath.Join(cp.configDir, "envoy-gateway.yaml")
+	// Envoy Gateway's validation refuses an IP address with a port as the
+	// Redis URL (url.Parse of "127.0.0.1:6379" fails): a host name with a
+	// port parses. On a host it only checks the URL; the services below
+	// get Redis's address themselves.
+	_, redisPort, err := net.SplitHostPort(cp.redisAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	write(configPath, fmt.Sprintf(egConfig, cp.resourcesDir, configHome, data, filepath.Join(home, "state"),
-		filepath.Join(home, "run"), cp.adminPort, cp.redisAddr))
+		filepath.Join(home, "run"), cp.adminPort, "localhost:"+redisPort))
 
 	// The control plane's certificates, as `envoy-gateway certgen --local`
 	// writes them for a host: envoy-gateway/ (its servers),
@@ -360,19 +372,21 @@ func startEnvoyGateway(t *testing.T) *egControlPlane {
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	cp.exited = done
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("Envoy Gateway's log tail:\n%s", logtext.Tail(cp.log(), 40))
 		}
-		// Envoy Gateway stops the Envoy it started on SIGTERM; its
-		// process group is killed after a grace period in any case.
+		// Envoy Gateway stops the Envoy it started on SIGTERM; then its
+		// process group (Envoy Gateway and that Envoy) is killed, so
+		// that nothing outlives the test.
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-done:
 		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
 		}
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
 	})
 	return cp
 }
@@ -405,6 +419,12 @@ func fetchRateLimitConfigs(ctx context.Context, cp *egControlPlane) ([]*rlconfv3
 	if err != nil {
 		return nil, err
 	}
+	return fetchWith(ctx, cp, []tls.Certificate{pair})
+}
+
+// fetchWith is fetchRateLimitConfigs presenting certs (none: no client
+// certificate).
+func fetchWith(ctx context.Context, cp *egControlPlane, certs []tls.Certificate) ([]*rlconfv3.RateLimitConfig, error) {
 	caPEM, err := os.ReadFile(cp.ca)
 	if err != nil {
 		return nil, err
@@ -413,7 +433,7 @@ func fetchRateLimitConfigs(ctx context.Context, cp *egControlPlane) ([]*rlconfv3
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, fmt.Errorf("%s: no certificate", cp.ca)
 	}
-	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, ServerName: cp.san, MinVersion: tls.VersionTLS12})
+	creds := credentials.NewTLS(&tls.Config{Certificates: certs, RootCAs: pool, ServerName: cp.san, MinVersion: tls.VersionTLS12})
 	conn, err := grpc.NewClient(cp.url, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, err
@@ -449,6 +469,11 @@ func egLimitConfig(t *testing.T, cp *egControlPlane) (domain string, route, rule
 	t.Helper()
 	last := "nothing yet"
 	for deadline := time.Now().Add(egStartTimeout); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		select {
+		case <-cp.exited:
+			t.Fatalf("Envoy Gateway exited:\n%s", logtext.Tail(cp.log(), 30))
+		default:
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		configs, err := fetchRateLimitConfigs(ctx, cp)
 		cancel()
@@ -481,9 +506,36 @@ func TestEnvoyGatewayControlPlane(t *testing.T) {
 	domain, route, rule := egLimitConfig(t, cp)
 	t.Logf("Envoy Gateway serves domain %q: %s=%s, then %s (%d per %s)", domain, route.GetKey(), route.GetValue(),
 		rule.GetKey(), rule.GetRateLimit().GetRequestsPerUnit(), rule.GetRateLimit().GetUnit())
-	if !strings.Contains(cp.log(), "started") {
-		t.Errorf("Envoy Gateway's log says nothing started:\n%s", logtext.Tail(cp.log(), 20))
+	// Mutual TLS: a client without the certificate is refused.
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	configs, err := fetchWith(ctx, cp, nil)
+	cancel()
+	if err == nil {
+		t.Errorf("a client without a certificate got %d RateLimitConfigs", len(configs))
+	} else {
+		t.Logf("a client without a certificate: %v", err)
 	}
+	// Envoy Gateway on a host runs the Gateway's Envoy too (func-e, from
+	// the data home the test links): its listener answers. Its rate limit
+	// filter reaches no service (Envoy rejected the cluster), and the
+	// policy fails open, so the answer is the backend's absence (nothing
+	// listens on its port), not a limit.
+	t.Run("proxy", func(t *testing.T) {
+		url := "http://127.0.0.1:" + strconv.Itoa(cp.gatewayPort) + "/"
+		hc := &http.Client{Timeout: 5 * time.Second}
+		last := "no answer"
+		for deadline := time.Now().Add(egStartTimeout); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+			resp, err := hc.Get(url)
+			if err != nil {
+				last = err.Error()
+				continue
+			}
+			resp.Body.Close()
+			t.Logf("the Gateway's Envoy answers %s: %d", url, resp.StatusCode)
+			return
+		}
+		t.Fatalf("the Gateway's Envoy did not answer %s within %v: %s", url, egStartTimeout, last)
+	})
 	for _, svc := range xdsServices {
 		t.Run(svc.name, func(t *testing.T) {
 			addr := svc.start(t, cp)

@@ -278,8 +278,9 @@ func TestGlobalExampleRefusals(t *testing.T) {
 		{"no image", globalValues, "            image: ghcr.io/ratelimit-wasm/limitd:0.1.0\n", "", "would run envoyproxy/ratelimit's image"},
 		{"other image", globalValues, "ghcr.io/ratelimit-wasm/limitd:0.1.0", "docker.io/envoyproxy/ratelimit:master", "want limitd's"},
 		{"no Redis URL", globalValues, "          url: redis.redis-system.svc.cluster.local:6379", "          url: ''", "redis url"},
+		{"Redis URL an IP address with a port", globalValues, "redis.redis-system.svc.cluster.local:6379", "10.0.0.7:6379", "unknown ratelimit redis url format"},
 		{"other backend", globalValues, "        type: Redis", "        type: Memcache", "unsupported ratelimit backend"},
-		{"rateLimit left out", globalValues, "    rateLimit:\n      backend:\n        type: Redis\n        redis:\n          # Your Redis (a single server; a comma-separated list for\n          # Sentinel or Cluster). Envoy Gateway passes it on as REDIS_URL.\n          url: redis.redis-system.svc.cluster.local:6379\n", "", "rateLimit: missing"},
+		{"rateLimit left out", globalValues, "    rateLimit:\n      backend:\n        type: Redis\n        redis:\n          # Your Redis (a single server; a comma-separated list for\n          # Sentinel or Cluster), by host name: Envoy Gateway's validation\n          # refuses an IP address with a port. It passes it on as REDIS_URL.\n          url: redis.redis-system.svc.cluster.local:6379\n", "", "rateLimit: missing"},
 		{"another chart value", globalValues, "config:\n", "replicas: 2\nconfig:\n", `"replicas": the example sets only config.envoyGateway`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
