@@ -121,13 +121,24 @@ func egEnv(cp *egControlPlane) []string {
 // service_cmd) in its GRPC_XDS_SOTW mode against cp.
 func startReferenceXDS(t *testing.T, cp *egControlPlane) string {
 	t.Helper()
-	s, err := envoyratelimit.StartServer(envoyratelimit.Options{RedisAddr: cp.redisAddr, Env: egEnv(cp), StartTimeout: egStartTimeout})
+	return startWithEnv(t, cp, "")
+}
+
+// startWithEnv runs bin ("": envoyproxy/ratelimit's) configured only by
+// envoyproxy/ratelimit's environment, Envoy Gateway's for xDS (egEnv), on
+// cp's Redis, and waits until it has loaded a configuration. A program
+// configured as envoyproxy/ratelimit is (limitd's build/ratelimit) is a
+// row of xdsServices calling it with its path.
+func startWithEnv(t *testing.T, cp *egControlPlane, bin string) string {
+	t.Helper()
+	s, err := envoyratelimit.StartServer(envoyratelimit.Options{Binary: bin, RedisAddr: cp.redisAddr, Env: egEnv(cp),
+		StartTimeout: egStartTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("envoyproxy/ratelimit's log tail:\n%s", logtext.Tail(s.Log(), 30))
+			t.Logf("the service's log tail:\n%s", logtext.Tail(s.Log(), 30))
 		}
 		s.Stop()
 	})
