@@ -78,6 +78,11 @@ type egControlPlane struct {
 	redisAddr               string
 	gatewayPort, adminPort  int
 	resourcesDir, configDir string
+
+	bin, configPath, logPath string
+	envoyVersion             string
+	backendPort              int
+	stop                     func() // stops Envoy Gateway and the Envoy it runs
 }
 
 // xdsService is one rate limit service configured over xDS: start runs it
@@ -341,8 +346,10 @@ func startEnvoyGateway(t *testing.T) *egControlPlane {
 			t.Fatal(err)
 		}
 	}
-	write(filepath.Join(cp.resourcesDir, "resources.yaml"), fmt.Sprintf(egResources, version, cp.gatewayPort, backendPort, egLimit))
+	cp.bin, cp.envoyVersion, cp.backendPort = bin, version, backendPort
+	cp.writePolicy(t, egLimit)
 	configPath := filepath.Join(cp.configDir, "envoy-gateway.yaml")
+	cp.configPath = configPath
 	// Envoy Gateway's validation refuses an IP address with a port as the
 	// Redis URL (url.Parse of "127.0.0.1:6379" fails): a host name with a
 	// port parses. On a host it only checks the URL; the services below
@@ -357,8 +364,8 @@ func startEnvoyGateway(t *testing.T) *egControlPlane {
 	// The control plane's certificates, as `envoy-gateway certgen --local`
 	// writes them for a host: envoy-gateway/ (its servers),
 	// envoy-rate-limit/ (the rate limit service's client side), one CA.
-	logPath := filepath.Join(dir, "envoy-gateway.log")
-	cp.log = func() string { b, _ := os.ReadFile(logPath); return string(b) }
+	cp.logPath = filepath.Join(dir, "envoy-gateway.log")
+	cp.log = func() string { b, _ := os.ReadFile(cp.logPath); return string(b) }
 	ctx, cancel := context.WithTimeout(context.Background(), egStartTimeout)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, bin, "certgen", "--local", "--config-home", configHome).CombinedOutput(); err != nil {
@@ -371,26 +378,53 @@ func startEnvoyGateway(t *testing.T) *egControlPlane {
 	}
 	cp.url = "127.0.0.1:" + strconv.Itoa(egRateLimitXDSPort)
 
-	logf, err := os.Create(logPath)
+	cp.start(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("Envoy Gateway's log tail:\n%s", logtext.Tail(cp.log(), 40))
+		}
+		cp.stop()
+	})
+	return cp
+}
+
+// writePolicy writes the file resources with the policy's limit at
+// requests an hour; a running Envoy Gateway watches the file.
+func (cp *egControlPlane) writePolicy(t *testing.T, requests int) {
+	t.Helper()
+	text := fmt.Sprintf(egResources, cp.envoyVersion, cp.gatewayPort, cp.backendPort, requests)
+	if err := os.WriteFile(filepath.Join(cp.resourcesDir, "resources.yaml"), []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// start runs Envoy Gateway (again), its log appended to cp.logPath; stop
+// stops it.
+func (cp *egControlPlane) start(t *testing.T) {
+	t.Helper()
+	logf, err := os.OpenFile(cp.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "server", "--config-path", configPath)
+	cmd := exec.Command(cp.bin, "server", "--config-path", cp.configPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
+		logf.Close()
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
 	cp.exited = done
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("Envoy Gateway's log tail:\n%s", logtext.Tail(cp.log(), 40))
+	stopped := false
+	cp.stop = func() {
+		if stopped {
+			return
 		}
+		stopped = true
 		// Envoy Gateway stops the Envoy it started on SIGTERM; then its
 		// process group (Envoy Gateway and that Envoy) is killed, so
-		// that nothing outlives the test.
+		// that nothing outlives it.
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-done:
@@ -398,8 +432,7 @@ func startEnvoyGateway(t *testing.T) *egControlPlane {
 		}
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
-	})
-	return cp
+	}
 }
 
 // firstDNSName is the first DNS name of the PEM certificate in path.
@@ -474,9 +507,9 @@ func fetchWith(ctx context.Context, cp *egControlPlane, certs []tls.Certificate)
 }
 
 // egLimitConfig waits until cp serves a RateLimitConfig that holds the
-// policy's limit and returns it: the domain (the Gateway listener), and
+// policy's limit of requests an hour and returns it: the domain (the Gateway listener), and
 // the route's descriptor with the rule's one below it.
-func egLimitConfig(t *testing.T, cp *egControlPlane) (domain string, route, rule *rlconfv3.RateLimitDescriptor) {
+func egLimitConfig(t *testing.T, cp *egControlPlane, requests uint32) (domain string, route, rule *rlconfv3.RateLimitDescriptor) {
 	t.Helper()
 	last := "nothing yet"
 	for deadline := time.Now().Add(egStartTimeout); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
@@ -496,14 +529,14 @@ func egLimitConfig(t *testing.T, cp *egControlPlane) (domain string, route, rule
 		for _, c := range configs {
 			for _, d := range c.GetDescriptors() {
 				for _, sub := range d.GetDescriptors() {
-					if l := sub.GetRateLimit(); l != nil && l.GetRequestsPerUnit() == egLimit && l.GetUnit() == rlconfv3.RateLimitUnit_HOUR {
+					if l := sub.GetRateLimit(); l != nil && l.GetRequestsPerUnit() == requests && l.GetUnit() == rlconfv3.RateLimitUnit_HOUR {
 						return c.GetDomain(), d, sub
 					}
 				}
 			}
 		}
 	}
-	t.Fatalf("Envoy Gateway served no RateLimitConfig with %d an hour within %v: %s", egLimit, egStartTimeout, last)
+	t.Fatalf("Envoy Gateway served no RateLimitConfig with %d an hour within %v: %s", requests, egStartTimeout, last)
 	return "", nil, nil
 }
 
@@ -511,44 +544,33 @@ func egLimitConfig(t *testing.T, cp *egControlPlane) (domain string, route, rule
 // standalone, serves the RateLimitConfig of a global BackendTrafficPolicy
 // (one descriptor for the route, its rule's below it, keyed by the header's
 // value) over mutual TLS; each rate limit service it configures answers
-// egLimit OK then OVER_LIMIT for one key, and OK for another.
+// egLimit OK then OVER_LIMIT for one key, and OK for another. Then, with
+// the service running: the policy's file edited (Envoy Gateway's file
+// provider sends a new snapshot, applied without a restart); Envoy
+// Gateway stopped (the last configuration keeps answering); Envoy Gateway
+// started again with another limit (the service reconnects, with the
+// back-off Envoy Gateway leaves at its defaults, and applies it). Each
+// service row runs its own Envoy Gateway: port 18001 is fixed, so the rows
+// run one after the other.
 func TestEnvoyGatewayControlPlane(t *testing.T) {
-	cp := startEnvoyGateway(t)
-	domain, route, rule := egLimitConfig(t, cp)
-	t.Logf("Envoy Gateway serves domain %q: %s=%s, then %s (%d per %s)", domain, route.GetKey(), route.GetValue(),
-		rule.GetKey(), rule.GetRateLimit().GetRequestsPerUnit(), rule.GetRateLimit().GetUnit())
-	// Mutual TLS: a client without the certificate is refused.
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-	configs, err := fetchWith(ctx, cp, nil)
-	cancel()
-	if err == nil {
-		t.Errorf("a client without a certificate got %d RateLimitConfigs", len(configs))
-	} else {
-		t.Logf("a client without a certificate: %v", err)
-	}
-	// Envoy Gateway on a host runs the Gateway's Envoy too (func-e, from
-	// the data home the test links): its listener answers. Its rate limit
-	// filter reaches no service (Envoy rejected the cluster), and the
-	// policy fails open, so the answer is the backend's absence (nothing
-	// listens on its port), not a limit.
-	t.Run("proxy", func(t *testing.T) {
-		url := "http://127.0.0.1:" + strconv.Itoa(cp.gatewayPort) + "/"
-		hc := &http.Client{Timeout: 5 * time.Second}
-		last := "no answer"
-		for deadline := time.Now().Add(egStartTimeout); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-			resp, err := hc.Get(url)
-			if err != nil {
-				last = err.Error()
-				continue
-			}
-			resp.Body.Close()
-			t.Logf("the Gateway's Envoy answers %s: %d", url, resp.StatusCode)
-			return
-		}
-		t.Fatalf("the Gateway's Envoy did not answer %s within %v: %s", url, egStartTimeout, last)
-	})
+	envoyGatewayBinary(t)
 	for _, svc := range xdsServices {
 		t.Run(svc.name, func(t *testing.T) {
+			cp := startEnvoyGateway(t)
+			domain, route, rule := egLimitConfig(t, cp, egLimit)
+			t.Logf("Envoy Gateway serves domain %q: %s=%s, then %s (%d per %s)", domain, route.GetKey(), route.GetValue(),
+				rule.GetKey(), rule.GetRateLimit().GetRequestsPerUnit(), rule.GetRateLimit().GetUnit())
+			// Mutual TLS: a client without the certificate is refused.
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			configs, err := fetchWith(ctx, cp, nil)
+			cancel()
+			if err == nil {
+				t.Errorf("a client without a certificate got %d RateLimitConfigs", len(configs))
+			} else {
+				t.Logf("a client without a certificate: %v", err)
+			}
+			checkProxy(t, cp)
+
 			addr := svc.start(t, cp)
 			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -556,69 +578,126 @@ func TestEnvoyGatewayControlPlane(t *testing.T) {
 			}
 			defer conn.Close()
 			client := rlsv3.NewRateLimitServiceClient(conn)
-			ask := func(key string) (rlsv3.RateLimitResponse_Code, error) {
-				ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-				defer cancel()
-				resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlcommon.RateLimitDescriptor{{
-					Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: route.GetKey(), Value: route.GetValue()}, {Key: rule.GetKey(), Value: key}},
-				}}})
-				return resp.GetOverallCode(), err
+			check := func(step string, requests uint32, within time.Duration) {
+				t.Helper()
+				// The service may hold an earlier configuration (an empty
+				// first snapshot, the limit before the edit): wait until
+				// it applies this one.
+				if err := waitLimit(client, domain, route, rule, requests, within); err != nil {
+					t.Fatalf("%s: %v", step, err)
+				}
+				if err := checkAnswers(client, domain, route, rule, int(requests)); err != nil {
+					t.Fatalf("%s: %v", step, err)
+				}
 			}
-			// The service may have loaded an earlier, empty snapshot
-			// first: wait until it counts the policy's descriptors.
-			if err := waitCounted(client, domain, route, rule); err != nil {
-				t.Fatal(err)
-			}
-			var got []string
-			for attempt := 0; attempt < 3; attempt++ {
-				key := fmt.Sprintf("key-%d-%d", time.Now().UnixNano(), attempt)
-				hour := time.Now().UTC().Truncate(time.Hour)
-				got = got[:0]
-				for i := 0; i <= egLimit; i++ {
-					code, err := ask(key)
-					if err != nil {
-						t.Fatalf("request %d: %v", i+1, err)
-					}
-					got = append(got, code.String())
-				}
-				other, err := ask(key + "-other")
-				if err != nil {
-					t.Fatal(err)
-				}
-				got = append(got, "other key: "+other.String())
-				if !time.Now().UTC().Truncate(time.Hour).Equal(hour) {
-					continue // a window edge fell inside: replay with a new key
-				}
-				want := append(strings.Split(strings.Repeat("OK ", egLimit), " ")[:egLimit], "OVER_LIMIT", "other key: OK")
-				if strings.Join(got, ",") != strings.Join(want, ",") {
-					t.Fatalf("answers %v, want %v", got, want)
-				}
-				return
-			}
-			t.Fatalf("three runs crossed an hour's edge: %v", got)
+			check("Envoy Gateway's policy", egLimit, waitTimeout)
+
+			cp.writePolicy(t, egLimit-2)
+			egLimitConfig(t, cp, egLimit-2)
+			check("the policy's file edited", egLimit-2, waitTimeout)
+
+			cp.stop()
+			check("Envoy Gateway stopped", egLimit-2, waitTimeout)
+
+			cp.writePolicy(t, egLimit+1)
+			cp.start(t)
+			egLimitConfig(t, cp, egLimit+1)
+			check("Envoy Gateway started again, another limit", egLimit+1, egStartTimeout)
 		})
 	}
 }
 
-// waitCounted waits until the service answers for the policy's
-// descriptors (with the key "probe") with a current limit: it has applied
-// Envoy Gateway's configuration, not an earlier empty one.
-func waitCounted(client rlsv3.RateLimitServiceClient, domain string, route, rule *rlconfv3.RateLimitDescriptor) error {
-	last := errors.New("no answer")
-	for deadline := time.Now().Add(waitTimeout); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+// checkProxy: Envoy Gateway on a host runs the Gateway's Envoy too
+// (func-e, from the data home the test links), and its listener answers.
+// Its rate limit filter reaches no service (Envoy rejected the cluster),
+// and the policy fails open, so the answer is the backend's absence
+// (nothing listens on its port), not a limit.
+func checkProxy(t *testing.T, cp *egControlPlane) {
+	t.Helper()
+	url := "http://127.0.0.1:" + strconv.Itoa(cp.gatewayPort) + "/"
+	hc := &http.Client{Timeout: 5 * time.Second}
+	last := "no answer"
+	for deadline := time.Now().Add(egStartTimeout); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		resp, err := hc.Get(url)
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		resp.Body.Close()
+		t.Logf("the Gateway's Envoy answers %s: %d", url, resp.StatusCode)
+		return
+	}
+	t.Fatalf("the Gateway's Envoy did not answer %s within %v: %s", url, egStartTimeout, last)
+}
+
+// checkAnswers asks the service for a new key limit+1 times and for
+// another key once: limit OK, OVER_LIMIT, OK. A run across an hour's edge
+// (fixed windows start again there) is replayed, at most three times.
+func checkAnswers(client rlsv3.RateLimitServiceClient, domain string, route, rule *rlconfv3.RateLimitDescriptor, limit int) error {
+	ask := func(key string) (rlsv3.RateLimitResponse_Code, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlcommon.RateLimitDescriptor{{
-			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: route.GetKey(), Value: route.GetValue()}, {Key: rule.GetKey(), Value: "probe"}},
-		}}})
+		defer cancel()
+		resp, err := client.ShouldRateLimit(ctx, egRequest(domain, route, rule, key))
+		return resp.GetOverallCode(), err
+	}
+	var want []string
+	for range limit {
+		want = append(want, "OK")
+	}
+	want = append(want, "OVER_LIMIT", "other key: OK")
+	var got []string
+	for attempt := 0; attempt < 3; attempt++ {
+		key := fmt.Sprintf("key-%d-%d", time.Now().UnixNano(), attempt)
+		hour := time.Now().UTC().Truncate(time.Hour)
+		got = got[:0]
+		for i := 0; i <= limit; i++ {
+			code, err := ask(key)
+			if err != nil {
+				return fmt.Errorf("request %d: %w", i+1, err)
+			}
+			got = append(got, code.String())
+		}
+		other, err := ask(key + "-other")
+		if err != nil {
+			return err
+		}
+		got = append(got, "other key: "+other.String())
+		if !time.Now().UTC().Truncate(time.Hour).Equal(hour) {
+			continue // a window edge fell inside: replay with a new key
+		}
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			return fmt.Errorf("answers %v, want %v", got, want)
+		}
+		return nil
+	}
+	return fmt.Errorf("three runs crossed an hour's edge: %v", got)
+}
+
+// egRequest is the request Envoy's filter sends for the policy's rule and
+// a value of x-api-key.
+func egRequest(domain string, route, rule *rlconfv3.RateLimitDescriptor, key string) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlcommon.RateLimitDescriptor{{
+		Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: route.GetKey(), Value: route.GetValue()}, {Key: rule.GetKey(), Value: key}},
+	}}}
+}
+
+// waitLimit waits until the service answers for the policy's descriptors
+// (with the key "probe", which it counts) with a current limit of
+// requests: it has applied that configuration.
+func waitLimit(client rlsv3.RateLimitServiceClient, domain string, route, rule *rlconfv3.RateLimitDescriptor, requests uint32, within time.Duration) error {
+	last := errors.New("no answer")
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		resp, err := client.ShouldRateLimit(ctx, egRequest(domain, route, rule, "probe"))
 		cancel()
 		switch {
 		case err != nil:
 			last = err
-		case len(resp.GetStatuses()) != 1 || resp.GetStatuses()[0].GetCurrentLimit() == nil:
-			last = fmt.Errorf("no current limit yet: %v", resp)
+		case len(resp.GetStatuses()) != 1 || resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != requests:
+			last = fmt.Errorf("not the limit of %d yet: %v", requests, resp)
 		default:
 			return nil
 		}
 	}
-	return fmt.Errorf("the service did not apply Envoy Gateway's configuration within %v: %w", waitTimeout, last)
+	return fmt.Errorf("the service did not apply a limit of %d within %v: %w", requests, within, last)
 }
