@@ -60,10 +60,15 @@ const (
 	// egStartTimeout bounds Envoy Gateway's start until it serves the
 	// policy's RateLimitConfig (a loaded machine: generous).
 	egStartTimeout = 120 * time.Second
-	// egLimit is the policy's limit: egLimit requests an hour per key. An
-	// hour, so that a fixed window's edge rarely falls inside a run (one
-	// that does is replayed with a fresh key).
+	// egLimit is the policy's limit, examples/envoy-gateway/global.yaml's:
+	// egLimit requests a minute per key (egUnit, egWindow). A fixed
+	// window's edge that falls inside a run replays it with a fresh key.
 	egLimit = 5
+	// egPolicy holds the BackendTrafficPolicy the test gives Envoy
+	// Gateway: the example's own.
+	egPolicy = "../../examples/envoy-gateway/global.yaml"
+	egUnit   = rlconfv3.RateLimitUnit_MINUTE
+	egWindow = time.Minute
 )
 
 // egControlPlane is a running Envoy Gateway: where its rate limit xDS
@@ -208,10 +213,10 @@ extensionApis:
   enableBackend: true
 `
 
-// egResources are the file resources: a Gateway whose proxies run the
-// project's Envoy (envoyVersion, from the data home the test links), an
-// HTTPRoute, and the global limit of examples/envoy-gateway/global.yaml
-// (each x-api-key, egLimit an hour here).
+// egResources are the file resources but the policy: a Gateway whose
+// proxies run the project's Envoy (envoyVersion, from the data home the
+// test links), and an HTTPRoute named as the example's, to a Backend on a
+// loopback port where nothing listens.
 const egResources = `apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
 metadata:
@@ -275,28 +280,6 @@ spec:
   - ip:
       address: 127.0.0.1
       port: %d
----
-apiVersion: gateway.envoyproxy.io/v1alpha1
-kind: BackendTrafficPolicy
-metadata:
-  name: per-key-global
-  namespace: default
-spec:
-  targetRefs:
-  - group: gateway.networking.k8s.io
-    kind: HTTPRoute
-    name: backend
-  rateLimit:
-    type: Global
-    global:
-      rules:
-      - clientSelectors:
-        - headers:
-          - name: x-api-key
-            type: Distinct
-        limit:
-          requests: %d
-          unit: Hour
 `
 
 // startEnvoyGateway runs Envoy Gateway standalone on a new redis-server
@@ -388,11 +371,26 @@ func startEnvoyGateway(t *testing.T) *egControlPlane {
 	return cp
 }
 
-// writePolicy writes the file resources with the policy's limit at
-// requests an hour; a running Envoy Gateway watches the file.
+// writePolicy writes the file resources with the example's policy, its
+// limit set to requests; a running Envoy Gateway watches the file.
 func (cp *egControlPlane) writePolicy(t *testing.T, requests int) {
 	t.Helper()
-	text := fmt.Sprintf(egResources, cp.envoyVersion, cp.gatewayPort, cp.backendPort, requests)
+	b, err := os.ReadFile(egPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var policy string
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if strings.Contains(doc, "\nkind: BackendTrafficPolicy\n") {
+			policy = doc
+		}
+	}
+	want := fmt.Sprintf("requests: %d\n", egLimit)
+	if !strings.Contains(policy, want) || !strings.Contains(policy, "unit: Minute\n") {
+		t.Fatalf("%s: no BackendTrafficPolicy with %q and a unit of Minute", egPolicy, want)
+	}
+	policy = strings.Replace(policy, want, fmt.Sprintf("requests: %d\n", requests), 1)
+	text := fmt.Sprintf(egResources, cp.envoyVersion, cp.gatewayPort, cp.backendPort) + "---\n" + policy
 	if err := os.WriteFile(filepath.Join(cp.resourcesDir, "resources.yaml"), []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +505,7 @@ func fetchWith(ctx context.Context, cp *egControlPlane, certs []tls.Certificate)
 }
 
 // egLimitConfig waits until cp serves a RateLimitConfig that holds the
-// policy's limit of requests an hour and returns it: the domain (the Gateway listener), and
+// policy's limit of requests per egUnit and returns it: the domain (the Gateway listener), and
 // the route's descriptor with the rule's one below it.
 func egLimitConfig(t *testing.T, cp *egControlPlane, requests uint32) (domain string, route, rule *rlconfv3.RateLimitDescriptor) {
 	t.Helper()
@@ -529,14 +527,14 @@ func egLimitConfig(t *testing.T, cp *egControlPlane, requests uint32) (domain st
 		for _, c := range configs {
 			for _, d := range c.GetDescriptors() {
 				for _, sub := range d.GetDescriptors() {
-					if l := sub.GetRateLimit(); l != nil && l.GetRequestsPerUnit() == requests && l.GetUnit() == rlconfv3.RateLimitUnit_HOUR {
+					if l := sub.GetRateLimit(); l != nil && l.GetRequestsPerUnit() == requests && l.GetUnit() == egUnit {
 						return c.GetDomain(), d, sub
 					}
 				}
 			}
 		}
 	}
-	t.Fatalf("Envoy Gateway served no RateLimitConfig with %d an hour within %v: %s", requests, egStartTimeout, last)
+	t.Fatalf("Envoy Gateway served no RateLimitConfig with %d per %v within %v: %s", requests, egUnit, egStartTimeout, last)
 	return "", nil, nil
 }
 
@@ -631,7 +629,7 @@ func checkProxy(t *testing.T, cp *egControlPlane) {
 }
 
 // checkAnswers asks the service for a new key limit+1 times and for
-// another key once: limit OK, OVER_LIMIT, OK. A run across an hour's edge
+// another key once: limit OK, OVER_LIMIT, OK. A run across egWindow's edge
 // (fixed windows start again there) is replayed, at most three times.
 func checkAnswers(client rlsv3.RateLimitServiceClient, domain string, route, rule *rlconfv3.RateLimitDescriptor, limit int) error {
 	ask := func(key string) (rlsv3.RateLimitResponse_Code, error) {
@@ -648,7 +646,7 @@ func checkAnswers(client rlsv3.RateLimitServiceClient, domain string, route, rul
 	var got []string
 	for attempt := 0; attempt < 3; attempt++ {
 		key := fmt.Sprintf("key-%d-%d", time.Now().UnixNano(), attempt)
-		hour := time.Now().UTC().Truncate(time.Hour)
+		window := time.Now().UTC().Truncate(egWindow)
 		got = got[:0]
 		for i := 0; i <= limit; i++ {
 			code, err := ask(key)
@@ -662,7 +660,7 @@ func checkAnswers(client rlsv3.RateLimitServiceClient, domain string, route, rul
 			return err
 		}
 		got = append(got, "other key: "+other.String())
-		if !time.Now().UTC().Truncate(time.Hour).Equal(hour) {
+		if !time.Now().UTC().Truncate(egWindow).Equal(window) {
 			continue // a window edge fell inside: replay with a new key
 		}
 		if strings.Join(got, ",") != strings.Join(want, ",") {
@@ -670,7 +668,7 @@ func checkAnswers(client rlsv3.RateLimitServiceClient, domain string, route, rul
 		}
 		return nil
 	}
-	return fmt.Errorf("three runs crossed an hour's edge: %v", got)
+	return fmt.Errorf("three runs crossed a window's edge: %v", got)
 }
 
 // egRequest is the request Envoy's filter sends for the policy's rule and
