@@ -282,9 +282,10 @@ spec:
       port: %d
 `
 
-// startEnvoyGateway runs Envoy Gateway standalone on a new redis-server
-// and returns it once its rate limit xDS server accepts a TLS connection;
-// it is stopped when t ends.
+// startEnvoyGateway writes Envoy Gateway's configuration, certificates
+// and file resources (the example's policy, egLimit a minute) for a new
+// redis-server, and starts it; egLimitConfig waits until it serves the
+// policy. It is stopped when t ends.
 func startEnvoyGateway(t *testing.T) *egControlPlane {
 	t.Helper()
 	bin := envoyGatewayBinary(t)
