@@ -207,7 +207,8 @@ clean:
 #   istio.mk    test-istio (Istio 1.31's discovery server configures a real Envoy from examples/istio)
 #   native.mk   build-native, run-native (the engine as an Envoy dynamic module: docs/native.md),
 #               native-versions (the module on every Envoy release on PyPI; not in CI)
-#   gateway.mk  test-gateway (the native module's Envoy Gateway example, its own Go module; in `make test`)
+#   gateway.mk  test-gateway (the Envoy Gateway examples, their own Go module; in `make test`),
+#               test-envoy-gateway (Envoy Gateway's own control plane configures the rate limit services; not in CI)
 #   ratelimit.mk build-ratelimit (envoyproxy/ratelimit from source), test-ratelimit (limitd behind Envoy's
 #               own rate limit filter, and beside envoyproxy/ratelimit: e2e/ratelimit, its own Go module;
 #               in `make test`)

@@ -12,6 +12,14 @@
 // Envoy runs the module configured the way Envoy Gateway's translator
 // configures it (that translator is internal to Envoy Gateway's module).
 //
+// It checks global.yaml and envoy-gateway-values.yaml too, a global limit
+// whose rate limit service is limitd's image: both decode strictly (the
+// values' config.envoyGateway as the EnvoyGateway configuration it becomes,
+// which Envoy Gateway's own validation must accept), the policy is global
+// and targets a route of the example's Gateway, and the rate limit
+// deployment's image is limitd's. e2e/ratelimit's
+// TestEnvoyGatewayControlPlane runs Envoy Gateway's control plane itself.
+//
 // It is a Go module of its own so that Envoy Gateway and the Kubernetes
 // packages it needs never enter the plugin's go.mod; it uses this
 // repository's packages through a replace directive. No Kubernetes API

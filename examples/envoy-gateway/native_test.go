@@ -46,6 +46,9 @@ type objects struct {
 	proxies  []*egv1a1.EnvoyProxy
 	gateways []*gwapiv1.Gateway
 	policies []*egv1a1.EnvoyExtensionPolicy
+	// routes and trafficPolicies are global.yaml's.
+	routes          []*gwapiv1.HTTPRoute
+	trafficPolicies []*egv1a1.BackendTrafficPolicy
 }
 
 // decode strictly decodes every document of a manifest into Envoy Gateway's
@@ -82,6 +85,10 @@ func decode(b []byte) (objects, error) {
 			err = strictInto(j, &objs.policies)
 		case gwapiv1.GroupVersion.String() + "/Gateway":
 			err = strictInto(j, &objs.gateways)
+		case gwapiv1.GroupVersion.String() + "/HTTPRoute":
+			err = strictInto(j, &objs.routes)
+		case egv1a1.GroupVersion.String() + "/" + egv1a1.KindBackendTrafficPolicy:
+			err = strictInto(j, &objs.trafficPolicies)
 		default:
 			err = fmt.Errorf("unexpected kind %s", gvk)
 		}

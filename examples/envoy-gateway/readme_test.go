@@ -11,7 +11,8 @@ import (
 // TestREADME: README.md names what exists. Each test it names is a test of
 // this package, each `make <target>` a target of the repository's
 // Makefile, and the image and module path it quotes are native.yaml's (the
-// init container's image, the registered path).
+// init container's image, the registered path) and the rate limit
+// deployment's image of envoy-gateway-values.yaml.
 func TestREADME(t *testing.T) {
 	b, err := os.ReadFile("README.md")
 	if err != nil {
@@ -73,5 +74,10 @@ func TestREADME(t *testing.T) {
 	inits := mods[0].proxy.Spec.Provider.Kubernetes.EnvoyDeployment.InitContainers
 	if len(inits) != 1 || !strings.Contains(readme, "`"+inits[0].Image+"`") {
 		t.Errorf("README.md does not quote the init container's image (%d init containers)", len(inits))
+	}
+
+	_, eg := loadGlobal(t)
+	if img := *eg.Provider.Kubernetes.RateLimitDeployment.Container.Image; !strings.Contains(readme, "`"+img+"`") {
+		t.Errorf("README.md does not quote the rate limit deployment's image %s", img)
 	}
 }
