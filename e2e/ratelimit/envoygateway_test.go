@@ -93,8 +93,8 @@ type egControlPlane struct {
 // xdsService is one rate limit service configured over xDS: start runs it
 // against Envoy Gateway's control plane and returns the address of its
 // RateLimitService (plain gRPC, loopback). Adding limitd is one more row of
-// xdsServices (limitd with its --rls-xds-* flags, or build/ratelimit with
-// the environment below).
+// xdsServices: envoyproxy/ratelimit and build/ratelimit with the
+// environment below, and limitd with its --rls-xds-* flags.
 type xdsService struct {
 	name  string
 	start func(t *testing.T, cp *egControlPlane) string
@@ -102,7 +102,11 @@ type xdsService struct {
 
 // xdsServices are the services TestEnvoyGatewayControlPlane runs.
 var xdsServices = []xdsService{
-	{name: "envoyproxy-ratelimit", start: startReferenceXDS},
+	{name: "envoyproxy-ratelimit", start: startReferenceEG},
+	{name: "limitd-ratelimit-mode", start: func(t *testing.T, cp *egControlPlane) string {
+		return startWithEnv(t, cp, compatBinary(t), "LIMITD_ALGORITHM=fixed_window")
+	}},
+	{name: "limitd-flags", start: startLimitdEG},
 }
 
 // egEnv is the environment Envoy Gateway v1.9.1 gives its rate limit
@@ -127,22 +131,36 @@ func egEnv(cp *egControlPlane) []string {
 	}
 }
 
-// startReferenceXDS runs envoyproxy/ratelimit (build/envoy-ratelimit/
+// startReferenceEG runs envoyproxy/ratelimit (build/envoy-ratelimit/
 // service_cmd) in its GRPC_XDS_SOTW mode against cp.
-func startReferenceXDS(t *testing.T, cp *egControlPlane) string {
+func startReferenceEG(t *testing.T, cp *egControlPlane) string {
 	t.Helper()
 	return startWithEnv(t, cp, "")
 }
 
-// startWithEnv runs bin ("": envoyproxy/ratelimit's) configured only by
-// envoyproxy/ratelimit's environment, Envoy Gateway's for xDS (egEnv), on
-// cp's Redis, and waits until it has loaded a configuration. A program
-// configured as envoyproxy/ratelimit is (limitd's build/ratelimit) is a
-// row of xdsServices calling it with its path.
-func startWithEnv(t *testing.T, cp *egControlPlane, bin string) string {
+// startLimitdEG runs build/limitd configured by its flags as a client of
+// cp's xDS server (the files and node Envoy Gateway gives its own), fixed
+// windows, on a redis-server of its own.
+func startLimitdEG(t *testing.T, cp *egControlPlane) string {
 	t.Helper()
-	s, err := envoyratelimit.StartServer(envoyratelimit.Options{Binary: bin, RedisAddr: cp.redisAddr, Env: egEnv(cp),
-		StartTimeout: egStartTimeout})
+	p := startLimitdWith(t, limitdBinary(t), []string{"--rls-xds-server", cp.url, "--rls-xds-node-id", egNodeID,
+		"--rls-xds-tls-cert", cp.cert, "--rls-xds-tls-key", cp.key, "--rls-xds-tls-ca", cp.ca, "--rls-xds-tls-san", cp.san,
+		"--rls-start-without-config", "--rls-algorithm", "fixed_window"}, nil, true)
+	return "127.0.0.1:" + strconv.Itoa(p.grpcPort)
+}
+
+// startWithEnv runs bin ("": envoyproxy/ratelimit's; limitd's
+// build/ratelimit) configured only by envoyproxy/ratelimit's environment,
+// Envoy Gateway's for xDS (egEnv) and env, on cp's Redis, and waits until
+// it has loaded a configuration.
+func startWithEnv(t *testing.T, cp *egControlPlane, bin string, env ...string) string {
+	t.Helper()
+	opts := envoyratelimit.Options{Binary: bin, RedisAddr: cp.redisAddr, Env: append(egEnv(cp), env...),
+		StartTimeout: egStartTimeout}
+	if bin != "" {
+		opts.ConfiguredLines = []string{"configuration loaded"} // limitd's log line
+	}
+	s, err := envoyratelimit.StartServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

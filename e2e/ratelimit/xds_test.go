@@ -361,16 +361,30 @@ func newXDSPKI(t *testing.T) *xdsPKI {
 // FORCE_START_WITHOUT_INITIAL_CONFIG it serves nothing before one.
 func startReferenceXDS(t *testing.T, addr string, p *xdsPKI) *service {
 	t.Helper()
+	return startEnvXDS(t, reference, addr, p)
+}
+
+// startEnvXDS starts a service of kind k, reference (envoyproxy/ratelimit)
+// or asRatelimit (build/ratelimit, with fixed windows), configured only by
+// envoyproxy/ratelimit's environment as a client of the ADS server at
+// addr, as startReferenceXDS says.
+func startEnvXDS(t *testing.T, k kind, addr string, p *xdsPKI) *service {
+	t.Helper()
 	r := redistest.Start(t)
-	s := &service{kind: reference, redis: r}
-	s.rl = envoyratelimit.Start(t, envoyratelimit.Options{RedisAddr: r.Addr(), StartTimeout: startTimeout, Env: []string{
+	s := &service{kind: k, redis: r}
+	opts := envoyratelimit.Options{RedisAddr: r.Addr(), StartTimeout: startTimeout, Env: []string{
 		"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=" + addr, "CONFIG_GRPC_XDS_NODE_ID=" + xdsNode,
-		"CONFIG_GRPC_XDS_NODE_METADATA=who=" + string(reference),
+		"CONFIG_GRPC_XDS_NODE_METADATA=who=" + string(k),
 		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + p.clientCert,
 		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + p.client, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + p.ca,
 		"CONFIG_GRPC_XDS_SERVER_TLS_SAN=envoy-gateway",
 		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=500ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL=2s",
-	}})
+	}}
+	if k == asRatelimit {
+		opts.Binary, opts.ConfiguredLines = compatBinary(t), []string{"configuration loaded"}
+		opts.Env = append(opts.Env, "LIMITD_ALGORITHM=fixed_window")
+	}
+	s.rl = envoyratelimit.Start(t, opts)
 	s.grpcPort, s.configDir, s.log = s.rl.GRPCPort(), s.rl.ConfigDir(), s.rl.Log
 	s.dial(t)
 	return s
@@ -516,13 +530,15 @@ func decideGolden(t *testing.T, c goldenCase, ref, lim *service) (calls int) {
 
 // TestEnvoyGatewayGolden serves each of Envoy Gateway's 26 golden
 // RateLimitConfig outputs, in turn, over ADS with mutual TLS to
-// envoyproxy/ratelimit (GRPC_XDS_SOTW) and to limitd (--rls-xds-server,
-// fixed windows), both ACK it, and the descriptors the case's routes make
-// get the same answers from both (direct gRPC calls). Then, on the same
-// two: a changed snapshot under traffic (no call fails, each answer has the
-// old limit or the new); a snapshot that does not validate is NACKed by
-// both while the last good one serves; the ADS server is stopped and
-// started again on its address with a new snapshot, which both take.
+// envoyproxy/ratelimit (GRPC_XDS_SOTW), to limitd (--rls-xds-server,
+// fixed windows) and to build/ratelimit (envoyproxy/ratelimit's
+// environment, LIMITD_ALGORITHM=fixed_window); each ACKs it, and the
+// descriptors the case's routes make get the same answers from each limitd
+// as from envoyproxy/ratelimit (direct gRPC calls). Then, on the three: a
+// changed snapshot under traffic (no call fails, each answer has the old
+// limit or the new); a snapshot that does not validate is NACKed by each
+// while the last good one serves; the ADS server is stopped and started
+// again on its address with a new snapshot, which each takes.
 func TestEnvoyGatewayGolden(t *testing.T) {
 	cases := goldenCases(t)
 	p := newXDSPKI(t)
@@ -530,7 +546,8 @@ func TestEnvoyGatewayGolden(t *testing.T) {
 	x.set("0-"+cases[0].name, cases[0].resources...)
 	ref := startReferenceXDS(t, x.addr, p)
 	lim := startLimitdWith(t, limitdBinary(t), limitdXDSArgs(x.addr, p, string(limitd)), nil, true).service
-	who := []string{string(reference), string(limitd)}
+	compat := startEnvXDS(t, asRatelimit, x.addr, p)
+	who := []string{string(reference), string(limitd), string(asRatelimit)}
 	calls := 0
 	for i, c := range cases {
 		version := fmt.Sprintf("%d-%s", i, c.name)
@@ -542,6 +559,7 @@ func TestEnvoyGatewayGolden(t *testing.T) {
 			t.Fatal(err)
 		}
 		calls += decideGolden(t, c, ref, lim)
+		decideGolden(t, c, ref, compat)
 	}
 	t.Logf("%d cases, %d calls on each service", len(cases), calls)
 
@@ -554,7 +572,7 @@ func TestEnvoyGatewayGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	underChange(t, []*service{ref, lim}, domain, d, r.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(), func() {
+	underChange(t, []*service{ref, lim, compat}, domain, d, r.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(), func() {
 		x.set("changed", changeLimits(last.resources, 1000)...)
 		x.waitACK("changed", who...)
 		if err := ref.rl.WaitLoads(len(cases)+1, len(ref.rl.ConfigErrors()), waitTimeout); err != nil {
@@ -568,7 +586,7 @@ func TestEnvoyGatewayGolden(t *testing.T) {
 	}
 
 	// A bad snapshot: NACKed by both, the last case serving on.
-	nr, nl := x.nackCount(who[0]), x.nackCount(who[1])
+	nr, nl, nc := x.nackCount(who[0]), x.nackCount(who[1]), x.nackCount(who[2])
 	bad := &rlsconf.RateLimitConfig{Name: "bad", Domain: "bad", Descriptors: []*rlsconf.RateLimitDescriptor{
 		{Key: "k", RateLimit: &rlsconf.RateLimitPolicy{RequestsPerUnit: 1}}}}
 	x.set("bad", append(slices.Clone(last.resources), bad)...)
@@ -578,7 +596,11 @@ func TestEnvoyGatewayGolden(t *testing.T) {
 	if why := x.waitNACK(who[1], nl); !strings.Contains(why, "rlsconfig: xds:bad") || !strings.Contains(why, "invalid rate limit unit 'UNKNOWN'") {
 		t.Errorf("limitd's NACK: %q", why)
 	}
+	if why := x.waitNACK(who[2], nc); !strings.Contains(why, "rlsconfig: xds:bad") {
+		t.Errorf("build/ratelimit's NACK: %q", why)
+	}
 	decideGolden(t, last, ref, lim)
+	decideGolden(t, last, ref, compat)
 
 	// The ADS server stopped and started again with a new snapshot.
 	x.grpc.Stop()
@@ -589,6 +611,7 @@ func TestEnvoyGatewayGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	decideGolden(t, cases[0], ref, lim)
+	decideGolden(t, cases[0], ref, compat)
 }
 
 // rlsOK is an overall OK answer.
