@@ -76,15 +76,7 @@ func (w *Watcher) Check() (bool, error) {
 			w.log.Warn("rate limit service: configuration entries skipped: not regular files", "path", w.path, "skipped", skipped)
 		}
 	}
-	h := sha256.New()
-	for _, f := range files {
-		h.Write([]byte(f.Name))
-		h.Write([]byte{0})
-		h.Write(f.Data)
-		h.Write([]byte{0})
-	}
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
+	sum := rlsconfig.Digest(files)
 	settled := w.seenOK && sum == w.seen
 	w.seen, w.seenOK = sum, true
 	if w.loaded && (sum == w.sum || !settled) {

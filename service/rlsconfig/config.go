@@ -18,6 +18,7 @@ package rlsconfig
 
 import (
 	"cmp"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -346,4 +347,19 @@ func (e *Error) Error() string {
 	}
 	b.WriteString(e.Msg)
 	return b.String()
+}
+
+// Digest is a digest of files, their names and bytes in order: two sets of
+// files with the same digest load the same configuration.
+func Digest(files []File) [sha256.Size]byte {
+	h := sha256.New()
+	for _, f := range files {
+		h.Write([]byte(f.Name))
+		h.Write([]byte{0})
+		h.Write(f.Data)
+		h.Write([]byte{0})
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
 }

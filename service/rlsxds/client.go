@@ -296,7 +296,7 @@ func (c *Client) handle(resp *discovery.DiscoveryResponse, node *core.Node) (req
 	}
 	c.lastReason, c.repeats = "", 0
 	req = &discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.GetNonce()}
-	sum := digest(files)
+	sum := rlsconfig.Digest(files)
 	if !c.applied || sum != c.sum {
 		c.o.Apply(cfg)
 		c.o.Loaded(true)
@@ -341,19 +341,6 @@ func (c *Client) check(resp *discovery.DiscoveryResponse) (*rlsconfig.Config, []
 		return nil, nil, fmt.Errorf("rlsxds: type_url: want %s, got %q", TypeURL, resp.GetTypeUrl())
 	}
 	return Convert(resp.GetResources())
-}
-
-func digest(files []rlsconfig.File) [sha256.Size]byte {
-	h := sha256.New()
-	for _, f := range files {
-		h.Write([]byte(f.Name))
-		h.Write([]byte{0})
-		h.Write(f.Data)
-		h.Write([]byte{0})
-	}
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return sum
 }
 
 // TLSConfig is the client's TLS from files, as envoyproxy/ratelimit's

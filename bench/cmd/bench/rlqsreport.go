@@ -261,8 +261,8 @@ func (r *rlqsReport) section(w func(string, ...any)) {
 	ratio := r.cpuRatio(52, 51)
 	w("| quota filter ÷ `local_ratelimit`, Envoy CPU per request (one pinned worker) | %s | ≤ %.2f | %s |\n", f(ratio, 2), targetQuotaVsLocal, verdict(ratio, targetQuotaVsLocal))
 	if floor := r.cpuRatio(rlqsFloorID, 51); floor.N > 0 {
-		w("| of which the quota filter's own cost: every bucket `ALLOW_ALL` (55) ÷ `local_ratelimit` | %s | | Envoy's, not limitd's |\n", f(floor, 2))
-		w("| of which limitd's token buckets: (52) ÷ (55) | %s | | |\n", f(r.cpuRatio(52, rlqsFloorID), 2))
+		w("| of which the quota filter's own cost: the filter with every bucket `ALLOW_ALL` ÷ `local_ratelimit` | %s | | Envoy's, not limitd's |\n", f(floor, 2))
+		w("| of which limitd's token buckets: the filter with limitd's assignments ÷ the filter with every bucket `ALLOW_ALL` | %s | | |\n", f(r.cpuRatio(52, rlqsFloorID), 2))
 	}
 	q := r.result(52)
 	reqs := spanOf(q, func(p ratePoint) float64 { return p.Achieved })
