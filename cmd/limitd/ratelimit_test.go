@@ -87,17 +87,6 @@ func startMode(t *testing.T, getenv func(string) string) (*modeAddrs, *syncBuffe
 	return nil, nil, nil
 }
 
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 // TestRatelimitModeIstio: Istio's sample's environment and ConfigMap
 // layout, ports moved: /healthcheck answers 200 "OK" once Redis answered
 // (500 with no body before, as the peer's health checker fails), /json
@@ -113,7 +102,7 @@ func TestRatelimitModeIstio(t *testing.T) {
 	dead.Close()
 	root := configMap(t, rlsYAML)
 	addrs, _, _ := startMode(t, loopbackEnv(deadAddr, root))
-	if code, body := get(t, "http://"+addrs.HTTP+"/healthcheck"); code != 500 || body != "" {
+	if code, body := getStatus(t, "http://"+addrs.HTTP+"/healthcheck"); code != 500 || body != "" {
 		t.Errorf("/healthcheck without Redis: %d %q, want 500 and no body", code, body)
 	}
 
@@ -127,7 +116,7 @@ func TestRatelimitModeIstio(t *testing.T) {
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		code, body := get(t, "http://"+addrs.HTTP+"/healthcheck")
+		code, body := getStatus(t, "http://"+addrs.HTTP+"/healthcheck")
 		if code == 200 && body == "OK" {
 			break
 		}
@@ -181,14 +170,14 @@ func TestRatelimitModeIstio(t *testing.T) {
 		t.Errorf("gRPC without a token: %v %v, want OVER_LIMIT", r, err)
 	}
 
-	if code, _ := get(t, "http://"+addrs.Debug+"/"); code != 200 {
+	if code, _ := getStatus(t, "http://"+addrs.Debug+"/"); code != 200 {
 		t.Errorf("debug /: %d", code)
 	}
-	if code, body := get(t, "http://"+addrs.Debug+"/rlconfig"); code != 200 ||
+	if code, body := getStatus(t, "http://"+addrs.Debug+"/rlconfig"); code != 200 ||
 		body != "apis.generic_key_slow: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\n" {
 		t.Errorf("debug /rlconfig: %d %q", code, body)
 	}
-	if code, body := get(t, "http://"+addrs.Debug+"/debug/pprof/"); code != 404 || !strings.Contains(body, "no pprof") {
+	if code, body := getStatus(t, "http://"+addrs.Debug+"/debug/pprof/"); code != 404 || !strings.Contains(body, "no pprof") {
 		t.Errorf("debug /debug/pprof/: %d %q, want 404 saying why", code, body)
 	}
 }
@@ -386,7 +375,7 @@ func TestRatelimitHealthNeedsADomain(t *testing.T) {
 	}
 	addrs, logs, _ := startMode(t, loopbackEnv(srv.Addr(), root, "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true", "LIMITD_CONFIG_POLL", "50ms"))
 	health := func() string {
-		code, body := get(t, "http://"+addrs.HTTP+"/healthcheck")
+		code, body := getStatus(t, "http://"+addrs.HTTP+"/healthcheck")
 		return strconv.Itoa(code) + " " + body
 	}
 	// Redis answers within the bound; the empty configuration keeps it failing.
