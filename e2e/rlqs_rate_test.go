@@ -80,6 +80,7 @@ func TestRLQSPlainLimit(t *testing.T) {
 // first assignment lapsing), at least 90% of the rate.
 func TestRLQSOverLimit(t *testing.T) {
 	envoytest.Needs(t, false)
+	t.Parallel() // wall-clock bound (reports every 5 s): beside the others of its kind
 	svc := startPlainLimitd(t)
 	envoys, ok := quotaEnvoys(t, 2, svc.grpcPort, rlqsQuota("plain20", "x-plain"))
 	if !ok {
@@ -117,6 +118,7 @@ func TestRLQSOverLimit(t *testing.T) {
 // second against 300,000 streams).
 func TestRLQSChurningGateway(t *testing.T) {
 	envoytest.Needs(t, false)
+	t.Parallel() // wall-clock bound (reports every 5 s): beside the others of its kind
 	svc := startPlainLimitd(t)
 	envoys, ok := quotaEnvoys(t, 1, svc.grpcPort, rlqsQuota("api_key", "x-api-key"))
 	if !ok {

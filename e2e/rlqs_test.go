@@ -475,6 +475,7 @@ func TestRLQSTwoEnvoys(t *testing.T) {
 // intervals, and the fleet never exceeds the bound.
 func TestRLQSRebalance(t *testing.T) {
 	envoytest.Needs(t, false)
+	t.Parallel() // wall-clock bound (reports every 5 s): beside the others of its kind
 	redis := redistest.Start(t)
 	svc := startRLQSLimitd(t, redis.Addr())
 	envoys, ok := quotaEnvoys(t, 2, svc.grpcPort, rlqsQuota("user", "x-user"))
@@ -513,6 +514,7 @@ func TestRLQSRebalance(t *testing.T) {
 // the rate again.
 func TestRLQSFailures(t *testing.T) {
 	envoytest.Needs(t, false)
+	t.Parallel() // wall-clock bound (reports every 5 s): beside the others of its kind
 	redistest.Require(t)
 	const burst, rate, qps = 200, 5.0, 10.0
 	// Envoy starts a full bucket at each new assignment, so what it
