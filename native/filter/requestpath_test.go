@@ -45,6 +45,7 @@ func TestRequestPathNative(t *testing.T) {
 		}
 	})
 	t.Logf("one allowed request on the native module: %v", p)
+	p.Within(t, requestpath.Ceiling{Files: 17, Calls: 14, Hops: 6})
 }
 
 // TestRequestPathNativeWhole: the same request from its request headers to
@@ -61,4 +62,5 @@ func TestRequestPathNativeWhole(t *testing.T) {
 		f.OnDestroy()
 	})
 	t.Logf("one allowed request on the native module, to its end: %v", p)
+	p.Within(t, requestpath.Ceiling{Files: 19, Calls: 18, Hops: 6})
 }

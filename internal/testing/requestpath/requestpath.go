@@ -58,6 +58,26 @@ type Path struct {
 	Hops []string
 }
 
+// Ceiling is the most a request path may run through: today's figures,
+// written in its test, so that a change that adds a file, a call across
+// packages or a pair of packages to the request path fails until the same
+// change raises the ceiling, where a reviewer sees it.
+type Ceiling struct{ Files, Calls, Hops int }
+
+// Within reports to t each figure of p above c. A zero Path (Measure's
+// inner runs) is within every ceiling.
+func (p Path) Within(t testing.TB, c Ceiling) {
+	t.Helper()
+	for _, f := range []struct {
+		name      string
+		got, most int
+	}{{"files", len(p.Files), c.Files}, {"cross-package calls", len(p.Calls), c.Calls}, {"package pairs", len(p.Hops), c.Hops}} {
+		if f.got > f.most {
+			t.Errorf("the request path runs through %d %s, its ceiling is %d: a layer was added (raise the ceiling in the test only if it must be):\n%v", f.got, f.name, f.most, p)
+		}
+	}
+}
+
 // String is the summary a test logs.
 func (p Path) String() string {
 	var b strings.Builder

@@ -41,6 +41,7 @@ func TestRequestPathWasm(t *testing.T) {
 		}
 	})
 	t.Logf("one allowed request on the Wasm plugin: %v", p)
+	p.Within(t, requestpath.Ceiling{Files: 16, Calls: 14, Hops: 6})
 }
 
 // TestRequestPathWasmWhole: the same request from its request headers to
@@ -56,4 +57,5 @@ func TestRequestPathWasmWhole(t *testing.T) {
 		host.CompleteHttpContext(id)
 	})
 	t.Logf("one allowed request on the Wasm plugin, to its end: %v", p)
+	p.Within(t, requestpath.Ceiling{Files: 19, Calls: 17, Hops: 6})
 }
