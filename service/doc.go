@@ -6,8 +6,9 @@
 //
 // # Front doors
 //
-// The service has one core, a Store (Decide, Lease, Charge, Count), and
-// three front doors that translate into it:
+// The service has one core, in core.go: a Store (Decide, Lease, Charge,
+// Count) and the function Decide every decision goes through; three front
+// doors translate into it:
 //
 //   - the HTTP API (Server, this package), which the plugin and the native
 //     module call: /v1/decide (Decide), /v1/lease, /v1/charge;

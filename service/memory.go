@@ -11,30 +11,6 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
-// Store decides requests. Implementations are safe for concurrent use.
-type Store interface {
-	// Decide takes req atomically: every bucket is consumed or none is. An
-	// error means nothing is known about the decision (it may have been taken
-	// in Redis before a connection broke); a *wire.FieldError means the store
-	// cannot take this request as sent.
-	Decide(ctx context.Context, req *wire.Request) (wire.Answer, error)
-	// Lease takes a lease call atomically: every bucket takes back its
-	// return, then grants at least its min or none grants; errors as for
-	// Decide.
-	Lease(ctx context.Context, req *wire.LeaseRequest) (wire.LeaseAnswer, error)
-	// Charge charges each bucket its amount (a cost known from the
-	// response): into debt down to -burst, or a refund; it cannot be
-	// refused. Errors as for Decide.
-	Charge(ctx context.Context, req *wire.ChargeRequest) (wire.ChargeAnswer, error)
-	// Count adds hits to fixed-window counters (window.go); errors as for
-	// Decide.
-	Count(ctx context.Context, req *CountRequest) (CountAnswer, error)
-	// Ping reports whether the store can take decisions.
-	Ping(ctx context.Context) error
-	// Close releases the store; calls in flight finish first.
-	Close() error
-}
-
 // ErrMemoryFull is returned by MemoryStore when a decision needs a new key
 // while the store holds MaxKeys buckets that are all still refilling.
 var ErrMemoryFull = errors.New("service: memory store: full")

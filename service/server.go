@@ -238,7 +238,7 @@ func (s *Server) decide(ctx context.Context, body, out []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, shadowErrs, err := decide(ctx, s.store, req)
+	d, shadowErrs, err := Decide(ctx, s.store, req)
 	if err != nil {
 		return nil, err
 	}

@@ -36,7 +36,7 @@ func testShadowBuckets(t *testing.T, st Store) {
 		{false, false, false}, // the enforced bucket is empty: refused
 	}
 	for i, want := range steps {
-		a, _, err := decide(context.Background(), st, req)
+		a, _, err := Decide(context.Background(), st, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,7 +46,7 @@ func testShadowBuckets(t *testing.T, st Store) {
 	}
 	only := &wire.Request{Buckets: []wire.Bucket{{Key: "trial2", Rate: 0.001, Burst: 1, Cost: 1, Shadow: true}}}
 	for i, wantShadow := range []bool{true, false} {
-		a, _, err := decide(context.Background(), st, only)
+		a, _, err := Decide(context.Background(), st, only)
 		if err != nil || !a.Allowed || a.Buckets[0].Allowed != wantShadow {
 			t.Fatalf("shadow only, step %d: %+v %v; want admitted, shadow bucket %v", i, a, err, wantShadow)
 		}

@@ -35,7 +35,7 @@ func trustStores(t *testing.T) []trustStore {
 
 func mustDecide(t *testing.T, st Store, req *wire.Request) wire.Answer {
 	t.Helper()
-	a, _, err := decide(context.Background(), st, req)
+	a, _, err := Decide(context.Background(), st, req)
 	if err != nil {
 		t.Fatal(err)
 	}
