@@ -150,7 +150,7 @@ descriptors:
 func TestPeerSeriesBound(t *testing.T) {
 	p := NewPeerSeries()
 	for i := range MaxSeries + 5 {
-		p.add("d.k_"+strconv.Itoa(i)+".x", "total_hits", 1)
+		p.add("d.k_"+strconv.Itoa(i)+".x", counts{total: 1})
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(p)

@@ -159,11 +159,7 @@ func (m *Metrics) record(domain string, d *descriptor, nearRatio float32) {
 	s.within.Add(c.within)
 	s.shadow.Add(c.shadow)
 	if p := m.peer; p != nil {
-		p.add(d.limit.Key, "total_hits", c.total)
-		p.add(d.limit.Key, "over_limit", c.over)
-		p.add(d.limit.Key, "near_limit", c.near)
-		p.add(d.limit.Key, "within_limit", c.within)
-		p.add(d.limit.Key, "shadow_mode", c.shadow)
+		p.add(d.limit.Key, c)
 	}
 }
 

@@ -104,8 +104,10 @@ func peerLabelsOf(key string) peerLabels {
 }
 
 // add counts n of stat for the limit whose statistics key is key.
-func (p *PeerSeries) add(key, stat string, n float64) {
-	if n == 0 {
+// add counts one descriptor's statistics under its key's labels: the
+// labels found and the lock taken once for the five.
+func (p *PeerSeries) add(key string, c counts) {
+	if c == (counts{}) {
 		return
 	}
 	l := peerLabelsOf(validLabel(key))
@@ -115,11 +117,16 @@ func (p *PeerSeries) add(key, stat string, n float64) {
 		if len(p.seen) >= MaxSeries {
 			l = peerLabels{domain: l.domain, key1: OverflowDescriptor}
 		}
-		if !p.seen[l] {
-			p.seen[l] = true
+		p.seen[l] = true
+	}
+	for _, st := range [...]struct {
+		stat string
+		n    float64
+	}{{"total_hits", c.total}, {"over_limit", c.over}, {"near_limit", c.near}, {"within_limit", c.within}, {"shadow_mode", c.shadow}} {
+		if st.n != 0 {
+			p.hits[peerKey{l, st.stat}] += st.n
 		}
 	}
-	p.hits[peerKey{l, stat}] += n
 }
 
 func (p *PeerSeries) errored(errType string) {
