@@ -575,7 +575,9 @@ const maxMetricsConns = 16
 // at once (the oldest idle one closed for a new one). served receives
 // what Serve returns; the guard is to be swept as --listen's is.
 func serveMetrics(o *options, addr string, h http.Handler, served chan<- error, log *slog.Logger) (*http.Server, *service.ConnGuard, error) {
-	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: maxMetricsConns})
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
+	srv, guard, err := openServer(maxMetricsConns, mux, log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -583,14 +585,24 @@ func serveMetrics(o *options, addr string, h http.Handler, served chan<- error, 
 	if err != nil {
 		return nil, nil, err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", h)
-	srv := service.NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		service.MarkRequest(r.Context(), service.ConnRequest)
-		mux.ServeHTTP(w, r)
-	}), guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	go func() { served <- srv.Serve(guard.Listener(ln)) }()
 	log.Info("metrics listening", "addr", ln.Addr().String())
+	return srv, guard, nil
+}
+
+// openServer serves h to whoever reaches it, behind a guard of maxConns
+// connections: every request counts as one (no caller is asked for). The
+// listeners of one open handler (/metrics, the peer's series, the
+// ratelimit mode's) are served so.
+func openServer(maxConns int, h http.Handler, log *slog.Logger) (*http.Server, *service.ConnGuard, error) {
+	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: maxConns})
+	if err != nil {
+		return nil, nil, err
+	}
+	srv := service.NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		service.MarkRequest(r.Context(), service.ConnRequest)
+		h.ServeHTTP(w, r)
+	}), guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	return srv, guard, nil
 }
 

@@ -245,7 +245,7 @@ func (m *ratelimitMode) serve(o *options, door *rlsDoor, store service.Store, to
 // listen serves h on addr, bounded as limitd's other listeners are; an
 // error names the variables of the address.
 func (m *ratelimitMode) listen(o *options, s *modeServers, vars, addr string, h http.Handler, log *slog.Logger) (string, error) {
-	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: maxModeConns})
+	srv, guard, err := openServer(maxModeConns, h, log)
 	if err != nil {
 		return "", err
 	}
@@ -253,10 +253,6 @@ func (m *ratelimitMode) listen(o *options, s *modeServers, vars, addr string, h 
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", vars, err)
 	}
-	srv := service.NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		service.MarkRequest(r.Context(), service.ConnRequest)
-		h.ServeHTTP(w, r)
-	}), guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	go func() {
 		if err := srv.Serve(guard.Listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.served <- fmt.Errorf("%s: %w", vars, err)

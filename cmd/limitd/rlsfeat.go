@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/rls"
 	"github.com/ratelimit-wasm/tokenbucket/service/rlsconfig"
 )
@@ -158,7 +157,9 @@ func (o *rlsFeatures) servePeerSeries(ctx context.Context, m *rls.Metrics, log *
 		}
 	}
 	m.WithPeerSeries(peer)
-	guard, err := service.NewConnGuard(service.ConnOptions{MaxConns: maxMetricsConns})
+	mux := http.NewServeMux()
+	mux.Handle(o.promPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	srv, guard, err := openServer(maxMetricsConns, mux, log)
 	if err != nil {
 		return err
 	}
@@ -166,12 +167,6 @@ func (o *rlsFeatures) servePeerSeries(ctx context.Context, m *rls.Metrics, log *
 	if err != nil {
 		return fmt.Errorf("--prometheus-listen: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle(o.promPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
-	srv := service.NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		service.MarkRequest(r.Context(), service.ConnRequest)
-		mux.ServeHTTP(w, r)
-	}), guard, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	go func() {
 		if err := srv.Serve(guard.Listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("prometheus listener failed", "addr", o.promListen, "err", err)
