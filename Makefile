@@ -121,9 +121,13 @@ unit: setup build build-native build-service setup-redis build-ratelimit $(TESTL
 	(cd bench && $(GO) test -json -race -count=1 ./... 2>&1) | $(TESTLOG) -part unit -print packages -log $(BUILD)/unit-bench.log || rc=1; \
 	exit $$rc
 
+# The end-to-end tests run side by side (each calls t.Parallel(), checked by
+# internal/lint): most of their time is waiting on Envoy, windows and
+# reports, so E2E_PARALLEL of them at once overlap their waits on 2 cores.
+E2E_PARALLEL ?= 4
 e2e: setup setup-redis build build-native build-service build-ratelimit $(TESTLOG_BIN)
 	@rm -f $(TEST_DIR)/e2e.*
-	set -o pipefail; $(GO) test -json -count=1 -timeout 45m ./e2e/... 2>&1 | $(TESTLOG) -part e2e -log $(BUILD)/e2e.log
+	set -o pipefail; $(GO) test -json -count=1 -parallel $(E2E_PARALLEL) -timeout 45m ./e2e/... 2>&1 | $(TESTLOG) -part e2e -log $(BUILD)/e2e.log
 
 # The README's test command: every test, e2e included. Every part runs even
 # when one before it failed; the summary at the end names each part's

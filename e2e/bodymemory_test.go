@@ -160,6 +160,9 @@ const maxScanRatio = 1.75
 // worker's VM when the plugin copied bodies (large answers in flight at
 // once, clients that stop reading), and what let a client lower its cost
 // (accepting gzip, leaving before the usage event).
+//
+// Serial: it measures Envoy's memory and how fast it reads answers, which
+// other tests' Envoys on the same CPUs would disturb.
 func TestResponseBodiesInBoundedMemory(t *testing.T) {
 	forEachBuild(t, testResponseBodiesInBoundedMemory)
 }

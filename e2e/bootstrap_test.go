@@ -28,6 +28,7 @@ const readmeWasmPath = "build/plugin.wasm"
 //
 // Wasm only: README.md's bootstrap loads the Wasm filter.
 func TestReadmeBootstrap(t *testing.T) {
+	t.Parallel()
 	bootstrap := readmeBootstrap(t)
 	if n := strings.Count(bootstrap, readmeWasmPath); n != 1 {
 		t.Fatalf("the bootstrap names %s %d times, want once (the path the user fills in)", readmeWasmPath, n)
@@ -87,6 +88,7 @@ const readmeBackendPort = "port_value: 8080"
 //
 // Wasm only: README.md's bootstrap loads the Wasm filter.
 func TestReadmeBootstrapServes(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, true)
 	bootstrap := readmeBootstrap(t)
 	if n := strings.Count(bootstrap, readmeBackendPort); n != 1 {

@@ -15,7 +15,10 @@ import (
 // when it refuses the plugin. The cases are TestBadConfigurationRefused's
 // and the parser's other kinds of refusal (invalid JSON, an unknown field,
 // a relation between rules).
-func TestCheckConfigMatchesEnvoy(t *testing.T) { forEachBuild(t, testCheckConfigMatchesEnvoy) }
+func TestCheckConfigMatchesEnvoy(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testCheckConfigMatchesEnvoy)
+}
 
 func testCheckConfigMatchesEnvoy(t *testing.T, build envoytest.Build) {
 	envoytest.NeedsBuild(t, build)

@@ -49,7 +49,10 @@ func limitdCounter(t *testing.T, port int, name string) float64 {
 // cluster rule's budget of 100 per key, with answers costing 30 (1
 // reserved, 29 charged after the response), admits exactly 4 requests
 // across both Envoys before the first 429.
-func TestClusterResponseCost(t *testing.T) { forEachBuild(t, testClusterResponseCost) }
+func TestClusterResponseCost(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testClusterResponseCost)
+}
 
 func testClusterResponseCost(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)

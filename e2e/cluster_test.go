@@ -117,7 +117,10 @@ func clusterConfig(failureMode string) string {
 // TestClusterWide: two Envoys with the plugin share one limit service and
 // one Redis. One key's burst of 40 holds across both; then Redis dies
 // mid-load and comes back.
-func TestClusterWide(t *testing.T) { forEachBuild(t, testClusterWide) }
+func TestClusterWide(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testClusterWide)
+}
 
 func testClusterWide(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)

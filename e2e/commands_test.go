@@ -32,6 +32,7 @@ var startCmdRE = regexp.MustCompile(`(?m)^(build/venv/bin/envoy) -c (\S+)$`)
 //
 // Wasm only: the examples' start commands load the Wasm filter.
 func TestExampleStartCommands(t *testing.T) {
+	t.Parallel()
 	root, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)

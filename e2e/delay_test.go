@@ -36,7 +36,12 @@ const delayConfig = `{"rules": [
 const delayHeader = "X-Ratelimit-Delayed-Ms"
 
 // TestDelay: on Envoy with four workers, both builds.
-func TestDelay(t *testing.T) { forEachBuild(t, testDelay) }
+//
+// Serial: it measures how long Envoy holds requests against max_delay_ms,
+// which a CPU shared with other tests' Envoys would make late.
+func TestDelay(t *testing.T) {
+	forEachBuild(t, testDelay)
+}
 
 func testDelay(t *testing.T, build envoytest.Build) {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
@@ -180,7 +185,12 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 }
 
 // TestDelayCluster: a cluster rule through limitd holds the same way.
-func TestDelayCluster(t *testing.T) { forEachBuild(t, testDelayCluster) }
+//
+// Serial: it measures how long Envoy holds requests against max_delay_ms,
+// which a CPU shared with other tests' Envoys would make late.
+func TestDelayCluster(t *testing.T) {
+	forEachBuild(t, testDelayCluster)
+}
 
 func testDelayCluster(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
@@ -205,7 +215,12 @@ func testDelayCluster(t *testing.T, build envoytest.Build) {
 // its decision, not from its hold), are one at once, at most two held and
 // the rest refused at once as full. The held ones go on 2 s apart, so the
 // eight are decided long before a place frees.
-func TestDelayClusterMaxWaiting(t *testing.T) { forEachBuild(t, testDelayClusterMaxWaiting) }
+//
+// Serial: it measures how long Envoy holds requests against max_delay_ms,
+// which a CPU shared with other tests' Envoys would make late.
+func TestDelayClusterMaxWaiting(t *testing.T) {
+	forEachBuild(t, testDelayClusterMaxWaiting)
+}
 
 func testDelayClusterMaxWaiting(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
@@ -244,7 +259,12 @@ func testDelayClusterMaxWaiting(t *testing.T, build envoytest.Build) {
 // interval (plus two for the timers' lateness on a loaded machine): an
 // abandoned request's tokens stay spent, so a newcomer never goes on
 // beside the holders behind it (with refunds, nine more went through).
-func TestDelayClusterHangUps(t *testing.T) { forEachBuild(t, testDelayClusterHangUps) }
+//
+// Serial: it measures how long Envoy holds requests against max_delay_ms,
+// which a CPU shared with other tests' Envoys would make late.
+func TestDelayClusterHangUps(t *testing.T) {
+	forEachBuild(t, testDelayClusterHangUps)
+}
 
 func testDelayClusterHangUps(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
@@ -361,7 +381,12 @@ func everyOther(from, n int) []int {
 // next token while a turn's refill call travels: each turn loses that
 // call's latency, and on a loaded machine a token or two of the second is
 // lost (at least 9 admitted, never more than the rate allows).
-func TestDelayLease(t *testing.T) { forEachBuild(t, testDelayLease) }
+//
+// Serial: it measures how long Envoy holds requests against max_delay_ms,
+// which a CPU shared with other tests' Envoys would make late.
+func TestDelayLease(t *testing.T) {
+	forEachBuild(t, testDelayLease)
+}
 
 func testDelayLease(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
@@ -398,7 +423,12 @@ const (
 // heap_bytes: the allocated heap its runtime reports, not an RSS sample)
 // grows by at most maxHeldBytes per held request. Then every client hangs
 // up: each held request gives its tokens back, none goes upstream.
-func TestDelayManyHeld(t *testing.T) { forEachBuild(t, testDelayManyHeld) }
+//
+// Serial: it measures how long Envoy holds requests against max_delay_ms,
+// which a CPU shared with other tests' Envoys would make late.
+func TestDelayManyHeld(t *testing.T) {
+	forEachBuild(t, testDelayManyHeld)
+}
 
 func testDelayManyHeld(t *testing.T, build envoytest.Build) {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
@@ -493,7 +523,12 @@ func loadAvg() string {
 // 1 s route timeout is served (the same route answers 504 to an upstream
 // slower than 1 s); the connection manager's stream_idle_timeout does
 // count it, so a request held past it is ended and gives its place back.
-func TestDelayRouteTimeout(t *testing.T) { forEachBuild(t, testDelayRouteTimeout) }
+//
+// Serial: it measures how long Envoy holds requests against max_delay_ms,
+// which a CPU shared with other tests' Envoys would make late.
+func TestDelayRouteTimeout(t *testing.T) {
+	forEachBuild(t, testDelayRouteTimeout)
+}
 
 func testDelayRouteTimeout(t *testing.T, build envoytest.Build) {
 	// The upstream answers at once, or after x-upstream-delay-ms (at most

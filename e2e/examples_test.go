@@ -229,6 +229,7 @@ func exampleDirs(t *testing.T) map[string]string {
 // embeds exactly config.json, config.json is a valid configuration, and the
 // README has a session in the format above.
 func TestExampleFiles(t *testing.T) {
+	t.Parallel()
 	for name, dir := range exampleDirs(t) {
 		t.Run(name, func(t *testing.T) {
 			ex := loadExample(t, name, dir)
@@ -242,6 +243,7 @@ func TestExampleFiles(t *testing.T) {
 //
 // Wasm only: it replays shipped configurations, which load the Wasm filter.
 func TestExamples(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, true)
 	envoytest.PluginWasm(t)
 	for name, dir := range exampleDirs(t) {
@@ -966,6 +968,7 @@ func abbreviate(s string) string {
 }
 
 func TestSessionFormat(t *testing.T) {
+	t.Parallel()
 	vars := map[string]string{"TOK": "a b", "K": "k1"}
 	for _, tc := range []struct {
 		text    string
@@ -1025,6 +1028,7 @@ func TestSessionFormat(t *testing.T) {
 }
 
 func TestMatchInclude(t *testing.T) {
+	t.Parallel()
 	run := sessionRun{
 		res: envoytest.Result{Status: 429, Body: []byte("{\"a\":1}\n"), Header: http.Header{
 			"Retry-After": {"11"}, "Ratelimit-Remaining": {"0"}}},
@@ -1085,6 +1089,7 @@ var rlqsExamplePorts = map[float64]string{10000: "{{.ListenerPort}}", 9901: "{{.
 // 1.40 accepts envoy.yaml, limitd's configuration parser limits.yaml, and
 // the README has a session in the format above that names only Envoy's ports.
 func TestExampleRateLimitQuotaFiles(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	dir := filepath.Join("..", "examples", "rate-limit-quota")
 	if _, _, err := rlsconfig.Load(filepath.Join(dir, "limits.yaml")); err != nil {
@@ -1116,6 +1121,7 @@ func TestExampleRateLimitQuotaFiles(t *testing.T) {
 
 // TestExampleRateLimitQuota replays the README's session.
 func TestExampleRateLimitQuota(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	dir := filepath.Join("..", "examples", "rate-limit-quota")
 	cmds := rlqsExampleSession(t, dir)
@@ -1223,6 +1229,7 @@ func rlqsExampleSession(t *testing.T, dir string) []sessionCmd {
 // trailing spaces are no difference, and a measured header matches the
 // README's value within its tolerance and no further.
 func TestWriteOutMeasured(t *testing.T) {
+	t.Parallel()
 	held := envoytest.Result{Status: 200, Header: http.Header{"X-Ratelimit-Delayed-Ms": {"537"}}}
 	plain := envoytest.Result{Status: 429, Header: http.Header{}}
 	const format = `%{http_code} %header{x-ratelimit-delayed-ms}\n`

@@ -31,6 +31,7 @@ var failOpenRE = regexp.MustCompile(`(?m)^\s*fail_open:`)
 //
 // Wasm only: failure_policy is a field of the Wasm filter.
 func TestShippedWasmFiltersSetFailurePolicy(t *testing.T) {
+	t.Parallel()
 	root := filepath.Join("..")
 	files, err := exec.Command("git", "-C", root, "ls-files", "*.yaml", "*.yml", "*.go").Output()
 	if err != nil {

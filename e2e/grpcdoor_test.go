@@ -281,6 +281,7 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 // eviction for --conn-grace; the holders' grace here (100 ms) is over long
 // before the gateway connects.
 func TestGRPCDoorHolders(t *testing.T) {
+	t.Parallel()
 	l := startDoorLimitd(t, "--grpc-max-conns", "32", "--conn-grace", "100ms")
 	a := startAttack(t, l, "-mode", "holders", "-conns", "96", "-for", "20s")
 	a.waitDialed()
@@ -301,6 +302,7 @@ func TestGRPCDoorHolders(t *testing.T) {
 // they hold: its 60 requests are answered 200, not 500, and every holder is
 // closed before the attack's end.
 func TestGRPCDoorHoldersEnvoy(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	l := startDoorLimitd(t, "--grpc-max-conns", "32", "--conn-grace", "100ms")
 	a := startAttack(t, l, "-mode", "holders", "-conns", "96", "-for", "30s")
@@ -337,6 +339,7 @@ func TestGRPCDoorHoldersEnvoy(t *testing.T) {
 // without a token: the connections live longest), or, mixed, every other
 // one a ShouldRateLimit call.
 func TestGRPCDoorUnfinishedMessages(t *testing.T) {
+	t.Parallel()
 	for _, mixed := range []bool{false, true} {
 		t.Run("mixed="+strconv.FormatBool(mixed), func(t *testing.T) { testUnfinishedMessages(t, mixed) })
 	}
@@ -396,6 +399,7 @@ func testUnfinished(t *testing.T, mixed bool, p *doorPKI) {
 // the token, are each closed by limitd, long before a million streams,
 // while a gateway's calls go on being answered.
 func TestGRPCDoorRapidReset(t *testing.T) {
+	t.Parallel()
 	l := startDoorLimitd(t)
 	pid := l.pid()
 	g := newGateway(t, l)

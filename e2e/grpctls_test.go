@@ -112,6 +112,7 @@ func (l *rlqsLimitd) metric(t *testing.T, series string) float64 {
 // rest 429; failure_mode_deny would make a failed call a 500), counted
 // under the caller the certificate names.
 func TestGRPCDoorMutualTLSEnvoy(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	p := newDoorPKI(t)
 	l := startTLSLimitd(t, p)
@@ -149,6 +150,7 @@ func TestGRPCDoorMutualTLSEnvoy(t *testing.T) {
 // gateway with Envoy's certificate is answered throughout (its calls one
 // after the other until every attacker has ended).
 func TestGRPCDoorTLSAttacks(t *testing.T) {
+	t.Parallel()
 	p := newDoorPKI(t)
 	l := startTLSLimitd(t, p, "--conn-grace", "100ms")
 	pid := l.pid()
@@ -228,6 +230,7 @@ func TestGRPCDoorTLSAttacks(t *testing.T) {
 // A cleartext client of the TLS door (an Envoy whose cluster lacks the
 // transport socket) is not served: its connection fails the handshake.
 func TestGRPCDoorTLSRefusesCleartext(t *testing.T) {
+	t.Parallel()
 	p := newDoorPKI(t)
 	l := startTLSLimitd(t, p)
 	before := l.metric(t, "limitd_grpc_tls_handshake_failures_total")
@@ -257,6 +260,7 @@ func TestGRPCDoorTLSRefusesCleartext(t *testing.T) {
 // key is admitted under DENY_ALL until then), and the stream is counted
 // under the certificate's caller.
 func TestRLQSMutualTLSEnvoy(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	p := newDoorPKI(t)
 	l := startTLSLimitd(t, p)
@@ -276,5 +280,6 @@ func TestRLQSMutualTLSEnvoy(t *testing.T) {
 // CA: the attacker completes its handshakes and has no token): the same
 // bound, doorMemoryBound, with each connection's TLS buffers on top.
 func TestGRPCDoorUnfinishedMessagesTLS(t *testing.T) {
+	t.Parallel()
 	testUnfinished(t, true, newDoorPKI(t))
 }

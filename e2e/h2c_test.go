@@ -21,7 +21,10 @@ const burstCallouts = envoytest.MaxBurst
 // cluster, HTTP/2 with its circuit breakers sized against the cap: every
 // request is admitted, none refused for want of a connection, and the
 // callouts share a few connections.
-func TestClusterBurstOverH2C(t *testing.T) { forEachBuild(t, testClusterBurstOverH2C) }
+func TestClusterBurstOverH2C(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testClusterBurstOverH2C)
+}
 
 func testClusterBurstOverH2C(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)

@@ -77,6 +77,7 @@ func burstElapsed(res []envoytest.Result) time.Duration {
 //
 // Wasm only: it boots what Istio generates from a WasmPlugin (V8, the Wasm filter).
 func TestIstioGatewayShape(t *testing.T) {
+	t.Parallel()
 	const dir = "../examples/istio/"
 	pc := istioPluginConfig(t, dir+"wasmplugin-gateway.yaml")
 	// The example's 50 ms callout timeout suits a gateway; on a loaded 2-core

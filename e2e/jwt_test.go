@@ -268,7 +268,10 @@ func shortHeaders(h map[string]string) string {
 // same rules with trust_unverified_jwt, behind the same jwt_authn (which
 // verified the bearer token of every /verified request), and every case but
 // the unverified tokens' runs unchanged; that one becomes the refusal.
-func TestJWT(t *testing.T) { forEachBuild(t, testJWT) }
+func TestJWT(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testJWT)
+}
 
 // jwtNativeConfig is jwtVerifiedConfig with trust_unverified_jwt.
 var jwtNativeConfig = strings.Replace(jwtVerifiedConfig, `{"rules": [`, `{"trust_unverified_jwt": true, "rules": [`, 1)
@@ -380,7 +383,10 @@ func testJWT(t *testing.T, build envoytest.Build) {
 // (use_remote_address true), with the plugin's xff_num_trusted_hops 0 (the
 // header must not matter) and 1 (one trusted proxy in front, which appends
 // the client's address).
-func TestXFF(t *testing.T) { forEachBuild(t, testXFF) }
+func TestXFF(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testXFF)
+}
 
 func testXFF(t *testing.T, build envoytest.Build) {
 	t.Parallel()

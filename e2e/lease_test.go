@@ -34,7 +34,12 @@ func leaseConfig(failureMode string) string {
 // workers each), one limitd and a real redis-server: no over-admission,
 // bounded under-admission in a steady run, and an outage that spends the
 // leases in hand, then applies failure_mode, and ends without a restart.
-func TestLeaseClusterWide(t *testing.T) { forEachBuild(t, testLeaseClusterWide) }
+//
+// Serial: it holds admissions to burst + rate × t over wall-clock time,
+// which a CPU shared with other tests' Envoys would starve.
+func TestLeaseClusterWide(t *testing.T) {
+	forEachBuild(t, testLeaseClusterWide)
+}
 
 func testLeaseClusterWide(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
@@ -219,7 +224,10 @@ func testLeaseClusterWide(t *testing.T, build envoytest.Build) {
 // limitd call per key (its leftovers go back 16 leases a call), the hot key
 // stays within burst + rate × t, and after the flood each tick hands back a
 // bounded number of leases (no second-long walk over thousands of them).
-func TestLeaseKeyFlood(t *testing.T) { forEachBuild(t, testLeaseKeyFlood) }
+func TestLeaseKeyFlood(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testLeaseKeyFlood)
+}
 
 func testLeaseKeyFlood(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
@@ -360,7 +368,12 @@ func offerSteadily(clients [2]*envoytest.Client, key map[string]string, start, e
 // allow costs on a leased rule when limitd is slower than the lease
 // timeout (logged, and asserted to exceed the bound so that the first case
 // is known to test something).
-func TestLeaseSlowService(t *testing.T) { forEachBuild(t, testLeaseSlowService) }
+//
+// Serial: it holds admissions to burst + rate × t over wall-clock time,
+// which a CPU shared with other tests' Envoys would starve.
+func TestLeaseSlowService(t *testing.T) {
+	forEachBuild(t, testLeaseSlowService)
+}
 
 func testLeaseSlowService(t *testing.T, build envoytest.Build) {
 	const delay = 50 * time.Millisecond
@@ -415,6 +428,7 @@ func testLeaseSlowService(t *testing.T, build envoytest.Build) {
 // the grant goes into the lease all the same, so the next request on the
 // key is admitted from it without a call. Both builds.
 func TestLeaseGrantOutlivesAResetRequest(t *testing.T) {
+	t.Parallel()
 	forEachBuild(t, testLeaseGrantOutlivesAResetRequest)
 }
 

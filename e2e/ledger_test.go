@@ -27,7 +27,10 @@ const refundAttackConfig = `{"service": {"cluster": "limit_service", "timeout_ms
 // the plugin, admits requests on a per-request cluster rule for 3 seconds.
 // A's admissions stay within burst + rate × t: B can give back only what B
 // took, and A's decisions hold nothing to refund.
-func TestRefundAttack(t *testing.T) { forEachBuild(t, testRefundAttack) }
+func TestRefundAttack(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testRefundAttack)
+}
 
 func testRefundAttack(t *testing.T, build envoytest.Build) {
 	const (

@@ -86,7 +86,12 @@ const (
 // throughout (no fresh burst from an eviction); the store must evict only
 // when the table is full of buckets that are not full, and then never a
 // steady client's.
-func TestMemoryBound(t *testing.T) { forEachBuild(t, testMemoryBound) }
+//
+// Serial: it measures Envoy's resident memory under a key flood, which other
+// tests' load would disturb.
+func TestMemoryBound(t *testing.T) {
+	forEachBuild(t, testMemoryBound)
+}
 
 func testMemoryBound(t *testing.T, build envoytest.Build) {
 	floodKeys := floodKeysFromEnv(t)

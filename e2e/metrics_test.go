@@ -22,7 +22,10 @@ import (
 // Native (docs/native.md): Envoy 1.40 registers no namespace of a dynamic
 // module with its Prometheus output, whatever metrics_namespace says, so the
 // names keep envoy_ and the namespace: envoy_dynamicmodulescustom_tokenbucket_….
-func TestPrometheusNames(t *testing.T) { forEachBuild(t, testPrometheusNames) }
+func TestPrometheusNames(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testPrometheusNames)
+}
 
 // prometheusPrefix is what /stats/prometheus puts before tokenbucket_ for
 // build's metrics (as its doc page says: nativePrometheusDoc).
@@ -104,6 +107,7 @@ func testPrometheusNames(t *testing.T, build envoytest.Build) {
 //
 // Wasm only: the demo's envoy.yaml and Istio's bootstrap load the Wasm filter.
 func TestPrometheusRuleLabel(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, true)
 	ex := loadExample(t, "quickstart", "..")
 	embedded, err := json.Marshal(ex.config)
@@ -215,6 +219,7 @@ func istioCustomBootstrap(t *testing.T) string {
 // README says to start the same regex with ^dynamicmodulescustom\. instead.
 // Done so on the native module, the label is there.
 func TestReadmeStatsTagsNative(t *testing.T) {
+	t.Parallel()
 	envoytest.NeedsBuild(t, envoytest.Native)
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {

@@ -62,19 +62,19 @@ func nativeFilter(t *testing.T, pluginConfig string) string {
 }
 
 // nativeOptions are the options of an Envoy running the native module
-// with pluginConfig, and the environment it needs (the test process's,
-// which func-e passes on to Envoy).
+// with pluginConfig, and the environment it needs (Envoy's own, not the
+// test process's, so tests run side by side).
 func nativeOptions(t *testing.T, pluginConfig string, upstreamPort int) envoytest.Options {
 	t.Helper()
-	t.Setenv("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", nativeDir(t))
-	t.Setenv("GODEBUG", "cgocheck=0")
 	return envoytest.Options{NoWasm: true, Filters: nativeFilter(t, pluginConfig),
-		UpstreamPort: upstreamPort, Concurrency: 4}
+		UpstreamPort: upstreamPort, Concurrency: 4,
+		Env: []string{"ENVOY_DYNAMIC_MODULES_SEARCH_PATH=" + nativeDir(t), "GODEBUG=cgocheck=0"}}
 }
 
 const nativePrefix, wasmPrefix = "dynamicmodulescustom.tokenbucket.", "wasmcustom.tokenbucket."
 
 func TestNative(t *testing.T) {
+	t.Parallel()
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	e := envoytest.Start(t, nativeOptions(t, mainConfig, up.Port()))
 	c := e.Client()
@@ -115,6 +115,7 @@ func TestNative(t *testing.T) {
 // run-native` runs) admits exactly its burst of 200 concurrent requests
 // over 4 workers, per key.
 func TestNativeDemoRule(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile(filepath.Join("..", "envoy.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -143,6 +144,7 @@ func TestNativeDemoRule(t *testing.T) {
 // the native module, each in its own Envoy with the same configuration,
 // and demands the same statuses, rate-limit headers, bodies and metrics.
 func TestNativeSameAsWasm(t *testing.T) {
+	t.Parallel()
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	wasm := envoytest.Start(t, envoytest.Options{Config: envoytest.DemoConfigYAML, PluginConfig: mainConfig,
 		UpstreamPort: up.Port(), Concurrency: 4})
@@ -229,6 +231,7 @@ func suffixes(stats map[string]uint64, prefix string) map[string]uint64 {
 // Envoy's environment lacks GODEBUG=cgocheck=0 (a line saying how to set
 // it), instead of aborting.
 func TestNativeRefusals(t *testing.T) {
+	t.Parallel()
 	t.Run("configuration", func(t *testing.T) {
 		bad := `{"rules": [{"name": "r", "algorithm": "token_bucket",
 		  "algorithm_config": {"tokens_per_second": 10, "burst": 5}}]}`
@@ -243,7 +246,7 @@ func TestNativeRefusals(t *testing.T) {
 	})
 	t.Run("GODEBUG", func(t *testing.T) {
 		opts := nativeOptions(t, mainConfig, 0)
-		t.Setenv("GODEBUG", "")
+		opts.Env = append(opts.Env, "GODEBUG=") // the last of a repeated key wins
 		f := envoytest.ExpectStartFailure(t, opts)
 		if !strings.Contains(f.Log, "lacks GODEBUG=cgocheck=0") || !strings.Contains(f.Log, "start Envoy with GODEBUG=cgocheck=0") {
 			t.Fatalf("%v; Envoy's log lacks the GODEBUG hint:\n%s", f, logtext.Tail(f.Log, 15))
@@ -256,6 +259,7 @@ func TestNativeRefusals(t *testing.T) {
 // of 300 concurrent requests over both; a leased one at most its burst, the
 // native module's lease calls going out from Envoy's main thread.
 func TestNativeClusterWide(t *testing.T) {
+	t.Parallel()
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
@@ -321,6 +325,7 @@ func TestNativeClusterWide(t *testing.T) {
 // thread. The worker's lock is reentrant for its own thread, so this
 // neither deadlocks the worker nor loses the response headers.
 func TestNativeResumeAnsweredAtOnce(t *testing.T) {
+	t.Parallel()
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	opts := nativeOptions(t, clusterConfig("allow"), 0) // upstream 0: Envoy answers 200 itself
@@ -343,6 +348,7 @@ func TestNativeResumeAnsweredAtOnce(t *testing.T) {
 // body read in pieces as it passes, an event stream) and charge_on settle
 // in the native module as in the Wasm plugin (TestResponseCosts).
 func TestNativeResponseCosts(t *testing.T) {
+	t.Parallel()
 	up := startLLMUpstream(t)
 	opts := nativeOptions(t, responseConfig, up.port(t))
 	opts.Concurrency = 2

@@ -39,6 +39,9 @@ import (
 // is written to NATIVE_VERSIONS_OUT (default ../build/native-versions/results.md).
 // A release that does not load the module is a row, not a failure (it says
 // why); a release that loads it and then answers wrongly fails the test.
+//
+// Serial: it sets the process's environment (t.Setenv) for each release it
+// loads the module in; it runs only under make native-versions.
 func TestNativeVersions(t *testing.T) {
 	releases := envoyReleases(t, "NATIVE_ENVOYS", "native-versions")
 	dir := nativeDir(t)

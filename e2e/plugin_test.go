@@ -44,7 +44,10 @@ func get(c *envoytest.Client, path, key string, extra ...string) envoytest.Resul
 	return c.Get(path, h)
 }
 
-func TestPlugin(t *testing.T) { forEachBuild(t, testPlugin) }
+func TestPlugin(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testPlugin)
+}
 
 func testPlugin(t *testing.T, build envoytest.Build) {
 	e, c := startMain(t, build)
@@ -234,7 +237,10 @@ func soak(t *testing.T, e *envoytest.Envoy, c *envoytest.Client) {
 	}
 }
 
-func TestBadConfigurationRefused(t *testing.T) { forEachBuild(t, testBadConfigurationRefused) }
+func TestBadConfigurationRefused(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testBadConfigurationRefused)
+}
 
 func testBadConfigurationRefused(t *testing.T, build envoytest.Build) {
 	bad := `{"rules": [{"name": "per-key", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",

@@ -105,7 +105,10 @@ func (r *reconfigEnv) update(pluginConfig, marker string) {
 // from their current tokens clamped to the new burst. A renamed or re-keyed
 // rule starts afresh, and so does every rule when max_keys changes (it sets
 // the number of shared-data groups, which is part of the keys' prefix).
-func TestReconfigure(t *testing.T) { forEachBuild(t, testReconfigure) }
+func TestReconfigure(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testReconfigure)
+}
 
 func testReconfigure(t *testing.T, build envoytest.Build) {
 	t.Parallel()

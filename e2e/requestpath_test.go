@@ -13,7 +13,10 @@ import (
 // TestTierMemberWithoutKey (issue 10, defect 1) on real Envoy: a request
 // that matches the enterprise member but lacks its key is limited by the
 // next member of the tier, not exempted from the tier.
-func TestTierMemberWithoutKey(t *testing.T) { forEachBuild(t, testTierMemberWithoutKey) }
+func TestTierMemberWithoutKey(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testTierMemberWithoutKey)
+}
 
 func testTierMemberWithoutKey(t *testing.T, build envoytest.Build) {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
@@ -41,7 +44,10 @@ func testTierMemberWithoutKey(t *testing.T, build envoytest.Build) {
 // limitd and Redis; a shadow cluster rule with burst 2 sees two requests at
 // each Envoy. All four pass, and the two Envoys' shadow_rejected counters
 // sum to 2: the one fleet-wide bucket decided, not each Envoy's own table.
-func TestShadowClusterRule(t *testing.T) { forEachBuild(t, testShadowClusterRule) }
+func TestShadowClusterRule(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testShadowClusterRule)
+}
 
 func testShadowClusterRule(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
@@ -103,7 +109,10 @@ func testShadowClusterRule(t *testing.T, build envoytest.Build) {
 // TestCookieAsUpstreamsSeeIt (issue 10, defect 8) on real Envoy: an
 // exhausted session stays limited when the client writes "sid =victim" or
 // splits its cookies over two Cookie headers.
-func TestCookieAsUpstreamsSeeIt(t *testing.T) { forEachBuild(t, testCookieAsUpstreamsSeeIt) }
+func TestCookieAsUpstreamsSeeIt(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testCookieAsUpstreamsSeeIt)
+}
 
 func testCookieAsUpstreamsSeeIt(t *testing.T, build envoytest.Build) {
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})

@@ -132,7 +132,10 @@ const responseConfig = `{"rules": [
   "charge_on": ["401"], "algorithm": "token_bucket",
   "algorithm_config": {"tokens_per_second": 0.001, "burst": 5}}]}`
 
-func TestResponseCosts(t *testing.T) { forEachBuild(t, testResponseCosts) }
+func TestResponseCosts(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testResponseCosts)
+}
 
 func testResponseCosts(t *testing.T, build envoytest.Build) {
 	up := startLLMUpstream(t)

@@ -67,6 +67,7 @@ func rawReport(domain string, values []string) []byte {
 // its limit of 40, is admitted meanwhile. Once the attacker leaves, its
 // streams are gone from limitd_rlqs_streams.
 func TestRLQSAttacker(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	redis := redistest.Start(t)
 	svc := startRLQSLimitd(t, redis.Addr())

@@ -52,6 +52,7 @@ func startPlainLimitd(t *testing.T) *rlqsLimitd {
 // first assignment came (before: 228 of 400, the TTLs cut below Envoy's
 // cadence).
 func TestRLQSPlainLimit(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	svc := startPlainLimitd(t)
 	envoys, ok := quotaEnvoys(t, 1, svc.grpcPort, rlqsQuota("plain", "x-plain"))

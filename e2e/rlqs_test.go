@@ -416,6 +416,7 @@ func (f *fleet) checkBound(burst, rate float64) (int, float64) {
 // TestRLQSValidate: Envoy 1.40 loads the bootstrap's quota filter as the
 // tests below render it, with one header and with two.
 func TestRLQSValidate(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	for _, q := range []*envoy.RateLimitQuota{rlqsQuota("api_key", "x-api-key"),
 		{Domain: "d", Headers: []envoy.BucketHeader{{Key: "api_key", Header: "x-api-key"}, {Key: "plan", Header: "x-plan"}},
@@ -443,6 +444,7 @@ func TestRLQSValidate(t *testing.T) {
 // share), 300 concurrent requests across both admit at most 40 plus what
 // refilled since the key's first request, and at least half of that.
 func TestRLQSTwoEnvoys(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	redis := redistest.Start(t)
 	svc := startRLQSLimitd(t, redis.Addr())
@@ -591,6 +593,7 @@ func TestRLQSFailures(t *testing.T) {
 // denied (no assignment: DENY_ALL) and a request without the bucket's
 // header matches no bucket and passes.
 func TestRLQSNoServer(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	e := envoytest.Start(t, envoytest.Options{NoWasm: true, RLQSPort: envoytest.FreePort(t),
 		RateLimitQuota: rlqsQuota("api_key", "x-api-key"), Concurrency: 2})
@@ -614,6 +617,7 @@ func TestRLQSNoServer(t *testing.T) {
 // report). Meanwhile and after, an honest key asked below its limit of 40
 // a minute is still admitted, on the one stream limitd opened.
 func TestRLQSManyKeys(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	redis := redistest.Start(t)
 	svc := startRLQSLimitd(t, redis.Addr())
@@ -670,6 +674,7 @@ func TestRLQSManyKeys(t *testing.T) {
 // its Envoy dropped: 13 of 20 restarts leaked one, and 64 leaks refused
 // every new stream of the caller).
 func TestRLQSEnvoyRestarts(t *testing.T) {
+	t.Parallel()
 	envoytest.Needs(t, false)
 	redis := redistest.Start(t)
 	svc := startRLQSLimitd(t, redis.Addr())

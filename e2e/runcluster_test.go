@@ -50,6 +50,7 @@ var runClusterBlockRE = regexp.MustCompile("(?m)^```console run-cluster[ \t]*$")
 //
 // Wasm only: run.sh starts the example's Envoy configuration, which loads the Wasm filter.
 func TestRunCluster(t *testing.T) {
+	t.Parallel()
 	envoyBin := envoytest.EnvoyBin(t)
 	redistest.Require(t)
 	root, err := filepath.Abs("..")

@@ -34,6 +34,7 @@ var runEnvoyRatelimitBlockRE = regexp.MustCompile("(?m)^```console run-envoy-rat
 // and the service are ready, replays the README session, and for limitd
 // checks that its metrics counted the refusals per domain.
 func TestRunEnvoyRatelimit(t *testing.T) {
+	t.Parallel()
 	envoyBin := envoytest.EnvoyBin(t)
 	redistest.Require(t)
 	root, err := filepath.Abs("..")
@@ -132,6 +133,7 @@ func metricSum(text, name, label string) float64 {
 // TestClearOfMinuteEdge: no wait with the session's span left in the
 // minute, else past the edge.
 func TestClearOfMinuteEdge(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 11, 27, 7, 0, 0, 0, time.UTC)
 	for _, c := range []struct {
 		at   time.Duration
@@ -151,6 +153,7 @@ func TestClearOfMinuteEdge(t *testing.T) {
 
 // TestMetricSum reads the series with the label, and only those.
 func TestMetricSum(t *testing.T) {
+	t.Parallel()
 	text := "# HELP x\nlimitd_rls_over_limit_total{domain=\"example\",descriptor=\"api_key\"} 2\n" +
 		"limitd_rls_over_limit_total{domain=\"example\",descriptor=\"other\"} 1\n" +
 		"limitd_rls_over_limit_total{domain=\"else\",descriptor=\"api_key\"} 7\n" +

@@ -22,7 +22,10 @@ import (
 // service.cluster that names no Envoy cluster. One Envoy per build: the
 // limit_service cluster's port is first closed, then silent, then limitd's;
 // the last cause comes through LDS.
-func TestDocumentedLogLines(t *testing.T) { forEachBuild(t, testDocumentedLogLines) }
+func TestDocumentedLogLines(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testDocumentedLogLines)
+}
 
 // docLogLineRE is a log line as docs/troubleshooting.md quotes it: level,
 // component, "... " and the end of the line.

@@ -35,6 +35,9 @@ import (
 // ../build/soak/results.md).
 //
 // Wasm only: it soaks the Go runtime inside the Wasm VMs (the host's poll_oneoff) on each Envoy release.
+//
+// Serial: it sets ENVOY_BIN in the process's environment (t.Setenv) for each
+// release it soaks; it runs only under make soak-versions.
 func TestSoakVersions(t *testing.T) {
 	releases := envoyReleases(t, "SOAK_ENVOYS", "soak-versions")
 	wasm := envoytest.PluginWasm(t)
