@@ -36,5 +36,5 @@ export LIMITD_BIN ?= $(abspath $(BUILD)/limitd)
 
 test-ratelimit: setup setup-redis build-service build-ratelimit $(TESTLOG_BIN)
 	@rm -f $(TEST_DIR)/test-ratelimit.*
-	set -o pipefail; cd $(RATELIMIT_MOD) && CI=true $(GO) test -json -count=1 -timeout 20m ./... 2>&1 | \
+	set -o pipefail; cd $(RATELIMIT_MOD) && CI=true $(GO) test -json -count=1 -parallel $(E2E_PARALLEL) -timeout 20m ./... 2>&1 | \
 		$(TESTLOG) -part test-ratelimit -log $(abspath $(BUILD))/ratelimit.log

@@ -43,6 +43,7 @@ descriptors:
 // fixed windows, a count of its own (0..39, each once) and the seconds to
 // the window's end.
 func TestBurstTwoEnvoys(t *testing.T) {
+	t.Parallel()
 	for _, f := range flavours {
 		t.Run(f.name, func(t *testing.T) {
 			s := startService(t, f.kind, map[string]string{"burst.yaml": fortyAMinute}, f.args...)

@@ -76,6 +76,7 @@ type outcome struct {
 // remaining, reset within a second) and with token buckets (the same codes
 // for the first hits, the same limits throughout).
 func TestReferenceConfigurations(t *testing.T) {
+	t.Parallel()
 	files := referenceConfigs(t)
 	mod := referenceModule(t)
 	var table []string
@@ -334,6 +335,7 @@ func diffResponses(a, b *rlsv3.RateLimitResponse, exact bool) string {
 // one domain is refused by both (without envoyproxy/ratelimit's
 // MERGE_DOMAIN_CONFIG, which limitd does not offer).
 func TestReferenceConfigurationPairs(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(referenceModule(t), "test", "config")
 	for _, pair := range [][2]string{
 		{"basic_config.yaml", "duplicate_domain.yaml"},

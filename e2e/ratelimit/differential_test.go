@@ -137,6 +137,7 @@ var windowsRateLimits = envoy.RateLimitsYAML(
 // both, and the two Redis servers end up holding the same counters under
 // the same names with the same values.
 func TestDifferentialFixedWindow(t *testing.T) {
+	t.Parallel()
 	pair := []flavour{flavours[0], flavours[1]}
 	scripts := []struct {
 		name  string
@@ -252,6 +253,7 @@ func compareRedis(t *testing.T, sides []*side, prefix string) {
 //     to twice the limit in a moment, the token bucket the limit plus what
 //     refilled, which is asserted.
 func TestDifferentialTokenBucket(t *testing.T) {
+	t.Parallel()
 	t.Run("kinds", func(t *testing.T) {
 		sides := startSides(t, map[string]string{"kinds.yaml": kindsYAML},
 			envoy.RateLimit{Domain: "kinds", FailureModeDeny: true, RouteRateLimits: kindsRateLimits}, flavours[0], flavours[2])

@@ -570,6 +570,7 @@ func egLimitConfig(t *testing.T, cp *egControlPlane, requests uint32) (domain st
 // service row runs its own Envoy Gateway: port 18001 is fixed, so the rows
 // run one after the other.
 func TestEnvoyGatewayControlPlane(t *testing.T) {
+	t.Parallel()
 	envoyGatewayBinary(t)
 	for _, svc := range xdsServices {
 		t.Run(svc.name, func(t *testing.T) {

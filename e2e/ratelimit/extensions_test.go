@@ -31,6 +31,7 @@ descriptors:
 // --rls-algorithm (its Redis key is a window's counter or a bucket).
 // envoyproxy/ratelimit refuses the file, naming the field.
 func TestExtensions(t *testing.T) {
+	t.Parallel()
 	ref := startService(t, reference, map[string]string{"ext.yaml": extensionsYAML})
 	if errs := ref.rl.ConfigErrors(); len(errs) == 0 || !strings.Contains(errs[0], "burst") && !strings.Contains(errs[0], "algorithm") {
 		t.Errorf("envoyproxy/ratelimit: refusals %q, want one naming an extension", errs)

@@ -28,6 +28,7 @@ type rlHeader struct {
 // a refused request takes nothing from the others, so the closest limit
 // can differ).
 func TestDifferentialResponseHeaders(t *testing.T) {
+	t.Parallel()
 	ref := flavour{name: "envoyproxy-ratelimit", kind: reference, window: true, args: []string{"LIMIT_RESPONSE_HEADERS_ENABLED=true",
 		"LIMIT_LIMIT_HEADER=Q-Limit", "LIMIT_REMAINING_HEADER=Q-Remaining", "LIMIT_RESET_HEADER=Q-Reset"}}
 	lim := flavour{name: "limitd-fixed-window", kind: limitd, window: true, args: []string{"--rls-algorithm", "fixed_window",

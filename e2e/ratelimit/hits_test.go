@@ -22,6 +22,7 @@ descriptors:
 // 10 leave 3, 0 checks without taking, 3 more leave 0, and 1 more is
 // refused. x-ratelimit-remaining follows every step.
 func TestHitsAddendFromHeader(t *testing.T) {
+	t.Parallel()
 	steps := []struct {
 		hits          string
 		status        int

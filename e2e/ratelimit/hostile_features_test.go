@@ -30,6 +30,7 @@ descriptors:
 // own, the metadata echoing the value). The scrape stays bounded: every
 // label of a name past --max-key-bytes is hashed.
 func TestHostileFeatures(t *testing.T) {
+	t.Parallel()
 	promPort := freePort(t)
 	s := startService(t, limitd, map[string]string{"hostile.yaml": churnYAML}, "--rls-algorithm", "fixed_window",
 		"--rls-response-headers", "--rls-response-metadata", "--prometheus-listen", "127.0.0.1:"+strconv.Itoa(promPort))

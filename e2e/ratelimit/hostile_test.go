@@ -29,6 +29,7 @@ descriptors:
 // it like any other key (3 of 6 admitted on a limit of 3 an hour), where a
 // failed call would admit all 6. Another such key is a key of its own.
 func TestInvalidUTF8Value(t *testing.T) {
+	t.Parallel()
 	for _, f := range flavours[1:] {
 		t.Run(f.name, func(t *testing.T) {
 			s := startService(t, f.kind, map[string]string{"hostile.yaml": threeAnHour}, f.args...)
@@ -58,6 +59,7 @@ func TestInvalidUTF8Value(t *testing.T) {
 // bucket, and a 60,000-byte value is stored under a bounded name (a hash
 // past --max-key-bytes), with either algorithm.
 func TestHostileValues(t *testing.T) {
+	t.Parallel()
 	for _, f := range flavours[1:] {
 		t.Run(f.name, func(t *testing.T) {
 			s := startService(t, f.kind, map[string]string{"hostile.yaml": threeAnHour}, f.args...)

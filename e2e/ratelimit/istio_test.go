@@ -164,6 +164,7 @@ func tryIstio(t *testing.T, k kind, files map[string]string, env ...string) (*se
 // LIMITD_ALGORITHM=fixed_window the same answers; with token buckets the
 // same codes for the first hits and the same limits).
 func TestIstioReferenceConfigurations(t *testing.T) {
+	t.Parallel()
 	mod := referenceModule(t)
 	accepted, listed := 0, 0
 	for _, path := range referenceConfigs(t) {
@@ -247,6 +248,7 @@ func istioSides(t *testing.T, files map[string]string, rl envoy.RateLimit, env .
 // x-ratelimit-* headers, the two Redis servers hold the same counters, and
 // the statistics counted per descriptor are the same.
 func TestIstioSampleFixedWindow(t *testing.T) {
+	t.Parallel()
 	for _, sc := range []struct {
 		name, domain string
 		files        map[string]string
@@ -327,6 +329,7 @@ func TestIstioSampleFixedWindow(t *testing.T) {
 // --rls-algorithm token_bucket does: the same answers, request by request,
 // and the same bucket keys in Redis.
 func TestIstioSampleTokenBucket(t *testing.T) {
+	t.Parallel()
 	rl := envoy.RateLimit{Domain: "kinds", FailureModeDeny: true, RouteRateLimits: kindsRateLimits}
 	files := map[string]string{"config.yaml": kindsYAML}
 	var sides []*side
@@ -376,6 +379,7 @@ func TestIstioSampleTokenBucket(t *testing.T) {
 // went away (still 200 by default: neither asks Redis; 500 with
 // REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true once a call failed).
 func TestIstioHealthcheckAndJSON(t *testing.T) {
+	t.Parallel()
 	for _, active := range []bool{false, true} {
 		t.Run(fmt.Sprintf("active=%v", active), func(t *testing.T) {
 			env := []string{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=" + strconv.FormatBool(active)}
@@ -536,6 +540,7 @@ func swapConfigMap(t *testing.T, root string, files map[string]string, stamp str
 // services without a restart: both then decide /productpage with the new
 // limit.
 func TestIstioConfigMapUpdate(t *testing.T) {
+	t.Parallel()
 	files := map[string]string{"config.yaml": istioYAML}
 	both := []*service{startIstio(t, reference, files), startIstio(t, asRatelimit, files, "LIMITD_ALGORITHM=fixed_window")}
 	probe := entries{"PATH", "/probe"}

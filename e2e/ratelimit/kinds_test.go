@@ -82,6 +82,7 @@ var kindsScript = []step{
 // script: a request one descriptor refuses takes nothing from the others
 // on limitd.
 func TestDescriptorKinds(t *testing.T) {
+	t.Parallel()
 	for _, f := range flavours {
 		t.Run(f.name, func(t *testing.T) {
 			s := startService(t, f.kind, map[string]string{"kinds.yaml": kindsYAML}, f.args...)

@@ -36,6 +36,7 @@ descriptors:
 // dynamic_metadata, a limit override's text compared with its spaces
 // collapsed (the protobuf library varies them on purpose).
 func TestDifferentialDynamicMetadata(t *testing.T) {
+	t.Parallel()
 	files := map[string]string{"meta.yaml": metadataYAML}
 	sides := []*service{
 		startService(t, reference, files, "RESPONSE_DYNAMIC_METADATA=true"),

@@ -23,6 +23,7 @@ import (
 // values: those Envoy Gateway's dashboards read), the same count of
 // ShouldRateLimit calls and a configuration load on both.
 func TestDifferentialPrometheus(t *testing.T) {
+	t.Parallel()
 	comparePrometheus(t, nil, nil)
 }
 
@@ -30,6 +31,7 @@ func TestDifferentialPrometheus(t *testing.T) {
 // NEAR_LIMIT_RATIO=0.5 and --rls-near-limit-ratio 0.5: limits of 5 and 4
 // are near past 2 hits rather than 4 and 3.
 func TestDifferentialNearLimitRatio(t *testing.T) {
+	t.Parallel()
 	comparePrometheus(t, []string{"NEAR_LIMIT_RATIO=0.5"}, []string{"--rls-near-limit-ratio", "0.5"})
 }
 

@@ -15,6 +15,7 @@ import (
 // true, the request passes when false. With Redis back (empty), decisions
 // come back.
 func TestRedisStopped(t *testing.T) {
+	t.Parallel()
 	const yaml = `domain: store
 descriptors:
   - key: api_key

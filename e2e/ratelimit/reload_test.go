@@ -77,6 +77,7 @@ func startTraffic(e *envoytest.Envoy, stop <-chan struct{}) *traffic {
 // limit of the changed key applies, and the unchanged key's count goes on
 // where it was (its bucket or window was kept).
 func TestReloadUnderTraffic(t *testing.T) {
+	t.Parallel()
 	for _, f := range flavours {
 		t.Run(f.name, func(t *testing.T) {
 			s := startService(t, f.kind, map[string]string{"reload.yaml": reloadYAML(5, 101)}, f.args...)
@@ -172,6 +173,7 @@ func TestReloadUnderTraffic(t *testing.T) {
 // its log, limitd naming the file, the line and the field, and the
 // previous configuration keeps deciding.
 func TestRefusedFile(t *testing.T) {
+	t.Parallel()
 	bad := `domain: reload
 descriptors:
   - key: a

@@ -20,6 +20,7 @@ import (
 // ratelimit.service.rate_limit.<domain>.<descriptor>.<stat> against
 // limitd's limitd_rls_<stat>_total{domain,descriptor} on /metrics.
 func TestDifferentialStats(t *testing.T) {
+	t.Parallel()
 	ref := flavour{name: "envoyproxy-ratelimit", kind: reference, window: true, args: []string{"STATS_FLUSH_INTERVAL=100ms"}}
 	sides := startSides(t, map[string]string{"kinds.yaml": kindsYAML},
 		envoy.RateLimit{Domain: "kinds", FailureModeDeny: true, RouteRateLimits: kindsRateLimits}, ref, flavours[1])

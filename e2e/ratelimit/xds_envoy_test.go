@@ -126,6 +126,7 @@ func dig(m map[string]any, keys ...string) (string, bool) {
 // requests, in lockstep within one second, get the same statuses and
 // x-ratelimit-* headers from both.
 func TestEnvoyGatewayGoldenThroughEnvoy(t *testing.T) {
+	t.Parallel()
 	cases := goldenCases(t)
 	dir := filepath.Join(gatewayModule(t), "internal", "xds", "translator", "testdata", "out", "ratelimit-config")
 	p := newXDSPKI(t)

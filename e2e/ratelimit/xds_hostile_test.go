@@ -59,6 +59,7 @@ func hostileLimit(domain string, n uint32, values int) *rlsconf.RateLimitConfig 
 // every response of the flood, and the last good configuration decides
 // throughout.
 func TestXDSHostileServer(t *testing.T) {
+	t.Parallel()
 	const flood = 300
 	floodDone := make(chan int, 1)
 	h := &hostileADS{serve: func(n int32, s discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {

@@ -540,6 +540,7 @@ func decideGolden(t *testing.T, c goldenCase, ref, lim *service) (calls int) {
 // while the last good one serves; the ADS server is stopped and started
 // again on its address with a new snapshot, which each takes.
 func TestEnvoyGatewayGolden(t *testing.T) {
+	t.Parallel()
 	cases := goldenCases(t)
 	p := newXDSPKI(t)
 	x := startXDSServer(t, "127.0.0.1:0", p.server, nil)
@@ -625,6 +626,7 @@ const rlsOK = rlsv3.RateLimitResponse_OK
 // changed snapshot under traffic: every answer is one of the two
 // configurations', and the new one serves once ACKed.
 func TestEnvoyGatewayStartBeforeSnapshot(t *testing.T) {
+	t.Parallel()
 	cases := goldenCases(t)
 	c := cases[0]
 	p := newXDSPKI(t)

@@ -10,7 +10,7 @@ import (
 )
 
 // TestEndToEndTestsRunInParallel checks every top-level test of the
-// end-to-end package (e2e/): one of its own statements (not a subtest's) is
+// end-to-end packages (e2e/ and the rate limit service's, e2e/ratelimit/): one of its own statements (not a subtest's) is
 // t.Parallel(), or its doc comment has a line "Serial: <why>" saying why it must run alone.
 // Nearly all of an end-to-end test's time is waiting (Envoy starting, a
 // window passing, a report every few seconds), so run one after another
@@ -19,9 +19,13 @@ import (
 // that sets the process's environment (t.Setenv panics in a parallel test)
 // or measures what others would disturb says so instead.
 func TestEndToEndTestsRunInParallel(t *testing.T) {
-	files, err := filepath.Glob("../../e2e/*_test.go")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no e2e test files: %v", err)
+	var files []string
+	for _, dir := range []string{"../../e2e", "../../e2e/ratelimit"} {
+		fs, err := filepath.Glob(dir + "/*_test.go")
+		if err != nil || len(fs) == 0 {
+			t.Fatalf("no test files in %s: %v", dir, err)
+		}
+		files = append(files, fs...)
 	}
 	checked := 0
 	for _, path := range files {
