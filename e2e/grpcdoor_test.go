@@ -39,7 +39,7 @@ import (
 // doorToken is the gateway's token (the token file's line "gw <token>").
 const doorToken = "gw-door-secret"
 
-// doorMemoryBound is the bound docs/limit-service.md states: whatever 1,024
+// doorMemoryBound is the bound docs/operating-limitd.md states: whatever 1,024
 // hostile connections do, limitd's RSS stays under it.
 const doorMemoryBound = 512 << 20
 

@@ -112,7 +112,7 @@ func TestLoadTokens(t *testing.T) {
 	if _, _, err := loadTokens(bad, env()); err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("three fields: %v, want an error naming line 1", err)
 	}
-	// LIMITD_TOKEN's caller is "default" too (docs/limit-service.md, "Who may call limitd").
+	// LIMITD_TOKEN's caller is "default" too (docs/operating-limitd.md, "Who may call limitd").
 	if toks, _, err := loadTokens("", env("LIMITD_TOKEN", "e")); err != nil || len(toks) != 1 || toks[0] != (service.Token{Name: "default", Value: "e"}) {
 		t.Fatalf("from env: %+v, %v", toks, err)
 	}

@@ -35,7 +35,7 @@
 //     growth), and a message by MaxRecvBytes. So an anonymous connection
 //     holds at most about StreamWindowBytes + MaxRecvBytes of messages
 //     besides its buffers, and MaxConns of them a bounded total
-//     (docs/limit-service.md states and tests the figure).
+//     (docs/operating-limitd.md states and tests the figure).
 //   - A connection whose client resets streams (RST_STREAM frames, counted
 //     from the bytes read) or has calls refused faster than
 //     ResetsPerSecond, beyond a burst of ResetBurst, is closed.

@@ -18,7 +18,7 @@ import (
 // upstreamRefused are the configurations of envoyproxy/ratelimit's source
 // that it refuses itself (its unit tests expect the error), with the reason
 // limitd gives, which names the same fault. Every other file there is
-// accepted and decided. docs/limit-service.md lists the reasons.
+// accepted and decided. docs/rate-limit-service.md lists the reasons.
 var upstreamRefused = map[string]string{
 	"test/config/bad_limit_unit.yaml":      "6: descriptors[0].rate_limit.unit: invalid rate limit unit 'foo'",
 	"test/config/bad_yaml.yaml":            "2: error loading config file: found unexpected end of stream",

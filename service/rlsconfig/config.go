@@ -1,6 +1,6 @@
 // Package rlsconfig reads the configuration of Envoy's rate limit service in
 // envoyproxy/ratelimit's YAML format and finds the limit of a descriptor the
-// way envoyproxy/ratelimit does (see docs/limit-service.md for the fields
+// way envoyproxy/ratelimit does (see docs/rate-limit-service.md for the fields
 // supported and refused). It is pure: it decides nothing and keeps no
 // state; package rls serves it over gRPC on the service's store.
 //
