@@ -6,6 +6,7 @@
 // anchors) of its target, named as GitHub names them; and the metric list
 // of docs/responses.md is exactly the metrics the plugin defines; and
 // user-facing Markdown (README.md, CHANGELOG.md, docs/, the examples'
-// READMEs) names no issue number and no numbered benchmark configuration.
-// It has no code of its own.
+// READMEs) names no issue number and no numbered benchmark configuration;
+// and the documentation as a whole stays within a word budget
+// (maxDocWords). It has no code of its own.
 package docs
