@@ -73,6 +73,17 @@
 #                        without token buckets): their Envoy CPU ratios
 #                        printed, with the load; nothing written (a few
 #                        minutes: for a quiet moment)
+#   make bench-ordinary  the ordinary-load regime alone (bench/cmd/bench/ordinary.go):
+#                        Envoy pinned to one CPU, 16 keep-alive connections at
+#                        a fixed rate of half no filter's saturated throughput,
+#                        and saturated; no filter, local_ratelimit with and
+#                        without RateLimit headers, the native module with
+#                        and without, the plugin; 3 alternated rounds, ratios
+#                        within each round; prints the table with the load and
+#                        writes docs/benchmarks/ordinary.md (about 5 minutes).
+#                        ORDINARY_FLAGS='-compare-module old.so' runs another
+#                        build of the module beside this one;
+#                        ORDINARY_FLAGS='-out build/x' writes elsewhere
 #   make bench-service   the limit service's decisions/s and p50/p99 against a
 #                        real Redis, with and without batching, beside
 #                        redis-benchmark EVALSHA (bench/cmd/benchservice);
@@ -81,7 +92,7 @@
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `build/bench -h`).
 
-.PHONY: bench bench-smoke bench-rls bench-rlqs bench-rlqs-ratio bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle bench-delay
+.PHONY: bench bench-smoke bench-ordinary bench-rls bench-rlqs bench-rlqs-ratio bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle bench-delay
 
 BENCH_GO := $(GO) -C bench
 define bench_wasm
@@ -119,6 +130,12 @@ bench-smoke: build build-native setup build-service build-ratelimit $(BENCH_BIN)
 $(BUILD)/limitd-symbols: $(LIMITD_SRC) go.mod go.sum
 	@mkdir -p $(BUILD)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./cmd/limitd
+
+ORDINARY_FLAGS ?=
+bench-ordinary: build build-native setup $(BENCH_BIN)
+	@uptime
+	$(BENCH_BIN) -ordinary -out docs/benchmarks -module $(NATIVE_SO) $(ORDINARY_FLAGS)
+	@uptime
 
 BENCH_RLS_FLAGS ?=
 bench-rls: build setup build-service build-ratelimit $(BUILD)/limitd-symbols $(BENCH_BIN)

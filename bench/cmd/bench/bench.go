@@ -271,6 +271,8 @@ func (b *bench) startEnvoy(t *target, l limit) error {
 		opts.PluginWasm = b.nullCalls
 	case t.s.isOps():
 		opts.PluginWasm = absPath(b.p.opsWasm)
+	case t.s.ID == moduleOther.ID:
+		opts.NativeModule = absPath(b.p.compareModule)
 	case t.s.Kind == kindModule:
 		opts.NativeModule = absPath(b.p.module)
 	case t.s.ID == layersSetup.ID:
