@@ -107,6 +107,7 @@ type params struct {
 	// compareModule is another build of the module it runs beside -module.
 	ordinary      bool
 	compareModule string
+	ordinaryPerf  time.Duration
 }
 
 func parseParams(args []string) (*params, error) {
@@ -147,6 +148,7 @@ func parseParams(args []string) (*params, error) {
 	fs.BoolVar(&p.rlqsRatio, "rlqs-ratio", false, "with -rlqs-only: only the saturation rounds of no filter, local_ratelimit and the quota filter with and without token buckets, and only printed (the CPU ratios, with the load), -out untouched: a quick look on a quiet machine (make bench-rlqs-ratio)")
 	fs.BoolVar(&p.rlqsOnly, "rlqs-only", false, "run only the RLQS section and put it into -out's results.json (kept otherwise), then rewrite -out's README.md (make bench-rlqs)")
 	fs.BoolVar(&p.ordinary, "ordinary", false, "instead of the rounds: the ordinary-load regime (ordinary.go): no filter, local_ratelimit with and without RateLimit headers, the native module with and without, the plugin, at a fixed rate of -load × no filter's saturated throughput and saturated, Envoy pinned; prints the table and writes ordinary.md into -out (make bench-ordinary). -conns and -open-conns default to 16, -rounds to 3")
+	fs.DurationVar(&p.ordinaryPerf, "ordinary-perf", 0, "with -ordinary: after the rounds, profile each Envoy at the fixed rate for this long with perf and attribute its samples by thread, DSO and symbol (0: no profile)")
 	fs.StringVar(&p.compareModule, "compare-module", "", "with -ordinary: another build of the native module, run as configuration 20 beside -module's (12), so a change is measured in one run")
 	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {
@@ -189,6 +191,8 @@ func parseParams(args []string) (*params, error) {
 		return nil, fmt.Errorf("bench: -keys: want 1..100000, got %d", p.keys)
 	case p.load <= 0 || p.load > 1:
 		return nil, fmt.Errorf("bench: -load: want (0, 1], got %v", p.load)
+	case p.ordinaryPerf < 0 || p.ordinaryPerf > time.Minute || p.ordinaryPerf > 0 && !p.ordinary:
+		return nil, fmt.Errorf("bench: -ordinary-perf: want [0, 1m] with -ordinary, got %v", p.ordinaryPerf)
 	case p.perf < 0 || p.perf > time.Minute:
 		return nil, fmt.Errorf("bench: -perf: want [0, 1m], got %v", p.perf)
 	case p.rlsOnly && (p.attrib || p.perf > 0 || p.render != "" || p.rlqsOnly):

@@ -3,8 +3,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -118,6 +124,13 @@ func (b *bench) ordinaryRun() error {
 		fmt.Fprintf(&md, "(%d) is the module built from another tree (`-compare-module %s`), against (12), this tree's (`-module %s`).\n\n", moduleOther.ID, p.compareModule, p.module)
 	}
 	fmt.Fprintln(&md, ordinaryTable(b.targets))
+	if p.ordinaryPerf > 0 {
+		att, err := b.ordinaryPerf()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&md, "## Where the CPU goes at ordinary load\n\n%s\nLoad average after the profiles: %s.\n", att, loadAvg())
+	}
 	return b.writeDoc("ordinary.md", md.String())
 }
 
@@ -177,4 +190,238 @@ func ordinaryTable(ts []*target) string {
 			f(col(t, cpuLat, nil), 1), f(ln, 2), lrs, f(col(t, cpuSat, nil), 1), f(sn, 2), srs, f(thr, 0))
 	}
 	return md.String()
+}
+
+// The attribution at ordinary load (-ordinary-perf): each configuration's
+// Envoy profiled with perf at the fixed rate, every sample put in one
+// class by its thread (the worker: the thread with the most samples; the
+// others: Envoy's main thread, the module's Go runtime threads), its DSO
+// and its symbol (the module must be built with its symbols: make
+// bench-ordinary builds build/libtokenbucket-symbols.so for it). A class's
+// µs per request is its share times the CPU per request of the same window.
+
+// perfClasses are the classes, in the table's order.
+var perfClasses = []string{
+	"worker: Envoy",
+	"worker: kernel, futex (threads waking and sleeping)",
+	"worker: kernel, other (sockets, epoll)",
+	"worker: libc, libstdc++ and other libraries",
+	"worker: Go, entering and leaving Go from Envoy's thread (cgocallback, exitsyscall, entersyscall)",
+	"worker: Go, scheduler, locks and wake-ups (wakep, startm, notewakeup, lock2)",
+	"worker: Go, allocation and collection",
+	"worker: Go, timers",
+	"worker: Go, other runtime",
+	"worker: the SDK (dynamic modules Go SDK)",
+	"worker: ours (engine, filter) and the standard library",
+	"worker: Wasm guest (V8's generated code)",
+	"other threads: kernel",
+	"other threads: Go runtime (sysmon, idle Ps, GC workers)",
+	"other threads: the rest",
+}
+
+// perfClass is the class of one sample.
+func perfClass(worker bool, dso, sym string) string {
+	kernel := strings.HasPrefix(dso, "[kernel")
+	if !worker {
+		switch {
+		case kernel:
+			return perfClasses[12]
+		case strings.HasPrefix(sym, "runtime.") || strings.HasPrefix(sym, "runtime/") || strings.HasPrefix(sym, "gc") && !strings.Contains(dso, "envoy"):
+			return perfClasses[13]
+		}
+		return perfClasses[14]
+	}
+	has := func(subs ...string) bool {
+		for _, s := range subs {
+			if strings.Contains(sym, s) {
+				return true
+			}
+		}
+		return false
+	}
+	goRuntime := strings.HasPrefix(sym, "runtime.") || strings.HasPrefix(sym, "runtime/") || strings.HasPrefix(sym, "internal/runtime") ||
+		strings.HasPrefix(sym, "crosscall2") || strings.HasPrefix(sym, "_cgoexp") || strings.HasPrefix(sym, "x_cgo") || strings.HasPrefix(sym, "_cgo_")
+	switch {
+	case dso == "envoy":
+		return perfClasses[0]
+	case kernel && has("futex"):
+		return perfClasses[1]
+	case kernel:
+		return perfClasses[2]
+	case strings.HasPrefix(dso, "[JIT]"):
+		return perfClasses[11]
+	case goRuntime && has("cgocallback", "syscall", "crosscall2", "_cgoexp", "needm", "dropm", "asmcgocall", "cgocall", "save_g", "load_g", "lockOSThread", "unlockOSThread", "_cgo_"):
+		return perfClasses[4]
+	case goRuntime && has("schedule", "findRunnable", "wakep", "startm", "stopm", "notewakeup", "notesleep", "lock2", "unlock2", "futex", "park", "ready", "runq", "handoffp", "acquirep", "releasep", "semacquire", "semrelease", "mPark", "casgstatus", "osyield", "procyield", "netpoll", "injectglist"):
+		return perfClasses[5]
+	case goRuntime && has("malloc", "gc", "scan", "mark", "sweep", "heap", "mspan", "mcache", "mcentral", "memclr", "greyobject", "wb", "Barrier"):
+		return perfClasses[6]
+	case goRuntime && has("timer", "Timer", "nanotime", "walltime"):
+		return perfClasses[7]
+	case goRuntime:
+		return perfClasses[8]
+	case strings.HasPrefix(sym, "github.com/envoyproxy/"):
+		return perfClasses[9]
+	case strings.Contains(dso, "libtokenbucket") || strings.Contains(dso, ".so") && strings.Contains(sym, "/"):
+		return perfClasses[10]
+	}
+	return perfClasses[3]
+}
+
+// perfSample is one line of `perf report --sort pid,dso,sym`.
+type perfSample struct {
+	pct       float64
+	tid       string
+	dso, sym  string
+	isWorker  bool
+	className string
+}
+
+// parsePerfTidDSOSym parses `perf report --no-children --sort pid,dso,sym
+// --stdio -g none`: "  5.12%  12345:wrk:worker_0  envoy  [.] 0x00123",
+// and marks the samples of the thread with the most.
+func parsePerfTidDSOSym(report []byte) ([]perfSample, error) {
+	var out []perfSample
+	byTid := map[string]float64{}
+	for _, line := range strings.Split(string(report), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || strings.HasPrefix(line, "#") || !strings.HasSuffix(f[0], "%") {
+			continue
+		}
+		pct, err := strconv.ParseFloat(strings.TrimSuffix(f[0], "%"), 64)
+		if err != nil {
+			continue
+		}
+		s := perfSample{pct: pct, tid: f[1], dso: f[2]}
+		if len(f) >= 5 && strings.HasPrefix(f[3], "[") {
+			s.sym = strings.Join(f[4:], " ")
+		}
+		byTid[s.tid] += pct
+		out = append(out, s)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("bench: perf report: no sample lines")
+	}
+	worker, most := "", -1.0
+	for tid, p := range byTid {
+		if p > most {
+			worker, most = tid, p
+		}
+	}
+	for i := range out {
+		out[i].isWorker = out[i].tid == worker
+		out[i].className = perfClass(out[i].isWorker, out[i].dso, out[i].sym)
+	}
+	return out, nil
+}
+
+// ordinaryPerf profiles each target at the fixed rate and returns the
+// attribution table, with each configuration's top symbols of the module.
+func (b *bench) ordinaryPerf() (string, error) {
+	p := b.p
+	perf, err := exec.LookPath("perf")
+	if err != nil {
+		return "perf is not installed (Debian: apt-get install linux-perf): no attribution.\n", nil
+	}
+	dir, err := os.MkdirTemp("", "bench-ordinary-perf")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	type col struct {
+		label   string
+		cpu     float64
+		samples int
+		classes map[string]float64
+		top     []perfSample
+	}
+	var cols []col
+	for _, t := range b.targets {
+		pid, err := t.envoy.PID()
+		if err != nil {
+			return "", err
+		}
+		out := filepath.Join(dir, strconv.Itoa(t.s.ID)+".data")
+		done := make(chan error, 1)
+		var lat latResult
+		go func() {
+			var err error
+			lat, err = fixedRate(b.addr(t), b.probe(t), b.reqs, p.openConns, b.rate, p.warmup, p.ordinaryPerf+time.Second)
+			done <- err
+		}()
+		time.Sleep(p.warmup + 500*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), p.ordinaryPerf+30*time.Second)
+		rec := exec.CommandContext(ctx, perf, "record", "-q", "-e", "cpu-clock", "-F", "2000", "-o", out,
+			"-p", strconv.Itoa(pid), "--", "sleep", strconv.FormatFloat(p.ordinaryPerf.Seconds(), 'f', 1, 64))
+		recOut, recErr := rec.CombinedOutput()
+		cancel()
+		if err := <-done; err != nil {
+			return "", err
+		}
+		if recErr != nil {
+			return "", fmt.Errorf("bench: perf record: %v\n%s", recErr, recOut)
+		}
+		rep, err := exec.Command(perf, "report", "-i", out, "--no-children", "--sort", "pid,dso,sym", "--stdio", "-g", "none", "--percent-limit", "0").Output()
+		if err != nil {
+			return "", fmt.Errorf("bench: perf report: %v", err)
+		}
+		ss, err := parsePerfTidDSOSym(rep)
+		if err != nil {
+			return "", err
+		}
+		_, n, _ := parsePerfDSO(rep)
+		c := col{label: fmt.Sprintf("(%d) %s", t.s.ID, t.s.Label), cpu: lat.CPUPerReqUS, samples: n, classes: map[string]float64{}}
+		for _, s := range ss {
+			c.classes[s.className] += s.pct
+			if strings.Contains(s.dso, "libtokenbucket") || strings.HasPrefix(s.dso, "[JIT]") || strings.HasPrefix(s.dso, "[kernel") && !s.isWorker {
+				c.top = append(c.top, s)
+			}
+		}
+		sort.Slice(c.top, func(i, j int) bool { return c.top[i].pct > c.top[j].pct })
+		c.top = c.top[:min(len(c.top), 12)]
+		b.logf("perf (%d): %d samples at %.0f req/s, %.1f µs/req", t.s.ID, n, lat.Achieved, lat.CPUPerReqUS)
+		cols = append(cols, c)
+	}
+	var md strings.Builder
+	fmt.Fprintf(&md, "Each Envoy profiled at the fixed rate with `perf record -e cpu-clock -F 2000 -p <pid>` for %v, every sample put in one class by its thread, DSO and symbol "+
+		"(the worker is the thread with the most samples; the module is the build with its symbols). A cell is the class's share of the samples and, in brackets, that share of the window's Envoy CPU per request in µs. perf's sampling adds its own cost.\n\n", p.ordinaryPerf)
+	md.WriteString("| class |")
+	for _, c := range cols {
+		fmt.Fprintf(&md, " %s |", c.label)
+	}
+	md.WriteString("\n|---|" + strings.Repeat("---|", len(cols)) + "\n| Envoy CPU µs/req (samples) |")
+	for _, c := range cols {
+		fmt.Fprintf(&md, " %.1f (%d) |", c.cpu, c.samples)
+	}
+	md.WriteString("\n")
+	for _, cl := range perfClasses {
+		seen := false
+		for _, c := range cols {
+			seen = seen || c.classes[cl] >= 0.05
+		}
+		if !seen {
+			continue
+		}
+		fmt.Fprintf(&md, "| %s |", cl)
+		for _, c := range cols {
+			fmt.Fprintf(&md, " %.1f%% (%.1f) |", c.classes[cl], c.classes[cl]/100*c.cpu)
+		}
+		md.WriteString("\n")
+	}
+	for _, c := range cols {
+		if len(c.top) == 0 {
+			continue
+		}
+		fmt.Fprintf(&md, "\nThe largest symbols of the module or the guest, and of the kernel off the worker, in %s: ", c.label)
+		var parts []string
+		for _, s := range c.top {
+			w := "worker"
+			if !s.isWorker {
+				w = "other thread"
+			}
+			parts = append(parts, fmt.Sprintf("`%s` %.1f%% (%s)", s.sym, s.pct, w))
+		}
+		md.WriteString(strings.Join(parts, ", ") + ".\n")
+	}
+	return md.String(), nil
 }
