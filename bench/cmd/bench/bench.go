@@ -77,6 +77,9 @@ type target struct {
 	note    string
 	// ports are the listeners of a setup with several (layersSetup).
 	ports []int
+	// switches are the context switches of Envoy's threads but the
+	// worker per request of each fixed-rate run (-ordinary).
+	switches []float64
 }
 
 // info is what the report says about the machine, the versions and the

@@ -91,17 +91,23 @@ func (b *bench) ordinaryRun() error {
 	b.logf("no filter saturated on %d connections: %.0f req/s, %.1f µs/req; the fixed rate: %.0f req/s on %d connections", p.conns, cal.Throughput, cal.CPUPerReqUS, b.rate, p.openConns)
 	for r := range p.rounds {
 		for _, t := range roundOrder(b.targets, r) {
+			pid, _ := t.envoy.PID()
+			before := readThreads(pid)
 			l, err := fixedRate(b.addr(t), b.probe(t), b.reqs, p.openConns, b.rate, p.warmup, p.latWindow)
 			if err != nil {
 				return fmt.Errorf("bench: round %d, (%d): %w", r+1, t.s.ID, err)
+			}
+			// The whole run's requests, warm-up included, as the switches are.
+			if n := b.rate * (p.warmup + p.latWindow).Seconds(); n > 0 {
+				t.switches = append(t.switches, float64(otherSwitches(before, readThreads(pid)))/n)
 			}
 			s, err := saturate(b.addr(t), b.probe(t), b.reqs, p.conns, p.warmup, p.satWindow)
 			if err != nil {
 				return fmt.Errorf("bench: round %d, (%d): %w", r+1, t.s.ID, err)
 			}
 			t.lat, t.sat = append(t.lat, l), append(t.sat, s)
-			b.logf("round %d (%d) %-45s at %.0f/s: %5.1f µs/req, p50 %4.0f µs | saturated %6.0f req/s: %5.1f µs/req | others on CPU %d: %.0f%%",
-				r+1, t.s.ID, t.s.Label, l.Achieved, l.CPUPerReqUS, l.P50US, s.Throughput, s.CPUPerReqUS, p.envoyCPU, 100*l.Core0Other)
+			b.logf("round %d (%d) %-45s at %.0f/s: %5.1f µs/req, p50 %4.0f µs, %.2f switches/req off the worker | saturated %6.0f req/s: %5.1f µs/req | others on CPU %d: %.0f%%",
+				r+1, t.s.ID, t.s.Label, l.Achieved, l.CPUPerReqUS, l.P50US, t.switches[len(t.switches)-1], s.Throughput, s.CPUPerReqUS, p.envoyCPU, 100*l.Core0Other)
 		}
 	}
 	if err := b.verify(); err != nil {
@@ -115,6 +121,7 @@ func (b *bench) ordinaryRun() error {
 		"%d rounds, each running every configuration once at the fixed rate (%v) and once saturated (%v), the order reversed every other round; "+
 		"Envoy CPU per request is utime + stime of its process over the window ÷ the answers. "+
 		"Ratios are taken within each round, then summarised: median (min–max). "+
+		"The context switches are those of every Envoy thread but the worker (the one that used the most CPU) over the fixed-rate run, ÷ the requests offered in it: the Go runtime's threads waking (/proc/<pid>/task/*/status). "+
 		"local_ratelimit writes RateLimit headers only when asked (`enable_x_ratelimit_headers: DRAFT_VERSION_03`), the module and the plugin by default: "+
 		"each is compared with the local_ratelimit that does the same (the column *like with like* names it). "+
 		"Load average (`uptime`) at the start: %s; at the end: %s.\n\n",
@@ -166,8 +173,8 @@ func ordinaryTable(ts []*target) string {
 		return spreadOf(xs)
 	}
 	var md strings.Builder
-	fmt.Fprintln(&md, "| configuration | ordinary: Envoy CPU µs/req | ÷ no filter | ÷ local_ratelimit like with like | saturated: Envoy CPU µs/req | ÷ no filter | ÷ local_ratelimit like with like | saturated req/s |")
-	fmt.Fprintln(&md, "|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(&md, "| configuration | ordinary: Envoy CPU µs/req | ÷ no filter | ÷ local_ratelimit like with like | context switches of Envoy's other threads per request | saturated: Envoy CPU µs/req | ÷ no filter | ÷ local_ratelimit like with like | saturated req/s |")
+	fmt.Fprintln(&md, "|---|---|---|---|---|---|---|---|---|")
 	none := by[1]
 	for _, t := range ts {
 		ref := by[ordinaryRef(t.s)]
@@ -186,8 +193,8 @@ func ordinaryTable(ts []*target) string {
 		if lr.N > 0 {
 			lrs, srs = refName+lrs, refName+srs
 		}
-		fmt.Fprintf(&md, "| (%d) %s | %s | %s | %s | %s | %s | %s | %s |\n", t.s.ID, t.s.Label,
-			f(col(t, cpuLat, nil), 1), f(ln, 2), lrs, f(col(t, cpuSat, nil), 1), f(sn, 2), srs, f(thr, 0))
+		fmt.Fprintf(&md, "| (%d) %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", t.s.ID, t.s.Label,
+			f(col(t, cpuLat, nil), 1), f(ln, 2), lrs, f(spreadOf(t.switches), 2), f(col(t, cpuSat, nil), 1), f(sn, 2), srs, f(thr, 0))
 	}
 	return md.String()
 }
@@ -424,4 +431,59 @@ func (b *bench) ordinaryPerf() (string, error) {
 		md.WriteString(strings.Join(parts, ", ") + ".\n")
 	}
 	return md.String(), nil
+}
+
+// threadTimes are one thread's CPU ticks (utime + stime) and context
+// switches (voluntary and not), from /proc/<pid>/task/<tid>/.
+type threadTimes struct{ ticks, switches int64 }
+
+// readThreads reads every thread of process pid.
+func readThreads(pid int) map[string]threadTimes {
+	out := map[string]threadTimes{}
+	dir := filepath.Join("/proc", strconv.Itoa(pid), "task")
+	tids, _ := os.ReadDir(dir)
+	for _, e := range tids {
+		var tt threadTimes
+		if stat, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat")); err == nil {
+			// Fields after the command's closing parenthesis: utime and
+			// stime are the 12th and 13th.
+			if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
+				f := strings.Fields(string(stat)[i+1:])
+				if len(f) > 12 {
+					u, _ := strconv.ParseInt(f[11], 10, 64)
+					s, _ := strconv.ParseInt(f[12], 10, 64)
+					tt.ticks = u + s
+				}
+			}
+		}
+		if status, err := os.ReadFile(filepath.Join(dir, e.Name(), "status")); err == nil {
+			for _, line := range strings.Split(string(status), "\n") {
+				k, v, ok := strings.Cut(line, ":")
+				if ok && (k == "voluntary_ctxt_switches" || k == "nonvoluntary_ctxt_switches") {
+					n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					tt.switches += n
+				}
+			}
+		}
+		out[e.Name()] = tt
+	}
+	return out
+}
+
+// otherSwitches is the context switches of every thread but the one that
+// used the most CPU (the worker) between a and b.
+func otherSwitches(a, b map[string]threadTimes) int64 {
+	worker, most := "", int64(-1)
+	for tid, t := range b {
+		if d := t.ticks - a[tid].ticks; d > most {
+			worker, most = tid, d
+		}
+	}
+	var n int64
+	for tid, t := range b {
+		if tid != worker {
+			n += t.switches - a[tid].switches
+		}
+	}
+	return n
 }
