@@ -80,10 +80,11 @@
 #                        without RateLimit headers, the native module with
 #                        and without, the plugin; 3 alternated rounds, ratios
 #                        within each round; prints the table with the load and
-#                        writes docs/benchmarks/ordinary.md (about 5 minutes).
-#                        ORDINARY_FLAGS='-compare-module old.so' runs another
-#                        build of the module beside this one;
-#                        ORDINARY_FLAGS='-out build/x' writes elsewhere
+#                        writes docs/benchmarks/ordinary.md (about 5 minutes),
+#                        with where the CPU goes at that load (perf, the module
+#                        built with its symbols). ORDINARY_FLAGS='-ordinary-perf 4s
+#                        -compare-module old.so' runs another build of the module
+#                        beside this one; '-out build/x' writes elsewhere
 #   make bench-service   the limit service's decisions/s and p50/p99 against a
 #                        real Redis, with and without batching, beside
 #                        redis-benchmark EVALSHA (bench/cmd/benchservice);
@@ -131,10 +132,17 @@ $(BUILD)/limitd-symbols: $(LIMITD_SRC) go.mod go.sum
 	@mkdir -p $(BUILD)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./cmd/limitd
 
-ORDINARY_FLAGS ?=
-bench-ordinary: build build-native setup $(BENCH_BIN)
+# The module as build-native builds it, with its symbol table, so that the
+# attribution names the module's functions (the code is the same).
+$(BUILD)/libtokenbucket-symbols.so: $(WASM_SRC) go.mod go.sum $(VERSION_STAMP)
+	@mkdir -p $(BUILD)
+	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -buildvcs=false -o $@ ./native
+	@rm -f $(@:.so=.h)
+
+ORDINARY_FLAGS ?= -ordinary-perf 4s
+bench-ordinary: build setup $(BUILD)/libtokenbucket-symbols.so $(BENCH_BIN)
 	@uptime
-	$(BENCH_BIN) -ordinary -out docs/benchmarks -module $(NATIVE_SO) $(ORDINARY_FLAGS)
+	$(BENCH_BIN) -ordinary -out docs/benchmarks -module $(BUILD)/libtokenbucket-symbols.so $(ORDINARY_FLAGS)
 	@uptime
 
 BENCH_RLS_FLAGS ?=

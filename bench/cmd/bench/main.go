@@ -120,7 +120,7 @@ func parseParams(args []string) (*params, error) {
 	fs.DurationVar(&p.calWindow, "cal", 3*time.Second, "measuring window of a calibration run")
 	fs.DurationVar(&p.prime, "prime", 2*time.Second, "unmeasured load right after each Envoy starts (V8 tiers up)")
 	fs.IntVar(&p.conns, "conns", 32, "connections of the closed loop")
-	fs.IntVar(&p.openConns, "open-conns", 32, "connections of the open loop")
+	fs.IntVar(&p.openConns, "open-conns", 16, "connections of the open loop (the ordinary-load regime: issue 43's 16)")
 	fs.IntVar(&p.keys, "keys", 100, "distinct x-api-key values, used in turn")
 	fs.Float64Var(&p.load, "load", 0.5, "latency runs: offered rate as a fraction of the no-filter saturation throughput")
 	fs.StringVar(&p.out, "out", "docs/benchmarks", "directory for README.md, results.json and the plots")

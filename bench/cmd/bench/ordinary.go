@@ -380,7 +380,8 @@ func (b *bench) ordinaryPerf() (string, error) {
 		c := col{label: fmt.Sprintf("(%d) %s", t.s.ID, t.s.Label), cpu: lat.CPUPerReqUS, samples: n, classes: map[string]float64{}}
 		for _, s := range ss {
 			c.classes[s.className] += s.pct
-			if strings.Contains(s.dso, "libtokenbucket") || strings.HasPrefix(s.dso, "[JIT]") || strings.HasPrefix(s.dso, "[kernel") && !s.isWorker {
+			named := s.sym != "" && !strings.HasPrefix(s.sym, "0x")
+			if named && (strings.Contains(s.dso, "libtokenbucket") || strings.HasPrefix(s.dso, "[kernel") && !s.isWorker) {
 				c.top = append(c.top, s)
 			}
 		}
@@ -419,7 +420,7 @@ func (b *bench) ordinaryPerf() (string, error) {
 		if len(c.top) == 0 {
 			continue
 		}
-		fmt.Fprintf(&md, "\nThe largest symbols of the module or the guest, and of the kernel off the worker, in %s: ", c.label)
+		fmt.Fprintf(&md, "\nThe largest symbols of the module, and of the kernel off the worker, in %s: ", c.label)
 		var parts []string
 		for _, s := range c.top {
 			w := "worker"
