@@ -123,12 +123,12 @@ func (b *bench) ordinaryRun() error {
 		"Ratios are taken within each round, then summarised: median (min–max). "+
 		"The context switches are those of every Envoy thread but the worker (the one that used the most CPU) over the fixed-rate run, ÷ the requests offered in it: the Go runtime's threads waking (/proc/<pid>/task/*/status). "+
 		"local_ratelimit writes RateLimit headers only when asked (`enable_x_ratelimit_headers: DRAFT_VERSION_03`), the module and the plugin by default: "+
-		"each is compared with the local_ratelimit that does the same (the column *like with like* names it). "+
+		"each is compared with the local_ratelimit that does the same (the column *like with like* says which: with headers or without). "+
 		"Load average (`uptime`) at the start: %s; at the end: %s.\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), b.info.Pinning, b.rate, 100*p.load, cal.Throughput, p.conns, p.openConns,
 		p.keys, p.conns, p.rounds, p.latWindow, p.satWindow, loadStart, loadAvg())
 	if p.compareModule != "" {
-		fmt.Fprintf(&md, "(%d) is the module built from another tree (`-compare-module %s`), against (12), this tree's (`-module %s`).\n\n", moduleOther.ID, p.compareModule, p.module)
+		fmt.Fprintf(&md, "*%s* is the module built from another tree (`-compare-module %s`), against *%s*, this tree's (`-module %s`).\n\n", moduleOther.Label, p.compareModule, setups[11].Label, p.module)
 	}
 	fmt.Fprintln(&md, ordinaryTable(b.targets))
 	if p.ordinaryPerf > 0 {
@@ -182,7 +182,10 @@ func ordinaryTable(ts []*target) string {
 		var lr, sr spread
 		if ref != nil && ref != t && t.s.Kind != kindNone {
 			lr, sr = col(t, cpuLat, ref), col(t, cpuSat, ref)
-			refName = fmt.Sprintf("(%d) ", ref.s.ID)
+			refName = "without headers: "
+			if ref.s.ID == nativeHeadersSetup.ID {
+				refName = "with headers: "
+			}
 		}
 		var ln, sn spread
 		if none != nil {
@@ -193,7 +196,7 @@ func ordinaryTable(ts []*target) string {
 		if lr.N > 0 {
 			lrs, srs = refName+lrs, refName+srs
 		}
-		fmt.Fprintf(&md, "| (%d) %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", t.s.ID, t.s.Label,
+		fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", t.s.Label,
 			f(col(t, cpuLat, nil), 1), f(ln, 2), lrs, f(spreadOf(t.switches), 2), f(col(t, cpuSat, nil), 1), f(sn, 2), srs, f(thr, 0))
 	}
 	return md.String()
@@ -377,7 +380,7 @@ func (b *bench) ordinaryPerf() (string, error) {
 			return "", err
 		}
 		_, n, _ := parsePerfDSO(rep)
-		c := col{label: fmt.Sprintf("(%d) %s", t.s.ID, t.s.Label), cpu: lat.CPUPerReqUS, samples: n, classes: map[string]float64{}}
+		c := col{label: t.s.Label, cpu: lat.CPUPerReqUS, samples: n, classes: map[string]float64{}}
 		for _, s := range ss {
 			c.classes[s.className] += s.pct
 			named := s.sym != "" && !strings.HasPrefix(s.sym, "0x")
