@@ -339,6 +339,7 @@ func (b *bench) ordinaryPerf() (string, error) {
 	}
 	defer os.RemoveAll(dir)
 	type col struct {
+		id      int
 		label   string
 		cpu     float64
 		samples int
@@ -380,7 +381,7 @@ func (b *bench) ordinaryPerf() (string, error) {
 			return "", err
 		}
 		_, n, _ := parsePerfDSO(rep)
-		c := col{label: t.s.Label, cpu: lat.CPUPerReqUS, samples: n, classes: map[string]float64{}}
+		c := col{id: t.s.ID, label: t.s.Label, cpu: lat.CPUPerReqUS, samples: n, classes: map[string]float64{}}
 		for _, s := range ss {
 			c.classes[s.className] += s.pct
 			named := s.sym != "" && !strings.HasPrefix(s.sym, "0x")
@@ -418,6 +419,43 @@ func (b *bench) ordinaryPerf() (string, error) {
 			fmt.Fprintf(&md, " %.1f%% (%.1f) |", c.classes[cl], c.classes[cl]/100*c.cpu)
 		}
 		md.WriteString("\n")
+	}
+	// What each configuration adds over the local_ratelimit it is like,
+	// class by class.
+	var ref *col
+	for i := range cols {
+		if cols[i].id == nativeHeadersSetup.ID {
+			ref = &cols[i]
+		}
+	}
+	if ref != nil {
+		fmt.Fprintf(&md, "\nWhat each adds over *%s*, class by class, in µs of Envoy CPU per request (the same profiles: the difference of the cells above):\n\n| class |", ref.label)
+		var others []col
+		for _, c := range cols {
+			if c.id != ref.id && c.id != 1 && c.id != 2 {
+				others = append(others, c)
+				fmt.Fprintf(&md, " %s |", c.label)
+			}
+		}
+		md.WriteString("\n|---|" + strings.Repeat("---|", len(others)) + "\n| all |")
+		for _, c := range others {
+			fmt.Fprintf(&md, " %+.1f |", c.cpu-ref.cpu)
+		}
+		md.WriteString("\n")
+		for _, cl := range perfClasses {
+			seen := false
+			for _, c := range others {
+				seen = seen || c.classes[cl] >= 0.05 || ref.classes[cl] >= 0.05
+			}
+			if !seen {
+				continue
+			}
+			fmt.Fprintf(&md, "| %s |", cl)
+			for _, c := range others {
+				fmt.Fprintf(&md, " %+.1f |", c.classes[cl]/100*c.cpu-ref.classes[cl]/100*ref.cpu)
+			}
+			md.WriteString("\n")
+		}
 	}
 	for _, c := range cols {
 		if len(c.top) == 0 {
