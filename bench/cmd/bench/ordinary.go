@@ -385,12 +385,12 @@ func (b *bench) ordinaryPerf() (string, error) {
 		for _, s := range ss {
 			c.classes[s.className] += s.pct
 			named := s.sym != "" && !strings.HasPrefix(s.sym, "0x")
-			if named && (strings.Contains(s.dso, "libtokenbucket") || strings.HasPrefix(s.dso, "[kernel") && !s.isWorker) {
+			if named && (strings.Contains(s.dso, "libtokenbucket") || strings.HasPrefix(s.dso, "[kernel")) {
 				c.top = append(c.top, s)
 			}
 		}
 		sort.Slice(c.top, func(i, j int) bool { return c.top[i].pct > c.top[j].pct })
-		c.top = c.top[:min(len(c.top), 12)]
+		c.top = c.top[:min(len(c.top), 16)]
 		b.logf("perf (%d): %d samples at %.0f req/s, %.1f µs/req", t.s.ID, n, lat.Achieved, lat.CPUPerReqUS)
 		cols = append(cols, c)
 	}
@@ -461,7 +461,7 @@ func (b *bench) ordinaryPerf() (string, error) {
 		if len(c.top) == 0 {
 			continue
 		}
-		fmt.Fprintf(&md, "\nThe largest symbols of the module, and of the kernel off the worker, in %s: ", c.label)
+		fmt.Fprintf(&md, "\nThe largest symbols of the module and of the kernel in %s: ", c.label)
 		var parts []string
 		for _, s := range c.top {
 			w := "worker"
