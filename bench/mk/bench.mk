@@ -73,6 +73,18 @@
 #                        without token buckets): their Envoy CPU ratios
 #                        printed, with the load; nothing written (a few
 #                        minutes: for a quiet moment)
+#   make bench-ordinary  the ordinary-load regime alone (bench/cmd/bench/ordinary.go):
+#                        Envoy pinned to one CPU, 16 keep-alive connections at
+#                        a fixed rate of half no filter's saturated throughput,
+#                        and saturated; no filter, local_ratelimit with and
+#                        without RateLimit headers, the native module with
+#                        and without, the plugin; 3 alternated rounds, ratios
+#                        within each round; prints the table with the load and
+#                        writes docs/benchmarks/ordinary.md (about 5 minutes),
+#                        with where the CPU goes at that load (perf, the module
+#                        built with its symbols). ORDINARY_FLAGS='-ordinary-perf 4s
+#                        -compare-module old.so' runs another build of the module
+#                        beside this one; '-out build/x' writes elsewhere
 #   make bench-service   the limit service's decisions/s and p50/p99 against a
 #                        real Redis, with and without batching, beside
 #                        redis-benchmark EVALSHA (bench/cmd/benchservice);
@@ -81,7 +93,7 @@
 # BENCH_FLAGS passes more flags, e.g. BENCH_FLAGS='-rounds 3 -only 1,2,3'
 # (see `build/bench -h`).
 
-.PHONY: bench bench-smoke bench-rls bench-rlqs bench-rlqs-ratio bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle bench-delay
+.PHONY: bench bench-smoke bench-ordinary bench-rls bench-rlqs bench-rlqs-ratio bench-profile bench-perf bench-attrib bench-body bench-guest bench-service bench-idle bench-delay
 
 BENCH_GO := $(GO) -C bench
 define bench_wasm
@@ -119,6 +131,19 @@ bench-smoke: build build-native setup build-service build-ratelimit $(BENCH_BIN)
 $(BUILD)/limitd-symbols: $(LIMITD_SRC) go.mod go.sum
 	@mkdir -p $(BUILD)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./cmd/limitd
+
+# The module as build-native builds it, with its symbol table, so that the
+# attribution names the module's functions (the code is the same).
+$(BUILD)/libtokenbucket-symbols.so: $(WASM_SRC) go.mod go.sum $(VERSION_STAMP)
+	@mkdir -p $(BUILD)
+	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -buildvcs=false -o $@ ./native
+	@rm -f $(@:.so=.h)
+
+ORDINARY_FLAGS ?= -ordinary-perf 4s
+bench-ordinary: build setup $(BUILD)/libtokenbucket-symbols.so $(BENCH_BIN)
+	@uptime
+	$(BENCH_BIN) -ordinary -out docs/benchmarks -module $(BUILD)/libtokenbucket-symbols.so $(ORDINARY_FLAGS)
+	@uptime
 
 BENCH_RLS_FLAGS ?=
 bench-rls: build setup build-service build-ratelimit $(BUILD)/limitd-symbols $(BENCH_BIN)

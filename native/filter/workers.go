@@ -1,8 +1,10 @@
 package filter
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // workers is one configuration's engine Plugins, one per Envoy thread that
@@ -77,6 +79,9 @@ type worker struct {
 	e app
 	// free holds filters whose stream is done, for reuse.
 	free []*httpFilter
+	// lastYield is when the worker's thread last yielded its P (keepP);
+	// only that thread reads and writes it.
+	lastYield time.Duration
 }
 
 const (
@@ -99,11 +104,12 @@ func (w *worker) enter() hold {
 	return hold{}
 }
 
-// exit ends what enter began.
+// exit ends what enter began, and keeps the thread's P (keepP).
 func (w *worker) exit(h hold) {
 	if !h.nested {
 		w.owner.Store(ownedByNone)
 		w.mu.Unlock()
+		w.keepP()
 	}
 }
 
@@ -116,4 +122,50 @@ func (w *worker) enterMain() {
 func (w *worker) exitMain() {
 	w.owner.Store(ownedByNone)
 	w.mu.Unlock()
+}
+
+// Keeping the worker's P. An Envoy thread that calls the module holds a P
+// between callbacks (the runtime counts it as in a system call), and no
+// goroutine is ever scheduled on that P: callbacks run on the thread's own
+// goroutine, outside the scheduler. The runtime's monitor (sysmon) takes
+// a P whose schedule tick has not moved for 10 ms as it would preempt a
+// goroutine running that long, and every P it takes resets its polling
+// to every 20 µs. The thread then gets an idle P at its next callback, one
+// whose tick has not moved either, which the monitor takes at once again:
+// while requests flow, the monitor never slows down, and each of its
+// wake-ups is a context switch on Envoy's CPU, whatever the request rate.
+// A busy worker amortises those wake-ups over many requests; at ordinary
+// load they cost more than the filter (docs/benchmarks/ordinary.md). So a
+// worker's thread yields its P to the scheduler at the end of a callback
+// once per keepPEvery (keepP), which moves the tick: the goroutine is
+// scheduled again on the same thread through the runtime's locked-thread
+// hand-off, a few µs that many times a second at most, and never when no
+// request comes.
+const keepPEvery = 5 * time.Millisecond
+
+// monotonic and yieldP are keepP's clock and yield (tests swap them).
+var (
+	monotonicStart = time.Now()
+	monotonic      = func() time.Duration { return time.Since(monotonicStart) }
+	yieldP         = runtime.Gosched
+)
+
+// swapPClock replaces keepP's clock and yield, and returns what restores
+// them. For tests.
+func swapPClock(now func() time.Duration, yield func()) (restore func()) {
+	oldNow, oldYield := monotonic, yieldP
+	monotonic, yieldP = now, yield
+	return func() { monotonic, yieldP = oldNow, oldYield }
+}
+
+// keepP yields the calling thread's P when keepPEvery has passed since
+// the last yield. Only the worker's own thread calls it, outside the
+// worker's lock (exit).
+func (w *worker) keepP() {
+	now := monotonic()
+	if now-w.lastYield < keepPEvery && w.lastYield != 0 {
+		return
+	}
+	w.lastYield = now
+	yieldP()
 }

@@ -81,3 +81,34 @@ func TestWorkerLockReentrant(t *testing.T) {
 		t.Fatalf("after both let go: owner %d", w.owner.Load())
 	}
 }
+
+// TestWorkerKeepsItsP: a worker's thread whose callbacks keep coming
+// yields its P to the Go scheduler once per keepPEvery and no more often,
+// so that the P's schedule tick moves and the runtime's monitor does not
+// take the P back between callbacks and poll every 20 µs (keepP). A
+// nested callback never yields, nor does the main thread.
+func TestWorkerKeepsItsP(t *testing.T) {
+	var now time.Duration
+	yields := 0
+	defer swapPClock(func() time.Duration { return now }, func() { yields++ })()
+	w := &worker{}
+	step := keepPEvery / 10
+	calls := 0
+	for now = keepPEvery; now < 11*keepPEvery; now += step {
+		h1 := w.enter()
+		w.exit(w.enter()) // nested
+		w.exit(h1)
+		calls++
+		w.enterMain()
+		w.exitMain()
+	}
+	if want := 10; yields != want {
+		t.Fatalf("%d callbacks over %v yielded %d times, want %d (one per %v)", calls, 10*keepPEvery, yields, want, keepPEvery)
+	}
+	// After a pause the first callback yields at once.
+	now += 100 * keepPEvery
+	w.exit(w.enter())
+	if yields != 11 {
+		t.Fatalf("the first callback after a pause did not yield (%d yields)", yields)
+	}
+}

@@ -77,6 +77,9 @@ type target struct {
 	note    string
 	// ports are the listeners of a setup with several (layersSetup).
 	ports []int
+	// switches are the context switches of Envoy's threads but the
+	// worker per request of each fixed-rate run (-ordinary).
+	switches []float64
 }
 
 // info is what the report says about the machine, the versions and the
@@ -271,6 +274,8 @@ func (b *bench) startEnvoy(t *target, l limit) error {
 		opts.PluginWasm = b.nullCalls
 	case t.s.isOps():
 		opts.PluginWasm = absPath(b.p.opsWasm)
+	case t.s.ID == moduleOther.ID:
+		opts.NativeModule = absPath(b.p.compareModule)
 	case t.s.Kind == kindModule:
 		opts.NativeModule = absPath(b.p.module)
 	case t.s.ID == layersSetup.ID:

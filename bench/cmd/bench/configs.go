@@ -199,6 +199,9 @@ func (s setup) options(upstreamPort, servicePort, keys int, l limit) envoy.Optio
 	case kindNative:
 		o.NoWasm = true
 		o.Filters = nativeFilter(l.Rate, l.Burst, maxDescriptors(keys))
+		if s.ID == nativeHeadersSetup.ID {
+			o.Filters += "\n    enable_x_ratelimit_headers: DRAFT_VERSION_03"
+		}
 	case kindPlugin:
 		o.PluginConfig = pluginRule(l)
 		if s.Plugin != nil {
@@ -213,6 +216,9 @@ func (s setup) options(upstreamPort, servicePort, keys int, l limit) envoy.Optio
 	case kindModule:
 		o.Build = envoy.Native
 		o.PluginConfig = pluginRule(l)
+		if s.Plugin != nil {
+			o.PluginConfig = s.Plugin(l)
+		}
 	}
 	return o
 }

@@ -103,6 +103,11 @@ type params struct {
 	rlqs         bool
 	rlqsOnly     bool
 	rlqsRatio    bool
+	// ordinary runs the ordinary-load regime alone (ordinary.go);
+	// compareModule is another build of the module it runs beside -module.
+	ordinary      bool
+	compareModule string
+	ordinaryPerf  time.Duration
 }
 
 func parseParams(args []string) (*params, error) {
@@ -115,7 +120,7 @@ func parseParams(args []string) (*params, error) {
 	fs.DurationVar(&p.calWindow, "cal", 3*time.Second, "measuring window of a calibration run")
 	fs.DurationVar(&p.prime, "prime", 2*time.Second, "unmeasured load right after each Envoy starts (V8 tiers up)")
 	fs.IntVar(&p.conns, "conns", 32, "connections of the closed loop")
-	fs.IntVar(&p.openConns, "open-conns", 32, "connections of the open loop")
+	fs.IntVar(&p.openConns, "open-conns", 16, "connections of the open loop (the ordinary-load regime: issue 43's 16)")
 	fs.IntVar(&p.keys, "keys", 100, "distinct x-api-key values, used in turn")
 	fs.Float64Var(&p.load, "load", 0.5, "latency runs: offered rate as a fraction of the no-filter saturation throughput")
 	fs.StringVar(&p.out, "out", "docs/benchmarks", "directory for README.md, results.json and the plots")
@@ -142,6 +147,9 @@ func parseParams(args []string) (*params, error) {
 	fs.BoolVar(&p.rlqs, "rlqs", true, "also run the RLQS section: Envoy's rate_limit_quota filter against limitd's RLQS beside no filter, local_ratelimit and the plugin's and the native module's leases, each limitd with a redis-server of its own (rlqs.go)")
 	fs.BoolVar(&p.rlqsRatio, "rlqs-ratio", false, "with -rlqs-only: only the saturation rounds of no filter, local_ratelimit and the quota filter with and without token buckets, and only printed (the CPU ratios, with the load), -out untouched: a quick look on a quiet machine (make bench-rlqs-ratio)")
 	fs.BoolVar(&p.rlqsOnly, "rlqs-only", false, "run only the RLQS section and put it into -out's results.json (kept otherwise), then rewrite -out's README.md (make bench-rlqs)")
+	fs.BoolVar(&p.ordinary, "ordinary", false, "instead of the rounds: the ordinary-load regime (ordinary.go): no filter, local_ratelimit with and without RateLimit headers, the native module with and without, the plugin, at a fixed rate of -load × no filter's saturated throughput and saturated, Envoy pinned; prints the table and writes ordinary.md into -out (make bench-ordinary). -conns and -open-conns default to 16, -rounds to 3")
+	fs.DurationVar(&p.ordinaryPerf, "ordinary-perf", 0, "with -ordinary: after the rounds, profile each Envoy at the fixed rate for this long with perf and attribute its samples by thread, DSO and symbol (0: no profile)")
+	fs.StringVar(&p.compareModule, "compare-module", "", "with -ordinary: another build of the native module, run as configuration 20 beside -module's (12), so a change is measured in one run")
 	fs.DurationVar(&p.perf, "perf", 0, "instead of the rounds: profile each configuration's Envoy under load for this long with perf, split by DSO, into perf.md (make bench-perf)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -149,10 +157,17 @@ func parseParams(args []string) (*params, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
 	}
-	frontSet := false
-	fs.Visit(func(f *flag.Flag) { frontSet = frontSet || f.Name == "front" })
-	if (p.smoke || p.attrib || p.perf > 0 || p.rlsOnly || p.rlqsOnly) && !frontSet {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if (p.smoke || p.attrib || p.perf > 0 || p.rlsOnly || p.rlqsOnly || p.ordinary) && !set["front"] {
 		p.front = ""
+	}
+	if p.ordinary {
+		for name, v := range map[string]*int{"conns": &p.conns, "open-conns": &p.openConns, "rounds": &p.rounds} {
+			if !set[name] {
+				*v = map[string]int{"conns": 16, "open-conns": 16, "rounds": 3}[name]
+			}
+		}
 	}
 	if p.smoke {
 		p.startRounds = min(p.startRounds, 1)
@@ -176,12 +191,20 @@ func parseParams(args []string) (*params, error) {
 		return nil, fmt.Errorf("bench: -keys: want 1..100000, got %d", p.keys)
 	case p.load <= 0 || p.load > 1:
 		return nil, fmt.Errorf("bench: -load: want (0, 1], got %v", p.load)
+	case p.ordinaryPerf < 0 || p.ordinaryPerf > time.Minute || p.ordinaryPerf > 0 && !p.ordinary:
+		return nil, fmt.Errorf("bench: -ordinary-perf: want [0, 1m] with -ordinary, got %v", p.ordinaryPerf)
 	case p.perf < 0 || p.perf > time.Minute:
 		return nil, fmt.Errorf("bench: -perf: want [0, 1m], got %v", p.perf)
 	case p.rlsOnly && (p.attrib || p.perf > 0 || p.render != "" || p.rlqsOnly):
 		return nil, errors.New("bench: -rls-only runs alone: not with -attrib, -perf, -render or -rlqs-only")
 	case p.rlqsOnly && (p.attrib || p.perf > 0 || p.render != ""):
 		return nil, errors.New("bench: -rlqs-only runs alone: not with -attrib, -perf or -render")
+	case p.ordinary && (p.attrib || p.perf > 0 || p.render != "" || p.rlsOnly || p.rlqsOnly):
+		return nil, errors.New("bench: -ordinary runs alone: not with -attrib, -perf, -render, -rls-only or -rlqs-only")
+	case p.compareModule != "" && !p.ordinary:
+		return nil, errors.New("bench: -compare-module needs -ordinary")
+	case p.compareModule != "" && !fileExists(p.compareModule):
+		return nil, fmt.Errorf("bench: -compare-module %q: no such file", p.compareModule)
 	case p.compareWasm != "" && !p.attrib:
 		return nil, errors.New("bench: -compare-wasm needs -attrib")
 	case p.compareWasm != "" && !fileExists(p.compareWasm):
@@ -200,6 +223,9 @@ func parseParams(args []string) (*params, error) {
 
 // selected returns the configurations -only names, in order.
 func (p *params) selected() ([]setup, error) {
+	if p.ordinary {
+		return p.ordinarySelection(), nil
+	}
 	var all []setup
 	if p.attrib {
 		// (1) no filter, (9) the no-op module, then the plugin's (3), (7)
@@ -315,6 +341,9 @@ func run(p *params) error {
 	}
 	if p.perf > 0 {
 		return b.perfRun()
+	}
+	if p.ordinary {
+		return b.ordinaryRun()
 	}
 	if p.attrib {
 		return b.attribRun()

@@ -68,6 +68,8 @@ type summary struct {
 	ThrVs2      spread            `json:"throughput_ratio_vs_2"`
 	CPUVs1      spread            `json:"cpu_per_req_ratio_vs_1"`
 	CPUVs2      spread            `json:"cpu_per_req_ratio_vs_2"`
+	CPULatVs1   spread            `json:"cpu_per_req_fixed_rate_ratio_vs_1"` // CPULat ÷ no filter's, within each round
+	CPULatVs2   spread            `json:"cpu_per_req_fixed_rate_ratio_vs_2"` // CPULat ÷ native local_ratelimit's
 	AddP50Vs1   spread            `json:"added_p50_us_vs_1"`
 	AddP99Vs1   spread            `json:"added_p99_us_vs_1"`
 	AddP50Vs2   spread            `json:"added_p50_us_vs_2"`
@@ -156,6 +158,7 @@ func (b *bench) report() *report {
 			s.ThrVs1 = col(func(i int) float64 { return sat(ref1, i, t.sat[i].Throughput/ref1.sat[i].Throughput) })
 			s.CPUVs1 = col(func(i int) float64 { return sat(t, i, sat(ref1, i, t.sat[i].CPUPerReqUS/ref1.sat[i].CPUPerReqUS)) })
 			s.CapVs1 = col(func(i int) float64 { return sat(t, i, sat(ref1, i, ref1.sat[i].CPUPerReqUS/t.sat[i].CPUPerReqUS)) })
+			s.CPULatVs1 = col(func(i int) float64 { return lat(t, i, lat(ref1, i, t.lat[i].CPUPerReqUS/ref1.lat[i].CPUPerReqUS)) })
 			s.AddP50Vs1 = col(func(i int) float64 { return lat(t, i, lat(ref1, i, t.lat[i].P50US-ref1.lat[i].P50US)) })
 			s.AddP99Vs1 = col(func(i int) float64 { return lat(t, i, lat(ref1, i, t.lat[i].P99US-ref1.lat[i].P99US)) })
 		}
@@ -164,6 +167,7 @@ func (b *bench) report() *report {
 			s.ThrVs2 = col(func(i int) float64 { return sat(ref2, i, t.sat[i].Throughput/ref2.sat[i].Throughput) })
 			s.CPUVs2 = col(func(i int) float64 { return sat(t, i, sat(ref2, i, t.sat[i].CPUPerReqUS/ref2.sat[i].CPUPerReqUS)) })
 			s.CapVs2 = col(func(i int) float64 { return sat(t, i, sat(ref2, i, ref2.sat[i].CPUPerReqUS/t.sat[i].CPUPerReqUS)) })
+			s.CPULatVs2 = col(func(i int) float64 { return lat(t, i, lat(ref2, i, t.lat[i].CPUPerReqUS/ref2.lat[i].CPUPerReqUS)) })
 			s.AddP50Vs2 = col(func(i int) float64 { return lat(t, i, lat(ref2, i, t.lat[i].P50US-ref2.lat[i].P50US)) })
 			s.AddP99Vs2 = col(func(i int) float64 { return lat(t, i, lat(ref2, i, t.lat[i].P99US-ref2.lat[i].P99US)) })
 		}
@@ -325,7 +329,7 @@ func (r *report) markdown() string {
 	for _, t := range r.meaning() {
 		w("- %s\n", t)
 	}
-	w("\nWhere the plugin's CPU goes, layer by layer, is measured in [attribution.md](attribution.md); start time and module size in [footprint.md](../../bench/footprint.md). Medians across %d rounds; ratios and differences are taken within each round, then summarised.\n", in.Rounds)
+	w("\nWhere the plugin's CPU goes, layer by layer, is measured in [attribution.md](attribution.md), and the plugin's and the native module's at ordinary load in [ordinary.md](ordinary.md); start time and module size in [footprint.md](../../bench/footprint.md). Medians across %d rounds; ratios and differences are taken within each round, then summarised.\n", in.Rounds)
 	w("\n## The configurations\n\nThe same Envoy binary, listener, route, upstream and `--concurrency 1`, with:\n\n")
 	for _, s := range r.Results {
 		w("- **%s**%s\n", label(s), describe(s))
@@ -337,13 +341,14 @@ func (r *report) markdown() string {
 
 	w("\n## Throughput and Envoy CPU\n\n")
 	w("Closed loop, %d keep-alive connections, saturating Envoy's one worker. CPU is Envoy's utime + stime per request over the %s window.\n\n", in.Conns, in.SatWindow)
-	w("| configuration | saturated req/s | ÷ none | ÷ native | rejected | Envoy CPU µs/req | ÷ none | ÷ native | req/s per Envoy core | ÷ none | ÷ native | Envoy CPU µs/req at %.0f req/s | Envoy RSS MiB |\n", r.Rate)
-	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("| configuration | saturated req/s | ÷ none | ÷ native | rejected | Envoy CPU µs/req | ÷ none | ÷ native | req/s per Envoy core | ÷ none | ÷ native | ordinary load: Envoy CPU µs/req at %.0f req/s | ÷ none | ÷ native | Envoy RSS MiB |\n", r.Rate)
+	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Results {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(s), f(s.Throughput, 0),
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(s), f(s.Throughput, 0),
 			f(s.ThrVs1, 3), f(s.ThrVs2, 3), pct(s.Rejected), f(s.CPUSat, 1), f(s.CPUVs1, 2), f(s.CPUVs2, 2),
-			f(s.Capacity, 0), fm(s.CapVs1, 3), fm(s.CapVs2, 3), f(s.CPULat, 1), f(s.RSSMiB, 1))
+			f(s.Capacity, 0), fm(s.CapVs1, 3), fm(s.CapVs2, 3), f(s.CPULat, 1), f(s.CPULatVs1, 2), f(s.CPULatVs2, 2), f(s.RSSMiB, 1))
 	}
+	w("\n*Ordinary load* is the fixed-rate runs of the latency section (%d keep-alive connections at %.0f req/s, Envoy's worker not saturated), where work a busy worker amortises falls on fewer requests; [ordinary.md](ordinary.md) (`make bench-ordinary`) runs that regime alone, with local_ratelimit and the native module compared like with like, and where the CPU goes.\n", in.OpenConns, r.Rate)
 	w("\n*req/s per Envoy core* is 1 / (Envoy CPU per request): the throughput Envoy would reach with its core to itself. On this shared machine it is the steadier comparison; measured throughput also moves with how much of its core Envoy got.\n")
 	r.breakdown(w)
 	r.wasmOrNative(w)
@@ -551,7 +556,41 @@ func readReport(path string) (*report, error) {
 	for _, s := range r.Results {
 		s.has1, s.has2 = has1, has2
 	}
+	r.latRatios()
 	return &r, nil
+}
+
+// latRatios fills CPULatVs1 and CPULatVs2 where a report written before
+// they were lacks them, from the fixed-rate runs it kept, with report's
+// references: (1) and (2), or (13) for Envoy on any CPU.
+func (r *report) latRatios() {
+	ratio := func(s, ref *summary) spread {
+		if ref == nil {
+			return spread{}
+		}
+		var xs []float64
+		for i := range s.Lat {
+			if i >= len(ref.Lat) || s.Lat[i].Samples == 0 || ref.Lat[i].Samples == 0 || ref.Lat[i].CPUPerReqUS == 0 {
+				xs = append(xs, math.NaN())
+				continue
+			}
+			xs = append(xs, s.Lat[i].CPUPerReqUS/ref.Lat[i].CPUPerReqUS)
+		}
+		return spreadOf(xs)
+	}
+	for _, s := range r.Results {
+		setup, _ := setupByID(s.ID)
+		ref1, ref2 := r.result(1), r.result(2)
+		if setup.Free {
+			ref1, ref2 = r.result(13), nil
+		}
+		if s.CPULatVs1.N == 0 {
+			s.CPULatVs1 = ratio(s, ref1)
+		}
+		if s.CPULatVs2.N == 0 {
+			s.CPULatVs2 = ratio(s, ref2)
+		}
+	}
 }
 
 // write stores README.md, results.json and the plots in dir.
