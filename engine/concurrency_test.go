@@ -24,7 +24,7 @@ func (w *world) freeSlots(tenant string) int {
 	var open []held
 	for range 100 {
 		s, r := w.open("t", tenant)
-		if s.replied != 0 {
+		if s.replied != 0 || s.paused() { // refused, or waiting for a slot
 			w.end(s, r)
 			break
 		}

@@ -90,6 +90,9 @@ type Plugin struct {
 	// slotsOwed are slots whose release could not be written (shared
 	// data contended or failing), retried by Tick (concurrency.go).
 	slotsOwed []store.Request
+	// slotLine is, per slot table entry, the requests of this Plugin
+	// waiting for a slot, first come first (concurrency.go).
+	slotLine map[uint64][]*Request
 }
 
 // Options tune a Plugin beyond its configuration, and say what its host
