@@ -132,6 +132,32 @@ func testConcurrency(t *testing.T, build envoytest.Build) {
 		t.Logf("held %d ms behind a request of 800 ms", held)
 	})
 
+	t.Run("a client that leaves while it waits takes no slot", func(t *testing.T) {
+		first := make(chan envoytest.Result, 1)
+		go func() { first <- c.Get("/wait", map[string]string{"x-tenant": "leaves", "x-hold-ms": "1500"}) }()
+		waitFor(t, "the first in flight", func() bool { return e.PluginStat("tokenbucket.rule.patient.in_flight") == 1 })
+		ctx, cancel := context.WithCancel(context.Background())
+		gone := make(chan error, 1)
+		go func() {
+			_, err := http.DefaultTransport.RoundTrip(c.NewRequest("GET", "/wait", map[string]string{"x-tenant": "leaves"}).WithContext(ctx))
+			gone <- err
+		}()
+		waitFor(t, "the second waiting", func() bool { return e.PluginStat("tokenbucket.rule.patient.waiting") == 1 })
+		cancel()
+		<-gone
+		waitFor(t, "the wait abandoned", func() bool { return e.PluginStat("tokenbucket.rule.patient.delay_abandoned") == 1 })
+		if n := e.PluginStat("tokenbucket.rule.patient.waiting"); n != 0 {
+			t.Fatalf("rule.patient.waiting %d after the client left, want 0", n)
+		}
+		if f := <-first; f.Status != 200 {
+			t.Fatalf("first: %v", f)
+		}
+		waitFor(t, "nothing in flight", func() bool { return e.PluginStat("tokenbucket.rule.patient.in_flight") == 0 })
+		if r := c.Get("/wait", map[string]string{"x-tenant": "leaves"}); r.Status != 200 || r.Header.Get("X-Ratelimit-Delayed-Ms") != "" {
+			t.Fatalf("a third: %v, delayed %q; want 200 at once (the slot free)", r, r.Header.Get("X-Ratelimit-Delayed-Ms"))
+		}
+	})
+
 	t.Run("churn with resets and timeouts gives every slot back", func(t *testing.T) {
 		const total, tenants, clients = 10_000, 8, 32
 		budget := time.Now().Add(40 * time.Second)
