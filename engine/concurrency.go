@@ -369,6 +369,16 @@ func (c *Request) abandonSlotWait() {
 	c.releaseClaims(false)
 }
 
+// wakeForGivenBack wakes the lines of the slots the request gave back on
+// a refusal (giveBack).
+func (c *Request) wakeForGivenBack() {
+	for i := range c.plan.local {
+		if t := &c.plan.local[i]; t.rule.slots && len(c.plugin.slotLine[t.id]) > 0 {
+			c.plugin.wakeSlotLine(t.id)
+		}
+	}
+}
+
 // wakeSlotLine lets the first request waiting for a slot of id in this
 // Plugin try now (a slot of id was given back here).
 func (p *Plugin) wakeSlotLine(id uint64) {

@@ -165,3 +165,36 @@ func TestSlotWaitStacked(t *testing.T) {
 		t.Fatalf("third: %d %v, waiting %d; want a token bucket refusal", third.status, third.headers, w.count("rule.streams.waiting"))
 	}
 }
+
+// TestSlotWaitWokenByRefusal: a request that took the slot and is then
+// refused by a cluster rule gives the slot back, and the first waiting in
+// its worker takes it at once.
+func TestSlotWaitWokenByRefusal(t *testing.T) {
+	cfg := `{"service": {"cluster": "limitd", "failure_mode": "deny"}, "rules": [
+  {"name": "streams", "limit_keys": ["header:t"], "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 1, "max_delay_ms": 1000}},
+  {"name": "fleet", "scope": "cluster", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 9}}]}`
+	w := newWorld(t, cfg).withLimitd()
+	first := w.openN(1, "t", "a")[0] // its slot taken, its cluster call out
+	second := w.openN(1, "t", "a")[0]
+	if len(first.s.calls) != 1 || !waiting(second) || len(second.s.calls) != 0 {
+		t.Fatalf("first: %d calls; second waiting %v with %d calls", len(first.s.calls), waiting(second), len(second.s.calls))
+	}
+	w.limitd.down = true
+	w.limitd.serve(first.s) // the limit service fails: failure_mode deny refuses the first
+	if first.s.replied != 429 {
+		t.Fatalf("first: replied %d, want 429", first.s.replied)
+	}
+	if len(second.s.calls) != 1 {
+		t.Fatalf("second: %d calls, want its cluster call sent at once (it took the slot given back)", len(second.s.calls))
+	}
+	w.limitd.down = false
+	w.limitd.serve(second.s)
+	if !admitted(second) {
+		t.Fatalf("second not admitted: %+v", second.s)
+	}
+	w.end(first.s, first.r)
+	w.end(second.s, second.r)
+	if n := w.count("rule.streams.in_flight"); n != 0 {
+		t.Fatalf("in_flight %d, want 0", n)
+	}
+}
