@@ -207,7 +207,7 @@ var badCases = []badCase{
 
 	// The algorithm.
 	{name: "algorithm missing", in: doc("", `{"name":"r","algorithm_config":{"tokens_per_second":1,"burst":1}}`), want: `config: rules[0].algorithm: required for action "limit"`},
-	{name: "algorithm unknown", in: doc("", `{"name":"r","algorithm":"leaky_bucket","algorithm_config":{"tokens_per_second":1,"burst":1}}`), want: `config: rules[0].algorithm: must be "token_bucket" or "quota", got "leaky_bucket"`},
+	{name: "algorithm unknown", in: doc("", `{"name":"r","algorithm":"leaky_bucket","algorithm_config":{"tokens_per_second":1,"burst":1}}`), want: `config: rules[0].algorithm: must be "token_bucket", "quota" or "concurrency", got "leaky_bucket"`},
 	{name: "algorithm_config missing", in: doc("", `{"name":"r","algorithm":"token_bucket"}`), want: `config: rules[0].algorithm_config: required for action "limit"`},
 	{name: "algorithm_config array", in: doc("", `{"name":"r","algorithm":"token_bucket","algorithm_config":[]}`), want: `config: rules[0].algorithm_config: must be an object, got array`},
 	{name: "algorithm_config unknown field", in: doc("", alg(`"tokens_per_second":1,"burst":1,"refill":2`)), want: `config: rules[0].algorithm_config.refill: unknown field`},
@@ -811,6 +811,19 @@ func checkValid(t *testing.T, c *Config) {
 			continue
 		}
 		l, k := r.Limit, r.Cost
+		if r.Algorithm == AlgorithmConcurrency {
+			if cc := r.Concurrency; cc.MaxInFlight < 1 || cc.MaxInFlight > MaxMaxInFlight || l.TokensPerSecond != 0 || l.Burst != float64(cc.MaxInFlight) ||
+				(l.MaxDelayMS == 0) != (l.MaxWaiting == 0) || l.MaxDelayMS < 0 || l.MaxDelayMS > MaxDelayMS || l.MaxWaiting < 0 || l.MaxWaiting > MaxMaxWaiting ||
+				k != (Cost{Source: Source{Kind: SourceFixed}, Fixed: 1, Default: 1}) || r.ChargeOn.Listed || r.Sync != SyncPerRequest ||
+				(r.Scope == ScopeCluster) != (cc.TTLMS != 0) || (r.Scope == ScopeCluster) != (r.Service != nil) ||
+				cc.TTLMS != 0 && (cc.TTLMS < MinSlotTTLMS || cc.TTLMS > MaxSlotTTLMS) {
+				fail("concurrency rules[%d] %+v", i, r)
+			}
+			continue
+		}
+		if r.Concurrency != (Concurrency{}) || (r.Algorithm == AlgorithmQuota) != l.Quota() {
+			fail("rules[%d] algorithm %v, %+v", i, r.Algorithm, r.Concurrency)
+		}
 		if l.Quota() {
 			if l.TokensPerSecond != 0 || l.Calendar.Location == nil || l.MaxDelayMS != 0 {
 				fail("rules[%d] quota %+v", i, l)

@@ -57,7 +57,23 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 	}
 	b = append(b, ']')
 	b = appendField(b, "missing_key", r.MissingKey.String())
-	if cal := r.Limit.Calendar; r.Limit.Quota() {
+	switch cal := r.Limit.Calendar; {
+	case r.Algorithm == AlgorithmConcurrency:
+		b = append(b, `,"algorithm":"concurrency","algorithm_config":{"max_in_flight":`...)
+		b = strconv.AppendInt(b, int64(r.Concurrency.MaxInFlight), 10)
+		if r.Limit.MaxDelayMS > 0 {
+			b = append(b, `,"max_delay_ms":`...)
+			b = strconv.AppendInt(b, int64(r.Limit.MaxDelayMS), 10)
+			b = append(b, `,"max_waiting":`...)
+			b = strconv.AppendInt(b, int64(r.Limit.MaxWaiting), 10)
+		}
+		if r.Scope == ScopeCluster {
+			b = append(b, `,"ttl_ms":`...)
+			b = strconv.AppendInt(b, int64(r.Concurrency.TTLMS), 10)
+		}
+		b = append(b, '}')
+		return appendReply(b, c, r)
+	case r.Limit.Quota():
 		b = append(b, `,"algorithm":"quota","algorithm_config":{"limit":`...)
 		b = appendFloat(b, r.Limit.Burst)
 		b = appendField(b, "period", cal.Period.String())
@@ -66,7 +82,7 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 		if !cal.Anchor.IsZero() {
 			b = appendField(b, "anchor", cal.Anchor.String())
 		}
-	} else {
+	default:
 		b = append(b, `,"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":`...)
 		b = appendFloat(b, r.Limit.TokensPerSecond)
 		b = append(b, `,"burst":`...)
@@ -107,6 +123,11 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 		}
 		b = append(b, ']')
 	}
+	return appendReply(b, c, r)
+}
+
+// appendReply appends a limit rule's fields from status on.
+func appendReply(b []byte, c *Config, r *Rule) []byte {
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(r.Status), 10)
 	b = appendField(b, "body", r.Body)

@@ -67,6 +67,7 @@ var quotaGoodCases = []goodCase{
 			r.Cost = Cost{Source: Source{Kind: SourceResponseJSON, Name: "usage.total_tokens"}, Fixed: 1, Default: 1,
 				Truncated: 1e6, MaxBodyBytes: DefaultMaxBodyBytes}
 			r.Status = 403
+			r.Algorithm = AlgorithmQuota
 			return r
 		}()),
 	},

@@ -99,19 +99,24 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 	if err != nil {
 		return r, err
 	}
-	parseConfig := parseAlgorithmConfig
-	switch algorithm {
-	case "token_bucket":
-	case "quota":
-		parseConfig = parseQuota
-	default:
-		return r, errorf(path+".algorithm", "must be \"token_bucket\" or \"quota\", got "+strconv.Quote(algorithm))
+	if i := slices.Index(algorithmNames, algorithm); i < 0 {
+		return r, errorf(path+".algorithm", "must be \"token_bucket\", \"quota\" or \"concurrency\", got "+strconv.Quote(algorithm))
+	} else {
+		r.Algorithm = Algorithm(i)
 	}
 	cv, ok := o.get("algorithm_config")
 	if !ok {
 		return r, errorf(path+".algorithm_config", "required for action \"limit\"")
 	}
-	if r.Limit, r.Cost, err = parseConfig(path+".algorithm_config", cv); err != nil {
+	switch r.Algorithm {
+	case AlgorithmConcurrency:
+		r.Concurrency, r.Limit, r.Cost, err = parseConcurrency(path+".algorithm_config", cv)
+	case AlgorithmQuota:
+		r.Limit, r.Cost, err = parseQuota(path+".algorithm_config", cv)
+	default:
+		r.Limit, r.Cost, err = parseAlgorithmConfig(path+".algorithm_config", cv)
+	}
+	if err != nil {
 		return r, err
 	}
 	if v, ok := o.get("charge_on"); ok {
@@ -150,6 +155,9 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 			return r, errorf(path+".service", "required with scope \"cluster\" (on the rule or at the top level)")
 		}
 		r.Service = d.service
+	}
+	if r.Algorithm == AlgorithmConcurrency {
+		return r, checkConcurrency(path, o, cv, &r)
 	}
 	if r.Scope == ScopeCluster {
 		if err := checkWireBounds(path+".algorithm_config", r.Limit); err != nil {

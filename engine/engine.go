@@ -14,7 +14,8 @@
 // identities are read from the host at most once each (values.go); the
 // rules are walked once into a plan of takes, the buckets it asks of each
 // rule (plan.go); local shadow rules are decided alone and the enforced
-// local rules as one atomic stack in shared data (local.go); then the
+// local rules as one atomic stack in shared data (local.go; a concurrency
+// rule's slot is such a take, given back at Done: concurrency.go); then the
 // leased cluster rules (lease.go) and the per-request ones, in one callout
 // (cluster.go). Every step and every answer goes on through one function,
 // and the request ends in one place (request.go: next and end), which gives
@@ -87,6 +88,12 @@ type Plugin struct {
 	readsBody bool
 	// memory: what this Plugin's Go runtime reported so far (Tick).
 	memory *MemoryReport
+	// slotsOwed are slots whose release could not be written (shared
+	// data contended or failing), retried by Tick (concurrency.go).
+	slotsOwed []store.Request
+	// slotLine is, per slot table entry, the requests of this Plugin
+	// waiting for a slot, first come first (concurrency.go).
+	slotLine map[uint64][]*Request
 }
 
 // Options tune a Plugin beyond its configuration, and say what its host
@@ -181,10 +188,15 @@ type rule struct {
 	// charged truncated_cost (cut short, or encoded).
 	costPath      *jsonpath.Path
 	costTruncated Counter
+	// slots: a concurrency rule (concurrency.go); inFlight counts the
+	// slots its requests hold, summed over the Plugins that share it.
+	slots    bool
+	inFlight Gauge
 }
 
 type globalMetrics struct {
 	evictions, retries, refunds, serviceErrors, longValues, gcCycles, leaseCalls, chargeCalls Counter
+	slotsLost                                                                                 Counter
 	heapBytes, sysBytes                                                                       Gauge
 }
 
@@ -217,6 +229,9 @@ func (p *Plugin) Tick(ms *runtime.MemStats) {
 	}
 	if len(p.leaseLine) > 0 {
 		p.dropPassedTurns()
+	}
+	if len(p.slotsOwed) > 0 {
+		p.payOwedSlots()
 	}
 }
 
@@ -266,6 +281,9 @@ func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 		// charge calls sent to the limit service (costs known from the
 		// response, charge_on refunds of cluster rules)
 		chargeCalls: p.host.Counter(Name + ".charge_calls"),
+		// releases of concurrency slots dropped: shared data failed
+		// past maxSlotsOwed retries waiting (concurrency.go)
+		slotsLost: p.host.Counter(Name + ".slots_lost"),
 	}
 	return nil
 }
@@ -304,6 +322,11 @@ func (p *Plugin) keyIdentities() bool {
 			r.identity.uvarint(int(k.Kind))
 			r.identity.field(k.Name)
 		}
+		if r.slots {
+			// Slots are a table of their own per limit (concurrency.go).
+			r.identity.field("concurrency")
+			r.identity.uvarint(r.Concurrency.MaxInFlight)
+		}
 	}
 	p.keyed = true
 	return true
@@ -319,7 +342,13 @@ func (p *Plugin) compile(cr *config.Rule) *rule {
 	if cr.Sync == config.SyncLease {
 		r.lease = leasePolicy(cr)
 	}
-	if cr.Action == config.ActionLimit {
+	if cr.Action == config.ActionLimit && cr.Algorithm == config.AlgorithmConcurrency {
+		r.quotedName = `"` + cr.Name + `"`
+		r.burst = wholeNumber(cr.Limit.Burst)
+		r.policy = slotPolicy(r.quotedName, cr.Concurrency.MaxInFlight)
+		r.slots = true
+		r.inFlight = p.host.Gauge(Name + ".rule." + cr.Name + ".in_flight")
+	} else if cr.Action == config.ActionLimit {
 		r.quotedName = `"` + cr.Name + `"`
 		r.burst = wholeNumber(cr.Limit.Burst)
 		if cr.Limit.Quota() {
