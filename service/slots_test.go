@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -271,5 +272,36 @@ func TestSlotsRedisRestart(t *testing.T) {
 	}
 	if n := c.ZCard(context.Background(), slotKey(DefaultKeyPrefix, "rs", 2)).Val(); n != 2 {
 		t.Fatalf("table holds %d, want 2", n)
+	}
+}
+
+// TestSlotsMemoryBounded fills a memory store's slot tables to MaxKeys: a
+// new key beyond is refused with ErrMemoryFull, a released key's table is
+// gone at once (room again), and expired tables are dropped for a new one.
+func TestSlotsMemoryBounded(t *testing.T) {
+	clk := &fakeClock{}
+	clk.Set(t0)
+	ms := NewMemoryStore(MemoryOptions{Now: clk.Now, MaxKeys: 8})
+	ctx := context.Background()
+	for i := range 8 {
+		if a, err := ms.Acquire(ctx, acquireReq("r", 1000, []string{"k" + strconv.Itoa(i) + "/3"})); err != nil || !a.Acquired {
+			t.Fatalf("key %d: %+v, %v", i, a, err)
+		}
+	}
+	if _, err := ms.Acquire(ctx, acquireReq("r", 1000, []string{"new/3"})); !errors.Is(err, ErrMemoryFull) {
+		t.Fatalf("a ninth table: %v, want ErrMemoryFull", err)
+	}
+	if a, err := ms.Release(ctx, slotsReq(0, []string{"k0/3/r"})); err != nil || a.Slots[0] != wire.SlotHeld {
+		t.Fatalf("release: %+v, %v", a, err)
+	}
+	if a, err := ms.Acquire(ctx, acquireReq("r", 1000, []string{"new/3"})); err != nil || !a.Acquired {
+		t.Fatalf("after a release: %+v, %v", a, err)
+	}
+	clk.Set(t0.Add(time.Second))
+	if a, err := ms.Acquire(ctx, acquireReq("r", 1000, []string{"later/3"})); err != nil || !a.Acquired {
+		t.Fatalf("after every lease ended: %+v, %v", a, err)
+	}
+	if n := len(ms.slots); n != 1 {
+		t.Fatalf("%d tables held, want 1", n)
 	}
 }
