@@ -207,7 +207,7 @@ var badCases = []badCase{
 
 	// The algorithm.
 	{name: "algorithm missing", in: doc("", `{"name":"r","algorithm_config":{"tokens_per_second":1,"burst":1}}`), want: `config: rules[0].algorithm: required for action "limit"`},
-	{name: "algorithm unknown", in: doc("", `{"name":"r","algorithm":"leaky_bucket","algorithm_config":{"tokens_per_second":1,"burst":1}}`), want: `config: rules[0].algorithm: must be "token_bucket", got "leaky_bucket"`},
+	{name: "algorithm unknown", in: doc("", `{"name":"r","algorithm":"leaky_bucket","algorithm_config":{"tokens_per_second":1,"burst":1}}`), want: `config: rules[0].algorithm: must be "token_bucket" or "concurrency", got "leaky_bucket"`},
 	{name: "algorithm_config missing", in: doc("", `{"name":"r","algorithm":"token_bucket"}`), want: `config: rules[0].algorithm_config: required for action "limit"`},
 	{name: "algorithm_config array", in: doc("", `{"name":"r","algorithm":"token_bucket","algorithm_config":[]}`), want: `config: rules[0].algorithm_config: must be an object, got array`},
 	{name: "algorithm_config unknown field", in: doc("", alg(`"tokens_per_second":1,"burst":1,"refill":2`)), want: `config: rules[0].algorithm_config.refill: unknown field`},

@@ -56,6 +56,16 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 	}
 	b = append(b, ']')
 	b = appendField(b, "missing_key", r.MissingKey.String())
+	if r.Algorithm == AlgorithmConcurrency {
+		b = append(b, `,"algorithm":"concurrency","algorithm_config":{"max_in_flight":`...)
+		b = strconv.AppendInt(b, int64(r.Concurrency.MaxInFlight), 10)
+		if r.Scope == ScopeCluster {
+			b = append(b, `,"ttl_ms":`...)
+			b = strconv.AppendInt(b, int64(r.Concurrency.TTLMS), 10)
+		}
+		b = append(b, '}')
+		return appendReply(b, c, r)
+	}
 	b = append(b, `,"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":`...)
 	b = appendFloat(b, r.Limit.TokensPerSecond)
 	b = append(b, `,"burst":`...)
@@ -95,6 +105,11 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 		}
 		b = append(b, ']')
 	}
+	return appendReply(b, c, r)
+}
+
+// appendReply appends a limit rule's fields from status on.
+func appendReply(b []byte, c *Config, r *Rule) []byte {
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(r.Status), 10)
 	b = appendField(b, "body", r.Body)

@@ -99,14 +99,21 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 	if err != nil {
 		return r, err
 	}
-	if algorithm != "token_bucket" {
-		return r, errorf(path+".algorithm", "must be \"token_bucket\", got "+strconv.Quote(algorithm))
+	if i := slices.Index(algorithmNames, algorithm); i < 0 {
+		return r, errorf(path+".algorithm", "must be \"token_bucket\" or \"concurrency\", got "+strconv.Quote(algorithm))
+	} else {
+		r.Algorithm = Algorithm(i)
 	}
 	cv, ok := o.get("algorithm_config")
 	if !ok {
 		return r, errorf(path+".algorithm_config", "required for action \"limit\"")
 	}
-	if r.Limit, r.Cost, err = parseAlgorithmConfig(path+".algorithm_config", cv); err != nil {
+	if r.Algorithm == AlgorithmConcurrency {
+		r.Concurrency, r.Limit, r.Cost, err = parseConcurrency(path+".algorithm_config", cv)
+	} else {
+		r.Limit, r.Cost, err = parseAlgorithmConfig(path+".algorithm_config", cv)
+	}
+	if err != nil {
 		return r, err
 	}
 	if v, ok := o.get("charge_on"); ok {
@@ -145,6 +152,9 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 			return r, errorf(path+".service", "required with scope \"cluster\" (on the rule or at the top level)")
 		}
 		r.Service = d.service
+	}
+	if r.Algorithm == AlgorithmConcurrency {
+		return r, checkConcurrency(path, o, cv, &r)
 	}
 	if r.Scope == ScopeCluster {
 		if err := checkWireBounds(path+".algorithm_config", r.Limit); err != nil {

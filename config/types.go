@@ -56,6 +56,11 @@ type Rule struct {
 	// request, or leases of tokens spent locally. Lease is its tuning.
 	Sync  Sync
 	Lease Lease
+
+	// Algorithm is token_bucket (Limit, Cost) or concurrency (Concurrency,
+	// with Limit a bucket that never refills: Burst is max_in_flight).
+	Algorithm   Algorithm
+	Concurrency Concurrency
 }
 
 // Lease tunes a cluster rule with sync "lease".

@@ -22,6 +22,9 @@ func Parse(data []byte, o Options) (*Configuration, error) {
 	if err == nil && o.FlatMetadata {
 		err = checkFlatMetadata(cfg)
 	}
+	if err == nil {
+		err = checkClusterSlots(cfg)
+	}
 	if err != nil {
 		return nil, &RefusalError{Err: err}
 	}

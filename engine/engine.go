@@ -87,6 +87,9 @@ type Plugin struct {
 	readsBody bool
 	// memory: what this Plugin's Go runtime reported so far (Tick).
 	memory *MemoryReport
+	// slotsOwed are slots whose release could not be written (shared
+	// data contended or failing), retried by Tick (concurrency.go).
+	slotsOwed []store.Request
 }
 
 // Options tune a Plugin beyond its configuration, and say what its host
@@ -180,10 +183,15 @@ type rule struct {
 	// charged truncated_cost (cut short, or encoded).
 	costPath      *jsonpath.Path
 	costTruncated Counter
+	// slots: a concurrency rule (concurrency.go); inFlight counts the
+	// slots its requests hold, summed over the Plugins that share it.
+	slots    bool
+	inFlight Gauge
 }
 
 type globalMetrics struct {
 	evictions, retries, refunds, serviceErrors, longValues, gcCycles, leaseCalls, chargeCalls Counter
+	slotsLost                                                                                 Counter
 	heapBytes, sysBytes                                                                       Gauge
 }
 
@@ -216,6 +224,9 @@ func (p *Plugin) Tick(ms *runtime.MemStats) {
 	}
 	if len(p.leaseLine) > 0 {
 		p.dropPassedTurns()
+	}
+	if len(p.slotsOwed) > 0 {
+		p.payOwedSlots()
 	}
 }
 
@@ -265,6 +276,9 @@ func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 		// charge calls sent to the limit service (costs known from the
 		// response, charge_on refunds of cluster rules)
 		chargeCalls: p.host.Counter(Name + ".charge_calls"),
+		// releases of concurrency slots dropped: shared data failed
+		// past maxSlotsOwed retries waiting (concurrency.go)
+		slotsLost: p.host.Counter(Name + ".slots_lost"),
 	}
 	return nil
 }
@@ -303,6 +317,11 @@ func (p *Plugin) keyIdentities() bool {
 			r.identity.uvarint(int(k.Kind))
 			r.identity.field(k.Name)
 		}
+		if r.slots {
+			// Slots are a table of their own per limit (concurrency.go).
+			r.identity.field("concurrency")
+			r.identity.uvarint(r.Concurrency.MaxInFlight)
+		}
 	}
 	p.keyed = true
 	return true
@@ -318,7 +337,13 @@ func (p *Plugin) compile(cr *config.Rule) *rule {
 	if cr.Sync == config.SyncLease {
 		r.lease = leasePolicy(cr)
 	}
-	if cr.Action == config.ActionLimit {
+	if cr.Action == config.ActionLimit && cr.Algorithm == config.AlgorithmConcurrency {
+		r.quotedName = `"` + cr.Name + `"`
+		r.burst = wholeNumber(cr.Limit.Burst)
+		r.policy = slotPolicy(r.quotedName, cr.Concurrency.MaxInFlight)
+		r.slots = true
+		r.inFlight = p.host.Gauge(Name + ".rule." + cr.Name + ".in_flight")
+	} else if cr.Action == config.ActionLimit {
 		window := int64(math.Ceil(cr.Limit.Burst / cr.Limit.TokensPerSecond))
 		r.quotedName = `"` + cr.Name + `"`
 		r.burst = wholeNumber(cr.Limit.Burst)

@@ -21,6 +21,9 @@ func (c *Request) decideShadows() {
 		case ok:
 			t.held = true
 			t.rule.allowed.Increment(1)
+			if t.rule.slots {
+				t.rule.inFlight.Add(1)
+			}
 			if out[0].Wait > 0 {
 				// Never held: the rule counts what it would have.
 				t.rule.shadowDelayed.Increment(1)
@@ -54,6 +57,10 @@ func (c *Request) enforceLocal() *rejection {
 		t := &pl.local[i]
 		t.held, t.d = true, out[i]
 		t.rule.allowed.Increment(1)
+		if t.rule.slots {
+			t.rule.inFlight.Add(1)
+			out[i] = slotDecision(out[i])
+		}
 		c.show(t.rule, out[i])
 		if w := out[i].Wait; w > 0 {
 			c.goesAt = max(c.goesAt, pl.now+int64(w))
@@ -100,6 +107,9 @@ func (c *Request) giveBack() {
 	for i := range pl.local {
 		if t := &pl.local[i]; t.held {
 			t.held = false
+			if t.rule.slots {
+				t.rule.inFlight.Add(-1)
+			}
 			// A take still waiting gives back only what no later holder
 			// counts on (bucket.Limit.Cancel).
 			reqs = append(reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost, GoesAt: pl.now + int64(t.d.Wait)})
@@ -141,7 +151,11 @@ func (c *Request) giveBackCluster() {
 // when none did.
 func rejecting(takes []take, out []bucket.Decision) *rejection {
 	for i, t := range takes {
-		if !out[i].Allowed {
+		switch {
+		case out[i].Allowed:
+		case t.rule.slots:
+			return &rejection{rule: t.rule, reason: reasonConcurrency, d: slotDecision(out[i])}
+		default:
 			return &rejection{rule: t.rule, reason: reasonExceeded, d: out[i], full: t.full}
 		}
 	}

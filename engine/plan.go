@@ -44,7 +44,9 @@ type plan struct {
 	// charges: some take's rule settles with the response (a cost known
 	// from the response, or charge_on).
 	charges bool
-	buf     [4]take // backing for the usual handful of takes
+	// slots: a take is a concurrency rule's slot, which Done gives back.
+	slots bool
+	buf   [4]take // backing for the usual handful of takes
 }
 
 // planRules walks the rules once and fills c.plan with the buckets the
@@ -119,6 +121,7 @@ func (c *Request) planRules(r *requestValues) *rejection {
 		}
 		pl := &c.plan
 		pl.charges = pl.charges || ru.charges
+		pl.slots = pl.slots || ru.slots
 		switch cluster := ru.Scope == config.ScopeCluster; {
 		case ru.Mode == config.ModeShadow && cluster:
 			pl.shadowC = append(pl.shadowC, t)

@@ -25,7 +25,8 @@ func (c *Request) resume() {
 // is malformed for the rule, not over a limit, and a client must be able to
 // tell the two apart. Every other reason answers the rule's status (429 by
 // default). Only token_bucket_exceeded carries RateLimit headers and a
-// jittered Retry-After (the wait, in whole seconds); limit_service_unavailable
+// jittered Retry-After (the wait, in whole seconds), and
+// concurrency_limit_exceeded (1 or 2 seconds: concurrency.go); limit_service_unavailable
 // carries "Retry-After: 1" (the outage is the service's, its end unknown);
 // cost_exceeds_burst and missing_limit_key never pass by waiting and carry
 // neither.
@@ -43,6 +44,12 @@ func (c *Request) sendReply(rej rejection) bool {
 		hs = append(hs, [2]string{"retry-after", strconv.FormatInt(retry, 10)})
 		c.rateLimitHeaders(ru, rej.d, func(name, value string) {
 			hs = append(hs, [2]string{name, strings.Clone(value)}) // value aliases a scratch buffer
+		})
+	case reasonConcurrency:
+		retry = slotRetryAfter(c.jitterKey(ru))
+		hs = append(hs, [2]string{"retry-after", strconv.FormatInt(retry, 10)})
+		c.rateLimitHeaders(ru, rej.d, func(name, value string) {
+			hs = append(hs, [2]string{name, strings.Clone(value)})
 		})
 	case reasonServiceDown:
 		retry = 1

@@ -129,6 +129,9 @@ func (c *Request) Done() {
 		c.abandonLeaseHold()
 	}
 	c.releaseClaims(false) // a request that ended while it waited for an answer
+	if c.plan.slots {
+		c.releaseSlots() // however the stream ended
+	}
 	if c.body.active {
 		c.cutShort()
 	}
@@ -158,6 +161,7 @@ const (
 	reasonCostTooHigh = "cost_exceeds_burst"
 	reasonMissingKey  = "missing_limit_key"
 	reasonServiceDown = "limit_service_unavailable"
+	// reasonConcurrency (concurrency.go): concurrency_limit_exceeded
 )
 
 // OnRequestHeaders decides the request from its headers: read the request

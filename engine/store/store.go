@@ -219,6 +219,22 @@ func (t *Table) Refund(now int64, reqs []Request) int {
 	return t.refund(refs, reqs, now)
 }
 
+// RefundOne is Refund of one request that reports why it was not written:
+// nil when it was, or when the table no longer holds the bucket (nothing to
+// give back); the shared-data error, or slots.ErrContention, when the
+// write failed and the bucket keeps the cost.
+func (t *Table) RefundOne(now int64, req Request) error {
+	var s slots.Slot
+	_, _, _, err := t.t.Update(&s, req.ID, now, func(s *slots.Slot) ([]byte, bool) {
+		if !s.Found {
+			return nil, false
+		}
+		st := req.Limit.Refund(state(s.Record()), now, req.Cost)
+		return t.encode(st, req.Limit.FullAt(st)), true
+	})
+	return err
+}
+
 // refund gives back the cost of buckets already written. It returns how many
 // it refunded; a refund that cannot be written within MaxAttempts is dropped
 // (the bucket keeps the token: under-admission, never over-admission).
