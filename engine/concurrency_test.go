@@ -251,12 +251,3 @@ func TestConcurrencyReleaseOwedWhenSharedDataFails(t *testing.T) {
 		t.Fatalf("at the end: %d free, want 2", n)
 	}
 }
-
-// TestConcurrencyClusterRefusedForNow: scope cluster waits for the limit
-// service's slots; the engine refuses it rather than mis-send it.
-func TestConcurrencyClusterRefusedForNow(t *testing.T) {
-	_, err := Parse([]byte(`{"service": {"cluster": "limitd"}, "rules": [{"name": "s", "scope": "cluster", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 2}}]}`), Options{})
-	if err == nil || !strings.Contains(err.Error(), `rules[0].scope: "cluster" is not supported yet`) {
-		t.Fatalf("Parse: %v", err)
-	}
-}

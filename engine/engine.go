@@ -90,6 +90,9 @@ type Plugin struct {
 	// slotsOwed are slots whose release could not be written (shared
 	// data contended or failing), retried by Tick (concurrency.go).
 	slotsOwed []store.Request
+	// cslots: the cluster slots of this Plugin's requests
+	// (concurrency_cluster.go).
+	cslots clusterSlots
 }
 
 // Options tune a Plugin beyond its configuration, and say what its host
@@ -228,6 +231,9 @@ func (p *Plugin) Tick(ms *runtime.MemStats) {
 	if len(p.slotsOwed) > 0 {
 		p.payOwedSlots()
 	}
+	if len(p.cslots.open) > 0 {
+		p.renewSlots()
+	}
 }
 
 // MemoryReport is what one Go runtime has added to a configuration's
@@ -280,6 +286,7 @@ func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 		// past maxSlotsOwed retries waiting (concurrency.go)
 		slotsLost: p.host.Counter(Name + ".slots_lost"),
 	}
+	p.configureClusterSlots()
 	return nil
 }
 

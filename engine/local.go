@@ -120,6 +120,7 @@ func (c *Request) giveBack() {
 		p.metrics.refunds.Increment(uint64(p.table.Refund(now, reqs)))
 	}
 	c.giveBackCluster()
+	c.releaseClusterSlots()
 }
 
 // giveBackCluster refunds the per-request cluster takes the request holds
