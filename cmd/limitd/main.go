@@ -265,8 +265,8 @@ func serve(ctx context.Context, o *options, getenv func(string) string, stderr i
 		if err != nil {
 			return err
 		}
-		gate := &readyGate{Store: rs}
-		store, storeName = gate, "redis"
+		gate, gated := newReadyGate(rs)
+		store, storeName = gated, "redis"
 		kind := fmt.Sprintf("%T", client)
 		wctx, stopWaiting := context.WithCancel(ctx)
 		waited := make(chan struct{})
@@ -421,6 +421,23 @@ func serve(ctx context.Context, o *options, getenv func(string) string, stderr i
 type readyGate struct {
 	service.Store
 	ready atomic.Bool
+}
+
+// slotsGate is a readyGate of a store that holds concurrency slots
+// (service.SlotStore), which it keeps.
+type slotsGate struct {
+	*readyGate
+	service.SlotStore
+}
+
+// newReadyGate gates st, and returns the gate and the store to serve: the
+// gate, with st's slots when it holds them.
+func newReadyGate(st service.Store) (*readyGate, service.Store) {
+	g := &readyGate{Store: st}
+	if ss, ok := st.(service.SlotStore); ok {
+		return g, &slotsGate{g, ss}
+	}
+	return g, g
 }
 
 // errWaitingForRedis is what /readyz reports before Redis first answered.
