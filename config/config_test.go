@@ -806,6 +806,18 @@ func checkValid(t *testing.T, c *Config) {
 			continue
 		}
 		l, k := r.Limit, r.Cost
+		if r.Algorithm == AlgorithmConcurrency {
+			if cc := r.Concurrency; cc.MaxInFlight < 1 || cc.MaxInFlight > MaxMaxInFlight || l != (Limit{Burst: float64(cc.MaxInFlight)}) ||
+				k != (Cost{Source: Source{Kind: SourceFixed}, Fixed: 1, Default: 1}) || r.ChargeOn.Listed || r.Sync != SyncPerRequest ||
+				(r.Scope == ScopeCluster) != (cc.TTLMS != 0) || (r.Scope == ScopeCluster) != (r.Service != nil) ||
+				cc.TTLMS != 0 && (cc.TTLMS < MinSlotTTLMS || cc.TTLMS > MaxSlotTTLMS) {
+				fail("concurrency rules[%d] %+v", i, r)
+			}
+			continue
+		}
+		if r.Algorithm != AlgorithmTokenBucket || r.Concurrency != (Concurrency{}) {
+			fail("rules[%d] algorithm %v, %+v", i, r.Algorithm, r.Concurrency)
+		}
 		if r.Action != ActionLimit || r.Mode > ModeShadow || r.MissingKey > MissingDeny || r.Scope > ScopeCluster ||
 			!finite(l.TokensPerSecond) || !finite(l.Burst) || l.TokensPerSecond <= 0 || l.Burst < l.TokensPerSecond ||
 			l.Burst/l.TokensPerSecond > MaxFillSeconds || !(k.Fixed > 0 && k.Fixed <= l.Burst) ||

@@ -66,7 +66,7 @@ import (
 // examples/<name>/ whose README.md has a ```console block is checked too;
 // examples that need more than Envoy (a limit service, Istio) show their
 // commands in other blocks and are tested elsewhere.
-var wantExamples = []string{"cost-by-header", "llm-token-budget", "per-key-api", "shadow-rollout", "smooth-bursts", "stacked", "tiers-by-plan"}
+var wantExamples = []string{"concurrency", "cost-by-header", "llm-token-budget", "per-key-api", "shadow-rollout", "smooth-bursts", "stacked", "tiers-by-plan"}
 
 // exampleChecks are claims of a README that its session cannot show (an
 // absent header, a log line), checked after the session.
@@ -772,7 +772,8 @@ func envoyRoute(e *envoytest.Envoy) route {
 // 200, 200 where the machine-paced replay printed 200, 200, 429.)
 const humanPace = 1500 * time.Millisecond
 
-var examplePace = map[string]time.Duration{"smooth-bursts": humanPace}
+// concurrency: its stats read what the end of the request before gave back.
+var examplePace = map[string]time.Duration{"smooth-bursts": humanPace, "concurrency": humanPace}
 
 // runSession replays the commands through to, pace apart (a command's own
 // requests, a loop's, go back to back), and reports every output that

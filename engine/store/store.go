@@ -224,8 +224,11 @@ func (t *Table) Refund(now int64, reqs []Request) int {
 // give back); the shared-data error, or slots.ErrContention, when the
 // write failed and the bucket keeps the cost.
 func (t *Table) RefundOne(now int64, req Request) error {
-	var s slots.Slot
-	_, _, _, err := t.t.Update(&s, req.ID, now, func(s *slots.Slot) ([]byte, bool) {
+	if cap(t.refs) < 1 {
+		t.refs = make([]slotRef, 1)
+	}
+	ref := &t.refs[:1][0]
+	_, _, _, err := t.t.Update(&ref.slot, req.ID, now, func(s *slots.Slot) ([]byte, bool) {
 		if !s.Found {
 			return nil, false
 		}
