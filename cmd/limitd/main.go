@@ -265,8 +265,8 @@ func serve(ctx context.Context, o *options, getenv func(string) string, stderr i
 		if err != nil {
 			return err
 		}
-		gate, gated := newReadyGate(rs)
-		store, storeName = gated, "redis"
+		gate := newReadyGate(rs)
+		store, storeName = gate, "redis"
 		kind := fmt.Sprintf("%T", client)
 		wctx, stopWaiting := context.WithCancel(ctx)
 		waited := make(chan struct{})
@@ -420,25 +420,19 @@ func serve(ctx context.Context, o *options, getenv func(string) string, stderr i
 // Decisions go to Redis from the start (EVALSHA falls back to EVAL).
 type readyGate struct {
 	service.Store
-	ready atomic.Bool
+	service.SlotStore // the store's concurrency slots (service/slots.go)
+	ready             atomic.Bool
 }
 
-// slotsGate is a readyGate of a store that holds concurrency slots
-// (service.SlotStore), which it keeps.
-type slotsGate struct {
-	*readyGate
+// slotStore is a Store that holds concurrency slots, as RedisStore does.
+type slotStore interface {
+	service.Store
 	service.SlotStore
 }
 
-// newReadyGate gates st, and returns the gate and the store to serve: the
-// gate, with st's slots when it holds them.
-func newReadyGate(st service.Store) (*readyGate, service.Store) {
-	g := &readyGate{Store: st}
-	if ss, ok := st.(service.SlotStore); ok {
-		return g, &slotsGate{g, ss}
-	}
-	return g, g
-}
+// newReadyGate gates st, keeping its slots: behind a gate without them the
+// server would have no /v1/slots endpoints.
+func newReadyGate(st slotStore) *readyGate { return &readyGate{Store: st, SlotStore: st} }
 
 // errWaitingForRedis is what /readyz reports before Redis first answered.
 var errWaitingForRedis = errors.New("waiting for redis: the decision script is not loaded yet")

@@ -19,9 +19,9 @@ import (
 // 404 (found by TestConcurrencyCluster).
 func TestReadyGateServesSlots(t *testing.T) {
 	ms := service.NewMemoryStore(service.MemoryOptions{})
-	gate, gated := newReadyGate(ms)
+	gate := newReadyGate(ms)
 	gate.ready.Store(true)
-	s, err := service.NewServer(service.Config{Store: gated, Registry: prometheus.NewRegistry(),
+	s, err := service.NewServer(service.Config{Store: gate, Registry: prometheus.NewRegistry(),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
