@@ -305,3 +305,38 @@ func TestSlotsMemoryBounded(t *testing.T) {
 		t.Fatalf("%d tables held, want 1", n)
 	}
 }
+
+// TestSlotsRedisClusterAllOrNone acquires over two tables in different
+// slots of a real Redis Cluster: when the second is full, the first's slot,
+// taken by its own script, is given back, so the call takes none; when
+// both have room it takes both, and release frees both.
+func TestSlotsRedisClusterAllOrNone(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	c := realClient(t, cl.Addrs()...)
+	s := realStore(t, c, 0)
+	ctx := context.Background()
+	a, b := "first", "second"
+	for i := 0; keySlot(slotKey(DefaultKeyPrefix, a, 1)) == keySlot(slotKey(DefaultKeyPrefix, b, 1)); i++ {
+		b = "second" + strconv.Itoa(i)
+	}
+	if r, err := s.Acquire(ctx, acquireReq("other", 30_000, []string{b + "/1"})); err != nil || !r.Acquired {
+		t.Fatalf("filling %s: %+v, %v", b, r, err)
+	}
+	r, err := s.Acquire(ctx, acquireReq("both", 30_000, []string{a + "/1", b + "/1"}))
+	if err != nil || r.Acquired || r.InFlight[0] != 0 || r.InFlight[1] != 1 {
+		t.Fatalf("acquire over a full table: %+v, %v; want refused, in flight [0 1]", r, err)
+	}
+	if n := c.ZCard(ctx, slotKey(DefaultKeyPrefix, a, 1)).Val(); n != 0 {
+		t.Fatalf("%s holds %d after the refusal, want its slot given back", a, n)
+	}
+	if _, err := s.Release(ctx, slotsReq(0, []string{b + "/1/other"})); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Acquire(ctx, acquireReq("both", 30_000, []string{a + "/1", b + "/1"})); err != nil || !r.Acquired {
+		t.Fatalf("acquire with room in both: %+v, %v", r, err)
+	}
+	rel, err := s.Release(ctx, slotsReq(0, []string{a + "/1/both", b + "/1/both"}))
+	if err != nil || rel.Slots[0] != wire.SlotHeld || rel.Slots[1] != wire.SlotHeld {
+		t.Fatalf("release: %+v, %v", rel, err)
+	}
+}
