@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"strings"
 
@@ -18,8 +19,8 @@ import (
 // or none, after the request's leased rules and before its per-request
 // cluster rules, so a refusal by those gives back slots (a release always
 // lands or ends with its lease) rather than tokens. The slot id is drawn
-// per request (a seed from the clock at configuration and a counter); the
-// service prefixes the caller's name. The Plugin records the id before the
+// per request (a random 64-bit seed per Plugin and a counter); the service
+// prefixes the caller's name. The Plugin records the id before the
 // call goes out, so Done releases it (one plugin-owned release call,
 // POST .../slots/release) however the stream ended, even while the answer
 // was still on its way: a release of a slot never taken is answered
@@ -70,10 +71,12 @@ type clusterSlots struct {
 }
 
 // configureClusterSlots defines the cluster slots' metrics and draws the
-// seed of the slot ids.
+// seed of the slot ids: random (the Go runtime's source, seeded by the host
+// for each Wasm VM and each process), so Plugins configured at the same
+// moment, in one Envoy or in two, draw different ids.
 func (p *Plugin) configureClusterSlots() {
 	p.cslots = clusterSlots{
-		seed: mix(uint64(p.host.Now()) ^ 0x2545f4914f6cdd1d),
+		seed: rand.Uint64() ^ mix(uint64(p.host.Now())),
 		// slot calls sent to the limit service: acquire, renew, release
 		calls: p.host.Counter(Name + ".cluster_slot_calls"),
 		// cluster slots a renewal found lost (expired, or lost by the

@@ -187,3 +187,15 @@ func TestClusterSlotsConfiguration(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterSlotIDsDiffer: two Plugins configured at the same moment (two
+// workers of one Envoy, whose clock reads alike) draw different slot ids:
+// a shared id would let the second request count as holding the first's
+// slot, admitting it without one.
+func TestClusterSlotIDsDiffer(t *testing.T) {
+	h := newFakeHost()
+	p1, p2 := newPlugin(t, h, fleetStreamsCfg("deny", "")), newPlugin(t, h, fleetStreamsCfg("deny", ""))
+	if a, b := p1.cslots.newID(), p2.cslots.newID(); a == b {
+		t.Fatalf("both Plugins drew %s", a)
+	}
+}
