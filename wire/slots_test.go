@@ -114,3 +114,31 @@ func FuzzDecodeAcquireRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeSlotAnswers feeds the answer decoders untrusted bodies: what
+// they accept holds one entry per key or slot, counts within [0, max] (at
+// least 1 when acquired), and "restored" only from a renewal.
+func FuzzDecodeSlotAnswers(f *testing.F) {
+	f.Add([]byte(`{"acquired":true,"in_flight":[3,1]}`))
+	f.Add([]byte(`{"slots":["held","restored"]}`))
+	acq := &AcquireRequest{ID: "a", TTLMs: 1000, Keys: []SlotKey{{Key: "k", MaxInFlight: 4}, {Key: "j", MaxInFlight: 1}}}
+	sl := &SlotsRequest{Slots: []Slot{{Key: "k", MaxInFlight: 1, ID: "a"}, {Key: "k", MaxInFlight: 1, ID: "b"}}}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if a, err := DecodeAcquireAnswer(body, acq); err == nil {
+			for i, n := range a.InFlight {
+				if n < 0 || n > acq.Keys[i].MaxInFlight || a.Acquired && n < 1 {
+					t.Fatalf("accepted %s: in flight %d", body, n)
+				}
+			}
+		}
+		for _, renew := range []bool{false, true} {
+			if a, err := DecodeSlotsAnswer(body, sl, renew); err == nil {
+				for _, s := range a.Slots {
+					if s > SlotLost || s == SlotRestored && !renew {
+						t.Fatalf("accepted %s: %v (renew %v)", body, s, renew)
+					}
+				}
+			}
+		}
+	})
+}
