@@ -72,11 +72,16 @@ func parseConcurrency(path string, v gjson.Result) (Concurrency, Limit, Cost, er
 	if cc.MaxInFlight, err = o.integer("max_in_flight", 0, 1, MaxMaxInFlight); err != nil {
 		return cc, l, c, err
 	}
-	if _, ok := o.get("max_delay_ms"); ok {
-		return cc, l, c, errorf(path+".max_delay_ms", "not supported yet with algorithm \"concurrency\": a request without a free slot is refused at once")
+	if l.MaxDelayMS, err = o.integer("max_delay_ms", 0, 0, MaxDelayMS); err != nil {
+		return cc, l, c, err
 	}
-	if _, ok := o.get("max_waiting"); ok {
-		return cc, l, c, errorf(path+".max_waiting", "not supported yet with algorithm \"concurrency\" (it goes with max_delay_ms)")
+	if _, ok := o.get("max_waiting"); ok && l.MaxDelayMS == 0 {
+		return cc, l, c, errorf(path+".max_waiting", "only with max_delay_ms > 0 (a rule that never holds a request has nothing waiting)")
+	}
+	if l.MaxDelayMS > 0 {
+		if l.MaxWaiting, err = o.integer("max_waiting", DefaultMaxWaiting, 1, MaxMaxWaiting); err != nil {
+			return cc, l, c, err
+		}
 	}
 	l.Burst = float64(cc.MaxInFlight)
 	return cc, l, c, nil
@@ -101,6 +106,9 @@ func checkConcurrency(path string, o object, cv gjson.Result, r *Rule) error {
 	}
 	if _, ok := co.get("ttl_ms"); ok && r.Scope != ScopeCluster {
 		return errorf(path+".algorithm_config.ttl_ms", "only allowed with scope \"cluster\"")
+	}
+	if r.Limit.MaxDelayMS > 0 && r.Scope == ScopeCluster {
+		return errorf(path+".algorithm_config.max_delay_ms", "only with scope \"local\" (a request waits for a slot of this Envoy; a cluster slot is acquired from the limit service, or refused)")
 	}
 	if r.Scope == ScopeCluster {
 		if r.Concurrency.TTLMS, err = co.integer("ttl_ms", DefaultSlotTTLMS, MinSlotTTLMS, MaxSlotTTLMS); err != nil {

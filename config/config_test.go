@@ -807,7 +807,8 @@ func checkValid(t *testing.T, c *Config) {
 		}
 		l, k := r.Limit, r.Cost
 		if r.Algorithm == AlgorithmConcurrency {
-			if cc := r.Concurrency; cc.MaxInFlight < 1 || cc.MaxInFlight > MaxMaxInFlight || l != (Limit{Burst: float64(cc.MaxInFlight)}) ||
+			if cc := r.Concurrency; cc.MaxInFlight < 1 || cc.MaxInFlight > MaxMaxInFlight || l.TokensPerSecond != 0 || l.Burst != float64(cc.MaxInFlight) ||
+				(l.MaxDelayMS == 0) != (l.MaxWaiting == 0) || l.MaxDelayMS < 0 || l.MaxDelayMS > MaxDelayMS || l.MaxWaiting < 0 || l.MaxWaiting > MaxMaxWaiting ||
 				k != (Cost{Source: Source{Kind: SourceFixed}, Fixed: 1, Default: 1}) || r.ChargeOn.Listed || r.Sync != SyncPerRequest ||
 				(r.Scope == ScopeCluster) != (cc.TTLMS != 0) || (r.Scope == ScopeCluster) != (r.Service != nil) ||
 				cc.TTLMS != 0 && (cc.TTLMS < MinSlotTTLMS || cc.TTLMS > MaxSlotTTLMS) {

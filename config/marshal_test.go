@@ -59,6 +59,12 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 	if r.Algorithm == AlgorithmConcurrency {
 		b = append(b, `,"algorithm":"concurrency","algorithm_config":{"max_in_flight":`...)
 		b = strconv.AppendInt(b, int64(r.Concurrency.MaxInFlight), 10)
+		if r.Limit.MaxDelayMS > 0 {
+			b = append(b, `,"max_delay_ms":`...)
+			b = strconv.AppendInt(b, int64(r.Limit.MaxDelayMS), 10)
+			b = append(b, `,"max_waiting":`...)
+			b = strconv.AppendInt(b, int64(r.Limit.MaxWaiting), 10)
+		}
 		if r.Scope == ScopeCluster {
 			b = append(b, `,"ttl_ms":`...)
 			b = strconv.AppendInt(b, int64(r.Concurrency.TTLMS), 10)

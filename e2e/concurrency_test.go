@@ -16,9 +16,12 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
 )
 
-// concurrencyConfig allows four requests in flight per tenant.
+// concurrencyConfig allows four requests in flight per tenant, and under
+// /wait one per tenant, a request waiting up to 3 s for its slot.
 const concurrencyConfig = `{"rules": [{"name": "streams", "limit_keys": ["header:x-tenant"],
-  "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 4}}]}`
+  "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 4}},
+ {"name": "patient", "match": {"path": {"prefix": "/wait"}}, "limit_keys": ["header:x-tenant"],
+  "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 1, "max_delay_ms": 3000}}]}`
 
 // holdingUpstream answers 200 after x-hold-ms milliseconds (or when the
 // request is cancelled), and resets the connection without an answer when
@@ -106,6 +109,53 @@ func testConcurrency(t *testing.T, build envoytest.Build) {
 
 	t.Run("the fifth in flight is refused, another tenant passes", func(t *testing.T) {
 		fullHouse(t, "a", 2000)
+	})
+
+	t.Run("a request waits for a slot and goes on when it frees", func(t *testing.T) {
+		first := make(chan envoytest.Result, 1)
+		go func() { first <- c.Get("/wait", map[string]string{"x-tenant": "w", "x-hold-ms": "800"}) }()
+		waitFor(t, "the first in flight", func() bool { return e.PluginStat("tokenbucket.rule.patient.in_flight") == 1 })
+		start := time.Now()
+		r := c.Get("/wait", map[string]string{"x-tenant": "w"})
+		took := time.Since(start)
+		held, _ := strconv.Atoi(r.Header.Get("X-Ratelimit-Delayed-Ms"))
+		if r.Status != 200 || held == 0 || took > 2900*time.Millisecond {
+			t.Fatalf("second: %v after %v, delayed %q ms; want 200 once the first ended (held about 800 ms)", r, took, r.Header.Get("X-Ratelimit-Delayed-Ms"))
+		}
+		if f := <-first; f.Status != 200 {
+			t.Fatalf("first: %v", f)
+		}
+		if n := e.PluginStat("tokenbucket.rule.patient.delayed"); n != 1 {
+			t.Fatalf("rule.patient.delayed %d, want 1", n)
+		}
+		waitFor(t, "nothing in flight", func() bool { return e.PluginStat("tokenbucket.rule.patient.in_flight") == 0 })
+		t.Logf("held %d ms behind a request of 800 ms", held)
+	})
+
+	t.Run("a client that leaves while it waits takes no slot", func(t *testing.T) {
+		first := make(chan envoytest.Result, 1)
+		go func() { first <- c.Get("/wait", map[string]string{"x-tenant": "leaves", "x-hold-ms": "1500"}) }()
+		waitFor(t, "the first in flight", func() bool { return e.PluginStat("tokenbucket.rule.patient.in_flight") == 1 })
+		ctx, cancel := context.WithCancel(context.Background())
+		gone := make(chan error, 1)
+		go func() {
+			_, err := http.DefaultTransport.RoundTrip(c.NewRequest("GET", "/wait", map[string]string{"x-tenant": "leaves"}).WithContext(ctx))
+			gone <- err
+		}()
+		waitFor(t, "the second waiting", func() bool { return e.PluginStat("tokenbucket.rule.patient.waiting") == 1 })
+		cancel()
+		<-gone
+		waitFor(t, "the wait abandoned", func() bool { return e.PluginStat("tokenbucket.rule.patient.delay_abandoned") == 1 })
+		if n := e.PluginStat("tokenbucket.rule.patient.waiting"); n != 0 {
+			t.Fatalf("rule.patient.waiting %d after the client left, want 0", n)
+		}
+		if f := <-first; f.Status != 200 {
+			t.Fatalf("first: %v", f)
+		}
+		waitFor(t, "nothing in flight", func() bool { return e.PluginStat("tokenbucket.rule.patient.in_flight") == 0 })
+		if r := c.Get("/wait", map[string]string{"x-tenant": "leaves"}); r.Status != 200 || r.Header.Get("X-Ratelimit-Delayed-Ms") != "" {
+			t.Fatalf("a third: %v, delayed %q; want 200 at once (the slot free)", r, r.Header.Get("X-Ratelimit-Delayed-Ms"))
+		}
 	})
 
 	t.Run("churn with resets and timeouts gives every slot back", func(t *testing.T) {

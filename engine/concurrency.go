@@ -85,6 +85,9 @@ func (c *Request) releaseSlots() {
 				t.held = false
 				t.rule.inFlight.Add(-1)
 				c.plugin.releaseSlot(store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+				if len(c.plugin.slotLine[t.id]) > 0 {
+					c.plugin.wakeSlotLine(t.id)
+				}
 			}
 		}
 	}
@@ -124,4 +127,255 @@ func (p *Plugin) payOwedSlots() {
 // window (slots do not refill over time).
 func slotPolicy(quotedName string, maxInFlight int) string {
 	return quotedName + ";q=" + strconv.Itoa(maxInFlight)
+}
+
+// Waiting for a slot (max_delay_ms on a concurrency rule). A request that
+// finds no free slot, and that no other rule refuses, waits for one
+// instead of being refused, within its rule's max_delay_ms and max_waiting
+// places (claimed as for a token bucket that holds: planRules). It waits
+// in its key's line in this Plugin (slotLine): first come, first served
+// among the requests of one worker, and a request that arrives while
+// others wait joins the line behind them rather than take a freed slot. A
+// slot freed in this worker wakes the line's first at once (Stream.Run);
+// a slot freed in another worker is seen by a poll (Stream.After), every
+// slotPoll at most: shared data has no notification. Across workers the
+// order is not kept: the first of each worker's line tries in turn.
+//
+// The waiting request tries the whole local decision again (all or none,
+// as at first); once admitted it goes on with the rest of its decision
+// (leases, the limit service), once refused past its bound it is answered
+// as any refusal. A request that ends while it waits (Done, or Envoy's
+// own answer) leaves the line, counted in delay_abandoned.
+
+// slotPoll bounds how long a waiting request goes without trying again.
+const slotPoll = 20 * int64(time.Millisecond)
+
+// waitForSlot reports whether the request refused by rej waits for a slot
+// instead (and then it is paused): the refusing take is a slot of a rule
+// with max_delay_ms that claimed a place, and no other take refused.
+func (c *Request) waitForSlot(rej *rejection, out []bucket.Decision) bool {
+	if rej.reason != reasonConcurrency {
+		return false
+	}
+	var first *take
+	for i := range c.plan.local {
+		t := &c.plan.local[i]
+		if out[i].Allowed {
+			continue
+		}
+		if !t.rule.slots || t.maxWait == 0 {
+			if t.rule.slots && t.full {
+				t.rule.waitingFull.Increment(1)
+			}
+			return false
+		}
+		if first == nil {
+			first = t
+		}
+	}
+	if first == nil {
+		return false
+	}
+	c.startSlotWait(first)
+	return true
+}
+
+// behindSlotLine is for a request that arrives while requests of one of
+// its keys wait for a slot in this Plugin: it joins the line behind them
+// (waits) rather than take a slot freed for them, or is refused at once
+// when its rule has no place left (waiting_full). Neither when no line is
+// ahead of it.
+func (c *Request) behindSlotLine() (rej *rejection, waits bool) {
+	p := c.plugin
+	for i := range c.plan.local {
+		t := &c.plan.local[i]
+		if !t.rule.slots || len(p.slotLine[t.id]) == 0 {
+			continue
+		}
+		if t.maxWait == 0 {
+			if t.full {
+				t.rule.waitingFull.Increment(1)
+			}
+			return &rejection{rule: t.rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})}, false
+		}
+		c.startSlotWait(t)
+		return nil, true
+	}
+	return nil, false
+}
+
+// startSlotWait puts the request in t's line until its rule's bound.
+func (c *Request) startSlotWait(t *take) {
+	p := c.plugin
+	c.slotWaiting, c.slotID = true, t.id
+	c.waitFrom, c.slotUntil = c.plan.now, c.plan.now+t.maxWait
+	if p.slotLine == nil {
+		p.slotLine = make(map[uint64][]*Request)
+	}
+	p.slotLine[t.id] = append(p.slotLine[t.id], c)
+	t.rule.waitingGauge.Add(1)
+	c.pollSlot()
+}
+
+// pollSlot sets the request's next try: slotPoll from now, or its bound.
+func (c *Request) pollSlot() {
+	now := c.plugin.now()
+	gen := c.gen
+	err := c.stream.After(max(min(slotPoll, c.slotUntil-now), 1), func() {
+		if c.gen == gen && c.slotWaiting {
+			c.tryForSlot()
+		}
+	})
+	if err != nil {
+		// No timer: the request can wait for no slot; it is refused now.
+		c.leaveSlotLine()
+		c.slotRefused(false)
+	}
+}
+
+// tryForSlot tries the local decision again for the first of its line;
+// another one in the line polls again.
+func (c *Request) tryForSlot() {
+	p := c.plugin
+	line := p.slotLine[c.slotID]
+	now := p.now()
+	if len(line) > 0 && line[0] != c {
+		if now >= c.slotUntil {
+			c.leaveSlotLine()
+			c.slotRefused(true)
+			return
+		}
+		c.pollSlot()
+		return
+	}
+	c.plan.now = now
+	ok, out, err := c.decide(now, c.plan.local)
+	switch {
+	case err == nil && !ok && now < c.slotUntil:
+		c.pollSlot()
+		return
+	case err == nil && !ok:
+		c.leaveSlotLine()
+		c.slotRefused(true)
+		return
+	}
+	c.leaveSlotLine()
+	c.slotWaited()
+	if err != nil {
+		for _, t := range c.plan.local {
+			t.rule.failedOpen.Increment(1)
+		}
+	} else {
+		for i := range c.plan.local {
+			t := &c.plan.local[i]
+			t.held, t.d = true, out[i]
+			t.rule.allowed.Increment(1)
+			if t.rule.slots {
+				t.rule.inFlight.Add(1)
+				out[i] = slotDecision(out[i])
+			}
+			c.show(t.rule, out[i])
+		}
+	}
+	c.paused = true
+	c.step = stepLeases
+	c.next(nil)
+	p.wakeSlotLine(c.slotID) // the next in line may find a slot too
+}
+
+// slotWaited counts the wait of a request admitted after it.
+func (c *Request) slotWaited() {
+	c.heldFor = max(c.plugin.now()-c.waitFrom, 1)
+	for i := range c.plan.local {
+		if t := &c.plan.local[i]; t.rule.slots && t.maxWait > 0 {
+			t.rule.delayed.Increment(1)
+			t.rule.delayMs.Increment(uint64((c.heldFor + 999_999) / 1e6))
+		}
+	}
+}
+
+// slotRefused answers a waiting request whose bound passed (counted in
+// delay_refused when it waited) with its concurrency refusal.
+func (c *Request) slotRefused(waited bool) {
+	var rej *rejection
+	for i := range c.plan.local {
+		if t := &c.plan.local[i]; t.rule.slots && t.id == c.slotID {
+			rej = &rejection{rule: t.rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})}
+			break
+		}
+	}
+	if rej == nil {
+		return
+	}
+	if waited {
+		rej.rule.delayRefused.Increment(1)
+	}
+	c.paused = true
+	c.end(rej)
+}
+
+// leaveSlotLine takes the request out of its line.
+func (c *Request) leaveSlotLine() {
+	if !c.slotWaiting {
+		return
+	}
+	p := c.plugin
+	c.slotWaiting = false
+	line := p.slotLine[c.slotID]
+	for i, r := range line {
+		if r == c {
+			line = append(line[:i], line[i+1:]...)
+			break
+		}
+	}
+	if len(line) == 0 {
+		delete(p.slotLine, c.slotID)
+	} else {
+		p.slotLine[c.slotID] = line
+	}
+	for i := range c.plan.local {
+		if t := &c.plan.local[i]; t.rule.slots && t.id == c.slotID {
+			t.rule.waitingGauge.Add(-1)
+			break
+		}
+	}
+}
+
+// abandonSlotWait ends the wait of a request that ended (Done, or Envoy
+// answered it).
+func (c *Request) abandonSlotWait() {
+	c.leaveSlotLine()
+	for i := range c.plan.local {
+		if t := &c.plan.local[i]; t.rule.slots && t.id == c.slotID {
+			t.rule.delayAbandon.Increment(1)
+			break
+		}
+	}
+	c.releaseClaims(false)
+}
+
+// wakeForGivenBack wakes the lines of the slots the request gave back on
+// a refusal (giveBack).
+func (c *Request) wakeForGivenBack() {
+	for i := range c.plan.local {
+		if t := &c.plan.local[i]; t.rule.slots && len(c.plugin.slotLine[t.id]) > 0 {
+			c.plugin.wakeSlotLine(t.id)
+		}
+	}
+}
+
+// wakeSlotLine lets the first request waiting for a slot of id in this
+// Plugin try now (a slot of id was given back here).
+func (p *Plugin) wakeSlotLine(id uint64) {
+	line := p.slotLine[id]
+	if len(line) == 0 {
+		return
+	}
+	w := line[0]
+	gen := w.gen
+	_ = w.stream.Run(func() { // on failure its poll still comes
+		if w.gen == gen && w.slotWaiting {
+			w.tryForSlot()
+		}
+	})
 }

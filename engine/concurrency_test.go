@@ -24,7 +24,7 @@ func (w *world) freeSlots(tenant string) int {
 	var open []held
 	for range 100 {
 		s, r := w.open("t", tenant)
-		if s.replied != 0 {
+		if s.replied != 0 || s.paused() { // refused, or waiting for a slot
 			w.end(s, r)
 			break
 		}
@@ -284,5 +284,40 @@ func BenchmarkConcurrencyRequest(b *testing.B) {
 				r.Done()
 			}
 		})
+	}
+}
+
+// TestConcurrencyKeyFlood: a client that brings far more keys than
+// max_keys, each holding a slot, is bounded by the table: entries are
+// evicted (counted), a release of an evicted entry gives nothing back, and
+// once the flood has ended every key has its slots, none lost, none extra.
+func TestConcurrencyKeyFlood(t *testing.T) {
+	w := newWorld(t, `{"max_keys": 16, "rules": [{"name": "streams", "limit_keys": ["header:t"], "algorithm": "concurrency",
+  "algorithm_config": {"max_in_flight": 2}}]}`)
+	var open []held
+	for i := range 500 {
+		open = append(open, w.openN(1, "t", "flood-"+strconv.Itoa(i))[0])
+	}
+	for _, h := range open {
+		if !admitted(h) {
+			t.Fatalf("a new key refused: %+v", h.s)
+		}
+	}
+	if n := w.count("evictions"); n == 0 {
+		t.Fatal("500 keys in flight in a table of 16: no eviction counted")
+	}
+	if n := w.count("rule.streams.in_flight"); n != 500 {
+		t.Fatalf("in_flight %d, want 500", n)
+	}
+	for _, h := range open {
+		w.end(h.s, h.r)
+	}
+	if n, lost := w.count("rule.streams.in_flight"), w.count("slots_lost"); n != 0 || lost != 0 || len(w.p.slotsOwed) != 0 {
+		t.Fatalf("in_flight %d, slots_lost %d, owed %d; want 0", n, lost, len(w.p.slotsOwed))
+	}
+	for _, i := range []int{0, 17, 499} {
+		if n := w.freeSlots("flood-" + strconv.Itoa(i)); n != 2 {
+			t.Fatalf("key %d: %d free after the flood, want 2", i, n)
+		}
 	}
 }

@@ -14,7 +14,8 @@
 // identities are read from the host at most once each (values.go); the
 // rules are walked once into a plan of takes, the buckets it asks of each
 // rule (plan.go); local shadow rules are decided alone and the enforced
-// local rules as one atomic stack in shared data (local.go); then the
+// local rules as one atomic stack in shared data (local.go; a concurrency
+// rule's slot is such a take, given back at Done: concurrency.go); then the
 // leased cluster rules (lease.go) and the per-request ones, in one callout
 // (cluster.go). Every step and every answer goes on through one function,
 // and the request ends in one place (request.go: next and end), which gives
@@ -93,6 +94,9 @@ type Plugin struct {
 	// cslots: the cluster slots of this Plugin's requests
 	// (concurrency_cluster.go).
 	cslots clusterSlots
+	// slotLine is, per slot table entry, the requests of this Plugin
+	// waiting for a slot, first come first (concurrency.go).
+	slotLine map[uint64][]*Request
 }
 
 // Options tune a Plugin beyond its configuration, and say what its host

@@ -118,6 +118,9 @@ func (c *Request) giveBack() {
 	c.scratch.reqs = reqs
 	if len(reqs) > 0 {
 		p.metrics.refunds.Increment(uint64(p.table.Refund(now, reqs)))
+		if len(p.slotLine) > 0 {
+			c.wakeForGivenBack() // a slot came back (concurrency.go)
+		}
 	}
 	c.giveBackCluster()
 	c.releaseClusterSlots()

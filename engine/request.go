@@ -51,6 +51,11 @@ type Request struct {
 	leaseHolding bool
 	leaseTurn    bool
 	leaseHeld    bool
+	// Waiting for a slot of a concurrency rule (concurrency.go): in the
+	// line of the slot slotID since waitFrom, until slotUntil (Unix ns).
+	slotWaiting         bool
+	slotID              uint64
+	waitFrom, slotUntil int64
 	// Backing for the request's values (request.values): a request reads
 	// a handful, so none is allocated.
 	values [4]cachedValue
@@ -123,6 +128,9 @@ func (p *Plugin) NewRequest(s Stream) *Request { return &Request{plugin: p, stre
 // takes, never the request's, and find the request gone by its gen. Done
 // is idempotent.
 func (c *Request) Done() {
+	if c.slotWaiting {
+		c.abandonSlotWait() // it ended while it waited for a slot
+	}
 	if c.holding {
 		c.abandon() // the client went away, or Envoy ended the stream
 	}
@@ -181,8 +189,19 @@ func (c *Request) OnRequestHeaders() Action {
 		c.askIdentityEncoding()
 	}
 	c.decideShadows()
+	if rej == nil && c.plan.slots && len(p.slotLine) > 0 {
+		var waits bool
+		if rej, waits = c.behindSlotLine(); waits {
+			c.step = stepLeases
+			return Pause // it waits behind others for a slot (concurrency.go)
+		}
+	}
 	if rej == nil {
 		rej = c.enforceLocal()
+		if rej != nil && rej.reason == reasonConcurrency && c.waitForSlot(rej, c.scratch.out) {
+			c.step = stepLeases
+			return Pause // it waits for a slot (concurrency.go)
+		}
 	}
 	c.step = stepLeases
 	return c.next(rej)

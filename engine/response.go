@@ -71,6 +71,9 @@ func (c *Request) OnResponseHeaders(endOfStream bool) Action {
 	// stream timeout): its decision is over, and the call's answer, if it
 	// comes, changes nothing of it.
 	c.paused = false
+	if c.slotWaiting {
+		c.abandonSlotWait() // Envoy answered it while it waited for a slot
+	}
 	if c.holding {
 		c.abandon() // Envoy answered the held request itself (a timeout)
 	}
