@@ -1,12 +1,10 @@
 package engine
 
 import (
-	"errors"
 	"strconv"
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
-	"github.com/ratelimit-wasm/tokenbucket/config"
 	"github.com/ratelimit-wasm/tokenbucket/engine/store"
 )
 
@@ -130,19 +128,6 @@ func (p *Plugin) payOwedSlots() {
 func slotPolicy(quotedName string, maxInFlight int) string {
 	return quotedName + ";q=" + strconv.Itoa(maxInFlight)
 }
-
-// checkClusterSlots refuses a concurrency rule with scope "cluster": the
-// limit service's slot leases are not wired into the engine yet.
-func checkClusterSlots(cfg *config.Config) error {
-	for i := range cfg.Rules {
-		if r := &cfg.Rules[i]; r.Algorithm == config.AlgorithmConcurrency && r.Scope == config.ScopeCluster {
-			return &config.Error{Path: "rules[" + strconv.Itoa(i) + "].scope", Err: errClusterSlots}
-		}
-	}
-	return nil
-}
-
-var errClusterSlots = errors.New(`"cluster" is not supported yet with algorithm "concurrency" (the plugin keeps slots in this Envoy: scope "local")`)
 
 // Waiting for a slot (max_delay_ms on a concurrency rule). A request that
 // finds no free slot, and that no other rule refuses, waits for one

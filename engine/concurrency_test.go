@@ -253,15 +253,6 @@ func TestConcurrencyReleaseOwedWhenSharedDataFails(t *testing.T) {
 	}
 }
 
-// TestConcurrencyClusterRefusedForNow: scope cluster waits for the limit
-// service's slots; the engine refuses it rather than mis-send it.
-func TestConcurrencyClusterRefusedForNow(t *testing.T) {
-	_, err := Parse([]byte(`{"service": {"cluster": "limitd"}, "rules": [{"name": "s", "scope": "cluster", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 2}}]}`), Options{})
-	if err == nil || !strings.Contains(err.Error(), `rules[0].scope: "cluster" is not supported yet`) {
-		t.Fatalf("Parse: %v", err)
-	}
-}
-
 // BenchmarkConcurrencyRequest: one request's life (headers, response,
 // Done) under a token-bucket rule and under a concurrency rule, on 100
 // keys: what a slot costs beside a token (its release at Done is one more

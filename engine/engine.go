@@ -91,6 +91,9 @@ type Plugin struct {
 	// slotsOwed are slots whose release could not be written (shared
 	// data contended or failing), retried by Tick (concurrency.go).
 	slotsOwed []store.Request
+	// cslots: the cluster slots of this Plugin's requests
+	// (concurrency_cluster.go).
+	cslots clusterSlots
 	// slotLine is, per slot table entry, the requests of this Plugin
 	// waiting for a slot, first come first (concurrency.go).
 	slotLine map[uint64][]*Request
@@ -233,6 +236,9 @@ func (p *Plugin) Tick(ms *runtime.MemStats) {
 	if len(p.slotsOwed) > 0 {
 		p.payOwedSlots()
 	}
+	if len(p.cslots.open) > 0 {
+		p.renewSlots()
+	}
 }
 
 // MemoryReport is what one Go runtime has added to a configuration's
@@ -285,6 +291,7 @@ func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 		// past maxSlotsOwed retries waiting (concurrency.go)
 		slotsLost: p.host.Counter(Name + ".slots_lost"),
 	}
+	p.configureClusterSlots()
 	return nil
 }
 

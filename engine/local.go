@@ -123,6 +123,7 @@ func (c *Request) giveBack() {
 		}
 	}
 	c.giveBackCluster()
+	c.releaseClusterSlots()
 }
 
 // giveBackCluster refunds the per-request cluster takes the request holds

@@ -46,7 +46,11 @@ type plan struct {
 	charges bool
 	// slots: a take is a concurrency rule's slot, which Done gives back.
 	slots bool
-	buf   [4]take // backing for the usual handful of takes
+	// slotsC are the enforced cluster concurrency rules, and slotID the
+	// id of their slots in the limit service (concurrency_cluster.go).
+	slotsC []take
+	slotID string
+	buf    [4]take // backing for the usual handful of takes
 }
 
 // planRules walks the rules once and fills c.plan with the buckets the
@@ -127,6 +131,8 @@ func (c *Request) planRules(r *requestValues) *rejection {
 			pl.shadowC = append(pl.shadowC, t)
 		case ru.Mode == config.ModeShadow:
 			pl.shadowLocal = append(pl.shadowLocal, t)
+		case cluster && ru.slots && ru.Mode != config.ModeShadow:
+			pl.slotsC = append(pl.slotsC, t)
 		case cluster && ru.Sync == config.SyncLease:
 			pl.leased = append(pl.leased, t)
 		case cluster:

@@ -108,6 +108,7 @@ type step uint8
 
 const (
 	stepLeases step = iota
+	stepSlots
 	stepCluster
 	stepDone
 )
@@ -139,6 +140,7 @@ func (c *Request) Done() {
 	c.releaseClaims(false) // a request that ended while it waited for an answer
 	if c.plan.slots {
 		c.releaseSlots() // however the stream ended
+		c.releaseClusterSlots()
 	}
 	if c.body.active {
 		c.cutShort()
@@ -215,9 +217,14 @@ func (c *Request) next(rej *rejection) Action {
 		wait := false
 		switch c.step {
 		case stepLeases:
-			c.step = stepCluster
+			c.step = stepSlots
 			if len(c.plan.leased) > 0 {
 				rej, wait = c.spendLeases()
+			}
+		case stepSlots:
+			c.step = stepCluster
+			if len(c.plan.slotsC) > 0 {
+				rej, wait = c.acquireSlots()
 			}
 		case stepCluster:
 			c.step = stepDone

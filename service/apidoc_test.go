@@ -18,7 +18,7 @@ import (
 // apiExampleRE is one call of the HTTP API as docs/limit-service.md lists
 // it: "- `POST /v1/<path>` `<request>` →" and "`<answer>`", each JSON text
 // possibly wrapped over lines.
-var apiExampleRE = regexp.MustCompile("(?s)- `POST (/v1/[a-z]+)` `([^`]+)` →\\s+`([^`]+)`")
+var apiExampleRE = regexp.MustCompile("(?s)- `POST (/v1/[a-z/]+)` `([^`]+)` →\\s+`([^`]+)`")
 
 // replayOnFreshBucket sends req to path of a new server (memory store,
 // stopped clock), so every bucket starts full, and checks that the answer
@@ -91,7 +91,7 @@ func TestAPIExamplesInDocs(t *testing.T) {
 		}
 		replayOnFreshBucket(t, "/v1/charge", string(req), string(want))
 	})
-	for _, p := range []string{"/v1/decide", "/v1/lease", "/v1/charge"} {
+	for _, p := range []string{"/v1/decide", "/v1/lease", "/v1/charge", "/v1/slots/acquire", "/v1/slots/renew", "/v1/slots/release"} {
 		if !seen[p] {
 			t.Errorf("docs/limit-service.md shows no call of %s", p)
 		}

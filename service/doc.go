@@ -55,12 +55,14 @@
 //
 // # Redis
 //
-// Five Lua scripts, each call one atomic run per Redis Cluster slot:
+// Six Lua scripts, each call one atomic run per Redis Cluster slot:
 // bucket.lua, the part the next three start with (Redis's clock, reading
 // and writing one bucket and its ledger); decide.lua (a decision: Decide),
 // lease.lua (a lease call: Lease), charge.lua (costs known from the
 // response, refunds, and the undo of a request split over slots: Charge);
-// and window.lua (fixed-window counters: Count).
+// window.lua (fixed-window counters: Count); and slots.lua (concurrency
+// slots, leases with a TTL: SlotStore, slots.go, which states their model
+// and bound).
 //
 // RedisStore runs decide.lua once per request, by SHA (EVALSHA; on NOSCRIPT
 // it falls back to EVAL once, which loads the script again). The script

@@ -55,6 +55,7 @@ type MemoryStore struct {
 	nextSweep int
 	lastSweep int64
 	windows   map[string]windowEntry // fixed-window counters (window.go)
+	slots     map[string]slotTable   // concurrency slot tables (slots.go)
 }
 
 type memoryEntry struct {

@@ -110,6 +110,7 @@ const DefaultTimeout = time.Second
 //	POST /v1/decide   take a decision (JSON in and out; see openapi.yaml)
 //	POST /v1/lease    lease tokens for a gateway to spend locally
 //	POST /v1/charge   charge costs known from responses (into debt, or refunds)
+//	POST /v1/slots/*  concurrency slots, when the store holds them (slotsapi.go)
 //	GET  /healthz     200 while the process runs
 //	GET  /readyz      200 when the store answered its last Redis PING (at
 //	                  most one per Config.ReadyEvery), else 503
@@ -190,6 +191,11 @@ func NewServer(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("/v1/decide", s.serve(s.decide, m.latency))
 	s.mux.HandleFunc("/v1/lease", s.serve(s.lease, m.leaseLatency))
 	s.mux.HandleFunc("/v1/charge", s.serve(s.charge, m.chargeLatency))
+	if st, ok := cfg.Store.(SlotStore); ok {
+		if err := s.handleSlots(st, cfg.Registry, cfg.StoreName); err != nil {
+			return nil, err
+		}
+	}
 	s.mux.HandleFunc("/healthz", s.healthz)
 	s.mux.HandleFunc("/readyz", s.readyz)
 	s.promh = promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})

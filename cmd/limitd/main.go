@@ -265,7 +265,7 @@ func serve(ctx context.Context, o *options, getenv func(string) string, stderr i
 		if err != nil {
 			return err
 		}
-		gate := &readyGate{Store: rs}
+		gate := newReadyGate(rs)
 		store, storeName = gate, "redis"
 		kind := fmt.Sprintf("%T", client)
 		wctx, stopWaiting := context.WithCancel(ctx)
@@ -420,8 +420,19 @@ func serve(ctx context.Context, o *options, getenv func(string) string, stderr i
 // Decisions go to Redis from the start (EVALSHA falls back to EVAL).
 type readyGate struct {
 	service.Store
-	ready atomic.Bool
+	service.SlotStore // the store's concurrency slots (service/slots.go)
+	ready             atomic.Bool
 }
+
+// slotStore is a Store that holds concurrency slots, as RedisStore does.
+type slotStore interface {
+	service.Store
+	service.SlotStore
+}
+
+// newReadyGate gates st, keeping its slots: behind a gate without them the
+// server would have no /v1/slots endpoints.
+func newReadyGate(st slotStore) *readyGate { return &readyGate{Store: st, SlotStore: st} }
 
 // errWaitingForRedis is what /readyz reports before Redis first answered.
 var errWaitingForRedis = errors.New("waiting for redis: the decision script is not loaded yet")

@@ -1,0 +1,188 @@
+package e2e
+
+import (
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
+)
+
+// clusterSlotTTL is the slots' ttl_ms in these tests.
+const clusterSlotTTL = 6 * time.Second
+
+// clusterConcurrencyConfig allows four requests in flight per tenant
+// across the fleet, the slots held by limitd.
+var clusterConcurrencyConfig = `{"service": {"cluster": "limit_service", "timeout_ms": ` + strconv.Itoa(int(clusterTimeout.Milliseconds())) + `, "failure_mode": "deny"},
+ "rules": [{"name": "streams", "scope": "cluster", "limit_keys": ["header:x-tenant"], "algorithm": "concurrency",
+  "algorithm_config": {"max_in_flight": 4, "ttl_ms": ` + strconv.Itoa(int(clusterSlotTTL.Milliseconds())) + `}}]}`
+
+// TestConcurrencyCluster: two Envoys (two workers each) through one limitd
+// and a real redis-server share four slots per tenant exactly; limitd
+// killed and restarted under load loses no slot and gives none twice; a
+// kill -9 of one Envoy holding four slots frees them within the ttl (the
+// figure is logged).
+func TestConcurrencyCluster(t *testing.T) { forEachBuild(t, testConcurrencyCluster) }
+
+func testConcurrencyCluster(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	ld := &restartableLimitd{t: t, port: envoytest.FreePort(t), redis: redis.Addr()}
+	ld.start()
+	t.Cleanup(ld.kill)
+	svc := ld.port
+	envoys, ok := twoEnvoys(t, build, holdingUpstream(t), svc, [2]string{clusterConcurrencyConfig, clusterConcurrencyConfig})
+	if !ok {
+		return
+	}
+	a, b := envoys[0].Client(), envoys[1].Client()
+	t.Cleanup(a.Close)
+	t.Cleanup(b.Close)
+	held := func(tenant string, ms int) map[string]string {
+		return map[string]string{"x-tenant": tenant, "x-hold-ms": strconv.Itoa(ms)}
+	}
+
+	t.Run("twelve at once over two Envoys: exactly four in flight", func(t *testing.T) {
+		var res [2][]envoytest.Result
+		var wg sync.WaitGroup
+		for i, c := range []*envoytest.Client{a, b} {
+			wg.Go(func() {
+				res[i] = c.Burst(6, func(int) *http.Request { return c.NewRequest("GET", "/", held("shared", 3000)) })
+			})
+		}
+		wg.Wait()
+		st := envoytest.Statuses(append(res[0], res[1]...))
+		if st[200] != 4 || st[429] != 8 {
+			t.Fatalf("statuses %v (A %v, B %v), want exactly 4 admitted and 8 refused", st, envoytest.Statuses(res[0]), envoytest.Statuses(res[1]))
+		}
+		t.Logf("A %v, B %v", envoytest.Statuses(res[0]), envoytest.Statuses(res[1]))
+	})
+
+	t.Run("limitd killed and restarted under load: no slot lost, none given twice", func(t *testing.T) {
+		// A holds four requests of tenant r (8 s each); limitd is killed
+		// and restarted while B keeps asking for r: B is refused
+		// throughout (by the slots, or by failure_mode deny while limitd
+		// is down: both 429), A's slots are renewed after the restart
+		// (none lost: Redis holds them), and once A's requests end B gets
+		// a slot.
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() { a.Do("GET", "/", held("r", 8000)) })
+		}
+		envoys[0].WaitPluginStat("tokenbucket.rule.streams.in_flight", 4, 10*time.Second)
+		ld.kill()
+		restarted := make(chan struct{})
+		go func() { ld.start(); close(restarted) }()
+		statuses := map[int]int{}
+		for i := 0; i < 200; i++ { // bounded: 200 requests, about 4 s
+			select {
+			case <-restarted:
+				i = max(i, 180) // 20 more after the restart
+				restarted = nil
+			default:
+			}
+			statuses[b.Do("GET", "/", held("r", 0)).Status]++
+			time.Sleep(20 * time.Millisecond)
+		}
+		if statuses[200] != 0 {
+			t.Fatalf("B during and after the restart: %v, want no 200 while A holds four slots", statuses)
+		}
+		wg.Wait()
+		if lost := envoys[0].PluginStat("tokenbucket.cluster_slots_lost"); lost != 0 {
+			t.Fatalf("cluster_slots_lost %d, want 0 (Redis keeps the slots)", lost)
+		}
+		if r := b.Do("GET", "/", held("r", 0)); r.Status != 200 {
+			t.Fatalf("B once A's requests ended: %d, want 200", r.Status)
+		}
+		t.Logf("B's answers across the restart: %v", statuses)
+	})
+
+	t.Run("kill -9 of an Envoy holding four slots: freed within the ttl", func(t *testing.T) {
+		// A holds four requests of tenant k (10 s each, the upstream's
+		// most), and B is refused meanwhile.
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() { a.Do("GET", "/", held("k", 10_000)) })
+		}
+		t.Cleanup(wg.Wait)
+		envoys[0].WaitPluginStat("tokenbucket.rule.streams.in_flight", 4, 10*time.Second)
+		if r := b.Do("GET", "/", held("k", 0)); r.Status != 429 {
+			t.Fatalf("B while A holds four: %d, want 429", r.Status)
+		}
+		killed := time.Now()
+		if err := syscall.Kill(envoys[0].PID(), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		envoys[0].Stop() // reaps it
+		// Poll B every 100 ms, bounded: twice the ttl.
+		var freed time.Duration
+		for deadline := killed.Add(2 * clusterSlotTTL); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if r := b.Do("GET", "/", held("k", 0)); r.Status == 200 {
+				freed = time.Since(killed)
+				break
+			}
+		}
+		if freed == 0 || freed > clusterSlotTTL+2*time.Second {
+			t.Fatalf("B admitted k %v after the kill (0: not within %v), want within the ttl %v", freed, 2*clusterSlotTTL, clusterSlotTTL)
+		}
+		t.Logf("slots freed %v after kill -9 (ttl %v; renewed at least every ttl/3 + 1 s)", freed.Round(10*time.Millisecond), clusterSlotTTL)
+	})
+}
+
+// restartableLimitd is a limitd process on a fixed port that a test kills
+// (SIGKILL) and starts again.
+type restartableLimitd struct {
+	t     *testing.T
+	port  int
+	redis string
+	mu    sync.Mutex
+	cmd   *exec.Cmd
+}
+
+// start starts limitd and waits (bounded) until it is healthy.
+func (l *restartableLimitd) start() {
+	bin := limitd(l.t)
+	cmd := exec.Command(bin, "--listen", "127.0.0.1:"+strconv.Itoa(l.port), "--redis", l.redis, "--timeout", "800ms")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	logf, err := os.Create(filepath.Join(l.t.TempDir(), "limitd.log"))
+	if err != nil {
+		l.t.Error(err)
+		return
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		l.t.Error(err)
+		return
+	}
+	l.mu.Lock()
+	l.cmd = cmd
+	l.mu.Unlock()
+	url := "http://127.0.0.1:" + strconv.Itoa(l.port) + "/readyz"
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if r, err := http.Get(url); err == nil {
+			r.Body.Close()
+			if r.StatusCode == 200 {
+				return
+			}
+		}
+	}
+	l.t.Error("limitd did not become ready")
+}
+
+// kill kills limitd (SIGKILL) and reaps it; it is idempotent.
+func (l *restartableLimitd) kill() {
+	l.mu.Lock()
+	cmd := l.cmd
+	l.cmd = nil
+	l.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+}

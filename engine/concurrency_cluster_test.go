@@ -1,0 +1,201 @@
+package engine
+
+import (
+	"strings"
+	"testing"
+)
+
+// Concurrency rules of scope "cluster" (concurrency_cluster.go), on the
+// fake host with a real limit service (service.Server, memory store, the
+// host's clock).
+
+const fleetStreams = `{"service": {"cluster": "limitd", "failure_mode": "%s"}, "rules": [
+  {"name": "streams", "scope": "cluster", "limit_keys": ["header:t"], "algorithm": "concurrency",
+   "algorithm_config": {"max_in_flight": 2, "ttl_ms": 3000}}%s]}`
+
+func fleetStreamsCfg(failure, more string) string {
+	return sprintf(sprintf(fleetStreams, failure), more)
+}
+
+// openServed starts a request and lets limitd answer its calls.
+func (w *world) openServed(headers ...string) (*fakeStream, *Request) {
+	s, r := w.open(headers...)
+	w.limitd.serve(s)
+	return s, r
+}
+
+// wentOn: the request went on (at once, or resumed after its calls).
+func (s *fakeStream) wentOn() bool {
+	return s.replied == 0 && (s.action == Continue || s.resumed == 1)
+}
+
+// TestClusterSlotsShareTheLimit: two in flight per tenant across the
+// fleet: the third of a is refused with the concurrency reason while b
+// passes, and an end gives its slot back in the limit service at once.
+func TestClusterSlotsShareTheLimit(t *testing.T) {
+	w := newWorld(t, fleetStreamsCfg("deny", "")).withLimitd()
+	a1, r1 := w.openServed("t", "a")
+	a2, _ := w.openServed("t", "a")
+	if !a1.wentOn() || !a2.wentOn() {
+		t.Fatalf("first two: %+v, %+v; want both to go on", a1, a2)
+	}
+	a3, _ := w.openServed("t", "a")
+	if a3.replied != 429 || !strings.Contains(a3.replyBody, reasonConcurrency) {
+		t.Fatalf("third: %d %s; want 429 for %s", a3.replied, a3.replyBody, reasonConcurrency)
+	}
+	if b, _ := w.openServed("t", "b"); !b.wentOn() {
+		t.Fatalf("tenant b: %d, want it to go on", b.replied)
+	}
+	if g := w.count("rule.streams.in_flight"); g != 3 {
+		t.Fatalf("in_flight %d, want 3 (a1, a2, b)", g)
+	}
+	w.end(a1, r1)
+	w.limitd.serve()
+	if a4, _ := w.openServed("t", "a"); !a4.wentOn() {
+		t.Fatalf("after an end: %d, want the freed slot", a4.replied)
+	}
+}
+
+// TestClusterSlotsEveryEndReleasesOnce: a request that ends while its
+// acquire is on its way, one refused, one that went on: each gives back
+// what it holds once, so the key ends with both slots free.
+func TestClusterSlotsEveryEndReleasesOnce(t *testing.T) {
+	w := newWorld(t, fleetStreamsCfg("deny", "")).withLimitd()
+	// Ended before the acquire's answer: the answer is dropped (the host
+	// drops a gone request's calls) and the release finds nothing.
+	s, r := w.open("t", "a")
+	if !s.paused() {
+		t.Fatal("want the request to wait for its acquire")
+	}
+	w.end(s, r)
+	w.limitd.serve()
+	a1, r1 := w.openServed("t", "a")
+	a2, r2 := w.openServed("t", "a")
+	a3, r3 := w.openServed("t", "a")
+	if !a1.wentOn() || !a2.wentOn() || a3.replied != 429 {
+		t.Fatalf("%d %d %d", a1.replied, a2.replied, a3.replied)
+	}
+	for _, e := range []struct {
+		s *fakeStream
+		r *Request
+	}{{a3, r3}, {a1, r1}, {a2, r2}, {a1, r1}} { // a1 twice: Done is idempotent
+		w.end(e.s, e.r)
+	}
+	w.limitd.serve()
+	if g := w.count("rule.streams.in_flight"); g != 0 {
+		t.Fatalf("in_flight %d after every end, want 0", g)
+	}
+	b1, _ := w.openServed("t", "a")
+	b2, _ := w.openServed("t", "a")
+	if !b1.wentOn() || !b2.wentOn() {
+		t.Fatalf("after every end: %d %d, want both slots free", b1.replied, b2.replied)
+	}
+}
+
+// TestClusterSlotsRenewed: a request that runs for ten times its ttl keeps
+// its slot while the plugin ticks (a renewal at least every ttl/3 + 1 s);
+// a plugin that stops ticking (an Envoy gone) leaves its slots to end
+// with their ttl, after which the key admits again.
+func TestClusterSlotsRenewed(t *testing.T) {
+	w := newWorld(t, fleetStreamsCfg("deny", "")).withLimitd()
+	w.openServed("t", "a")
+	w.openServed("t", "a")
+	for range 30 {
+		w.h.now += sec
+		w.tick()
+	}
+	if s, _ := w.openServed("t", "a"); s.replied != 429 {
+		t.Fatalf("after 30 s of renewals: %d, want 429 (both slots held)", s.replied)
+	}
+	if lost := w.count("cluster_slots_lost"); lost != 0 {
+		t.Fatalf("cluster_slots_lost %d, want 0", lost)
+	}
+	// No tick from here: the leases end 3 s after their last renewal.
+	w.h.now += 2 * sec
+	if s, _ := w.openServed("t", "a"); s.replied != 429 {
+		t.Fatalf("2 s without renewal: %d, want 429", s.replied)
+	}
+	w.h.now += 2 * sec
+	if s, _ := w.openServed("t", "a"); !s.wentOn() {
+		t.Fatalf("4 s without renewal (ttl 3 s): %d, want the expired slot", s.replied)
+	}
+}
+
+// TestClusterSlotsFailureMode: limitd down: "allow" lets the request
+// through without a slot (failed_open, service_errors), "deny" refuses it;
+// either way the slot id is released (an acquire that timed out may have
+// taken it).
+func TestClusterSlotsFailureMode(t *testing.T) {
+	for _, mode := range []string{"allow", "deny"} {
+		t.Run(mode, func(t *testing.T) {
+			w := newWorld(t, fleetStreamsCfg(mode, "")).withLimitd()
+			w.limitd.down = true
+			s, r := w.openServed("t", "a")
+			switch {
+			case mode == "allow" && (!s.wentOn() || w.count("rule.streams.failed_open") != 1):
+				t.Fatalf("allow: %d, failed_open %d", s.replied, w.count("rule.streams.failed_open"))
+			case mode == "deny" && !strings.Contains(s.replyBody, reasonServiceDown):
+				t.Fatalf("deny: %d %s", s.replied, s.replyBody)
+			}
+			w.end(s, r)
+			// The acquire failed, and so did the release that follows it
+			// (an acquire that timed out may have taken its slot).
+			if w.count("service_errors") != 2 {
+				t.Fatalf("service_errors %d, want 2", w.count("service_errors"))
+			}
+			if g := w.count("rule.streams.in_flight"); g != 0 {
+				t.Fatalf("in_flight %d, want 0", g)
+			}
+		})
+	}
+}
+
+// TestClusterSlotsStackWithBuckets: a cluster token bucket beside the
+// slots: the slots are taken first, so a refusal by the bucket gives the
+// slot back, and a refusal by the slots sends no decision at all.
+func TestClusterSlotsStackWithBuckets(t *testing.T) {
+	bucketRule := `,
+  {"name": "rate", "scope": "cluster", "limit_keys": ["header:t"], "algorithm": "token_bucket",
+   "algorithm_config": {"tokens_per_second": 0.001, "burst": 1}}`
+	w := newWorld(t, fleetStreamsCfg("deny", bucketRule)).withLimitd()
+	a1, _ := w.openServed("t", "a")
+	if !a1.wentOn() || len(a1.calls) != 2 {
+		t.Fatalf("first: %d after %d calls, want it to go on after acquire and decide", a1.replied, len(a1.calls))
+	}
+	a2, _ := w.openServed("t", "a") // the bucket is empty: its slot goes back
+	if a2.replied != 429 || !strings.Contains(a2.replyBody, reasonExceeded) {
+		t.Fatalf("second: %d %s, want the bucket's 429", a2.replied, a2.replyBody)
+	}
+	w.limitd.serve()
+	if g := w.count("rule.streams.in_flight"); g != 1 {
+		t.Fatalf("in_flight %d, want 1", g)
+	}
+}
+
+// TestClusterSlotsConfiguration: a shadow cluster concurrency rule, and a
+// max_in_flight above the limit service's bound, are refused with their
+// path.
+func TestClusterSlotsConfiguration(t *testing.T) {
+	for _, tt := range []struct{ cfg, want string }{
+		{`{"service": {"cluster": "limitd"}, "rules": [{"name": "s", "scope": "cluster", "mode": "shadow", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 2}}]}`,
+			`rules[0].mode: "shadow" is not supported yet`},
+		{`{"service": {"cluster": "limitd"}, "rules": [{"name": "s", "scope": "cluster", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 20000}}]}`,
+			`rules[0].algorithm_config.max_in_flight: must be <= 10000`},
+	} {
+		if _, err := Parse([]byte(tt.cfg), Options{}); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Parse: %v, want %q", err, tt.want)
+		}
+	}
+}
+
+// TestClusterSlotIDsDiffer: two Plugins configured at the same moment (two
+// workers of one Envoy, whose clock reads alike) draw different slot ids:
+// a shared id would let the second request count as holding the first's
+// slot, admitting it without one.
+func TestClusterSlotIDsDiffer(t *testing.T) {
+	h := newFakeHost()
+	p1, p2 := newPlugin(t, h, fleetStreamsCfg("deny", "")), newPlugin(t, h, fleetStreamsCfg("deny", ""))
+	if a, b := p1.cslots.newID(), p2.cslots.newID(); a == b {
+		t.Fatalf("both Plugins drew %s", a)
+	}
+}
