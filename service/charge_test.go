@@ -91,7 +91,7 @@ func TestChargeMatchesModel(t *testing.T) {
 					state = lim.Charge(state, now, took)
 				}
 				tokens := lim.Tokens(state, now)
-				want := charged(&req.Buckets[0], tokens, max(state.At, now)-now)
+				want := charged(&req.Buckets[0], tokens, max(state.At, now)-now, now)
 				want.Applied = applied
 				if ar.Buckets[0] != want || am.Buckets[0] != want {
 					t.Fatalf("step %d: charge %v: redis %+v, memory %+v, model %+v (tokens %v)", step, amount, ar.Buckets[0], am.Buckets[0], want, tokens)

@@ -155,7 +155,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *wire.Request) (wire.Answe
 		if !all {
 			tokens, at, wait = st.limit.Tokens(st.old, now), max(st.old.At, now), 0
 		}
-		d.Buckets[i] = report(&req.Buckets[i], st.ok, tokens, at-now, wait)
+		d.Buckets[i] = report(&req.Buckets[i], st.ok, tokens, at-now, now, wait)
 	}
 	d.Settle(req)
 	return d, nil
@@ -217,7 +217,7 @@ func (m *MemoryStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.L
 		if a.Granted || rets[i] > 0 {
 			m.put(keys[i], lim, next, leds[i], now)
 		}
-		a.Buckets[i] = grant(&req.Buckets[i], a.Granted, granted, lim.Tokens(next, now), max(next.At, now)-now)
+		a.Buckets[i] = grant(&req.Buckets[i], a.Granted, granted, lim.Tokens(next, now), max(next.At, now)-now, now)
 		a.Buckets[i].Returned = returned
 	}
 	return a, nil
@@ -266,7 +266,7 @@ func (m *MemoryStore) Charge(ctx context.Context, req *wire.ChargeRequest) (wire
 			next = lim.Charge(st, now, amount)
 			m.put(k, lim, next, led, now)
 		}
-		a.Buckets[i] = charged(&req.Buckets[i], lim.Tokens(next, now), max(next.At, now)-now)
+		a.Buckets[i] = charged(&req.Buckets[i], lim.Tokens(next, now), max(next.At, now)-now, now)
 		a.Buckets[i].Applied = applied
 	}
 	return a, nil

@@ -383,8 +383,8 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 	return nil
 }
 
-// unixMs reads a period bound: a whole number of Unix milliseconds, from
-// 1 (1970) to maxUnixMs.
+// unixMs reads a period bound: a whole number of Unix milliseconds, above
+// 0 and at most maxUnixMs.
 func unixMs(at string, v gjson.Result) (int64, *jsonfield.Error) {
 	x, err := jsonfield.Number(at, v)
 	if err == nil {
@@ -396,9 +396,10 @@ func unixMs(at string, v gjson.Result) (int64, *jsonfield.Error) {
 	return int64(x), err
 }
 
-// maxUnixMs is the latest period bound accepted: the year 9999, far inside
-// float64's exact integers and every clock's range.
-const maxUnixMs = 253402300799999
+// maxUnixMs is the latest period bound accepted (in 2255): the service
+// counts in Unix microseconds, which float64 (Lua's numbers) holds exactly
+// up to 2^53.
+const maxUnixMs = 1<<53/1000 - 1
 
 // checkPeriod checks a bucket's period: both bounds or neither, the end
 // after the start by at most MaxPeriod, and a rate of 0 with a period.
