@@ -49,10 +49,10 @@
 //
 // # Zones
 //
-// Zones are Go's time.Location, loaded by IANA name; the zone database is
-// compiled in (time/tzdata), so Parse works on hosts with no zone files (the
-// Wasm build among them). A zone's rules are those of the database Go was
-// built with.
+// Zones are Go's time.Location, loaded by IANA name (time.LoadLocation): from
+// the host's zone files where it has them, else from the copy of the zone
+// database compiled in (time/tzdata), so Parse works on hosts with no zone
+// files (the Wasm build among them).
 //
 // # Concurrency
 //
@@ -123,7 +123,7 @@ type Spec struct {
 // Parse reads a period as configured: period is one of minute, hour, day,
 // week, month, quarter and year; timeZone an IANA name ("" is UTC; "Local",
 // which depends on the host, is refused); weekStart a weekday's English name
-// ("" is monday); anchor a local date-time, 2006-01-02T15:04:05 or 2006-01-02
+// in lower case ("" is monday); anchor a local date-time, 2006-01-02T15:04:05 or 2006-01-02
 // (midnight), or "" for none. For weeks an anchor sets the day weeks start
 // on, so a weekStart given with it must name the anchor's weekday. Each error
 // names the field and says why.
@@ -153,12 +153,12 @@ func Parse(period, timeZone, weekStart, anchor string) (Spec, error) {
 	if weekStart != "" {
 		found := false
 		for d := time.Sunday; d <= time.Saturday; d++ {
-			if strings.EqualFold(weekStart, d.String()) {
+			if weekStart == strings.ToLower(d.String()) {
 				s.WeekStart, found = d, true
 			}
 		}
 		if !found {
-			return Spec{}, fmt.Errorf("calendar: week_start: must be a weekday's name (monday to sunday), got %q", clip(weekStart))
+			return Spec{}, fmt.Errorf("calendar: week_start: must be a weekday's name in lower case (monday to sunday), got %q", clip(weekStart))
 		}
 	}
 	if anchor != "" {

@@ -335,6 +335,7 @@ func TestParseErrors(t *testing.T) {
 		{"day", "Local", "", "", "time_zone: \"Local\" depends on the host"},
 		{"day", "../../etc/passwd", "", "", "time_zone:"},
 		{"week", "", "someday", "", "week_start: must be a weekday's name"},
+		{"week", "", "Monday", "", "week_start: must be a weekday's name in lower case"},
 		{"day", "", "", "2026-02-30T00:00:00", "anchor: must be a local date-time"},
 		{"day", "", "", "2026-01-31T00:00:00Z", "anchor: must be a local date-time"},
 		{"day", "", "", "2026-01-31T24:00:00", "anchor: must be a local date-time"},
@@ -346,9 +347,9 @@ func TestParseErrors(t *testing.T) {
 			t.Errorf("Parse(%q, %q, %q, %q) = %v, want an error with %q", c.period, c.zone, c.weekStart, c.anchor, err, c.want)
 		}
 	}
-	s, err := Parse("week", "Europe/Berlin", "Sunday", "")
+	s, err := Parse("week", "Europe/Berlin", "sunday", "")
 	if err != nil || s.WeekStart != time.Sunday || s.Location.String() != "Europe/Berlin" || !s.Anchor.IsZero() {
-		t.Fatalf("Parse(week, Europe/Berlin, Sunday) = %+v, %v", s, err)
+		t.Fatalf("Parse(week, Europe/Berlin, sunday) = %+v, %v", s, err)
 	}
 	if s, err := Parse("day", "", "", ""); err != nil || s.Location != time.UTC || s.WeekStart != time.Monday {
 		t.Fatalf("Parse(day) = %+v, %v: want UTC and monday", s, err)

@@ -1,6 +1,7 @@
 package calendar
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -23,7 +24,7 @@ func FuzzWindow(f *testing.F) {
 		if sec < lo || sec > hi {
 			sec = lo + (sec%(hi-lo)+(hi-lo))%(hi-lo)
 		}
-		s, err := Parse(periodNames[Minute+Period(period%7)], fuzzZones[int(zone)%len(fuzzZones)], time.Weekday(weekStart%7).String(), "")
+		s, err := Parse(periodNames[Minute+Period(period%7)], fuzzZones[int(zone)%len(fuzzZones)], strings.ToLower(time.Weekday(weekStart%7).String()), "")
 		if err != nil {
 			t.Fatal(err)
 		}
