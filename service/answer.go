@@ -43,19 +43,33 @@ func charged(b *wire.ChargeBucket, left float64, gap, now int64) wire.BucketAnsw
 }
 
 // reportAt is package bucket's Report for a bucket of rate, burst and
-// period p holding tokens: a quota's (p.IsQuota()) waits are its period's
-// end less now (Unix ns), whatever its tokens (RetryAfter at least 1 ns
-// when refused, none once now has reached the end).
+// period p holding tokens, at now (Unix ns): a quota's waits run to its
+// period's end (bucket's ReportAt).
 func reportAt(rate, burst float64, p wire.Period, tokens float64, gap, now int64, cost float64, ok bool) bucket.Decision {
-	d := bucket.Limit{Rate: rate, Burst: burst}.Report(tokens, gap, cost, ok)
+	return limitOf(rate, burst, p).ReportAt(tokens, now, gap, cost, ok)
+}
+
+// limitOf is package bucket's Limit of a bucket of rate, burst and period
+// p: a quota's (Rate 0) when p is a period.
+func limitOf(rate, burst float64, p wire.Period) bucket.Limit {
+	l := bucket.Limit{Rate: rate, Burst: burst}
 	if p.IsQuota() {
-		left := time.Duration(max(p.PeriodEndMs*int64(time.Millisecond)-now, 0))
-		d.ResetAfter, d.RetryAfter = left, 0
-		if !ok {
-			d.RetryAfter = max(1, left)
-		}
+		l.PeriodStart, l.PeriodEnd = p.PeriodStartMs*int64(time.Millisecond), p.PeriodEndMs*int64(time.Millisecond)
 	}
-	return d
+	return l
+}
+
+// periodNow is the time at which the memory store decides a bucket of
+// period p at now (Unix ns): now for a token bucket; for a quota, now
+// within the period [start, end - 1µs], as bucket.lua's in_period keeps a
+// record's time, so that a caller's clock a little off the store's
+// neither resets the period at every call nor carries it into the next.
+func periodNow(now int64, p wire.Period) int64 {
+	if !p.IsQuota() {
+		return now
+	}
+	start, end := p.PeriodStartMs*int64(time.Millisecond), p.PeriodEndMs*int64(time.Millisecond)
+	return min(max(now, start), end-int64(time.Microsecond))
 }
 
 // ceilMs is d rounded up to whole milliseconds.

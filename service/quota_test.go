@@ -2,12 +2,18 @@ package service
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
@@ -26,7 +32,8 @@ func (c *quotaClock) set(t time.Time) {
 	}
 }
 
-// quotaStores returns a Redis store (on miniredis) with its clock at t0.
+// quotaStores returns a Redis store (on miniredis) and a memory store, each
+// with its clock at t0.
 func quotaStores(t *testing.T) map[string]struct {
 	st    Store
 	clock *quotaClock
@@ -45,6 +52,12 @@ func quotaStores(t *testing.T) map[string]struct {
 		clock *quotaClock
 		c     *redis.Client
 	}{s, rc, c}
+	mc := &quotaClock{now: t0}
+	out["memory"] = struct {
+		st    Store
+		clock *quotaClock
+		c     *redis.Client
+	}{NewMemoryStore(MemoryOptions{Now: func() int64 { return mc.now.UnixNano() }}), mc, nil}
 	return out
 }
 
@@ -164,5 +177,109 @@ func TestStoreQuotaLeaseCharge(t *testing.T) {
 				t.Fatalf("next period = %+v, %v; want the debt forgiven, 9 left", a, err)
 			}
 		})
+	}
+}
+
+// TestRedisQuotaDifferential holds decide.lua's quota mode to package
+// bucket's quotas (Limit with PeriodStart and PeriodEnd): the same times
+// and costs, over periods of 1s to a minute that the clock crosses, give
+// the same decisions, remaining tokens, waits to the period's end and
+// bit-identical tokens; every record short of full expires at its period's
+// end plus quotaMargin (within 2ms), and a full one is deleted.
+func TestRedisQuotaDifferential(t *testing.T) {
+	seeds := uint64(16)
+	if testing.Short() {
+		seeds = 4
+	}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
+			t.Parallel()
+			runQuotaDifferential(t, seed)
+		})
+	}
+}
+
+func runQuotaDifferential(t *testing.T, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 41))
+	var nowUs int64
+	m, c, s := newMini(t, RedisOptions{Now: func() time.Time { return time.UnixMicro(nowUs) }})
+	ctx := context.Background()
+	n := 1 + int(seed%3)
+	req := &wire.Request{Buckets: make([]wire.Bucket, n)}
+	lims := make([]bucket.Limit, n)
+	lengths := make([]int64, n) // each bucket's period, ms
+	states := make([]bucket.State, n)
+	keys := make([]string, n)
+	origin := t0.Truncate(time.Minute).UnixMilli()
+	for i := range n {
+		lengths[i] = []int64{1000, 2500, 60000}[r.IntN(3)]
+		burst := float64(1 + r.IntN(20))
+		if r.IntN(3) == 0 {
+			burst = math.Round(r.Float64()*1000*100)/100 + 0.5
+		}
+		lims[i] = bucket.Limit{Burst: burst}
+		req.Buckets[i].Key = "q" + strconv.Itoa(i)
+		keys[i] = storageKey(DefaultKeyPrefix, req.Buckets[i].Key, 0, burst)
+	}
+	nowUs = t0.UnixMicro()
+	costs := make([]float64, n)
+	delays := make([]int64, n)
+	resets := 0
+	for step := range 300 {
+		switch p := r.IntN(20); {
+		case p < 3:
+		case p == 3:
+			nowUs += int64(r.IntN(3000)) * 1000 // often across a period
+		default:
+			nowUs += int64(r.IntN(200000))
+		}
+		now := nowUs * 1000
+		for i := range n {
+			ps := origin + (nowUs/1000-origin)/lengths[i]*lengths[i]
+			lims[i].PeriodStart, lims[i].PeriodEnd = ps*1e6, (ps+lengths[i])*1e6
+			if states[i].At > 0 && states[i].At < lims[i].PeriodStart {
+				resets++
+			}
+			costs[i] = randomCost(r, lims[i])
+			req.Buckets[i].Burst, req.Buckets[i].Cost = lims[i].Burst, costs[i]
+			req.Buckets[i].Period = wire.Period{PeriodStartMs: ps, PeriodEndMs: ps + lengths[i]}
+		}
+		m.SetTime(time.UnixMicro(nowUs))
+		got, err := s.Decide(ctx, req)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if err := checkAgainstBucket(got, lims, states, now, costs, delays); err != nil {
+			t.Fatalf("step %d at +%dus: %v", step, nowUs-t0.UnixMicro(), err)
+		}
+		all, nexts, _ := takeAll(lims, states, now, costs, delays)
+		if !all {
+			continue
+		}
+		copy(states, nexts)
+		for i := range n {
+			full := lims[i].FullAt(states[i])
+			if full <= now {
+				states[i] = bucket.State{}
+			}
+			v, err := c.Get(ctx, keys[i]).Result()
+			if err == redis.Nil {
+				if full > now {
+					t.Fatalf("step %d: quota %d deleted, but it is full only at +%v", step, i, time.Duration(full-now))
+				}
+				continue
+			}
+			f := strings.Fields(v)
+			if tok, _ := strconv.ParseFloat(f[0], 64); tok != states[i].Tokens || f[1] != strconv.FormatInt(states[i].At/1000, 10) {
+				t.Fatalf("step %d: quota %d stored %q, want tokens %v at %dus", step, i, v, states[i].Tokens, states[i].At/1000)
+			}
+			want := time.Duration(lims[i].PeriodEnd-now) + quotaMargin
+			if pttl := c.PTTL(ctx, keys[i]).Val(); pttl < want || pttl > want+2*time.Millisecond {
+				t.Fatalf("step %d: quota %d expires in %v, want its period's end plus %v (%v)", step, i, pttl, quotaMargin, want)
+			}
+		}
+	}
+	if resets == 0 {
+		t.Error("no period crossed with a record: the resets go untested")
 	}
 }
