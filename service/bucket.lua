@@ -32,6 +32,7 @@
 -- A quota (a bucket with a period: rate 0, and its period's start and end,
 -- the 2n arguments after the n buckets' own, see period_of) never refills:
 -- it is full again when its record was written before its period's start,
+-- its ledger dropped (what an earlier period reserved is refunded to none),
 -- and a record short of full lives to its period's end plus quota_margin,
 -- an expiry a later write never shortens.
 
@@ -254,7 +255,10 @@ local function load(key, rate, burst, ps, pe)
   if stored_at > now then
     at = stored_at
   end
-  if pe > 0 then -- a quota never refills
+  if pe > 0 then -- a quota never refills; a new period drops the ledger
+    if stored_at < ps then
+      led = new_ledger(gen)
+    end
     tok, at = in_period(tok, stored_at, burst, ps, pe)
     return tok, at, led
   end

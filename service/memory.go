@@ -63,6 +63,12 @@ type memoryEntry struct {
 	fullAt int64 // Unix ns from which the bucket is full and can be forgotten (see put)
 }
 
+// before reports whether e is a quota's record of a period before p: full
+// again, its ledger dropped, as bucket.lua reads it.
+func (e memoryEntry) before(p wire.Period) bool {
+	return p.IsQuota() && e.state.At > 0 && e.state.At < p.PeriodStartMs*int64(time.Millisecond)
+}
+
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 	if opts.MaxKeys <= 0 {
@@ -118,7 +124,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *wire.Request) (wire.Answe
 		st.limit = limitOf(b.Rate, b.Burst, b.Period)
 		bn := periodNow(now, b.Period)
 		e, found := m.buckets[keys[i]]
-		if found && e.fullAt <= now {
+		if found && (e.fullAt <= now || e.before(b.Period)) {
 			e = memoryEntry{} // full since: forgotten, as an expired Redis key
 		}
 		st.old = e.state
@@ -188,7 +194,7 @@ func (m *MemoryStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.L
 	now := m.now()
 	for i, b := range req.Buckets {
 		keys[i] = storageKey(DefaultKeyPrefix, b.Key, b.Rate, b.Burst)
-		if e, ok := m.buckets[keys[i]]; ok && e.fullAt > now {
+		if e, ok := m.buckets[keys[i]]; ok && e.fullAt > now && !e.before(b.Period) {
 			states[i], leds[i] = e.state, e.ledger
 		}
 		leds[i] = leds[i].at(now, m.window)
@@ -252,7 +258,7 @@ func (m *MemoryStore) Charge(ctx context.Context, req *wire.ChargeRequest) (wire
 		k := storageKey(DefaultKeyPrefix, b.Key, b.Rate, b.Burst)
 		lim, bn := limitOf(b.Rate, b.Burst, b.Period), periodNow(now, b.Period)
 		st, led := bucket.State{}, ledger{}
-		if e, ok := m.buckets[k]; ok && e.fullAt > now {
+		if e, ok := m.buckets[k]; ok && e.fullAt > now && !e.before(b.Period) {
 			st, led = e.state, e.ledger
 		}
 		led = led.at(now, m.window)

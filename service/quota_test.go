@@ -3,14 +3,18 @@ package service
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
@@ -281,5 +285,42 @@ func runQuotaDifferential(t *testing.T, seed uint64) {
 	}
 	if resets == 0 {
 		t.Error("no period crossed with a record: the resets go untested")
+	}
+}
+
+// TestQuotaHostilePeriods: a caller's period far from limitd's clock is
+// refused with the field's path, on every call, before the store: one that
+// starts more than quotaMargin ahead (it would reset a quota early and lock
+// its record in the future until then, refusing every gateway's current
+// period), or ended more than quotaMargin ago (a stale period).
+func TestQuotaHostilePeriods(t *testing.T) {
+	s, err := NewServer(Config{Store: NewMemoryStore(MemoryOptions{Now: func() int64 { return t0.UnixNano() }}), StoreName: "memory",
+		Registry: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).UnixMilli(), 10) }
+	period := func(from, to time.Duration) string {
+		return `"tokens_per_second":0,"burst":5,"period_start_ms":` + ms(from) + `,"period_end_ms":` + ms(to)
+	}
+	for _, tc := range []struct{ name, bucket string }{
+		{"a year ahead", period(365*24*time.Hour, 366*24*time.Hour)},
+		{"just over a minute ahead", period(quotaMargin+time.Second, time.Hour)},
+		{"ended long ago", period(-2*time.Hour, -time.Hour)},
+	} {
+		for path, extra := range map[string]string{"/v1/decide": `,"cost":1`, "/v1/lease": `,"want":1,"min":1`, "/v1/charge": `,"amount":1`} {
+			t.Run(tc.name+path, func(t *testing.T) {
+				w := do(s, "POST", path, `{"buckets":[{"key":"q",`+tc.bucket+extra+`}]}`)
+				if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "buckets[0].period_") || !strings.Contains(w.Body.String(), "limitd's clock") {
+					t.Fatalf("%d %s, want 400 naming the period against limitd's clock", w.Code, w.Body)
+				}
+			})
+		}
+	}
+	// A period that holds the clock, and one a little ahead or just over.
+	for _, b := range []string{period(-time.Minute, time.Hour), period(quotaMargin, time.Hour), period(-time.Hour, -quotaMargin)} {
+		if w := do(s, "POST", "/v1/decide", `{"buckets":[{"key":"q",`+b+`,"cost":1}]}`); w.Code != http.StatusOK {
+			t.Fatalf("%s: %d %s, want 200", b, w.Code, w.Body)
+		}
 	}
 }
