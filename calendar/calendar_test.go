@@ -52,19 +52,23 @@ func checkWindow(t testing.TB, s Spec, now time.Time) (start, end time.Time) {
 	return start, end
 }
 
-// walk visits every period from..to in order, checking each; it returns the
-// number of periods.
+// walk visits every period from..to in order, checking each: Window at its
+// start, its middle and its last nanosecond is the same period, which starts
+// where the one before ended (so no gap or overlap: the checks of
+// checkWindow, each made once). It returns the number of periods.
 func walk(t *testing.T, s Spec, from, to time.Time, each func(start, end time.Time)) int {
 	t.Helper()
-	start, _ := s.Window(from)
+	start, _ := checkWindow(t, s, from)
 	n := 0
 	for start.Before(to) {
-		a, b := checkWindow(t, s, start)
-		if !a.Equal(start) {
-			t.Fatalf("%v %v: Window(%v) starts at %v: a boundary is not its period's start", s.Period, s.Location, start, a)
+		a, b := s.Window(start)
+		if !a.Equal(start) || !b.After(a) {
+			t.Fatalf("%v %v: Window(%v) = [%v, %v): the period after one ending at %v", s.Period, s.Location, start, a, b, start)
 		}
-		if mid := a.Add(b.Sub(a) / 2); true {
-			checkWindow(t, s, mid)
+		for _, at := range []time.Time{a.Add(b.Sub(a) / 2), b.Add(-time.Nanosecond)} {
+			if c, d := s.Window(at); !c.Equal(a) || !d.Equal(b) {
+				t.Fatalf("%v %v: Window(%v) = [%v, %v), Window(%v) = [%v, %v): one period, two windows", s.Period, s.Location, start, a, b, at, c, d)
+			}
 		}
 		if each != nil {
 			each(a, b)
