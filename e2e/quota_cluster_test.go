@@ -20,8 +20,9 @@ func quotaClusterConfig() string {
 	  "algorithm_config": {"limit": 40, "period": "hour", "time_zone": "Asia/Kathmandu"}}]}`
 }
 
-// TestQuotaCluster: two Envoys (two workers each) share an hour quota of
-// 40 through limitd and one Redis: 300 concurrent requests on one tenant
+// TestQuotaCluster: two Envoys (two workers each; one the Wasm build, one
+// the native module) share an hour quota of 40 through limitd and one
+// Redis: 300 concurrent requests on one tenant
 // admit exactly 40; every answer's RateLimit t, and a refusal's
 // Retry-After (jittered upward by up to a half), run to the next hh:15
 // UTC; the quota's one Redis key expires a minute after that boundary.
@@ -29,8 +30,18 @@ func TestQuotaCluster(t *testing.T) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	envoys, ok := twoEnvoys(t, envoytest.Wasm, up.Port(), svc, [2]string{quotaClusterConfig(), quotaClusterConfig()})
-	if !ok {
+	// Envoy A runs the Wasm build, Envoy B the native module, booted side
+	// by side (V8 compiles the plugin for seconds).
+	var envoys [2]*envoytest.Envoy
+	var boot sync.WaitGroup
+	for i, build := range []envoytest.Build{envoytest.Wasm, envoytest.Native} {
+		boot.Go(func() {
+			envoys[i] = envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
+				PluginConfig: quotaClusterConfig(), UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 2})
+		})
+	}
+	boot.Wait()
+	if t.Failed() || t.Skipped() {
 		return
 	}
 	a, b := envoys[0].Client(), envoys[1].Client()
