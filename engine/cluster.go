@@ -75,7 +75,7 @@ func appendHex(b []byte, v uint64) []byte {
 func (c *Request) dispatch() (rej *rejection, wait bool) {
 	takes := append(append([]take(nil), c.plan.cluster...), c.plan.shadowC...)
 	c.shadowsSent = true
-	err := call(c.stream, takes, func(a *Answer) { c.onAnswer(takes, a) })
+	err := call(c.stream, takes, c.plugin.now(), func(a *Answer) { c.onAnswer(takes, a) })
 	if err != nil {
 		return c.serviceFailed(takes, "dispatching the call: "+err.Error()), false
 	}
@@ -89,7 +89,7 @@ func (c *Request) dispatchShadow() {
 	p := c.plugin
 	takes := c.plan.shadowC
 	c.shadowsSent = true
-	err := call(p.host, takes, func(a *Answer) { p.onShadowAnswer(takes, a) })
+	err := call(p.host, takes, p.now(), func(a *Answer) { p.onShadowAnswer(takes, a) })
 	if err != nil {
 		p.serviceFailed(takes, "dispatching the shadow call: "+err.Error())
 	}
@@ -103,15 +103,26 @@ type caller interface {
 // call sends one decision over takes to the limit service, owned by by. A
 // take whose rule settles with the response (a cost known from it, or
 // charge_on) is sent refundable, so the service records its cost for the
-// refund that may follow; the others hold nothing to refund.
-func call(by caller, takes []take, answer func(*Answer)) error {
+// refund that may follow; the others hold nothing to refund. A quota's
+// bucket carries the period that holds now (Unix ns).
+func call(by caller, takes []take, now int64, answer func(*Answer)) error {
 	req := &wire.Request{Buckets: make([]wire.Bucket, len(takes))}
 	for i, t := range takes {
 		req.Buckets[i] = wire.Bucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst,
 			Cost: t.cost, Shadow: t.rule.Mode == config.ModeShadow, Refundable: t.rule.charges,
-			MaxDelayMs: t.maxWait / 1e6}
+			MaxDelayMs: t.maxWait / 1e6, Period: periodOf(t.rule, now)}
 	}
 	return post(by, takes[0].rule.Service, "", wire.AppendRequest(make([]byte, 0, 64+112*len(takes)), req), answer)
+}
+
+// periodOf is the wire's period of ru's bucket at now (Unix ns): none for
+// a token bucket, the calendar period that holds now for a quota (limitAt).
+func periodOf(ru *rule, now int64) wire.Period {
+	l := ru.limitAt(now)
+	if !l.Quota() {
+		return wire.Period{}
+	}
+	return wire.Period{PeriodStartMs: l.PeriodStart / 1e6, PeriodEndMs: l.PeriodEnd / 1e6}
 }
 
 // post sends body to the limit service's path (the configured decide path

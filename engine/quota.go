@@ -7,14 +7,15 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/config"
 )
 
-// checkClusterQuota refuses a quota with scope cluster, which config
-// accepts: this engine does not carry a quota's period to the limit service
-// yet, and a cluster bucket with no rate and no period would never refill.
+// checkClusterQuota refuses a quota with scope cluster and "sync":
+// "lease", which config accepts: a cluster quota's calls carry its period
+// (periodOf), but this engine's leases do not follow a period's boundary
+// yet (a lease taken before it would be spent after it).
 func checkClusterQuota(cfg *config.Config) error {
 	for i := range cfg.Rules {
-		if r := &cfg.Rules[i]; r.Limit.Quota() && r.Scope == config.ScopeCluster {
-			return &config.Error{Path: "rules[" + strconv.Itoa(i) + "].scope",
-				Err: errors.New(`a quota is local only in this build: "cluster" needs the limit service's calendar windows`)}
+		if r := &cfg.Rules[i]; r.Limit.Quota() && r.Scope == config.ScopeCluster && r.Sync == config.SyncLease {
+			return &config.Error{Path: "rules[" + strconv.Itoa(i) + "].sync",
+				Err: errors.New(`a cluster quota is decided per request in this build: "lease" does not follow its period's boundary yet`)}
 		}
 	}
 	return nil

@@ -155,19 +155,20 @@ func TestQuotaResponseCosts(t *testing.T) {
 	}
 }
 
-// TestQuotaClusterRefusedByTheEngine: config accepts a cluster quota, but
-// this engine cannot yet carry a quota's period to the limit service, so it
-// refuses the configuration rather than send a bucket with no rate.
+// TestQuotaClusterRefusedByTheEngine: config accepts a leased cluster
+// quota, but this engine's leases do not follow a period's boundary yet, so
+// it refuses the configuration (a per-request cluster quota carries its
+// period: TestQuotaClusterCall).
 func TestQuotaClusterRefusedByTheEngine(t *testing.T) {
-	cfg := `{"service": {"cluster": "limitd"}, "rules": [{"name": "q", "scope": "cluster", "algorithm": "quota",
+	cfg := `{"service": {"cluster": "limitd"}, "rules": [{"name": "q", "scope": "cluster", "sync": "lease", "algorithm": "quota",
 	  "algorithm_config": {"limit": 10, "period": "day"}}]}`
 	if _, err := config.Parse([]byte(cfg)); err != nil {
 		t.Fatalf("config refuses a cluster quota: %v", err)
 	}
 	err := CheckConfiguration([]byte(cfg))
 	var re *RefusalError
-	if !errors.As(err, &re) || !strings.Contains(err.Error(), "rules[0].scope") {
-		t.Fatalf("CheckConfiguration = %v, want a refusal naming rules[0].scope", err)
+	if !errors.As(err, &re) || !strings.Contains(err.Error(), "rules[0].sync") {
+		t.Fatalf("CheckConfiguration = %v, want a refusal naming rules[0].sync", err)
 	}
 }
 

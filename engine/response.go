@@ -521,7 +521,7 @@ func (c *Request) chargeCluster(takes []*take) {
 	counted := make([]take, len(takes)) // for serviceFailed: rule and service
 	for i, t := range takes {
 		req.Buckets[i] = wire.ChargeBucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst,
-			Amount: clampCharge(t.amount, t.rule.limit.Burst)}
+			Amount: clampCharge(t.amount, t.rule.limit.Burst), Period: periodOf(t.rule, p.now())}
 		counted[i] = take{rule: t.rule}
 	}
 	s := takes[0].rule.Service // config.Parse: one service for all cluster rules

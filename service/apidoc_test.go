@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
@@ -21,14 +22,14 @@ import (
 var apiExampleRE = regexp.MustCompile("(?s)- `POST (/v1/[a-z/]+)` `([^`]+)` →\\s+`([^`]+)`")
 
 // replayOnFreshBucket sends req to path of a new server (memory store,
-// stopped clock), so every bucket starts full, and checks that the answer
+// stopped clock, limitd's at t0 too), so every bucket starts full, and checks that the answer
 // is the JSON want.
 func replayOnFreshBucket(t *testing.T, path, req, want string) {
 	t.Helper()
 	clk := &fakeClock{}
 	clk.Set(t0)
 	s, err := NewServer(Config{Store: NewMemoryStore(MemoryOptions{Now: clk.Now}), StoreName: "memory",
-		Registry: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Registry: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return t0 }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,13 @@
 -- (Redis expires against a millisecond clock taken when the script starts,
 -- which may be up to a millisecond behind TIME), so a key vanishes only once
 -- the bucket package would compute it as full.
+--
+-- A quota (a bucket with a period: rate 0, and its period's start and end,
+-- the 2n arguments after the n buckets' own, see period_of) never refills:
+-- it is full again when its record was written before its period's start,
+-- its ledger dropped (what an earlier period reserved is refunded to none),
+-- and a record short of full lives to its period's end plus quota_margin,
+-- an expiry a later write never shortens.
 
 -- Redis before 5 replicates scripts verbatim and refuses writes after TIME
 -- unless effects replication is on; from 7 on this is a no-op.
@@ -68,6 +75,31 @@ local max_wait = 60000000000
 -- max_wait of delayed decisions (bucket's floor).
 local function floor_of(rate, burst)
   return burst + rate * (max_wait / 1000000000)
+end
+
+-- quota_margin: how long, in microseconds, a quota's record outlives its
+-- period's end (by Redis's clock), so that a gateway whose clock lags
+-- Redis's still counts against it.
+local quota_margin = 60000000
+
+-- period_of: bucket i's period, its start and end in Unix microseconds (0,
+-- 0: a token bucket), from ARGV[per*n + 2i - 1 .. per*n + 2i] (milliseconds),
+-- after the per arguments of each of the n buckets.
+local function period_of(i, per)
+  local j = per * #KEYS + 2 * i
+  return tonumber(ARGV[j - 1]) * 1000, tonumber(ARGV[j]) * 1000
+end
+
+-- in_period: a quota's tokens and time at now from its stored ones: full
+-- (burst) when written before its period's start ps, and a time within the
+-- newest period it was written in (at most pe - 1), so that a caller's
+-- clock a little off Redis's neither resets a period twice nor carries a
+-- record into the next one.
+local function in_period(tok, stored_at, burst, ps, pe)
+  if stored_at < ps then
+    tok, stored_at = burst, ps
+  end
+  return tok, math.max(stored_at, math.min(math.max(now, ps), pe - 1))
 end
 
 -- A ledger is {gen, rt (returned), rs (reserved), rf (refunded), names (the
@@ -154,11 +186,14 @@ end
 
 -- load reads the bucket at key and refills it to now: its tokens, its own
 -- time (now, or later when the clock went backwards), and its ledger as of
--- now (ledger.go's at).
-local function load(key, rate, burst)
+-- now (ledger.go's at). A quota's (pe > 0) time is in_period's.
+local function load(key, rate, burst, ps, pe)
   local led = new_ledger(gen)
   local v = redis.call('GET', key)
-  if not v then
+  if not v and pe > 0 then
+    local tok, at = in_period(burst, ps, burst, ps, pe)
+    return tok, at, led
+  elseif not v then
     return burst, now, led
   end
   local w = {}
@@ -220,6 +255,13 @@ local function load(key, rate, burst)
   if stored_at > now then
     at = stored_at
   end
+  if pe > 0 then -- a quota never refills; a new period drops the ledger
+    if stored_at < ps then
+      led = new_ledger(gen)
+    end
+    tok, at = in_period(tok, stored_at, burst, ps, pe)
+    return tok, at, led
+  end
   local elapsed = (now - stored_at) * 1000
   if elapsed > 0 then
     local refilled = tok + rate * elapsed / 1000000000
@@ -240,9 +282,14 @@ end
 -- outstanding left out), into the bucket at key, with the expiry described
 -- above (or, while the window's return or refund budget is in use, the end
 -- of the window if later), or deletes it when it is full at once (a full
--- bucket takes nothing back, so the rest of its ledger goes with it).
-local function store(key, tok, at, rate, burst, led)
+-- bucket takes nothing back, so the rest of its ledger goes with it). A
+-- quota's (pe > 0) record short of full lives to pe plus quota_margin, or
+-- longer if it already would.
+local function store(key, tok, at, rate, burst, led, pe)
   local fill = full_in(tok, rate, burst)
+  if pe > 0 and fill > 0 then
+    fill = (pe + quota_margin - at) * 1000
+  end
   -- A budget in use must outlive the window, full or not (else a full
   -- bucket would forget it, and a caller could give back every grant or
   -- reservation).
@@ -250,10 +297,13 @@ local function store(key, tok, at, rate, burst, led)
   if led.rt > 0 or led.rf > 0 then
     keep = ((led.gen + 1) * window - now) * 1000
   end
-  if fill == 0 and at == now and keep <= 0 then
+  if fill == 0 and at <= now and keep <= 0 then
     redis.call('DEL', key)
   else
     local ttl = math.ceil(math.max((at - now) * 1000 + fill, keep) / 1000000) + 1
+    if pe > 0 then
+      ttl = math.max(ttl, redis.call('PTTL', key), 1)
+    end
     local parts = {}
     for _, name in ipairs(led.names) do
       local p = led.c[name]

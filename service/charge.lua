@@ -4,10 +4,11 @@
 --
 -- KEYS[i]            the Redis key of bucket i (all in one Redis Cluster slot)
 -- ARGV[3i-2 .. 3i]   rate, burst, amount of bucket i
--- ARGV[3n+1]         the mode: "refund" (a caller's charge) or "undo" (the
+-- ARGV[3n+2i-1 ..]  period start and end of bucket i (as in decide.lua)
+-- ARGV[5n+1]         the mode: "refund" (a caller's charge) or "undo" (the
 --                    store giving back a take it just made)
--- ARGV[3n+2]         the caller's name
--- ARGV[3n+3]         the ledger window, microseconds
+-- ARGV[5n+2]         the caller's name
+-- ARGV[5n+3]         the ledger window, microseconds
 --
 -- A positive amount takes more tokens: clamped to 2 × burst (what can take a
 -- full bucket to its deepest debt), into debt down to -burst at most (a
@@ -32,7 +33,8 @@ for i = 1, #KEYS do
   local rate = tonumber(ARGV[3 * i - 2])
   local burst = tonumber(ARGV[3 * i - 1])
   local amount = tonumber(ARGV[3 * i])
-  local tok, at, led = load(KEYS[i], rate, burst)
+  local ps, pe = period_of(i, 3)
+  local tok, at, led = load(KEYS[i], rate, burst, ps, pe)
   if not tok then
     return at
   end
@@ -60,7 +62,7 @@ for i = 1, #KEYS do
     else
       applied, tok = amount, tok - amount
     end
-    store(KEYS[i], tok, at, rate, burst, led)
+    store(KEYS[i], tok, at, rate, burst, led, pe)
   end
   out[#out + 1] = string.format('%.17g', tok)
   out[#out + 1] = (at - now) * 1000

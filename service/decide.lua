@@ -4,8 +4,10 @@
 -- KEYS[i]            the Redis key of bucket i (all in one Redis Cluster slot)
 -- ARGV[5i-4 .. 5i]   rate (tokens per second), burst, cost, refundable (1
 --                    or 0), max delay (milliseconds, 0: refuse) of bucket i
--- ARGV[5n+1]         the caller's name
--- ARGV[5n+2]         the ledger window, microseconds
+-- ARGV[5n+2i-1 ..]  period start and end of bucket i (Unix milliseconds;
+--                    0 0: a token bucket, else a quota: bucket.lua)
+-- ARGV[7n+1]         the caller's name
+-- ARGV[7n+2]         the ledger window, microseconds
 --
 -- A bucket admits its cost when it holds it (package bucket's Take); one
 -- short of it whose max delay is above 0 admits it too when the wait until
@@ -26,6 +28,7 @@
 
 local n = #KEYS
 local rates, bursts, costs, refundable, tokens, ats, leds, waits = {}, {}, {}, {}, {}, {}, {}, {}
+local ends = {}
 local all = 1
 local ok = {}
 for i = 1, n do
@@ -40,7 +43,9 @@ for i = 1, n do
   if cost < 0 then
     cost = 0
   end
-  local tok, at, led = load(KEYS[i], rate, burst)
+  local ps, pe = period_of(i, 5)
+  ends[i] = pe
+  local tok, at, led = load(KEYS[i], rate, burst, ps, pe)
   if not tok then
     return at
   end
@@ -80,7 +85,7 @@ if all == 1 then
       p.r0 = p.r0 + costs[i]
       leds[i].rs = leds[i].rs + costs[i]
     end
-    store(KEYS[i], tok, ats[i], rates[i], bursts[i], leds[i])
+    store(KEYS[i], tok, ats[i], rates[i], bursts[i], leds[i], ends[i])
   end
 end
 

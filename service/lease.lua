@@ -3,8 +3,9 @@
 --
 -- KEYS[i]            the Redis key of bucket i (all in one Redis Cluster slot)
 -- ARGV[5i-4 .. 5i]   rate, burst, want, min, return of bucket i
--- ARGV[5n+1]         the caller's name
--- ARGV[5n+2]         the ledger window, microseconds
+-- ARGV[5n+2i-1 ..]  period start and end of bucket i (as in decide.lua)
+-- ARGV[7n+1]         the caller's name
+-- ARGV[7n+2]         the ledger window, microseconds
 --
 -- Every bucket first takes back its return, clamped to what its ledger says
 -- leases granted to the caller and were not yet returned, and to the
@@ -29,7 +30,8 @@ for i = 1, n do
   local want = tonumber(ARGV[5 * i - 2])
   local lo = tonumber(ARGV[5 * i - 1])
   local ret = tonumber(ARGV[5 * i])
-  local tok, at, led = load(KEYS[i], rate, burst)
+  local ps, pe = period_of(i, 5)
+  local tok, at, led = load(KEYS[i], rate, burst, ps, pe)
   if not tok then
     return at
   end
@@ -45,7 +47,7 @@ for i = 1, n do
       took, tok = ret, tok + ret
     end
   end
-  p[i] = {rate = rate, burst = burst, want = want, lo = lo, ret = ret}
+  p[i] = {rate = rate, burst = burst, want = want, lo = lo, ret = ret, pe = pe}
   tokens[i], ats[i], leds[i], returned[i] = tok, at, led, took
   if not (lo <= want and want <= burst and tok + slack(rate, burst) >= lo) then
     all = 0
@@ -77,7 +79,7 @@ for i = 1, n do
   end
   granted[i] = g
   if all == 1 or p[i].ret > 0 then
-    store(KEYS[i], tokens[i], ats[i], p[i].rate, p[i].burst, leds[i])
+    store(KEYS[i], tokens[i], ats[i], p[i].rate, p[i].burst, leds[i], p[i].pe)
   end
 end
 

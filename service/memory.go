@@ -64,6 +64,12 @@ type memoryEntry struct {
 	fullAt int64 // Unix ns from which the bucket is full and can be forgotten (see put)
 }
 
+// before reports whether e is a quota's record of a period before p: full
+// again, its ledger dropped, as bucket.lua reads it.
+func (e memoryEntry) before(p wire.Period) bool {
+	return p.IsQuota() && e.state.At > 0 && e.state.At < p.PeriodStartMs*int64(time.Millisecond)
+}
+
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 	if opts.MaxKeys <= 0 {
@@ -116,9 +122,10 @@ func (m *MemoryStore) Decide(ctx context.Context, req *wire.Request) (wire.Answe
 	for i := range req.Buckets {
 		b := &req.Buckets[i]
 		st := &steps[i]
-		st.limit = bucket.Limit{Rate: b.Rate, Burst: b.Burst}
+		st.limit = limitOf(b.Rate, b.Burst, b.Period)
+		bn := periodNow(now, b.Period)
 		e, found := m.buckets[keys[i]]
-		if found && e.fullAt <= now {
+		if found && (e.fullAt <= now || e.before(b.Period)) {
 			e = memoryEntry{} // full since: forgotten, as an expired Redis key
 		}
 		st.old = e.state
@@ -127,7 +134,7 @@ func (m *MemoryStore) Decide(ctx context.Context, req *wire.Request) (wire.Answe
 			st.ledger.reserve(caller, b.Cost) // kept only when admitted
 		}
 		var dec bucket.Decision
-		st.next, dec = st.limit.Reserve(e.state, now, b.Cost, time.Duration(b.MaxDelayMs)*time.Millisecond)
+		st.next, dec = st.limit.Reserve(e.state, bn, b.Cost, time.Duration(b.MaxDelayMs)*time.Millisecond)
 		st.ok, st.wait = dec.Allowed, dec.Wait
 		all = all && st.ok
 		if !found && st.limit.FullAt(st.next) > now {
@@ -154,9 +161,10 @@ func (m *MemoryStore) Decide(ctx context.Context, req *wire.Request) (wire.Answe
 		st := &steps[i]
 		tokens, at, wait := st.next.Tokens, st.next.At, st.wait
 		if !all {
-			tokens, at, wait = st.limit.Tokens(st.old, now), max(st.old.At, now), 0
+			bn := periodNow(now, req.Buckets[i].Period)
+			tokens, at, wait = st.limit.Tokens(st.old, bn), max(st.old.At, bn), 0
 		}
-		d.Buckets[i] = report(&req.Buckets[i], st.ok, tokens, at-now, wait)
+		d.Buckets[i] = report(&req.Buckets[i], st.ok, tokens, at-now, now, wait)
 	}
 	d.Settle(req)
 	return d, nil
@@ -187,13 +195,13 @@ func (m *MemoryStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.L
 	now := m.now()
 	for i, b := range req.Buckets {
 		keys[i] = storageKey(DefaultKeyPrefix, b.Key, b.Rate, b.Burst)
-		if e, ok := m.buckets[keys[i]]; ok && e.fullAt > now {
+		if e, ok := m.buckets[keys[i]]; ok && e.fullAt > now && !e.before(b.Period) {
 			states[i], leds[i] = e.state, e.ledger
 		}
 		leds[i] = leds[i].at(now, m.window)
 		rets[i] = leds[i].takeReturn(caller, b.Return, b.Burst)
-		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
-		if _, _, ok, _ := lim.Lease(states[i], now, rets[i], b.Want, b.Min); !ok {
+		lim := limitOf(b.Rate, b.Burst, b.Period)
+		if _, _, ok, _ := lim.Lease(states[i], periodNow(now, b.Period), rets[i], b.Want, b.Min); !ok {
 			a.Granted = false
 		}
 	}
@@ -204,21 +212,21 @@ func (m *MemoryStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.L
 		}
 	}
 	for i, b := range req.Buckets {
-		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
+		lim, bn := limitOf(b.Rate, b.Burst, b.Period), periodNow(now, b.Period)
 		st := states[i]
-		next, granted := lim.Refund(st, now, rets[i]), 0.0 // refused: only the return
+		next, granted := lim.Refund(st, bn, rets[i]), 0.0 // refused: only the return
 		returned := 0.0
 		if st.At > 0 {
-			returned = returnTook(lim.Tokens(st, now), rets[i], b.Burst)
+			returned = returnTook(lim.Tokens(st, bn), rets[i], b.Burst)
 		}
 		if a.Granted {
-			next, granted, _, _ = lim.Lease(st, now, rets[i], b.Want, b.Min)
+			next, granted, _, _ = lim.Lease(st, bn, rets[i], b.Want, b.Min)
 			leds[i].grant(caller, granted)
 		}
 		if a.Granted || rets[i] > 0 {
 			m.put(keys[i], lim, next, leds[i], now)
 		}
-		a.Buckets[i] = grant(&req.Buckets[i], a.Granted, granted, lim.Tokens(next, now), max(next.At, now)-now)
+		a.Buckets[i] = grant(&req.Buckets[i], a.Granted, granted, lim.Tokens(next, bn), max(next.At, now)-now, now)
 		a.Buckets[i].Returned = returned
 	}
 	return a, nil
@@ -249,9 +257,9 @@ func (m *MemoryStore) Charge(ctx context.Context, req *wire.ChargeRequest) (wire
 	}
 	for i, b := range req.Buckets {
 		k := storageKey(DefaultKeyPrefix, b.Key, b.Rate, b.Burst)
-		lim := bucket.Limit{Rate: b.Rate, Burst: b.Burst}
+		lim, bn := limitOf(b.Rate, b.Burst, b.Period), periodNow(now, b.Period)
 		st, led := bucket.State{}, ledger{}
-		if e, ok := m.buckets[k]; ok && e.fullAt > now {
+		if e, ok := m.buckets[k]; ok && e.fullAt > now && !e.before(b.Period) {
 			st, led = e.state, e.ledger
 		}
 		led = led.at(now, m.window)
@@ -263,11 +271,11 @@ func (m *MemoryStore) Charge(ctx context.Context, req *wire.ChargeRequest) (wire
 		}
 		next, applied := st, 0.0
 		if amount != 0 {
-			applied = chargeTook(lim.Tokens(st, now), amount, b.Burst)
-			next = lim.Charge(st, now, amount)
+			applied = chargeTook(lim.Tokens(st, bn), amount, b.Burst)
+			next = lim.Charge(st, bn, amount)
 			m.put(k, lim, next, led, now)
 		}
-		a.Buckets[i] = charged(&req.Buckets[i], lim.Tokens(next, now), max(next.At, now)-now)
+		a.Buckets[i] = charged(&req.Buckets[i], lim.Tokens(next, bn), max(next.At, now)-now, now)
 		a.Buckets[i].Applied = applied
 	}
 	return a, nil
@@ -277,10 +285,14 @@ func (m *MemoryStore) Charge(ctx context.Context, req *wire.ChargeRequest) (wire
 // dropped), or forgets it when it is full at now (a full bucket takes
 // nothing back, so its ledger goes with it), unless the window's return or
 // refund budget is in use: then it is kept to the window's end, as
-// bucket.lua does. Called with m.mu held.
+// bucket.lua does. A quota short of full is kept to its period's end plus
+// quotaMargin, never less than it already was. Called with m.mu held.
 func (m *MemoryStore) put(k string, lim bucket.Limit, st bucket.State, led ledger, now int64) {
 	led = led.at(now, m.window)
 	keep := lim.FullAt(st)
+	if lim.Quota() && keep > now {
+		keep = max(keep+int64(quotaMargin), m.buckets[k].fullAt)
+	}
 	if led.returned > 0 || led.refunded > 0 {
 		keep = max(keep, (led.gen+1)*m.window)
 	}

@@ -59,6 +59,10 @@ type RedisOptions struct {
 	// can be given back: at least one window, at most two (default
 	// DefaultLedgerWindow, at least a millisecond).
 	LedgerWindow time.Duration
+	// Now is limitd's clock (default time.Now). The scripts count by
+	// Redis's TIME; only a quota's waits, to its period's end, are
+	// reported by this clock, the gateways' periods being by theirs.
+	Now func() time.Time
 }
 
 // RedisStore decides requests with one Lua script (decide.lua) per request,
@@ -77,6 +81,7 @@ type RedisStore struct {
 	cluster bool
 	batch   *batcher
 	windows *batcher // Count's pipelines (window.go), when batching
+	now     func() time.Time
 }
 
 // NewRedisStore returns a store on client, typically a redis.UniversalClient.
@@ -95,8 +100,12 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore
 	if opts.LedgerWindow < time.Millisecond {
 		return nil, fmt.Errorf("service: ledger window: must be >= 1ms, got %v", opts.LedgerWindow)
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	_, cluster := client.(*redis.ClusterClient)
 	s := &RedisStore{
+		now:     opts.Now,
 		client:  client,
 		script:  redis.NewScript(decideLua),
 		lease:   redis.NewScript(leaseLua),
@@ -177,6 +186,7 @@ func (s *RedisStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer
 			}
 			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost), refundable, strconv.FormatInt(b.MaxDelayMs, 10))
 		}
+		args = appendPeriods(args, idx, func(i int) wire.Period { return req.Buckets[i].Period })
 		args = append(args, caller, s.window)
 		var res any
 		var err error
@@ -186,7 +196,7 @@ func (s *RedisStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer
 			res, err = s.script.Run(ctx, s.client, gkeys, args...).Result()
 		}
 		if err == nil {
-			admitted[g], err = parseResult(req, idx, res, d.Buckets)
+			admitted[g], err = parseResult(req, idx, res, s.now().UnixNano(), d.Buckets)
 		}
 		if err != nil {
 			s.giveBack(req, caller, keys, groups[:g], admitted, d.Buckets)
@@ -222,6 +232,7 @@ func (s *RedisStore) giveBack(req *wire.Request, caller string, keys []string, g
 			gkeys[j] = keys[i]
 			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(-b.Cost))
 		}
+		args = appendPeriods(args, idx, func(i int) wire.Period { return req.Buckets[i].Period })
 		args = append(args, "undo", caller, s.window)
 		vals, err := s.run(ctx, s.charge, "charge", gkeys, args, 3*len(idx))
 		if err != nil {
@@ -231,7 +242,7 @@ func (s *RedisStore) giveBack(req *wire.Request, caller string, keys []string, g
 			ts, _ := vals[3*j].(string)
 			gap, _ := vals[3*j+1].(int64)
 			if tokens, err := strconv.ParseFloat(ts, 64); err == nil {
-				out[i] = report(&req.Buckets[i], true, tokens, gap, 0)
+				out[i] = report(&req.Buckets[i], true, tokens, gap, s.now().UnixNano(), 0)
 			}
 		}
 	}
@@ -262,6 +273,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.Le
 			gkeys[j] = keys[i]
 			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Want), formatFloat(b.Min), formatFloat(b.Return))
 		}
+		args = appendPeriods(args, idx, func(i int) wire.Period { return req.Buckets[i].Period })
 		args = append(args, caller, s.window)
 		vals, err := s.run(ctx, s.lease, "lease", gkeys, args, 1+4*len(idx))
 		if err != nil {
@@ -282,7 +294,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.Le
 			if !ok1 || !ok2 || !ok3 || !ok4 || err1 != nil || err2 != nil || err3 != nil {
 				return wire.LeaseAnswer{}, fmt.Errorf("service: redis: lease script reply: bucket %d: malformed %v", i, v)
 			}
-			a.Buckets[i] = grant(&req.Buckets[i], granted[g], gr, tokens, gap)
+			a.Buckets[i] = grant(&req.Buckets[i], granted[g], gr, tokens, gap, s.now().UnixNano())
 			a.Buckets[i].Returned = ret
 		}
 	}
@@ -299,6 +311,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.Le
 				args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), "0", "0", formatFloat(a.Buckets[i].Tokens))
 				a.Buckets[i].Tokens = 0
 			}
+			args = appendPeriods(args, idx, func(i int) wire.Period { return req.Buckets[i].Period })
 			args = append(args, caller, s.window)
 			vals, err := s.run(ctx, s.lease, "lease", gkeys, args, 1+4*len(idx))
 			if err != nil {
@@ -309,7 +322,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.Le
 				gap, _ := vals[3+4*j].(int64)
 				if tokens, err := strconv.ParseFloat(ts, 64); err == nil {
 					ret := a.Buckets[i].Returned
-					a.Buckets[i] = grant(&req.Buckets[i], false, 0, tokens, gap)
+					a.Buckets[i] = grant(&req.Buckets[i], false, 0, tokens, gap, s.now().UnixNano())
 					a.Buckets[i].Returned = ret
 				}
 			}
@@ -340,6 +353,7 @@ func (s *RedisStore) Charge(ctx context.Context, req *wire.ChargeRequest) (wire.
 			gkeys[j] = keys[i]
 			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Amount))
 		}
+		args = appendPeriods(args, idx, func(i int) wire.Period { return req.Buckets[i].Period })
 		args = append(args, "refund", caller, s.window)
 		vals, err := s.run(ctx, s.charge, "charge", gkeys, args, 3*len(idx))
 		if err != nil {
@@ -355,7 +369,7 @@ func (s *RedisStore) Charge(ctx context.Context, req *wire.ChargeRequest) (wire.
 			if !ok1 || !ok2 || !ok3 || err1 != nil || err2 != nil {
 				return wire.ChargeAnswer{}, fmt.Errorf("service: redis: charge script reply: bucket %d: malformed %v", i, v)
 			}
-			a.Buckets[i] = charged(&req.Buckets[i], tokens, gap)
+			a.Buckets[i] = charged(&req.Buckets[i], tokens, gap, s.now().UnixNano())
 			a.Buckets[i].Applied = applied
 		}
 	}
@@ -412,6 +426,17 @@ func (s *RedisStore) groups(keys []string) [][]int {
 	return groups
 }
 
+// appendPeriods appends the period of each bucket i of idx, its start and
+// end in Unix milliseconds ("0" "0" for a token bucket), the arguments every
+// script reads after the buckets' own (bucket.lua's period_of).
+func appendPeriods(args []any, idx []int, period func(i int) wire.Period) []any {
+	for _, i := range idx {
+		p := period(i)
+		args = append(args, strconv.FormatInt(p.PeriodStartMs, 10), strconv.FormatInt(p.PeriodEndMs, 10))
+	}
+	return args
+}
+
 // formatFloat writes x so that Lua's tonumber reads back the same float64
 // (plain decimals: miniredis's Lua reads no exponent).
 func formatFloat(x float64) string {
@@ -419,10 +444,10 @@ func formatFloat(x float64) string {
 }
 
 // parseResult fills out[i] for each bucket i of idx from decide.lua's reply
-// over those buckets, and reports whether the script admitted them. A
+// over those buckets (a quota's waits counted from now, Unix ns), and reports whether the script admitted them. A
 // bucket's wait counts only when the script admitted (else nothing was
 // taken).
-func parseResult(req *wire.Request, idx []int, res any, out []wire.BucketAnswer) (bool, error) {
+func parseResult(req *wire.Request, idx []int, res any, now int64, out []wire.BucketAnswer) (bool, error) {
 	const per = 4 // ok, tokens, gap, wait
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 1+per*len(idx) {
@@ -446,7 +471,7 @@ func parseResult(req *wire.Request, idx []int, res any, out []wire.BucketAnswer)
 		if admitted != 1 {
 			wait = 0
 		}
-		out[i] = report(&req.Buckets[i], okv == 1, tokens, gap, time.Duration(wait))
+		out[i] = report(&req.Buckets[i], okv == 1, tokens, gap, now, time.Duration(wait))
 		all = all && okv == 1
 	}
 	if (admitted == 1) != all {
@@ -478,3 +503,8 @@ func isNoScript(err error) bool {
 	var rerr redis.Error
 	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "NOSCRIPT")
 }
+
+// quotaMargin is how long a quota's record outlives its period's end in
+// Redis (bucket.lua's quota_margin): a gateway whose clock lags Redis's by
+// less still counts against the period's record.
+const quotaMargin = time.Minute

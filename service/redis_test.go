@@ -141,7 +141,7 @@ func checkAgainstBucket(got wire.Answer, lims []bucket.Limit, states []bucket.St
 		if !all {
 			wantTokens = lims[i].Tokens(states[i], now)
 			if want.Allowed { // this bucket admitted, another refused: untouched, no wait
-				want = lims[i].Report(wantTokens, max(states[i].At, now)-now, costs[i], true)
+				want = lims[i].ReportAt(wantTokens, now, max(states[i].At, now)-now, costs[i], true)
 			}
 		}
 		longest = max(longest, want.Wait)

@@ -241,6 +241,9 @@ type endpoint func(ctx context.Context, body, out []byte) ([]byte, error)
 
 func (s *Server) decide(ctx context.Context, body, out []byte) ([]byte, error) {
 	req, err := wire.DecodeRequest(body, s.limits)
+	if err == nil {
+		err = nearClock(s.now(), len(req.Buckets), func(i int) wire.Period { return req.Buckets[i].Period })
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -261,6 +264,9 @@ func (s *Server) decide(ctx context.Context, body, out []byte) ([]byte, error) {
 
 func (s *Server) lease(ctx context.Context, body, out []byte) ([]byte, error) {
 	req, err := wire.DecodeLeaseRequest(body, s.limits)
+	if err == nil {
+		err = nearClock(s.now(), len(req.Buckets), func(i int) wire.Period { return req.Buckets[i].Period })
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -278,6 +284,9 @@ func (s *Server) lease(ctx context.Context, body, out []byte) ([]byte, error) {
 
 func (s *Server) charge(ctx context.Context, body, out []byte) ([]byte, error) {
 	req, err := wire.DecodeChargeRequest(body, s.limits)
+	if err == nil {
+		err = nearClock(s.now(), len(req.Buckets), func(i int) wire.Period { return req.Buckets[i].Period })
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -294,6 +303,30 @@ func (s *Server) charge(ctx context.Context, body, out []byte) ([]byte, error) {
 		}
 	}
 	return wire.AppendChargeAnswer(out, &a), nil
+}
+
+// nearClock refuses, as a *wire.FieldError, a quota's period (of n
+// buckets, bucket i's period(i)) that starts more than quotaMargin after
+// now or ended more than quotaMargin before it: a gateway sends the period
+// that holds its clock, so only a clock off by more than the margin, or a
+// hostile caller, sends one. Far ahead, it would start the quota's next
+// period early and keep the record's time there, so that no gateway's
+// current period could start it again until then.
+func nearClock(now time.Time, n int, period func(i int) wire.Period) error {
+	for i := range n {
+		p := period(i)
+		if !p.IsQuota() {
+			continue
+		}
+		at := "buckets[" + strconv.Itoa(i) + "]."
+		switch lo, hi := now.Add(-quotaMargin).UnixMilli(), now.Add(quotaMargin).UnixMilli(); {
+		case p.PeriodStartMs > hi:
+			return &wire.FieldError{Field: at + "period_start_ms", Msg: "more than " + quotaMargin.String() + " after limitd's clock (" + strconv.FormatInt(now.UnixMilli(), 10) + ")"}
+		case p.PeriodEndMs < lo:
+			return &wire.FieldError{Field: at + "period_end_ms", Msg: "more than " + quotaMargin.String() + " before limitd's clock (" + strconv.FormatInt(now.UnixMilli(), 10) + ")"}
+		}
+	}
+	return nil
 }
 
 // serve runs one /v1 endpoint: method, bearer token and body checks, then

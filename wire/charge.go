@@ -18,6 +18,7 @@ type ChargeBucket struct {
 	Rate   float64
 	Burst  float64
 	Amount float64
+	Period // a quota's period (Bucket)
 }
 
 // ChargeRequest is one charge call (POST /v1/charge). A charge cannot be
@@ -41,7 +42,7 @@ func AppendChargeRequest(b []byte, r *ChargeRequest) []byte {
 	b = appendTag(b, r.HashTag)
 	for i := range r.Buckets {
 		cb := &r.Buckets[i]
-		b = appendBucket(b, i, cb.Key, cb.Rate, cb.Burst)
+		b = appendBucket(b, i, cb.Key, cb.Rate, cb.Burst, cb.Period)
 		b = append(b, `,"amount":`...)
 		b = appendFloat(b, cb.Amount)
 		b = append(b, '}')
@@ -60,7 +61,7 @@ func DecodeChargeRequest(body []byte, lim Limits) (*ChargeRequest, error) {
 	err := decodeCall(body, lim, &req.HashTag, []string{"amount"}, func(n int) { req.Buckets = make([]ChargeBucket, n) },
 		func(i int, at string, h head, x []gjson.Result) (err *jsonfield.Error) {
 			b := &req.Buckets[i]
-			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
+			b.Key, b.Rate, b.Burst, b.Period = h.Key, h.Rate, h.Burst, h.Period
 			if !x[0].Exists() {
 				return refuse(at+".amount", "required")
 			}
@@ -107,7 +108,7 @@ func DecodeChargeAnswer(body []byte, req *ChargeRequest) (*ChargeAnswer, error) 
 	for i, m := range buckets {
 		ba := &a.Buckets[i]
 		ba.Allowed = true
-		ba.Remaining, _, ba.ResetMs = readWaits(m)
+		ba.Remaining, _, ba.ResetMs = readWaits(m, req.Buckets[i].Period)
 	}
 	return a, nil
 }

@@ -58,6 +58,12 @@ func (l Limits) WithDefaults() Limits {
 // a request short of tokens, as before; more reserves them (bucket.Reserve)
 // when they would be there within that many milliseconds, and the answer's
 // WaitMs says how long to hold.
+//
+// A bucket with a period (PeriodEndMs > 0) is a quota: Rate is 0, it never
+// refills, and it is full again (Burst) from the period's start
+// (PeriodStartMs, Unix milliseconds) on, when it was last written before
+// it; its waits run to the period's end (PeriodEndMs). The period is not
+// part of its identity: the next period's call names the same bucket.
 type Bucket struct {
 	Key        string
 	Rate       float64
@@ -66,7 +72,18 @@ type Bucket struct {
 	Shadow     bool
 	Refundable bool
 	MaxDelayMs int64
+	Period
 }
+
+// Period is a quota bucket's current calendar period, [StartMs, EndMs) in
+// Unix milliseconds; the zero Period is none (a token bucket).
+type Period struct {
+	PeriodStartMs int64
+	PeriodEndMs   int64
+}
+
+// IsQuota reports whether p is a period (a quota bucket's).
+func (p Period) IsQuota() bool { return p.PeriodEndMs > 0 }
 
 // Request is one decision (POST /v1/decide) over one or more buckets, taken
 // atomically: either every enforced bucket admits its cost and all are
@@ -147,14 +164,16 @@ func (a *Answer) Settle(req *Request) {
 // AppendRequest appends the JSON body of r:
 //
 //	{"hash_tag":"t","buckets":[{"key":"k","tokens_per_second":10,"burst":20,"cost":1,"shadow":true,"refundable":true,"max_delay_ms":500}]}
+//	{"buckets":[{"key":"k","tokens_per_second":0,"burst":1000,"period_start_ms":1785297600000,"period_end_ms":1787976000000,"cost":1}]}
 //
 // (hash_tag, shadow, refundable and max_delay_ms only when set, or for
-// max_delay_ms, when the burst is below the rate).
+// max_delay_ms, when the burst is below the rate; the period only for a
+// quota).
 func AppendRequest(b []byte, r *Request) []byte {
 	b = appendTag(b, r.HashTag)
 	for i := range r.Buckets {
 		bk := &r.Buckets[i]
-		b = appendBucket(b, i, bk.Key, bk.Rate, bk.Burst)
+		b = appendBucket(b, i, bk.Key, bk.Rate, bk.Burst, bk.Period)
 		b = append(b, `,"cost":`...)
 		b = appendFloat(b, bk.Cost)
 		if bk.Shadow {
@@ -183,8 +202,9 @@ func appendTag(b []byte, tag string) []byte {
 	return append(b, `"buckets":[`...)
 }
 
-// appendBucket opens the i-th bucket object with its key and limit.
-func appendBucket(b []byte, i int, key string, rate, burst float64) []byte {
+// appendBucket opens the i-th bucket object with its key and limit (and
+// its period, for a quota).
+func appendBucket(b []byte, i int, key string, rate, burst float64, p Period) []byte {
 	if i > 0 {
 		b = append(b, ',')
 	}
@@ -193,15 +213,24 @@ func appendBucket(b []byte, i int, key string, rate, burst float64) []byte {
 	b = append(b, `,"tokens_per_second":`...)
 	b = appendFloat(b, rate)
 	b = append(b, `,"burst":`...)
-	return appendFloat(b, burst)
+	b = appendFloat(b, burst)
+	if p.IsQuota() {
+		b = append(b, `,"period_start_ms":`...)
+		b = strconv.AppendInt(b, p.PeriodStartMs, 10)
+		b = append(b, `,"period_end_ms":`...)
+		b = strconv.AppendInt(b, p.PeriodEndMs, 10)
+	}
+	return b
 }
 
 var requestFields = []string{"hash_tag", "buckets"}
 
-// head is what every bucket of every call has: its key and its limit.
+// head is what every bucket of every call has: its key and its limit
+// (and, for a quota, its period).
 type head struct {
 	Key         string
 	Rate, Burst float64
+	Period
 }
 
 // DecodeRequest parses and validates the body of POST /v1/decide. cost
@@ -214,7 +243,7 @@ func DecodeRequest(body []byte, lim Limits) (*Request, error) {
 	err := decodeCall(body, lim, &req.HashTag, []string{"cost", "shadow", "refundable", "max_delay_ms"}, func(n int) { req.Buckets = make([]Bucket, n) },
 		func(i int, at string, h head, x []gjson.Result) (err *jsonfield.Error) {
 			b := &req.Buckets[i]
-			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
+			b.Key, b.Rate, b.Burst, b.Period = h.Key, h.Rate, h.Burst, h.Period
 			if b.Cost, err = amount(at+".cost", x[0], 1, 0, MaxAmount); err != nil {
 				return err
 			}
@@ -260,8 +289,8 @@ func amount(at string, v gjson.Result, def, lo, hi float64) (float64, *jsonfield
 }
 
 // decodeCall decodes the shape every call shares: an optional hash_tag and
-// a buckets array of objects, each with a key, tokens_per_second and burst
-// (checked here), and the call's own fields, named by extra and handed to
+// a buckets array of objects, each with a key, tokens_per_second and burst,
+// and for a quota period_start_ms and period_end_ms (checked here), and the call's own fields, named by extra and handed to
 // bucket in that order (absent ones as the zero gjson.Result), after the
 // bucket's limit is checked. Keys must be distinct within a call.
 func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func(int),
@@ -292,12 +321,12 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 		return ferr
 	}
 	alloc(len(buckets))
-	names := append([]string{"key", "tokens_per_second", "burst"}, extra...)
+	names := append([]string{"key", "tokens_per_second", "burst", "period_start_ms", "period_end_ms"}, extra...)
 	keys := make([]string, len(buckets))
 	for i, m := range buckets {
 		at := jsonfield.Elem("buckets", i)
 		var h head
-		var have [3]bool
+		var have [5]bool
 		x := make([]gjson.Result, len(extra))
 		err := fields(at, m, names, func(f int, p string, m gjson.Result) (err *jsonfield.Error) {
 			switch f {
@@ -307,15 +336,24 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 				h.Rate, err = jsonfield.Number(p, m)
 			case 2:
 				h.Burst, err = jsonfield.Number(p, m)
+			case 3:
+				h.PeriodStartMs, err = unixMs(p, m)
+			case 4:
+				h.PeriodEndMs, err = unixMs(p, m)
 			default:
-				x[f-3] = m
+				x[f-len(have)] = m
 			}
-			if f < 3 {
+			if f < len(have) {
 				have[f] = true
 			}
 			return err
 		})
 		if err == nil {
+			err = checkPeriod(at, have[3], have[4], h.Period, h.Rate)
+		}
+		if err == nil && h.IsQuota() {
+			err = checkQuota(at, have[0], have[1], have[2], h.Burst)
+		} else if err == nil {
 			// A bucket that may hold requests smooths them to the rate, so
 			// its burst may be below the rate (one request at a time): a
 			// decide call's bucket that names a max_delay_ms (0 included:
@@ -343,6 +381,58 @@ func decodeCall(body []byte, lim Limits, tag *string, extra []string, alloc func
 		}
 	}
 	return nil
+}
+
+// unixMs reads a period bound: a whole number of Unix milliseconds, above
+// 0 and at most maxUnixMs.
+func unixMs(at string, v gjson.Result) (int64, *jsonfield.Error) {
+	x, err := jsonfield.Number(at, v)
+	if err == nil {
+		err = between(at, x, 0, maxUnixMs, true)
+	}
+	if err == nil && x != float64(int64(x)) {
+		err = refuse(at, "must be a whole number of milliseconds, got "+fmtFloat(x))
+	}
+	return int64(x), err
+}
+
+// maxUnixMs is the latest period bound accepted (in 2255): the service
+// counts in Unix microseconds, which float64 (Lua's numbers) holds exactly
+// up to 2^53.
+const maxUnixMs = 1<<53/1000 - 1
+
+// checkPeriod checks a bucket's period: both bounds or neither, the end
+// after the start by at most MaxPeriod, and a rate of 0 with a period.
+func checkPeriod(at string, hasStart, hasEnd bool, p Period, rate float64) *jsonfield.Error {
+	switch {
+	case hasStart && !hasEnd:
+		return refuse(at+".period_end_ms", "required with period_start_ms")
+	case hasEnd && !hasStart:
+		return refuse(at+".period_start_ms", "required with period_end_ms")
+	case !hasEnd:
+		return nil
+	case p.PeriodEndMs <= p.PeriodStartMs:
+		return refuse(at+".period_end_ms", "must be > period_start_ms ("+strconv.FormatInt(p.PeriodStartMs, 10)+"), got "+strconv.FormatInt(p.PeriodEndMs, 10))
+	case p.PeriodEndMs-p.PeriodStartMs > MaxPeriod.Milliseconds():
+		return refuse(at+".period_end_ms", "must be at most "+MaxPeriod.String()+" after period_start_ms, got "+strconv.FormatInt(p.PeriodEndMs-p.PeriodStartMs, 10)+"ms")
+	case rate != 0:
+		return refuse(at+".tokens_per_second", "must be 0 with a period (a quota never refills), got "+fmtFloat(rate))
+	}
+	return nil
+}
+
+// checkQuota checks a quota bucket's key and burst (its limit for the
+// period); its rate is 0 (checkPeriod).
+func checkQuota(at string, hasKey, hasRate, hasBurst bool, burst float64) *jsonfield.Error {
+	switch {
+	case !hasKey:
+		return refuse(at+".key", "required")
+	case !hasRate:
+		return refuse(at+".tokens_per_second", "required")
+	case !hasBurst:
+		return refuse(at+".burst", "required")
+	}
+	return between(at+".burst", burst, 0, MaxAmount, true)
 }
 
 func checkTag(tag string, lim Limits) *jsonfield.Error {
@@ -473,7 +563,7 @@ func DecodeAnswer(body []byte, req *Request) (*Answer, error) {
 	for i, m := range buckets {
 		ba := &a.Buckets[i]
 		ba.Allowed = m.Get("allowed").Type == gjson.True
-		ba.Remaining, ba.RetryAfterMs, ba.ResetMs = readWaits(m)
+		ba.Remaining, ba.RetryAfterMs, ba.ResetMs = readWaits(m, req.Buckets[i].Period)
 		if !ba.Allowed && !req.Buckets[i].Shadow {
 			ba.RetryAfterMs = max(ba.RetryAfterMs, 1)
 		}
@@ -495,9 +585,10 @@ func DecodeAnswer(body []byte, req *Request) (*Answer, error) {
 }
 
 // readWaits reads remaining, retry_after_ms and reset_ms, clamped to
-// [0, MaxFill].
-func readWaits(m gjson.Result) (remaining, retryMs, resetMs int64) {
-	maxMs := float64(MaxFill.Milliseconds())
+// [0, MaxFill], or for a quota to [0, its period's length] (its waits run
+// to the period's end).
+func readWaits(m gjson.Result, p Period) (remaining, retryMs, resetMs int64) {
+	maxMs := float64(max(MaxFill.Milliseconds(), p.PeriodEndMs-p.PeriodStartMs))
 	clamp := func(x float64, hi float64) int64 {
 		if !(x > 0) {
 			return 0

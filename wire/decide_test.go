@@ -141,6 +141,13 @@ func checkRequest(req *Request, lim Limits) string {
 		switch {
 		case b.Key == "" || len(b.Key) > lim.MaxKeyBytes || seen[b.Key]:
 			return "key " + b.Key
+		case b.IsQuota():
+			if b.Rate != 0 || !(b.Burst > 0 && b.Burst <= MaxAmount) || b.PeriodStartMs <= 0 ||
+				b.PeriodEndMs <= b.PeriodStartMs || b.PeriodEndMs-b.PeriodStartMs > MaxPeriod.Milliseconds() {
+				return "quota"
+			}
+		case b.PeriodStartMs != 0:
+			return "period start without an end"
 		case !(b.Rate > 0 && b.Rate <= MaxAmount):
 			return "rate"
 		// Below the rate only for a bucket that named a max_delay_ms (0
@@ -167,13 +174,15 @@ func encodeRequest(req *Request) []byte {
 		Shadow     bool    `json:"shadow,omitempty"`
 		Refundable bool    `json:"refundable,omitempty"`
 		MaxDelayMs int64   `json:"max_delay_ms,omitempty"`
+		Start      int64   `json:"period_start_ms,omitempty"`
+		End        int64   `json:"period_end_ms,omitempty"`
 	}
 	w := struct {
 		HashTag string `json:"hash_tag,omitempty"`
 		Buckets []wb   `json:"buckets"`
 	}{HashTag: req.HashTag}
 	for _, b := range req.Buckets {
-		w.Buckets = append(w.Buckets, wb(b))
+		w.Buckets = append(w.Buckets, wb{b.Key, b.Rate, b.Burst, b.Cost, b.Shadow, b.Refundable, b.MaxDelayMs, b.PeriodStartMs, b.PeriodEndMs})
 	}
 	out, _ := json.Marshal(w)
 	return out
@@ -188,6 +197,8 @@ func FuzzDecode(f *testing.F) {
 		`{"buckets":[{"key":"a","tokens_per_second":10,"burst":1,"max_delay_ms":1.5}]}`,
 		`{"hash_tag":"t","buckets":[{"key":"a","tokens_per_second":1,"burst":1,"cost":0.5},{"key":"b","tokens_per_second":2,"burst":3,"cost":0}]}`,
 		`{"buckets":[{"key":"a","tokens_per_second":1e9,"burst":1e9,"cost":1e9}]}`,
+		`{"buckets":[{"key":"a","tokens_per_second":0,"burst":100,"period_start_ms":1785297600000,"period_end_ms":1787976000000}]}`,
+		`{"buckets":[{"key":"a","tokens_per_second":0,"burst":100,"period_start_ms":1785297600000.5,"period_end_ms":1}]}`,
 		`{"buckets":[{"key":"\u0000\ud800","tokens_per_second":1,"burst":1}]}`,
 		`{"buckets":[{"key":"a","tokens_per_second":1,"burst":1}]} x`,
 		`{"buckets":null}`, `[]`, `{`, ``, `{"buckets":[{"KEY":"a","Burst":1,"TOKENS_PER_SECOND":1}]}`,

@@ -19,6 +19,7 @@ type LeaseBucket struct {
 	Want   float64
 	Min    float64
 	Return float64
+	Period // a quota's period (Bucket): leases come from its remainder
 }
 
 // LeaseRequest is one lease call (POST /v1/lease), atomic over its buckets:
@@ -64,7 +65,7 @@ func AppendLeaseRequest(b []byte, r *LeaseRequest) []byte {
 	b = appendTag(b, r.HashTag)
 	for i := range r.Buckets {
 		lb := &r.Buckets[i]
-		b = appendBucket(b, i, lb.Key, lb.Rate, lb.Burst)
+		b = appendBucket(b, i, lb.Key, lb.Rate, lb.Burst, lb.Period)
 		b = append(b, `,"want":`...)
 		b = appendFloat(b, lb.Want)
 		b = append(b, `,"min":`...)
@@ -84,7 +85,7 @@ func DecodeLeaseRequest(body []byte, lim Limits) (*LeaseRequest, error) {
 	err := decodeCall(body, lim, &req.HashTag, []string{"want", "min", "return"}, func(n int) { req.Buckets = make([]LeaseBucket, n) },
 		func(i int, at string, h head, x []gjson.Result) (err *jsonfield.Error) {
 			b := &req.Buckets[i]
-			b.Key, b.Rate, b.Burst = h.Key, h.Rate, h.Burst
+			b.Key, b.Rate, b.Burst, b.Period = h.Key, h.Rate, h.Burst, h.Period
 			if b.Want, err = amount(at+".want", x[0], 0, 0, b.Burst); err != nil {
 				return err
 			}
@@ -153,7 +154,7 @@ func DecodeLeaseAnswer(body []byte, req *LeaseRequest) (*LeaseAnswer, error) {
 			return nil, refusal(err)
 		}
 		g.Tokens = tokens
-		g.Remaining, g.RetryAfterMs, g.ResetMs = readWaits(m)
+		g.Remaining, g.RetryAfterMs, g.ResetMs = readWaits(m, req.Buckets[i].Period)
 	}
 	return a, nil
 }

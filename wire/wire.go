@@ -16,6 +16,10 @@ const (
 	// MaxFill bounds burst / tokens_per_second, the time an empty bucket
 	// needs to refill: it bounds how long a stored bucket lives.
 	MaxFill = 7 * 24 * time.Hour
+	// MaxPeriod bounds a quota bucket's period (period_end_ms −
+	// period_start_ms): a leap year and a day, room for a daylight-saving
+	// hour. A quota's key lives to its period's end.
+	MaxPeriod = 367 * 24 * time.Hour
 	// MaxDelayMs bounds a bucket's max_delay_ms, the longest a request may
 	// be held for its tokens (bucket.MaxWait).
 	MaxDelayMs = 60_000

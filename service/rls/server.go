@@ -22,6 +22,10 @@
 //     requests_per_unit, named as it names them (rlsconfig.Naming.WindowKey).
 //     Every counter counts, over the limit or not, as there. When an enforced
 //     window is over its limit, the request's token buckets are only read.
+//   - a calendar limit (rate_limit's calendar, an extension) is a fixed
+//     window whose window is the calendar period of its unit in its zone
+//     that holds now (calendar.Spec.Window), named by the period's start;
+//     its duration_until_reset is the time to the period's end.
 //
 // Names and the statistics' descriptor labels longer than
 // Options.MaxKeyBytes are hashed (rlsconfig.Naming). A request's string that
@@ -329,6 +333,11 @@ func (s *Server) count(ctx context.Context, domain string, ds []descriptor) erro
 	return s.decideBuckets(ctx, breq, ds, refused)
 }
 
+// calendarMargin is how long, in seconds, a calendar window's counter
+// outlives the window's end: a limitd whose clock lags by less still counts
+// in it.
+const calendarMargin = 60
+
 // storeRequests builds the store's requests of ds: a counter per fixed
 // window, a bucket per token bucket (the same bucket twice is one bucket of
 // both costs), each descriptor's index into its request set.
@@ -347,6 +356,18 @@ func (s *Server) storeRequests(domain string, ds []descriptor) (*service.CountRe
 			}
 			div := d.limit.Unit.Seconds()
 			d.index = len(wreq.Windows)
+			if cal := d.limit.Calendar; cal != nil {
+				// A calendar window: named by its start, kept to its end
+				// plus calendarMargin, reset at its end.
+				from, to := cal.Window(now)
+				wreq.Windows = append(wreq.Windows, service.Window{
+					Key:    s.names.WindowKey(domain, d.entries, d.values, from.Unix()),
+					Hits:   d.hits,
+					Expiry: to.Unix() - now.Unix() + calendarMargin,
+				})
+				d.reset = to.Sub(now)
+				continue
+			}
 			wreq.Windows = append(wreq.Windows, service.Window{
 				Key:    s.names.WindowKey(domain, d.entries, d.values, now.Unix()/div*div),
 				Hits:   d.hits,
@@ -441,7 +462,7 @@ func (s *Server) answer(req *pb.RateLimitRequest, ds []descriptor) *pb.RateLimit
 		st := &pb.RateLimitResponse_DescriptorStatus{
 			Code: pb.RateLimitResponse_OK,
 			CurrentLimit: &pb.RateLimitResponse_RateLimit{
-				Name: d.limit.Name, RequestsPerUnit: d.limit.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(d.limit.Unit),
+				Name: d.limit.Name, RequestsPerUnit: d.limit.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(d.limit.Unit.Envoy()),
 			},
 			LimitRemaining:     uint32(min(d.remaining, math.MaxUint32)),
 			DurationUntilReset: durationpb.New(d.reset),

@@ -27,6 +27,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/ratelimit-wasm/tokenbucket/calendar"
 )
 
 // Bounds on what Parse and Load read.
@@ -54,10 +56,22 @@ const (
 	Month  Unit = 5
 	Year   Unit = 6
 	Week   Unit = 7
+	// Quarter is this service's, counted only under calendar (an
+	// extension): Envoy's enum has none, so answers name it UNKNOWN (Envoy).
+	Quarter Unit = 8
 )
 
+// Envoy is u as Envoy's enum names it: u, or 0 (UNKNOWN) for Quarter.
+func (u Unit) Envoy() int32 {
+	if u == Quarter {
+		return 0
+	}
+	return int32(u)
+}
+
 // Seconds is the length of u in seconds as envoyproxy/ratelimit counts it
-// (a month is 30 days, a year 365), or 0 for an unknown unit.
+// (a month is 30 days, a year 365), or 0 for an unknown unit and Quarter (a
+// calendar's, whose windows are the calendar's).
 func (u Unit) Seconds() int64 {
 	switch u {
 	case Second:
@@ -80,6 +94,9 @@ func (u Unit) Seconds() int64 {
 
 // String is u's name in the YAML, lower case.
 func (u Unit) String() string {
+	if u == Quarter {
+		return "quarter"
+	}
 	for name, v := range units {
 		if v == u {
 			return name
@@ -153,6 +170,10 @@ type RateLimit struct {
 	// Burst is the token bucket's capacity apart from the rate (an
 	// extension; 0: RequestsPerUnit).
 	Burst uint32
+	// Calendar, when set (an extension), counts the limit in calendar
+	// windows of Unit in its zone (a FixedWindow whose window is
+	// Calendar.Window's, not the Unix clock divided by the unit).
+	Calendar *calendar.Spec
 	// Key is the descriptor's path as envoyproxy/ratelimit names its
 	// statistics: "<domain>.<key>_<value>.<key>..." (without the value for
 	// a descriptor that has none).

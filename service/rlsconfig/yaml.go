@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ratelimit-wasm/tokenbucket/calendar"
 )
 
 // fileRoot is one parsed file: its domain and descriptor tree.
@@ -28,11 +30,12 @@ type parser struct {
 }
 
 // Fields of each level: envoyproxy/ratelimit's, plus this service's
-// extensions (algorithm and burst in rate_limit).
+// extensions (algorithm, burst and calendar in rate_limit).
 var (
 	rootFields       = []string{"domain", "descriptors"}
 	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold"}
-	rateLimitFields  = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst"}
+	rateLimitFields  = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "calendar"}
+	calendarFields   = []string{"time_zone", "anchor", "week_start"}
 	replacesFields   = []string{"name"}
 )
 
@@ -355,6 +358,28 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, field, parentKey string
 	return nil
 }
 
+// calendar reads a rate_limit's calendar mapping (time_zone, anchor,
+// week_start, each optional) for a limit of unit (its name, lower case),
+// refusing what package calendar refuses at the field it names.
+func (p *parser) calendar(n *yaml.Node, field, unit string) (*calendar.Spec, error) {
+	f, err := p.mapping(n, field, calendarFields)
+	if err != nil {
+		return nil, err
+	}
+	var v [3]string
+	for i, name := range calendarFields {
+		if v[i], err = p.str(f[name], field+"."+name); err != nil {
+			return nil, err
+		}
+	}
+	spec, err := calendar.Parse(unit, v[0], v[2], v[1])
+	if err != nil {
+		name, msg, _ := strings.Cut(strings.TrimPrefix(err.Error(), "calendar: "), ": ")
+		return nil, p.fail(orNode(f[name], n), field+"."+name, "%s", msg)
+	}
+	return &spec, nil
+}
+
 // rateLimit reads a rate_limit mapping.
 func (p *parser) rateLimit(n *yaml.Node, field string) (*RateLimit, error) {
 	f, err := p.mapping(n, field, rateLimitFields)
@@ -369,12 +394,23 @@ func (p *parser) rateLimit(n *yaml.Node, field string) (*RateLimit, error) {
 	if err != nil {
 		return nil, err
 	}
-	unit, valid := units[strings.ToLower(unitName)]
+	cal := f["calendar"]
+	lower := strings.ToLower(unitName)
+	unit, valid := units[lower]
+	if lower == "quarter" && !isNull(cal) {
+		unit, valid = Quarter, true
+	}
 	switch {
+	case r.Unlimited && !isNull(cal):
+		return nil, p.fail(cal, field+".calendar", "an unlimited descriptor has no calendar")
 	case r.Unlimited && valid:
 		return nil, p.fail(f["unit"], field+".unit", "should not specify rate limit unit when unlimited")
+	case !r.Unlimited && lower == "quarter" && !valid:
+		return nil, p.fail(f["unit"], field+".unit", "invalid rate limit unit '%s' (a quarter is counted only with calendar)", unitName)
 	case !r.Unlimited && !valid:
 		return nil, p.fail(orNode(f["unit"], n), field+".unit", "invalid rate limit unit '%s'", unitName)
+	case unit == Second && !isNull(cal):
+		return nil, p.fail(f["unit"], field+".unit", "a calendar counts minute, hour, day, week, month, quarter or year, not '%s'", unitName)
 	}
 	if !r.Unlimited {
 		r.Unit = unit
@@ -418,6 +454,15 @@ func (p *parser) rateLimit(n *yaml.Node, field string) (*RateLimit, error) {
 		if r.Unlimited {
 			return nil, p.fail(an, field+".algorithm", "an unlimited descriptor has no algorithm")
 		}
+		if r.Algorithm == TokenBucket && !isNull(cal) {
+			return nil, p.fail(an, field+".algorithm", "a calendar limit counts in fixed windows, not token_bucket")
+		}
+	}
+	if !isNull(cal) {
+		if r.Calendar, err = p.calendar(cal, field+".calendar", lower); err != nil {
+			return nil, err
+		}
+		r.Algorithm = FixedWindow
 	}
 	if bn := f["burst"]; !isNull(bn) {
 		if r.Burst, err = p.uint32Field(bn, field+".burst"); err != nil {

@@ -182,6 +182,7 @@ func redisBenchmark(port int, sha string, cfg config, pipe int, rate, burst floa
 		"-c", strconv.Itoa(cfg.conc), "-r", strconv.Itoa(cfg.keys), "-P", strconv.Itoa(pipe), "--csv",
 		"evalsha", sha, "1", "rl:{__rand_int__}:bench",
 		strconv.FormatFloat(rate, 'g', -1, 64), strconv.FormatFloat(burst, 'g', -1, 64), "1", "0", "0", // cost 1, not refundable, no max delay
+		"0", "0", // no period (a token bucket)
 		service.DefaultCaller, strconv.FormatInt(service.DefaultLedgerWindow.Microseconds(), 10)} // the caller, the ledger window
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
