@@ -70,6 +70,9 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 	if c.Money != nil {
 		c.Source = Source{Kind: SourceResponseJSON} // the terms' paths: c.Money.Terms
 	}
+	if _, ok := o.get("truncated_cost"); ok && c.Money != nil {
+		return l, c, errorf(path+".truncated_cost", "cannot be combined with prices (a response cut short is charged its reservation)")
+	}
 	if _, ok := o.get("truncated_cost"); ok && c.Source.Kind != SourceResponseJSON {
 		return l, c, errorf(path+".truncated_cost", "only with cost_source response_json:<path> (the only cost a response can cut short)")
 	}

@@ -180,6 +180,11 @@ type rule struct {
 	// charged truncated_cost (cut short, or encoded).
 	costPath      *jsonpath.Path
 	costTruncated Counter
+	// A price table (Cost.Money, money.go): the terms' compiled paths, and
+	// priceMissing counts requests whose model has no price and the table
+	// no "*" (they keep their reservation).
+	termPaths    []*jsonpath.Path
+	priceMissing Counter
 }
 
 type globalMetrics struct {
@@ -346,8 +351,16 @@ func (p *Plugin) compile(cr *config.Rule) *rule {
 		}
 	}
 	if cr.Cost.Source.Kind == config.SourceResponseJSON {
-		r.costPath = jsonpath.NewPath(cr.Cost.Source.Name)
 		r.costTruncated = p.host.Counter(m + "cost_truncated")
+		if mo := cr.Cost.Money; mo != nil {
+			r.termPaths = make([]*jsonpath.Path, len(mo.Terms))
+			for i, t := range mo.Terms {
+				r.termPaths[i] = jsonpath.NewPath(t.Source.Name)
+			}
+			r.priceMissing = p.host.Counter(m + "price_missing")
+		} else {
+			r.costPath = jsonpath.NewPath(cr.Cost.Source.Name)
+		}
 	}
 	r.charges = cr.Cost.FromResponse() || cr.ChargeOn.Listed
 	return r
