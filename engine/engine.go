@@ -85,6 +85,9 @@ type Plugin struct {
 	// readsBody: a rule takes its cost from the response body (only then
 	// does a request ask for an identity encoding).
 	readsBody bool
+	// bodyPaths are the request_json paths of the configuration
+	// (requestbody.go); none: no request body is read.
+	bodyPaths []*jsonpath.Path
 	// memory: what this Plugin's Go runtime reported so far (Tick).
 	memory *MemoryReport
 }
@@ -252,6 +255,7 @@ func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 		p.rules[i] = p.compile(&cfg.Rules[i])
 	}
 	p.readsBody = (&Configuration{cfg: cfg}).ReadsResponseBody()
+	p.bodyPaths = requestJSONPaths(cfg)
 	p.keyed = false
 	p.keyIdentities()
 	p.metrics = globalMetrics{

@@ -57,6 +57,8 @@ type Request struct {
 	// The response's part: costs known from the response and charge_on
 	// (response.go).
 	body bodyScan
+	// The request body's scan, for request_json values (requestbody.go).
+	reqBody requestBody
 	// Buffers a callback fills and uses before it returns; they stay with
 	// the context when it is reused, so a request allocates none.
 	scratch scratch
@@ -136,10 +138,15 @@ func (c *Request) Done() {
 		c.leaseAnswer = nil
 		c.plugin.recordLeaseAnswer(w)
 	}
+	if c.reqBody.waiting {
+		c.reqBody.waiting = false
+		c.plugin.bodyHeld -= c.reqBody.held // the request ended before its body
+	}
 	p, s, gen := c.plugin, c.stream, c.gen+1
-	keep := c.scratch.keep()
+	keep, scans := c.scratch.keep(), c.reqBody.scans[:0]
 	*c = Request{} // drop every reference
 	c.plugin, c.stream, c.scratch, c.gen = p, s, keep, gen
+	c.reqBody.scans = scans
 }
 
 // rejection is why a request is answered by the plugin.
@@ -170,7 +177,7 @@ func (c *Request) OnRequestHeaders() Action {
 	if !p.keyed {
 		p.keyIdentities()
 	}
-	rej := c.planRules(&requestValues{s: c.stream, cfg: p.cfg, values: c.values[:0]})
+	rej := c.planRules(&requestValues{s: c.stream, cfg: p.cfg, values: c.values[:0], body: c})
 	if p.readsBody {
 		c.askIdentityEncoding()
 	}

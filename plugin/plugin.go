@@ -243,12 +243,43 @@ type httpContext struct {
 	id     uint32
 	gen    uint64 // the requests this context has finished
 	r      handler
+	// The request body as Envoy hands it: while the engine holds the
+	// request, Envoy buffers the body and each callback's size is the
+	// whole body so far (buffered); reqBase is where this callback's new
+	// bytes start in it (stream.RequestBody reads from there).
+	buffered bool
+	reqBase  int
 }
 
-// OnHttpRequestHeaders implements types.HttpContext.
-func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
+// OnHttpRequestHeaders implements types.HttpContext: headers a body
+// follows go to the engine as such (it holds the request for the body
+// when a rule reads it: request_json).
+func (c *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
 	active = c.id
-	return action(c.r.OnRequestHeaders())
+	c.buffered, c.reqBase = false, 0
+	if endOfStream {
+		return action(c.r.OnRequestHeaders())
+	}
+	return action(c.r.OnRequestHeadersWithBody())
+}
+
+// OnHttpRequestBody implements types.HttpContext: the engine sees the
+// bytes new since the last call.
+func (c *httpContext) OnHttpRequestBody(size int, endOfStream bool) types.Action {
+	active = c.id
+	if !c.buffered {
+		c.reqBase = 0
+	}
+	a := action(c.r.OnRequestBody(size-c.reqBase, endOfStream))
+	c.buffered = a == types.ActionPause // Envoy buffers the body: the next size counts it
+	c.reqBase = size
+	return a
+}
+
+// OnHttpRequestTrailers implements types.HttpContext.
+func (c *httpContext) OnHttpRequestTrailers(int) types.Action {
+	active = c.id
+	return action(c.r.OnRequestTrailers())
 }
 
 // OnHttpResponseHeaders implements types.HttpContext.

@@ -46,6 +46,16 @@ func (r *Request) OnRequestHeaders() engine.Action {
 	return c.host(x)
 }
 
+// OnRequestHeadersWithBody implements the adapters' handler: the clauses
+// run at the headers, whether a body follows or not.
+func (r *Request) OnRequestHeadersWithBody() engine.Action { return r.OnRequestHeaders() }
+
+// OnRequestBody implements the adapters' handler: clauses read no body.
+func (r *Request) OnRequestBody(int, bool) engine.Action { return engine.Continue }
+
+// OnRequestTrailers implements the adapters' handler.
+func (r *Request) OnRequestTrailers() engine.Action { return engine.Continue }
+
 // OnResponseHeaders runs what the clause does with the response.
 func (r *Request) OnResponseHeaders(bool) engine.Action {
 	if x := r.x; x != nil && x.onResponse != nil {
