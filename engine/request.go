@@ -59,6 +59,8 @@ type Request struct {
 	body bodyScan
 	// The request body's scan, for request_json values (requestbody.go).
 	reqBody requestBody
+	// identityAsked: accept-encoding was replaced already (requestbody.go).
+	identityAsked bool
 	// Buffers a callback fills and uses before it returns; they stay with
 	// the context when it is reused, so a request allocates none.
 	scratch scratch
@@ -177,7 +179,11 @@ func (c *Request) OnRequestHeaders() Action {
 	if !p.keyed {
 		p.keyIdentities()
 	}
-	rej := c.planRules(&requestValues{s: c.stream, cfg: p.cfg, values: c.values[:0], body: c})
+	var s Stream = c.stream
+	if hs := c.reqBody.headers; hs != nil {
+		s = heldHeaders{Stream: c.stream, headers: hs} // decided after the body (requestbody.go)
+	}
+	rej := c.planRules(&requestValues{s: s, cfg: p.cfg, values: c.values[:0], body: c})
 	if p.readsBody {
 		c.askIdentityEncoding()
 	}

@@ -30,7 +30,30 @@ type requestBody struct {
 	held    int  // bytes of the VM's budget this scan holds
 	over    bool // past the bound, unreadable or not scanned: every value is missing
 	scans   []requestScan
+	// headers are the request's headers as they were when the decision
+	// began to wait (nil: it did not wait).
+	headers [][2]string
 }
+
+// heldHeaders is a Stream whose request headers are those kept at the
+// headers callback (requestBody.headers).
+type heldHeaders struct {
+	Stream
+	headers [][2]string
+}
+
+// RequestHeader is the first value of the kept header name.
+func (h heldHeaders) RequestHeader(name string) (string, bool) {
+	for _, kv := range h.headers {
+		if kv[0] == name {
+			return kv[1], true
+		}
+	}
+	return "", false
+}
+
+// RequestHeaders are the kept headers.
+func (h heldHeaders) RequestHeaders() [][2]string { return h.headers }
 
 // requestScan is one request_json path's scanner and what it found.
 type requestScan struct {
@@ -69,8 +92,26 @@ func (c *Request) OnRequestHeadersWithBody() Action {
 		b.scans[i].scan.Reset(p.bodyPaths[i])
 	}
 	b.waiting = true
+	// The headers' values are read at the decision, after the body: a
+	// host may no longer offer the headers then (proxy-wasm forgets them
+	// once they went on), so they are kept now.
+	b.headers = c.stream.RequestHeaders()
+	if p.readsBody {
+		// Asked now, while the headers are the host's to change (a host
+		// may let them go on before the body: WaitsForBody).
+		c.askIdentityEncoding()
+	}
 	return Pause
 }
+
+// WaitsForBody reports whether the request's decision waits for its body
+// (OnRequestHeadersWithBody paused it for that, and it has not ended). A
+// host that cannot hold the headers while it hands the engine the body
+// (proxy-wasm: a paused header stops the body too) lets the headers go on
+// and holds the body instead (OnRequestBody's Pause): the upstream then
+// sees the headers of a request the engine may refuse, and never its body
+// (the refusal's local reply resets the upstream request).
+func (c *Request) WaitsForBody() bool { return c.reqBody.waiting }
 
 // OnRequestBody takes a chunk of size bytes of the request body (the
 // bytes the host received since the last call). While the decision waits

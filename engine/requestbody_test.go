@@ -147,3 +147,28 @@ func TestRequestBodyEndsBeforeItsEnd(t *testing.T) {
 		t.Errorf("bodyHeld %d after Done", p.bodyHeld)
 	}
 }
+
+// TestRequestBodyHeadersKept: a host may forget the request headers once
+// they went on before the body (proxy-wasm does): the decision after the
+// body reads the headers as they were at the headers callback.
+func TestRequestBodyHeadersKept(t *testing.T) {
+	h := newFakeHost()
+	p := newPlugin(t, h, moneyBudget("request_json:model", "", threeModels))
+	s := newFakeStream("x-team", "a", ":method", "POST")
+	r := p.NewRequest(s)
+	if a := r.OnRequestHeadersWithBody(); a != Pause || !r.WaitsForBody() {
+		t.Fatalf("action %v, waits %v", a, r.WaitsForBody())
+	}
+	s.req = map[string]string{} // gone with the headers
+	body := `{"model":"gpt-4o"}`
+	s.reqChunk = []byte(body)
+	if a := r.OnRequestBody(len(body), true); a != Continue {
+		t.Fatalf("body: %v", a)
+	}
+	s.resp[":status"] = "200"
+	r.OnResponseHeaders(true)
+	// The rule keyed by x-team decided it: its headers went out.
+	if got := header(s.added, "ratelimit-remaining"); got != "49990000" {
+		t.Errorf("ratelimit-remaining %q, want 49990000", got)
+	}
+}

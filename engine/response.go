@@ -244,6 +244,19 @@ func (c *Request) cutShort() {
 // means any coding) with identity. Called once the rules are planned, when
 // a rule of the configuration reads the body (Plugin.readsBody).
 func (c *Request) askIdentityEncoding() {
+	if c.identityAsked {
+		return
+	}
+	if c.reqBody.waiting {
+		// Before the plan (OnRequestHeadersWithBody): asked for every
+		// request of a configuration that reads response bodies.
+		c.identityAsked = true
+		if err := c.stream.ReplaceRequestHeader("accept-encoding", "identity"); err != nil {
+			p := c.plugin
+			p.warn(&p.headerLog, "replacing accept-encoding: "+err.Error())
+		}
+		return
+	}
 	pl := &c.plan
 	for _, takes := range [...][]take{pl.local, pl.cluster, pl.leased, pl.shadowLocal, pl.shadowC} {
 		for i := range takes {

@@ -252,15 +252,22 @@ type httpContext struct {
 }
 
 // OnHttpRequestHeaders implements types.HttpContext: headers a body
-// follows go to the engine as such (it holds the request for the body
-// when a rule reads it: request_json).
+// follows go to the engine as such (it waits for the body when a rule
+// reads it: request_json).
 func (c *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
 	active = c.id
 	c.buffered, c.reqBase = false, 0
 	if endOfStream {
 		return action(c.r.OnRequestHeaders())
 	}
-	return action(c.r.OnRequestHeadersWithBody())
+	a := c.r.OnRequestHeadersWithBody()
+	if w, ok := c.r.(interface{ WaitsForBody() bool }); ok && a == engine.Pause && w.WaitsForBody() {
+		// A paused header would stop the body too (proxy-wasm turns it
+		// into stop-all): the headers go on, the body is held
+		// (engine.Request.WaitsForBody).
+		return types.ActionContinue
+	}
+	return action(a)
 }
 
 // OnHttpRequestBody implements types.HttpContext: the engine sees the
