@@ -44,6 +44,22 @@
 // to one nanosecond of refill plus 2e-12 × Burst more than the exact model
 // allows, far below one token for any sensible limit.
 //
+// # Quotas
+//
+// A Limit with PeriodEnd > 0 and Rate 0 is a quota: a bucket that does not
+// refill continuously but is full again at each period boundary. The caller
+// builds the Limit for each decision from the calendar period that holds its
+// now: PeriodStart and PeriodEnd (Unix nanoseconds) are that period's
+// window. A State from before PeriodStart (or read at or after PeriodEnd)
+// is a full bucket: a new period starts with nothing used and any debt
+// forgiven. Within the period the tokens are State.Tokens, with no refill.
+// Take, Reserve (which never waits: there is no refill to wait for), Charge,
+// Refund, Cancel and Lease keep their meaning, debt bounded by −Burst as
+// above; so over one period the total taken is at most Burst, plus one
+// overshoot of at most Burst from charges. The waits count to the boundary:
+// RetryAfter and ResetAfter are PeriodEnd − now, and FullAt of a used State is
+// PeriodEnd. A charge or refund counts in the period in which it is made.
+//
 // # Zero values
 //
 // The zero State (At == 0) is a full bucket that has never been used, so a
@@ -94,6 +110,16 @@ const (
 type Limit struct {
 	Rate  float64 // tokens per second
 	Burst float64 // capacity in tokens
+	// PeriodStart and PeriodEnd (Unix nanoseconds) are the window of a
+	// quota's current period, making the Limit a quota when PeriodEnd > 0
+	// and Rate is 0 (see Quotas in the package doc); zero for an ordinary
+	// token bucket.
+	PeriodStart, PeriodEnd int64
+}
+
+// Quota reports whether l is a quota: PeriodEnd > 0 and Rate 0.
+func (l Limit) Quota() bool {
+	return l.PeriodEnd > 0 && l.Rate == 0
 }
 
 // State is a bucket's content: Tokens left at time At (Unix nanoseconds). The
@@ -233,6 +259,12 @@ func (l Limit) tokensAt(s State, now int64) float64 {
 	if s.At <= 0 {
 		return c
 	}
+	if l.Quota() {
+		if s.At < l.PeriodStart || now >= l.PeriodEnd {
+			return c // a new period: nothing used, any debt forgiven
+		}
+		return l.level(s.Tokens)
+	}
 	tokens := l.level(s.Tokens)
 	elapsed := now - s.At
 	if elapsed <= 0 {
@@ -263,10 +295,10 @@ func (l Limit) Take(s State, now int64, cost float64) (State, Decision) {
 	at := max(now, s.At)
 	if cost <= l.capacity() && tokens+l.slack() >= cost {
 		next := State{Tokens: max(tokens-cost, 0), At: at}
-		return next, l.Report(next.Tokens, at-now, cost, true)
+		return next, l.ReportAt(next.Tokens, now, at-now, cost, true)
 	}
-	d := l.Report(tokens, at-now, cost, false)
-	if full := l.FullAt(s); full != Never {
+	d := l.ReportAt(tokens, now, at-now, cost, false)
+	if full := l.FullAt(s); full != Never && !l.Quota() {
 		// The same moment FullAt reports, not one recomputed from the refilled
 		// tokens, which float rounding could put a nanosecond apart.
 		d.ResetAfter = time.Duration(max(full-now, 0))
@@ -306,7 +338,7 @@ func (l Limit) Reserve(s State, now int64, cost float64, maxWait time.Duration) 
 		return s, d
 	}
 	next = State{Tokens: max(tokens, -l.floor()), At: at}
-	d = l.Report(next.Tokens, at-now, cost, true)
+	d = l.ReportAt(next.Tokens, now, at-now, cost, true)
 	d.Wait = w
 	return next, d
 }
@@ -340,8 +372,27 @@ func (l Limit) Cancel(s State, now int64, cost float64, goesAt int64) State {
 // decision's now (gap > 0 only when the clock went backwards). Take uses it;
 // so does a store that decides elsewhere (the limit service's Lua script)
 // and knows only the tokens it left, so both report the same waits.
+// A quota's waits count to its boundary from a now that Report does not
+// know: for a quota, use ReportAt (Report answers as if now were
+// PeriodStart).
 func (l Limit) Report(tokens float64, gap int64, cost float64, allowed bool) Decision {
+	return l.ReportAt(tokens, l.PeriodStart, gap, cost, allowed)
+}
+
+// ReportAt is Report at a known now (Unix nanoseconds). For a token bucket
+// now does not matter and it is Report; for a quota the waits are
+// PeriodEnd − now (RetryAfter at least 1 ns, both 0 once now has reached
+// PeriodEnd but RetryAfter), whatever the tokens.
+func (l Limit) ReportAt(tokens float64, now, gap int64, cost float64, allowed bool) Decision {
 	tokens = l.level(tokens)
+	if l.Quota() {
+		left := time.Duration(max(l.PeriodEnd-now, 0))
+		d := Decision{Allowed: allowed, Remaining: l.whole(tokens), ResetAfter: left}
+		if !allowed {
+			d.RetryAfter = max(1, left)
+		}
+		return d
+	}
 	gap = max(gap, 0)
 	d := Decision{
 		Allowed:    allowed,
@@ -404,6 +455,12 @@ func (l Limit) Charge(s State, now int64, amount float64) State {
 func (l Limit) FullAt(s State) int64 {
 	if s.At <= 0 {
 		return 0
+	}
+	if l.Quota() {
+		if s.At < l.PeriodStart || l.level(s.Tokens) >= l.capacity()*(1-relSlack) {
+			return s.At
+		}
+		return max(l.PeriodEnd, s.At)
 	}
 	in := l.fullIn(l.level(s.Tokens))
 	if in > Never-s.At {

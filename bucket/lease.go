@@ -23,7 +23,7 @@ func (l Limit) Lease(s State, now int64, ret, want, lo float64) (next State, gra
 		// A debt (negative tokens, see Charge) stays: only lo == 0 can be
 		// granted from it, and nothing is.
 		next = State{Tokens: max(tokens-granted, min(tokens, 0)), At: at}
-		return next, granted, true, l.Report(next.Tokens, at-now, lo, true)
+		return next, granted, true, l.ReportAt(next.Tokens, now, at-now, lo, true)
 	}
-	return s, 0, false, l.Report(tokens, at-now, lo, false)
+	return s, 0, false, l.ReportAt(tokens, now, at-now, lo, false)
 }

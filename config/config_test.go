@@ -207,7 +207,7 @@ var badCases = []badCase{
 
 	// The algorithm.
 	{name: "algorithm missing", in: doc("", `{"name":"r","algorithm_config":{"tokens_per_second":1,"burst":1}}`), want: `config: rules[0].algorithm: required for action "limit"`},
-	{name: "algorithm unknown", in: doc("", `{"name":"r","algorithm":"leaky_bucket","algorithm_config":{"tokens_per_second":1,"burst":1}}`), want: `config: rules[0].algorithm: must be "token_bucket", got "leaky_bucket"`},
+	{name: "algorithm unknown", in: doc("", `{"name":"r","algorithm":"leaky_bucket","algorithm_config":{"tokens_per_second":1,"burst":1}}`), want: `config: rules[0].algorithm: must be "token_bucket" or "quota", got "leaky_bucket"`},
 	{name: "algorithm_config missing", in: doc("", `{"name":"r","algorithm":"token_bucket"}`), want: `config: rules[0].algorithm_config: required for action "limit"`},
 	{name: "algorithm_config array", in: doc("", `{"name":"r","algorithm":"token_bucket","algorithm_config":[]}`), want: `config: rules[0].algorithm_config: must be an object, got array`},
 	{name: "algorithm_config unknown field", in: doc("", alg(`"tokens_per_second":1,"burst":1,"refill":2`)), want: `config: rules[0].algorithm_config.refill: unknown field`},
@@ -724,6 +724,7 @@ func TestIntegral(t *testing.T) {
 type normalised struct {
 	Config  Config
 	Regexes []string
+	Zones   []string // a quota's time zone by name: a Location holds a cache of when it was loaded
 }
 
 func normalise(c *Config) normalised {
@@ -738,6 +739,10 @@ func normalise(c *Config) normalised {
 			}
 			n.Regexes = append(n.Regexes, re)
 			r.Match[j].Regex = nil
+		}
+		if loc := r.Limit.Calendar.Location; loc != nil {
+			n.Zones = append(n.Zones, loc.String())
+			r.Limit.Calendar.Location = nil
 		}
 		n.Config.Rules[i] = r
 	}
@@ -809,6 +814,12 @@ func checkValid(t *testing.T, c *Config) {
 			continue
 		}
 		l, k := r.Limit, r.Cost
+		if l.Quota() {
+			if l.TokensPerSecond != 0 || l.Calendar.Location == nil || l.MaxDelayMS != 0 {
+				fail("rules[%d] quota %+v", i, l)
+			}
+			l.TokensPerSecond = l.Burst // what follows checks it as a token bucket that fills in a second
+		}
 		if r.Action != ActionLimit || r.Mode > ModeShadow || r.MissingKey > MissingDeny || r.Scope > ScopeCluster ||
 			!finite(l.TokensPerSecond) || !finite(l.Burst) || l.TokensPerSecond <= 0 || l.Burst < l.TokensPerSecond ||
 			l.Burst/l.TokensPerSecond > MaxFillSeconds || !(k.Fixed > 0 && k.Fixed <= l.Burst) ||

@@ -10,7 +10,10 @@
 // settings. A rule with action "limit" (the default) is a token bucket
 // (tokens_per_second, burst) per value of its limit keys (a composite of
 // request sources such as header:x-api-key, ip:address or jwt:org.id; none
-// means one bucket for all requests the rule applies to). A rule applies to
+// means one bucket for all requests the rule applies to), or with algorithm
+// "quota" a limit spent over each calendar period of a time zone and full
+// again at each boundary (Limit.Calendar, package calendar; Burst is the
+// limit, TokensPerSecond 0). A rule applies to
 // a request when every condition of its match holds. Each request costs a
 // fixed number of tokens, or a number read from a header or query parameter,
 // or one known only from the response (a header, or a JSON path in the body;
@@ -58,7 +61,8 @@
 // parser sees the document, its nesting is bounded (MaxDepth): a deeper one
 // is refused with the path of the first value too deep. A Config that Parse
 // returned is fully valid: every default is filled in, every enumeration
-// holds a defined value, every rate, burst and cost is finite and positive,
+// holds a defined value, every rate, burst and cost is finite and positive
+// (but a quota's rate, which is 0, and its Calendar is a valid Spec),
 // burst >= tokens_per_second, fixed_cost, default_cost and truncated_cost
 // <= burst, an empty bucket refills within a year, rule names are unique and
 // safe in stats names and headers, every cluster rule has a Service and every local rule has

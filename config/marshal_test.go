@@ -2,6 +2,7 @@ package config
 
 import (
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -56,10 +57,21 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 	}
 	b = append(b, ']')
 	b = appendField(b, "missing_key", r.MissingKey.String())
-	b = append(b, `,"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":`...)
-	b = appendFloat(b, r.Limit.TokensPerSecond)
-	b = append(b, `,"burst":`...)
-	b = appendFloat(b, r.Limit.Burst)
+	if cal := r.Limit.Calendar; r.Limit.Quota() {
+		b = append(b, `,"algorithm":"quota","algorithm_config":{"limit":`...)
+		b = appendFloat(b, r.Limit.Burst)
+		b = appendField(b, "period", cal.Period.String())
+		b = appendField(b, "time_zone", cal.Location.String())
+		b = appendField(b, "week_start", strings.ToLower(cal.WeekStart.String()))
+		if !cal.Anchor.IsZero() {
+			b = appendField(b, "anchor", cal.Anchor.String())
+		}
+	} else {
+		b = append(b, `,"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":`...)
+		b = appendFloat(b, r.Limit.TokensPerSecond)
+		b = append(b, `,"burst":`...)
+		b = appendFloat(b, r.Limit.Burst)
+	}
 	b = appendField(b, "cost_source", r.Cost.Source.String())
 	b = append(b, `,"fixed_cost":`...)
 	b = appendFloat(b, r.Cost.Fixed)

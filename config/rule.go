@@ -99,14 +99,19 @@ func parseRule(path string, v gjson.Result, d defaults) (Rule, error) {
 	if err != nil {
 		return r, err
 	}
-	if algorithm != "token_bucket" {
-		return r, errorf(path+".algorithm", "must be \"token_bucket\", got "+strconv.Quote(algorithm))
+	parseConfig := parseAlgorithmConfig
+	switch algorithm {
+	case "token_bucket":
+	case "quota":
+		parseConfig = parseQuota
+	default:
+		return r, errorf(path+".algorithm", "must be \"token_bucket\" or \"quota\", got "+strconv.Quote(algorithm))
 	}
 	cv, ok := o.get("algorithm_config")
 	if !ok {
 		return r, errorf(path+".algorithm_config", "required for action \"limit\"")
 	}
-	if r.Limit, r.Cost, err = parseAlgorithmConfig(path+".algorithm_config", cv); err != nil {
+	if r.Limit, r.Cost, err = parseConfig(path+".algorithm_config", cv); err != nil {
 		return r, err
 	}
 	if v, ok := o.get("charge_on"); ok {
@@ -198,10 +203,14 @@ func parseSync(path string, o object, r *Rule) error {
 // checkWireBounds refuses a cluster rule's limit that the limit service
 // would refuse on every request (package wire holds the bounds both use).
 func checkWireBounds(path string, l Limit) error {
-	if l.Burst > wire.MaxAmount {
-		return errorf(path+".burst", "must be at most "+fmtFloat(wire.MaxAmount)+" for a cluster rule (the limit service's bound), got "+fmtFloat(l.Burst))
+	burst := ".burst"
+	if l.Quota() {
+		burst = ".limit"
 	}
-	if fill := l.Burst / l.TokensPerSecond; fill > wire.MaxFill.Seconds() {
+	if l.Burst > wire.MaxAmount {
+		return errorf(path+burst, "must be at most "+fmtFloat(wire.MaxAmount)+" for a cluster rule (the limit service's bound), got "+fmtFloat(l.Burst))
+	}
+	if fill := l.Burst / l.TokensPerSecond; !l.Quota() && fill > wire.MaxFill.Seconds() {
 		return errorf(path+".burst", "burst / tokens_per_second is "+fmtFloat(fill)+" seconds to refill, more than the limit service accepts for a cluster rule ("+fmtFloat(wire.MaxFill.Seconds())+" seconds)")
 	}
 	return nil

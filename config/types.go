@@ -1,6 +1,10 @@
 package config
 
-import "regexp"
+import (
+	"regexp"
+
+	"github.com/ratelimit-wasm/tokenbucket/calendar"
+)
 
 // Config is a parsed, validated plugin configuration. Build one with Parse;
 // the zero value is not useful. A Config is immutable after Parse and safe for
@@ -64,10 +68,15 @@ type Lease struct {
 	MaxShare float64 // the largest fraction of the burst one lease holds
 }
 
-// Limit is a token bucket's parameters.
+// Limit is a token bucket's parameters, or a quota's: with Calendar set
+// (algorithm "quota"), Burst is the limit one period holds and
+// TokensPerSecond is 0.
 type Limit struct {
 	TokensPerSecond float64
 	Burst           float64
+	// Calendar is a quota's period; its zero value (no Period) for a token
+	// bucket.
+	Calendar calendar.Spec
 	// MaxDelayMS is how long a request short of tokens may be held until
 	// its tokens are there (bucket.Reserve): 0 refuses it at once.
 	MaxDelayMS int
@@ -76,6 +85,9 @@ type Limit struct {
 	// MaxDelayMS is 0.
 	MaxWaiting int
 }
+
+// Quota reports whether l is a quota (algorithm "quota").
+func (l Limit) Quota() bool { return l.Calendar.Period != 0 }
 
 // Cost says how many tokens a request takes.
 type Cost struct {

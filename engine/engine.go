@@ -142,6 +142,7 @@ func (p *Plugin) MaxKeys() int { return p.cfg.MaxKeys }
 // rule is a config.Rule with what the request path needs precomputed.
 type rule struct {
 	*config.Rule
+	// limit and policy are a quota's for its current period (limitAt).
 	limit      bucket.Limit
 	policy     string // RateLimit-Policy value
 	quotedName string // the name as a structured-field string: "name"
@@ -328,10 +329,15 @@ func (p *Plugin) compile(cr *config.Rule) *rule {
 		r.lease = leasePolicy(cr)
 	}
 	if cr.Action == config.ActionLimit {
-		window := int64(math.Ceil(cr.Limit.Burst / cr.Limit.TokensPerSecond))
 		r.quotedName = `"` + cr.Name + `"`
 		r.burst = wholeNumber(cr.Limit.Burst)
-		r.policy = r.quotedName + ";q=" + r.burst + ";w=" + strconv.FormatInt(window, 10)
+		if cr.Limit.Quota() {
+			r.limit.PeriodEnd = -1 // not a period: the first limitAt sets it
+			r.limitAt(p.now())
+		} else {
+			window := int64(math.Ceil(cr.Limit.Burst / cr.Limit.TokensPerSecond))
+			r.policy = r.quotedName + ";q=" + r.burst + ";w=" + strconv.FormatInt(window, 10)
+		}
 	}
 	m := Name + ".rule." + cr.Name + "."
 	r.allowed = p.host.Counter(m + "allowed")

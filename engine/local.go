@@ -69,7 +69,7 @@ func (c *Request) decide(now int64, takes []take) (ok bool, out []bucket.Decisio
 	p, s := c.plugin, &c.scratch
 	s.reqs = s.reqs[:0]
 	for _, t := range takes {
-		s.reqs = append(s.reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost, MaxWait: time.Duration(t.maxWait)})
+		s.reqs = append(s.reqs, store.Request{ID: t.id, Limit: t.rule.limitAt(now), Cost: t.cost, MaxWait: time.Duration(t.maxWait)})
 	}
 	out = s.decisions(len(takes))
 	ok, o, err := p.table.Decide(now, s.reqs, out)
@@ -102,7 +102,7 @@ func (c *Request) giveBack() {
 			t.held = false
 			// A take still waiting gives back only what no later holder
 			// counts on (bucket.Limit.Cancel).
-			reqs = append(reqs, store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost, GoesAt: pl.now + int64(t.d.Wait)})
+			reqs = append(reqs, store.Request{ID: t.id, Limit: t.rule.limitAt(now), Cost: t.cost, GoesAt: pl.now + int64(t.d.Wait)})
 		}
 	}
 	c.scratch.reqs = reqs
@@ -164,4 +164,25 @@ func (p *Plugin) shadowRejected(ru *rule) {
 	if n, ok := ru.shadowLog.allow(p.now()); ok {
 		p.host.Log(LogInfo, Name+": shadow rule "+strconv.Quote(ru.Name)+" would have rejected a request ("+strconv.Itoa(n)+" similar lines suppressed)")
 	}
+}
+
+// limitAt returns the bucket.Limit of ru's decisions at now (Unix ns): a
+// token bucket's is always the same; a quota's is its limit over the
+// calendar period that holds now (bucket.Limit's PeriodStart and
+// PeriodEnd), so its bucket is full again at each boundary. The rule keeps
+// the current period's Limit and RateLimit-Policy (w, the period's length,
+// varies with months and daylight-saving changes) and computes them again
+// only when now leaves that period: once a period, not once a request. A
+// rule belongs to one Plugin, which one thread runs. It lives here, on the
+// request path's files, so a token bucket's request reads no other file.
+func (ru *rule) limitAt(now int64) bucket.Limit {
+	l := &ru.limit
+	// A token bucket's PeriodEnd is 0; a quota's is set from compile on.
+	if l.PeriodEnd == 0 || (now >= l.PeriodStart && now < l.PeriodEnd) {
+		return *l
+	}
+	start, end := ru.Limit.Calendar.Window(time.Unix(0, now))
+	l.PeriodStart, l.PeriodEnd = start.UnixNano(), end.UnixNano()
+	ru.policy = ru.quotedName + ";q=" + ru.burst + ";w=" + strconv.FormatInt(int64(end.Sub(start)/time.Second), 10)
+	return *l
 }

@@ -517,7 +517,7 @@ func clampCharge(amount, burst float64) float64 {
 // through without paying it.
 func (c *Request) chargeLocal(t *take, now int64) {
 	p := c.plugin
-	reqs := [1]store.Request{{ID: t.id, Limit: t.rule.limit, Cost: t.amount}}
+	reqs := [1]store.Request{{ID: t.id, Limit: t.rule.limitAt(now), Cost: t.amount}}
 	var out [1]bucket.Decision
 	_, o, err := p.table.Charge(now, reqs[:], out[:])
 	p.count(o)

@@ -252,7 +252,7 @@ func (t *Table) refund(refs []slotRef, reqs []Request, now int64) int {
 // refund, under-admission; for a debit, the charge is lost, counted by the
 // caller). When out is not nil (len(reqs) elements), out[i] receives what
 // reqs[i]'s bucket holds after the charge, as an admitted Decision of cost 0
-// (bucket.Limit.Report): the response headers of a charged request.
+// (bucket.Limit.ReportAt): the response headers of a charged request.
 func (t *Table) Charge(now int64, reqs []Request, out []bucket.Decision) (charged int, o Outcome, err error) {
 	if cap(t.refs) < 1 {
 		t.refs = make([]slotRef, 1)
@@ -281,7 +281,7 @@ func (t *Table) Charge(now int64, reqs []Request, out []bucket.Decision) (charge
 		}
 		if out != nil {
 			at := max(now, after.At)
-			out[i] = req.Limit.Report(req.Limit.Tokens(after, at), at-now, 0, true)
+			out[i] = req.Limit.ReportAt(req.Limit.Tokens(after, at), now, at-now, 0, true)
 		}
 	}
 	return charged, o, err

@@ -1,0 +1,204 @@
+package engine
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/config"
+)
+
+// quotaOutcome is one request through a plugin on the fake host at now:
+// its local reply's status (0 when it went on) and the RateLimit headers it
+// carried (the reply's, or the response's).
+type quotaOutcome struct {
+	status                   int
+	policy, rateLimit, retry string
+}
+
+func quotaRequest(t *testing.T, h *fakeHost, p *Plugin, now time.Time, respStatus string, respHeaders ...string) quotaOutcome {
+	t.Helper()
+	h.now = now.UnixNano()
+	s := newFakeStream("x-tenant", "a")
+	r := p.NewRequest(s)
+	r.OnRequestHeaders()
+	if s.replied != 0 {
+		r.Done()
+		return quotaOutcome{status: s.replied, policy: headerOf(s.replyHeaders, "ratelimit-policy"),
+			rateLimit: headerOf(s.replyHeaders, "ratelimit"), retry: headerOf(s.replyHeaders, "retry-after")}
+	}
+	s.resp[":status"] = respStatus
+	for i := 0; i+1 < len(respHeaders); i += 2 {
+		s.resp[respHeaders[i]] = respHeaders[i+1]
+	}
+	r.OnResponseHeaders(true)
+	r.Done()
+	return quotaOutcome{policy: header(s.added, "ratelimit-policy"), rateLimit: header(s.added, "ratelimit")}
+}
+
+// retryWithin checks a jittered Retry-After: the wait rounded up to whole
+// seconds, plus up to half of it.
+func retryWithin(t *testing.T, retry string, wait int64) {
+	t.Helper()
+	n, err := strconv.ParseInt(retry, 10, 64)
+	if err != nil || n < wait || n > wait+wait/2 {
+		t.Fatalf("Retry-After %q, want %d to %d (the seconds to the boundary, jittered upward)", retry, wait, wait+wait/2)
+	}
+}
+
+// TestQuotaHourInKathmandu: an hour quota in Asia/Kathmandu (UTC+5:45)
+// reports t as the seconds to the next hh:15 UTC and w as 3600, refuses
+// past its limit with Retry-After to that moment, and is full again there.
+func TestQuotaHourInKathmandu(t *testing.T) {
+	h := newFakeHost()
+	p := newPlugin(t, h, `{"rules": [{"name": "q", "limit_keys": ["header:x-tenant"], "algorithm": "quota",
+	  "algorithm_config": {"limit": 3, "period": "hour", "time_zone": "Asia/Kathmandu"}}]}`)
+	at := time.Date(2026, 6, 1, 10, 20, 0, 0, time.UTC) // 55 minutes to 11:15 UTC
+	for i, tc := range []struct {
+		at        time.Time
+		status    int
+		rateLimit string
+		retry     int64
+	}{
+		{at, 0, `"q";r=2;t=3300`, 0},
+		{at.Add(time.Minute), 0, `"q";r=1;t=3240`, 0},
+		{at.Add(50 * time.Minute), 0, `"q";r=0;t=300`, 0},
+		{at.Add(54*time.Minute + 59*time.Second + 500*time.Millisecond), 429, `"q";r=0;t=1`, 1}, // no refill within the period
+		{at.Add(55 * time.Minute), 0, `"q";r=2;t=3600`, 0},                                      // 11:15 UTC: a new period
+	} {
+		got := quotaRequest(t, h, p, tc.at, "200")
+		if got.status != tc.status || got.rateLimit != tc.rateLimit || got.policy != `"q";q=3;w=3600` {
+			t.Fatalf("step %d at %v: %+v, want status %d, RateLimit %s, RateLimit-Policy \"q\";q=3;w=3600", i, tc.at, got, tc.status, tc.rateLimit)
+		}
+		if tc.status != 0 {
+			retryWithin(t, got.retry, tc.retry)
+		}
+	}
+}
+
+// TestQuotaRefusal403AndMonth: a monthly quota whose rule answers 403;
+// RateLimit-Policy's w is the month's length, which changes with the month.
+func TestQuotaRefusal403AndMonth(t *testing.T) {
+	h := newFakeHost()
+	p := newPlugin(t, h, `{"rules": [{"name": "m", "algorithm": "quota", "status": 403,
+	  "algorithm_config": {"limit": 1, "period": "month", "time_zone": "America/New_York", "anchor": "2026-01-31T00:00:00"}}]}`)
+	feb := time.Date(2026, 2, 10, 12, 0, 0, 0, time.UTC) // in [Jan 31, Feb 28) New York
+	if got := quotaRequest(t, h, p, feb, "200"); got.status != 0 || got.policy != `"m";q=1;w=2419200` {
+		t.Fatalf("first: %+v, want allowed with w = 28 days", got)
+	}
+	got := quotaRequest(t, h, p, feb, "200")
+	boundary := time.Date(2026, 2, 28, 5, 0, 0, 0, time.UTC) // Feb 28 00:00 EST
+	wait := int64(boundary.Sub(feb) / time.Second)
+	if got.status != 403 || got.rateLimit != `"m";r=0;t=`+strconv.FormatInt(wait, 10) {
+		t.Fatalf("second: %+v, want 403 with t=%d", got, wait)
+	}
+	retryWithin(t, got.retry, wait)
+	// Feb 28 to Mar 31 00:00 EDT: 31 days less the hour the change skips.
+	if got := quotaRequest(t, h, p, boundary, "200"); got.status != 0 || got.policy != `"m";q=1;w=2674800` {
+		t.Fatalf("next month: %+v, want allowed with w = 31 days - 1 hour", got)
+	}
+}
+
+// TestQuotaStackedAllOrNone: a quota stacked with a token bucket takes from
+// both or from neither: a request the token bucket refuses leaves the quota
+// as it was, and one the quota refuses leaves the token bucket.
+func TestQuotaStackedAllOrNone(t *testing.T) {
+	h := newFakeHost()
+	p := newPlugin(t, h, `{"rules": [
+	  {"name": "rate", "limit_keys": ["header:x-tenant"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 1}},
+	  {"name": "daily", "limit_keys": ["header:x-tenant"], "algorithm": "quota", "algorithm_config": {"limit": 2, "period": "day"}}]}`)
+	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	steps := []struct {
+		at     time.Duration
+		status int
+	}{
+		{0, 0},                    // rate 0 left, daily 1
+		{time.Second, 429},        // rate refuses: daily keeps its 1
+		{1000 * time.Second, 0},   // rate full again: daily 0
+		{2000 * time.Second, 429}, // daily refuses: rate keeps its token
+		{24 * time.Hour, 0},       // a new day, and the token kept since 2000 s
+	}
+	for i, st := range steps {
+		if got := quotaRequest(t, h, p, t0.Add(st.at), "200"); got.status != st.status {
+			t.Fatalf("step %d at +%v: %+v, want status %d", i, st.at, got, st.status)
+		}
+	}
+}
+
+// TestQuotaResponseCosts: a quota charged what the response says (into
+// debt, bounded), refunded for a status outside charge_on, and full again
+// at the boundary, its debt forgiven.
+func TestQuotaResponseCosts(t *testing.T) {
+	h := newFakeHost()
+	p := newPlugin(t, h, `{"rules": [{"name": "u", "limit_keys": ["header:x-tenant"], "algorithm": "quota", "charge_on": ["2xx"],
+	  "algorithm_config": {"limit": 10, "period": "minute", "cost_source": "response_header:x-usage", "default_cost": 1}}]}`)
+	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	for i, st := range []struct {
+		at        time.Duration
+		status    string
+		usage     string
+		refused   int
+		rateLimit string
+	}{
+		{0, "200", "4", 0, `"u";r=6;t=60`},
+		{time.Second, "500", "4", 0, `"u";r=6;t=59`},      // refunded: not in charge_on
+		{2 * time.Second, "200", "30", 0, `"u";r=0;t=58`}, // 6 left, charged 30: a debt of at most the limit
+		{3 * time.Second, "200", "", 429, `"u";r=0;t=57`},
+		{60 * time.Second, "200", "1", 0, `"u";r=9;t=60`}, // a new minute: the debt forgiven
+	} {
+		got := quotaRequest(t, h, p, t0.Add(st.at), st.status, "x-usage", st.usage)
+		if got.status != st.refused || got.rateLimit != st.rateLimit {
+			t.Fatalf("step %d: %+v, want status %d, RateLimit %s", i, got, st.refused, st.rateLimit)
+		}
+	}
+}
+
+// TestQuotaClusterRefusedByTheEngine: config accepts a cluster quota, but
+// this engine cannot yet carry a quota's period to the limit service, so it
+// refuses the configuration rather than send a bucket with no rate.
+func TestQuotaClusterRefusedByTheEngine(t *testing.T) {
+	cfg := `{"service": {"cluster": "limitd"}, "rules": [{"name": "q", "scope": "cluster", "algorithm": "quota",
+	  "algorithm_config": {"limit": 10, "period": "day"}}]}`
+	if _, err := config.Parse([]byte(cfg)); err != nil {
+		t.Fatalf("config refuses a cluster quota: %v", err)
+	}
+	err := CheckConfiguration([]byte(cfg))
+	var re *RefusalError
+	if !errors.As(err, &re) || !strings.Contains(err.Error(), "rules[0].scope") {
+		t.Fatalf("CheckConfiguration = %v, want a refusal naming rules[0].scope", err)
+	}
+}
+
+// BenchmarkQuotaRequest measures one allowed request through a quota rule
+// against the same through a token bucket, on the fake host (the decision,
+// its shared-data write and the response headers).
+func BenchmarkQuotaRequest(b *testing.B) {
+	for _, tc := range []struct{ name, cfg string }{
+		{"token_bucket", `{"rules": [{"name": "r", "limit_keys": ["header:x-tenant"], "algorithm": "token_bucket",
+		  "algorithm_config": {"tokens_per_second": 1e9, "burst": 1e12}}]}`},
+		{"quota", `{"rules": [{"name": "r", "limit_keys": ["header:x-tenant"], "algorithm": "quota",
+		  "algorithm_config": {"limit": 1e12, "period": "month", "time_zone": "America/New_York"}}]}`},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			h := newFakeHost()
+			h.now = time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC).UnixNano()
+			p := newPlugin(b, h, tc.cfg)
+			s := newFakeStream("x-tenant", "a")
+			s.resp[":status"] = "200"
+			b.ReportAllocs()
+			for b.Loop() {
+				h.now += 1000
+				s.added, s.replied = s.added[:0], 0
+				r := p.NewRequest(s)
+				r.OnRequestHeaders()
+				r.OnResponseHeaders(true)
+				r.Done()
+				if s.replied != 0 {
+					b.Fatal("refused")
+				}
+			}
+		})
+	}
+}
