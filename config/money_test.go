@@ -157,3 +157,17 @@ func TestSchemaMoney(t *testing.T) {
 		t.Errorf("schema accepts %s", bad)
 	}
 }
+
+// TestParseMoneyQuota: "$50 a day" in Europe/Berlin, as the issue writes
+// it: the quota counts millionths too.
+func TestParseMoneyQuota(t *testing.T) {
+	cfg, err := Parse([]byte(`{"rules":[{"name":"daily","limit_keys":["header:x-team"],"algorithm":"quota",
+		"algorithm_config":{"limit":50,"period":"day","time_zone":"Europe/Berlin"` + issuePrices + `}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Rules[0]
+	if r.Cost.Money == nil || !r.Limit.Quota() || r.Limit.Burst != 50e6 || r.Cost.Truncated != 50e6 || r.Cost.Default != 1e6 {
+		t.Errorf("money %v quota %v limit %v truncated %v default %v", r.Cost.Money != nil, r.Limit.Quota(), r.Limit.Burst, r.Cost.Truncated, r.Cost.Default)
+	}
+}

@@ -3,6 +3,7 @@ package engine
 import (
 	"strconv"
 	"testing"
+	"time"
 )
 
 // moneyBudget: $50 per team, prices per million tokens for three models and
@@ -186,5 +187,70 @@ func TestMoneyCost(t *testing.T) {
 		if got := moneyCost(tc.usage, tc.price, tc.per); got != tc.want {
 			t.Errorf("moneyCost(%v, %v, %d) = %d, want %d", tc.usage, tc.price, tc.per, got, tc.want)
 		}
+	}
+}
+
+// dailyMoney: "$50 a day" per team in Europe/Berlin, priced by the
+// request body's model, a reservation of max_tokens at the output price.
+const dailyMoney = `{"rules": [{"name": "daily", "limit_keys": ["header:x-team"], "algorithm": "quota",
+  "algorithm_config": {"limit": 50, "period": "day", "time_zone": "Europe/Berlin", "default_cost": 0.01,
+  "prices": {"model": "request_json:model", "per": 1000000, "table": {` + threeModels + `}},
+  "cost_terms": [{"source": "response_json:usage.prompt_tokens", "price": "input"},
+                 {"source": "response_json:usage.completion_tokens", "price": "output"},
+                 {"source": "response_json:usage.prompt_tokens_details.cached_tokens", "price": "cached_input"}],
+  "reserve": {"source": "request_json:max_tokens", "price": "output"}}}]}`
+
+// TestMoneyQuota: a day's $50 counted in millionths: a request reserves
+// its max_tokens, the response charges its usage exactly, the headers
+// report millionths and the seconds to Berlin's midnight, and a request
+// over what is left waits for it.
+func TestMoneyQuota(t *testing.T) {
+	h := newFakeHost()
+	p := newPlugin(t, h, dailyMoney)
+	at := time.Date(2026, 3, 29, 20, 0, 0, 0, time.UTC) // 22:00 in Berlin (CEST since 01:00 UTC): 2 h to midnight
+	h.now = at.UnixNano()
+	post := func(body string) (*fakeStream, *Request, []Action) {
+		s := newFakeStream("x-team", "a", ":method", "POST")
+		r, acts := sendBody(p, s, body)
+		return s, r, acts
+	}
+	// $40 reserved (4,000,000 tokens at $10 a million).
+	s, r, acts := post(`{"model":"gpt-4o","max_tokens":4000000}`)
+	if acts[1] != Continue {
+		t.Fatalf("first: %v, status %d", acts, s.replied)
+	}
+	// Another $40 does not fit in the $10 left: refused until midnight.
+	s2, _, acts2 := post(`{"model":"gpt-4o","max_tokens":4000000}`)
+	if acts2[1] != Pause || s2.replied != 429 {
+		t.Fatalf("second: %v, status %d", acts2, s2.replied)
+	}
+	retryWithin(t, headerOf(s2.replyHeaders, "retry-after"), 7200)
+	s.resp[":status"], s.resp["content-type"] = "200", "application/json"
+	r.OnResponseHeaders(false)
+	if got := header(s.added, "ratelimit-policy"); got != `"daily";q=50000000;w=82800` { // 29 March: the day clocks go forward, 23 hours
+		t.Errorf("RateLimit-Policy %q", got)
+	}
+	s.body = []byte(openAIBody)
+	r.OnResponseBody(len(openAIBody), true)
+	r.Done()
+	charged := int64(micro([2]float64{1234, 2.5}, [2]float64{567, 10}, [2]float64{200, 1.25}))
+	// A probe of $0.01 sees the rest.
+	s3, r3, _ := post(`{"model":"gpt-4o","max_tokens":1000}`)
+	s3.resp[":status"] = "200"
+	r3.OnResponseHeaders(true)
+	r3.Done()
+	if got, want := header(s3.added, "ratelimit"), `"daily";r=`+strconv.FormatInt(50e6-charged-10000, 10)+";t=7200"; got != want {
+		t.Errorf("RateLimit %q, want %q", got, want)
+	}
+	// At Berlin's midnight the day is full again.
+	h.now = time.Date(2026, 3, 29, 22, 0, 0, 0, time.UTC).UnixNano()
+	s4, r4, _ := post(`{"model":"gpt-4o","max_tokens":4000000}`)
+	if s4.replied != 0 {
+		t.Fatalf("after midnight: status %d", s4.replied)
+	}
+	s4.resp[":status"] = "200"
+	r4.OnResponseHeaders(true)
+	if got := header(s4.added, "ratelimit"); got != `"daily";r=10000000;t=86400` {
+		t.Errorf("after midnight: RateLimit %q", got)
 	}
 }
