@@ -24,6 +24,7 @@ func TestParseMoney(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	roundTrip(t, cfg)
 	r := cfg.Rules[0]
 	m := r.Cost.Money
 	if m == nil {
@@ -166,6 +167,7 @@ func TestParseMoneyQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	roundTrip(t, cfg)
 	r := cfg.Rules[0]
 	if r.Cost.Money == nil || !r.Limit.Quota() || r.Limit.Burst != 50e6 || r.Cost.Truncated != 50e6 || r.Cost.Default != 1e6 {
 		t.Errorf("money %v quota %v limit %v truncated %v default %v", r.Cost.Money != nil, r.Limit.Quota(), r.Limit.Burst, r.Cost.Truncated, r.Cost.Default)

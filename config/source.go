@@ -86,9 +86,10 @@ func parseCostSource(s string) (Source, error) {
 
 // MaxRequestBodyBytes bounds the request body read for request_json
 // sources: a body larger than this is decided as if it held none of their
-// values. It is Envoy's default buffer limit, so a body the engine holds
-// while it reads never makes Envoy refuse it as too large.
-const MaxRequestBodyBytes = 1 << 20
+// values. It is half Envoy's default buffer limit (1 MiB): Envoy counts a
+// chunk into the buffer it holds before the filter sees it, and answers
+// 413 past the limit, so the bound leaves a chunk's room below it.
+const MaxRequestBodyBytes = 512 << 10
 
 // MaxJSONPath bounds the length of a response_json or request_json path.
 const MaxJSONPath = 256

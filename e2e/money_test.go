@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -235,6 +236,43 @@ func testMoneyBudget(t *testing.T, build envoytest.Build) {
 			})
 		}
 	}
+
+	t.Run("hostile request bodies", func(t *testing.T) {
+		// Each is decided as if its body held no value (no model: no
+		// price, no "*": price_missing, the reservation default_cost),
+		// never answered 413 nor left hanging; bounded in count.
+		before := e.PluginStat("tokenbucket.rule.spend.price_missing")
+		// Over the 512 KiB bound, within Envoy's buffer limit (1 MiB: a
+		// larger body the plugin held was answered 413 by Envoy).
+		huge := `{"model":"gpt-4o","max_tokens":1000,"pad":"` + strings.Repeat("x", 900<<10) + `"}`
+		deep := strings.Repeat("[", 100000) + strings.Repeat("]", 100000)
+		long := `{"model":"` + strings.Repeat("m", 10000) + `","max_tokens":1000}`
+		for i, b := range []string{huge, deep, long, "not json", `{"model":{"nested":"gpt-4o"}}`} {
+			req := c.NewRequest("POST", "/openai", map[string]string{"x-tenant": "hostile"})
+			req.Body = io.NopCloser(strings.NewReader(b))
+			req.ContentLength = int64(len(b))
+			r := c.DoRequest(req)
+			if r.Err != nil || r.Status == 413 || r.Status == 0 {
+				t.Fatalf("body %d: status %d, %v", i, r.Status, r.Err)
+			}
+		}
+		if got := e.PluginStat("tokenbucket.rule.spend.price_missing") - before; got != 5 {
+			t.Errorf("price_missing rose by %d, want 5 (every body decided without its model)", got)
+		}
+		// Bodies left unfinished: the client sends half and leaves. The
+		// requests after them are decided as usual.
+		for i := 0; i < 20; i++ {
+			conn, err := net.DialTimeout("tcp", strings.TrimPrefix(e.URL(""), "http://"), 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "POST /openai HTTP/1.1\r\nHost: x\r\nx-tenant: hostile\r\ncontent-length: 1000\r\n\r\n{\"model\":\"gpt-4o\",")
+			conn.Close()
+		}
+		if r := c.DoRequest(post("after-hostile", "/openai", "gpt-4o-mini", maxTok, false)); r.Status != 200 || r.Header.Get("RateLimit-Remaining") == "" {
+			t.Fatalf("after unfinished bodies: status %d, RateLimit-Remaining %q", r.Status, r.Header.Get("RateLimit-Remaining"))
+		}
+	})
 
 	t.Run("a cut stream is charged its reservation", func(t *testing.T) {
 		before := remaining("cut")
