@@ -147,7 +147,27 @@ func (u *moneyUpstream) spent(tenant string) uint64 {
 	return u.ledger[tenant]
 }
 
-func TestMoneyBudget(t *testing.T) { forEachBuild(t, testMoneyBudget) }
+func TestMoneyBudget(t *testing.T) {
+	forEachBuild(t, func(t *testing.T, b envoytest.Build) { testMoneyBudget(t, b, moneyConfig, 0.02) })
+}
+
+// moneyQuotaConfig is moneyConfig's budget as "$0.50 a day" in
+// Europe/Berlin: a quota, which nothing refills before its boundary.
+var moneyQuotaConfig = strings.Replace(moneyConfig,
+	`"algorithm": "token_bucket",
+  "algorithm_config": {"tokens_per_second": 0.00000002, "burst": 0.5,`,
+	`"algorithm": "quota",
+  "algorithm_config": {"limit": 0.5, "period": "day", "time_zone": "Europe/Berlin",`, 1)
+
+// TestMoneyQuota is TestMoneyBudget on a quota: with no refill, what was
+// charged equals the ledger exactly (unless the test spans Berlin's
+// midnight, when the day's counter starts again: then it says so).
+func TestMoneyQuota(t *testing.T) {
+	if !strings.Contains(moneyQuotaConfig, `"quota"`) {
+		t.Fatal("moneyQuotaConfig is not a quota")
+	}
+	forEachBuild(t, func(t *testing.T, b envoytest.Build) { testMoneyBudget(t, b, moneyQuotaConfig, 0) })
+}
 
 // testMoneyBudget: 200 concurrent requests per tenant over both styles,
 // plain and streamed, and three models: what the budget was charged (its
@@ -156,10 +176,10 @@ func TestMoneyBudget(t *testing.T) { forEachBuild(t, testMoneyBudget) }
 // refill over the test, at most a few millionths, aside); the money
 // admitted never passes the budget by more than one reservation; a stream
 // the client leaves is charged its reservation.
-func testMoneyBudget(t *testing.T, build envoytest.Build) {
+func testMoneyBudget(t *testing.T, build envoytest.Build, config string, rate float64) {
 	up := startMoneyUpstream(t)
 	e := envoytest.Start(t, envoytest.Options{Build: build,
-		Config: envoytest.DemoConfigYAML, PluginConfig: moneyConfig,
+		Config: envoytest.DemoConfigYAML, PluginConfig: config,
 		UpstreamPort: serverPort(t, up.srv), Concurrency: 2,
 	})
 	c := e.Client()
@@ -170,8 +190,13 @@ func testMoneyBudget(t *testing.T, build envoytest.Build) {
 		maxTok     = 2000
 		maxReserve = maxTok * 15 // claude-sonnet's output price: the largest reservation
 	)
-	rate := 0.02 // millionths a second (tokens_per_second 0.00000002 × 1e6)
+	// rate: millionths a second (tokens_per_second 0.00000002 × 1e6), 0 for
+	// the quota.
 	models := []string{"gpt-4o", "gpt-4o-mini", "claude-sonnet"}
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
 	post := func(tenant, path, model string, maxTokens int, stream bool) *http.Request {
 		b := fmt.Sprintf(`{"model":%q,"max_tokens":%d,"stream":%t,"messages":[{"role":"user","content":"hello"}]}`, model, maxTokens, stream)
 		req := c.NewRequest("POST", path, map[string]string{"x-tenant": tenant, "content-type": "application/json"})
@@ -220,7 +245,13 @@ func testMoneyBudget(t *testing.T, build envoytest.Build) {
 				elapsed := time.Since(start).Seconds()
 				ledger := up.spent(tenant)
 				charged := budget - left
-				refill := int64(rate*elapsed) + 1
+				refill := int64(rate*elapsed) + 1 // the floor of the remaining's fraction
+				if rate == 0 {
+					refill = 0
+					if day := time.Now().In(berlin).Day(); day != start.In(berlin).Day() {
+						t.Fatalf("the test spanned Berlin's midnight: the day's counter started again")
+					}
+				}
 				diff := int64(ledger) - charged
 				t.Logf("%s: %d admitted of %d; ledger %d, charged %d millionths (difference %d, refill bound %d, %.1f s)",
 					tenant, st[200], perCall, ledger, charged, diff, refill, elapsed)
