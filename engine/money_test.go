@@ -254,3 +254,53 @@ func TestMoneyQuota(t *testing.T) {
 		t.Errorf("after midnight: RateLimit %q", got)
 	}
 }
+
+// BenchmarkMoneyRequest: one allowed request with an OpenAI-style JSON
+// answer, through a token budget (response_json), a price table whose
+// model is a header, and one whose model and reservation come from the
+// request body (request_json).
+func BenchmarkMoneyRequest(b *testing.B) {
+	terms := `"cost_terms": [{"source": "response_json:usage.prompt_tokens", "price": "input"},
+	  {"source": "response_json:usage.completion_tokens", "price": "output"},
+	  {"source": "response_json:usage.prompt_tokens_details.cached_tokens", "price": "cached_input"}]`
+	for _, tc := range []struct {
+		name, cfg string
+		body      bool
+	}{
+		{"tokens", `{"rules": [{"name": "r", "limit_keys": ["header:x-team"], "algorithm": "token_bucket",
+		  "algorithm_config": {"tokens_per_second": 1e9, "burst": 1e12, "cost_source": "response_json:usage.prompt_tokens"}}]}`, false},
+		{"money_model_header", `{"rules": [{"name": "r", "limit_keys": ["header:x-team"], "algorithm": "token_bucket",
+		  "algorithm_config": {"tokens_per_second": 1000, "burst": 1000000, "prices": {"model": "header:x-model", "per": 1000000,
+		  "table": {` + threeModels + `}}, ` + terms + `}}]}`, false},
+		{"money_model_request_json", `{"rules": [{"name": "r", "limit_keys": ["header:x-team"], "algorithm": "token_bucket",
+		  "algorithm_config": {"tokens_per_second": 1000, "burst": 1000000, "prices": {"model": "request_json:model", "per": 1000000,
+		  "table": {` + threeModels + `}}, ` + terms + `, "reserve": {"source": "request_json:max_tokens", "price": "output"}}}]}`, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			h := newFakeHost()
+			p := newPlugin(b, h, tc.cfg)
+			s := newFakeStream("x-team", "a", "x-model", "gpt-4o")
+			s.resp[":status"], s.resp["content-type"] = "200", "application/json"
+			s.body = []byte(openAIBody)
+			s.reqChunk = []byte(`{"model":"gpt-4o","max_tokens":1000,"messages":[{"role":"user","content":"hello"}]}`)
+			b.ReportAllocs()
+			for b.Loop() {
+				h.now += 1000
+				s.added, s.replied = s.added[:0], 0
+				r := p.NewRequest(s)
+				if tc.body {
+					r.OnRequestHeadersWithBody()
+					r.OnRequestBody(len(s.reqChunk), true)
+				} else {
+					r.OnRequestHeaders()
+				}
+				r.OnResponseHeaders(false)
+				r.OnResponseBody(len(s.body), true)
+				r.Done()
+				if s.replied != 0 {
+					b.Fatal("refused")
+				}
+			}
+		})
+	}
+}
