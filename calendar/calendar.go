@@ -62,8 +62,8 @@ package calendar
 
 import (
 	"errors"
-	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 	_ "time/tzdata" // the zone database compiled in: zones work with no zone files on the host
@@ -92,7 +92,7 @@ func (p Period) String() string {
 	if p >= Minute && p <= Year {
 		return periodNames[p]
 	}
-	return fmt.Sprintf("Period(%d)", int(p))
+	return "Period(" + strconv.Itoa(int(p)) + ")"
 }
 
 // DateTime is a local date-time: a reading of a zone's clock, no offset. The
@@ -108,7 +108,25 @@ func (d DateTime) IsZero() bool { return d == DateTime{} }
 
 // String is d as Parse reads it: 2006-01-02T15:04:05.
 func (d DateTime) String() string {
-	return fmt.Sprintf("%04d-%02d-%02dT%02d:%02d:%02d", d.Year, int(d.Month), d.Day, d.Hour, d.Minute, d.Second)
+	b := make([]byte, 0, 19)
+	b = pad(b, d.Year, 4)
+	b = pad(append(b, '-'), int(d.Month), 2)
+	b = pad(append(b, '-'), d.Day, 2)
+	b = pad(append(b, 'T'), d.Hour, 2)
+	b = pad(append(b, ':'), d.Minute, 2)
+	b = pad(append(b, ':'), d.Second, 2)
+	return string(b)
+}
+
+// pad appends n in decimal, zero-padded to width digits.
+func pad(b []byte, n, width int) []byte {
+	if n < 0 {
+		b, n = append(b, '-'), -n
+	}
+	for w := len(strconv.Itoa(n)); w < width; w++ {
+		b = append(b, '0')
+	}
+	return strconv.AppendInt(b, int64(n), 10)
 }
 
 // Spec is a calendar period in a time zone: what Parse returns. A Location of
@@ -135,7 +153,7 @@ func Parse(period, timeZone, weekStart, anchor string) (Spec, error) {
 		}
 	}
 	if s.Period == 0 {
-		return Spec{}, fmt.Errorf("calendar: period: must be one of minute, hour, day, week, month, quarter, year, got %q", clip(period))
+		return Spec{}, errors.New("calendar: period: must be one of minute, hour, day, week, month, quarter, year, got " + quote(period))
 	}
 	switch timeZone {
 	case "", "UTC":
@@ -145,7 +163,7 @@ func Parse(period, timeZone, weekStart, anchor string) (Spec, error) {
 	default:
 		loc, err := time.LoadLocation(timeZone)
 		if err != nil {
-			return Spec{}, fmt.Errorf("calendar: time_zone: %q is not an IANA time zone name in Go's zone database", clip(timeZone))
+			return Spec{}, errors.New("calendar: time_zone: " + quote(timeZone) + " is not an IANA time zone name in Go's zone database")
 		}
 		s.Location = loc
 	}
@@ -158,7 +176,7 @@ func Parse(period, timeZone, weekStart, anchor string) (Spec, error) {
 			}
 		}
 		if !found {
-			return Spec{}, fmt.Errorf("calendar: week_start: must be a weekday's name in lower case (monday to sunday), got %q", clip(weekStart))
+			return Spec{}, errors.New("calendar: week_start: must be a weekday's name in lower case (monday to sunday), got " + quote(weekStart))
 		}
 	}
 	if anchor != "" {
@@ -167,14 +185,14 @@ func Parse(period, timeZone, weekStart, anchor string) (Spec, error) {
 			t, err = time.Parse("2006-01-02", anchor)
 		}
 		if err != nil || t.Year() < 1 {
-			return Spec{}, fmt.Errorf("calendar: anchor: must be a local date-time 2006-01-02T15:04:05 (or a date 2006-01-02) with no offset, a year from 1, got %q", clip(anchor))
+			return Spec{}, errors.New("calendar: anchor: must be a local date-time 2006-01-02T15:04:05 (or a date 2006-01-02) with no offset, a year from 1, got " + quote(anchor))
 		}
 		s.Anchor = DateTime{Year: t.Year(), Month: t.Month(), Day: t.Day(), Hour: t.Hour(), Minute: t.Minute(), Second: t.Second()}
 		if s.Period == Week {
 			wd := t.Weekday()
 			if weekStart != "" && wd != s.WeekStart {
-				return Spec{}, fmt.Errorf("calendar: week_start: %s disagrees with the anchor %s, a %s (an anchor sets the day weeks start on)",
-					strings.ToLower(s.WeekStart.String()), anchor, strings.ToLower(wd.String()))
+				return Spec{}, errors.New("calendar: week_start: " + strings.ToLower(s.WeekStart.String()) + " disagrees with the anchor " + anchor +
+					", a " + strings.ToLower(wd.String()) + " (an anchor sets the day weeks start on)")
 			}
 			s.WeekStart = wd
 		}
@@ -182,12 +200,12 @@ func Parse(period, timeZone, weekStart, anchor string) (Spec, error) {
 	return s, nil
 }
 
-// clip bounds a value quoted in an error.
-func clip(s string) string {
+// quote is a value quoted in an error, at most 64 bytes of it.
+func quote(s string) string {
 	if len(s) > 64 {
-		return s[:64] + "…"
+		return strconv.Quote(s[:64]) + "…"
 	}
-	return s
+	return strconv.Quote(s)
 }
 
 const (

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"errors"
 	"strconv"
 	"strings"
 
@@ -86,8 +85,7 @@ func parseQuota(path string, v gjson.Result) (Limit, Cost, error) {
 	}
 	b = append(b, '}')
 	_, c, err := parseAlgorithmConfig(path, gjson.ParseBytes(b))
-	var e *Error
-	if errors.As(err, &e) {
+	if e, ok := err.(*Error); ok { // a type assertion, not errors.As: the plugin links no reflection for it
 		// A cost is bounded by the limit, which the token bucket's words call burst.
 		return l, c, errorf(e.Path, strings.ReplaceAll(e.Err.Error(), "<= burst (", "<= limit ("))
 	}

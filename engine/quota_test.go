@@ -202,3 +202,39 @@ func BenchmarkQuotaRequest(b *testing.B) {
 		})
 	}
 }
+
+// TestQuotaHostileCosts: cost header values a client chooses (negative,
+// zero, tiny, huge, not numbers, above the limit) never take a quota past
+// its limit and never give it anything back: what is left only falls within
+// the period.
+func TestQuotaHostileCosts(t *testing.T) {
+	h := newFakeHost()
+	p := newPlugin(t, h, `{"rules": [{"name": "c", "limit_keys": ["header:x-tenant"], "algorithm": "quota",
+	  "algorithm_config": {"limit": 10, "period": "day", "cost_source": "header:x-cost", "default_cost": 1}}]}`)
+	h.now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixNano()
+	left := int64(10)
+	admitted := 0.0
+	for i, v := range []string{"-5", "0", "-0", "1e-300", "NaN", "Infinity", "-Infinity", "1e308", "abc", "", "0x10",
+		"2", "11", "-1e308", "3.5", "4", "1", "1", "1", "1"} {
+		h.now += int64(time.Second)
+		s := newFakeStream("x-tenant", "a", "x-cost", v)
+		r := p.NewRequest(s)
+		r.OnRequestHeaders()
+		if s.replied == 0 {
+			s.resp[":status"] = "200"
+			r.OnResponseHeaders(true)
+			rl := header(s.added, "ratelimit")
+			_, rest, _ := strings.Cut(rl, ";r=")
+			n, err := strconv.ParseInt(strings.Split(rest, ";")[0], 10, 64)
+			if err != nil || n > left {
+				t.Fatalf("step %d (x-cost %q): RateLimit %q after %d left: a cost gave tokens back", i, v, rl, left)
+			}
+			admitted += float64(left - n)
+			left = n
+		}
+		r.Done()
+	}
+	if left != 0 || admitted > 10 {
+		t.Fatalf("left %d, admitted %v: want the limit of 10 spent, no more", left, admitted)
+	}
+}
