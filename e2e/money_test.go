@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
 // moneyModels are the fake upstream's three models and their prices in
@@ -325,4 +326,94 @@ func testMoneyBudget(t *testing.T, build envoytest.Build, config string, rate fl
 			t.Errorf("the cut stream cost %d millionths, want its reservation, 15000", got)
 		}
 	})
+}
+
+// TestMoneyCluster: moneyConfig's budget with scope cluster through limitd
+// (Redis), two Envoys sharing it, both builds: 200 concurrent requests
+// split over the two; once every charge call has reached limitd, what the
+// budget was charged equals the upstream's ledger (refill aside) and the
+// admitted spend stays within the budget and one reservation.
+func TestMoneyCluster(t *testing.T) { forEachBuild(t, testMoneyCluster) }
+
+func testMoneyCluster(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	up := startMoneyUpstream(t)
+	cfg := strings.Replace(moneyConfig, `{"rules": [{"name": "spend",`,
+		`{"service": {"cluster": "limit_service", "timeout_ms": 1000}, "rules": [{"name": "spend", "scope": "cluster",`, 1)
+	// limitd refills a cluster bucket within a week: 1 millionth a second.
+	cfg = strings.Replace(cfg, `"tokens_per_second": 0.00000002`, `"tokens_per_second": 0.000001`, 1)
+	envoys, ok := twoEnvoys(t, build, serverPort(t, up.srv), svc, [2]string{cfg, cfg})
+	if !ok {
+		return
+	}
+	clients := [2]*envoytest.Client{envoys[0].Client(), envoys[1].Client()}
+	for _, c := range clients {
+		t.Cleanup(c.Close)
+	}
+	const (
+		budget     = 500_000
+		maxReserve = 2000 * 15
+	)
+	models := []string{"gpt-4o", "gpt-4o-mini", "claude-sonnet"}
+	post := func(c *envoytest.Client, tenant, model string, maxTokens int) *http.Request {
+		b := fmt.Sprintf(`{"model":%q,"max_tokens":%d,"messages":[]}`, model, maxTokens)
+		req := c.NewRequest("POST", "/openai", map[string]string{"x-tenant": tenant})
+		req.Body = io.NopCloser(strings.NewReader(b))
+		req.ContentLength = int64(len(b))
+		return req
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	var results [2][]envoytest.Result
+	for i := range clients {
+		wg.Go(func() {
+			results[i] = clients[i].Burst(100, func(j int) *http.Request { return post(clients[i], "fleet", models[j%3], 2000) })
+		})
+	}
+	wg.Wait()
+	admitted := 0
+	for i := range results {
+		st := envoytest.Statuses(results[i])
+		if st[200]+st[429] != 100 {
+			t.Fatalf("envoy %d: statuses %v", i, st)
+		}
+		admitted += st[200]
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		sent := envoys[0].PluginStat("tokenbucket.charge_calls") + envoys[1].PluginStat("tokenbucket.charge_calls")
+		if limitdCounter(t, svc, "limitd_charges_total") >= float64(sent) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d charge calls sent, not all reached limitd", sent)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r := clients[0].DoRequest(post(clients[0], "fleet", "gpt-4o-mini", 1)) // reserves 1; its 400 has no usage
+	left := int64(0)
+	if r.Status != 429 {
+		v, err := strconv.ParseInt(r.Header.Get("RateLimit-Remaining"), 10, 64)
+		if err != nil {
+			t.Fatalf("probe: status %d, RateLimit-Remaining %q", r.Status, r.Header.Get("RateLimit-Remaining"))
+		}
+		left = v + 1
+	}
+	ledger := int64(up.spent("fleet"))
+	charged := budget - left
+	refill := int64(1*time.Since(start).Seconds()) + 1
+	t.Logf("%d admitted of 200 over two Envoys; ledger %d, charged %d millionths (difference %d, refill bound %d)",
+		admitted, ledger, charged, ledger-charged, refill)
+	if d := ledger - charged; d < 0 || d > refill {
+		t.Errorf("charged %d millionths, ledger %d", charged, ledger)
+	}
+	if over := ledger - budget - refill; over > maxReserve {
+		t.Errorf("admitted %d millionths: %d past the budget", ledger, over)
+	}
+	for i, e := range envoys {
+		if n := e.PluginStat("tokenbucket.service_errors"); n != 0 {
+			t.Errorf("envoy %d: service_errors = %d", i, n)
+		}
+	}
 }
