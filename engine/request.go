@@ -195,6 +195,17 @@ func (c *Request) OnRequestHeaders() Action {
 	return c.next(rej)
 }
 
+// OnRequestHeadersWithBody is OnRequestHeaders for a request whose body
+// follows its headers: when the configuration reads request bodies, the
+// request is held (Pause) until OnRequestBody or OnRequestTrailers
+// decides it (requestbody.go); otherwise it is decided now.
+func (c *Request) OnRequestHeadersWithBody() Action {
+	if len(c.plugin.bodyPaths) == 0 {
+		return c.OnRequestHeaders()
+	}
+	return c.awaitBody()
+}
+
 // next goes on with the request's decision after a step that rejected it
 // (rej) or admitted it so far (nil): it runs the remaining steps until one
 // waits for a call (the request pauses; the call's answer calls next

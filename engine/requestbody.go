@@ -65,15 +65,10 @@ type requestScan struct {
 // requestScanBytes is what one path's scan holds, for the VM's budget.
 const requestScanBytes = ScanBytes
 
-// OnRequestHeadersWithBody is OnRequestHeaders for a request whose body
-// follows its headers: when the configuration reads request bodies, the
-// request is held (Pause) until OnRequestBody or OnRequestTrailers
-// decides it; otherwise it is decided now.
-func (c *Request) OnRequestHeadersWithBody() Action {
+// awaitBody holds the request until its body has arrived
+// (OnRequestHeadersWithBody), unless the VM's budget of scans is spent.
+func (c *Request) awaitBody() Action {
 	p := c.plugin
-	if len(p.bodyPaths) == 0 {
-		return c.OnRequestHeaders()
-	}
 	b := &c.reqBody
 	n := len(p.bodyPaths)
 	if p.bodyHeld+n*requestScanBytes > p.bodyBudget {
