@@ -11,7 +11,8 @@ import (
 func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 	var l Limit
 	c := Cost{Source: Source{Kind: SourceFixed}, Fixed: 1, Default: 1}
-	o, err := fields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost", "truncated_cost", "max_body_bytes", "max_delay_ms", "max_waiting")
+	o, err := fields(path, v, "tokens_per_second", "rps", "burst", "cost_source", "fixed_cost", "default_cost", "truncated_cost", "max_body_bytes", "max_delay_ms", "max_waiting",
+		"prices", "cost_terms", "reserve")
 	if err != nil {
 		return l, c, err
 	}
@@ -63,6 +64,15 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 			return l, c, &Error{Path: path + ".cost_source", Err: err}
 		}
 	}
+	if c.Money, err = parseMoney(path, o); err != nil {
+		return l, c, err
+	}
+	if c.Money != nil {
+		c.Source = Source{Kind: SourceResponseJSON} // the terms' paths: c.Money.Terms
+	}
+	if _, ok := o.get("truncated_cost"); ok && c.Money != nil {
+		return l, c, errorf(path+".truncated_cost", "cannot be combined with prices (a response cut short is charged its reservation)")
+	}
 	if _, ok := o.get("truncated_cost"); ok && c.Source.Kind != SourceResponseJSON {
 		return l, c, errorf(path+".truncated_cost", "only with cost_source response_json:<path> (the only cost a response can cut short)")
 	}
@@ -93,6 +103,9 @@ func parseAlgorithmConfig(path string, v gjson.Result) (Limit, Cost, error) {
 		if c.MaxBodyBytes, err = o.integer("max_body_bytes", DefaultMaxBodyBytes, 1, MaxMaxBodyBytes); err != nil {
 			return l, c, err
 		}
+	}
+	if c.Money != nil {
+		return scaleMoney(path, l, c)
 	}
 	return l, c, nil
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"sort"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -57,6 +58,10 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 	}
 	b = append(b, ']')
 	b = appendField(b, "missing_key", r.MissingKey.String())
+	unit := 1.0 // a price table's rule counts millionths: written in units
+	if r.Cost.Money != nil {
+		unit = MicroUnits
+	}
 	switch cal := r.Limit.Calendar; {
 	case r.Algorithm == AlgorithmConcurrency:
 		b = append(b, `,"algorithm":"concurrency","algorithm_config":{"max_in_flight":`...)
@@ -75,7 +80,7 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 		return appendReply(b, c, r)
 	case r.Limit.Quota():
 		b = append(b, `,"algorithm":"quota","algorithm_config":{"limit":`...)
-		b = appendFloat(b, r.Limit.Burst)
+		b = appendFloat(b, r.Limit.Burst/unit)
 		b = appendField(b, "period", cal.Period.String())
 		b = appendField(b, "time_zone", cal.Location.String())
 		b = appendField(b, "week_start", strings.ToLower(cal.WeekStart.String()))
@@ -84,16 +89,20 @@ func (c *Config) appendRule(b []byte, r *Rule) []byte {
 		}
 	default:
 		b = append(b, `,"algorithm":"token_bucket","algorithm_config":{"tokens_per_second":`...)
-		b = appendFloat(b, r.Limit.TokensPerSecond)
+		b = appendFloat(b, r.Limit.TokensPerSecond/unit)
 		b = append(b, `,"burst":`...)
-		b = appendFloat(b, r.Limit.Burst)
+		b = appendFloat(b, r.Limit.Burst/unit)
 	}
-	b = appendField(b, "cost_source", r.Cost.Source.String())
-	b = append(b, `,"fixed_cost":`...)
-	b = appendFloat(b, r.Cost.Fixed)
+	if m := r.Cost.Money; m != nil {
+		b = appendMoney(b, m)
+	} else {
+		b = appendField(b, "cost_source", r.Cost.Source.String())
+		b = append(b, `,"fixed_cost":`...)
+		b = appendFloat(b, r.Cost.Fixed)
+	}
 	b = append(b, `,"default_cost":`...)
-	b = appendFloat(b, r.Cost.Default)
-	if r.Cost.Truncated > 0 {
+	b = appendFloat(b, r.Cost.Default/unit)
+	if r.Cost.Truncated > 0 && r.Cost.Money == nil {
 		b = append(b, `,"truncated_cost":`...)
 		b = appendFloat(b, r.Cost.Truncated)
 	}
@@ -279,4 +288,62 @@ func appendString(b []byte, s string) []byte {
 		i += size
 	}
 	return append(b, '"')
+}
+
+// appendMoney writes a price table: every row with every price name in
+// Names' order (so Parse finds the same order), the models sorted, "*"
+// last.
+func appendMoney(b []byte, m *Money) []byte {
+	b = append(b, `,"prices":{"model":`...)
+	b = appendString(b, m.Model.String())
+	b = append(b, `,"per":`...)
+	b = strconv.AppendUint(b, m.Per, 10)
+	b = append(b, `,"table":{`...)
+	models := make([]string, 0, len(m.Table))
+	for k := range m.Table {
+		models = append(models, k)
+	}
+	sort.Strings(models)
+	row := func(b []byte, name string, prices []uint64) []byte {
+		if b[len(b)-1] != '{' {
+			b = append(b, ',')
+		}
+		b = appendString(b, name)
+		b = append(b, ":{"...)
+		for i, n := range m.Names {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, n)
+			b = append(b, ':')
+			b = appendFloat(b, float64(prices[i])/MicroUnits)
+		}
+		return append(b, '}')
+	}
+	for _, k := range models {
+		b = row(b, k, m.Table[k])
+	}
+	if m.Default != nil {
+		b = row(b, "*", m.Default)
+	}
+	b = append(b, `}},"cost_terms":[`...)
+	for i, t := range m.Terms {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"source":`...)
+		b = appendString(b, t.Source.String())
+		b = append(b, `,"price":`...)
+		b = appendString(b, m.Names[t.Price])
+		b = append(b, '}')
+	}
+	b = append(b, ']')
+	if m.Reserve.Set {
+		b = append(b, `,"reserve":{"source":`...)
+		b = appendString(b, m.Reserve.Source.String())
+		b = append(b, `,"price":`...)
+		b = appendString(b, m.Names[m.Reserve.Price])
+		b = append(b, '}')
+	}
+	return b
 }

@@ -89,6 +89,9 @@ func parseQuota(path string, v gjson.Result) (Limit, Cost, error) {
 		// A cost is bounded by the limit, which the token bucket's words call burst.
 		return l, c, errorf(e.Path, strings.ReplaceAll(e.Err.Error(), "<= burst (", "<= limit ("))
 	}
+	if c.Money != nil {
+		l.Burst *= MicroUnits // a price table counts millionths (scaleMoney)
+	}
 	return l, c, err
 }
 

@@ -8,7 +8,8 @@ import (
 
 // parseSource parses a request-value reference as written in "limit_keys"
 // and as a key of "match": header:<name>, query:<name>, ip:address, path,
-// method, authority, jwt:<claim> (dots for nesting) or cookie:<name>. Header
+// method, authority, jwt:<claim> (dots for nesting), cookie:<name> or
+// request_json:<path> (a value of the request's JSON body). Header
 // names are lower-cased; every other name is kept as written. "fixed" is not a
 // source of request values: it is accepted only as a cost_source, by Parse.
 // Its error is a bare reason, for Parse to put a path on.
@@ -47,11 +48,16 @@ func parseSource(s string) (Source, error) {
 			return Source{}, errors.New("source " + strconv.Quote(s) + ": claim must be non-empty dot-separated names, without control characters")
 		}
 		return Source{Kind: SourceJWT, Name: name}, nil
+	case "request_json":
+		if err := checkJSONPath(name); err != nil {
+			return Source{}, &wrapError{"source " + strconv.Quote(s) + ": ", err}
+		}
+		return Source{Kind: SourceRequestJSON, Name: name}, nil
 	}
 	if s == "" {
 		return Source{}, errors.New("empty source")
 	}
-	return Source{}, errors.New("unknown source " + strconv.Quote(s) + " (want header:<name>, query:<name>, ip:address, path, method, authority, jwt:<claim> or cookie:<name>)")
+	return Source{}, errors.New("unknown source " + strconv.Quote(s) + " (want header:<name>, query:<name>, ip:address, path, method, authority, jwt:<claim>, cookie:<name> or request_json:<path>)")
 }
 
 // parseCostSource parses a cost_source: "fixed", header:<name>,
@@ -78,7 +84,14 @@ func parseCostSource(s string) (Source, error) {
 	return Source{}, errors.New(`must be "fixed", header:<name>, query:<name>, response_header:<name> or response_json:<path>, got ` + strconv.Quote(s))
 }
 
-// MaxJSONPath bounds the length of a response_json path.
+// MaxRequestBodyBytes bounds the request body read for request_json
+// sources: a body larger than this is decided as if it held none of their
+// values. It is half Envoy's default buffer limit (1 MiB): Envoy counts a
+// chunk into the buffer it holds before the filter sees it, and answers
+// 413 past the limit, so the bound leaves a chunk's room below it.
+const MaxRequestBodyBytes = 512 << 10
+
+// MaxJSONPath bounds the length of a response_json or request_json path.
 const MaxJSONPath = 256
 
 // checkJSONPath accepts a plain gjson path: dot-separated object keys and
@@ -143,6 +156,8 @@ func (s Source) String() string {
 		return "response_header:" + s.Name
 	case SourceResponseJSON:
 		return "response_json:" + s.Name
+	case SourceRequestJSON:
+		return "request_json:" + s.Name
 	}
 	return "SourceKind(" + strconv.Itoa(int(s.Kind)) + ")"
 }

@@ -113,6 +113,10 @@ type Cost struct {
 	// (a JSON body, or one event of a text/event-stream); 0 for the other
 	// sources.
 	MaxBodyBytes int
+	// Money is the rule's price table (nil: the cost is in the rule's own
+	// units). With it, Source is SourceResponseJSON with no Name (the
+	// paths are Money.Terms'), and the rule counts micro-units (MicroUnits).
+	Money *Money
 }
 
 // FromResponse reports whether the cost is known only from the response.
@@ -162,6 +166,7 @@ const (
 	SourceCookie
 	SourceResponseHeader // only for cost_source: a response header
 	SourceResponseJSON   // only for cost_source: a JSON path into the response body
+	SourceRequestJSON    // a JSON path into the request body (limit keys, match, prices)
 )
 
 // Source is a parsed "kind:name" reference such as header:x-api-key.

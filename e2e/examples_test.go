@@ -493,6 +493,7 @@ type curlCall struct {
 	include        bool // -i
 	discard        bool // -o /dev/null
 	writeOut       string
+	data           *string // -d: the request body
 }
 
 // sessionLine is a parsed session line: a variable assignment (no calls) or
@@ -599,6 +600,14 @@ func parseCurl(w []string) (curlCall, error) {
 			}
 		case a == "-X":
 			c.method, err = arg()
+		case a == "-d":
+			var d string
+			if d, err = arg(); err == nil {
+				c.data = &d
+				if c.method == http.MethodGet {
+					c.method = http.MethodPost // as curl does
+				}
+			}
 		case a == "-w":
 			c.writeOut, err = arg()
 		case a == "-o":
@@ -907,13 +916,20 @@ func doCurl(hc *http.Client, to route, c curlCall) sessionRun {
 	if err != nil {
 		return sessionRun{res: envoytest.Result{Err: err}}
 	}
-	req, err := http.NewRequest(c.method, u, nil)
+	var data io.Reader
+	if c.data != nil {
+		data = strings.NewReader(*c.data)
+	}
+	req, err := http.NewRequest(c.method, u, data)
 	if err != nil {
 		return sessionRun{res: envoytest.Result{Err: err}}
 	}
 	req.Host = authority
 	req.Header.Set("User-Agent", "curl/8")
 	req.Header.Set("Accept", "*/*")
+	if c.data != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded") // as curl -d does
+	}
 	for _, h := range c.headers {
 		req.Header.Add(h[0], h[1])
 	}

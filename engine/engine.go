@@ -86,6 +86,9 @@ type Plugin struct {
 	// readsBody: a rule takes its cost from the response body (only then
 	// does a request ask for an identity encoding).
 	readsBody bool
+	// bodyPaths are the request_json paths of the configuration
+	// (requestbody.go); none: no request body is read.
+	bodyPaths []*jsonpath.Path
 	// memory: what this Plugin's Go runtime reported so far (Tick).
 	memory *MemoryReport
 	// slotsOwed are slots whose release could not be written (shared
@@ -195,6 +198,11 @@ type rule struct {
 	// slots its requests hold, summed over the Plugins that share it.
 	slots    bool
 	inFlight Gauge
+	// A price table (Cost.Money, money.go): the terms' compiled paths, and
+	// priceMissing counts requests whose model has no price and the table
+	// no "*" (they keep their reservation).
+	termPaths    []*jsonpath.Path
+	priceMissing Counter
 }
 
 type globalMetrics struct {
@@ -269,6 +277,7 @@ func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 		p.rules[i] = p.compile(&cfg.Rules[i])
 	}
 	p.readsBody = (&Configuration{cfg: cfg}).ReadsResponseBody()
+	p.bodyPaths = requestJSONPaths(cfg)
 	p.keyed = false
 	p.keyIdentities()
 	p.metrics = globalMetrics{
@@ -388,8 +397,16 @@ func (p *Plugin) compile(cr *config.Rule) *rule {
 		}
 	}
 	if cr.Cost.Source.Kind == config.SourceResponseJSON {
-		r.costPath = jsonpath.NewPath(cr.Cost.Source.Name)
 		r.costTruncated = p.host.Counter(m + "cost_truncated")
+		if mo := cr.Cost.Money; mo != nil {
+			r.termPaths = make([]*jsonpath.Path, len(mo.Terms))
+			for i, t := range mo.Terms {
+				r.termPaths[i] = jsonpath.NewPath(t.Source.Name)
+			}
+			r.priceMissing = p.host.Counter(m + "price_missing")
+		} else {
+			r.costPath = jsonpath.NewPath(cr.Cost.Source.Name)
+		}
 	}
 	r.charges = cr.Cost.FromResponse() || cr.ChargeOn.Listed
 	return r

@@ -94,6 +94,8 @@ type fakeStream struct {
 	resumed      int
 	calls        []*fakeCall
 	body         []byte // the response body's current chunk
+	reqChunk     []byte // the request body's current chunk
+	reqRead      int    // bytes of the request body the engine read
 	// done: the request is gone (reset, or answered): the host drops the
 	// answers of its calls and runs nothing more for it.
 	done bool
@@ -192,6 +194,13 @@ func (s *fakeStream) ResponseBody(off, size int) ([]byte, error) {
 	}
 	s.bodyRead += size
 	return s.body[off : off+size], nil
+}
+func (s *fakeStream) RequestBody(off, size int) ([]byte, error) {
+	if off < 0 || size < 0 || off+size > len(s.reqChunk) {
+		return nil, errors.New("no such body bytes")
+	}
+	s.reqRead += size
+	return s.reqChunk[off : off+size], nil
 }
 func (s *fakeStream) SendReply(status int, headers [][2]string, body []byte) error {
 	if s.replyErr != nil {

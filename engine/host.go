@@ -63,6 +63,10 @@ type Stream interface {
 	// the body callback (they may be the host's own memory): the engine
 	// scans them and keeps none.
 	ResponseBody(offset, size int) ([]byte, error)
+	// RequestBody reads size bytes from offset of the request body's chunk
+	// the current OnRequestBody received (offset 0: its first byte), on
+	// the same terms as ResponseBody.
+	RequestBody(offset, size int) ([]byte, error)
 	// SendReply answers the request with a local reply.
 	SendReply(status int, headers [][2]string, body []byte) error
 	// Resume goes on with a request the engine paused.
@@ -137,6 +141,13 @@ type Answer struct {
 // its place (internal/testing/hostcontract).
 type Handler interface {
 	OnRequestHeaders() Action
+	// OnRequestHeadersWithBody is OnRequestHeaders for headers a body
+	// follows, when the configuration reads request bodies
+	// (Configuration.ReadsRequestBody); then OnRequestBody and
+	// OnRequestTrailers come with the body.
+	OnRequestHeadersWithBody() Action
+	OnRequestBody(size int, endOfStream bool) Action
+	OnRequestTrailers() Action
 	OnResponseHeaders(endOfStream bool) Action
 	OnResponseBody(size int, endOfStream bool) Action
 	OnResponseTrailers() Action

@@ -32,6 +32,9 @@ type take struct {
 	maxWait int64
 	full    bool
 	claim   bool
+	// prices is the request's model's row of the rule's price table
+	// (money.go); nil for a rule without one, or a model with no price.
+	prices []uint64
 }
 
 // plan is one request's decision in the making. It lives on the Request
@@ -102,6 +105,9 @@ func (c *Request) planRules(r *requestValues) *rejection {
 			continue
 		}
 		t := take{rule: ru, id: id, key: key, cost: requestCost(ru, r)}
+		if ru.Cost.Money != nil {
+			t.prices, t.cost = moneyReserve(ru, r)
+		}
 		if t.cost > ru.limit.Burst {
 			if ru.Mode == config.ModeShadow {
 				c.plugin.shadowRejected(ru)

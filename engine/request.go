@@ -62,6 +62,10 @@ type Request struct {
 	// The response's part: costs known from the response and charge_on
 	// (response.go).
 	body bodyScan
+	// The request body's scan, for request_json values (requestbody.go).
+	reqBody requestBody
+	// identityAsked: accept-encoding was replaced already (requestbody.go).
+	identityAsked bool
 	// Buffers a callback fills and uses before it returns; they stay with
 	// the context when it is reused, so a request allocates none.
 	scratch scratch
@@ -149,10 +153,15 @@ func (c *Request) Done() {
 		c.leaseAnswer = nil
 		c.plugin.recordLeaseAnswer(w)
 	}
+	if c.reqBody.waiting {
+		c.reqBody.waiting = false
+		c.plugin.bodyHeld -= c.reqBody.held // the request ended before its body
+	}
 	p, s, gen := c.plugin, c.stream, c.gen+1
-	keep := c.scratch.keep()
+	keep, scans := c.scratch.keep(), c.reqBody.scans[:0]
 	*c = Request{} // drop every reference
 	c.plugin, c.stream, c.scratch, c.gen = p, s, keep, gen
+	c.reqBody.scans = scans
 }
 
 // rejection is why a request is answered by the plugin.
@@ -184,7 +193,11 @@ func (c *Request) OnRequestHeaders() Action {
 	if !p.keyed {
 		p.keyIdentities()
 	}
-	rej := c.planRules(&requestValues{s: c.stream, cfg: p.cfg, values: c.values[:0]})
+	var s Stream = c.stream
+	if hs := c.reqBody.headers; hs != nil {
+		s = heldHeaders{Stream: c.stream, headers: hs} // decided after the body (requestbody.go)
+	}
+	rej := c.planRules(&requestValues{s: s, cfg: p.cfg, values: c.values[:0], body: c})
 	if p.readsBody {
 		c.askIdentityEncoding()
 	}
@@ -205,6 +218,17 @@ func (c *Request) OnRequestHeaders() Action {
 	}
 	c.step = stepLeases
 	return c.next(rej)
+}
+
+// OnRequestHeadersWithBody is OnRequestHeaders for a request whose body
+// follows its headers: when the configuration reads request bodies, the
+// request is held (Pause) until OnRequestBody or OnRequestTrailers
+// decides it (requestbody.go); otherwise it is decided now.
+func (c *Request) OnRequestHeadersWithBody() Action {
+	if len(c.plugin.bodyPaths) == 0 {
+		return c.OnRequestHeaders()
+	}
+	return c.awaitBody()
 }
 
 // next goes on with the request's decision after a step that rejected it

@@ -190,15 +190,42 @@ func (c *Request) finishBody() {
 			b.targets[i].end()
 		}
 	}
-	for i, t := range b.takes {
+	c.settle(b.charge(false))
+}
+
+// charge sets the amounts of the takes from their targets at the body's
+// end (cut: the body was cut short) and returns the takes, each once. A
+// take of a price table holds one target per term, consecutive (money.go).
+func (b *bodyScan) charge(cut bool) []*take {
+	takes := b.takes[:0]
+	for i := 0; i < len(b.targets); {
+		t := b.takes[i]
+		if t.rule.Cost.Money != nil {
+			n := len(t.rule.termPaths)
+			chargeMoney(t, b.targets[i:i+n], b.failed, b.stream, cut)
+			takes = append(takes, t)
+			i += n
+			continue
+		}
 		tg := &b.targets[i]
+		i++
+		takes = append(takes, t)
+		if cut {
+			if b.stream && !b.failed && tg.final && tg.ok {
+				t.amount = tg.cost - t.cost
+				continue
+			}
+			t.amount = t.rule.Cost.Truncated - t.cost
+			t.rule.costTruncated.Increment(1)
+			continue
+		}
 		if b.failed || !tg.found || !tg.ok {
 			t.rule.costMissing.Increment(1)
 			continue
 		}
 		t.amount = tg.cost - t.cost
 	}
-	c.settle(b.takes)
+	return takes
 }
 
 // cutShort settles a body that ended before its end of stream: the client
@@ -210,17 +237,7 @@ func (c *Request) finishBody() {
 // bill.
 func (c *Request) cutShort() {
 	c.endScan()
-	b := &c.body
-	for i, t := range b.takes {
-		tg := &b.targets[i]
-		if b.stream && !b.failed && tg.final && tg.ok {
-			t.amount = tg.cost - t.cost
-			continue
-		}
-		t.amount = t.rule.Cost.Truncated - t.cost
-		t.rule.costTruncated.Increment(1)
-	}
-	c.settle(b.takes)
+	c.settle(c.body.charge(true))
 }
 
 // askIdentityEncoding asks the upstream for a body without content coding
@@ -230,6 +247,19 @@ func (c *Request) cutShort() {
 // means any coding) with identity. Called once the rules are planned, when
 // a rule of the configuration reads the body (Plugin.readsBody).
 func (c *Request) askIdentityEncoding() {
+	if c.identityAsked {
+		return
+	}
+	if c.reqBody.waiting {
+		// Before the plan (OnRequestHeadersWithBody): asked for every
+		// request of a configuration that reads response bodies.
+		c.identityAsked = true
+		if err := c.stream.ReplaceRequestHeader("accept-encoding", "identity"); err != nil {
+			p := c.plugin
+			p.warn(&p.headerLog, "replacing accept-encoding: "+err.Error())
+		}
+		return
+	}
 	pl := &c.plan
 	for _, takes := range [...][]take{pl.local, pl.cluster, pl.leased, pl.shadowLocal, pl.shadowC} {
 		for i := range takes {
@@ -266,8 +296,15 @@ func (c *Request) settleHeaders(endOfStream bool) {
 				settled = append(settled, t)
 			case readsBody:
 				ru := t.rule
-				b.takes = append(b.takes, t)
-				b.targets = append(b.targets, bodyTarget{path: ru.costPath, max: ru.Cost.MaxBodyBytes})
+				if ru.Cost.Money != nil {
+					for _, path := range ru.termPaths { // one target a term (money.go)
+						b.takes = append(b.takes, t)
+						b.targets = append(b.targets, bodyTarget{path: path, max: ru.Cost.MaxBodyBytes})
+					}
+				} else {
+					b.takes = append(b.takes, t)
+					b.targets = append(b.targets, bodyTarget{path: ru.costPath, max: ru.Cost.MaxBodyBytes})
+				}
 				b.max = max(b.max, ru.Cost.MaxBodyBytes)
 			}
 		}
@@ -344,8 +381,14 @@ func settleByHeaders(t *take, h *responseHeaders, endOfStream bool) headersVerdi
 			ru.costMissing.Increment(1) // no body at all
 			return unsettled
 		}
+		if ru.Cost.Money != nil && t.prices == nil {
+			return unsettled // no price: the reservation stands (price_missing)
+		}
 		if h.isEncoded() {
 			t.amount = ru.Cost.Truncated - t.cost
+			if ru.Cost.Money != nil {
+				t.amount = 0 // charged its reservation
+			}
 			ru.costTruncated.Increment(1)
 			return settledNow
 		}
@@ -365,8 +408,10 @@ func (c *Request) startScans() {
 	}
 	p := c.plugin
 	if p.bodyHeld+n*ScanBytes > p.bodyBudget {
-		for _, t := range b.takes {
-			t.rule.costMissing.Increment(1)
+		for i, t := range b.takes {
+			if i == 0 || b.takes[i-1] != t { // a price table's take holds a target a term
+				t.rule.costMissing.Increment(1)
+			}
 		}
 		p.warn(&p.headerLog, "response body scans past the VM's budget of "+strconv.Itoa(p.bodyBudget)+" bytes: costs counted missing")
 		return

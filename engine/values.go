@@ -31,6 +31,9 @@ type requestValues struct {
 	// cookie sources.
 	cookies     []string
 	cookiesRead bool
+	// body is the request whose body gave the request_json values (nil:
+	// none).
+	body *Request
 }
 
 type cachedValue struct {
@@ -74,6 +77,10 @@ func (r *requestValues) read(src config.Source) (string, bool) {
 		return r.clientIP()
 	case config.SourceJWT:
 		return r.jwtClaim(src.Name)
+	case config.SourceRequestJSON:
+		if r.body != nil {
+			return r.body.bodyValue(src)
+		}
 	}
 	return "", false
 }

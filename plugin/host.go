@@ -293,6 +293,14 @@ func (stream) ResponseBody(offset, size int) ([]byte, error) {
 	return b, err
 }
 
+// RequestBody reads from the bytes of the request body new in this
+// callback (httpContext.reqBase).
+func (s stream) RequestBody(offset, size int) ([]byte, error) {
+	b, err := proxywasm.GetHttpRequestBody(s.c.reqBase+offset, size)
+	readBody(len(b))
+	return b, err
+}
+
 func (stream) SendReply(status int, headers [][2]string, body []byte) error {
 	return proxywasm.SendHttpResponse(uint32(status), headers, body, -1)
 }

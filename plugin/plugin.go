@@ -243,12 +243,50 @@ type httpContext struct {
 	id     uint32
 	gen    uint64 // the requests this context has finished
 	r      handler
+	// The request body as Envoy hands it: while the engine holds the
+	// request, Envoy buffers the body and each callback's size is the
+	// whole body so far (buffered); reqBase is where this callback's new
+	// bytes start in it (stream.RequestBody reads from there).
+	buffered bool
+	reqBase  int
 }
 
-// OnHttpRequestHeaders implements types.HttpContext.
-func (c *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
+// OnHttpRequestHeaders implements types.HttpContext: headers a body
+// follows go to the engine as such (it waits for the body when a rule
+// reads it: request_json).
+func (c *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
 	active = c.id
-	return action(c.r.OnRequestHeaders())
+	c.buffered, c.reqBase = false, 0
+	if endOfStream {
+		return action(c.r.OnRequestHeaders())
+	}
+	a := c.r.OnRequestHeadersWithBody()
+	if w, ok := c.r.(interface{ WaitsForBody() bool }); ok && a == engine.Pause && w.WaitsForBody() {
+		// A paused header would stop the body too (proxy-wasm turns it
+		// into stop-all): the headers go on, the body is held
+		// (engine.Request.WaitsForBody).
+		return types.ActionContinue
+	}
+	return action(a)
+}
+
+// OnHttpRequestBody implements types.HttpContext: the engine sees the
+// bytes new since the last call.
+func (c *httpContext) OnHttpRequestBody(size int, endOfStream bool) types.Action {
+	active = c.id
+	if !c.buffered {
+		c.reqBase = 0
+	}
+	a := action(c.r.OnRequestBody(size-c.reqBase, endOfStream))
+	c.buffered = a == types.ActionPause // Envoy buffers the body: the next size counts it
+	c.reqBase = size
+	return a
+}
+
+// OnHttpRequestTrailers implements types.HttpContext.
+func (c *httpContext) OnHttpRequestTrailers(int) types.Action {
+	active = c.id
+	return action(c.r.OnRequestTrailers())
 }
 
 // OnHttpResponseHeaders implements types.HttpContext.

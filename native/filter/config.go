@@ -101,7 +101,9 @@ func (cf ConfigFactory) Create(handle shared.HttpFilterConfigHandle, unparsed []
 		metrics:   newMetrics(s),
 		memory:    &engine.MemoryReport{},
 		readsBody: conf.ReadsResponseBody(),
-		start:     cf.start,
+
+		readsRequestBody: conf.ReadsRequestBody(),
+		start:            cf.start,
 	}
 	if c.start == nil {
 		c.start = startEngine
@@ -138,6 +140,9 @@ type filterConfig struct {
 	// readsBody: some rule takes its cost from the response body (the
 	// body callbacks are the engine's only then).
 	readsBody bool
+	// readsRequestBody: some rule reads a request_json value (the request
+	// body callbacks are the engine's only then).
+	readsRequestBody bool
 
 	mu      sync.Mutex // guards sched against OnDestroy
 	sched   shared.Scheduler

@@ -20,8 +20,9 @@ type httpFilter struct {
 	handle shared.HttpFilterHandle
 	e      app // the app r belongs to
 	r      handler
-	// body is the response body chunk of the OnResponseBody in progress,
-	// and chunks its slices, read once per callback (ResponseBody).
+	// body is the body chunk of the OnResponseBody (or OnRequestBody) in
+	// progress, and chunks its slices, read once per callback
+	// (ResponseBody, RequestBody).
 	body   shared.BodyBuffer
 	chunks []shared.UnsafeEnvoyBuffer
 	// piece is ResponseBody's buffer for a piece across two slices.
@@ -64,30 +65,68 @@ func (f *httpFilter) recover(where string) {
 	}
 }
 
-// OnRequestHeaders implements shared.HttpFilter.
-func (f *httpFilter) OnRequestHeaders(_ shared.HeaderMap, _ bool) (st shared.HeadersStatus) {
+// OnRequestHeaders implements shared.HttpFilter. When the configuration
+// reads request bodies (request_json) and a body follows, the engine is
+// told so, and a request it holds stops only its headers: the body's
+// callbacks come to the engine, which holds them too (StopAndBuffer)
+// until it decides.
+func (f *httpFilter) OnRequestHeaders(_ shared.HeaderMap, endOfStream bool) (st shared.HeadersStatus) {
 	defer f.w.exit(f.enter())
 	defer f.recover("request headers")
 	if f.r == nil {
 		return shared.HeadersStatusContinue
 	}
-	if f.r.OnRequestHeaders() == engine.Pause {
+	withBody := f.c.readsRequestBody && !endOfStream
+	var a engine.Action
+	if withBody {
+		a = f.r.OnRequestHeadersWithBody()
+	} else {
+		a = f.r.OnRequestHeaders()
+	}
+	if a == engine.Pause {
 		f.paused = true
 		if f.sched == nil {
 			f.sched = f.handle.GetScheduler()
+		}
+		if withBody {
+			return shared.HeadersStatusStop
 		}
 		return shared.HeadersStatusStopAllAndWatermark
 	}
 	return shared.HeadersStatusContinue
 }
 
-// OnRequestBody implements shared.HttpFilter: the engine never reads it.
-func (f *httpFilter) OnRequestBody(shared.BodyBuffer, bool) shared.BodyStatus {
+// OnRequestBody implements shared.HttpFilter: the engine reads it only
+// when the configuration reads request bodies.
+func (f *httpFilter) OnRequestBody(body shared.BodyBuffer, endOfStream bool) shared.BodyStatus {
+	if !f.c.readsRequestBody {
+		return shared.BodyStatusContinue
+	}
+	defer f.w.exit(f.enter())
+	defer f.recover("request body")
+	if f.r == nil {
+		return shared.BodyStatusContinue
+	}
+	f.body, f.chunks = body, nil
+	a := f.r.OnRequestBody(int(body.GetSize()), endOfStream)
+	f.body, f.chunks = nil, nil
+	if a == engine.Pause {
+		return shared.BodyStatusStopAndBuffer
+	}
+	f.paused = false // decided: the request goes on with its body
 	return shared.BodyStatusContinue
 }
 
-// OnRequestTrailers implements shared.HttpFilter.
+// OnRequestTrailers implements shared.HttpFilter: trailers end the body.
 func (f *httpFilter) OnRequestTrailers(shared.HeaderMap) shared.TrailersStatus {
+	if !f.c.readsRequestBody {
+		return shared.TrailersStatusContinue
+	}
+	defer f.w.exit(f.enter())
+	defer f.recover("request trailers")
+	if f.r != nil && f.r.OnRequestTrailers() == engine.Pause {
+		return shared.TrailersStatusStop
+	}
 	return shared.TrailersStatusContinue
 }
 
@@ -219,7 +258,7 @@ func (f *httpFilter) AddResponseHeader(name, value string) error {
 	return nil
 }
 
-var errNoBody = errors.New(Name + ": no response body chunk in this callback")
+var errNoBody = errors.New(Name + ": no body chunk in this callback")
 
 // ResponseBody returns size bytes from offset of the chunk OnResponseBody
 // received: Envoy's own memory when they lie in one of its slices, else a
@@ -253,6 +292,12 @@ func (f *httpFilter) ResponseBody(offset, size int) ([]byte, error) {
 	}
 	f.piece = out[:0]
 	return out, nil
+}
+
+// RequestBody returns size bytes from offset of the request body chunk
+// OnRequestBody received, as ResponseBody does for the response's.
+func (f *httpFilter) RequestBody(offset, size int) ([]byte, error) {
+	return f.ResponseBody(offset, size)
 }
 
 // SendReply answers the request with a local reply. Envoy does not run

@@ -110,6 +110,7 @@ type Stream struct {
 	Resumed      int
 	Calls        []*Call // the request's calls not yet answered
 	Body         []byte  // the response body's current chunk
+	ReqBody      []byte  // the request body's current chunk
 	// Done: the request is gone (reset, or answered): Run refuses, and a
 	// test drops the answers of its calls.
 	Done bool
@@ -201,6 +202,13 @@ func (s *Stream) ResponseBody(off, size int) ([]byte, error) {
 		return nil, errNoBody
 	}
 	return s.Body[off : off+size], nil
+}
+
+func (s *Stream) RequestBody(off, size int) ([]byte, error) {
+	if off < 0 || size < 0 || off+size > len(s.ReqBody) {
+		return nil, errNoBody
+	}
+	return s.ReqBody[off : off+size], nil
 }
 
 func (s *Stream) SendReply(status int, headers [][2]string, body []byte) error {

@@ -55,6 +55,9 @@ var Clauses = []Clause{
 	// Timers: a request held with Stream.After goes on once, not before
 	// its delay (max_delay_ms).
 	{Name: "timer/resume-after-delay-once", host: resumeAfterDelay, check: checkResumedAfterDelay},
+	// Request bodies: handed whole, in order, before the decision
+	// (request_json), whatever the chunks.
+	{Name: requestBodyClause, host: bodyMissing, suite: requestBody},
 	// Clocks: the wall clock in Unix ns, monotone within a request and
 	// advancing across a call.
 	{Name: "clock/monotone", host: monotone},
@@ -521,4 +524,25 @@ func checkWallTime(o Outcome) error {
 		return errorf("Now %d, the request ran from %d to %d", now, o.Sent, o.Received)
 	}
 	return nil
+}
+
+// --- request bodies
+
+const requestBodyClause = "request-body/whole-before-the-decision"
+
+// requestBodyBytes is the body the clause sends: several of Envoy's chunks.
+const requestBodyBytes = 300_000
+
+func requestBody(tg Target, run string) error {
+	o, err := tg.Do(PathPrefix+requestBodyClause, map[string]string{HeaderRun: run, HeaderBodyBytes: strconv.Itoa(requestBodyBytes)})
+	if err != nil {
+		return err
+	}
+	return passed(o)
+}
+
+// bodyMissing: the host called OnRequestHeaders, as for a request without
+// a body.
+func bodyMissing(x *exec) engine.Action {
+	return x.sync(errorf("the host said no body follows the headers (OnRequestHeaders, not OnRequestHeadersWithBody)"))
 }

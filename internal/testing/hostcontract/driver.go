@@ -1,6 +1,8 @@
 package hostcontract
 
 import (
+	"bytes"
+	"strconv"
 	"strings"
 
 	"github.com/ratelimit-wasm/tokenbucket/engine"
@@ -46,6 +48,77 @@ func (r *Request) OnRequestHeaders() engine.Action {
 	return c.host(x)
 }
 
+// OnRequestHeadersWithBody implements the adapters' handler: the clauses
+// run at the headers, whether a body follows or not, except the request
+// body's, which waits for the body as the engine does (Pause, then
+// OnRequestBody).
+func (r *Request) OnRequestHeadersWithBody() engine.Action {
+	path, _ := r.s.RequestHeader(":path")
+	if path != PathPrefix+requestBodyClause {
+		return r.OnRequestHeaders()
+	}
+	x := &exec{h: r.d.h, s: r.s}
+	r.x = x
+	x.run, _ = r.s.RequestHeader(HeaderRun)
+	n, _ := r.s.RequestHeader(HeaderBodyBytes)
+	x.want, _ = strconv.Atoi(n)
+	if x.want <= 0 {
+		return x.sync(errorf("no %s", HeaderBodyBytes))
+	}
+	x.waiting = true
+	return engine.Pause
+}
+
+// WaitsForBody reports whether the request waits for its body, as the
+// engine's Request.WaitsForBody.
+func (r *Request) WaitsForBody() bool { return r.x != nil && r.x.waiting }
+
+// OnRequestBody reads the chunk in pieces of at most 1000 bytes, as the
+// engine reads in pieces, and judges the body at its end.
+func (r *Request) OnRequestBody(size int, endOfStream bool) engine.Action {
+	x := r.x
+	if x == nil || !x.waiting {
+		return engine.Continue
+	}
+	for off := 0; off < size; {
+		n := min(size-off, 1000)
+		b, err := r.s.RequestBody(off, n)
+		if err != nil || len(b) != n {
+			x.waiting = false
+			return x.sync(errorf("RequestBody(%d, %d) of a chunk of %d bytes after %d = %d bytes, %v", off, n, size, len(x.got), len(b), err))
+		}
+		x.got = append(x.got, b...)
+		off += n
+	}
+	if endOfStream {
+		return r.endBody()
+	}
+	return engine.Pause
+}
+
+// OnRequestTrailers implements the adapters' handler: trailers end the
+// body.
+func (r *Request) OnRequestTrailers() engine.Action {
+	if r.x != nil && r.x.waiting {
+		return r.endBody()
+	}
+	return engine.Continue
+}
+
+// endBody judges the body that arrived.
+func (r *Request) endBody() engine.Action {
+	x := r.x
+	x.waiting = false
+	if want := Body(x.want); !bytes.Equal(x.got, want) {
+		i := 0
+		for i < len(x.got) && i < len(want) && x.got[i] == want[i] {
+			i++
+		}
+		return x.sync(errorf("the body handed over is %d bytes, want %d; they differ from byte %d", len(x.got), len(want), i))
+	}
+	return x.sync(nil)
+}
+
 // OnResponseHeaders runs what the clause does with the response.
 func (r *Request) OnResponseHeaders(bool) engine.Action {
 	if x := r.x; x != nil && x.onResponse != nil {
@@ -78,6 +151,10 @@ type exec struct {
 	done bool
 	// onResponse, if set, runs at the response's headers.
 	onResponse func()
+	// The request body's clause: waiting for want bytes, got so far.
+	waiting bool
+	want    int
+	got     []byte
 }
 
 // key is a shared-data key of this run.

@@ -1,6 +1,8 @@
 package hostcontract_test
 
 import (
+	"bytes"
+	"io"
 	"net/http/httptest"
 	"net/url"
 	"os"
@@ -39,6 +41,8 @@ func TestContractNative(t *testing.T) {
 // engineConfig is the filter's configuration: the Driver ignores it, but
 // the native adapter checks it with the engine first, as always.
 const engineConfig = `{"rules": [{"name": "contract", "limit_keys": ["header:x-contract-none"],
+  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 1}},
+ {"name": "contract-body", "limit_keys": ["request_json:x-contract-none"],
   "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 1}}]}`
 
 // runOnEnvoy starts Envoy with opts' build of the adapter before the
@@ -67,7 +71,15 @@ type envoyTarget struct{ c *envoytest.Client }
 
 func (e envoyTarget) Do(path string, header map[string]string) (hostcontract.Outcome, error) {
 	sent := time.Now().UnixNano()
-	r := e.c.Get(path, header)
+	var r envoytest.Result
+	if n, err := strconv.Atoi(header[hostcontract.HeaderBodyBytes]); err == nil {
+		req := e.c.NewRequest("POST", path, header)
+		body := hostcontract.Body(n)
+		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		r = e.c.DoRequest(req)
+	} else {
+		r = e.c.Get(path, header)
+	}
 	if r.Err != nil {
 		return hostcontract.Outcome{}, r.Err
 	}

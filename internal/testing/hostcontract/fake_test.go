@@ -46,6 +46,10 @@ func TestContractCatchesBrokenHosts(t *testing.T) {
 			"callout/answer-arrives-once", "callout/plugin-answer-arrives-once", "callout/body-over-max-is-too-large",
 			"resume/after-callout-answer", "resume/after-plugin-callout-answer", "timer/resume-after-delay-once"}, nil},
 		{"timers run at once", func(f *fakeTarget) { f.earlyTimers = true }, []string{"timer/resume-after-delay-once"}, nil},
+		{"request body read from the chunk's start", func(f *fakeTarget) { f.bodyFromStart = true },
+			[]string{"request-body/whole-before-the-decision"}, nil},
+		{"request body not handed over", func(f *fakeTarget) { f.noBody = true },
+			[]string{"request-body/whole-before-the-decision"}, nil},
 		{"the clock goes back", func(f *fakeTarget) {
 			f.wrapHost(func(h engine.Host) engine.Host { return &backwards{Host: h} })
 		}, []string{"clock/monotone", "clock/advances-across-a-callout", "timer/resume-after-delay-once"}, nil},
@@ -102,7 +106,16 @@ type fakeTarget struct {
 	// timer at once, whatever its delay (a broken host).
 	answers     int
 	earlyTimers bool
+	// bodyFromStart: RequestBody ignores its offset (a broken host);
+	// noBody: the host says no body follows the headers.
+	bodyFromStart, noBody bool
 }
+
+// fromStart is a Stream whose RequestBody reads from the chunk's start,
+// whatever the offset.
+type fromStart struct{ *fakehost.Stream }
+
+func (s fromStart) RequestBody(_, size int) ([]byte, error) { return s.Stream.RequestBody(0, size) }
 
 type fakeWorker struct {
 	mu sync.Mutex
@@ -155,9 +168,26 @@ func (f *fakeTarget) Do(path string, header map[string]string) (hostcontract.Out
 	for k, v := range header {
 		s.Req[k] = v
 	}
-	r := w.d.NewRequest(s)
+	var st engine.Stream = s
+	if f.bodyFromStart {
+		st = fromStart{s}
+	}
+	r := w.d.NewRequest(st)
 	defer r.Done()
-	goesOn := r.OnRequestHeaders() == engine.Continue
+	var goesOn bool
+	if n, err := strconv.Atoi(header[hostcontract.HeaderBodyBytes]); err == nil && !f.noBody {
+		// A body follows: in chunks of up to 64 KiB, as Envoy hands them.
+		body := hostcontract.Body(n)
+		goesOn = r.OnRequestHeadersWithBody() == engine.Continue
+		for off := 0; off < len(body) && s.Replied == 0; {
+			end := min(off+64<<10, len(body))
+			s.ReqBody = body[off:end]
+			goesOn = r.OnRequestBody(end-off, end == len(body)) == engine.Continue
+			off = end
+		}
+	} else {
+		goesOn = r.OnRequestHeaders() == engine.Continue
+	}
 	const maxRounds = 64
 	for range maxRounds {
 		calls := append(w.h.TakeCalls(), s.TakeCalls()...)

@@ -43,6 +43,7 @@ const (
 	HeaderVerdict          = "x-contract-verdict"           // "pass" or "fail" (the body says why)
 	HeaderValue            = "x-contract-value"             // a value the host side reports
 	HeaderProbe            = "x-contract-probe"             // a header of every call
+	HeaderBodyBytes        = "x-contract-body-bytes"        // the client sends a request body of that many bytes (Body)
 	HeaderReplaced         = "x-contract-replaced"          // a request header the Driver replaces before resuming
 	HeaderUpstreamCount    = "x-contract-upstream-count"    // the upstream's count of a run's request
 	HeaderUpstreamReplaced = "x-contract-upstream-replaced" // HeaderReplaced as the upstream saw it
@@ -212,4 +213,15 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		http.NotFound(w, r)
 	}
+}
+
+// Body is the request body of n bytes a Target sends for HeaderBodyBytes:
+// no two neighbouring pieces alike, so a piece read from the wrong offset
+// shows.
+func Body(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = 'a' + byte(i/7%26)
+	}
+	return b
 }
