@@ -65,6 +65,10 @@ type rlsConfig struct {
 	Algorithm string `json:"algorithm,omitempty"` // limitd's --rls-algorithm
 }
 
+// rlsBeforeConfig runs the limitd of -rls-limitd-before with token
+// buckets, beside this build's, when the flag is set.
+var rlsBeforeConfig = rlsConfig{46, "rls-limitd-before", "ratelimit filter → limitd before (-rls-limitd-before), token buckets", rlsLimitd, "token_bucket"}
+
 // configID is c's ID, for byID.
 func (c rlsConfig) configID() int { return c.ID }
 
@@ -133,8 +137,9 @@ type rlsTarget struct {
 // rlsTools are the binaries the section runs.
 type rlsTools struct {
 	ratelimit, limitd, redis string
-	grpc                     bool // limitd has --grpc-listen
-	rlqs                     bool // limitd serves RLQS (--rlqs-ttl)
+	before                   string // rlsBeforeConfig's limitd
+	grpc                     bool   // limitd has --grpc-listen
+	rlqs                     bool   // limitd serves RLQS (--rlqs-ttl)
 	module                   string
 }
 
@@ -145,9 +150,13 @@ func (b *bench) rlsRun() error {
 	b.rls = &rlsReport{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), LoadStart: loadAvg(),
 		Rounds: p.rounds, Keys: p.keys, Conns: p.conns, OpenConns: p.openConns, Warmup: p.warmup.String(),
 		SatWindow: p.satWindow.String(), LatWindow: p.latWindow.String(), Smoke: p.smoke, EdgeLimit: rlsEdgeLimit, Pinning: b.info.Pinning}
-	tools := rlsTools{ratelimit: p.ratelimit, limitd: cmp.Or(p.rlsLimitd, p.limitd)}
+	tools := rlsTools{ratelimit: p.ratelimit, limitd: cmp.Or(p.rlsLimitd, p.limitd), before: p.rlsBefore}
 	b.rls.Ratelimit = moduleVersion(tools.ratelimit)
-	targets, err := b.rlsStartAll("rls", rlsConfigs, tools, &b.rls.Redis, &b.rls.Limitd, &b.rls.Gaps)
+	configs := rlsConfigs
+	if tools.before != "" {
+		configs = append(slices.Clip(configs), rlsBeforeConfig)
+	}
+	targets, err := b.rlsStartAll("rls", configs, tools, &b.rls.Redis, &b.rls.Limitd, &b.rls.Gaps)
 	if err != nil {
 		return err
 	}
@@ -450,7 +459,11 @@ func (b *bench) startService(t *rlsTarget, tools rlsTools, dir string, redisPort
 		t.svcPID, t.rdsPID = srv.PID(), b.lastRedisPID
 		return srv.GRPCPort(), nil
 	case rlsLimitd, rlsQuota:
-		cmd = exec.Command(tools.limitd, "--listen", "127.0.0.1:"+strconv.Itoa(httpPort),
+		bin := tools.limitd
+		if t.c.ID == rlsBeforeConfig.ID {
+			bin = tools.before
+		}
+		cmd = exec.Command(bin, "--listen", "127.0.0.1:"+strconv.Itoa(httpPort),
 			"--grpc-listen", "127.0.0.1:"+strconv.Itoa(grpcPort), "--rls-config", config,
 			"--rls-algorithm", t.c.Algorithm, "--redis", redis, "--log-level", "warn")
 	default:

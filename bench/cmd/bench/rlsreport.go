@@ -353,7 +353,7 @@ func (r *rlsReport) issueTable(w func(string, ...any)) {
 	w("\nAt the fixed rate (%.0f req/s) and saturated, side by side (the ratios within each round, then summarised):\n\n", r.Rate)
 	w("| | service + Redis CPU µs per decision, fixed rate | ÷ envoyproxy/ratelimit | saturated | ÷ envoyproxy/ratelimit | p99 µs, fixed rate |\n")
 	w("|---|---|---|---|---|---|\n")
-	for _, id := range []int{41, 43, 42, 44} {
+	for _, id := range []int{41, 43, rlsBeforeConfig.ID, 42, 44} {
 		s := r.result(id)
 		if s == nil {
 			continue
