@@ -100,6 +100,7 @@ type params struct {
 	rls          bool
 	rlsOnly      bool
 	rlsLimitd    string
+	rlsBefore    string
 	rlqs         bool
 	rlqsOnly     bool
 	rlqsRatio    bool
@@ -142,6 +143,7 @@ func parseParams(args []string) (*params, error) {
 	fs.IntVar(&p.startRounds, "start-rounds", 3, "starts of Envoy with no filter, the plugin and the native module, each measured from start to the first 200 and its RSS after 1000 requests (0: none)")
 	fs.StringVar(&p.ratelimit, "ratelimit", envOr("RATELIMIT_BIN", "build/envoy-ratelimit/service_cmd"), "envoyproxy/ratelimit's server (make build-ratelimit) for the RLS section (a gap when absent)")
 	fs.BoolVar(&p.rls, "rls", true, "also run the RLS section: Envoy's ratelimit filter against envoyproxy/ratelimit and limitd, and the plugin's cluster rule, each with a redis-server of its own (rls.go)")
+	fs.StringVar(&p.rlsBefore, "rls-limitd-before", "", "a second limitd (an earlier build) the RLS section also runs, token buckets beside the others in the same rounds (empty: none)")
 	fs.StringVar(&p.rlsLimitd, "rls-limitd", "", "limitd for the RLS section, built with its symbols so that its profile names functions (make bench-rls: build/limitd-symbols; default -limitd)")
 	fs.BoolVar(&p.rlsOnly, "rls-only", false, "run only the RLS section and put it into -out's results.json (kept otherwise), then rewrite -out's README.md (make bench-rls)")
 	fs.BoolVar(&p.rlqs, "rlqs", true, "also run the RLQS section: Envoy's rate_limit_quota filter against limitd's RLQS beside no filter, local_ratelimit and the plugin's and the native module's leases, each limitd with a redis-server of its own (rlqs.go)")

@@ -36,8 +36,8 @@ import (
 // bursts at the end, which run on a descriptor of their own.
 //
 // What a run measures, per round and configuration: a saturation run and a
-// run at a fixed rate (the same rate for all, rlsLoad times the slowest's
-// saturated throughput in calibration), reading the CPU time of Envoy, of
+// run at a fixed rate (the same rate for all, rlsFixedRate; calibration says
+// whether the slowest keeps up), reading the CPU time of Envoy, of
 // the limit service and of its Redis from /proc/<pid>/stat over the window.
 // Envoy with no filter runs at the same rate for the latency it adds.
 
@@ -64,6 +64,10 @@ type rlsConfig struct {
 	Kind      rlsKind
 	Algorithm string `json:"algorithm,omitempty"` // limitd's --rls-algorithm
 }
+
+// rlsBeforeConfig runs the limitd of -rls-limitd-before with token
+// buckets, beside this build's, when the flag is set.
+var rlsBeforeConfig = rlsConfig{46, "rls-limitd-before", "ratelimit filter → limitd before (-rls-limitd-before), token buckets", rlsLimitd, "token_bucket"}
 
 // configID is c's ID, for byID.
 func (c rlsConfig) configID() int { return c.ID }
@@ -133,8 +137,9 @@ type rlsTarget struct {
 // rlsTools are the binaries the section runs.
 type rlsTools struct {
 	ratelimit, limitd, redis string
-	grpc                     bool // limitd has --grpc-listen
-	rlqs                     bool // limitd serves RLQS (--rlqs-ttl)
+	before                   string // rlsBeforeConfig's limitd
+	grpc                     bool   // limitd has --grpc-listen
+	rlqs                     bool   // limitd serves RLQS (--rlqs-ttl)
 	module                   string
 }
 
@@ -143,16 +148,20 @@ func (b *bench) rlsRun() error {
 	p := b.p
 	started := time.Now()
 	b.rls = &rlsReport{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), LoadStart: loadAvg(),
-		Rounds: p.rounds, Keys: p.keys, Conns: p.conns, OpenConns: p.openConns, Load: rlsLoad, Warmup: p.warmup.String(),
+		Rounds: p.rounds, Keys: p.keys, Conns: p.conns, OpenConns: p.openConns, Warmup: p.warmup.String(),
 		SatWindow: p.satWindow.String(), LatWindow: p.latWindow.String(), Smoke: p.smoke, EdgeLimit: rlsEdgeLimit, Pinning: b.info.Pinning}
-	tools := rlsTools{ratelimit: p.ratelimit, limitd: cmp.Or(p.rlsLimitd, p.limitd)}
+	tools := rlsTools{ratelimit: p.ratelimit, limitd: cmp.Or(p.rlsLimitd, p.limitd), before: p.rlsBefore}
 	b.rls.Ratelimit = moduleVersion(tools.ratelimit)
-	targets, err := b.rlsStartAll("rls", rlsConfigs, tools, &b.rls.Redis, &b.rls.Limitd, &b.rls.Gaps)
+	configs := rlsConfigs
+	if tools.before != "" {
+		configs = append(slices.Clip(configs), rlsBeforeConfig)
+	}
+	targets, err := b.rlsStartAll("rls", configs, tools, &b.rls.Redis, &b.rls.Limitd, &b.rls.Gaps)
 	if err != nil {
 		return err
 	}
-	// Calibration: the fixed rate is rlsLoad of the slowest configuration's
-	// saturated throughput, so that every one of them keeps up.
+	// Calibration: every configuration should keep up with the fixed rate;
+	// the page says when the slowest does not.
 	slowest := 0.0
 	for _, t := range targets {
 		if t.c.Kind == rlsNone {
@@ -167,7 +176,11 @@ func (b *bench) rlsRun() error {
 			slowest = r.Throughput
 		}
 	}
-	b.rls.Rate = rlsLoad * max(slowest, 100)
+	b.rls.Rate = rlsFixedRate
+	b.rls.Load = rlsFixedRate / max(slowest, 1)
+	if slowest < rlsFixedRate {
+		b.rls.Gaps = append(b.rls.Gaps, fmt.Sprintf("the slowest configuration saturated at %.0f req/s in calibration, below the fixed rate: its fixed-rate figures are of what it kept up with", slowest))
+	}
 	for r := range p.rounds {
 		for _, t := range roundOrder(targets, r) {
 			pr := b.rlsProbe(t)
@@ -264,9 +277,10 @@ func (b *bench) rlsStartAll(name string, configs []rlsConfig, tools rlsTools, re
 	return targets, nil
 }
 
-// rlsLoad is the fixed rate's fraction of the slowest configuration's
-// saturated throughput.
-const rlsLoad = 0.5
+// rlsFixedRate is the fixed rate of the section's second run, the issue's
+// (43): the CPU per decision of a service that is not saturated, and the
+// latency.
+const rlsFixedRate = 1000.0
 
 // missing says why configuration c cannot run with tools ("" when it can).
 func (t rlsTools) missing(c rlsConfig) string {
@@ -445,7 +459,11 @@ func (b *bench) startService(t *rlsTarget, tools rlsTools, dir string, redisPort
 		t.svcPID, t.rdsPID = srv.PID(), b.lastRedisPID
 		return srv.GRPCPort(), nil
 	case rlsLimitd, rlsQuota:
-		cmd = exec.Command(tools.limitd, "--listen", "127.0.0.1:"+strconv.Itoa(httpPort),
+		bin := tools.limitd
+		if t.c.ID == rlsBeforeConfig.ID {
+			bin = tools.before
+		}
+		cmd = exec.Command(bin, "--listen", "127.0.0.1:"+strconv.Itoa(httpPort),
 			"--grpc-listen", "127.0.0.1:"+strconv.Itoa(grpcPort), "--rls-config", config,
 			"--rls-algorithm", t.c.Algorithm, "--redis", redis, "--log-level", "warn")
 	default:

@@ -106,6 +106,8 @@ const wasi = {
   fd_close: () => 0, fd_fdstat_get: () => 0, fd_fdstat_set_flags: () => 0,
   fd_prestat_get: () => 8, fd_prestat_dir_name: () => 8,
   fd_read: () => 8, // EBADF: the guest has no files to read (Go's os package imports it)
+  fd_seek: () => 8, // EBADF, as fd_read
+  path_open: () => 44, // ENOENT: no zone files here (package calendar's time zones fall back to the compiled-in database)
 };
 const mod = new WebAssembly.Module(fs.readFileSync(wasmPath));
 const inst = new WebAssembly.Instance(mod, { env, wasi_snapshot_preview1: wasi });
