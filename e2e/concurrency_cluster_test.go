@@ -29,7 +29,10 @@ var clusterConcurrencyConfig = `{"service": {"cluster": "limit_service", "timeou
 // killed and restarted under load loses no slot and gives none twice; a
 // kill -9 of one Envoy holding four slots frees them within the ttl (the
 // figure is logged).
-func TestConcurrencyCluster(t *testing.T) { forEachBuild(t, testConcurrencyCluster) }
+func TestConcurrencyCluster(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testConcurrencyCluster)
+}
 
 func testConcurrencyCluster(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)

@@ -63,7 +63,10 @@ func holdingUpstream(t *testing.T) int {
 // request of a tenant in flight is refused while another tenant passes,
 // and requests ended every way (complete, client reset, upstream reset,
 // route timeout) give back every slot.
-func TestConcurrency(t *testing.T) { forEachBuild(t, testConcurrency) }
+func TestConcurrency(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testConcurrency)
+}
 
 func testConcurrency(t *testing.T, build envoytest.Build) {
 	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,

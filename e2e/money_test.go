@@ -149,6 +149,7 @@ func (u *moneyUpstream) spent(tenant string) uint64 {
 }
 
 func TestMoneyBudget(t *testing.T) {
+	t.Parallel()
 	forEachBuild(t, func(t *testing.T, b envoytest.Build) { testMoneyBudget(t, b, moneyConfig, 0.02) })
 }
 
@@ -164,6 +165,7 @@ var moneyQuotaConfig = strings.Replace(moneyConfig,
 // charged equals the ledger exactly (unless the test spans Berlin's
 // midnight, when the day's counter starts again: then it says so).
 func TestMoneyQuota(t *testing.T) {
+	t.Parallel()
 	if !strings.Contains(moneyQuotaConfig, `"quota"`) {
 		t.Fatal("moneyQuotaConfig is not a quota")
 	}
@@ -333,7 +335,10 @@ func testMoneyBudget(t *testing.T, build envoytest.Build, config string, rate fl
 // split over the two; once every charge call has reached limitd, what the
 // budget was charged equals the upstream's ledger (refill aside) and the
 // admitted spend stays within the budget and one reservation.
-func TestMoneyCluster(t *testing.T) { forEachBuild(t, testMoneyCluster) }
+func TestMoneyCluster(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testMoneyCluster)
+}
 
 func testMoneyCluster(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)

@@ -27,6 +27,7 @@ func quotaClusterConfig() string {
 // Retry-After (jittered upward by up to a half), run to the next hh:15
 // UTC; the quota's one Redis key expires a minute after that boundary.
 func TestQuotaCluster(t *testing.T) {
+	t.Parallel()
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})

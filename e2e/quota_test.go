@@ -29,7 +29,10 @@ const quotaConfig = `{"rules": [
   "algorithm": "quota", "algorithm_config": {"limit": 50, "period": "day", "time_zone": "Pacific/Chatham"}}]}`
 
 // TestQuota: calendar quotas on Envoy with four workers, both builds.
-func TestQuota(t *testing.T) { forEachBuild(t, testQuota) }
+func TestQuota(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testQuota)
+}
 
 // secondsTo is the whole seconds (rounded up) from at to the next boundary
 // of a period of length p that starts at offset phase past UTC's.

@@ -32,6 +32,7 @@ func untilKathmanduHour(now time.Time) time.Duration {
 // x-ratelimit-reset (from duration_until_reset) counts the seconds to the
 // next hh:15 UTC, not to the next hh:00 as a fixed window of an hour would.
 func TestCalendarHour(t *testing.T) {
+	t.Parallel()
 	if left := untilKathmanduHour(time.Now()); left < 30*time.Second {
 		time.Sleep(left + time.Second) // one period for the whole exchange
 	}
