@@ -14,13 +14,14 @@ import (
 // maxDocWords bounds the words of the repository's Markdown (every tracked
 // .md file outside third_party/ and build/, counted as wc -w counts them),
 // so that growth is a decision: a page that needs more words takes them
-// from another page, or raises this figure in a change that says why. It is
-// the documentation after the second pass of halving it (84.4k words, 66.7k
-// after the first pass, 62.7k after the second, the pages being edited for
-// features left as they were) plus 4k for the pages written beside that
-// pass (docs/budgets.md, docs/concurrency.md and their sections elsewhere).
-// The goal is under 50k: lower it as pages are split and cut.
-const maxDocWords = 67_000
+// from another page, or raises this figure in a change that says why. The
+// documentation was 84.4k words; two passes of halving it took it to 62.7k,
+// and calendar quotas, money budgets and concurrency limits then added 8.9k
+// (docs/budgets.md, docs/concurrency.md, their sections of the
+// configuration, response-cost and limit-service pages): 71.6k, and this
+// budget leaves 400 words for fixes. The goal is under 50k: lower it as pages
+// are split and cut.
+const maxDocWords = 72_000
 
 // docWords returns the word count of each Markdown file the budget covers.
 func docWords(t *testing.T) map[string]int {
