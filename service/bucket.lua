@@ -2,13 +2,9 @@
 -- service prepends it): Redis's clock, and reading and writing one token
 -- bucket.
 --
--- Each key holds a string "<m> <e> <at>" of three integers: the tokens left,
--- m × 2^e exactly (enc: a float written as its integer significand and
--- exponent reads back bit for bit, and neither writing nor reading it formats
--- or parses a decimal fraction), at time <at> (Unix microseconds). A missing
--- key is a full bucket, like the zero bucket.State. The record of an older
--- limitd, "<tokens> <at>" (the tokens a float printed with 17 significant
--- digits), is read the same.
+-- Each key holds a string "<tokens> <at>": the tokens left (a float, printed
+-- with 17 significant digits so it reads back bit for bit) at time <at> (Unix
+-- microseconds). A missing key is a full bucket, like the zero bucket.State.
 -- A bucket with a ledger (ledger.go: what leases granted and decisions
 -- reserved, per caller, that the same caller's return or refund may give
 -- back) holds "<tokens> <at> <gen> <returned> <reserved> <refunded>"
@@ -69,22 +65,6 @@ end
 -- slack: the shortfall package bucket forgives (Limit.slack).
 local function slack(rate, burst)
   return rate * 1e-9 + 1e-12 * burst
-end
-
--- two53 is 2^53: a float's significand, scaled by it, is an integer.
-local two53 = 9007199254740992
-
--- enc writes x (finite) as "<m> <e>", two integers with x = m × 2^e
--- exactly: an integer as itself, any other float as its significand scaled
--- to an integer (|m| < 2^53) and the exponent that takes it back
--- (math.ldexp(m, e) is x bit for bit). Integers print without the decimal
--- formatting a float needs, and read back without a fraction to parse.
-local function enc(x)
-  if x == math.floor(x) and x > -two53 and x < two53 then
-    return string.format('%d 0', x)
-  end
-  local m, e = math.frexp(x)
-  return string.format('%d %d', m * two53, e - 53)
 end
 
 -- max_wait is the longest wait of a delayed decision, in nanoseconds
@@ -206,16 +186,9 @@ end
 
 -- load reads the bucket at key and refills it to now: its tokens, its own
 -- time (now, or later when the clock went backwards), and its ledger as of
--- now (ledger.go's at). With lazy set, a bucket whose ledger is empty (a
--- missing key, or a plain record) comes with none (nil): store takes nil
--- for an empty ledger, and a caller that records in it makes it with
--- new_ledger(gen) (decide.lua, whose decisions mostly record nothing).
--- A quota's (pe > 0) time is in_period's.
-local function load(key, rate, burst, ps, pe, lazy)
-  local led
-  if not lazy then
-    led = new_ledger(gen)
-  end
+-- now (ledger.go's at). A quota's (pe > 0) time is in_period's.
+local function load(key, rate, burst, ps, pe)
+  local led = new_ledger(gen)
   local v = redis.call('GET', key)
   if not v and pe > 0 then
     local tok, at = in_period(burst, ps, burst, ps, pe)
@@ -223,57 +196,48 @@ local function load(key, rate, burst, ps, pe, lazy)
   elseif not v then
     return burst, now, led
   end
-  local stored, stored_at
-  local m, e, a = string.match(v, '^(%-?%d+) (%-?%d+) (%d+)$')
-  if m then
-    -- The plain record: "<m> <e> <at>".
-    stored, stored_at = math.ldexp(tonumber(m), tonumber(e)), tonumber(a)
-  else
-    led = new_ledger(gen)
-    local w = {}
-    for s in string.gmatch(v, '%S+') do
-      w[#w + 1] = s
-    end
-    local n = #w
-    local malformed = redis.error_reply('limitd: malformed bucket value at ' .. key)
-    stored, stored_at = tonumber(w[1]), tonumber(w[2])
-    if not stored or not stored_at then
+  local w = {}
+  for s in string.gmatch(v, '%S+') do
+    w[#w + 1] = s
+  end
+  local n = #w
+  local malformed = redis.error_reply('limitd: malformed bucket value at ' .. key)
+  local stored, stored_at = tonumber(w[1]), tonumber(w[2])
+  if not stored or not stored_at then
+    return nil, malformed
+  end
+  if n == 8 then
+    -- An older limitd's record: its ledger names no caller.
+    local g, rt = tonumber(w[3]), tonumber(w[8])
+    if not g or not rt or not tonumber(w[4]) or not tonumber(w[5]) or not tonumber(w[6]) or not tonumber(w[7]) then
       return nil, malformed
     end
-    if n == 8 then
-      -- An older limitd's record: its ledger names no caller.
-      local g, rt = tonumber(w[3]), tonumber(w[8])
-      if not g or not rt or not tonumber(w[4]) or not tonumber(w[5]) or not tonumber(w[6]) or not tonumber(w[7]) then
+    if gen <= g then
+      led = new_ledger(g)
+      led.rt = rt
+    end
+  elseif n >= 6 and (n - 6) % 5 == 0 then
+    local g, rt, rs, rf = tonumber(w[3]), tonumber(w[4]), tonumber(w[5]), tonumber(w[6])
+    if not g or not rt or not rs or not rf then
+      return nil, malformed
+    end
+    if gen <= g then
+      led = new_ledger(g)
+      led.rt, led.rs, led.rf = rt, rs, rf
+    end
+    for j = 7, n, 5 do
+      local l0, l1, r0, r1 = tonumber(w[j + 1]), tonumber(w[j + 2]), tonumber(w[j + 3]), tonumber(w[j + 4])
+      if not l0 or not l1 or not r0 or not r1 then
         return nil, malformed
       end
       if gen <= g then
-        led = new_ledger(g)
-        led.rt = rt
+        put_caller(led, w[j], {l0 = l0, l1 = l1, r0 = r0, r1 = r1})
+      elseif gen == g + 1 then
+        put_caller(led, w[j], {l0 = 0, l1 = l0, r0 = 0, r1 = r0})
       end
-    elseif n >= 6 and (n - 6) % 5 == 0 then
-      local g, rt, rs, rf = tonumber(w[3]), tonumber(w[4]), tonumber(w[5]), tonumber(w[6])
-      if not g or not rt or not rs or not rf then
-        return nil, malformed
-      end
-      if gen <= g then
-        led = new_ledger(g)
-        led.rt, led.rs, led.rf = rt, rs, rf
-      end
-      for j = 7, n, 5 do
-        local l0, l1, r0, r1 = tonumber(w[j + 1]), tonumber(w[j + 2]), tonumber(w[j + 3]), tonumber(w[j + 4])
-        if not l0 or not l1 or not r0 or not r1 then
-          return nil, malformed
-        end
-        if gen <= g then
-          put_caller(led, w[j], {l0 = l0, l1 = l1, r0 = r0, r1 = r1})
-        elseif gen == g + 1 then
-          put_caller(led, w[j], {l0 = 0, l1 = l0, r0 = 0, r1 = r0})
-        end
-      end
-    elseif n ~= 2 then
-      -- n == 2: an older limitd's plain record, "<tokens> <at>".
-      return nil, malformed
     end
+  elseif n ~= 2 then
+    return nil, malformed
   end
   -- Negative tokens are a debt left by charge.lua (at most a burst) or by a
   -- delayed decision (decide.lua: at most rate × max_wait more); read no
@@ -292,7 +256,7 @@ local function load(key, rate, burst, ps, pe, lazy)
     at = stored_at
   end
   if pe > 0 then -- a quota never refills; a new period drops the ledger
-    if stored_at < ps and led then
+    if stored_at < ps then
       led = new_ledger(gen)
     end
     tok, at = in_period(tok, stored_at, burst, ps, pe)
@@ -318,23 +282,13 @@ end
 -- outstanding left out), into the bucket at key, with the expiry described
 -- above (or, while the window's return or refund budget is in use, the end
 -- of the window if later), or deletes it when it is full at once (a full
--- bucket takes nothing back, so the rest of its ledger goes with it).
+-- bucket takes nothing back, so the rest of its ledger goes with it). A
+-- quota's (pe > 0) record short of full lives to pe plus quota_margin, or
+-- longer if it already would.
 local function store(key, tok, at, rate, burst, led, pe)
   local fill = full_in(tok, rate, burst)
   if pe > 0 and fill > 0 then
     fill = (pe + quota_margin - at) * 1000
-  end
-  if not led then -- an empty ledger (load's lazy)
-    if fill == 0 and at <= now then
-      redis.call('DEL', key)
-    else
-      local ttl = math.ceil(((at - now) * 1000 + fill) / 1000000) + 1
-      if pe > 0 then
-        ttl = math.max(ttl, redis.call('PTTL', key), 1)
-      end
-      redis.call('SET', key, enc(tok) .. string.format(' %d', at), 'PX', ttl)
-    end
-    return
   end
   -- A budget in use must outlive the window, full or not (else a full
   -- bucket would forget it, and a caller could give back every grant or
@@ -359,7 +313,7 @@ local function store(key, tok, at, rate, burst, led, pe)
     end
     local v
     if #parts == 0 and led.rt == 0 and led.rs == 0 and led.rf == 0 then
-      v = enc(tok) .. string.format(' %d', at)
+      v = string.format('%.17g %.17g', tok, at)
     else
       v = string.format('%.17g %.17g %.17g %.17g %.17g %.17g', tok, at, led.gen, led.rt, led.rs, led.rf) .. table.concat(parts)
     end

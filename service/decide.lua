@@ -17,12 +17,11 @@
 -- cost as the caller's reservation in its ledger (a later charge of the same
 -- caller may refund it, a delayed one too), or nothing is written.
 --
--- Returns {all, ok_1, m_1, e_1, gap_1, wait_1, ..., ok_n, m_n, e_n, gap_n,
--- wait_n}, all integers: all is 1 when the request was admitted; ok_i is 1
--- when bucket i alone had enough tokens, or could wait for them within its
--- bound; m_i × 2^e_i (exactly: bucket.lua's enc) is what bucket i holds
--- after the decision (after consumption when admitted, refilled but
--- untouched otherwise); gap_i is the nanoseconds
+-- Returns {all, ok_1, tokens_1, gap_1, wait_1, ..., ok_n, tokens_n, gap_n,
+-- wait_n}: all is 1 when the request was admitted; ok_i is 1 when bucket i
+-- alone had enough tokens, or could wait for them within its bound; tokens_i
+-- (a string) is what bucket i holds after the decision (after consumption
+-- when admitted, refilled but untouched otherwise); gap_i is the nanoseconds
 -- by which the bucket's time is ahead of TIME (non-zero only when the clock
 -- went backwards); wait_i is the nanoseconds bucket i's request must wait for
 -- its tokens (0 when it had them; the gap included).
@@ -46,7 +45,7 @@ for i = 1, n do
   end
   local ps, pe = period_of(i, 5)
   ends[i] = pe
-  local tok, at, led = load(KEYS[i], rate, burst, ps, pe, true)
+  local tok, at, led = load(KEYS[i], rate, burst, ps, pe)
   if not tok then
     return at
   end
@@ -82,9 +81,6 @@ if all == 1 then
     end
     tokens[i] = tok
     if refundable[i] then
-      if not leds[i] then
-        leds[i] = new_ledger(gen)
-      end
       local p = part(leds[i], caller)
       p.r0 = p.r0 + costs[i]
       leds[i].rs = leds[i].rs + costs[i]
@@ -96,9 +92,7 @@ end
 local out = {all}
 for i = 1, n do
   out[#out + 1] = ok[i]
-  local m, e = math.frexp(tokens[i])
-  out[#out + 1] = m * two53
-  out[#out + 1] = e - 53
+  out[#out + 1] = string.format('%.17g', tokens[i])
   out[#out + 1] = (ats[i] - now) * 1000
   out[#out + 1] = waits[i]
 end

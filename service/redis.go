@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -449,7 +448,7 @@ func formatFloat(x float64) string {
 // bucket's wait counts only when the script admitted (else nothing was
 // taken).
 func parseResult(req *wire.Request, idx []int, res any, now int64, out []wire.BucketAnswer) (bool, error) {
-	const per = 5 // ok, tokens (significand, exponent), gap, wait
+	const per = 4 // ok, tokens, gap, wait
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 1+per*len(idx) {
 		return false, fmt.Errorf("service: redis: script reply: want %d values, got %T of %v", 1+per*len(idx), res, res)
@@ -459,14 +458,16 @@ func parseResult(req *wire.Request, idx []int, res any, now int64, out []wire.Bu
 	for j, i := range idx {
 		v := vals[1+per*j : 1+per*(j+1)]
 		okv, ok1 := v[0].(int64)
-		m, ok2 := v[1].(int64)
-		e, ok5 := v[2].(int64)
-		gap, ok3 := v[3].(int64)
-		wait, ok4 := v[4].(int64)
-		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || wait < 0 || m <= -1<<53 || m >= 1<<53 || e < -1100 || e > 1100 {
+		str, ok2 := v[1].(string)
+		gap, ok3 := v[2].(int64)
+		wait, ok4 := v[3].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 || wait < 0 {
 			return false, fmt.Errorf("service: redis: script reply: bucket %d: malformed %v", i, v)
 		}
-		tokens := math.Ldexp(float64(m), int(e))
+		tokens, err := strconv.ParseFloat(str, 64)
+		if err != nil {
+			return false, fmt.Errorf("service: redis: script reply: bucket %d: tokens: %w", i, err)
+		}
 		if admitted != 1 {
 			wait = 0
 		}
