@@ -38,13 +38,34 @@ var (
 	// moduleOther is configuration 12 run by another build of the module
 	// (-compare-module): a change measured against -module in one run.
 	moduleOther = setup{20, "module-other", "native module (-compare-module), local rule", "module\nother", kindModule, false, nil, false, 0}
+	// moduleQuota and moduleSlots are the module with a calendar quota and
+	// with a concurrency limit on the same key instead of configuration
+	// 12's token bucket, never refusing: what a budget rule and a
+	// concurrency rule cost a request against a token-bucket rule (issues
+	// 41 and 42), compared with 12 within each round.
+	moduleQuota = setup{21, "module-quota", "native module, quota rule (a day in America/New_York)", "module\nquota", kindModule, false, quotaRule, false, 0}
+	moduleSlots = setup{22, "module-concurrency", "native module, concurrency rule", "module\nslots", kindModule, false, concurrencyRule, false, 0}
 )
+
+// quotaRule is the standard rule as a calendar quota of l.Burst a day.
+func quotaRule(l limit) string {
+	return `{"rules":[{"name":"per-key","limit_keys":["header:x-api-key"],"algorithm":"quota",` +
+		`"algorithm_config":{"limit":` + strconv.FormatInt(l.Burst, 10) + `,"period":"day","time_zone":"America/New_York"}}]}`
+}
+
+// concurrencyRule is the standard key with at most l.Burst requests in
+// flight (the benchmark never has that many).
+func concurrencyRule(l limit) string {
+	n := min(l.Burst, 1000000)
+	return `{"rules":[{"name":"per-key","limit_keys":["header:x-api-key"],"algorithm":"concurrency",` +
+		`"algorithm_config":{"max_in_flight":` + strconv.FormatInt(n, 10) + `}}]}`
+}
 
 // ordinarySelection is what -ordinary runs: no filter, local_ratelimit
 // without and with headers, the module with and without, the plugin, and
 // the other build of the module when given.
 func (p *params) ordinarySelection() []setup {
-	sel := []setup{setups[0], setups[1], nativeHeadersSetup, setups[11], moduleNoHeaders, setups[2]}
+	sel := []setup{setups[0], setups[1], nativeHeadersSetup, setups[11], moduleNoHeaders, setups[2], moduleQuota, moduleSlots}
 	if p.compareModule != "" {
 		sel = append(sel, moduleOther)
 	}
@@ -70,6 +91,8 @@ func ordinaryRef(s setup) int {
 	switch s.ID {
 	case 12, 3, moduleOther.ID, nativeHeadersSetup.ID:
 		return nativeHeadersSetup.ID
+	case moduleQuota.ID, moduleSlots.ID:
+		return 12
 	}
 	return 2
 }
@@ -123,7 +146,7 @@ func (b *bench) ordinaryRun() error {
 		"Ratios are taken within each round, then summarised: median (min–max). "+
 		"The context switches are those of every Envoy thread but the worker (the one that used the most CPU) over the fixed-rate run, ÷ the requests offered in it: the Go runtime's threads waking (/proc/<pid>/task/*/status). "+
 		"local_ratelimit writes RateLimit headers only when asked (`enable_x_ratelimit_headers: DRAFT_VERSION_03`), the module and the plugin by default: "+
-		"each is compared with the local_ratelimit that does the same (the column *like with like* says which: with headers or without). "+
+		"each is compared with the local_ratelimit that does the same (the column *like with like* says which: with headers or without); the module's quota and concurrency rules are compared with its token-bucket rule instead. "+
 		"Load average (`uptime`) at the start: %s; at the end: %s.\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), b.info.Pinning, b.rate, 100*p.load, cal.Throughput, p.conns, p.openConns,
 		p.keys, p.conns, p.rounds, p.latWindow, p.satWindow, loadStart, loadAvg())
@@ -182,9 +205,13 @@ func ordinaryTable(ts []*target) string {
 		var lr, sr spread
 		if ref != nil && ref != t && t.s.Kind != kindNone {
 			lr, sr = col(t, cpuLat, ref), col(t, cpuSat, ref)
-			refName = "without headers: "
-			if ref.s.ID == nativeHeadersSetup.ID {
+			switch ref.s.ID {
+			case nativeHeadersSetup.ID:
 				refName = "with headers: "
+			case 12:
+				refName = "÷ the module's token bucket: "
+			default:
+				refName = "without headers: "
 			}
 		}
 		var ln, sn spread
