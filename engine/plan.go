@@ -137,7 +137,7 @@ func (c *Request) planRules(r *requestValues) *rejection {
 			pl.shadowC = append(pl.shadowC, t)
 		case ru.Mode == config.ModeShadow:
 			pl.shadowLocal = append(pl.shadowLocal, t)
-		case cluster && ru.slots && ru.Mode != config.ModeShadow:
+		case cluster && ru.slots:
 			pl.slotsC = append(pl.slotsC, t)
 		case cluster && ru.Sync == config.SyncLease:
 			pl.leased = append(pl.leased, t)
