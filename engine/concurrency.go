@@ -19,8 +19,10 @@ import (
 // flag, as for a token: a later refusal gives it back with the rest
 // (giveBack), and Done, the one place where every request ends whatever
 // ended it (the response, a reset of either side, a timeout, a later
-// filter's reply, a drain), gives back what is still held (releaseSlots),
-// clearing the flag, so a slot comes back exactly once. A request admitted
+// filter's reply, a drain), gives back what is still held (releaseSlots).
+// Both go through giveBackSlot, which clears the flag, so a slot comes
+// back exactly once, and owes a release shared data refuses (releaseSlot),
+// so no path loses one. A request admitted
 // under an earlier configuration gives back to the table it took from: its
 // takes keep their rule and identity, and an identity holds the rule's
 // max_in_flight (keyIdentities), so a reload that changes the limit starts
@@ -82,14 +84,24 @@ func (c *Request) releaseSlots() {
 	for _, takes := range [...][]take{c.plan.local, c.plan.shadowLocal} {
 		for i := range takes {
 			if t := &takes[i]; t.held && t.rule.slots {
-				t.held = false
-				t.rule.inFlight.Add(-1)
-				c.plugin.releaseSlot(store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
-				if len(c.plugin.slotLine[t.id]) > 0 {
-					c.plugin.wakeSlotLine(t.id)
-				}
+				c.giveBackSlot(t)
 			}
 		}
+	}
+}
+
+// giveBackSlot gives back the slot the held take t holds: the one way a
+// slot comes back, whatever ended its request (Done: releaseSlots; a
+// refusal after it was taken, or a hold given up: giveBack). It clears the
+// held flag, so a slot comes back once; the release is owed when it
+// cannot be written (releaseSlot); and this worker's line for the key is
+// woken.
+func (c *Request) giveBackSlot(t *take) {
+	t.held = false
+	t.rule.inFlight.Add(-1)
+	c.plugin.releaseSlot(store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+	if len(c.plugin.slotLine[t.id]) > 0 {
+		c.plugin.wakeSlotLine(t.id)
 	}
 }
 
@@ -352,16 +364,6 @@ func (c *Request) abandonSlotWait() {
 		}
 	}
 	c.releaseClaims(false)
-}
-
-// wakeForGivenBack wakes the lines of the slots the request gave back on
-// a refusal (giveBack).
-func (c *Request) wakeForGivenBack() {
-	for i := range c.plan.local {
-		if t := &c.plan.local[i]; t.rule.slots && len(c.plugin.slotLine[t.id]) > 0 {
-			c.plugin.wakeSlotLine(t.id)
-		}
-	}
 }
 
 // wakeSlotLine lets the first request waiting for a slot of id in this
