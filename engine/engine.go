@@ -100,6 +100,8 @@ type Plugin struct {
 	// slotLine is, per slot table entry, the requests of this Plugin
 	// waiting for a slot, first come first (concurrency.go).
 	slotLine map[uint64][]*Request
+	// lines: the lines for slots in shared data (concurrency_line.go).
+	lines *slotLines
 }
 
 // Options tune a Plugin beyond its configuration, and say what its host
@@ -271,6 +273,9 @@ func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 		return err
 	}
 	leases.WithSeed(SeedKey)
+	if p.lines, err = newSlotLines(p.host.SharedData(), rootID, cfg.MaxKeys); err != nil {
+		return err
+	}
 	p.cfg, p.table, p.leases, p.held = cfg, table, leases, heldLeases{}
 	p.rules = make([]*rule, len(cfg.Rules))
 	for i := range cfg.Rules {
