@@ -46,8 +46,8 @@ import (
 // worker's line only): ordering degrades, the bound on slots does not.
 
 // lineLease is how long the head of a line keeps its turn without trying:
-// ten polls.
-const lineLease = 10 * slotPoll
+// fifty polls (1 s), so that a worker slowed by its load keeps its turn.
+const lineLease = 50 * slotPoll
 
 // lineLen is the length of an encoded lineRec.
 const lineLen = 32
