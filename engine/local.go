@@ -121,6 +121,7 @@ func (c *Request) giveBack() {
 	for i := range pl.local {
 		if t := &pl.local[i]; t.held { // a slot, after the tokens: its line wakes to them
 			c.giveBackSlot(t) // owed if it cannot be written (concurrency.go)
+			p.metrics.refunds.Increment(1)
 		}
 	}
 	c.giveBackCluster()
