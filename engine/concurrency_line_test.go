@@ -312,3 +312,47 @@ func pick(rng *rand.Rand, qs []*lineReq, ok func(*lineReq) bool) *lineReq {
 	}
 	return c[rng.IntN(len(c))]
 }
+
+// TestSlotLineStalledHeadRejoins: the head's worker stalls past its turn
+// (its timers late): the next is admitted, and the stalled request, once
+// its worker runs again, takes a new ticket at the back, before a later
+// newcomer, and is admitted in its new turn.
+func TestSlotLineStalledHeadRejoins(t *testing.T) {
+	e := newLineEnvoy(t, 2, fmt.Sprintf(lineStreams, 1, 10_000, 10))
+	a := e.open(0, "x")
+	b := e.open(1, "x")
+	c := e.open(0, "x")
+	all := []*lineReq{a, b, c}
+	stalled := e.workers[1]
+	a.end()
+	for range 2 * engine.LineLease / pollNs {
+		e.step(pollNs, all, stalled)
+	}
+	if !c.admitted() || !b.waiting() {
+		t.Fatalf("after b's turn lapsed: c admitted %v, b waiting %v; want both", c.admitted(), b.waiting())
+	}
+	e.step(pollNs, all) // b's worker runs again: b finds its turn gone
+	d := e.open(0, "x")
+	all = append(all, d)
+	if !b.waiting() || !d.waiting() {
+		t.Fatalf("b waiting %v, d waiting %v; want both", b.waiting(), d.waiting())
+	}
+	c.end()
+	for range 3 {
+		e.step(pollNs, all)
+	}
+	if !b.admitted() || d.admitted() {
+		t.Fatalf("after c: b admitted %v, d admitted %v; want b (its new ticket first), not d", b.admitted(), d.admitted())
+	}
+	b.end()
+	for range 3 {
+		e.step(pollNs, all)
+	}
+	if !d.admitted() {
+		t.Fatal("d still waits after b")
+	}
+	d.end()
+	if n, f := e.workers[0].p.SlotLinesWaiting(), e.metric("rule.streams.in_flight"); n != 0 || f != 0 {
+		t.Fatalf("%d lines left, in_flight %d; want 0, 0", n, f)
+	}
+}
