@@ -19,8 +19,10 @@ import (
 // flag, as for a token: a later refusal gives it back with the rest
 // (giveBack), and Done, the one place where every request ends whatever
 // ended it (the response, a reset of either side, a timeout, a later
-// filter's reply, a drain), gives back what is still held (releaseSlots),
-// clearing the flag, so a slot comes back exactly once. A request admitted
+// filter's reply, a drain), gives back what is still held (releaseSlots).
+// Both go through giveBackSlot, which clears the flag, so a slot comes
+// back exactly once, and owes a release shared data refuses (releaseSlot),
+// so no path loses one. A request admitted
 // under an earlier configuration gives back to the table it took from: its
 // takes keep their rule and identity, and an identity holds the rule's
 // max_in_flight (keyIdentities), so a reload that changes the limit starts
@@ -82,14 +84,24 @@ func (c *Request) releaseSlots() {
 	for _, takes := range [...][]take{c.plan.local, c.plan.shadowLocal} {
 		for i := range takes {
 			if t := &takes[i]; t.held && t.rule.slots {
-				t.held = false
-				t.rule.inFlight.Add(-1)
-				c.plugin.releaseSlot(store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
-				if len(c.plugin.slotLine[t.id]) > 0 {
-					c.plugin.wakeSlotLine(t.id)
-				}
+				c.giveBackSlot(t)
 			}
 		}
+	}
+}
+
+// giveBackSlot gives back the slot the held take t holds: the one way a
+// slot comes back, whatever ended its request (Done: releaseSlots; a
+// refusal after it was taken, or a hold given up: giveBack). It clears the
+// held flag, so a slot comes back once; the release is owed when it
+// cannot be written (releaseSlot); and this worker's line for the key is
+// woken.
+func (c *Request) giveBackSlot(t *take) {
+	t.held = false
+	t.rule.inFlight.Add(-1)
+	c.plugin.releaseSlot(store.Request{ID: t.id, Limit: t.rule.limit, Cost: t.cost})
+	if len(c.plugin.slotLine[t.id]) > 0 {
+		c.plugin.wakeSlotLine(t.id)
 	}
 }
 
@@ -132,27 +144,29 @@ func slotPolicy(quotedName string, maxInFlight int) string {
 // Waiting for a slot (max_delay_ms on a concurrency rule). A request that
 // finds no free slot, and that no other rule refuses, waits for one
 // instead of being refused, within its rule's max_delay_ms and max_waiting
-// places (claimed as for a token bucket that holds: planRules). It waits
-// in its key's line in this Plugin (slotLine): first come, first served
-// among the requests of one worker, and a request that arrives while
-// others wait joins the line behind them rather than take a freed slot. A
-// slot freed in this worker wakes the line's first at once (Stream.Run);
-// a slot freed in another worker is seen by a poll (Stream.After), every
-// slotPoll at most: shared data has no notification. Across workers the
-// order is not kept: the first of each worker's line tries in turn.
+// places (claimed as for a token bucket that holds: planRules). It takes a
+// ticket of its key's line in shared data (concurrency_line.go): first
+// come, first served across the workers of this Envoy, and a request that
+// arrives while others wait, in any worker, takes a ticket behind them
+// rather than a freed slot. Only the line's head tries for a slot. It also
+// waits in its worker's list for the key (slotLine), so a slot freed in
+// this worker wakes the first of them at once (Stream.Run); a slot freed in
+// another worker, or a turn that came, is seen by a poll (Stream.After),
+// every slotPoll at most: shared data has no notification.
 //
-// The waiting request tries the whole local decision again (all or none,
-// as at first); once admitted it goes on with the rest of its decision
-// (leases, the limit service), once refused past its bound it is answered
-// as any refusal. A request that ends while it waits (Done, or Envoy's
-// own answer) leaves the line, counted in delay_abandoned.
+// The head tries the whole local decision again (all or none, as at
+// first); once admitted it leaves the line and goes on with the rest of
+// its decision (leases, the limit service), once refused past its bound it
+// is answered as any refusal. A request that ends while it waits (Done, or
+// Envoy's own answer) leaves the line, counted in delay_abandoned.
 
 // slotPoll bounds how long a waiting request goes without trying again.
 const slotPoll = 20 * int64(time.Millisecond)
 
 // waitForSlot reports whether the request refused by rej waits for a slot
 // instead (and then it is paused): the refusing take is a slot of a rule
-// with max_delay_ms that claimed a place, and no other take refused.
+// with max_delay_ms that claimed a place, no other take refused, and the
+// key's line has a place.
 func (c *Request) waitForSlot(rej *rejection, out []bucket.Decision) bool {
 	if rej.reason != reasonConcurrency {
 		return false
@@ -176,38 +190,46 @@ func (c *Request) waitForSlot(rej *rejection, out []bucket.Decision) bool {
 	if first == nil {
 		return false
 	}
-	c.startSlotWait(first)
-	return true
+	return c.startSlotWait(first)
 }
 
 // behindSlotLine is for a request that arrives while requests of one of
-// its keys wait for a slot in this Plugin: it joins the line behind them
-// (waits) rather than take a slot freed for them, or is refused at once
-// when its rule has no place left (waiting_full). Neither when no line is
-// ahead of it.
+// its keys wait for a slot, in this worker or another: it takes a ticket
+// behind them (waits) rather than a slot freed for them, or is refused at
+// once when there is no place left (waiting_full). Neither when no line is
+// ahead of it. Only rules with max_delay_ms have lines.
 func (c *Request) behindSlotLine() (rej *rejection, waits bool) {
 	p := c.plugin
 	for i := range c.plan.local {
 		t := &c.plan.local[i]
-		if !t.rule.slots || len(p.slotLine[t.id]) == 0 {
+		if !t.rule.slots || t.rule.maxWait == 0 {
 			continue
 		}
-		if t.maxWait == 0 {
-			if t.full {
-				t.rule.waitingFull.Increment(1)
-			}
-			return &rejection{rule: t.rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})}, false
+		if len(p.slotLine[t.id]) == 0 && !p.lines.waiting(t.id, c.plan.now) {
+			continue
 		}
-		c.startSlotWait(t)
-		return nil, true
+		if t.maxWait > 0 && c.startSlotWait(t) {
+			return nil, true
+		}
+		if t.full || t.maxWait > 0 {
+			t.rule.waitingFull.Increment(1)
+		}
+		return &rejection{rule: t.rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})}, false
 	}
 	return nil, false
 }
 
-// startSlotWait puts the request in t's line until its rule's bound.
-func (c *Request) startSlotWait(t *take) {
+// startSlotWait puts the request in t's line until its rule's bound; false
+// when the line has max_waiting tickets already. A ticket that cannot be
+// written (shared data failing) leaves the request waiting without one:
+// it tries at each poll, in its worker's order only.
+func (c *Request) startSlotWait(t *take) bool {
 	p := c.plugin
-	c.slotWaiting, c.slotID = true, t.id
+	ticket, ok, err := p.lines.join(t.id, c.plan.now, t.rule.Limit.MaxWaiting)
+	if err == nil && !ok {
+		return false
+	}
+	c.slotWaiting, c.slotID, c.slotTicket = true, t.id, ticket
 	c.waitFrom, c.slotUntil = c.plan.now, c.plan.now+t.maxWait
 	if p.slotLine == nil {
 		p.slotLine = make(map[uint64][]*Request)
@@ -215,6 +237,7 @@ func (c *Request) startSlotWait(t *take) {
 	p.slotLine[t.id] = append(p.slotLine[t.id], c)
 	t.rule.waitingGauge.Add(1)
 	c.pollSlot()
+	return true
 }
 
 // pollSlot sets the request's next try: slotPoll from now, or its bound.
@@ -233,18 +256,67 @@ func (c *Request) pollSlot() {
 	}
 }
 
-// tryForSlot tries the local decision again for the first of its line;
-// another one in the line polls again.
+// slotTurn is where the request stands in its line at now. A request
+// without a ticket tries as a head; one that lost its place (its turn
+// lapsed, or its line's record was evicted) takes a new ticket at the
+// back of both lines.
+func (c *Request) slotTurn(now int64) lineTurn {
+	p := c.plugin
+	if c.slotTicket == 0 {
+		return lineHead
+	}
+	at, err := p.lines.turn(c.slotID, c.slotTicket, now)
+	switch {
+	case err != nil:
+		return lineHead // shared data failing: the worker's order only
+	case at != lineLost:
+		return at
+	}
+	ticket, ok, err := p.lines.join(c.slotID, now, c.slotMaxWaiting())
+	switch {
+	case err != nil:
+		c.slotTicket = 0
+		return lineHead
+	case !ok:
+		return lineLost
+	}
+	c.slotTicket = ticket
+	line := p.slotLine[c.slotID]
+	for i, r := range line {
+		if r == c {
+			p.slotLine[c.slotID] = append(append(line[:i], line[i+1:]...), c)
+			break
+		}
+	}
+	return lineBehind
+}
+
+// slotMaxWaiting is the max_waiting of the rule whose slot the request
+// waits for.
+func (c *Request) slotMaxWaiting() int {
+	for i := range c.plan.local {
+		if t := &c.plan.local[i]; t.rule.slots && t.id == c.slotID {
+			return t.rule.Limit.MaxWaiting
+		}
+	}
+	return 1
+}
+
+// tryForSlot tries the local decision again when it is the request's
+// turn; otherwise it polls again, until its bound.
 func (c *Request) tryForSlot() {
 	p := c.plugin
-	line := p.slotLine[c.slotID]
 	now := p.now()
-	if len(line) > 0 && line[0] != c {
-		if now >= c.slotUntil {
-			c.leaveSlotLine()
-			c.slotRefused(true)
-			return
-		}
+	switch at := c.slotTurn(now); {
+	case at != lineHead && now >= c.slotUntil:
+		c.leaveSlotLine()
+		c.slotRefused(true)
+		return
+	case at == lineLost: // no place left behind the line
+		c.leaveSlotLine()
+		c.slotRefused(true)
+		return
+	case at == lineBehind:
 		c.pollSlot()
 		return
 	}
@@ -321,6 +393,11 @@ func (c *Request) leaveSlotLine() {
 	}
 	p := c.plugin
 	c.slotWaiting = false
+	if c.slotTicket != 0 {
+		// An error leaves the ticket to lapse at the head (lineLease).
+		_ = p.lines.leave(c.slotID, c.slotTicket, p.now())
+		c.slotTicket = 0
+	}
 	line := p.slotLine[c.slotID]
 	for i, r := range line {
 		if r == c {
@@ -352,16 +429,6 @@ func (c *Request) abandonSlotWait() {
 		}
 	}
 	c.releaseClaims(false)
-}
-
-// wakeForGivenBack wakes the lines of the slots the request gave back on
-// a refusal (giveBack).
-func (c *Request) wakeForGivenBack() {
-	for i := range c.plan.local {
-		if t := &c.plan.local[i]; t.rule.slots && len(c.plugin.slotLine[t.id]) > 0 {
-			c.plugin.wakeSlotLine(t.id)
-		}
-	}
 }
 
 // wakeSlotLine lets the first request waiting for a slot of id in this

@@ -15,7 +15,9 @@
 // rules are walked once into a plan of takes, the buckets it asks of each
 // rule (plan.go); local shadow rules are decided alone and the enforced
 // local rules as one atomic stack in shared data (local.go; a concurrency
-// rule's slot is such a take, given back at Done: concurrency.go); then the
+// rule's slot is such a take, given back at Done: concurrency.go, and a
+// request waiting for one holds a ticket of its key's line in shared data,
+// first come first served across workers: concurrency_line.go); then the
 // leased cluster rules (lease.go) and the per-request ones, in one callout
 // (cluster.go). Every step and every answer goes on through one function,
 // and the request ends in one place (request.go: next and end), which gives
@@ -98,8 +100,10 @@ type Plugin struct {
 	// (concurrency_cluster.go).
 	cslots clusterSlots
 	// slotLine is, per slot table entry, the requests of this Plugin
-	// waiting for a slot, first come first (concurrency.go).
+	// waiting for a slot, in ticket order, for waking (concurrency.go).
 	slotLine map[uint64][]*Request
+	// lines: the lines for slots in shared data (concurrency_line.go).
+	lines *slotLines
 }
 
 // Options tune a Plugin beyond its configuration, and say what its host
@@ -271,6 +275,9 @@ func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 		return err
 	}
 	leases.WithSeed(SeedKey)
+	if p.lines, err = newSlotLines(p.host.SharedData(), rootID, cfg.MaxKeys); err != nil {
+		return err
+	}
 	p.cfg, p.table, p.leases, p.held = cfg, table, leases, heldLeases{}
 	p.rules = make([]*rule, len(cfg.Rules))
 	for i := range cfg.Rules {

@@ -85,9 +85,11 @@ func (c *Request) decide(now int64, takes []take) (ok bool, out []bucket.Decisio
 }
 
 // giveBack gives back everything the request took and still holds: its
-// spends from leases and its local rules' tokens (a later check rejected
-// it). It is called only by end, so each token is given back at most once;
-// the held flags it clears are the record of what was taken.
+// spends from leases, its local rules' tokens (a later check rejected it)
+// and its slots, through giveBackSlot as at Done (owed when shared data
+// refuses the write). It is called only by end, so each token is given
+// back at most once; the held flags it clears are the record of what was
+// taken.
 func (c *Request) giveBack() {
 	pl := &c.plan
 	p := c.plugin
@@ -105,11 +107,8 @@ func (c *Request) giveBack() {
 	}
 	reqs := c.scratch.reqs[:0]
 	for i := range pl.local {
-		if t := &pl.local[i]; t.held {
+		if t := &pl.local[i]; t.held && !t.rule.slots {
 			t.held = false
-			if t.rule.slots {
-				t.rule.inFlight.Add(-1)
-			}
 			// A take still waiting gives back only what no later holder
 			// counts on (bucket.Limit.Cancel).
 			reqs = append(reqs, store.Request{ID: t.id, Limit: t.rule.limitAt(now), Cost: t.cost, GoesAt: pl.now + int64(t.d.Wait)})
@@ -118,8 +117,11 @@ func (c *Request) giveBack() {
 	c.scratch.reqs = reqs
 	if len(reqs) > 0 {
 		p.metrics.refunds.Increment(uint64(p.table.Refund(now, reqs)))
-		if len(p.slotLine) > 0 {
-			c.wakeForGivenBack() // a slot came back (concurrency.go)
+	}
+	for i := range pl.local {
+		if t := &pl.local[i]; t.held { // a slot, after the tokens: its line wakes to them
+			c.giveBackSlot(t) // owed if it cannot be written (concurrency.go)
+			p.metrics.refunds.Increment(1)
 		}
 	}
 	c.giveBackCluster()

@@ -53,8 +53,9 @@ type Request struct {
 	leaseHeld    bool
 	// Waiting for a slot of a concurrency rule (concurrency.go): in the
 	// line of the slot slotID since waitFrom, until slotUntil (Unix ns).
+	// slotTicket is its ticket in the key's line (0: none).
 	slotWaiting         bool
-	slotID              uint64
+	slotID, slotTicket  uint64
 	waitFrom, slotUntil int64
 	// Backing for the request's values (request.values): a request reads
 	// a handful, so none is allocated.
@@ -202,7 +203,7 @@ func (c *Request) OnRequestHeaders() Action {
 		c.askIdentityEncoding()
 	}
 	c.decideShadows()
-	if rej == nil && c.plan.slots && len(p.slotLine) > 0 {
+	if rej == nil && c.plan.slots {
 		var waits bool
 		if rej, waits = c.behindSlotLine(); waits {
 			c.step = stepLeases
