@@ -103,7 +103,7 @@ func (r *report) wasmOrNative(w func(string, ...any)) {
 		return
 	}
 	w("\n## Wasm or native\n\n")
-	w("The plugin's local rule run by the same engine built as an Envoy dynamic module (`make build-native`; docs/native.md), against the issue's targets for it. Ratios are taken within each round, then summarised (median, min–max). Pinned: Envoy's threads, and so the module's Go runtime, on one CPU, as in a container limited to one CPU. Any CPU: Envoy free on both CPUs of this machine, as without a CPU limit (the load generator keeps its own CPU). The cost over no filter is Envoy's CPU per request minus no filter's.\n\n")
+	w("The local rule run by the same engine built as an Envoy dynamic module (docs/native.md), against its targets. *Pinned*: Envoy, and so the module's Go runtime, on one CPU (a container limited to one CPU); *any CPU*: Envoy free on both. *Cost over no filter*: Envoy CPU per request minus no filter's.\n\n")
 	w("| figure | measured | target | |\n|---|---|---|---|\n")
 	row := func(name string, v spread, max float64) {
 		w("| %s | %s | ≤ %.2f | %s |\n", name, f(v, 2), max, verdict(v, max))
@@ -127,7 +127,7 @@ func (r *report) wasmOrNative(w func(string, ...any)) {
 			none = &r.Startups[i]
 		}
 	}
-	w("\nEnvoy started %d times with each (`--concurrency 1`, any CPU): its CPU (all threads) and wall time from start until the first 200, and its resident memory after %d more requests (targets for the native module: at most %.1f s of CPU, at most no filter + %d MiB).\n\n", max(r.Startups[0].CPU.N, 1), startRequests, targetStartCPUSeconds, targetRSSOverNoFilterMB)
+	w("\nEnvoy started %d times with each (one worker, any CPU): CPU (all threads) and wall time until the first 200, RSS after %d more requests (the module's targets: at most %.1f s of CPU, no filter + %d MiB).\n\n", max(r.Startups[0].CPU.N, 1), startRequests, targetStartCPUSeconds, targetRSSOverNoFilterMB)
 	w("| configuration | CPU s to the first 200 | wall s | RSS MiB | RSS − no filter MiB |\n|---|---|---|---|---|\n")
 	for _, s := range r.Startups {
 		more := "–"

@@ -147,7 +147,7 @@ func TestRLQSSectionVerdicts(t *testing.T) {
 // section, without the rounds' tables.
 func TestRLQSOnlyPage(t *testing.T) {
 	md := (&report{RLQS: rlqsFixture(40, 50, 52, 0.2, 0.2, 0.2)}).markdown()
-	if !strings.Contains(md, "## Envoy's rate limit quota filter: limitd's RLQS") || strings.Contains(md, "## Throughput and Envoy CPU") {
+	if !strings.Contains(md, "## Envoy's rate limit quota filter: limitd's RLQS") || strings.Contains(md, "## Envoy CPU, throughput and latency") {
 		t.Errorf("page:\n%s", md)
 	}
 }

@@ -116,7 +116,7 @@ func TestRLSSectionVerdicts(t *testing.T) {
 // section, without the rounds' tables.
 func TestRLSOnlyPage(t *testing.T) {
 	md := (&report{RLS: rlsFixture(60, 900, 26)}).markdown()
-	if !strings.Contains(md, "## Envoy's ratelimit filter") || strings.Contains(md, "## Throughput and Envoy CPU") {
+	if !strings.Contains(md, "## Envoy's ratelimit filter") || strings.Contains(md, "## Envoy CPU, throughput and latency") {
 		t.Errorf("page:\n%s", md)
 	}
 }
