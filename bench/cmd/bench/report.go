@@ -214,6 +214,14 @@ func fsigned(s spread, prec int) string {
 	return fmt.Sprintf("%+.*f (%+.*f…%+.*f)", prec, s.Median, prec, s.Min, prec, s.Max)
 }
 
+// fsm formats only the median, signed.
+func fsm(s spread, prec int) string {
+	if s.N == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%+.*f", prec, s.Median)
+}
+
 func pct(s spread) string {
 	if s.N == 0 {
 		return "–"
