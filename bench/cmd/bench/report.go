@@ -345,16 +345,27 @@ func (r *report) markdown() string {
 	}
 
 	w("\n## Envoy CPU, throughput and latency\n\n")
-	w("*Saturated*: a closed loop of %d connections. *At %.0f req/s*: an open loop on %d connections; *Envoy busy* is CPU per request × rate (near 100%%, queueing dominates latency); *CPU 1 busy*, the generator's CPU in all (near 100%%, the generator adds latency); *late / dropped*, sends more than 1 ms behind schedule / skipped by a connection 100 ms behind (the rate was not met and the percentiles understate the wait).\n\n", in.Conns, r.Rate, in.OpenConns)
-	w("| configuration | saturated: Envoy CPU µs/req | ÷ none | ÷ native | req/s per Envoy core | at %.0f req/s: Envoy CPU µs/req | ÷ none | p50 µs | p99 µs | Envoy busy | CPU 1 busy | late / dropped | Envoy RSS MiB |\n", r.Rate)
-	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	var other0, other1 float64
+	w("*Saturated*: a closed loop of %d connections. *At %.0f req/s*: an open loop on %d connections; *Envoy busy* is CPU per request × rate (near 100%%, queueing dominates latency).\n\n", in.Conns, r.Rate, in.OpenConns)
+	w("| configuration | saturated: Envoy CPU µs/req | ÷ none | req/s per Envoy core | at %.0f req/s: Envoy CPU µs/req | ÷ none | p50 µs | p99 µs | Envoy busy | Envoy RSS MiB |\n", r.Rate)
+	w("|---|---|---|---|---|---|---|---|---|---|\n")
+	var other0, other1, gen float64
+	var genAt string
+	var missed []string
 	for _, s := range r.Results {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s |\n", label(s), f(s.CPUSat, 1), f(s.CPUVs1, 2), fm(s.CPUVs2, 2),
-			fm(s.Capacity, 0), fm(s.CPULat, 1), fm(s.CPULatVs1, 2), fm(s.P50, 0), fm(s.P99, 0), pct(s.BusyLat), pct(s.Core1Busy), pct(s.Late), pct(s.Dropped), fm(s.RSSMiB, 1))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(s), f(s.CPUSat, 1), f(s.CPUVs1, 2),
+			fm(s.Capacity, 0), fm(s.CPULat, 1), fm(s.CPULatVs1, 2), fm(s.P50, 0), fm(s.P99, 0), pct(s.BusyLat), fm(s.RSSMiB, 1))
 		other0, other1 = max(other0, s.Core0Other.Median), max(other1, s.Core1Other.Median)
+		if s.Core1Busy.N > 0 && s.Core1Busy.Median > gen {
+			gen, genAt = s.Core1Busy.Median, label(s)
+		}
+		if s.Late.Median > 0.05 || s.Dropped.Median >= 0.005 {
+			missed = append(missed, fmt.Sprintf("*%s* (%s of sends late by more than 1 ms, %s dropped)", label(s), pct(s.Late), pct(s.Dropped)))
+		}
 	}
-	w("\nOther processes and interrupts took at most %.0f%% of Envoy's CPU and %.0f%% of the generator's while a configuration was measured (median across rounds).", 100*other0, 100*other1)
+	w("\nOther processes and interrupts took at most %.0f%% of Envoy's CPU and %.0f%% of the generator's (medians across rounds); at the fixed rate the generator's CPU was at most %.0f%% busy in all (*%s*: near 100%%, the generator adds latency).", 100*other0, 100*other1, 100*gen, genAt)
+	if len(missed) > 0 {
+		w(" The fixed rate was not met, so the percentiles understate the wait, for %s.", strings.Join(missed, ", "))
+	}
 	if len(in.Starved) > 0 {
 		w(" Runs that got no answer at all, left out: %s.", named(strings.Join(in.Starved, "; ")))
 	}
