@@ -103,21 +103,21 @@ func (r *report) wasmOrNative(w func(string, ...any)) {
 		return
 	}
 	w("\n## Wasm or native\n\n")
-	w("The local rule run by the same engine built as an Envoy dynamic module (docs/native.md), against its targets. *Pinned*: Envoy, and so the module's Go runtime, on one CPU (a container limited to one CPU); *any CPU*: Envoy free on both. *Cost over no filter*: Envoy CPU per request minus no filter's.\n\n")
+	w("The local rule in the same engine built as an Envoy dynamic module (docs/native.md), against its targets: Envoy CPU per request; *pinned*, Envoy and so the module's Go runtime on one CPU (a container limited to one CPU); *any CPU*, free on both; *cost*, CPU per request over no filter's; throughput saturated, any CPU.\n\n")
 	w("| figure | measured | target | |\n|---|---|---|---|\n")
 	row := func(name string, v spread, max float64) {
 		w("| %s | %s | ≤ %.2f | %s |\n", name, f(v, 2), max, verdict(v, max))
 	}
-	row("native module ÷ no filter, Envoy CPU per request (pinned)", r.perRound(ratio, 12, 1), targetModuleVsNone)
-	row("native module ÷ native local_ratelimit, Envoy CPU per request (pinned)", r.perRound(ratio, 12, 2), targetModuleVsNative)
-	row("native module's cost over no filter ÷ the plugin's, pinned", r.perRound(overhead, 1, 12, 3), targetOverheadPinned)
-	row("native module's cost over no filter ÷ the plugin's, any CPU", r.perRound(overhead, 13, 15, 14), targetOverheadFree)
+	row("module ÷ no filter, pinned", r.perRound(ratio, 12, 1), targetModuleVsNone)
+	row("module ÷ local_ratelimit, pinned", r.perRound(ratio, 12, 2), targetModuleVsNative)
+	row("module's cost ÷ the plugin's, pinned", r.perRound(overhead, 1, 12, 3), targetOverheadPinned)
+	row("module's cost ÷ the plugin's, any CPU", r.perRound(overhead, 13, 15, 14), targetOverheadFree)
 	thr := func(s satResult) float64 { return s.Throughput }
 	none4, mod4 := r.perRoundOf(thr, ratio, 16, 13), r.perRoundOf(thr, ratio, 17, 15)
 	scale := r.perRoundOf(thr, func(t []float64) float64 { return (t[0] / t[1]) / (t[2] / t[3]) }, 17, 15, 16, 13)
-	w("| saturated throughput, 4 workers ÷ 1, any CPU: no filter | %s | | |\n", f(none4, 2))
-	w("| saturated throughput, 4 workers ÷ 1, any CPU: native module | %s | | |\n", f(mod4, 2))
-	w("| the native module's growth ÷ no filter's | %s | ≥ %.2f | %s |\n", f(scale, 2), targetScaling, atLeast(scale, targetScaling))
+	w("| throughput, 4 workers ÷ 1: no filter | %s | | |\n", f(none4, 2))
+	w("| throughput, 4 workers ÷ 1: module | %s | | |\n", f(mod4, 2))
+	w("| module's growth ÷ no filter's | %s | ≥ %.2f | %s |\n", f(scale, 2), targetScaling, atLeast(scale, targetScaling))
 	if len(r.Startups) == 0 {
 		return
 	}

@@ -256,7 +256,7 @@ func (r *report) meaning(w func(string, ...any)) {
 	}
 	w("\n## What it means for you\n\n")
 	w("Against no filter, with Envoy's one worker on a core of its own: *one core serves* is the share of no filter's requests one Envoy core serves (saturated); latency is added at %.0f req/s, half of what no filter serves, where a worker nearly always busy queues requests.\n\n", r.Rate)
-	w("| configuration | one core serves | Envoy CPU µs/req | p50 µs | p99 µs | Envoy busy | memory MiB |\n|---|---|---|---|---|---|---|\n")
+	w("| configuration | one core serves | Envoy CPU µs/req | p50 µs | p99 µs | memory MiB |\n|---|---|---|---|---|---|\n")
 	for _, id := range meaningIDs {
 		s := r.result(id)
 		if s == nil || s.CapVs1.N == 0 {
@@ -270,7 +270,7 @@ func (r *report) meaning(w func(string, ...any)) {
 		if s.AddP50Vs1.N > 0 {
 			p50, p99 = fmt.Sprintf("%+.0f", s.AddP50Vs1.Median), fmt.Sprintf("%+.0f", s.AddP99Vs1.Median)
 		}
-		w("| %s | %s× | %+.1f | %s | %s | %s | %s |\n", label(s), fm(s.CapVs1, 2), s.CPUSat.Median-none.CPUSat.Median, p50, p99, pct(s.BusyLat), mem)
+		w("| %s | %s× | %+.1f | %s | %s | %s |\n", label(s), fm(s.CapVs1, 2), s.CPUSat.Median-none.CPUSat.Median, p50, p99, mem)
 	}
 	if s := r.result(11); s != nil {
 		lease, _ := setupByID(11)
@@ -346,14 +346,13 @@ func (r *report) markdown() string {
 
 	w("\n## Envoy CPU, throughput and latency\n\n")
 	w("*Saturated*: a closed loop of %d connections. *At %.0f req/s*: an open loop on %d connections; *Envoy busy* is CPU per request × rate (near 100%%, queueing dominates latency).\n\n", in.Conns, r.Rate, in.OpenConns)
-	w("| configuration | saturated: Envoy CPU µs/req | ÷ none | req/s per Envoy core | at %.0f req/s: Envoy CPU µs/req | ÷ none | p50 µs | p99 µs | Envoy busy | Envoy RSS MiB |\n", r.Rate)
-	w("|---|---|---|---|---|---|---|---|---|---|\n")
+	w("| configuration | saturated: Envoy CPU µs/req | ÷ none | at %.0f req/s: Envoy CPU µs/req | ÷ none | p50 µs | p99 µs | Envoy busy | Envoy RSS MiB |\n", r.Rate)
+	w("|---|---|---|---|---|---|---|---|---|\n")
 	var other0, other1, gen float64
 	var genAt string
 	var missed []string
+	var elsewhere bool
 	for _, s := range r.Results {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(s), f(s.CPUSat, 1), f(s.CPUVs1, 2),
-			fm(s.Capacity, 0), fm(s.CPULat, 1), fm(s.CPULatVs1, 2), fm(s.P50, 0), fm(s.P99, 0), pct(s.BusyLat), fm(s.RSSMiB, 1))
 		other0, other1 = max(other0, s.Core0Other.Median), max(other1, s.Core1Other.Median)
 		if s.Core1Busy.N > 0 && s.Core1Busy.Median > gen {
 			gen, genAt = s.Core1Busy.Median, label(s)
@@ -361,6 +360,15 @@ func (r *report) markdown() string {
 		if s.Late.Median > 0.05 || s.Dropped.Median >= 0.005 {
 			missed = append(missed, fmt.Sprintf("*%s* (%s of sends late by more than 1 ms, %s dropped)", label(s), pct(s.Late), pct(s.Dropped)))
 		}
+		if st, ok := setupByID(s.ID); ok && (st.isDiag() || st.Free) {
+			elsewhere = true
+			continue
+		}
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(s), f(s.CPUSat, 1), f(s.CPUVs1, 2),
+			fm(s.CPULat, 1), fm(s.CPULatVs1, 2), fm(s.P50, 0), fm(s.P99, 0), pct(s.BusyLat), fm(s.RSSMiB, 1))
+	}
+	if elsewhere {
+		w("\nThe diagnostic and any-CPU configurations are compared in the next sections; their own figures are in results.json and the plots.\n")
 	}
 	w("\nOther processes and interrupts took at most %.0f%% of Envoy's CPU and %.0f%% of the generator's (medians across rounds); at the fixed rate the generator's CPU was at most %.0f%% busy in all (*%s*: near 100%%, the generator adds latency).", 100*other0, 100*other1, 100*gen, genAt)
 	if len(missed) > 0 {
@@ -404,13 +412,11 @@ func (r *report) markdown() string {
 	w("Every page of docs/benchmarks measures this way unless it says otherwise.\n\n")
 	w("- Machine: %d CPUs, %s, Linux %s. Envoy %s; plugin %s; generator %s.\n", in.Machine.CPUs, in.Machine.CPUModel, in.Machine.Kernel, in.Envoy, in.Plugin, in.Go)
 	w("- Pinning: %s; *any CPU* leaves Envoy free on both.\n", in.Pinning)
-	w("- Load: an in-process HTTP/1.1 keep-alive generator on loopback (bench/internal/loadgen), `x-api-key` cycling through %d values, to an in-process upstream. Envoys run side by side, only the one under load busy; at the end each one's `/stats` must show every decision counted and no request failed.\n", in.Keys)
-	w("- Rounds: %d, each running every configuration saturated (%s warm-up, %s measured), then at the fixed rate (%s), in an order reversed every other round. Figures are medians across rounds, min–max in brackets.\n", in.Rounds, in.Warmup, in.SatWindow, in.LatWindow)
-	w("- CPU per request: Envoy's utime + stime (`/proc/<pid>/stat`) ÷ requests; *req/s per Envoy core* is its inverse, steadier on a shared machine than measured throughput. RSS is VmRSS.\n")
-	w("- Ratios (*÷ none*: no filter, on any CPU no filter on any CPU; *÷ native*: native local_ratelimit) and differences are taken within each round, then summarised. For the same traffic a fleet needs (÷ none) times no filter's Envoy CPU.\n")
-	w("- Fixed rate: %.0f%% of no filter's saturated throughput in calibration; latency from writing the request to reading the response.\n", 100*in.Load)
-	w("- A rejecting configuration's limit rejects half of a closed loop when Envoy gets 85%% of its core (its calibration is in results.json); its fixed-rate runs use as many keys as make the rate per key twice the limit.\n")
-	w("- Raw data: [results.json](results.json).\n")
+	w("- Load: an in-process HTTP/1.1 keep-alive generator on loopback (bench/internal/loadgen), `x-api-key` cycling through %d values, to an in-process upstream. Envoys run side by side, only the one under load busy; each one's `/stats` must show every decision counted and no request failed.\n", in.Keys)
+	w("- Rounds: %d, each running every configuration saturated (%s warm-up, %s measured), then at the fixed rate (%s), the order reversed every other round. Figures are medians across rounds, min–max in brackets; ratios (*÷ none*: no filter, for any CPU no filter on any CPU) and differences are taken within each round.\n", in.Rounds, in.Warmup, in.SatWindow, in.LatWindow)
+	w("- CPU per request: Envoy's utime + stime (`/proc/<pid>/stat`) ÷ requests, steadier on a shared machine than throughput; for the same traffic a fleet needs (÷ none) times no filter's Envoy CPU. RSS is VmRSS.\n")
+	w("- Fixed rate: %.0f%% of no filter's saturated throughput in calibration; latency from writing the request to reading the response. A rejecting configuration's limit rejects half of a closed loop when Envoy gets 85%% of its core; at the fixed rate it gets as many keys as make the rate per key twice the limit.\n", 100*in.Load)
+	w("- Raw data, with the calibration: [results.json](results.json).\n")
 	return b.String()
 }
 

@@ -264,7 +264,7 @@ func first(c []float64) float64 { return c[0] }
 func (r *rlsReport) section(w func(string, ...any)) {
 	w("\n## Envoy's ratelimit filter: envoyproxy/ratelimit or limitd\n\n")
 	measuredBy(w, "bench-rls", r.Date, r.Duration, r.Smoke, r.LoadStart, r.LoadEnd)
-	w("Envoy's own `envoy.filters.http.ratelimit` filter asks a rate limit service over gRPC with one descriptor per request (`api_key`, %d values in turn, a limit no load reaches): envoyproxy/ratelimit or limitd, each with a `redis-server` of its own and the same YAML; beside them, the plugin's cluster rule through limitd's HTTP API, per request and with leases. *Service + Redis*: the CPU of the service's process and of its Redis per request answered (one decision each), saturated or at the fixed rate, %.0f req/s; *÷ peer*: ÷ envoyproxy/ratelimit's, within each round; p99 at the fixed rate.\n\n",
+	w("Envoy's `envoy.filters.http.ratelimit` filter asks envoyproxy/ratelimit (*the peer*) or limitd over gRPC, one descriptor per request (`api_key`, %d values, a limit no load reaches), each service with its own `redis-server` and the same YAML; beside them the plugin's cluster rule through limitd's HTTP API. *Service + Redis*: their CPU per request answered (one decision), saturated or at %.0f req/s; *÷ peer* within each round.\n\n",
 		r.Keys, r.Rate)
 	w("| configuration | saturated req/s | Envoy CPU µs/req | service µs/req | Redis µs/req | service + Redis µs/req | ÷ peer | at the fixed rate: service + Redis µs/req | ÷ peer | p99 µs | p99 − no filter µs |\n")
 	w("|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -337,7 +337,7 @@ func (r *rlsReport) section(w func(string, ...any)) {
 	}
 	r.edgeTable(w)
 	if len(r.Profiles) > 0 {
-		w("\nWhere the CPU goes, saturated: `perf record -e cpu-clock -p <pid>` of each process for %v, by Go package (the kernel apart) for a service, by function for Redis; the top %d, share and µs per decision.\n\n| process | µs per decision (samples) | where |\n|---|---|---|\n", rlsProfileFor, rlsPageTop)
+		w("\nWhere the CPU goes, saturated (`perf record -e cpu-clock -p <pid>`, %v): a service's by Go package, Redis's by function, the top %d with µs per decision.\n\n| process | µs per decision (samples) | where |\n|---|---|---|\n", rlsProfileFor, rlsPageTop)
 	}
 	for _, p := range r.Profiles {
 		var top []string
@@ -345,16 +345,16 @@ func (r *rlsReport) section(w func(string, ...any)) {
 			if i == rlsPageTop {
 				break
 			}
-			top = append(top, fmt.Sprintf("`%s` %.0f%% (%.1f)", e.Function, 100*e.Share, e.Share*p.CPUUS))
+			top = append(top, fmt.Sprintf("`%s` %.1f", e.Function, e.Share*p.CPUUS))
 		}
 		w("| %s | %.1f (%d) | %s |\n", p.Label, p.CPUUS, p.Samples, strings.Join(top, ", "))
 	}
-	w("\nenvoyproxy/ratelimit %s (`make build-ratelimit`, its defaults but `USE_STATSD=false`); limitd %s; %s. Pinned as in [the method](#method), each service and its Redis on the generator's CPU; %d rounds of a saturation run (%d connections, %s measured) and a fixed-rate run (%d connections, %s); every Envoy's `/stats` showed every request decided and none failed.\n",
-		r.Ratelimit, r.Limitd, r.Redis, r.Rounds, r.Conns, r.SatWindow, r.OpenConns, r.LatWindow)
+	w("\nenvoyproxy/ratelimit %s (`make build-ratelimit`, `USE_STATSD=false`); limitd %s; %s. As in [the method](#method), each service and its Redis on the generator's CPU; %d rounds, saturated (%d connections, %s) and at the fixed rate (%d connections, %s).\n",
+		r.Ratelimit, r.Limitd, redisVersion(r.Redis), r.Rounds, r.Conns, r.SatWindow, r.OpenConns, r.LatWindow)
 }
 
 // rlsPageTop is how many entries of each profile the page names (results.json keeps rlsProfileTop).
-const rlsPageTop = 5
+const rlsPageTop = 4
 
 // edgeTable shows the bursts across a window edge, a row per
 // configuration.
@@ -368,7 +368,7 @@ func (r *rlsReport) edgeTable(w func(string, ...any)) {
 	if len(rows) == 0 {
 		return
 	}
-	w("\n**Across a window edge.** A descriptor of %d requests a second; each trial sends %d requests at once on a fresh value 250 ms before a second starts and %d more 50 ms after it. A fixed window admits up to twice the limit; a token bucket at most %d + %d × (first send to last answer, s), the *bound*. A trial counts when each burst was answered on its side of the edge (at most %d tries).\n\n",
+	w("\n**Across a window edge**: a limit of %d a second; a trial sends %d requests on a fresh value 250 ms before a second starts and %d more 50 ms after. A fixed window admits up to twice the limit, a token bucket at most %d + %d × (first send to last answer, s), the *bound*; a trial counts when each burst was answered on its side of the edge (at most %d tries).\n\n",
 		r.EdgeLimit, edgeBurst, edgeBurst, r.EdgeLimit, r.EdgeLimit, edgeAttempts)
 	w("| configuration | admitted per trial, before + after | span ms | bound | tries |\n|---|---|---|---|---|\n")
 	for _, s := range rows {
