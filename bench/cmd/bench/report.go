@@ -241,43 +241,16 @@ func label(s *summary) string {
 	return s.Label
 }
 
-// meaningIDs are the configurations a user chooses between.
-var meaningIDs = []int{2, 3, 12, 6, 11}
-
-// meaning writes what the figures mean for a user, for the configurations
-// a user chooses between: requests one Envoy core serves against no
-// filter, Envoy CPU added per request, latency added at the fixed rate,
-// memory added, and for leases the calls to limitd. Medians; ratios and
-// differences within each round.
-func (r *report) meaning(w func(string, ...any)) {
-	none := r.result(1)
-	if none == nil {
+// leaseCalls writes how often the lease rule called limitd.
+func (r *report) leaseCalls(w func(string, ...any)) {
+	s := r.result(11)
+	if s == nil {
 		return
 	}
-	w("\n## What it means for you\n\n")
-	w("Against no filter, with Envoy's one worker on a core of its own: *one core serves* is the share of no filter's requests one Envoy core serves (saturated); latency is added at %.0f req/s, half of what no filter serves, where a worker nearly always busy queues requests.\n\n", r.Rate)
-	w("| configuration | one core serves | Envoy CPU µs/req | p50 µs | p99 µs | memory MiB |\n|---|---|---|---|---|---|\n")
-	for _, id := range meaningIDs {
-		s := r.result(id)
-		if s == nil || s.CapVs1.N == 0 {
-			continue
-		}
-		mem := "–"
-		if s.RSSMiB.N > 0 && none.RSSMiB.N > 0 {
-			mem = fmt.Sprintf("%+.0f", s.RSSMiB.Median-none.RSSMiB.Median)
-		}
-		p50, p99 := "–", "–"
-		if s.AddP50Vs1.N > 0 {
-			p50, p99 = fmt.Sprintf("%+.0f", s.AddP50Vs1.Median), fmt.Sprintf("%+.0f", s.AddP99Vs1.Median)
-		}
-		w("| %s | %s× | %+.1f | %s | %s | %s |\n", label(s), fm(s.CapVs1, 2), s.CPUSat.Median-none.CPUSat.Median, p50, p99, mem)
-	}
-	if s := r.result(11); s != nil {
-		lease, _ := setupByID(11)
-		if n := s.Stats[lease.allowedStat()] + s.Stats[lease.rejectedStat()]; n > 0 {
-			w("\nWith leases the plugin called limitd %.2f times per 1,000 requests on one hot key (per request: 1,000).\n",
-				1000*float64(s.Stats[leaseCallsStat])/float64(n))
-		}
+	lease, _ := setupByID(11)
+	if n := s.Stats[lease.allowedStat()] + s.Stats[lease.rejectedStat()]; n > 0 {
+		w("\nWith leases the plugin called limitd %.2f times per 1,000 requests on one hot key (per request: 1,000).\n",
+			1000*float64(s.Stats[leaseCallsStat])/float64(n))
 	}
 }
 
@@ -333,19 +306,8 @@ func (r *report) markdown() string {
 		return b.String()
 	}
 	w(" Also: where the plugin's CPU goes, [attribution.md](attribution.md) and [perf.md](perf.md); ordinary load, [ordinary.md](ordinary.md); holding requests, [delay.md](delay.md); start cost and module size, [footprint.md](../../bench/footprint.md).\n")
-	r.meaning(w)
-	w("\n## The configurations\n\nThe same Envoy binary, listener, route, upstream and `--concurrency 1`; a limit is a bucket per `x-api-key` value, which never empties unless given. Beyond their names:\n\n")
-	for _, s := range r.Results {
-		if d := describe(s); d != "" {
-			w("- *%s*: %s\n", label(s), d)
-		}
-	}
-	for _, g := range in.Gaps {
-		w("\n**Gap:** %s\n", named(g))
-	}
-
-	w("\n## Envoy CPU, throughput and latency\n\n")
-	w("*Saturated*: a closed loop of %d connections. *At %.0f req/s*: an open loop on %d connections; *Envoy busy* is CPU per request × rate (near 100%%, queueing dominates latency).\n\n", in.Conns, r.Rate, in.OpenConns)
+	w("\n## What it means for you\n\n")
+	w("Envoy with one worker on a core of its own. *÷ none* is Envoy's CPU per request against no filter's: for the same traffic a fleet needs that many times the Envoy CPU, and one core serves 1 ÷ (÷ none) times the requests. *Saturated*: a closed loop of %d connections; *at %.0f req/s*: an open loop on %d connections, half of what no filter serves; *Envoy busy*: CPU per request × rate (near 100%%, queueing dominates latency).\n\n", in.Conns, r.Rate, in.OpenConns)
 	w("| configuration | saturated: Envoy CPU µs/req | ÷ none | at %.0f req/s: Envoy CPU µs/req | ÷ none | p50 µs | p99 µs | Envoy busy | Envoy RSS MiB |\n", r.Rate)
 	w("|---|---|---|---|---|---|---|---|---|\n")
 	var other0, other1, gen float64
@@ -367,10 +329,11 @@ func (r *report) markdown() string {
 		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(s), f(s.CPUSat, 1), f(s.CPUVs1, 2),
 			fm(s.CPULat, 1), fm(s.CPULatVs1, 2), fm(s.P50, 0), fm(s.P99, 0), pct(s.BusyLat), fm(s.RSSMiB, 1))
 	}
+	r.leaseCalls(w)
 	if elsewhere {
 		w("\nThe diagnostic and any-CPU configurations are compared in the next sections; their own figures are in results.json and the plots.\n")
 	}
-	w("\nOther processes and interrupts took at most %.0f%% of Envoy's CPU and %.0f%% of the generator's (medians across rounds); at the fixed rate the generator's CPU was at most %.0f%% busy in all (*%s*: near 100%%, the generator adds latency).", 100*other0, 100*other1, 100*gen, genAt)
+	w("\nOther processes and interrupts took at most %.0f%% of Envoy's CPU and %.0f%% of the generator's (medians across rounds); at the fixed rate the generator's CPU was at most %.0f%% busy in all (*%s*; near 100%% the generator adds latency).", 100*other0, 100*other1, 100*gen, genAt)
 	if len(missed) > 0 {
 		w(" The fixed rate was not met, so the percentiles understate the wait, for %s.", strings.Join(missed, ", "))
 	}
@@ -378,6 +341,16 @@ func (r *report) markdown() string {
 		w(" Runs that got no answer at all, left out: %s.", named(strings.Join(in.Starved, "; ")))
 	}
 	w("\n\n![saturated throughput](throughput.png) ![latency at a fixed rate](latency.png) ![Envoy CPU per request](cpu.png) ![Envoy RSS](rss.png)\n")
+	w("\n## The configurations\n\nThe same Envoy binary, listener, route, upstream and `--concurrency 1`; a limit is a bucket per `x-api-key` value, which never empties unless given. Beyond their names:\n\n")
+	for _, s := range r.Results {
+		if d := describe(s); d != "" {
+			w("- *%s*: %s\n", label(s), d)
+		}
+	}
+	for _, g := range in.Gaps {
+		w("\n**Gap:** %s\n", named(g))
+	}
+
 	r.breakdown(w)
 	r.wasmOrNative(w)
 	var plug []*summary
@@ -440,7 +413,7 @@ func (r *report) breakdown(w func(string, ...any)) {
 		}
 		return spreadOf(xs)
 	}
-	w("\n### Where the plugin's CPU goes\n\n")
+	w("\n## Where the plugin's CPU goes\n\n")
 	w("Differences of saturated Envoy CPU per request within each round: each part is the difference of two noisy figures and moves between runs; the total is the steady one. [attribution.md](attribution.md) splits it within one Envoy.\n\n")
 	w("| part | µs per request |\n|---|---|\n")
 	rows := []struct {

@@ -264,21 +264,17 @@ func first(c []float64) float64 { return c[0] }
 func (r *rlsReport) section(w func(string, ...any)) {
 	w("\n## Envoy's ratelimit filter: envoyproxy/ratelimit or limitd\n\n")
 	measuredBy(w, "bench-rls", r.Date, r.Duration, r.Smoke, r.LoadStart, r.LoadEnd)
-	w("Envoy's `envoy.filters.http.ratelimit` filter asks envoyproxy/ratelimit (*the peer*) or limitd over gRPC, one descriptor per request (`api_key`, %d values, a limit no load reaches), each service with its own `redis-server` and the same YAML; beside them the plugin's cluster rule through limitd's HTTP API. *Service + Redis*: their CPU per request answered (one decision), saturated or at %.0f req/s; *÷ peer* within each round.\n\n",
+	w("Envoy's `envoy.filters.http.ratelimit` filter asks envoyproxy/ratelimit (*the peer*) or limitd over gRPC, one descriptor per request (`api_key`, %d values, a limit no load reaches), each service with its own `redis-server` and the same YAML; beside them the plugin's cluster rule through limitd's HTTP API. *Service + Redis*: their CPU per request answered (one decision), saturated or at %.0f req/s; the targets' ratios are within each round.\n\n",
 		r.Keys, r.Rate)
-	w("| configuration | saturated req/s | Envoy CPU µs/req | service µs/req | Redis µs/req | service + Redis µs/req | ÷ peer | at the fixed rate: service + Redis µs/req | ÷ peer | p99 µs | p99 − no filter µs |\n")
-	w("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("| configuration | saturated req/s | Envoy CPU µs/req | service µs/req | Redis µs/req | service + Redis µs/req | at the fixed rate: service + Redis µs/req | p99 µs | p99 − no filter µs |\n")
+	w("|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Results {
-		dec, sat, fixed, fix := "–", "–", "–", "–"
+		dec, fixed := "–", "–"
 		if s.Kind != rlsNone {
-			dec = f(r.perRound(decisionCPU, first, s.ID), 1)
-			fixed = fm(r.perRound(fixedCPU, first, s.ID), 1)
-			if r.result(41) != nil {
-				sat, fix = f(r.perRound(decisionCPU, ratio, s.ID, 41), 2), f(r.perRound(fixedCPU, ratio, s.ID, 41), 2)
-			}
+			dec, fixed = f(r.perRound(decisionCPU, first, s.ID), 1), f(r.perRound(fixedCPU, first, s.ID), 1)
 		}
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s.Label, fm(s.Throughput, 0), fm(s.EnvoyCPU, 1),
-			fm(s.ServiceCPU, 1), fm(s.RedisCPU, 1), dec, sat, fixed, fix, fm(r.perRound(p99, first, s.ID), 0), fsm(s.AddP99, 0))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s.Label, fm(s.Throughput, 0), fm(s.EnvoyCPU, 1),
+			fm(s.ServiceCPU, 1), fm(s.RedisCPU, 1), dec, fixed, fm(r.perRound(p99, first, s.ID), 0), fsm(s.AddP99, 0))
 	}
 	for _, s := range r.Results {
 		if s.Note != "" {
