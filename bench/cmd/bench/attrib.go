@@ -215,7 +215,7 @@ func withinRows(within map[string][]float64, id int, names []string, base func(i
 			dm := withinDiff(within, key(i), key(j))
 			with, d = names[j], fmt.Sprintf("%+.1f (%+.1f…%+.1f)", dm.Median, dm.Min, dm.Max)
 		}
-		fmt.Fprintf(&md, "| %s | %s | %s | %s |\n", name, f(spreadOf(xs), 1), with, d)
+		fmt.Fprintf(&md, "| %s | %s | %s | %s |\n", name, fm(spreadOf(xs), 1), with, d)
 	}
 	return md.String()
 }

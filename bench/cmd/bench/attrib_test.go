@@ -113,9 +113,10 @@ func TestPerfDocRoundTrip(t *testing.T) {
 	}}
 	md := m.doc()
 	for _, want := range []string{
-		"| " + namePlugin + " | 9000 | 150.0 | 68.8% | 0.0% | 13.6% | 0.0% | 0.0% |",
-		"| *" + layersSetup.Label + "*: | | | | | | | |\n| – " + layers[0].name + " | 9000 | 83.6 | 74.0% |",
-		"| – " + layers[1].name + " | 9000 | 96.5 |",
+		"Every profile has 9000 samples.",
+		"| " + namePlugin + " | 150.0 | 68.8% | 0.0% | 13.6% | 0.0% | 0.0% |",
+		"| *" + layersSetup.Label + "*: | | | | | | |\n| – " + layers[0].name + " | 83.6 | 74.0% |",
+		"| – " + layers[1].name + " | 96.5 |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("perf.md lacks %q:\n%s", want, md)
@@ -124,6 +125,12 @@ func TestPerfDocRoundTrip(t *testing.T) {
 	if strings.Count(md, "*"+layersSetup.Label+"*") != 1 {
 		t.Errorf("the group's name is not written once:\n%s", md)
 	}
+	// Profiles of different sizes name their samples in a column.
+	m.Rows[1].Samples = 8000
+	if md := m.doc(); !strings.Contains(md, "| – "+layers[0].name+" | 8000 | 83.6 |") || !strings.Contains(md, "| *"+layersSetup.Label+"*: | | | | | | | |\n") {
+		t.Errorf("no samples column:\n%s", md)
+	}
+	m.Rows[1].Samples = 9000
 	checkNames(t, "perf.md", md)
 	path := filepath.Join(t.TempDir(), "perf.json")
 	if err := writeJSON(path, m); err != nil {

@@ -128,14 +128,29 @@ func (m *perfData) doc() string {
 		"`perf record -e cpu-clock -F 2000 -g -p <pid>` for %s, samples by DSO (`perf report --no-children --sort dso`); Envoy is stripped, "+
 		"V8's generated code (the Wasm guest) is `[JIT]`. A share × the CPU per request is its µs; perf's sampling adds its own cost.\n\n",
 		m.Profile, m.Date, m.LoadStart, m.Conns, m.Profile)
-	fmt.Fprintln(&md, "| configuration | samples | Envoy CPU µs/req | envoy | kernel | JIT (Wasm guest) | libc | other |")
-	fmt.Fprintln(&md, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	// The samples go in a column only when the profiles differ in them.
+	same := len(m.Rows) > 0
+	for _, r := range m.Rows {
+		same = same && r.Samples == m.Rows[0].Samples
+	}
+	samples := func(r perfRow) string { return fmt.Sprintf(" %d |", r.Samples) }
+	empty := 7 // the cells after a group's name
+	if same {
+		empty = 6
+		fmt.Fprintf(&md, "Every profile has %d samples.\n\n", m.Rows[0].Samples)
+		samples = func(perfRow) string { return "" }
+		fmt.Fprintln(&md, "| configuration | Envoy CPU µs/req | envoy | kernel | JIT (Wasm guest) | libc | other |")
+		fmt.Fprintln(&md, "|---|---:|---:|---:|---:|---:|---:|")
+	} else {
+		fmt.Fprintln(&md, "| configuration | samples | Envoy CPU µs/req | envoy | kernel | JIT (Wasm guest) | libc | other |")
+		fmt.Fprintln(&md, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	}
 	group := ""
 	for _, r := range m.Rows {
 		label := r.Label
 		if r.Load != "" {
 			if r.Label != group {
-				fmt.Fprintf(&md, "| *%s*: | | | | | | | |\n", r.Label)
+				fmt.Fprintf(&md, "| *%s*: |%s\n", r.Label, strings.Repeat(" |", empty))
 			}
 			label = "– " + r.Load
 		}
@@ -143,7 +158,7 @@ func (m *perfData) doc() string {
 		if r.Load != "" {
 			group = r.Label
 		}
-		fmt.Fprintf(&md, "| %s | %d | %.1f | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% |\n", label, r.Samples, r.CPU,
+		fmt.Fprintf(&md, "| %s |%s %.1f | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% |\n", label, samples(r), r.CPU,
 			r.Shares["envoy"], r.Shares["kernel"], r.Shares["jit"], r.Shares["libc"], r.Shares["other"])
 	}
 	return md.String()
