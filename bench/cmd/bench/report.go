@@ -352,7 +352,6 @@ func (r *report) markdown() string {
 	}
 
 	r.breakdown(w)
-	r.wasmOrNative(w)
 	var plug []*summary
 	for _, s := range r.Results {
 		if _, ok := s.Stats["wasmcustom.tokenbucket.memory.gc_cycles"]; ok {
@@ -374,6 +373,7 @@ func (r *report) markdown() string {
 		w("\nInside the plugin (each plugin Envoy's `/stats` at the end): a guest GC every %.0f to %.0f requests, a guest heap of %.0f to %.0f KiB, %d CAS retries and %d limit-service errors in all; per request counts: [profile.md](../../bench/profile.md).\n", g.Min, g.Max, h.Min, h.Max, retries, errs)
 	}
 
+	r.wasmOrNative(w)
 	if r.RLS != nil {
 		r.RLS.section(w)
 	}
