@@ -11,6 +11,12 @@
 # results to docs/benchmarks/ (README.md, results.json, PNG plots).
 #
 #   make bench           full run (each section of the page says how long it took); rewrites docs/benchmarks/
+#
+# Every page of docs/benchmarks is rewritten without measuring from the
+# results its run saved beside it: build/bench -render
+# docs/benchmarks/results.json (README.md, the plots, the front page's cost
+# sentence), or attribution.json, perf.json, ordinary.json (their pages;
+# -out for another directory).
 #   make bench-smoke     a few seconds per configuration (CI), into build/bench-smoke/
 #   make bench-profile   host calls and guest allocations per request, in wazero
 #   make bench-attrib    a cost per host operation: the Go floor and the same
@@ -19,7 +25,8 @@
 #                        module; and (23), every layer in one Envoy (a listener
 #                        each): the host operations made once by a module with
 #                        no code (bench/cmd/bench/nullwasm/null-path.wat), by the Go floor, and
-#                        the plugin; writes docs/benchmarks/attribution.md.
+#                        the plugin; writes docs/benchmarks/attribution.md
+#                        and attribution.json.
 #                        ATTRIB_FLAGS='-only 23 -compare-wasm other.wasm
 #                        -out build/x' measures another build of the plugin
 #                        against build/plugin.wasm in that one Envoy
@@ -29,7 +36,7 @@
 #                        DATA frames per response; prints the figures
 #   make bench-perf      where Envoy's CPU goes by DSO (envoy, kernel, JIT = the
 #                        Wasm guest) for bench-attrib's configurations, with
-#                        perf; writes docs/benchmarks/perf.md (says so and
+#                        perf; writes docs/benchmarks/perf.md and perf.json (says so and
 #                        writes nothing where perf is missing)
 #   make bench-guest     the guest's own code under V8 alone: the unstripped
 #                        plugin in Node with a stub host (bench/cmd/bench/guestprof),
@@ -80,7 +87,7 @@
 #                        without RateLimit headers, the native module with
 #                        and without, the plugin; 3 alternated rounds, ratios
 #                        within each round; prints the table with the load and
-#                        writes docs/benchmarks/ordinary.md (about 5 minutes),
+#                        writes docs/benchmarks/ordinary.md and ordinary.json (about 5 minutes),
 #                        with where the CPU goes at that load (perf, the module
 #                        built with its symbols). ORDINARY_FLAGS='-ordinary-perf 4s
 #                        -compare-module old.so' runs another build of the module

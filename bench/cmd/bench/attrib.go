@@ -4,6 +4,7 @@ package main
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -135,14 +136,13 @@ var layers = []layer{
 	{namePlugin, "plugin", pluginRule, layerPath},
 }
 
-// layers is the package's layers, and with -compare-wasm a last one: the
-// plugin's local rule in that build of the plugin, compared with the plugin,
-// for measuring a change before and after in one Envoy.
-func (b *bench) layers() []layer {
-	if b.p.compareWasm == "" {
-		return layers
+// attribLayers is the layers of this run (-compare-wasm adds one).
+func (b *bench) attribLayers() []layer {
+	m := attribData{}
+	if b.p.compareWasm != "" {
+		m.CompareWasm = filepath.Base(b.p.compareWasm)
 	}
-	return append(slices.Clone(layers), layer{namePlugin + ", the -compare-wasm build", "compare", pluginRule, layerPlugin})
+	return m.layers()
 }
 
 // layerListeners are layersSetup's listeners, on free ports, each module
@@ -150,7 +150,7 @@ func (b *bench) layers() []layer {
 func (b *bench) layerListeners(l limit) ([]envoy.Listener, error) {
 	wasm := map[string]string{"null": b.nullWasm, "null-path": b.nullPath, "ops": absPath(b.p.opsWasm),
 		"plugin": absPath(os.Getenv("PLUGIN_WASM")), "compare": absPath(b.p.compareWasm)}
-	ls := b.layers()
+	ls := b.attribLayers()
 	out := make([]envoy.Listener, len(ls))
 	for i, ly := range ls {
 		port, err := loopback.FreePort()
@@ -184,7 +184,7 @@ func (b *bench) loads(t *target, r int) []reqSet {
 			out = append(out, reqSet{set.name, b.addr(t), keyRequests(b.p.keys, set.header)})
 		}
 	case layersSetup.ID:
-		for i, ly := range b.layers() {
+		for i, ly := range b.attribLayers() {
 			out = append(out, reqSet{ly.name, "127.0.0.1:" + strconv.Itoa(t.ports[i]), b.reqs})
 		}
 	default:
@@ -215,7 +215,7 @@ func withinRows(within map[string][]float64, id int, names []string, base func(i
 			dm := withinDiff(within, key(i), key(j))
 			with, d = names[j], fmt.Sprintf("%+.1f (%+.1f…%+.1f)", dm.Median, dm.Min, dm.Max)
 		}
-		fmt.Fprintf(&md, "| %s | %s | %s | %s |\n", name, f(spreadOf(xs), 1), with, d)
+		fmt.Fprintf(&md, "| %s | %s | %s | %s |\n", name, fm(spreadOf(xs), 1), with, d)
 	}
 	return md.String()
 }
@@ -266,12 +266,17 @@ func opsSetupN(id int, op, label string, n int) setup {
 func (s setup) isOps() bool { return strings.HasPrefix(s.Name, "ops-") }
 
 // attribRun measures every target's Envoy CPU per request with -rounds
-// interleaved saturation runs, and writes attribution.md into -out: what
+// interleaved saturation runs, and writes attribution.md into -out, and
+// beside it attribution.json, from which -render rewrites the page: what
 // each layer and each host operation costs, from the differences of
 // medians.
 func (b *bench) attribRun() error {
 	p := b.p
-	m := attribData{cpu: map[int][]float64{}, thr: map[int][]float64{}, rel: map[int][]float64{}, within: map[string][]float64{}}
+	m := &attribData{Date: b.info.Date, LoadStart: b.info.Machine.LoadAvg, Rounds: p.rounds, Conns: p.conns, SatWindow: p.satWindow.String(),
+		CPU: map[int][]float64{}, Thr: map[int][]float64{}, Rel: map[int][]float64{}, Within: map[string][]float64{}}
+	if p.compareWasm != "" {
+		m.CompareWasm = filepath.Base(p.compareWasm)
+	}
 	for r := range p.rounds {
 		round := map[int]float64{}
 		for _, t := range roundOrder(b.targets, r) {
@@ -287,49 +292,82 @@ func (b *bench) attribRun() error {
 				b.logf("round %d (%d) %-50s %7.0f req/s %6.1f µs CPU/req", r+1, t.s.ID, cmp.Or(ld.name, t.s.Label), s.Throughput, s.CPUPerReqUS)
 				if len(ls) > 1 {
 					k := strconv.Itoa(t.s.ID) + "/" + ld.name
-					m.within[k] = append(m.within[k], s.CPUPerReqUS)
+					m.Within[k] = append(m.Within[k], s.CPUPerReqUS)
 					continue
 				}
-				m.cpu[t.s.ID] = append(m.cpu[t.s.ID], s.CPUPerReqUS)
-				m.thr[t.s.ID] = append(m.thr[t.s.ID], s.Throughput)
+				m.CPU[t.s.ID] = append(m.CPU[t.s.ID], s.CPUPerReqUS)
+				m.Thr[t.s.ID] = append(m.Thr[t.s.ID], s.Throughput)
 				round[t.s.ID] = s.Throughput
 			}
 		}
 		if base := round[1]; base > 0 {
 			for id, x := range round {
-				m.rel[id] = append(m.rel[id], x/base)
+				m.Rel[id] = append(m.Rel[id], x/base)
 			}
 		}
 	}
-	return b.writeDoc("attribution.md", b.attribDoc(m, b.info.Machine.LoadAvg, loadAvg()))
+	m.LoadEnd = loadAvg()
+	// native, ~50% rejected needs make bench's calibration: its ratio to
+	// no filter comes from the last full run, in the same directory.
+	if rep, err := readReport(filepath.Join(p.out, "results.json")); err == nil {
+		if r5 := rep.result(5); r5 != nil && r5.ThrVs1.Median > 0 {
+			m.NativeRejected, m.NativeRejectedDate = r5.ThrVs1.Median, rep.Info.Date
+		}
+	}
+	if err := writeJSON(filepath.Join(p.out, "attribution.json"), m); err != nil {
+		return err
+	}
+	return b.writeDoc("attribution.md", m.doc())
 }
 
-// attribData is what attribRun measured, round by round: each
-// configuration's Envoy CPU per request, saturated throughput and its ratio
-// to no filter, by ID; and the CPU per request of each load of a target with
-// several (splitSetup, layersSetup), by "ID/load name".
+// attribData is what attribRun measured, round by round, and how:
+// each configuration's Envoy CPU per request, saturated throughput and its
+// ratio to no filter, by ID; and the CPU per request of each load of a
+// target with several (splitSetup, layersSetup), by "ID/load name". It is
+// saved as attribution.json, from which -render writes the page again.
 type attribData struct {
-	cpu, thr, rel map[int][]float64
-	within        map[string][]float64
+	Date        string               `json:"date"`
+	LoadStart   string               `json:"loadavg_at_start"`
+	LoadEnd     string               `json:"loadavg_at_end"`
+	Rounds      int                  `json:"rounds"`
+	Conns       int                  `json:"conns"`
+	SatWindow   string               `json:"sat_window"`
+	CompareWasm string               `json:"compare_wasm,omitempty"`
+	CPU         map[int][]float64    `json:"envoy_cpu_us_per_req"`
+	Thr         map[int][]float64    `json:"throughput_rps"`
+	Rel         map[int][]float64    `json:"throughput_ratio_vs_1"`
+	Within      map[string][]float64 `json:"within_one_envoy_cpu_us_per_req"`
+	// NativeRejected is native, ~50% rejected ÷ no filter in the full run
+	// of NativeRejectedDate (results.json beside the page), 0 without one.
+	NativeRejected     float64 `json:"native_rejected_vs_1,omitempty"`
+	NativeRejectedDate string  `json:"native_rejected_date,omitempty"`
+}
+
+// layers is the attribution's layers, and with -compare-wasm a last one:
+// the plugin's local rule in that build of the plugin, compared with the
+// plugin, for measuring a change before and after in one Envoy.
+func (m *attribData) layers() []layer {
+	if m.CompareWasm == "" {
+		return layers
+	}
+	return append(slices.Clone(layers), layer{namePlugin + ", the -compare-wasm build", "compare", pluginRule, layerPlugin})
 }
 
 // em is a configuration's name in the page's prose: in italics, as the main
 // report names configurations in its text.
 func em(name string) string { return "*" + name + "*" }
 
-// attribDoc renders attribution.md from m, with the load averages at the
-// start and at the end of the run. It names every configuration (the
+// doc renders attribution.md from m. It names every configuration (the
 // names of the main report, setups' labels, for those it shares).
-func (b *bench) attribDoc(m attribData, loadStart, loadEnd string) string {
-	p := b.p
-	cpu, thr, rel, within := m.cpu, m.thr, m.rel, m.within
-	// tp is a configuration's saturated throughput and its ratio to no
-	// filter within each round.
-	tp := func(id int) string {
-		if len(thr[id]) == 0 || len(rel[id]) == 0 {
+func (m *attribData) doc() string {
+	cpu, rel, within := m.CPU, m.Rel, m.Within
+	// ratio is a configuration's saturated throughput ÷ no filter's within
+	// each round (median).
+	ratio := func(id int) string {
+		if len(rel[id]) == 0 {
 			return "–"
 		}
-		return fmt.Sprintf("%.0f | %.3f (%.3f–%.3f)", spreadOf(thr[id]).Median, spreadOf(rel[id]).Median, spreadOf(rel[id]).Min, spreadOf(rel[id]).Max)
+		return fmt.Sprintf("%.2f", spreadOf(rel[id]).Median)
 	}
 	med := func(id int) (spread, bool) {
 		xs, ok := cpu[id]
@@ -338,44 +376,41 @@ func (b *bench) attribDoc(m attribData, loadStart, loadEnd string) string {
 		}
 		return spreadOf(xs), true
 	}
-	none1, null9, floor11, plug3 := em(nameNone), em(nameNull), em(nameFloor), em(namePlugin)
+	none1, null9, plug3 := em(nameNone), em(nameNull), em(namePlugin)
 	var md strings.Builder
 	fmt.Fprintf(&md, "# Where the plugin's microseconds go: a cost per operation\n\n"+
-		"Generated by `make bench-attrib` (`bench -attrib`): the same Envoy 1.40 (`--concurrency 1`, one listener, the same "+
-		"upstream) with %s, the %s (written in WebAssembly text), and `bench/internal/footprint/ops`: the Go "+
-		"floor (the SDK, callbacks that do nothing) and the same module making %d of one host operation per "+
-		"request (%d adding response headers). Envoy CPU per request (utime + stime over a %v closed loop of %d connections) is the median of %d "+
-		"interleaved rounds, min–max in brackets; an operation's cost is (that row − the Go floor) / n. Throughput is "+
-		"the saturated req/s and its ratio to %s within each round (medians): with Envoy's one worker saturated it "+
-		"follows the CPU per request. Load average at the start: %s; at the end: %s.\n\n",
-		none1, null9, attribOps, attribN[16], p.satWindow, p.conns, p.rounds, none1, loadStart, loadEnd)
-	fmt.Fprintf(&md, "| configuration | Envoy CPU µs/req | − previous layer | per operation | req/s | ÷ %s |\n", nameNone)
-	fmt.Fprintln(&md, "|---|---:|---:|---:|---:|---:|")
+		"Generated by `make bench-attrib` (`bench -attrib`; `bench -render attribution.json` rewrites it) on %s, load average %s at the start and %s at the end; "+
+		"measured as the [benchmark page](README.md#method) says, saturated only (%d connections, %s), %d rounds. "+
+		"%s, the %s (WebAssembly text) and `bench/internal/footprint/ops`: the Go floor (the SDK, callbacks that do nothing) and the same module making %d of one host "+
+		"operation per request (%d adding response headers); an operation's cost is (its row − the Go floor) ÷ n. *÷ %s*: saturated throughput, within each round.\n\n",
+		m.Date, m.LoadStart, m.LoadEnd, m.Conns, m.SatWindow, m.Rounds, upperFirst(none1), null9, attribOps, attribN[16], nameNone)
+	fmt.Fprintf(&md, "| configuration | Envoy CPU µs/req | over the previous layer | per operation µs | ÷ %s |\n", nameNone)
+	fmt.Fprintln(&md, "|---|---:|---:|---:|---:|")
 	none, _ := med(1)
 	null, okNull := med(9)
 	floor, okFloor := med(11)
-	fmt.Fprintf(&md, "| %s | %s | | | %s |\n", nameNone, f(none, 1), tp(1))
+	fmt.Fprintf(&md, "| %s | %s | | | %s |\n", nameNone, f(none, 1), ratio(1))
 	if okNull {
-		fmt.Fprintf(&md, "| %s (WebAssembly text): the Wasm filter itself | %s | %+.1f over %s | | %s |\n", nameNull, f(null, 1), null.Median-none.Median, nameNone, tp(9))
+		fmt.Fprintf(&md, "| %s | %s | %+.1f | | %s |\n", nameNull, f(null, 1), null.Median-none.Median, ratio(9))
 	}
 	if okFloor {
 		base := none
 		if okNull {
 			base = null
 		}
-		fmt.Fprintf(&md, "| %s: the Go runtime and SDK on each callback | %s | %+.1f over the %s | | %s |\n", nameFloor, f(floor, 1), floor.Median-base.Median, nameNull, tp(11))
+		fmt.Fprintf(&md, "| %s | %s | %+.1f | | %s |\n", nameFloor, f(floor, 1), floor.Median-base.Median, ratio(11))
 	}
 	for _, s := range attribSetups[1:] {
-		m, ok := med(s.ID)
+		x, ok := med(s.ID)
 		if !ok || !okFloor {
 			continue
 		}
-		d, n := m.Median-floor.Median, attribN[s.ID]
+		d, n := x.Median-floor.Median, attribN[s.ID]
 		if s.ID == attribRejectID {
-			fmt.Fprintf(&md, "| %s | %s | %+.1f over the %s | | %s |\n", s.Label, f(m, 1), d, nameFloor, tp(s.ID))
+			fmt.Fprintf(&md, "| %s | %s | %+.1f | | %s |\n", s.Label, f(x, 1), d, ratio(s.ID))
 			continue
 		}
-		fmt.Fprintf(&md, "| %s | %s | %+.1f over the %s | **%.2f µs** | %s |\n", s.Label, f(m, 1), d, nameFloor, d/float64(n), tp(s.ID))
+		fmt.Fprintf(&md, "| %s | %s | %+.1f | **%.2f** | %s |\n", s.Label, f(x, 1), d, d/float64(n), ratio(s.ID))
 	}
 	// The plugin's allowed request makes these operations (make
 	// bench-profile): the sum over the floor is what they alone cost.
@@ -384,34 +419,30 @@ func (b *bench) attribDoc(m attribData, loadStart, loadEnd string) string {
 	}{{15, 1}, {12, 1}, {13, 1}, {14, 1}, {16, 5}, {18, 1}}
 	predicted, okPath := floor.Median, okFloor
 	for _, op := range path {
-		m, ok := med(op.id)
+		x, ok := med(op.id)
 		okPath = okPath && ok
-		predicted += (m.Median - floor.Median) / float64(attribN[op.id]) * float64(op.n)
+		predicted += (x.Median - floor.Median) / float64(attribN[op.id]) * float64(op.n)
 	}
 	plug, okPlug := med(3)
 	if okFloor {
 		fmt.Fprintf(&md, "\n## The plugin against its parts\n\n"+
-			"The plugin's configurations of `make bench` in the same rounds. An allowed request of %s makes 1 request-header "+
-			"read, 1 shared-data read and 1 write, 1 counter increment, 5 response headers and 1 clock read "+
-			"([profile.md](../../bench/profile.md)); their costs above, added to the Go floor, are what the plugin would cost if its "+
-			"own code were free.\n\n", plug3)
-		fmt.Fprintf(&md, "| configuration | Envoy CPU µs/req | over the %s | over the %s | req/s | ÷ %s |\n", nameFloor, nameNull, nameNone)
-		fmt.Fprintln(&md, "|---|---:|---:|---:|---:|---:|")
+			"An allowed request of %s makes 1 request-header read, 1 shared-data read and 1 write, 1 counter increment, 5 response headers and "+
+			"1 clock read ([profile.md](../../bench/profile.md)); their costs above added to the Go floor are the plugin with its own code free.\n\n", plug3)
+		fmt.Fprintf(&md, "| configuration | Envoy CPU µs/req | over the %s | over the %s | ÷ %s |\n", nameFloor, nameNull, nameNone)
+		fmt.Fprintln(&md, "|---|---:|---:|---:|---:|")
 		for _, id := range []int{7, 8, 3} {
-			m, ok := med(id)
+			x, ok := med(id)
 			if !ok {
 				continue
 			}
-			fmt.Fprintf(&md, "| %s | %s | %+.1f | %+.1f | %s |\n", setups[id-1].Label, f(m, 1), m.Median-floor.Median, m.Median-null.Median, tp(id))
+			fmt.Fprintf(&md, "| %s | %s | %+.1f | %+.1f | %s |\n", setups[id-1].Label, f(x, 1), x.Median-floor.Median, x.Median-null.Median, ratio(id))
 		}
-		if m, ok := med(attribTwinPlugin); ok {
-			fmt.Fprintf(&md, "| %s | %s | %+.1f | %+.1f | %s |\n", twin(setups[2], attribTwinPlugin).Label, f(m, 1), m.Median-floor.Median, m.Median-null.Median, tp(attribTwinPlugin))
+		if x, ok := med(attribTwinPlugin); ok {
+			fmt.Fprintf(&md, "| %s | %s | %+.1f | %+.1f | %s |\n", twin(setups[2], attribTwinPlugin).Label, f(x, 1), x.Median-floor.Median, x.Median-null.Median, ratio(attribTwinPlugin))
 		}
 		if okPath && okPlug {
-			fmt.Fprintf(&md, "| the Go floor + the plugin's host operations | %.1f | %+.1f | %+.1f | | |\n", predicted, predicted-floor.Median, predicted-null.Median)
-			fmt.Fprintf(&md, "\nSo of %s − %s = %+.1f µs, %+.1f is the Go floor, %+.1f the host operations the request path makes, "+
-				"and %+.1f the rest: the plugin's own code as it runs inside Envoy, and host work the operations' loops do not "+
-				"capture ([footprint.md](../../bench/footprint.md) splits it further with perf and with the guest alone under V8).\n",
+			fmt.Fprintf(&md, "| the Go floor + the plugin's host operations | %.1f | %+.1f | %+.1f | |\n", predicted, predicted-floor.Median, predicted-null.Median)
+			fmt.Fprintf(&md, "\nOf %s − %s = %+.1f µs: %+.1f Go floor, %+.1f host operations, %+.1f the rest (the plugin's own code inside Envoy, and host work the loops do not capture).\n",
 				plug3, null9, plug.Median-null.Median, floor.Median-null.Median, predicted-floor.Median, plug.Median-predicted)
 		}
 	}
@@ -421,21 +452,18 @@ func (b *bench) attribDoc(m attribData, loadStart, loadEnd string) string {
 	}
 	if rows := withinRows(within, splitSetup.ID, splitNames, func(i int) int { return i - 1 }); rows != "" {
 		fmt.Fprintf(&md, "\n## Within one Envoy\n\n"+
-			"The configuration %s is the plugin with two rules that apply only when a request carries their header: a shadow rule (its "+
-			"bucket, no response headers) and an enforced one (its bucket and the five RateLimit headers). Each round sends "+
-			"three request sets to that same Envoy, so their differences carry no spread between processes. An allowed "+
-			"decision makes 1 request-header read, 1 shared-data read and 1 write, 1 counter increment and 1 clock read; the "+
-			"enforced rule adds 5 response headers.\n\n%s", em(splitSetup.Label), rows)
+			"%s: the plugin with a shadow rule (no response headers) and an enforced one (five RateLimit headers), each applying only to requests "+
+			"carrying its header; each round sends three request sets to that one Envoy, so differences carry no spread between processes.\n\n%s",
+			upperFirst(em(splitSetup.Label)), rows)
 	}
-	lys := b.layers()
+	lys := m.layers()
 	layerNames := make([]string, len(lys))
 	for i, ly := range lys {
 		layerNames[i] = ly.name
 	}
-	// lay holds the layers' findings within one Envoy, for the targets'
-	// section: the host operations made once by a module with no code of
-	// its own, over the no-op module; the Go floor over it; and the plugin
-	// over it.
+	// lay holds the layers' findings within one Envoy: the host operations
+	// made once by a module with no code of its own, over the no-op
+	// module; the Go floor over it; and the plugin over it.
 	var lay struct {
 		ok                 bool
 		bare, floor, total float64
@@ -454,98 +482,104 @@ func (b *bench) attribDoc(m attribData, loadStart, loadEnd string) string {
 		lay.ok, lay.bare, lay.floor, lay.total = true, diff(layerNullPath, layerNull), diff(layerFloor, layerNull), diff(layerPlugin, layerNull)
 		lay.maxThr = spreadOf(within[key(0)]).Median / spreadOf(within[key(layerNullPath)]).Median
 		fmt.Fprintf(&md, "\n## Every layer within one Envoy\n\n"+
-			"The configuration %s has a listener per layer, all served by its one worker: no filter; the no-op module; the no-op "+
-			"module making the host calls of the plugin's allowed request once each, with no code of its own "+
-			"(`bench/cmd/bench/nullwasm/null-path.wat`: the x-api-key header, a shared-data read and CAS write of a 128-byte value "+
-			"under it, a counter, the host clock and the five RateLimit headers); the Go floor; the Go floor making one kind "+
-			"of those operations as often as the plugin makes it; the Go floor making all of them (`bench/internal/footprint/ops`, op "+
-			"`path`); and %s. Each round loads the listeners in turn, so every difference below is within one "+
-			"process.\n\n%s\n", em(layersSetup.Label), plug3, rows)
-		fmt.Fprintf(&md, "- **The host operations alone**, made once each by a module with no code of its own, cost %+.1f µs over "+
-			"the %s: the floor of any module that makes them, in any language.\n", lay.bare, null9)
-		fmt.Fprintf(&md, "- Made by the Go floor, they cost %+.1f µs over it together and %+.1f one kind at a time (the sum of "+
-			"the single rows)", diff(layerPath, layerFloor), sum)
+			"%s: a listener per layer, one worker. The no-op module making the plugin's host calls once each has no code of its own "+
+			"(`bench/cmd/bench/nullwasm/null-path.wat`); the Go floor's rows make one kind as often as the plugin does, or all (op `path`).\n\n%s\n",
+			upperFirst(em(layersSetup.Label)), rows)
+		fmt.Fprintf(&md, "The host operations alone cost %+.1f µs over the %s (any module making them, in any language); made by the Go floor, %+.1f "+
+			"together and %+.1f one kind at a time", lay.bare, null9, diff(layerPath, layerFloor), sum)
 		if okPath && okFloor {
-			fmt.Fprintf(&md, ", against %.1f µs at the prices of the loops above: an operation's first call in a request costs "+
-				"far more than its hundredth", predicted-floor.Median)
+			fmt.Fprintf(&md, ", against %.1f at the loops' prices (a request's first call of an operation costs far more than its hundredth)", predicted-floor.Median)
 		}
-		fmt.Fprintf(&md, ".\n- So %s − %s = %+.1f µs here is %+.1f of the Go floor, %+.1f of the host operations the Go floor "+
-			"makes, and %+.1f of the plugin's own: its code, and anything its operations cost beyond the same ones made by a "+
-			"module that does nothing else.\n", plug3, null9, lay.total, lay.floor, diff(layerPath, layerFloor), diff(layerPlugin, layerPath))
-		if b.p.compareWasm != "" {
-			fmt.Fprintf(&md, "- The -compare-wasm build (%s) against this one: %+.1f µs.\n", filepath.Base(b.p.compareWasm), diff(layerPlugin+1, layerPlugin))
+		fmt.Fprintf(&md, ". So %s − %s = %+.1f µs here: %+.1f Go floor, %+.1f its host operations, %+.1f the plugin's own.", plug3, null9, lay.total,
+			lay.floor, diff(layerPath, layerFloor), diff(layerPlugin, layerPath))
+		if m.CompareWasm != "" {
+			fmt.Fprintf(&md, " The -compare-wasm build (%s) against this one: %+.1f µs.", m.CompareWasm, diff(layerPlugin+1, layerPlugin))
 		}
+		fmt.Fprintf(&md, "\n")
 	}
 	spreadNull, okSpread := med(attribTwinNull)
 	if okSpread && okNull {
 		twinPlug, _ := med(attribTwinPlugin)
 		fmt.Fprintf(&md, "\n## How far apart two Envoys measure\n\n"+
-			"The configurations %s and %s run the %s and %s again, each in a second Envoy, in the same rounds: the no-op module measured %s "+
-			"against %s µs (%+.1f), the plugin %s against %s (%+.1f). Every difference of two configurations above carries "+
-			"that much from the processes alone, so the layers (%s − %s, %s − %s) are estimates to within it; the "+
-			"operations, 50 or 100 per request, are not affected.\n",
-			em(twin(setups[8], attribTwinNull).Label), em(twin(setups[2], attribTwinPlugin).Label), null9, plug3,
-			f(spreadNull, 1), f(null, 1), spreadNull.Median-null.Median,
-			f(twinPlug, 1), f(plug, 1), twinPlug.Median-plug.Median, null9, none1, floor11, null9)
+			"A second Envoy each for the %s and %s, in the same rounds, measured %s (%+.1f) and %s (%+.1f) µs: differences between processes above "+
+			"carry that much; the operations, 50 or 100 per request, do not.\n",
+			null9, plug3, f(spreadNull, 1), spreadNull.Median-null.Median, f(twinPlug, 1), twinPlug.Median-plug.Median)
 	}
 	if okFloor && okNull {
-		fmt.Fprintf(&md, "\n## What the floors mean for the plugin's cost targets\n\n"+
-			"- Envoy CPU per request within 10 µs of the %s: ", null9)
+		fmt.Fprintf(&md, "\n## What the floors mean for the plugin's cost targets\n\n- Envoy CPU within 10 µs of the %s: ", null9)
 		if lay.ok {
-			verdict := "so the floors leave room for it"
+			verdict := "the floors leave room for it"
 			switch {
 			case lay.bare > 10:
-				verdict = "so the target is out of reach for any module making those calls"
+				verdict = "out of reach for any module making those calls"
 			case lay.bare+lay.floor > 10:
-				verdict = "so the target is out of reach for any Go module making those calls"
+				verdict = "out of reach for any Go module making those calls"
 			}
-			fmt.Fprintf(&md, "within one Envoy (above), the host operations of the plugin's allowed request made by a module with "+
-				"no code of its own already cost %+.1f µs over the %s, and the Go floor %+.1f: %s. Across processes, ",
-				lay.bare, null9, lay.floor, verdict)
+			fmt.Fprintf(&md, "within one Envoy the host operations cost %+.1f and the Go floor %+.1f: %s. ", lay.bare, lay.floor, verdict)
 		}
-		fmt.Fprintf(&md, "the Go floor alone, a Go module whose callbacks do nothing, is "+
-			"%+.1f µs over the %s", floor.Median-null.Median, null9)
+		fmt.Fprintf(&md, "Across processes the Go floor is %+.1f", floor.Median-null.Median)
 		if okPath {
-			fmt.Fprintf(&md, "; with only the host operations the plugin makes, and none of its own code, %+.1f µs", predicted-null.Median)
-			if okSpread {
-				fmt.Fprintf(&md, " (two Envoys running the %s differed by %+.1f µs in this run)", null9, spreadNull.Median-null.Median)
-			}
+			fmt.Fprintf(&md, ", with the plugin's host operations %+.1f", predicted-null.Median)
 			if okPlug {
-				fmt.Fprintf(&md, ". The plugin is %+.1f µs above that sum: its own cost inside Envoy, beyond its host "+
-					"operations' price in loops, is what keeps it from the target", plug.Median-predicted)
+				fmt.Fprintf(&md, "; the plugin is %+.1f above that: its own cost keeps it from the target", plug.Median-predicted)
 			}
 		}
 		fmt.Fprintf(&md, ".\n")
 		if len(rel[11]) > 0 {
-			fmt.Fprintf(&md, "- Throughput at least 0.85 × %s: the Go floor reaches %.3f × %s (median of the rounds' ratios)", none1, spreadOf(rel[11]).Median, none1)
+			fmt.Fprintf(&md, "- Throughput at least 0.85 × %s: the Go floor reaches %.3f", none1, spreadOf(rel[11]).Median)
 			if okPath {
-				fmt.Fprintf(&md, "; with the plugin's host operations added, Envoy's one saturated worker would reach at most %.3f × %s "+
-					"(%s's CPU per request over that sum)", none.Median/predicted, none1, none1)
+				fmt.Fprintf(&md, ", with the plugin's host operations at most %.3f", none.Median/predicted)
 			}
-			fmt.Fprintf(&md, ".")
 			if lay.ok {
-				fmt.Fprintf(&md, " Within one Envoy, any module making those calls, even one with no code of its own, reaches at "+
-					"most %.3f × %s (%s's CPU per request over that module's, above).", lay.maxThr, none1, none1)
+				fmt.Fprintf(&md, "; within one Envoy, any module making those calls at most %.3f", lay.maxThr)
 			}
-			fmt.Fprintf(&md, "\n")
+			fmt.Fprintf(&md, ".\n")
 		}
 		if len(rel[attribRejectID]) > 0 {
 			floorRej := spreadOf(rel[attribRejectID]).Median
 			native5 := em(setups[4].Label)
-			fmt.Fprintf(&md, "- Rejecting throughput at least 0.85 × %s: the Go floor rejecting one request in two "+
-				"reaches %.3f × %s with no decision at all. Native local_ratelimit rejecting about half is faster than %s: "+
-				"it skips the upstream for those", native5, floorRej, none1, none1)
-			// native, ~50% rejected needs make bench's calibration: its
-			// ratio to no filter comes from the last full run, in the
-			// same directory.
-			if rep, err := readReport(filepath.Join(p.out, "results.json")); err == nil {
-				if r5 := rep.result(5); r5 != nil && r5.ThrVs1.Median > 0 {
-					v := r5.ThrVs1.Median
-					fmt.Fprintf(&md, " (%s ÷ %s = %.3f in the full run of %s, README.md), so the floor reaches about %.3f × %s", native5, none1, v, rep.Info.Date, floorRej/v, native5)
-				}
+			fmt.Fprintf(&md, "- Rejecting throughput at least 0.85 × %s: the Go floor rejecting one request in two reaches %.3f × %s with no decision",
+				native5, floorRej, none1)
+			if m.NativeRejected > 0 {
+				fmt.Fprintf(&md, "; %s is %.3f × %s (it skips the upstream; the full run of %s), so the floor reaches about %.3f × %s",
+					native5, m.NativeRejected, none1, m.NativeRejectedDate, floorRej/m.NativeRejected, native5)
 			}
 			fmt.Fprintf(&md, ".\n")
 		}
 	}
 	return md.String()
+}
+
+// upperFirst is s with its first letter (after any emphasis) in upper case.
+func upperFirst(s string) string {
+	for i, r := range s {
+		if r != '*' {
+			return s[:i] + strings.ToUpper(string(r)) + s[i+len(string(r)):]
+		}
+	}
+	return s
+}
+
+// writeJSON stores v, indented, at path.
+func writeJSON(path string, v any) error {
+	js, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(js, '\n'), 0o644)
+}
+
+// readJSON loads what writeJSON stored at path into v.
+func readJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("bench: %s: %w", path, err)
+	}
+	return nil
 }

@@ -207,7 +207,7 @@ func TestLayers(t *testing.T) {
 		}
 	}
 	b := &bench{p: &params{compareWasm: "other.wasm"}}
-	if ls := b.layers(); len(ls) != len(layers)+1 || ls[len(ls)-1].base != layerPlugin || len(layers) != layerPlugin+1 {
+	if ls := b.attribLayers(); len(ls) != len(layers)+1 || ls[len(ls)-1].base != layerPlugin || len(layers) != layerPlugin+1 {
 		t.Errorf("with -compare-wasm: %d layers, the last compared with %d", len(ls), ls[len(ls)-1].base)
 	}
 }

@@ -82,3 +82,45 @@ func TestFrontCost(t *testing.T) {
 		t.Error("a report without the plugin and no filter gave a sentence")
 	}
 }
+
+// TestCommittedSavedPages checks that each page of docs/benchmarks whose
+// run saved its results beside it (attribution.json, perf.json,
+// ordinary.json) is what -render writes from them: from the repository
+// root, build/bench -render docs/benchmarks/<name>.json rewrites it. A
+// page from before its generator saved results has no such file yet.
+func TestCommittedSavedPages(t *testing.T) {
+	dir := filepath.Join("..", "..", "..", "docs", "benchmarks")
+	found := 0
+	for _, name := range []string{"attribution", "perf", "ordinary"} {
+		saved := filepath.Join(dir, name+".json")
+		if _, err := os.Stat(saved); err != nil {
+			continue
+		}
+		found++
+		out := t.TempDir()
+		if err := renderPage(saved, out); err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadFile(filepath.Join(out, name+".md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(dir, name+".md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("docs/benchmarks/%s.md is not what the renderer writes from %s.json: from the repository root, run make build/bench && build/bench -render docs/benchmarks/%s.json", name, name, name)
+		}
+	}
+	if found == 0 {
+		t.Error("docs/benchmarks has no saved results (perf.json at least)")
+	}
+}
+
+// TestRenderPageRefusesOthers: -render names the saved results it knows.
+func TestRenderPageRefusesOthers(t *testing.T) {
+	if err := renderPage(filepath.Join(t.TempDir(), "other.json"), t.TempDir()); err == nil || !strings.Contains(err.Error(), "want results.json") {
+		t.Errorf("renderPage(other.json) = %v", err)
+	}
+}

@@ -128,7 +128,7 @@ func parseParams(args []string) (*params, error) {
 	fs.StringVar(&p.limitd, "limitd", "build/limitd", "limit service binary for configuration 6 (skipped when absent)")
 	fs.StringVar(&p.only, "only", "", "comma-separated configuration numbers to run (default 1-6 and 11, and 7-10 with -diag; with -attrib, of the attribution's configurations)")
 	fs.BoolVar(&p.diag, "diag", true, "also run the diagnostic configurations 7 (plugin whose rule never applies), 8 (plugin without response headers), 9 (a no-op Wasm module) and 10 (the same with 10 host calls per request)")
-	fs.StringVar(&p.render, "render", "", "only rewrite README.md and the plots in -out, and the cost sentence of -front, from this results.json (no measuring)")
+	fs.StringVar(&p.render, "render", "", "no measuring: rewrite a page in -out from the results its run saved: README.md, the plots and -front's cost sentence from results.json; attribution.md from attribution.json; perf.md from perf.json; ordinary.md from ordinary.json")
 	fs.StringVar(&p.front, "front", "README.md", "the front page whose cost sentence (between its markers) a full run or -render rewrites; empty: none (the default with -smoke, -attrib and -perf)")
 	fs.BoolVar(&p.smoke, "smoke", false, "short run: 1 round, short windows, no rate correction")
 	fs.BoolVar(&p.correct, "correct", true, "re-calibrate the rejecting configurations once for ~50% rejections")
@@ -301,6 +301,9 @@ func envOr(name, def string) string {
 }
 
 func run(p *params) error {
+	if p.render != "" && filepath.Base(p.render) != "results.json" {
+		return renderPage(p.render, p.out)
+	}
 	if p.render != "" {
 		rep, err := readReport(p.render)
 		if err != nil {
@@ -392,6 +395,38 @@ func run(p *params) error {
 	}
 	fmt.Printf("\n%s\nwrote %s (%s)\n", rep.summary(), p.out, b.info.Duration)
 	return nil
+}
+
+// renderPage rewrites the page whose saved results are at path (by its
+// name: attribution.json, perf.json, ordinary.json) into out.
+func renderPage(path, out string) error {
+	var page, md string
+	switch filepath.Base(path) {
+	case "attribution.json":
+		var m attribData
+		if err := readJSON(path, &m); err != nil {
+			return err
+		}
+		page, md = "attribution.md", m.doc()
+	case "perf.json":
+		var m perfData
+		if err := readJSON(path, &m); err != nil {
+			return err
+		}
+		page, md = "perf.md", m.doc()
+	case "ordinary.json":
+		var m ordinaryData
+		if err := readJSON(path, &m); err != nil {
+			return err
+		}
+		page, md = "ordinary.md", m.doc()
+	default:
+		return fmt.Errorf("bench: -render %s: want results.json, attribution.json, perf.json or ordinary.json", path)
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(out, page), []byte(md), 0o644)
 }
 
 // rlsOnly runs the RLS section alone and puts it into the report in -out

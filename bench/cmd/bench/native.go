@@ -103,21 +103,21 @@ func (r *report) wasmOrNative(w func(string, ...any)) {
 		return
 	}
 	w("\n## Wasm or native\n\n")
-	w("The plugin's local rule run by the same engine built as an Envoy dynamic module (`make build-native`; docs/native.md), against the issue's targets for it. Ratios are taken within each round, then summarised (median, min–max). Pinned: Envoy's threads, and so the module's Go runtime, on one CPU, as in a container limited to one CPU. Any CPU: Envoy free on both CPUs of this machine, as without a CPU limit (the load generator keeps its own CPU). The cost over no filter is Envoy's CPU per request minus no filter's.\n\n")
+	w("The local rule in the same engine built as an Envoy dynamic module (docs/native.md), against its targets: Envoy CPU per request; *pinned*, Envoy and so the module's Go runtime on one CPU (a container limited to one CPU); *any CPU*, free on both; *cost*, CPU per request over no filter's; throughput saturated, any CPU.\n\n")
 	w("| figure | measured | target | |\n|---|---|---|---|\n")
 	row := func(name string, v spread, max float64) {
 		w("| %s | %s | ≤ %.2f | %s |\n", name, f(v, 2), max, verdict(v, max))
 	}
-	row("native module ÷ no filter, Envoy CPU per request (pinned)", r.perRound(ratio, 12, 1), targetModuleVsNone)
-	row("native module ÷ native local_ratelimit, Envoy CPU per request (pinned)", r.perRound(ratio, 12, 2), targetModuleVsNative)
-	row("native module's cost over no filter ÷ the plugin's, pinned", r.perRound(overhead, 1, 12, 3), targetOverheadPinned)
-	row("native module's cost over no filter ÷ the plugin's, any CPU", r.perRound(overhead, 13, 15, 14), targetOverheadFree)
+	row("module ÷ no filter, pinned", r.perRound(ratio, 12, 1), targetModuleVsNone)
+	row("module ÷ local_ratelimit, pinned", r.perRound(ratio, 12, 2), targetModuleVsNative)
+	row("module's cost ÷ the plugin's, pinned", r.perRound(overhead, 1, 12, 3), targetOverheadPinned)
+	row("module's cost ÷ the plugin's, any CPU", r.perRound(overhead, 13, 15, 14), targetOverheadFree)
 	thr := func(s satResult) float64 { return s.Throughput }
 	none4, mod4 := r.perRoundOf(thr, ratio, 16, 13), r.perRoundOf(thr, ratio, 17, 15)
 	scale := r.perRoundOf(thr, func(t []float64) float64 { return (t[0] / t[1]) / (t[2] / t[3]) }, 17, 15, 16, 13)
-	w("| saturated throughput, 4 workers ÷ 1, any CPU: no filter | %s | | |\n", f(none4, 2))
-	w("| saturated throughput, 4 workers ÷ 1, any CPU: native module | %s | | |\n", f(mod4, 2))
-	w("| the native module's growth ÷ no filter's | %s | ≥ %.2f | %s |\n", f(scale, 2), targetScaling, atLeast(scale, targetScaling))
+	w("| throughput, 4 workers ÷ 1: no filter | %s | | |\n", f(none4, 2))
+	w("| throughput, 4 workers ÷ 1: module | %s | | |\n", f(mod4, 2))
+	w("| module's growth ÷ no filter's | %s | ≥ %.2f | %s |\n", f(scale, 2), targetScaling, atLeast(scale, targetScaling))
 	if len(r.Startups) == 0 {
 		return
 	}
@@ -127,7 +127,7 @@ func (r *report) wasmOrNative(w func(string, ...any)) {
 			none = &r.Startups[i]
 		}
 	}
-	w("\nEnvoy started %d times with each (`--concurrency 1`, any CPU): its CPU (all threads) and wall time from start until the first 200, and its resident memory after %d more requests (targets for the native module: at most %.1f s of CPU, at most no filter + %d MiB).\n\n", max(r.Startups[0].CPU.N, 1), startRequests, targetStartCPUSeconds, targetRSSOverNoFilterMB)
+	w("\nEnvoy started %d times with each (one worker, any CPU): CPU (all threads) and wall time until the first 200, RSS after %d more requests (the module's targets: at most %.1f s of CPU, no filter + %d MiB).\n\n", max(r.Startups[0].CPU.N, 1), startRequests, targetStartCPUSeconds, targetRSSOverNoFilterMB)
 	w("| configuration | CPU s to the first 200 | wall s | RSS MiB | RSS − no filter MiB |\n|---|---|---|---|---|\n")
 	for _, s := range r.Startups {
 		more := "–"

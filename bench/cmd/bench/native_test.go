@@ -33,11 +33,11 @@ func TestWasmOrNative(t *testing.T) {
 	r.wasmOrNative(func(format string, args ...any) { fmt.Fprintf(&b, format, args...) })
 	page := b.String()
 	for _, want := range []string{
-		"| native module's cost over no filter ÷ the plugin's, pinned | 0.25 (0.10–0.50) | ≤ 0.60 | met |",
+		"| module's cost ÷ the plugin's, pinned | 0.25 (0.10–0.50) | ≤ 0.60 | met |",
 		// Any CPU: 5/40, 10/40, 20/40 → 0.25.
-		"| native module's cost over no filter ÷ the plugin's, any CPU | 0.25 (0.12–0.50) | ≤ 0.50 | met |",
+		"| module's cost ÷ the plugin's, any CPU | 0.25 (0.12–0.50) | ≤ 0.50 | met |",
 		// 40/30, 60/40, 36/30 → 1.33, 1.5, 1.2 → 1.33: above 1.25.
-		"| native module ÷ no filter, Envoy CPU per request (pinned) | 1.33 (1.20–1.50) | ≤ 1.25 | **not met** |",
+		"| module ÷ no filter, pinned | 1.33 (1.20–1.50) | ≤ 1.25 | **not met** |",
 		"| native module | 0.20 | – | 90.0 | +30.0 |",
 	} {
 		if !strings.Contains(page, want) {

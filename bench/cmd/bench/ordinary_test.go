@@ -3,6 +3,7 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -58,17 +59,27 @@ func TestOtherSwitches(t *testing.T) {
 // TestOrdinaryTable: ratios within each round, against no filter and the
 // local_ratelimit that writes the same headers.
 func TestOrdinaryTable(t *testing.T) {
-	mk := func(s setup, cpu ...float64) *target {
-		tg := &target{s: s}
-		for _, c := range cpu {
-			tg.lat = append(tg.lat, latResult{Samples: 1, CPUPerReqUS: c})
-			tg.sat = append(tg.sat, satResult{Requests: 1, CPUPerReqUS: c / 2, Throughput: 1e6 / c})
-			tg.switches = append(tg.switches, 1)
+	mk := func(s setup, cpu ...float64) ordinaryConfig {
+		c := ordinaryConfig{ID: s.ID, Label: s.Label, None: s.Kind == kindNone, Ref: ordinaryRef(s)}
+		for _, x := range cpu {
+			c.Lat, c.Sat, c.Thr, c.Switches = append(c.Lat, x), append(c.Sat, x/2), append(c.Thr, 1e6/x), append(c.Switches, 1)
 		}
-		return tg
+		return c
 	}
-	ts := []*target{mk(setups[0], 40, 50), mk(setups[1], 44, 55), mk(nativeHeadersSetup, 44, 60), mk(setups[11], 88, 66), mk(moduleNoHeaders, 88, 110)}
-	md := ordinaryTable(ts)
+	m := &ordinaryData{Configs: []ordinaryConfig{mk(setups[0], 40, 50), mk(setups[1], 44, 55), mk(nativeHeadersSetup, 44, 60), mk(setups[11], 88, 66), mk(moduleNoHeaders, 88, 110)}}
+	md := m.doc()
+	// ordinary.json gives the same page back (bench -render).
+	path := filepath.Join(t.TempDir(), "ordinary.json")
+	if err := writeJSON(path, m); err != nil {
+		t.Fatal(err)
+	}
+	var back ordinaryData
+	if err := readJSON(path, &back); err != nil {
+		t.Fatal(err)
+	}
+	if got := back.doc(); got != md {
+		t.Errorf("ordinary.json renders another page:\n%s\nwant:\n%s", got, md)
+	}
 	for _, row := range []string{
 		"| native module, local rule | 77.0 (66.0–88.0) | 1.76 (1.32–2.20) | with headers: 1.55 (1.10–2.00) |",
 		"| native module, no response headers | 99.0 (88.0–110.0) | 2.20 | without headers: 2.00 |",

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -215,38 +216,29 @@ func (r *report) rlqsSummary() string {
 func (r *rlqsReport) section(w func(string, ...any)) {
 	w("\n## Envoy's rate limit quota filter: limitd's RLQS\n\n")
 	measuredBy(w, "bench-rlqs", r.Date, r.Duration, r.Smoke, r.LoadStart, r.LoadEnd)
-	w("Stock Envoy's own `envoy.filters.http.rate_limit_quota` filter (no plugin, no module) puts each request in the quota bucket `{api_key: <x-api-key>}` (%d values in turn), reports each bucket's usage to limitd's rate limit quota service over one gRPC stream and enforces, in Envoy, the token-bucket assignments limitd sends back (`DENY_ALL` before a bucket's first assignment and after one expires). limitd runs with a `redis-server` of its own and a limit of %d a second with a burst of %d per key, which no load reaches. Beside it: Envoy with no filter, Envoy's `local_ratelimit` with a bucket per `x-api-key` value that never empties, and the plugin's and the native module's cluster rules with leases (`\"sync\": \"lease\"`, one hot key) through limitd's HTTP API, each limitd with a `redis-server` of its own. Envoy has one worker on a CPU of its own.\n\n",
+	w("Stock Envoy's `envoy.filters.http.rate_limit_quota` filter puts each request in the bucket `{api_key: <x-api-key>}` (%d values), reports usage to limitd's RLQS on one gRPC stream and enforces the token buckets limitd assigns (`DENY_ALL` before the first). limitd's limit, %d a second, burst %d, per key, is never reached. Beside it: no filter, `local_ratelimit` (a bucket per key), and the plugin's and the native module's leases (one hot key); each limitd has its own Redis.\n\n",
 		r.Keys, r.Rate, r.Burst)
 	w("| configuration | saturated req/s | Envoy CPU µs/req | ÷ no filter | ÷ `local_ratelimit` |\n|---|---|---|---|---|\n")
 	for _, s := range r.Results {
-		w("| %s | %s | %s | %s | %s |\n", s.Label, f(s.Throughput, 0), f(s.EnvoyCPU, 1), f(r.cpuRatio(s.ID, 50), 2), f(r.cpuRatio(s.ID, 51), 2))
+		w("| %s | %s | %s | %s | %s |\n", s.Label, fm(s.Throughput, 0), f(s.EnvoyCPU, 1), f(r.cpuRatio(s.ID, 50), 2), f(r.cpuRatio(s.ID, 51), 2))
 	}
-	w("\n**limitd's work against the request rate.** For the quota filter and the two lease rules, windows of %s at %s of the configuration's saturated throughput (the median of the rounds; an open loop on %d connections, at 100%% the closed loop itself). *Calls* are what limitd is asked: for the quota filter the usage reports it received on the stream (`limitd_rlqs_reports_total`; each carries every bucket the Envoy saw), beside the responses and assignments it sent (`limitd_rlqs_responses_total`, `limitd_rlqs_assignments_total`, one per bucket and report) and its lease calls to Redis for them (`limitd_rlqs_store_calls_total`: an assignment kept unchanged needs none); for a lease rule the Envoy's lease calls (`tokenbucket.lease_calls`). Envoy 1.40's quota filter reports every 5 s whatever its `reporting_interval` says (docs/rate-limit-quota.md), so a window holds %s, give or take one at its edges. CPU is limitd's and its Redis's (`/proc/<pid>/stat`) over the window.\n\n",
+	w("\n**limitd's work against the request rate**: windows of %s at %s of each configuration's saturated throughput (an open loop on %d connections; at 100%% the closed loop). *Calls*: the quota filter's usage reports (`limitd_rlqs_reports_total`; Envoy 1.40 reports every 5 s whatever `reporting_interval` says, so %s a window, give or take one), or the lease calls; beside them limitd's responses, assignments and Redis calls.\n\n",
 		r.RateWindow, fractions(r.Fractions), r.OpenConns, reportsPerWindow(r.RateWindow))
-	w("| configuration | load | req/s | calls | calls/s | calls per 1,000 req | responses / assignments sent per s | Redis calls per s | limitd CPU ms/s | its Redis ms/s | limitd CPU µs/req |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("| configuration | load | req/s | calls/s | calls per 1,000 req | responses / assignments per s | Redis calls per s | limitd CPU ms/s | its Redis ms/s | limitd CPU µs/req |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Results {
-		for _, p := range s.Points {
+		for i, p := range s.Points {
+			name := s.Label
+			if i > 0 {
+				name = ""
+			}
 			sent, store := "–", "–"
 			if s.Kind == rlsQuota {
 				sent = fmt.Sprintf("%.2f / %.1f", p.PerSecond(p.Responses), p.PerSecond(p.Assignments))
 				store = fmt.Sprintf("%.1f", p.PerSecond(p.StoreCalls))
 			}
-			w("| %s | %.0f%% | %.0f | %.0f | %.2f | %.3f | %s | %s | %.1f | %.1f | %.2f |\n", s.Label, 100*p.Fraction, p.Achieved, p.Calls,
+			w("| %s | %.0f%% | %.0f | %.2f | %.3f | %s | %s | %.1f | %.1f | %.2f |\n", name, 100*p.Fraction, p.Achieved,
 				p.PerSecond(p.Calls), p.Per1000(p.Calls), sent, store, 1000*p.PerSecond(p.ServiceCPU), 1000*p.PerSecond(p.RedisCPU), 1000*p.Per1000(p.ServiceCPU))
 		}
-	}
-	var at1, span []string
-	for _, s := range r.Results {
-		if len(s.Points) == 0 {
-			continue
-		}
-		last := s.Points[len(s.Points)-1]
-		at1 = append(at1, fmt.Sprintf("%s %.3f", callers[s.Kind], last.Per1000(last.Calls)))
-		span = append(span, fmt.Sprintf("%s %s", callers[s.Kind], fm(spanOf(s, func(p ratePoint) float64 { return p.PerSecond(p.Calls) }), 2)))
-	}
-	if len(at1) > 0 {
-		w("\nCalls to limitd per 1,000 requests at the last rate point: %s. Calls a second, largest ÷ smallest across the rates: %s.\n",
-			strings.Join(at1, ", "), strings.Join(span, ", "))
 	}
 	for _, s := range r.Results {
 		if s.Note != "" {
@@ -256,7 +248,7 @@ func (r *rlqsReport) section(w func(string, ...any)) {
 	for _, g := range r.Gaps {
 		w("\n**Gap:** %s\n", g)
 	}
-	w("\nAgainst the issue's targets (the CPU ratio within each round, then summarised; the spans across the rate points above):\n\n")
+	w("\nAgainst the issue's targets:\n\n")
 	w("| figure | measured | target | |\n|---|---|---|---|\n")
 	ratio := r.cpuRatio(52, 51)
 	w("| quota filter ÷ `local_ratelimit`, Envoy CPU per request (one pinned worker) | %s | ≤ %.2f | %s |\n", f(ratio, 2), targetQuotaVsLocal, verdict(ratio, targetQuotaVsLocal))
@@ -275,17 +267,15 @@ func (r *rlqsReport) section(w func(string, ...any)) {
 		{"CPU a second", func(p ratePoint) float64 { return p.PerSecond(p.ServiceCPU) }},
 	} {
 		v := spanOf(q, row.v)
-		w("| quota filter: limitd's %s, largest ÷ smallest across the rates (requests a second ×%s) | %s | ≤ %.2f | %s |\n",
+		w("| quota filter: limitd's %s, max ÷ min across the rates (requests ×%s) | %s | ≤ %.2f | %s |\n",
 			row.name, fm(reqs, 1), f(v, 2), targetFlat, verdict(v, targetFlat))
 	}
 	if q != nil {
-		w("\nThe quota filter enforced limitd's assignments: before anything was measured it denied %d requests (`DENY_ALL` until a bucket's first assignment) and then admitted every key; limitd sent %.0f assignments in all, and no window refused a request.\n",
+		w("\nThe quota filter enforced limitd's assignments: before the windows it denied %d requests (`DENY_ALL`), then admitted every key; limitd sent %.0f assignments, and no window refused a request.\n",
 			r.Denied, q.Metrics["limitd_rlqs_assignments_total"])
 	}
-	w("\n- Versions: limitd %s; %s.\n", r.Limitd, r.Redis)
-	w("- Pinning: %s; each limitd and its Redis run on the load generator's CPU.\n", r.Pinning)
-	w("- %d rounds of saturation runs (%d connections, %s warm-up, %s measured), the order reversed every other round; then the rate points, %s warm-up and %s measured each.\n",
-		r.Rounds, r.Conns, r.Warmup, r.SatWindow, r.Warmup, r.RateWindow)
+	w("\nlimitd %s; %s. As in [the method](#method), each limitd and its Redis on the generator's CPU; %d saturated rounds (%d connections, %s), then the rate points.\n",
+		r.Limitd, redisVersion(r.Redis), r.Rounds, r.Conns, r.SatWindow)
 }
 
 // callers name what calls limitd in each configuration with rate points.
@@ -315,4 +305,16 @@ func reportsPerWindow(d string) string {
 	default:
 		return fmt.Sprintf("%d reports", n)
 	}
+}
+
+// redisVersionRE is the version in redis-server --version's line.
+var redisVersionRE = regexp.MustCompile(`\bv=(\S+)`)
+
+// redisVersion is "Redis <version>" from redis-server --version's line, or
+// the line when it has none.
+func redisVersion(line string) string {
+	if m := redisVersionRE.FindStringSubmatch(line); m != nil {
+		return "Redis " + m[1]
+	}
+	return line
 }

@@ -86,14 +86,14 @@ func TestRLSSectionVerdicts(t *testing.T) {
 	}
 	good := page(rlsFixture(60, 900, 26))
 	for _, want := range []string{
-		"| ratelimit filter → limitd, token buckets ÷ envoyproxy/ratelimit, service + Redis CPU per decision | 0.50 | ≤ 0.50 | met |",
-		"| ratelimit filter → limitd, token buckets ÷ envoyproxy/ratelimit, service + Redis CPU per decision at the fixed rate | 0.50 | ≤ 0.50 | met |",
-		"| | service + Redis CPU µs per decision, fixed rate | ÷ envoyproxy/ratelimit | saturated | ÷ envoyproxy/ratelimit | p99 µs, fixed rate |",
-		"| ratelimit filter → envoyproxy/ratelimit | 120.0 | 1.00 | 120.0 | 1.00 | 1000 |",
-		"| ratelimit filter → limitd, token buckets | 60.0 | 0.50 | 60.0 | 0.50 | 900 |",
-		"| ratelimit filter → limitd, token buckets − envoyproxy/ratelimit, p99 µs | -100 | ≤ 0 | met |",
-		"| ratelimit filter → limitd, token buckets: admitted across a window edge, the trial nearest its bound | 26 (bound 26) | ≤ the token bucket's bound | met |",
-		"| ratelimit filter → limitd, fixed_window: admitted across a window edge | 40 | as envoyproxy/ratelimit: 40 | met |",
+		"| ratelimit filter → limitd, token buckets ÷ peer, saturated | 0.50 | ≤ 0.50 | met |",
+		"| ratelimit filter → limitd, token buckets ÷ peer, fixed rate | 0.50 | ≤ 0.50 | met |",
+		"| service + Redis µs/req | at the fixed rate: service + Redis µs/req | p99 µs |",
+		"| 120.0 | 120.0 | 1000 |",
+		"| 60.0 | 60.0 | 900 |",
+		"| ratelimit filter → limitd, token buckets − peer, p99 µs | -100 | ≤ 0 | met |",
+		"| ratelimit filter → limitd, token buckets: admitted across a window edge, the trial nearest its bound | 26 (bound 26) | ≤ the bound | met |",
+		"| ratelimit filter → limitd, fixed_window: admitted across a window edge | 40 | as the peer: 40 | met |",
 	} {
 		if !strings.Contains(good, want) {
 			t.Errorf("page lacks %q:\n%s", want, good)
@@ -101,10 +101,10 @@ func TestRLSSectionVerdicts(t *testing.T) {
 	}
 	bad := page(rlsFixture(120, 1100, 30))
 	for _, want := range []string{
-		"service + Redis CPU per decision | 1.00 | ≤ 0.50 | **not met** |",
-		"service + Redis CPU per decision at the fixed rate | 1.00 | ≤ 0.50 | **not met** |",
+		"÷ peer, saturated | 1.00 | ≤ 0.50 | **not met** |",
+		"÷ peer, fixed rate | 1.00 | ≤ 0.50 | **not met** |",
 		"p99 µs | 100 | ≤ 0 | **not met** |",
-		"| 30 (bound 26) | ≤ the token bucket's bound | **not met** |",
+		"| 30 (bound 26) | ≤ the bound | **not met** |",
 	} {
 		if !strings.Contains(bad, want) {
 			t.Errorf("page lacks %q:\n%s", want, bad)
@@ -116,7 +116,7 @@ func TestRLSSectionVerdicts(t *testing.T) {
 // section, without the rounds' tables.
 func TestRLSOnlyPage(t *testing.T) {
 	md := (&report{RLS: rlsFixture(60, 900, 26)}).markdown()
-	if !strings.Contains(md, "## Envoy's ratelimit filter") || strings.Contains(md, "## Throughput and Envoy CPU") {
+	if !strings.Contains(md, "## Envoy's ratelimit filter") || strings.Contains(md, "## Envoy CPU, throughput and latency") {
 		t.Errorf("page:\n%s", md)
 	}
 }

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -263,15 +264,18 @@ func first(c []float64) float64 { return c[0] }
 func (r *rlsReport) section(w func(string, ...any)) {
 	w("\n## Envoy's ratelimit filter: envoyproxy/ratelimit or limitd\n\n")
 	measuredBy(w, "bench-rls", r.Date, r.Duration, r.Smoke, r.LoadStart, r.LoadEnd)
-	w("Envoy's own `envoy.filters.http.ratelimit` filter (no plugin) asks a rate limit service over gRPC with one descriptor per request (`api_key` = the request's `x-api-key`, %d values in turn, a limit no load reaches): envoyproxy/ratelimit, or limitd's gRPC front door, each with a `redis-server` of its own and the same YAML. Beside them, the plugin's cluster rule through limitd's HTTP API on a `redis-server` of its own, per request (`/v1/decide`) and with leases (`/v1/lease`, one hot key). *Service + Redis CPU* is the user + system time of the service's process and of its Redis (`/proc/<pid>/stat`) over the saturation window (or the fixed-rate one), divided by the requests answered in it: each request is one decision. Added latency is against Envoy with no filter at the same fixed rate, %.0f req/s (%.0f%% of the slowest configuration's saturated throughput in calibration), in the same round.\n\n",
-		r.Keys, r.Rate, 100*r.Load)
-	w("| configuration | saturated req/s | Envoy CPU µs/req | service CPU µs/req | Redis CPU µs/req | service + Redis µs/req | p50 µs | p99 µs | p50 − no filter µs | p99 − no filter µs |\n")
-	w("|---|---|---|---|---|---|---|---|---|---|\n")
+	w("Envoy's `envoy.filters.http.ratelimit` filter asks envoyproxy/ratelimit (*the peer*) or limitd over gRPC, one descriptor per request (`api_key`, %d values, a limit no load reaches), each service with its own `redis-server` and the same YAML; beside them the plugin's cluster rule through limitd's HTTP API. *Service + Redis*: their CPU per request answered (one decision), saturated or at %.0f req/s; the targets' ratios are within each round.\n\n",
+		r.Keys, r.Rate)
+	w("| configuration | saturated req/s | Envoy CPU µs/req | service µs/req | Redis µs/req | service + Redis µs/req | at the fixed rate: service + Redis µs/req | p99 µs | p99 − no filter µs |\n")
+	w("|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Results {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s.Label, f(s.Throughput, 0), f(s.EnvoyCPU, 1),
-			f(s.ServiceCPU, 1), f(s.RedisCPU, 1), f(s.Decision, 1), f(s.P50, 0), f(s.P99, 0), fsigned(s.AddP50, 0), fsigned(s.AddP99, 0))
+		dec, fixed := "–", "–"
+		if s.Kind != rlsNone {
+			dec, fixed = f(r.perRound(decisionCPU, first, s.ID), 1), f(r.perRound(fixedCPU, first, s.ID), 1)
+		}
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s.Label, fm(s.Throughput, 0), fm(s.EnvoyCPU, 1),
+			fm(s.ServiceCPU, 1), fm(s.RedisCPU, 1), dec, fixed, fm(r.perRound(p99, first, s.ID), 0), fsm(s.AddP99, 0))
 	}
-	r.issueTable(w)
 	for _, s := range r.Results {
 		if s.Note != "" {
 			w("\n*%s:* %s.\n", s.Label, s.Note)
@@ -280,7 +284,7 @@ func (r *rlsReport) section(w func(string, ...any)) {
 	for _, g := range r.Gaps {
 		w("\n**Gap:** %s\n", g)
 	}
-	w("\nAgainst the issue's targets (ratios and differences within each round, then summarised):\n\n")
+	w("\nAgainst the issue's targets:\n\n")
 	w("| figure | measured | target | |\n|---|---|---|---|\n")
 	rw := func(name string, v spread, prec int, target string, verdict string) {
 		w("| %s | %s | %s | %s |\n", name, f(v, prec), target, verdict)
@@ -291,13 +295,13 @@ func (r *rlsReport) section(w func(string, ...any)) {
 			continue
 		}
 		sat := r.perRound(decisionCPU, ratio, id, 41)
-		rw(fmt.Sprintf("%s ÷ envoyproxy/ratelimit, service + Redis CPU per decision", lim.Label), sat, 2,
+		rw(fmt.Sprintf("%s ÷ peer, saturated", lim.Label), sat, 2,
 			fmt.Sprintf("≤ %.2f", targetRLSCPU), verdict(sat, targetRLSCPU))
 		fix := r.perRound(fixedCPU, ratio, id, 41)
-		rw(fmt.Sprintf("%s ÷ envoyproxy/ratelimit, service + Redis CPU per decision at the fixed rate", lim.Label), fix, 2,
+		rw(fmt.Sprintf("%s ÷ peer, fixed rate", lim.Label), fix, 2,
 			fmt.Sprintf("≤ %.2f", targetRLSCPU), verdict(fix, targetRLSCPU))
 		d := r.perRound(p99, difference, id, 41)
-		rw(fmt.Sprintf("%s − envoyproxy/ratelimit, p99 µs", lim.Label), d, 0, "≤ 0", verdict(d, 0))
+		rw(fmt.Sprintf("%s − peer, p99 µs", lim.Label), d, 0, "≤ 0", verdict(d, 0))
 	}
 	if lim := r.result(43); lim != nil && len(lim.Edges) > 0 {
 		most, bound, clean := 0, 0, 0
@@ -311,17 +315,17 @@ func (r *rlsReport) section(w func(string, ...any)) {
 		}
 		switch {
 		case clean == 0:
-			w("| %s: admitted across a window edge | no trial on time | ≤ the token bucket's bound | not measured |\n", lim.Label)
+			w("| %s: admitted across a window edge | no trial on time | ≤ the bound | not measured |\n", lim.Label)
 		default:
 			v := "met"
 			if most > bound {
 				v = "**not met**"
 			}
-			w("| %s: admitted across a window edge, the trial nearest its bound | %d (bound %d) | ≤ the token bucket's bound | %s |\n", lim.Label, most, bound, v)
+			w("| %s: admitted across a window edge, the trial nearest its bound | %d (bound %d) | ≤ the bound | %s |\n", lim.Label, most, bound, v)
 		}
 	}
 	if fw, up := r.result(42), r.result(41); fw != nil && up != nil && len(fw.Edges) > 0 && len(up.Edges) > 0 {
-		w("| %s: admitted across a window edge | %s | as envoyproxy/ratelimit: %s | %s |\n", fw.Label,
+		w("| %s: admitted across a window edge | %s | as the peer: %s | %s |\n", fw.Label,
 			admittedList(fw.Edges), admittedList(up.Edges), sameVerdict(fw.Edges, up.Edges))
 	}
 	if r.result(41) == nil || (r.result(42) == nil && r.result(43) == nil) {
@@ -329,41 +333,27 @@ func (r *rlsReport) section(w func(string, ...any)) {
 	}
 	r.edgeTable(w)
 	if len(r.Profiles) > 0 {
-		w("\nWhere the CPU goes under a saturating load: `perf record -e cpu-clock -p <pid>` of each process for %v, its samples summed by Go package (the kernel's apart) for a service and by function for Redis; each share also in µs per decision, from the CPU per decision of the same run.\n", rlsProfileFor)
+		w("\nWhere the CPU goes, saturated (`perf record -e cpu-clock -p <pid>`, %v): a service's by Go package, Redis's by function, the top %d with µs per decision.\n\n| process | µs per decision (samples) | where |\n|---|---|---|\n", rlsProfileFor, rlsPageTop)
 	}
 	for _, p := range r.Profiles {
-		w("\n%s, %.1f µs per decision (%d samples):\n\n| where | share | µs per decision |\n|---|---|---|\n", p.Label, p.CPUUS, p.Samples)
-		for _, e := range p.Top {
-			w("| `%s` | %.1f%% | %.1f |\n", e.Function, 100*e.Share, e.Share*p.CPUUS)
+		var top []string
+		for i, e := range p.Top {
+			if i == rlsPageTop {
+				break
+			}
+			top = append(top, fmt.Sprintf("`%s` %.1f", e.Function, e.Share*p.CPUUS))
 		}
+		w("| %s | %.1f (%d) | %s |\n", p.Label, p.CPUUS, p.Samples, strings.Join(top, ", "))
 	}
-	w("\n- Versions: envoyproxy/ratelimit %s (built from source, `make build-ratelimit`; its defaults but `USE_STATSD=false`); limitd %s; %s.\n", r.Ratelimit, r.Limitd, r.Redis)
-	w("- Pinning: %s; each service and its Redis run on the load generator's CPU.\n", r.Pinning)
-	w("- %d rounds, the order reversed every other round; each a saturation run (%d connections, %s warm-up, %s measured) and a fixed-rate run (%d connections, %s measured). Before the bursts, every Envoy's `/stats` showed every request decided by its service and none refused or failed.\n",
-		r.Rounds, r.Conns, r.Warmup, r.SatWindow, r.OpenConns, r.LatWindow)
+	w("\nenvoyproxy/ratelimit %s (`make build-ratelimit`, `USE_STATSD=false`); limitd %s; %s. As in [the method](#method), each service and its Redis on the generator's CPU; %d rounds, saturated (%d connections, %s) and at the fixed rate (%d connections, %s).\n",
+		r.Ratelimit, r.Limitd, redisVersion(r.Redis), r.Rounds, r.Conns, r.SatWindow, r.OpenConns, r.LatWindow)
 }
 
-// issueTable is the issue's table: each service's CPU per decision at the
-// fixed rate and saturated, each against envoyproxy/ratelimit's in the same
-// round, and the p99 at the fixed rate.
-func (r *rlsReport) issueTable(w func(string, ...any)) {
-	if r.result(41) == nil {
-		return
-	}
-	w("\nAt the fixed rate (%.0f req/s) and saturated, side by side (the ratios within each round, then summarised):\n\n", r.Rate)
-	w("| | service + Redis CPU µs per decision, fixed rate | ÷ envoyproxy/ratelimit | saturated | ÷ envoyproxy/ratelimit | p99 µs, fixed rate |\n")
-	w("|---|---|---|---|---|---|\n")
-	for _, id := range []int{41, 43, rlsBeforeConfig.ID, 42, 44} {
-		s := r.result(id)
-		if s == nil {
-			continue
-		}
-		w("| %s | %s | %s | %s | %s | %s |\n", s.Label, f(r.perRound(fixedCPU, first, id), 1), f(r.perRound(fixedCPU, ratio, id, 41), 2),
-			f(r.perRound(decisionCPU, first, id), 1), f(r.perRound(decisionCPU, ratio, id, 41), 2), f(r.perRound(p99, first, id), 0))
-	}
-}
+// rlsPageTop is how many entries of each profile the page names (results.json keeps rlsProfileTop).
+const rlsPageTop = 4
 
-// edgeTable shows the bursts across a window edge.
+// edgeTable shows the bursts across a window edge, a row per
+// configuration.
 func (r *rlsReport) edgeTable(w func(string, ...any)) {
 	var rows []*rlsSummary
 	for _, s := range r.Results {
@@ -374,18 +364,22 @@ func (r *rlsReport) edgeTable(w func(string, ...any)) {
 	if len(rows) == 0 {
 		return
 	}
-	w("\n**Across a window edge.** A descriptor `edge` of %d requests a second; each trial sends %d requests at once (a connection each) on a fresh value 250 ms before a second starts and %d more 50 ms after it, and counts the 200s. A fixed window admits up to twice the limit across the edge; a token bucket of capacity %d refilled at %d a second admits at most %d + %d × (the span from the first send to the last answer, in seconds), the *bound*. A trial counts when every answer of the first burst came before the edge and every answer of the second within the next second; *tries* says how many it took (at most %d, else the row says so).\n\n",
-		r.EdgeLimit, edgeBurst, edgeBurst, r.EdgeLimit, r.EdgeLimit, r.EdgeLimit, r.EdgeLimit, edgeAttempts)
-	w("| configuration | trial | admitted before the edge | after | in all | ÷ limit | span ms | token bucket's bound | tries |\n|---|---|---|---|---|---|---|---|---|\n")
+	w("\n**Across a window edge**: a limit of %d a second; a trial sends %d requests on a fresh value 250 ms before a second starts and %d more 50 ms after. A fixed window admits up to twice the limit, a token bucket at most %d + %d × (first send to last answer, s), the *bound*; a trial counts when each burst was answered on its side of the edge (at most %d tries).\n\n",
+		r.EdgeLimit, edgeBurst, edgeBurst, r.EdgeLimit, r.EdgeLimit, edgeAttempts)
+	w("| configuration | admitted per trial, before + after | span ms | bound | tries |\n|---|---|---|---|---|\n")
 	for _, s := range rows {
-		for i, e := range s.Edges {
-			tries := fmt.Sprint(e.Attempts)
+		var adm, span, bound, tries []string
+		for _, e := range s.Edges {
+			adm = append(adm, fmt.Sprintf("%d + %d", e.Before, e.After))
+			span = append(span, fmt.Sprintf("%.0f", e.SpanMS))
+			bound = append(bound, fmt.Sprint(e.Bound()))
+			t := fmt.Sprint(e.Attempts)
 			if !e.Clean {
-				tries += ", none on time"
+				t += " (none on time)"
 			}
-			w("| %s | %d | %d | %d | %d | %.2f | %.0f | %d | %s |\n", s.Label, i+1, e.Before, e.After, e.Admitted(),
-				float64(e.Admitted())/float64(r.EdgeLimit), e.SpanMS, e.Bound(), tries)
+			tries = append(tries, t)
 		}
+		w("| %s | %s | %s | %s | %s |\n", s.Label, strings.Join(adm, ", "), strings.Join(span, ", "), strings.Join(slices.Compact(bound), ", "), strings.Join(tries, ", "))
 	}
 }
 
