@@ -32,11 +32,21 @@ func (p Policy) Want(r *Record, lo float64) float64 {
 }
 
 // Granted records an answer that granted tokens at now (0 when the call
-// granted nothing), with what it said of the global bucket: remaining
-// tokens and the wait until it is full. It renews the expiry, learns the
-// spend rate and the next Size, and ends the call of claim (the stamp the
-// call's claim wrote; 0 for a call that claimed nothing).
-func (p Policy) Granted(r *Record, now int64, tokens, remaining float64, reset time.Duration, claim int64) {
+// granted nothing) of period (Record.Period: the one the call carried),
+// with what it said of the global bucket: remaining tokens and the wait
+// until it is full. It renews the expiry, learns the spend rate and the
+// next Size, and ends the call of claim (the stamp the call's claim wrote;
+// 0 for a call that claimed nothing). A grant of a later period than the
+// lease's replaces what the lease held (worthless now); one of an earlier
+// period is dropped, and only ends the call.
+func (p Policy) Granted(r *Record, now int64, period int64, tokens, remaining float64, reset time.Duration, claim int64) {
+	switch {
+	case period < r.Period:
+		Release(r, claim)
+		return
+	case period > r.Period:
+		r.Tokens, r.Period = 0, period
+	}
 	r.Tokens += tokens
 	if tokens > 0 {
 		r.Expires = now + int64(p.TTL)
@@ -132,8 +142,14 @@ func (p Policy) InFlight(r *Record, now int64) bool { return InFlight(r, now, in
 // the lease and claims its call marker for the return call. The amount to
 // send is the winning attempt's Change.Before.Tokens, never more: a lease
 // another worker returned or spent from meanwhile returns only what the
-// write that won took out of it.
-func (p Policy) Return(r Record, now int64) (Record, bool) {
+// write that won took out of it. Tokens of another period than period
+// (the one that holds now; Record.Period) are dropped, expired or not,
+// and claim nothing (the Change is not Claimed): they are not sent back.
+func (p Policy) Return(r Record, now int64, period int64) (Record, bool) {
+	if r.Tokens > 0 && r.Period != period {
+		r.Tokens = 0
+		return r, true
+	}
 	if !p.Expired(&r, now) {
 		return r, false
 	}

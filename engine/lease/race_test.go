@@ -25,9 +25,9 @@ func TestReturnAfterLostRace(t *testing.T) {
 	now := 5 * sec // past the 2 s expiry
 	var other Change
 	sd.Once(func() {
-		other, _ = b.Update(7, now, func(r Record) (Record, bool) { return pol.Return(r, now) })
+		other, _ = b.Update(7, now, func(r Record) (Record, bool) { return pol.Return(r, now, 0) })
 	})
-	mine, err := a.Update(7, now, func(r Record) (Record, bool) { return pol.Return(r, now) })
+	mine, err := a.Update(7, now, func(r Record) (Record, bool) { return pol.Return(r, now, 0) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestRefillClaimLostToRace(t *testing.T) {
 	sd := shareddata.New()
 	a, _ := New(sd, "t:", 64)
 	b, _ := New(sd, "t:", 64)
-	a.Update(3, 1, func(r Record) (Record, bool) { pol.Granted(&r, 1, 4, 30, time.Second, 0); return r, true })
+	a.Update(3, 1, func(r Record) (Record, bool) { pol.Granted(&r, 1, 0, 4, 30, time.Second, 0); return r, true })
 	a.Update(3, 1, func(r Record) (Record, bool) { r.Size = 8; return r, true })
 	outB := make([]Result, 1)
 	sd.Once(func() {
@@ -148,7 +148,7 @@ func TestLeaseConservation(t *testing.T) {
 			case 0: // a grant answering a claimed refill
 				g := float64(rng.IntN(5))
 				ch, err := w.Update(id, now, func(r Record) (Record, bool) {
-					pol.Granted(&r, now, g, 0, 0, r.Pending)
+					pol.Granted(&r, now, 0, g, 0, 0, r.Pending)
 					return r, true
 				})
 				if err == nil && ch.Wrote {
@@ -165,7 +165,7 @@ func TestLeaseConservation(t *testing.T) {
 					}
 				}
 			case 2: // a return on the tick
-				ch, err := w.Update(id, now, func(r Record) (Record, bool) { return pol.Return(r, now) })
+				ch, err := w.Update(id, now, func(r Record) (Record, bool) { return pol.Return(r, now, 0) })
 				if err == nil && ch.Wrote {
 					returned[id] += ch.Before.Tokens
 				}
