@@ -32,6 +32,16 @@ import (
 // the leases that lack its cost pass it unchecked (failed_open); the others
 // are spent as usual.
 //
+// A cluster quota's lease belongs to one calendar period (package lease's
+// model): its calls carry the period that holds now (periodOf), its grant
+// is recorded as of that period (settleLeases), a request spends only its
+// own period's tokens (leasePeriod), a grant answered after the boundary
+// goes to no request of the new period (the waiting one calls once more:
+// onLeaseAnswer), and the tick drops an ended period's tokens instead of
+// returning them (returnExpired). So a period's admissions across Envoys
+// never exceed its limit, and fall short of it by at most what the leases
+// hold unspent at its end (max_share × limit per Envoy and key).
+//
 // Every change to a lease is a pure function of its record (lease.Table
 // runs it under compare-and-swap), and what follows a change (the amount
 // returned, the refill claimed) comes from the Change of the attempt that
