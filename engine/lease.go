@@ -157,7 +157,7 @@ func (c *Request) spendLeasesAt(now int64) (rej *rejection, wait bool) {
 		if t.rule.lease.Down(rec, now) {
 			return c.leaseServiceDown(t.rule, false), false
 		}
-		if wait, refusing := t.rule.lease.Refusing(rec, now, t.cost); refusing {
+		if wait, refusing := t.rule.lease.Refusing(rec, now, leasePeriod(t.rule, now), t.cost); refusing {
 			return &rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{
 				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-now, 0))}}, false
 		}
@@ -200,7 +200,7 @@ func (c *Request) answeredAtOnce(w *leaseWait) *rejection {
 		if t.rule.lease.Down(&rec, now) {
 			return c.leaseServiceDown(t.rule, false)
 		}
-		if wait, refusing := t.rule.lease.Refusing(&rec, now, t.cost); refusing {
+		if wait, refusing := t.rule.lease.Refusing(&rec, now, leasePeriod(t.rule, now), t.cost); refusing {
 			return &rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{
 				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-now, 0))}}
 		}
@@ -524,7 +524,7 @@ func (p *Plugin) settleLeases(takes []take, costs []float64, claims []int64, req
 				pol.Granted(&r, now, req.Buckets[i].PeriodEndMs, max(g.Tokens-cost, 0), float64(g.Remaining), millis(g.ResetMs), claim)
 			default:
 				g := a.Buckets[i]
-				pol.Refused(&r, now, float64(g.Remaining), millis(g.RetryAfterMs), millis(g.ResetMs), claim)
+				pol.Refused(&r, now, req.Buckets[i].PeriodEndMs, float64(g.Remaining), millis(g.RetryAfterMs), millis(g.ResetMs), claim)
 			}
 			return r, true
 		})

@@ -163,3 +163,59 @@ func TestQuotaLeaseNoReturnAfterBoundary(t *testing.T) {
 		t.Fatalf("calls %q, want one return of 11.5 tokens with its period", bodies)
 	}
 }
+
+// quotaRefusal is a lease answer refusing one bucket: the period's count
+// is spent, until its end retry away.
+func quotaRefusal(retry time.Duration) *engine.Answer {
+	a := &wire.LeaseAnswer{Buckets: []wire.Grant{{Remaining: 0, RetryAfterMs: retry.Milliseconds(), ResetMs: retry.Milliseconds()}}}
+	return &engine.Answer{Status: "200", Body: wire.AppendLeaseAnswer(nil, a)}
+}
+
+// TestQuotaLeaseRefusalStands: once limitd refused a quota's lease (the
+// period's count spent), the Envoy refuses the requests that find the
+// lease short without calling, for a second at most and never past the
+// period's end, with Retry-After to the boundary; the first request of the
+// next period calls.
+func TestQuotaLeaseRefusalStands(t *testing.T) {
+	h, p := quotaLeasePlugin(t, minute0.Add(40*time.Second))
+	a, s, r := quotaRequest(p)
+	if a != engine.Pause || len(h.Calls) != 1 {
+		t.Fatalf("request: %v with %d calls, want a pause on its lease call", a, len(h.Calls))
+	}
+	h.TakeCalls()[0].Answer(quotaRefusal(20 * time.Second))
+	if s.Replied != 429 {
+		t.Fatalf("replied %d, want 429", s.Replied)
+	}
+	r.Done()
+	h.Clock.Set(minute0.Add(40*time.Second + 500*time.Millisecond).UnixNano())
+	a, s, r = quotaRequest(p)
+	if len(h.Calls) != 0 || s.Replied != 429 {
+		t.Fatalf("request after the refusal: %v, %d calls, replied %d; want 429 without a call", a, len(h.Calls), s.Replied)
+	}
+	var retry string
+	for _, kv := range s.ReplyHeaders {
+		if kv[0] == "retry-after" {
+			retry = kv[1]
+		}
+	}
+	if n, err := strconv.Atoi(retry); err != nil || n < 19 || n > 30 {
+		t.Fatalf("Retry-After %q, want the 19.5 s to the boundary (jittered upward by up to a half)", retry)
+	}
+	r.Done()
+	// A refusal just before the boundary whose wait runs past it (limitd's
+	// clock behind the Envoy's): it does not stand in the next period.
+	h.Clock.Set(minute0.Add(59500 * time.Millisecond).UnixNano())
+	if _, _, r := quotaRequest(p); len(h.Calls) != 1 {
+		t.Fatalf("request after the refusal's second: %d calls, want its lease call", len(h.Calls))
+	} else {
+		h.TakeCalls()[0].Answer(quotaRefusal(2 * time.Second))
+		r.Done()
+	}
+	h.Clock.Set(minute0.Add(time.Minute).UnixNano())
+	if a, _, r := quotaRequest(p); a != engine.Pause || len(h.Calls) != 1 {
+		t.Fatalf("first request of the next period: %v with %d calls, want a pause on its lease call", a, len(h.Calls))
+	} else {
+		h.TakeCalls()[0].Answer(quotaGrant(12.5, 87))
+		r.Done()
+	}
+}

@@ -80,10 +80,10 @@ func TestRefillClaimLostToRace(t *testing.T) {
 func TestMarkersAfterBackwardStep(t *testing.T) {
 	at := 1000 * sec
 	var r Record
-	pol.Refused(&r, at, 0, 73*time.Second, 100*time.Second, 0)
+	pol.Refused(&r, at, 0, 0, 73*time.Second, 100*time.Second, 0)
 	r.DownUntil, r.Pending, r.Tokens, r.Expires = at+int64(downFor), at, 1, at+int64(pol.TTL)
 	back := at - 300*sec
-	if _, refusing := pol.Refusing(&r, back, 5); refusing {
+	if _, refusing := pol.Refusing(&r, back, 0, 5); refusing {
 		t.Error("a refusal stamped before the step still refuses")
 	}
 	if pol.Down(&r, back) {
@@ -96,7 +96,7 @@ func TestMarkersAfterBackwardStep(t *testing.T) {
 		t.Error("an expiry stamped before the step keeps the tokens")
 	}
 	// Without the step, each holds.
-	if _, refusing := pol.Refusing(&r, at, 5); !refusing || !pol.Down(&r, at) || !pol.InFlight(&r, at) || pol.Expired(&r, at) {
+	if _, refusing := pol.Refusing(&r, at, 0, 5); !refusing || !pol.Down(&r, at) || !pol.InFlight(&r, at) || pol.Expired(&r, at) {
 		t.Error("markers do not hold at the time they were set")
 	}
 }
@@ -108,11 +108,11 @@ func TestMarkersAfterBackwardStep(t *testing.T) {
 func TestRefusingJudgesOwnCost(t *testing.T) {
 	p := Policy{TTL: 2 * time.Second, Cap: 250, Stale: time.Second, Rate: 10}
 	var r Record
-	p.Refused(&r, sec, 937, 7*time.Second, 7*time.Second, 0)
-	if _, refusing := p.Refusing(&r, sec, 100); refusing {
+	p.Refused(&r, sec, 0, 937, 7*time.Second, 7*time.Second, 0)
+	if _, refusing := p.Refusing(&r, sec, 0, 100); refusing {
 		t.Fatal("a request the global bucket can hold is refused without a call")
 	}
-	wait, refusing := p.Refusing(&r, sec+int64(100*time.Millisecond), 1000)
+	wait, refusing := p.Refusing(&r, sec+int64(100*time.Millisecond), 0, 1000)
 	if !refusing || wait != 6200*time.Millisecond {
 		t.Fatalf("cost 1000: refusing %v, wait %v; want 6.2 s (63 tokens less 1 refilled, at 10/s)", refusing, wait)
 	}
