@@ -40,7 +40,8 @@ import (
 // onLeaseAnswer), and the tick drops an ended period's tokens instead of
 // returning them (returnExpired). So a period's admissions across Envoys
 // never exceed its limit, and fall short of it by at most what the leases
-// hold unspent at its end (max_share × limit per Envoy and key).
+// hold unspent at its end (under 1.5 × max_share × limit per Envoy and
+// key: a refill of the lease's size is claimed below half of it).
 //
 // Every change to a lease is a pure function of its record (lease.Table
 // runs it under compare-and-swap), and what follows a change (the amount
