@@ -19,9 +19,6 @@ type Configuration struct{ cfg *config.Config }
 // a *RefusalError, whose text is the line the host should log.
 func Parse(data []byte, o Options) (*Configuration, error) {
 	cfg, err := config.Parse(data)
-	if err == nil {
-		err = checkClusterQuota(cfg)
-	}
 	if err == nil && o.FlatMetadata {
 		err = checkFlatMetadata(cfg)
 	}

@@ -270,7 +270,7 @@ func (p *Plugin) configure(cfg *config.Config, rootID string) error {
 		return err
 	}
 	table.WithSeed(SeedKey)
-	leases, err := lease.New(p.host.SharedData(), Name+":lease:v2:"+rootID+":", cfg.MaxKeys)
+	leases, err := lease.New(p.host.SharedData(), Name+":lease:v3:"+rootID+":", cfg.MaxKeys)
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,17 @@ import (
 // the leases that lack its cost pass it unchecked (failed_open); the others
 // are spent as usual.
 //
+// A cluster quota's lease belongs to one calendar period (package lease's
+// model): its calls carry the period that holds now (periodOf), its grant
+// is recorded as of that period (settleLeases), a request spends only its
+// own period's tokens (leasePeriod), a grant answered after the boundary
+// goes to no request of the new period (the waiting one calls once more:
+// onLeaseAnswer), and the tick drops an ended period's tokens instead of
+// returning them (returnExpired). So a period's admissions across Envoys
+// never exceed its limit, and fall short of it by at most what the leases
+// hold unspent at its end (under 1.5 × max_share × limit per Envoy and
+// key: a refill of the lease's size is claimed below half of it).
+//
 // Every change to a lease is a pure function of its record (lease.Table
 // runs it under compare-and-swap), and what follows a change (the amount
 // returned, the refill claimed) comes from the Change of the attempt that
@@ -147,7 +158,7 @@ func (c *Request) spendLeasesAt(now int64) (rej *rejection, wait bool) {
 		if t.rule.lease.Down(rec, now) {
 			return c.leaseServiceDown(t.rule, false), false
 		}
-		if wait, refusing := t.rule.lease.Refusing(rec, now, t.cost); refusing {
+		if wait, refusing := t.rule.lease.Refusing(rec, now, leasePeriod(t.rule, now), t.cost); refusing {
 			return &rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{
 				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-now, 0))}}, false
 		}
@@ -184,13 +195,13 @@ func (c *Request) answeredAtOnce(w *leaseWait) *rejection {
 	}
 	for _, t := range pl.leased {
 		rec, err := p.leases.Get(t.id, now)
-		if err != nil || rec.Tokens+1e-9 >= t.cost {
+		if err != nil || rec.Held(leasePeriod(t.rule, now))+1e-9 >= t.cost {
 			continue
 		}
 		if t.rule.lease.Down(&rec, now) {
 			return c.leaseServiceDown(t.rule, false)
 		}
-		if wait, refusing := t.rule.lease.Refusing(&rec, now, t.cost); refusing {
+		if wait, refusing := t.rule.lease.Refusing(&rec, now, leasePeriod(t.rule, now), t.cost); refusing {
 			return &rejection{rule: t.rule, reason: reasonExceeded, d: bucket.Decision{
 				RetryAfter: wait, ResetAfter: time.Duration(max(rec.ResetAt-now, 0))}}
 		}
@@ -230,7 +241,7 @@ func (c *Request) leaseServiceDown(ru *rule, retry bool) *rejection {
 			if t.held {
 				continue
 			}
-			spends := append(c.scratch.spends[:0], lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
+			spends := append(c.scratch.spends[:0], lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale), Period: leasePeriod(t.rule, now)})
 			c.scratch.spends = spends
 			out := c.scratch.leaseResults(1)
 			if ok, err := p.leases.Spend(now, spends, out); err != nil || !ok {
@@ -238,7 +249,7 @@ func (c *Request) leaseServiceDown(ru *rule, retry bool) *rejection {
 				continue
 			}
 			p.spent(*t, &out[0])
-			t.held, t.d = true, leaseDecision(t.rule, &out[0].Record, now)
+			t.held, t.d, t.period = true, leaseDecision(t.rule, &out[0].Record, now), spends[0].Period
 			t.rule.allowed.Increment(1)
 			c.show(t.rule, t.d)
 		}
@@ -264,7 +275,7 @@ func (c *Request) spendAll(now int64) bool {
 func (c *Request) spend(now int64) (out []lease.Result, ok bool, err error) {
 	spends := c.scratch.spends[:0]
 	for _, t := range c.plan.leased {
-		spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
+		spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale), Period: leasePeriod(t.rule, now)})
 	}
 	c.scratch.spends = spends
 	out = c.scratch.leaseResults(len(spends))
@@ -277,7 +288,7 @@ func (c *Request) spend(now int64) (out []lease.Result, ok bool, err error) {
 func (c *Request) admitLeased(out []lease.Result, now int64) {
 	for i := range c.plan.leased {
 		t := &c.plan.leased[i]
-		t.held, t.d = true, leaseDecision(t.rule, &out[i].Record, now)
+		t.held, t.d, t.period = true, leaseDecision(t.rule, &out[i].Record, now), leasePeriod(t.rule, now)
 		t.rule.allowed.Increment(1)
 		c.show(t.rule, t.d)
 	}
@@ -308,7 +319,8 @@ func (c *Request) leaseCall(short []take, now int64) error {
 			claims[i] = ch.After.Pending
 			want = pol.Want(&ch.After, t.cost)
 		}
-		req.Buckets[i] = wire.LeaseBucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst, Want: want, Min: t.cost}
+		req.Buckets[i] = wire.LeaseBucket{Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst, Want: want, Min: t.cost,
+			Period: periodOf(t.rule, now)}
 		p.held.add(t)
 	}
 	gen := c.gen
@@ -319,7 +331,7 @@ func (c *Request) leaseCall(short []take, now int64) error {
 	c.calling = false
 	if err != nil {
 		c.early = nil
-		p.settleLeases(short, nil, claims, nil, now)
+		p.settleLeases(short, nil, claims, req, nil, now)
 	}
 	return err
 }
@@ -362,7 +374,7 @@ func (c *Request) takeLeaseAnswer() {
 // grant goes into the leases.
 func (p *Plugin) recordLeaseAnswer(w *leaseWait) {
 	a, why := readLeaseAnswer(w.req, w.ans)
-	p.settleLeases(w.short, nil, w.claims, a, p.now())
+	p.settleLeases(w.short, nil, w.claims, w.req, a, p.now())
 	if why != "" {
 		p.serviceFailed(w.short, why)
 	}
@@ -383,6 +395,23 @@ func (c *Request) onLeaseAnswer(w *leaseWait) {
 	short := w.short
 	now := p.now()
 	a, why := readLeaseAnswer(w.req, w.ans)
+	if why == "" && endedPeriod(short, w.req, now) {
+		// The call's period ended before its answer came: what it granted
+		// is of that period, not the request's (settleLeases keeps it in
+		// the leases, where no request of another period spends it). The
+		// request calls once more, for its own period; a second late
+		// answer refuses it (never over).
+		p.settleLeases(short, nil, w.claims, w.req, a, now)
+		if c.recalled {
+			c.next(&rejection{rule: short[0].rule, reason: reasonExceeded, d: bucket.Decision{RetryAfter: time.Millisecond}})
+			return
+		}
+		c.recalled = true
+		if rej, wait := c.spendLeasesAt(now); !wait {
+			c.next(rej)
+		}
+		return
+	}
 	var costs []float64 // nil: the request takes nothing from the grants
 	if why == "" {
 		costs = make([]float64, len(short))
@@ -390,7 +419,7 @@ func (c *Request) onLeaseAnswer(w *leaseWait) {
 			costs[i] = t.cost
 		}
 	}
-	recs := p.settleLeases(short, costs, w.claims, a, now)
+	recs := p.settleLeases(short, costs, w.claims, w.req, a, now)
 	switch {
 	case why != "":
 		p.serviceFailed(short, why)
@@ -415,7 +444,7 @@ func (c *Request) onLeaseAnswer(w *leaseWait) {
 	spends := c.scratch.spends[:0]
 	for _, t := range pl.leased {
 		if indexOf(short, t) < 0 {
-			spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale)})
+			spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Stale: int64(t.rule.lease.Stale), Period: leasePeriod(t.rule, now)})
 		}
 	}
 	c.scratch.spends = spends
@@ -424,7 +453,7 @@ func (c *Request) onLeaseAnswer(w *leaseWait) {
 	if err != nil || !ok {
 		back := make([]lease.Spend, len(short))
 		for i, t := range short {
-			back[i] = lease.Spend{ID: t.id, Cost: t.cost}
+			back[i] = lease.Spend{ID: t.id, Cost: t.cost, Period: w.req.Buckets[i].PeriodEndMs}
 		}
 		p.leases.Refund(now, back)
 		t := short[0]
@@ -438,7 +467,7 @@ func (c *Request) onLeaseAnswer(w *leaseWait) {
 	for i := range pl.leased {
 		t := &pl.leased[i]
 		t.rule.allowed.Increment(1)
-		t.held = true
+		t.held, t.period = true, leasePeriod(t.rule, now)
 		if j := indexOf(short, *t); j >= 0 {
 			t.d = leaseDecision(t.rule, &recs[j], now)
 		} else {
@@ -452,6 +481,17 @@ func (c *Request) onLeaseAnswer(w *leaseWait) {
 	c.next(nil)
 }
 
+// endedPeriod reports whether the period lease call req carried for one
+// of takes (a quota's) is not the one that holds now.
+func endedPeriod(takes []take, req *wire.LeaseRequest, now int64) bool {
+	for i, t := range takes {
+		if req.Buckets[i].PeriodEndMs != leasePeriod(t.rule, now) {
+			return true
+		}
+	}
+	return false
+}
+
 // indexOf is the position of t's lease among takes, or -1.
 func indexOf(takes []take, t take) int {
 	for i, u := range takes {
@@ -462,12 +502,13 @@ func indexOf(takes []take, t take) int {
 	return -1
 }
 
-// settleLeases records a lease call's answer (nil: the call failed) in the
-// leases of takes, and returns the records as written. costs[i] (none when
-// costs is nil) is what the waiting request takes from take i's grant; the
-// rest goes into the lease. claims[i] is the marker stamp take i's call
-// claimed (0: none), which only this answer releases.
-func (p *Plugin) settleLeases(takes []take, costs []float64, claims []int64, a *wire.LeaseAnswer, now int64) []lease.Record {
+// settleLeases records the answer a to lease call req (a nil: the call
+// failed) in the leases of takes, and returns the records as written.
+// costs[i] (none when costs is nil) is what the waiting request takes from
+// take i's grant; the rest goes into the lease. claims[i] is the marker
+// stamp take i's call claimed (0: none), which only this answer releases.
+// A quota's grant is of the period its call carried (lease.Policy.Granted).
+func (p *Plugin) settleLeases(takes []take, costs []float64, claims []int64, req *wire.LeaseRequest, a *wire.LeaseAnswer, now int64) []lease.Record {
 	recs := make([]lease.Record, len(takes))
 	for i, t := range takes {
 		pol, claim, cost := t.rule.lease, claims[i], 0.0
@@ -481,10 +522,10 @@ func (p *Plugin) settleLeases(takes []take, costs []float64, claims []int64, a *
 			case a.Granted:
 				g := a.Buckets[i]
 				r.Spent += cost
-				pol.Granted(&r, now, max(g.Tokens-cost, 0), float64(g.Remaining), millis(g.ResetMs), claim)
+				pol.Granted(&r, now, req.Buckets[i].PeriodEndMs, max(g.Tokens-cost, 0), float64(g.Remaining), millis(g.ResetMs), claim)
 			default:
 				g := a.Buckets[i]
-				pol.Refused(&r, now, float64(g.Remaining), millis(g.RetryAfterMs), millis(g.ResetMs), claim)
+				pol.Refused(&r, now, req.Buckets[i].PeriodEndMs, float64(g.Remaining), millis(g.RetryAfterMs), millis(g.ResetMs), claim)
 			}
 			return r, true
 		})
@@ -511,7 +552,8 @@ func readLeaseAnswer(req *wire.LeaseRequest, ans *Answer) (*wire.LeaseAnswer, st
 func (p *Plugin) refill(t take, rec lease.Record, claim int64) {
 	p.held.add(t)
 	req := &wire.LeaseRequest{Buckets: []wire.LeaseBucket{{
-		Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst, Want: t.rule.lease.Want(&rec, 0)}}}
+		Key: t.key, Rate: t.rule.limit.Rate, Burst: t.rule.limit.Burst, Want: t.rule.lease.Want(&rec, 0),
+		Period: periodOf(t.rule, p.now())}}}
 	p.detached([]take{t}, []int64{claim}, req)
 }
 
@@ -530,7 +572,7 @@ func (p *Plugin) detached(takes []take, claims []int64, req *wire.LeaseRequest) 
 			p.releaseLeases(takes, claims, p.now())
 			return
 		}
-		p.settleLeases(takes, nil, claims, a, p.now())
+		p.settleLeases(takes, nil, claims, req, a, p.now())
 	}
 	err := p.leasePost(p.host, takes[0].rule.Service, req, answer)
 	if err != nil {
@@ -584,11 +626,12 @@ func (p *Plugin) returnExpired() {
 		}
 		hl := h.list[h.cursor]
 		pol := hl.rule.lease
-		ch, err := p.updateLease(hl.id, now, func(r lease.Record) (lease.Record, bool) { return pol.Return(r, now) })
+		period := periodOf(hl.rule, now)
+		ch, err := p.updateLease(hl.id, now, func(r lease.Record) (lease.Record, bool) { return pol.Return(r, now, period.PeriodEndMs) })
 		switch {
 		case err != nil:
 			h.cursor++
-		case ch.Wrote && ch.Before.Tokens > 0:
+		case ch.Claimed() && ch.Before.Tokens > 0:
 			h.cursor++
 			if req == nil {
 				req = &wire.LeaseRequest{}
@@ -596,7 +639,7 @@ func (p *Plugin) returnExpired() {
 			takes = append(takes, take{rule: hl.rule, id: hl.id, key: hl.key})
 			claims = append(claims, ch.After.Pending)
 			req.Buckets = append(req.Buckets, wire.LeaseBucket{Key: hl.key, Rate: hl.rule.limit.Rate,
-				Burst: hl.rule.limit.Burst, Return: min(ch.Before.Tokens, hl.rule.limit.Burst)})
+				Burst: hl.rule.limit.Burst, Return: min(ch.Before.Tokens, hl.rule.limit.Burst), Period: period})
 			if len(req.Buckets) == wire.MaxBuckets {
 				flush()
 			}

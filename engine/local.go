@@ -98,7 +98,7 @@ func (c *Request) giveBack() {
 	for i := range pl.leased {
 		if t := &pl.leased[i]; t.held {
 			t.held = false
-			spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost})
+			spends = append(spends, lease.Spend{ID: t.id, Cost: t.cost, Period: t.period})
 		}
 	}
 	c.scratch.spends = spends

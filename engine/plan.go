@@ -21,6 +21,9 @@ type take struct {
 	// d is the decision that took it.
 	held bool
 	d    bucket.Decision
+	// period is a leased quota's period when held (lease.Spend.Period): a
+	// refund goes back only to a lease of that period.
+	period int64
 	// amount is the adjustment the response asks for: the real cost less
 	// cost, or −cost for a status charge_on does not list.
 	amount float64

@@ -1,22 +1,10 @@
 package engine
 
-import (
-	"errors"
-	"strconv"
-
-	"github.com/ratelimit-wasm/tokenbucket/config"
-)
-
-// checkClusterQuota refuses a quota with scope cluster and "sync":
-// "lease", which config accepts: a cluster quota's calls carry its period
-// (periodOf), but this engine's leases do not follow a period's boundary
-// yet (a lease taken before it would be spent after it).
-func checkClusterQuota(cfg *config.Config) error {
-	for i := range cfg.Rules {
-		if r := &cfg.Rules[i]; r.Limit.Quota() && r.Scope == config.ScopeCluster && r.Sync == config.SyncLease {
-			return &config.Error{Path: "rules[" + strconv.Itoa(i) + "].sync",
-				Err: errors.New(`a cluster quota is decided per request in this build: "lease" does not follow its period's boundary yet`)}
-		}
-	}
-	return nil
+// leasePeriod is the period of ru's lease at now (Unix ns): for a quota,
+// the end of the calendar period that holds now in Unix ms, as its lease
+// calls carry it (periodOf); 0 for a token bucket. A lease's tokens belong
+// to the period its grant was answered for (lease.Record.Period), and a
+// request spends only the tokens of its own period.
+func leasePeriod(ru *rule, now int64) int64 {
+	return periodOf(ru, now).PeriodEndMs
 }

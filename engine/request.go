@@ -29,6 +29,7 @@ type Request struct {
 	leaseAnswer *leaseWait
 	calling     bool
 	early       *leaseWait
+	recalled    bool // a lease call of an ended period was sent again (onLeaseAnswer)
 	shadowsSent bool // the shadow cluster rules went out (alone or riding a call)
 	// What the response headers report: the enforced rule closest to its
 	// limit, or none.

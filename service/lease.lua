@@ -9,7 +9,9 @@
 --
 -- Every bucket first takes back its return, clamped to what its ledger says
 -- leases granted to the caller and were not yet returned, and to the
--- window's return budget (a burst per window), and to its burst. Then, if
+-- window's return budget (a burst per window), and to its burst; a quota
+-- takes back nothing when its record is of a later period than the call's
+-- (a return of an ended period never credits the next one). Then, if
 -- every bucket holds its min, each grants min(want, tokens) (never less
 -- than min), is debited that much and records the grant as the caller's in
 -- its ledger;
@@ -34,6 +36,13 @@ for i = 1, n do
   local tok, at, led = load(KEYS[i], rate, burst, ps, pe)
   if not tok then
     return at
+  end
+  -- A quota's record written in a later period than the call's (at past
+  -- pe: in_period keeps a record of the call's period below pe) takes no
+  -- return: what a lease of an ended period held is not the later
+  -- period's to credit, and this caller's grants in the ledger are.
+  if pe > 0 and at >= pe then
+    ret = 0
   end
   ret = take_return(led, ret, burst)
   -- What the return adds: all of it, or what a full bucket leaves room

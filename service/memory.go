@@ -70,6 +70,12 @@ func (e memoryEntry) before(p wire.Period) bool {
 	return p.IsQuota() && e.state.At > 0 && e.state.At < p.PeriodStartMs*int64(time.Millisecond)
 }
 
+// after reports whether st is a quota's state of a period after p (written
+// at or past its end): it takes no return of p, as lease.lua's.
+func after(st bucket.State, p wire.Period) bool {
+	return p.IsQuota() && st.At >= p.PeriodEndMs*int64(time.Millisecond)
+}
+
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 	if opts.MaxKeys <= 0 {
@@ -172,7 +178,8 @@ func (m *MemoryStore) Decide(ctx context.Context, req *wire.Request) (wire.Answe
 
 // Lease implements Store under the store's mutex: each bucket's return is
 // clamped to its ledger's grants outstanding to the caller (WithCaller) and
-// to the window's return budget; a dry run of package bucket's
+// to the window's return budget (a quota's record of a later period than
+// the call's takes none, as lease.lua's); a dry run of package bucket's
 // Limit.Lease on every bucket decides whether the call grants; then each
 // bucket is leased (the grant recorded in its ledger), or, when refused,
 // takes back only its return.
@@ -199,7 +206,9 @@ func (m *MemoryStore) Lease(ctx context.Context, req *wire.LeaseRequest) (wire.L
 			states[i], leds[i] = e.state, e.ledger
 		}
 		leds[i] = leds[i].at(now, m.window)
-		rets[i] = leds[i].takeReturn(caller, b.Return, b.Burst)
+		if !after(states[i], b.Period) {
+			rets[i] = leds[i].takeReturn(caller, b.Return, b.Burst)
+		}
 		lim := limitOf(b.Rate, b.Burst, b.Period)
 		if _, _, ok, _ := lim.Lease(states[i], periodNow(now, b.Period), rets[i], b.Want, b.Min); !ok {
 			a.Granted = false
@@ -290,7 +299,9 @@ func (m *MemoryStore) Charge(ctx context.Context, req *wire.ChargeRequest) (wire
 func (m *MemoryStore) put(k string, lim bucket.Limit, st bucket.State, led ledger, now int64) {
 	led = led.at(now, m.window)
 	keep := lim.FullAt(st)
-	if lim.Quota() && keep > now {
+	// A record of a later period than lim's (a lagging caller's write)
+	// keeps its own expiry, as bucket.lua's PTTL does.
+	if lim.Quota() && (keep > now || st.At >= lim.PeriodEnd) {
 		keep = max(keep+int64(quotaMargin), m.buckets[k].fullAt)
 	}
 	if led.returned > 0 || led.refunded > 0 {

@@ -13,6 +13,15 @@
 // and leave it only by being spent or handed back (Take), so an Envoy never
 // admits more than the service granted it.
 //
+// A quota's lease belongs to one calendar period (Record.Period: the one
+// the service answered for, which the call carried): its tokens are spent
+// only by requests of that period (Spend.Period), a grant of a later
+// period replaces what an earlier one left, a grant of an earlier period
+// than the lease holds is dropped, and at the boundary what the lease
+// holds of the ended period is dropped, never handed back (Policy.Return):
+// the period's counter restarted. So every token spent in a period came
+// from that period's remainder in the limit service.
+//
 // Refills are single-flight per lease across the workers: the write that
 // spends a lease below half its Size also claims Pending (the moment the
 // refill call left), and no other write claims it until the answer clears
@@ -56,10 +65,25 @@ type Record struct {
 	AskAt     int64   // the bucket refused: until then, a request whose cost it could not hold is refused without a call
 	DownUntil int64   // the call failed: until then, a request that finds no token gets failure_mode without a call
 	Answered  int64   // Unix ns of the last answer (Remaining was the global bucket's tokens then)
+	// Period is, for a quota, the end (Unix ms, as the wire carries it) of
+	// the calendar period whose remainder granted Tokens: the period the
+	// limit service answered for, which the call carried. Tokens are spent
+	// only in that period (Held). 0 for a token bucket.
+	Period int64
+}
+
+// Held is what r holds for a request of period (Spend.Period): its Tokens
+// when they are that period's, else none (a lease of an ended period is
+// worthless: the period's counter restarted).
+func (r *Record) Held(period int64) float64 {
+	if r.Period != period {
+		return 0
+	}
+	return r.Tokens
 }
 
 // RecordLen is a lease record: the fields of Record in order, 8 bytes each.
-const RecordLen = 13 * 8
+const RecordLen = 14 * 8
 
 // MaxAttempts bounds the read-modify-write attempts of one update.
 const MaxAttempts = slots.MaxAttempts
@@ -173,11 +197,14 @@ func Release(r *Record, claim int64) {
 
 // Spend is one lease a request spends from: Cost tokens of lease ID, whose
 // calls take at most Stale nanoseconds (after that a claimed refill counts
-// as lost: see InFlight).
+// as lost: see InFlight), in Period (a quota's, as Record.Period; 0 for a
+// token bucket): only tokens of that period are spent, and a refund goes
+// back only to a lease that still holds that period's tokens.
 type Spend struct {
-	ID    uint64
-	Cost  float64
-	Stale int64
+	ID     uint64
+	Cost   float64
+	Stale  int64
+	Period int64
 }
 
 // Result is what Spend did to one lease.
@@ -213,7 +240,7 @@ func (t *Table) Spend(now int64, spends []Spend, out []Result) (ok bool, err err
 
 // spend is one lease's part of Spend, a pure function of the record.
 func spend(r Record, now int64, sp Spend) (Record, bool) {
-	if r.Tokens+1e-9 < sp.Cost {
+	if r.Held(sp.Period)+1e-9 < sp.Cost {
 		return r, false
 	}
 	r.Tokens = max(r.Tokens-sp.Cost, 0)
@@ -232,13 +259,15 @@ func (t *Table) look(now int64, spends []Spend, out []Result) error {
 		if err != nil {
 			return err
 		}
-		out[i] = Result{Record: r, Lacked: r.Tokens+1e-9 < sp.Cost}
+		out[i] = Result{Record: r, Lacked: r.Held(sp.Period)+1e-9 < sp.Cost}
 	}
 	return nil
 }
 
 // Refund gives spends back to their leases (a request that a later check
-// rejected). A refund that cannot be written is dropped: under-admission.
+// rejected). A refund that cannot be written, or whose lease now holds
+// another period's tokens (a grant of the next period landed meanwhile),
+// is dropped: under-admission.
 func (t *Table) Refund(now int64, spends []Spend) {
 	t.refund(now, spends, nil)
 }
@@ -252,8 +281,10 @@ func (t *Table) refund(now int64, spends []Spend, out []Result) {
 			claim, out[i].Refill = out[i].Refill, 0
 		}
 		_, _ = t.Update(sp.ID, now, func(r Record) (Record, bool) {
-			r.Tokens += sp.Cost
-			r.Spent = max(r.Spent-sp.Cost, 0)
+			if r.Period == sp.Period {
+				r.Tokens += sp.Cost
+				r.Spent = max(r.Spent-sp.Cost, 0)
+			}
 			Release(&r, claim)
 			return r, true
 		})
@@ -309,6 +340,7 @@ func encode(b []byte, r *Record) {
 	le.PutUint64(b[80:], uint64(r.DownUntil))
 	le.PutUint64(b[88:], uint64(r.AskAt))
 	le.PutUint64(b[96:], uint64(r.Answered))
+	le.PutUint64(b[104:], uint64(r.Period))
 }
 
 // decode reads a record; a damaged one (NaN, infinite or negative amounts)
@@ -321,6 +353,7 @@ func decode(b []byte) Record {
 		Size: f(24), Rate: f(32), Mark: int64(le.Uint64(b[40:])), Spent: f(48),
 		Remaining: f(56), ResetAt: int64(le.Uint64(b[64:])), RetryAt: int64(le.Uint64(b[72:])),
 		DownUntil: int64(le.Uint64(b[80:])), AskAt: int64(le.Uint64(b[88:])), Answered: int64(le.Uint64(b[96:])),
+		Period: int64(le.Uint64(b[104:])),
 	}
 	for _, x := range []float64{r.Tokens, r.Size, r.Rate, r.Spent, r.Remaining} {
 		if !(x >= 0 && x <= math.MaxFloat64) {

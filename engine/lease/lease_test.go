@@ -67,7 +67,7 @@ func TestRefillSingleFlight(t *testing.T) {
 	sd := shareddata.New()
 	tb, _ := New(sd, "t:", 64)
 	p := Policy{TTL: 2 * time.Second, Cap: 10, Stale: time.Second}
-	tb.Update(3, 1, func(r Record) (Record, bool) { p.Granted(&r, 1, 4, 30, time.Second, 0); return r, true })
+	tb.Update(3, 1, func(r Record) (Record, bool) { p.Granted(&r, 1, 0, 4, 30, time.Second, 0); return r, true })
 	out := make([]Result, 1)
 	claims := 0
 	for i := range 4 {
@@ -111,17 +111,17 @@ func TestEviction(t *testing.T) {
 func TestPolicySizes(t *testing.T) {
 	p := Policy{TTL: 2 * time.Second, Cap: 100, Stale: time.Second}
 	var r Record
-	p.Granted(&r, 1*sec, 25, 0, 0, 0)
+	p.Granted(&r, 1*sec, 0, 25, 0, 0, 0)
 	if got := p.Want(&r, 1); got != 25 {
 		t.Fatalf("first want %v, want Cap/4", got)
 	}
 	r.Spent = 30
-	p.Granted(&r, 2*sec, 30, 0, 0, 0) // 30 tokens a second
+	p.Granted(&r, 2*sec, 0, 30, 0, 0, 0) // 30 tokens a second
 	if r.Size != 30 || p.Want(&r, 1) != 30 {
 		t.Fatalf("size %v, want 30 (30/s over half of 2 s)", r.Size)
 	}
 	r.Spent = 1000
-	p.Granted(&r, 3*sec, 30, 0, 0, 0)
+	p.Granted(&r, 3*sec, 0, 30, 0, 0, 0)
 	if r.Size != 100 {
 		t.Fatalf("size %v, want the cap", r.Size)
 	}

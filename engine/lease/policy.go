@@ -32,11 +32,21 @@ func (p Policy) Want(r *Record, lo float64) float64 {
 }
 
 // Granted records an answer that granted tokens at now (0 when the call
-// granted nothing), with what it said of the global bucket: remaining
-// tokens and the wait until it is full. It renews the expiry, learns the
-// spend rate and the next Size, and ends the call of claim (the stamp the
-// call's claim wrote; 0 for a call that claimed nothing).
-func (p Policy) Granted(r *Record, now int64, tokens, remaining float64, reset time.Duration, claim int64) {
+// granted nothing) of period (Record.Period: the one the call carried),
+// with what it said of the global bucket: remaining tokens and the wait
+// until it is full. It renews the expiry, learns the spend rate and the
+// next Size, and ends the call of claim (the stamp the call's claim wrote;
+// 0 for a call that claimed nothing). A grant of a later period than the
+// lease's replaces what the lease held (worthless now); one of an earlier
+// period is dropped, and only ends the call.
+func (p Policy) Granted(r *Record, now int64, period int64, tokens, remaining float64, reset time.Duration, claim int64) {
+	switch {
+	case period < r.Period:
+		Release(r, claim)
+		return
+	case period > r.Period:
+		r.Tokens, r.Period = 0, period
+	}
 	r.Tokens += tokens
 	if tokens > 0 {
 		r.Expires = now + int64(p.TTL)
@@ -66,30 +76,44 @@ func (p Policy) Granted(r *Record, now int64, tokens, remaining float64, reset t
 // return theirs), so a lease asks again at least this often while refused.
 const askAgain = int64(time.Second)
 
-// Refused records an answer that refused at now: the global bucket lacked
-// the request's cost for retry more, and held remaining.
-func (p Policy) Refused(r *Record, now int64, remaining float64, retry, reset time.Duration, claim int64) {
+// Refused records an answer that refused at now, of period (as Granted's):
+// the global bucket lacked the request's cost for retry more, and held
+// remaining. A refusal of an earlier period than the lease's only ends the
+// call; one of a later period drops what the lease held of its own.
+func (p Policy) Refused(r *Record, now int64, period int64, remaining float64, retry, reset time.Duration, claim int64) {
+	switch {
+	case period < r.Period:
+		Release(r, claim)
+		return
+	case period > r.Period:
+		r.Tokens, r.Period = 0, period
+	}
 	r.Remaining, r.ResetAt, r.RetryAt, r.Answered = remaining, now+int64(reset), now+int64(retry), now
 	r.AskAt = now + min(int64(retry), askAgain)
 	Release(r, claim)
 }
 
-// Refusing reports whether a request of cost that finds r short is refused
-// without a call, and the wait to tell it: while the last refusal stands
-// (AskAt), and only when the global bucket cannot hold cost: it held
-// Remaining at the last answer and has refilled at most Rate × the time
-// since (other Envoys only take from it; returns are why a refusal stands
-// at most askAgain). A smaller request than the refused one still calls.
-func (p Policy) Refusing(r *Record, now int64, cost float64) (time.Duration, bool) {
-	if r.AskAt <= now || !within(r.AskAt, now, askAgain+1) {
+// Refusing reports whether a request of cost in period (as Spend's) that
+// finds r short is refused without a call, and the wait to tell it: while
+// the last refusal stands (AskAt) and is of the request's period, and only
+// when the global bucket cannot hold cost: it held Remaining at the last
+// answer and has refilled at most Rate × the time since (other Envoys only
+// take from it; returns are why a refusal stands at most askAgain). A
+// smaller request than the refused one still calls. A quota (Rate 0) never
+// refills: its wait is the refusal's, to its period's end.
+func (p Policy) Refusing(r *Record, now int64, period int64, cost float64) (time.Duration, bool) {
+	if r.AskAt <= now || !within(r.AskAt, now, askAgain+1) || r.Period != period {
 		return 0, false
 	}
 	held := r.Tokens + r.Remaining
 	if el := now - r.Answered; el > 0 && r.Answered > 0 {
 		held += p.Rate * float64(el) / 1e9
 	}
-	if cost <= held+1e-9 || !(p.Rate > 0) {
+	switch {
+	case cost <= held+1e-9:
 		return 0, false
+	case !(p.Rate > 0):
+		return min(max(time.Duration(r.RetryAt-now), time.Millisecond), maxWait), true
 	}
 	wait := (cost - held) / p.Rate
 	if wait > float64(maxWait)/1e9 {
@@ -132,8 +156,14 @@ func (p Policy) InFlight(r *Record, now int64) bool { return InFlight(r, now, in
 // the lease and claims its call marker for the return call. The amount to
 // send is the winning attempt's Change.Before.Tokens, never more: a lease
 // another worker returned or spent from meanwhile returns only what the
-// write that won took out of it.
-func (p Policy) Return(r Record, now int64) (Record, bool) {
+// write that won took out of it. Tokens of another period than period
+// (the one that holds now; Record.Period) are dropped, expired or not,
+// and claim nothing (the Change is not Claimed): they are not sent back.
+func (p Policy) Return(r Record, now int64, period int64) (Record, bool) {
+	if r.Tokens > 0 && r.Period != period {
+		r.Tokens = 0
+		return r, true
+	}
 	if !p.Expired(&r, now) {
 		return r, false
 	}

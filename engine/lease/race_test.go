@@ -25,9 +25,9 @@ func TestReturnAfterLostRace(t *testing.T) {
 	now := 5 * sec // past the 2 s expiry
 	var other Change
 	sd.Once(func() {
-		other, _ = b.Update(7, now, func(r Record) (Record, bool) { return pol.Return(r, now) })
+		other, _ = b.Update(7, now, func(r Record) (Record, bool) { return pol.Return(r, now, 0) })
 	})
-	mine, err := a.Update(7, now, func(r Record) (Record, bool) { return pol.Return(r, now) })
+	mine, err := a.Update(7, now, func(r Record) (Record, bool) { return pol.Return(r, now, 0) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestRefillClaimLostToRace(t *testing.T) {
 	sd := shareddata.New()
 	a, _ := New(sd, "t:", 64)
 	b, _ := New(sd, "t:", 64)
-	a.Update(3, 1, func(r Record) (Record, bool) { pol.Granted(&r, 1, 4, 30, time.Second, 0); return r, true })
+	a.Update(3, 1, func(r Record) (Record, bool) { pol.Granted(&r, 1, 0, 4, 30, time.Second, 0); return r, true })
 	a.Update(3, 1, func(r Record) (Record, bool) { r.Size = 8; return r, true })
 	outB := make([]Result, 1)
 	sd.Once(func() {
@@ -80,10 +80,10 @@ func TestRefillClaimLostToRace(t *testing.T) {
 func TestMarkersAfterBackwardStep(t *testing.T) {
 	at := 1000 * sec
 	var r Record
-	pol.Refused(&r, at, 0, 73*time.Second, 100*time.Second, 0)
+	pol.Refused(&r, at, 0, 0, 73*time.Second, 100*time.Second, 0)
 	r.DownUntil, r.Pending, r.Tokens, r.Expires = at+int64(downFor), at, 1, at+int64(pol.TTL)
 	back := at - 300*sec
-	if _, refusing := pol.Refusing(&r, back, 5); refusing {
+	if _, refusing := pol.Refusing(&r, back, 0, 5); refusing {
 		t.Error("a refusal stamped before the step still refuses")
 	}
 	if pol.Down(&r, back) {
@@ -96,7 +96,7 @@ func TestMarkersAfterBackwardStep(t *testing.T) {
 		t.Error("an expiry stamped before the step keeps the tokens")
 	}
 	// Without the step, each holds.
-	if _, refusing := pol.Refusing(&r, at, 5); !refusing || !pol.Down(&r, at) || !pol.InFlight(&r, at) || pol.Expired(&r, at) {
+	if _, refusing := pol.Refusing(&r, at, 0, 5); !refusing || !pol.Down(&r, at) || !pol.InFlight(&r, at) || pol.Expired(&r, at) {
 		t.Error("markers do not hold at the time they were set")
 	}
 }
@@ -108,11 +108,11 @@ func TestMarkersAfterBackwardStep(t *testing.T) {
 func TestRefusingJudgesOwnCost(t *testing.T) {
 	p := Policy{TTL: 2 * time.Second, Cap: 250, Stale: time.Second, Rate: 10}
 	var r Record
-	p.Refused(&r, sec, 937, 7*time.Second, 7*time.Second, 0)
-	if _, refusing := p.Refusing(&r, sec, 100); refusing {
+	p.Refused(&r, sec, 0, 937, 7*time.Second, 7*time.Second, 0)
+	if _, refusing := p.Refusing(&r, sec, 0, 100); refusing {
 		t.Fatal("a request the global bucket can hold is refused without a call")
 	}
-	wait, refusing := p.Refusing(&r, sec+int64(100*time.Millisecond), 1000)
+	wait, refusing := p.Refusing(&r, sec+int64(100*time.Millisecond), 0, 1000)
 	if !refusing || wait != 6200*time.Millisecond {
 		t.Fatalf("cost 1000: refusing %v, wait %v; want 6.2 s (63 tokens less 1 refilled, at 10/s)", refusing, wait)
 	}
@@ -148,7 +148,7 @@ func TestLeaseConservation(t *testing.T) {
 			case 0: // a grant answering a claimed refill
 				g := float64(rng.IntN(5))
 				ch, err := w.Update(id, now, func(r Record) (Record, bool) {
-					pol.Granted(&r, now, g, 0, 0, r.Pending)
+					pol.Granted(&r, now, 0, g, 0, 0, r.Pending)
 					return r, true
 				})
 				if err == nil && ch.Wrote {
@@ -165,7 +165,7 @@ func TestLeaseConservation(t *testing.T) {
 					}
 				}
 			case 2: // a return on the tick
-				ch, err := w.Update(id, now, func(r Record) (Record, bool) { return pol.Return(r, now) })
+				ch, err := w.Update(id, now, func(r Record) (Record, bool) { return pol.Return(r, now, 0) })
 				if err == nil && ch.Wrote {
 					returned[id] += ch.Before.Tokens
 				}
