@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/config"
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // quotaOutcome is one request through a plugin on the fake host at now:
@@ -18,24 +20,24 @@ type quotaOutcome struct {
 	policy, rateLimit, retry string
 }
 
-func quotaRequest(t *testing.T, h *fakeHost, p *Plugin, now time.Time, respStatus string, respHeaders ...string) quotaOutcome {
+func quotaRequest(t *testing.T, h *fakehost.Host, p *engine.Plugin, now time.Time, respStatus string, respHeaders ...string) quotaOutcome {
 	t.Helper()
-	h.now = now.UnixNano()
-	s := newFakeStream("x-tenant", "a")
+	h.Clock.Set(now.UnixNano())
+	s := newStream("x-tenant", "a")
 	r := p.NewRequest(s)
 	r.OnRequestHeaders()
-	if s.replied != 0 {
+	if s.Replied != 0 {
 		r.Done()
-		return quotaOutcome{status: s.replied, policy: headerOf(s.replyHeaders, "ratelimit-policy"),
-			rateLimit: headerOf(s.replyHeaders, "ratelimit"), retry: headerOf(s.replyHeaders, "retry-after")}
+		return quotaOutcome{status: s.Replied, policy: headerOf(s.ReplyHeaders, "ratelimit-policy"),
+			rateLimit: headerOf(s.ReplyHeaders, "ratelimit"), retry: headerOf(s.ReplyHeaders, "retry-after")}
 	}
-	s.resp[":status"] = respStatus
+	s.Resp[":status"] = respStatus
 	for i := 0; i+1 < len(respHeaders); i += 2 {
-		s.resp[respHeaders[i]] = respHeaders[i+1]
+		s.Resp[respHeaders[i]] = respHeaders[i+1]
 	}
 	r.OnResponseHeaders(true)
 	r.Done()
-	return quotaOutcome{policy: header(s.added, "ratelimit-policy"), rateLimit: header(s.added, "ratelimit")}
+	return quotaOutcome{policy: header(s.Added, "ratelimit-policy"), rateLimit: header(s.Added, "ratelimit")}
 }
 
 // retryWithin checks a jittered Retry-After: the wait rounded up to whole
@@ -52,7 +54,7 @@ func retryWithin(t *testing.T, retry string, wait int64) {
 // reports t as the seconds to the next hh:15 UTC and w as 3600, refuses
 // past its limit with Retry-After to that moment, and is full again there.
 func TestQuotaHourInKathmandu(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, `{"rules": [{"name": "q", "limit_keys": ["header:x-tenant"], "algorithm": "quota",
 	  "algorithm_config": {"limit": 3, "period": "hour", "time_zone": "Asia/Kathmandu"}}]}`)
 	at := time.Date(2026, 6, 1, 10, 20, 0, 0, time.UTC) // 55 minutes to 11:15 UTC
@@ -81,7 +83,7 @@ func TestQuotaHourInKathmandu(t *testing.T) {
 // TestQuotaRefusal403AndMonth: a monthly quota whose rule answers 403;
 // RateLimit-Policy's w is the month's length, which changes with the month.
 func TestQuotaRefusal403AndMonth(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, `{"rules": [{"name": "m", "algorithm": "quota", "status": 403,
 	  "algorithm_config": {"limit": 1, "period": "month", "time_zone": "America/New_York", "anchor": "2026-01-31T00:00:00"}}]}`)
 	feb := time.Date(2026, 2, 10, 12, 0, 0, 0, time.UTC) // in [Jan 31, Feb 28) New York
@@ -105,7 +107,7 @@ func TestQuotaRefusal403AndMonth(t *testing.T) {
 // both or from neither: a request the token bucket refuses leaves the quota
 // as it was, and one the quota refuses leaves the token bucket.
 func TestQuotaStackedAllOrNone(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, `{"rules": [
 	  {"name": "rate", "limit_keys": ["header:x-tenant"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 1}},
 	  {"name": "daily", "limit_keys": ["header:x-tenant"], "algorithm": "quota", "algorithm_config": {"limit": 2, "period": "day"}}]}`)
@@ -131,7 +133,7 @@ func TestQuotaStackedAllOrNone(t *testing.T) {
 // debt, bounded), refunded for a status outside charge_on, and full again
 // at the boundary, its debt forgiven.
 func TestQuotaResponseCosts(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, `{"rules": [{"name": "u", "limit_keys": ["header:x-tenant"], "algorithm": "quota", "charge_on": ["2xx"],
 	  "algorithm_config": {"limit": 10, "period": "minute", "cost_source": "response_header:x-usage", "default_cost": 1}}]}`)
 	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
@@ -165,8 +167,8 @@ func TestQuotaClusterRefusedByTheEngine(t *testing.T) {
 	if _, err := config.Parse([]byte(cfg)); err != nil {
 		t.Fatalf("config refuses a cluster quota: %v", err)
 	}
-	err := CheckConfiguration([]byte(cfg))
-	var re *RefusalError
+	err := engine.CheckConfiguration([]byte(cfg))
+	var re *engine.RefusalError
 	if !errors.As(err, &re) || !strings.Contains(err.Error(), "rules[0].sync") {
 		t.Fatalf("CheckConfiguration = %v, want a refusal naming rules[0].sync", err)
 	}
@@ -183,20 +185,20 @@ func BenchmarkQuotaRequest(b *testing.B) {
 		  "algorithm_config": {"limit": 1e12, "period": "month", "time_zone": "America/New_York"}}]}`},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			h := newFakeHost()
-			h.now = time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC).UnixNano()
+			h := fakehost.New()
+			h.Clock.Set(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC).UnixNano())
 			p := newPlugin(b, h, tc.cfg)
-			s := newFakeStream("x-tenant", "a")
-			s.resp[":status"] = "200"
+			s := newStream("x-tenant", "a")
+			s.Resp[":status"] = "200"
 			b.ReportAllocs()
 			for b.Loop() {
-				h.now += 1000
-				s.added, s.replied = s.added[:0], 0
+				h.Clock.Advance(1000)
+				s.Added, s.Replied = s.Added[:0], 0
 				r := p.NewRequest(s)
 				r.OnRequestHeaders()
 				r.OnResponseHeaders(true)
 				r.Done()
-				if s.replied != 0 {
+				if s.Replied != 0 {
 					b.Fatal("refused")
 				}
 			}
@@ -209,22 +211,22 @@ func BenchmarkQuotaRequest(b *testing.B) {
 // its limit and never give it anything back: what is left only falls within
 // the period.
 func TestQuotaHostileCosts(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, `{"rules": [{"name": "c", "limit_keys": ["header:x-tenant"], "algorithm": "quota",
 	  "algorithm_config": {"limit": 10, "period": "day", "cost_source": "header:x-cost", "default_cost": 1}}]}`)
-	h.now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixNano()
+	h.Clock.Set(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixNano())
 	left := int64(10)
 	admitted := 0.0
 	for i, v := range []string{"-5", "0", "-0", "1e-300", "NaN", "Infinity", "-Infinity", "1e308", "abc", "", "0x10",
 		"2", "11", "-1e308", "3.5", "4", "1", "1", "1", "1"} {
-		h.now += int64(time.Second)
-		s := newFakeStream("x-tenant", "a", "x-cost", v)
+		h.Clock.Advance(int64(time.Second))
+		s := newStream("x-tenant", "a", "x-cost", v)
 		r := p.NewRequest(s)
 		r.OnRequestHeaders()
-		if s.replied == 0 {
-			s.resp[":status"] = "200"
+		if s.Replied == 0 {
+			s.Resp[":status"] = "200"
 			r.OnResponseHeaders(true)
-			rl := header(s.added, "ratelimit")
+			rl := header(s.Added, "ratelimit")
 			_, rest, _ := strings.Cut(rl, ";r=")
 			n, err := strconv.ParseInt(strings.Split(rest, ";")[0], 10, 64)
 			if err != nil || n > left {
