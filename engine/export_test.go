@@ -14,9 +14,6 @@ func SlotsOwed(p *Plugin) int { return len(p.slotsOwed) }
 // LeaseLines is how many leases p keeps a line of held requests for.
 func LeaseLines(p *Plugin) int { return len(p.leaseLine) }
 
-// BodyHeld is the bytes p's in-flight body scans hold of its budget.
-func BodyHeld(p *Plugin) int { return p.bodyHeld }
-
 // IdentityOf returns the local bucket identity of p's first rule for a
 // request whose values of the rule's limit keys are values, in order: a
 // function, so a benchmark reads the values once.

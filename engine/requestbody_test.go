@@ -28,6 +28,28 @@ func sendBody(p *engine.Plugin, s *stream, chunks ...string) (*engine.Request, [
 	return r, acts
 }
 
+// oneHold is a Plugin on perUser whose budget of body scans is one
+// request's (two request_json paths, a scan each): a request is held for
+// its body only while no other is.
+func oneHold(t *testing.T) *engine.Plugin {
+	t.Helper()
+	p, err := engine.New(fakehost.New(), []byte(perUser), "", engine.Options{BodyBudget: 2 * engine.ScanBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// budgetFree reports whether p's budget holds a request's body: a request
+// is held for it (and then ended). Past the budget the request is decided
+// at its headers, without the body's values.
+func budgetFree(p *engine.Plugin) bool {
+	r := p.NewRequest(newStream(":method", "POST"))
+	a := r.OnRequestHeadersWithBody()
+	r.Done()
+	return a == engine.Pause
+}
+
 func TestRequestJSONKeysAndMatch(t *testing.T) {
 	h := fakehost.New()
 	p := newPlugin(t, h, perUser)
@@ -73,8 +95,7 @@ func TestRequestBodyBound(t *testing.T) {
 		{"not JSON", []string{`model=gpt-4o&user=u1`, `{"model":"gpt-4o","user":{"id":"u1"}}`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := fakehost.New()
-			p := newPlugin(t, h, perUser)
+			p := oneHold(t)
 			s := newStream(":method", "POST")
 			_, acts := sendBody(p, s, tc.chunks...)
 			// Decided as if the body held no value: the rule matches
@@ -88,8 +109,8 @@ func TestRequestBodyBound(t *testing.T) {
 			if s.ReqBodyRead > 64<<10 {
 				t.Errorf("read %d bytes of the body", s.ReqBodyRead)
 			}
-			if engine.BodyHeld(p) != 0 {
-				t.Errorf("bodyHeld %d after the decision", engine.BodyHeld(p))
+			if !budgetFree(p) {
+				t.Errorf("after the decision the scan budget holds no other request's body")
 			}
 		})
 	}
@@ -138,15 +159,14 @@ func TestRequestJSONPrices(t *testing.T) {
 // TestRequestBodyEndsBeforeItsEnd: a request that ends while its body is
 // awaited gives its share of the scan budget back.
 func TestRequestBodyEndsBeforeItsEnd(t *testing.T) {
-	h := fakehost.New()
-	p := newPlugin(t, h, perUser)
+	p := oneHold(t)
 	r := p.NewRequest(newStream(":method", "POST"))
-	if a := r.OnRequestHeadersWithBody(); a != engine.Pause || engine.BodyHeld(p) == 0 {
-		t.Fatalf("action %v, held %d", a, engine.BodyHeld(p))
+	if a := r.OnRequestHeadersWithBody(); a != engine.Pause || budgetFree(p) {
+		t.Fatalf("action %v, budget free %v; want the request held, holding the budget", a, budgetFree(p))
 	}
 	r.Done()
-	if engine.BodyHeld(p) != 0 {
-		t.Errorf("bodyHeld %d after Done", engine.BodyHeld(p))
+	if !budgetFree(p) {
+		t.Errorf("after Done the scan budget holds no other request's body")
 	}
 }
 
