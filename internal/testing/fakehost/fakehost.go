@@ -1,9 +1,13 @@
 // Package fakehost is a host for the engine in process (engine.Host,
 // engine.Stream), for tests: a clock the test sets, Envoy's shared data
-// (package shareddata), counters and logs it keeps, and callouts it holds
-// until the test answers them. Nothing runs unless the test makes it run,
-// so a test states a request and what the host sees, step by step. The
-// host contract (package hostcontract) runs on it.
+// (package shareddata; LossyData and FailingData make its writes fail),
+// counters and logs it keeps, callouts it holds until the test answers
+// them, and the engine's holds (After) and, with DeferRun, its runs (Run),
+// kept until the test fires or runs them. Nothing runs unless the test
+// makes it run, so a test states a request and what the host sees, step by
+// step. The host contract (package hostcontract) runs on it, and so do the
+// engine's behaviour tests: it is the one fake host (internal/lint keeps it
+// so).
 //
 // A Host and its Streams are one worker's: not safe for concurrent use;
 // Clock and the shared data may be shared by several.
