@@ -20,7 +20,9 @@ type quotaOutcome struct {
 	policy, rateLimit, retry string
 }
 
-func quotaRequest(t *testing.T, h *fakehost.Host, p *engine.Plugin, now time.Time, respStatus string, respHeaders ...string) quotaOutcome {
+// quotaAt runs one request through p at now, the upstream answering
+// respStatus with respHeaders.
+func quotaAt(t *testing.T, h *fakehost.Host, p *engine.Plugin, now time.Time, respStatus string, respHeaders ...string) quotaOutcome {
 	t.Helper()
 	h.Clock.Set(now.UnixNano())
 	s := newStream("x-tenant", "a")
@@ -70,7 +72,7 @@ func TestQuotaHourInKathmandu(t *testing.T) {
 		{at.Add(54*time.Minute + 59*time.Second + 500*time.Millisecond), 429, `"q";r=0;t=1`, 1}, // no refill within the period
 		{at.Add(55 * time.Minute), 0, `"q";r=2;t=3600`, 0},                                      // 11:15 UTC: a new period
 	} {
-		got := quotaRequest(t, h, p, tc.at, "200")
+		got := quotaAt(t, h, p, tc.at, "200")
 		if got.status != tc.status || got.rateLimit != tc.rateLimit || got.policy != `"q";q=3;w=3600` {
 			t.Fatalf("step %d at %v: %+v, want status %d, RateLimit %s, RateLimit-Policy \"q\";q=3;w=3600", i, tc.at, got, tc.status, tc.rateLimit)
 		}
@@ -87,10 +89,10 @@ func TestQuotaRefusal403AndMonth(t *testing.T) {
 	p := newPlugin(t, h, `{"rules": [{"name": "m", "algorithm": "quota", "status": 403,
 	  "algorithm_config": {"limit": 1, "period": "month", "time_zone": "America/New_York", "anchor": "2026-01-31T00:00:00"}}]}`)
 	feb := time.Date(2026, 2, 10, 12, 0, 0, 0, time.UTC) // in [Jan 31, Feb 28) New York
-	if got := quotaRequest(t, h, p, feb, "200"); got.status != 0 || got.policy != `"m";q=1;w=2419200` {
+	if got := quotaAt(t, h, p, feb, "200"); got.status != 0 || got.policy != `"m";q=1;w=2419200` {
 		t.Fatalf("first: %+v, want allowed with w = 28 days", got)
 	}
-	got := quotaRequest(t, h, p, feb, "200")
+	got := quotaAt(t, h, p, feb, "200")
 	boundary := time.Date(2026, 2, 28, 5, 0, 0, 0, time.UTC) // Feb 28 00:00 EST
 	wait := int64(boundary.Sub(feb) / time.Second)
 	if got.status != 403 || got.rateLimit != `"m";r=0;t=`+strconv.FormatInt(wait, 10) {
@@ -98,7 +100,7 @@ func TestQuotaRefusal403AndMonth(t *testing.T) {
 	}
 	retryWithin(t, got.retry, wait)
 	// Feb 28 to Mar 31 00:00 EDT: 31 days less the hour the change skips.
-	if got := quotaRequest(t, h, p, boundary, "200"); got.status != 0 || got.policy != `"m";q=1;w=2674800` {
+	if got := quotaAt(t, h, p, boundary, "200"); got.status != 0 || got.policy != `"m";q=1;w=2674800` {
 		t.Fatalf("next month: %+v, want allowed with w = 31 days - 1 hour", got)
 	}
 }
@@ -123,7 +125,7 @@ func TestQuotaStackedAllOrNone(t *testing.T) {
 		{24 * time.Hour, 0},       // a new day, and the token kept since 2000 s
 	}
 	for i, st := range steps {
-		if got := quotaRequest(t, h, p, t0.Add(st.at), "200"); got.status != st.status {
+		if got := quotaAt(t, h, p, t0.Add(st.at), "200"); got.status != st.status {
 			t.Fatalf("step %d at +%v: %+v, want status %d", i, st.at, got, st.status)
 		}
 	}
@@ -150,7 +152,7 @@ func TestQuotaResponseCosts(t *testing.T) {
 		{3 * time.Second, "200", "", 429, `"u";r=0;t=57`},
 		{60 * time.Second, "200", "1", 0, `"u";r=9;t=60`}, // a new minute: the debt forgiven
 	} {
-		got := quotaRequest(t, h, p, t0.Add(st.at), st.status, "x-usage", st.usage)
+		got := quotaAt(t, h, p, t0.Add(st.at), st.status, "x-usage", st.usage)
 		if got.status != st.refused || got.rateLimit != st.rateLimit {
 			t.Fatalf("step %d: %+v, want status %d, RateLimit %s", i, got, st.refused, st.rateLimit)
 		}
