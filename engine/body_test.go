@@ -1,9 +1,12 @@
-package engine
+package engine_test
 
 import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // inFlight is a response whose body is being sent: begin starts one
@@ -11,27 +14,27 @@ import (
 // request (after the body's end, or cutting it short).
 type inFlight struct {
 	w *world
-	s *fakeStream
-	r *Request
+	s *stream
+	r *engine.Request
 }
 
 func (w *world) begin(respHeaders [][2]string, reqHeaders ...string) inFlight {
 	w.t.Helper()
 	s, r := w.open(reqHeaders...)
-	if s.replied != 0 {
-		w.t.Fatalf("rejected: %d", s.replied)
+	if s.Replied != 0 {
+		w.t.Fatalf("rejected: %d", s.Replied)
 	}
-	s.resp = map[string]string{":status": "200"}
+	s.Resp = map[string]string{":status": "200"}
 	for _, h := range respHeaders {
-		s.resp[h[0]] = h[1]
+		s.Resp[h[0]] = h[1]
 	}
 	r.OnResponseHeaders(false)
 	return inFlight{w, s, r}
 }
 
 func (f inFlight) feed(chunk string, end bool) {
-	f.s.body = []byte(chunk) // the host keeps only the current chunk
-	if a := f.r.OnResponseBody(len(chunk), end); a != Continue {
+	f.s.Body = []byte(chunk) // the host keeps only the current chunk
+	if a := f.r.OnResponseBody(len(chunk), end); a != engine.Continue {
 		f.w.t.Fatalf("body chunk: action %v, want continue", a)
 	}
 }
@@ -116,7 +119,7 @@ func TestAskIdentityEncoding(t *testing.T) {
 			w := newWorld(t, tc.cfg)
 			s, r := w.open(tc.req...)
 			defer w.end(s, r)
-			if got := s.req["accept-encoding"]; got != tc.want {
+			if got := s.Req["accept-encoding"]; got != tc.want {
 				t.Errorf("accept-encoding %q, want %q", got, tc.want)
 			}
 		})
@@ -174,8 +177,8 @@ func TestTruncatedCost(t *testing.T) {
 // missing (counted, and logged once a second however many go past), and
 // the budget comes back as scans end.
 func TestBodyBudget(t *testing.T) {
-	h := newFakeHost()
-	p, err := New(h, []byte(budget("response_json:n", `"default_cost": 10`)), "", Options{BodyBudget: 2 * ScanBytes})
+	h := fakehost.New()
+	p, err := engine.New(h, []byte(budget("response_json:n", `"default_cost": 10`)), "", engine.Options{BodyBudget: 2 * engine.ScanBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,8 +198,8 @@ func TestBodyBudget(t *testing.T) {
 	for _, f := range over {
 		f.done()
 	}
-	if h.warns != 1 {
-		t.Errorf("%d warnings for the responses past the budget, want 1: %v", h.warns, h.logs)
+	if h.Warns != 1 {
+		t.Errorf("%d warnings for the responses past the budget, want 1: %v", h.Warns, h.Logs)
 	}
 	d := w.begin(jsonType, key...) // the budget is back
 	d.feed(`{"n":1}`, true)

@@ -1,9 +1,11 @@
-package engine
+package engine_test
 
 import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // budget is a rule of 100 tokens refilled at 1 per second per x-api-key,
@@ -175,7 +177,7 @@ func TestChargeOn(t *testing.T) {
 	})
 	w := newWorld(t, logins)
 	w.do(user...)
-	if w.h.defined("rule.logins.cost_missing") {
+	if w.h.Defined("rule.logins.cost_missing") {
 		t.Error("cost_missing defined for a rule whose cost is not from the response")
 	}
 }
@@ -195,8 +197,8 @@ func TestShadowResponseCost(t *testing.T) {
 func TestNoBodyReadWithoutResponseJSON(t *testing.T) {
 	w := newWorld(t, perKey)
 	r := w.doUpstream(upstream{chunks: []string{`{"n":1}`}}, "x-api-key", "a")
-	if r.stream.bodyRead != 0 {
-		t.Fatalf("%d bytes of the body read", r.stream.bodyRead)
+	if r.stream.BodyRead != 0 {
+		t.Fatalf("%d bytes of the body read", r.stream.BodyRead)
 	}
 }
 
@@ -204,12 +206,12 @@ func TestNoBodyReadWithoutResponseJSON(t *testing.T) {
 // be written is counted (failed_open: the request went through without
 // paying), not only logged.
 func TestLostDebitCounted(t *testing.T) {
-	h := newFakeHost()
-	sd := &failingData{SharedData: h.sd}
-	h.sd = sd
+	h := fakehost.New()
+	sd := &fakehost.FailingData{SharedData: h.SD}
+	h.SD = sd
 	w := newWorldOn(t, h, budget("response_header:x-usage", ""))
 	s, r := w.open(key...)
-	sd.fail = errors.New("host: shared data unavailable")
+	sd.Fail = errors.New("host: shared data unavailable")
 	w.respond(s, r, upstream{headers: [][2]string{{"x-usage", "50"}}})
 	w.end(s, r)
 	if n := w.count("rule.tokens.failed_open"); n != 1 {

@@ -1,10 +1,13 @@
-package engine
+package engine_test
 
 import (
 	"errors"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // mixed is a local rule (burst 3) and a per-request cluster rule, both by
@@ -27,10 +30,10 @@ const (
 )
 
 // ok is a 200 answer with body.
-func ok(body string) *Answer { return &Answer{Status: "200", Body: []byte(body)} }
+func ok(body string) *engine.Answer { return &engine.Answer{Status: "200", Body: []byte(body)} }
 
 // render is a call as one line: the cluster, the headers, the body.
-func render(c *Call) string {
+func render(c *engine.Call) string {
 	b := c.Cluster
 	for _, h := range c.Headers {
 		b += " " + h[0] + "=" + h[1]
@@ -43,7 +46,7 @@ func render(c *Call) string {
 type calledOut struct {
 	name   string
 	cfg    string
-	answer *Answer
+	answer *engine.Answer
 	// What the host sees: the call (each part in render's line), the
 	// reply's status (0: the request went on) and its headers and body,
 	// metrics, and the tokens the local rule holds for k=a after.
@@ -73,7 +76,7 @@ func TestClusterCalls(t *testing.T) {
 		{name: "refused: the local token back", cfg: mixed, answer: ok(refuses),
 			status: 429, headers: map[string]string{"retry-after": "2|3", "ratelimit": `"fleet";r=0;t=2`}, holds: 3},
 	}
-	fail := map[string]*Answer{
+	fail := map[string]*engine.Answer{
 		"timeout":                                {Failed: true},
 		"status":                                 {Status: "503", Body: []byte("oops")},
 		"not json":                               ok("{nope"),
@@ -93,30 +96,30 @@ func TestClusterCalls(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, tc.cfg)
 			s, r := w.open("k", "a")
-			if s.action != Pause || len(s.calls) != 1 || len(w.h.calls) != 0 {
-				t.Fatalf("action %v, %d calls of the request, %d of the plugin; want a pause on one of the request", s.action, len(s.calls), len(w.h.calls))
+			if s.action != engine.Pause || len(s.Calls) != 1 || len(w.h.Calls) != 0 {
+				t.Fatalf("action %v, %d calls of the request, %d of the plugin; want a pause on one of the request", s.action, len(s.Calls), len(w.h.Calls))
 			}
-			line := render(s.calls[0].call)
+			line := render(s.Calls[0].Call)
 			for _, part := range tc.sent {
 				if !strings.Contains(line, part) {
 					t.Errorf("call %s: want %q in it", line, part)
 				}
 			}
-			s.calls[0].answer(tc.answer)
+			s.Calls[0].Answer(tc.answer)
 			got := map[string]string{}
 			switch {
-			case tc.status == 0 && (s.resumed != 1 || s.replied != 0):
-				t.Fatalf("resumed %d, replied %d; want the request resumed", s.resumed, s.replied)
+			case tc.status == 0 && (s.Resumed != 1 || s.Replied != 0):
+				t.Fatalf("resumed %d, replied %d; want the request resumed", s.Resumed, s.Replied)
 			case tc.status == 0:
-				s.resp = map[string]string{":status": "200"}
+				s.Resp = map[string]string{":status": "200"}
 				r.OnResponseHeaders(true)
-				for _, h := range s.added {
+				for _, h := range s.Added {
 					got[h[0]] = h[1]
 				}
-			case s.replied != tc.status || s.resumed != 0:
-				t.Fatalf("replied %d, resumed %d; want a reply %d", s.replied, s.resumed, tc.status)
+			case s.Replied != tc.status || s.Resumed != 0:
+				t.Fatalf("replied %d, resumed %d; want a reply %d", s.Replied, s.Resumed, tc.status)
 			default:
-				for _, h := range s.replyHeaders {
+				for _, h := range s.ReplyHeaders {
 					got[h[0]] = h[1]
 				}
 			}
@@ -125,8 +128,8 @@ func TestClusterCalls(t *testing.T) {
 					t.Errorf("%s = %q, want %q (%v)", k, got[k], v, got)
 				}
 			}
-			if !strings.Contains(s.replyBody, tc.body) {
-				t.Errorf("reply body %q, want %q in it", s.replyBody, tc.body)
+			if !strings.Contains(string(s.ReplyBody), tc.body) {
+				t.Errorf("reply body %q, want %q in it", string(s.ReplyBody), tc.body)
 			}
 			for name, want := range tc.metrics {
 				if got := w.count(name); got != want {
@@ -146,7 +149,7 @@ func (w *world) localHolds(k, v string, n int) {
 	w.t.Helper()
 	for i := 0; i <= n; i++ {
 		s, r := w.open(k, v)
-		if rejected := s.replied != 0; rejected != (i == n) {
+		if rejected := s.Replied != 0; rejected != (i == n) {
 			w.t.Fatalf("request %d: rejected %v; the local bucket should hold %d", i, rejected, n)
 		}
 		w.end(s, r)
@@ -163,10 +166,10 @@ func TestClusterKeys(t *testing.T) {
 	body := func(cfg, value string) string {
 		w := newWorld(t, cfg)
 		s, _ := w.open("k", value)
-		if len(s.calls) != 1 {
-			t.Fatalf("%d calls, want 1", len(s.calls))
+		if len(s.Calls) != 1 {
+			t.Fatalf("%d calls, want 1", len(s.Calls))
 		}
-		return string(s.calls[0].call.Body)
+		return string(s.Calls[0].Call.Body)
 	}
 	fleetKey := func(body string) string {
 		i := strings.Index(body, `"key":"fleet:`)
@@ -210,14 +213,14 @@ func TestLateAnswerAfterEnvoyAnswered(t *testing.T) {
 	  {"name": "local", "charge_on": ["2xx"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 3}},
 	  {"name": "fleet", "scope": "cluster", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 9}}]}`)
 	s, r := w.open()
-	if s.action != Pause {
+	if s.action != engine.Pause {
 		t.Fatalf("action %v, want a pause for the call", s.action)
 	}
-	s.resp = map[string]string{":status": "504"} // Envoy's own
+	s.Resp = map[string]string{":status": "504"} // Envoy's own
 	r.OnResponseHeaders(true)
-	s.calls[0].answer(ok(refused))
-	if s.replied != 0 || s.resumed != 0 {
-		t.Fatalf("replied %d, resumed %d for a request Envoy had answered", s.replied, s.resumed)
+	s.Calls[0].Answer(ok(refused))
+	if s.Replied != 0 || s.Resumed != 0 {
+		t.Fatalf("replied %d, resumed %d for a request Envoy had answered", s.Replied, s.Resumed)
 	}
 	w.end(s, r)
 	if n := w.count("refunds"); n != 0 {
@@ -229,16 +232,16 @@ func TestLateAnswerAfterEnvoyAnswered(t *testing.T) {
 // TestNoRefundOfWhatWasNotTaken (defect 2): the local stack fails open,
 // then the limit service rejects; the local bucket must not gain a token.
 func TestNoRefundOfWhatWasNotTaken(t *testing.T) {
-	h := newFakeHost()
-	sd := &failingData{SharedData: h.sd}
-	h.sd = sd
+	h := fakehost.New()
+	sd := &fakehost.FailingData{SharedData: h.SD}
+	h.SD = sd
 	w := newWorldOn(t, h, mixed)
 	s, r := w.open("k", "a") // takes 1 of local's 3
-	s.calls[0].answer(ok(admits))
+	s.Calls[0].Answer(ok(admits))
 	w.end(s, r)
-	sd.fail, sd.once = errors.New("host: shared data unavailable"), true
+	sd.Fail, sd.Once = errors.New("host: shared data unavailable"), true
 	s, r = w.open("k", "a") // local fails open: nothing taken
-	s.calls[0].answer(ok(refused))
+	s.Calls[0].Answer(ok(refused))
 	if w.count("rule.local.failed_open") != 1 || w.count("refunds") != 0 {
 		t.Fatalf("failed_open %d, refunds %d; want 1 and 0", w.count("rule.local.failed_open"), w.count("refunds"))
 	}
@@ -255,32 +258,32 @@ func TestShadowClusterRule(t *testing.T) {
 	t.Run("alone", func(t *testing.T) {
 		w := newWorld(t, `{"service": {"cluster": "limit_service"}, "rules": [`+trial+`]}`)
 		s, r := w.open("k", "a")
-		if s.action != Continue || len(s.calls) != 0 || len(w.h.calls) != 1 {
-			t.Fatalf("action %v, %d calls of the request, %d of the plugin; want it to go on, one call of the plugin", s.action, len(s.calls), len(w.h.calls))
+		if s.action != engine.Continue || len(s.Calls) != 0 || len(w.h.Calls) != 1 {
+			t.Fatalf("action %v, %d calls of the request, %d of the plugin; want it to go on, one call of the plugin", s.action, len(s.Calls), len(w.h.Calls))
 		}
-		if body := string(w.h.calls[0].call.Body); !strings.Contains(body, `"shadow":true`) {
+		if body := string(w.h.Calls[0].Call.Body); !strings.Contains(body, `"shadow":true`) {
 			t.Fatalf("call %s, want a shadow bucket", body)
 		}
 		w.end(s, r) // the request ends before the answer
-		w.h.calls[0].answer(ok(`{"allowed":true,"buckets":[{"allowed":false,"remaining":0,"retry_after_ms":500,"reset_ms":2000}]}`))
-		if w.count("rule.trial.shadow_rejected") != 1 || s.replied != 0 {
-			t.Fatalf("shadow_rejected %d, replied %d; want 1, 0", w.count("rule.trial.shadow_rejected"), s.replied)
+		w.h.Calls[0].Answer(ok(`{"allowed":true,"buckets":[{"allowed":false,"remaining":0,"retry_after_ms":500,"reset_ms":2000}]}`))
+		if w.count("rule.trial.shadow_rejected") != 1 || s.Replied != 0 {
+			t.Fatalf("shadow_rejected %d, replied %d; want 1, 0", w.count("rule.trial.shadow_rejected"), s.Replied)
 		}
 	})
 	t.Run("beside an enforced rule: one call, only the enforced bucket decides", func(t *testing.T) {
 		w := newWorld(t, `{"service": {"cluster": "limit_service"}, "rules": [`+trial+`,
 		  {"name": "fleet", "scope": "cluster", "limit_keys": ["header:k"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 9}}]}`)
 		s, _ := w.open("k", "a")
-		if s.action != Pause || len(s.calls) != 1 || len(w.h.calls) != 0 {
-			t.Fatalf("action %v, %d calls of the request, %d of the plugin; want a pause on one", s.action, len(s.calls), len(w.h.calls))
+		if s.action != engine.Pause || len(s.Calls) != 1 || len(w.h.Calls) != 0 {
+			t.Fatalf("action %v, %d calls of the request, %d of the plugin; want a pause on one", s.action, len(s.Calls), len(w.h.Calls))
 		}
-		body := string(s.calls[0].call.Body)
+		body := string(s.Calls[0].Call.Body)
 		if !strings.HasPrefix(body, `{"buckets":[{"key":"fleet:`) || !strings.Contains(body, `{"key":"trial:`) || strings.Count(body, `"shadow":true`) != 1 {
 			t.Fatalf("body %s: want the enforced bucket first, the shadow one after, flagged", body)
 		}
-		s.calls[0].answer(ok(`{"allowed":true,"buckets":[{"allowed":true,"remaining":8,"retry_after_ms":0,"reset_ms":1000},{"allowed":false,"remaining":0,"retry_after_ms":500,"reset_ms":2000}]}`))
-		if s.resumed != 1 || s.replied != 0 {
-			t.Fatalf("resumed %d, replied %d: the shadow bucket's refusal held or rejected the request", s.resumed, s.replied)
+		s.Calls[0].Answer(ok(`{"allowed":true,"buckets":[{"allowed":true,"remaining":8,"retry_after_ms":0,"reset_ms":1000},{"allowed":false,"remaining":0,"retry_after_ms":500,"reset_ms":2000}]}`))
+		if s.Resumed != 1 || s.Replied != 0 {
+			t.Fatalf("resumed %d, replied %d: the shadow bucket's refusal held or rejected the request", s.Resumed, s.Replied)
 		}
 		if w.count("rule.trial.shadow_rejected") != 1 || w.count("rule.fleet.allowed") != 1 {
 			t.Fatalf("shadow_rejected %d, fleet allowed %d; want 1, 1", w.count("rule.trial.shadow_rejected"), w.count("rule.fleet.allowed"))
@@ -294,15 +297,15 @@ func TestServiceFailuresLogOnceASecond(t *testing.T) {
 	w := newWorld(t, mixed)
 	for i := range 300 {
 		s, r := w.open("k", strconv.Itoa(i))
-		s.calls[0].answer(&Answer{Failed: true})
+		s.Calls[0].Answer(&engine.Answer{Failed: true})
 		w.end(s, r)
 	}
-	w.h.now += sec
+	w.h.Clock.Advance(sec)
 	s, _ := w.open("k", "last")
-	s.calls[0].answer(&Answer{Failed: true})
-	if w.count("service_errors") != 301 || w.h.warns != 2 || !strings.Contains(w.h.logs[len(w.h.logs)-1], "(299 similar lines suppressed)") {
+	s.Calls[0].Answer(&engine.Answer{Failed: true})
+	if w.count("service_errors") != 301 || w.h.Warns != 2 || !strings.Contains(w.h.Logs[len(w.h.Logs)-1], "(299 similar lines suppressed)") {
 		t.Fatalf("service_errors %d, %d warnings %q: want 301 errors and 2 lines, the second counting 299 suppressed",
-			w.count("service_errors"), w.h.warns, w.h.logs)
+			w.count("service_errors"), w.h.Warns, w.h.Logs)
 	}
 }
 

@@ -1,8 +1,12 @@
-package engine
+package engine_test
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // Concurrency rules of scope "cluster" (concurrency_cluster.go), on the
@@ -18,15 +22,15 @@ func fleetStreamsCfg(failure, more string) string {
 }
 
 // openServed starts a request and lets limitd answer its calls.
-func (w *world) openServed(headers ...string) (*fakeStream, *Request) {
+func (w *world) openServed(headers ...string) (*stream, *engine.Request) {
 	s, r := w.open(headers...)
 	w.limitd.serve(s)
 	return s, r
 }
 
 // wentOn: the request went on (at once, or resumed after its calls).
-func (s *fakeStream) wentOn() bool {
-	return s.replied == 0 && (s.action == Continue || s.resumed == 1)
+func (s *stream) wentOn() bool {
+	return s.Replied == 0 && (s.action == engine.Continue || s.Resumed == 1)
 }
 
 // TestClusterSlotsShareTheLimit: two in flight per tenant across the
@@ -40,11 +44,11 @@ func TestClusterSlotsShareTheLimit(t *testing.T) {
 		t.Fatalf("first two: %+v, %+v; want both to go on", a1, a2)
 	}
 	a3, _ := w.openServed("t", "a")
-	if a3.replied != 429 || !strings.Contains(a3.replyBody, reasonConcurrency) {
-		t.Fatalf("third: %d %s; want 429 for %s", a3.replied, a3.replyBody, reasonConcurrency)
+	if a3.Replied != 429 || !strings.Contains(string(a3.ReplyBody), reasonConcurrency) {
+		t.Fatalf("third: %d %s; want 429 for %s", a3.Replied, string(a3.ReplyBody), reasonConcurrency)
 	}
 	if b, _ := w.openServed("t", "b"); !b.wentOn() {
-		t.Fatalf("tenant b: %d, want it to go on", b.replied)
+		t.Fatalf("tenant b: %d, want it to go on", b.Replied)
 	}
 	if g := w.count("rule.streams.in_flight"); g != 3 {
 		t.Fatalf("in_flight %d, want 3 (a1, a2, b)", g)
@@ -52,7 +56,7 @@ func TestClusterSlotsShareTheLimit(t *testing.T) {
 	w.end(a1, r1)
 	w.limitd.serve()
 	if a4, _ := w.openServed("t", "a"); !a4.wentOn() {
-		t.Fatalf("after an end: %d, want the freed slot", a4.replied)
+		t.Fatalf("after an end: %d, want the freed slot", a4.Replied)
 	}
 }
 
@@ -72,12 +76,12 @@ func TestClusterSlotsEveryEndReleasesOnce(t *testing.T) {
 	a1, r1 := w.openServed("t", "a")
 	a2, r2 := w.openServed("t", "a")
 	a3, r3 := w.openServed("t", "a")
-	if !a1.wentOn() || !a2.wentOn() || a3.replied != 429 {
-		t.Fatalf("%d %d %d", a1.replied, a2.replied, a3.replied)
+	if !a1.wentOn() || !a2.wentOn() || a3.Replied != 429 {
+		t.Fatalf("%d %d %d", a1.Replied, a2.Replied, a3.Replied)
 	}
 	for _, e := range []struct {
-		s *fakeStream
-		r *Request
+		s *stream
+		r *engine.Request
 	}{{a3, r3}, {a1, r1}, {a2, r2}, {a1, r1}} { // a1 twice: Done is idempotent
 		w.end(e.s, e.r)
 	}
@@ -88,7 +92,7 @@ func TestClusterSlotsEveryEndReleasesOnce(t *testing.T) {
 	b1, _ := w.openServed("t", "a")
 	b2, _ := w.openServed("t", "a")
 	if !b1.wentOn() || !b2.wentOn() {
-		t.Fatalf("after every end: %d %d, want both slots free", b1.replied, b2.replied)
+		t.Fatalf("after every end: %d %d, want both slots free", b1.Replied, b2.Replied)
 	}
 }
 
@@ -101,23 +105,23 @@ func TestClusterSlotsRenewed(t *testing.T) {
 	w.openServed("t", "a")
 	w.openServed("t", "a")
 	for range 30 {
-		w.h.now += sec
+		w.h.Clock.Advance(sec)
 		w.tick()
 	}
-	if s, _ := w.openServed("t", "a"); s.replied != 429 {
-		t.Fatalf("after 30 s of renewals: %d, want 429 (both slots held)", s.replied)
+	if s, _ := w.openServed("t", "a"); s.Replied != 429 {
+		t.Fatalf("after 30 s of renewals: %d, want 429 (both slots held)", s.Replied)
 	}
 	if lost := w.count("cluster_slots_lost"); lost != 0 {
 		t.Fatalf("cluster_slots_lost %d, want 0", lost)
 	}
 	// No tick from here: the leases end 3 s after their last renewal.
-	w.h.now += 2 * sec
-	if s, _ := w.openServed("t", "a"); s.replied != 429 {
-		t.Fatalf("2 s without renewal: %d, want 429", s.replied)
+	w.h.Clock.Advance(2 * sec)
+	if s, _ := w.openServed("t", "a"); s.Replied != 429 {
+		t.Fatalf("2 s without renewal: %d, want 429", s.Replied)
 	}
-	w.h.now += 2 * sec
+	w.h.Clock.Advance(2 * sec)
 	if s, _ := w.openServed("t", "a"); !s.wentOn() {
-		t.Fatalf("4 s without renewal (ttl 3 s): %d, want the expired slot", s.replied)
+		t.Fatalf("4 s without renewal (ttl 3 s): %d, want the expired slot", s.Replied)
 	}
 }
 
@@ -133,9 +137,9 @@ func TestClusterSlotsFailureMode(t *testing.T) {
 			s, r := w.openServed("t", "a")
 			switch {
 			case mode == "allow" && (!s.wentOn() || w.count("rule.streams.failed_open") != 1):
-				t.Fatalf("allow: %d, failed_open %d", s.replied, w.count("rule.streams.failed_open"))
-			case mode == "deny" && !strings.Contains(s.replyBody, reasonServiceDown):
-				t.Fatalf("deny: %d %s", s.replied, s.replyBody)
+				t.Fatalf("allow: %d, failed_open %d", s.Replied, w.count("rule.streams.failed_open"))
+			case mode == "deny" && !strings.Contains(string(s.ReplyBody), reasonServiceDown):
+				t.Fatalf("deny: %d %s", s.Replied, string(s.ReplyBody))
 			}
 			w.end(s, r)
 			// The acquire failed, and so did the release that follows it
@@ -159,12 +163,12 @@ func TestClusterSlotsStackWithBuckets(t *testing.T) {
    "algorithm_config": {"tokens_per_second": 0.001, "burst": 1}}`
 	w := newWorld(t, fleetStreamsCfg("deny", bucketRule)).withLimitd()
 	a1, _ := w.openServed("t", "a")
-	if !a1.wentOn() || len(a1.calls) != 2 {
-		t.Fatalf("first: %d after %d calls, want it to go on after acquire and decide", a1.replied, len(a1.calls))
+	if !a1.wentOn() || len(a1.Calls) != 2 {
+		t.Fatalf("first: %d after %d calls, want it to go on after acquire and decide", a1.Replied, len(a1.Calls))
 	}
 	a2, _ := w.openServed("t", "a") // the bucket is empty: its slot goes back
-	if a2.replied != 429 || !strings.Contains(a2.replyBody, reasonExceeded) {
-		t.Fatalf("second: %d %s, want the bucket's 429", a2.replied, a2.replyBody)
+	if a2.Replied != 429 || !strings.Contains(string(a2.ReplyBody), reasonExceeded) {
+		t.Fatalf("second: %d %s, want the bucket's 429", a2.Replied, string(a2.ReplyBody))
 	}
 	w.limitd.serve()
 	if g := w.count("rule.streams.in_flight"); g != 1 {
@@ -182,7 +186,7 @@ func TestClusterSlotsConfiguration(t *testing.T) {
 		{`{"service": {"cluster": "limitd"}, "rules": [{"name": "s", "scope": "cluster", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 20000}}]}`,
 			`rules[0].algorithm_config.max_in_flight: must be <= 10000`},
 	} {
-		if _, err := Parse([]byte(tt.cfg), Options{}); err == nil || !strings.Contains(err.Error(), tt.want) {
+		if _, err := engine.Parse([]byte(tt.cfg), engine.Options{}); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("Parse: %v, want %q", err, tt.want)
 		}
 	}
@@ -193,9 +197,23 @@ func TestClusterSlotsConfiguration(t *testing.T) {
 // a shared id would let the second request count as holding the first's
 // slot, admitting it without one.
 func TestClusterSlotIDsDiffer(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p1, p2 := newPlugin(t, h, fleetStreamsCfg("deny", "")), newPlugin(t, h, fleetStreamsCfg("deny", ""))
-	if a, b := p1.cslots.newID(), p2.cslots.newID(); a == b {
+	// The id each sends in its acquire call, as the limit service reads it.
+	slotID := func(p *engine.Plugin) string {
+		s := newStream("t", "a")
+		if a := p.NewRequest(s).OnRequestHeaders(); a != engine.Pause || len(s.Calls) != 1 {
+			t.Fatalf("action %v with %d calls; want a pause on the acquire call", a, len(s.Calls))
+		}
+		var req struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal(s.Calls[0].Call.Body, &req); err != nil || req.ID == "" {
+			t.Fatalf("acquire call %s: id %q, %v", s.Calls[0].Call.Body, req.ID, err)
+		}
+		return req.ID
+	}
+	if a, b := slotID(p1), slotID(p2); a == b {
 		t.Fatalf("both Plugins drew %s", a)
 	}
 }

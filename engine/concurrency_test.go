@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/shareddata"
 )
 
@@ -24,7 +26,7 @@ func (w *world) freeSlots(tenant string) int {
 	var open []held
 	for range 100 {
 		s, r := w.open("t", tenant)
-		if s.replied != 0 || s.paused() { // refused, or waiting for a slot
+		if s.Replied != 0 || s.paused() { // refused, or waiting for a slot
 			w.end(s, r)
 			break
 		}
@@ -43,7 +45,7 @@ func TestConcurrencyRefusesTheThird(t *testing.T) {
 	w := newWorld(t, streamsCfg(""))
 	a1, r1 := w.open("t", "a")
 	a2, r2 := w.open("t", "a")
-	if a1.action != Continue || a2.action != Continue {
+	if a1.action != engine.Continue || a2.action != engine.Continue {
 		t.Fatalf("first two: %v, %v; want both to go on", a1.action, a2.action)
 	}
 	got := w.do("t", "a")
@@ -83,34 +85,34 @@ func TestConcurrencyRefusesTheThird(t *testing.T) {
 func TestConcurrencyEveryEndReleasesOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		end  func(w *world, s *fakeStream, r *Request)
+		end  func(w *world, s *stream, r *engine.Request)
 	}{
-		{"response complete", func(w *world, s *fakeStream, r *Request) {
+		{"response complete", func(w *world, s *stream, r *engine.Request) {
 			w.respond(s, r, upstream{chunks: []string{"ok"}})
 			w.end(s, r)
 		}},
-		{"client reset before the response", func(w *world, s *fakeStream, r *Request) { w.end(s, r) }},
-		{"reset in the body (client or upstream)", func(w *world, s *fakeStream, r *Request) {
+		{"client reset before the response", func(w *world, s *stream, r *engine.Request) { w.end(s, r) }},
+		{"reset in the body (client or upstream)", func(w *world, s *stream, r *engine.Request) {
 			w.respond(s, r, upstream{chunks: []string{"par"}, cut: true})
 			w.end(s, r)
 		}},
-		{"route timeout (Envoy's 504)", func(w *world, s *fakeStream, r *Request) {
+		{"route timeout (Envoy's 504)", func(w *world, s *stream, r *engine.Request) {
 			w.respond(s, r, upstream{status: "504", chunks: []string{"upstream request timeout"}})
 			w.end(s, r)
 		}},
-		{"a later filter's local reply", func(w *world, s *fakeStream, r *Request) {
+		{"a later filter's local reply", func(w *world, s *stream, r *engine.Request) {
 			w.respond(s, r, upstream{status: "403"})
 			w.end(s, r)
 		}},
-		{"trailers", func(w *world, s *fakeStream, r *Request) {
+		{"trailers", func(w *world, s *stream, r *engine.Request) {
 			w.respond(s, r, upstream{chunks: []string{"a"}, trailers: true})
 			w.end(s, r)
 		}},
-		{"Done twice (a host that calls it again)", func(w *world, s *fakeStream, r *Request) {
+		{"Done twice (a host that calls it again)", func(w *world, s *stream, r *engine.Request) {
 			w.end(s, r)
 			r.Done()
 		}},
-		{"reload: the old Plugin's request ends after the new one starts", func(w *world, s *fakeStream, r *Request) {
+		{"reload: the old Plugin's request ends after the new one starts", func(w *world, s *stream, r *engine.Request) {
 			w.p = newPlugin(w.t, w.h, streamsCfg(""))
 			w.end(s, r)
 		}},
@@ -119,7 +121,7 @@ func TestConcurrencyEveryEndReleasesOnce(t *testing.T) {
 			w := newWorld(t, streamsCfg(""))
 			witness, wr := w.open("t", "a")
 			s, r := w.open("t", "a")
-			if witness.action != Continue || s.action != Continue {
+			if witness.action != engine.Continue || s.action != engine.Continue {
 				t.Fatalf("actions %v, %v", witness.action, s.action)
 			}
 			tc.end(w, s, r)
@@ -167,7 +169,7 @@ func TestConcurrencyStacksAllOrNone(t *testing.T) {
   {"name": "rate", "limit_keys": ["header:t"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 2}}]}`
 	w := newWorld(t, cfg)
 	s1, r1 := w.open("t", "a") // a slot and a token
-	if s1.action != Continue {
+	if s1.action != engine.Continue {
 		t.Fatalf("first: %v", s1.action)
 	}
 	// The slot refuses: the token bucket keeps its token.
@@ -176,7 +178,7 @@ func TestConcurrencyStacksAllOrNone(t *testing.T) {
 	}
 	w.end(s1, r1)
 	s2, r2 := w.open("t", "a") // the last token
-	if s2.action != Continue {
+	if s2.action != engine.Continue {
 		t.Fatalf("third: %v; the refused request took a token", s2.action)
 	}
 	w.end(s2, r2)
@@ -201,12 +203,12 @@ func TestConcurrencyShadowAndMatch(t *testing.T) {
 	gold := w.openN(3, "t", "g", "plan", "gold")
 	free := w.openN(2, "t", "f")
 	for i, h := range gold {
-		if h.s.action != Continue {
+		if h.s.action != engine.Continue {
 			t.Fatalf("gold %d: %v", i, h.s.action)
 		}
 	}
-	if free[0].s.action != Continue || free[1].s.replied != 429 {
-		t.Fatalf("free: %v, %d; want the second refused", free[0].s.action, free[1].s.replied)
+	if free[0].s.action != engine.Continue || free[1].s.Replied != 429 {
+		t.Fatalf("free: %v, %d; want the second refused", free[0].s.action, free[1].s.Replied)
 	}
 	if n := w.count("rule.watch.shadow_rejected"); n != 3 { // gold 2 and 3, free 2
 		t.Fatalf("shadow_rejected %d, want 3", n)
@@ -228,24 +230,24 @@ func TestConcurrencyShadowAndMatch(t *testing.T) {
 // TestConcurrencyReleaseOwedWhenSharedDataFails: a release whose write
 // fails is owed and written by the next tick, never lost nor doubled.
 func TestConcurrencyReleaseOwedWhenSharedDataFails(t *testing.T) {
-	h := newFakeHost()
-	fd := &failingData{SharedData: shareddata.New()}
-	h.sd = fd
+	h := fakehost.New()
+	fd := &fakehost.FailingData{SharedData: shareddata.New()}
+	h.SD = fd
 	w := newWorldOn(t, h, streamsCfg(""))
 	witness, wr := w.open("t", "a")
 	s, r := w.open("t", "a")
-	fd.fail = errors.New("shared data: out of memory")
+	fd.Fail = errors.New("shared data: out of memory")
 	w.end(s, r)
-	fd.fail = nil
-	if n := len(w.p.slotsOwed); n != 1 {
+	fd.Fail = nil
+	if n := engine.SlotsOwed(w.p); n != 1 {
 		t.Fatalf("owed %d, want 1", n)
 	}
 	if n := w.freeSlots("a"); n != 0 {
 		t.Fatalf("before the tick: %d free, want 0 (the release is owed)", n)
 	}
 	w.tick()
-	if n := w.freeSlots("a"); n != 1 || len(w.p.slotsOwed) != 0 {
-		t.Fatalf("after the tick: %d free, %d owed; want 1, 0", n, len(w.p.slotsOwed))
+	if n := w.freeSlots("a"); n != 1 || engine.SlotsOwed(w.p) != 0 {
+		t.Fatalf("after the tick: %d free, %d owed; want 1, 0", n, engine.SlotsOwed(w.p))
 	}
 	w.end(witness, wr)
 	if n := w.freeSlots("a"); n != 2 {
@@ -263,21 +265,22 @@ func BenchmarkConcurrencyRequest(b *testing.B) {
 		{"concurrency", `{"rules": [{"name": "r", "limit_keys": ["header:t"], "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 1000}}]}`},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			h := newFakeHost()
+			h := fakehost.New()
 			p := newPlugin(b, h, bc.cfg)
-			streams := make([]*fakeStream, 100)
+			streams := make([]*stream, 100)
 			for i := range streams {
-				streams[i] = newFakeStream("t", "k"+strconv.Itoa(i))
-				streams[i].resp = map[string]string{":status": "200"}
+				streams[i] = newStream("t", "k"+strconv.Itoa(i))
+				streams[i].Resp = map[string]string{":status": "200"}
 			}
-			r := p.NewRequest(streams[0])
+			rs := &reused{streams[0].Stream}
+			r := p.NewRequest(rs)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
 				s := streams[i%len(streams)]
-				r.stream = s
-				s.added = s.added[:0]
-				if r.OnRequestHeaders() != Continue {
+				rs.Stream = s.Stream
+				s.Added = s.Added[:0]
+				if r.OnRequestHeaders() != engine.Continue {
 					b.Fatal("refused")
 				}
 				r.OnResponseHeaders(true)
@@ -312,8 +315,8 @@ func TestConcurrencyKeyFlood(t *testing.T) {
 	for _, h := range open {
 		w.end(h.s, h.r)
 	}
-	if n, lost := w.count("rule.streams.in_flight"), w.count("slots_lost"); n != 0 || lost != 0 || len(w.p.slotsOwed) != 0 {
-		t.Fatalf("in_flight %d, slots_lost %d, owed %d; want 0", n, lost, len(w.p.slotsOwed))
+	if n, lost := w.count("rule.streams.in_flight"), w.count("slots_lost"); n != 0 || lost != 0 || engine.SlotsOwed(w.p) != 0 {
+		t.Fatalf("in_flight %d, slots_lost %d, owed %d; want 0", n, lost, engine.SlotsOwed(w.p))
 	}
 	for _, i := range []int{0, 17, 499} {
 		if n := w.freeSlots("flood-" + strconv.Itoa(i)); n != 2 {

@@ -1,7 +1,10 @@
-package engine
+package engine_test
 
 import (
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // Waiting for a slot (max_delay_ms on a concurrency rule, concurrency.go).
@@ -14,7 +17,7 @@ func waiting(h held) bool { return h.s.paused() }
 
 // admitted: the request went on (at once, or resumed after a wait).
 func admitted(h held) bool {
-	return h.s.replied == 0 && (h.s.action == Continue || h.s.resumed == 1)
+	return h.s.Replied == 0 && (h.s.action == engine.Continue || h.s.Resumed == 1)
 }
 
 // TestSlotWaitFirstComeFirstServed: one slot; three requests wait in the
@@ -29,7 +32,7 @@ func TestSlotWaitFirstComeFirstServed(t *testing.T) {
 	if n := w.count("rule.streams.waiting"); n != 2 {
 		t.Fatalf("waiting %d, want 2", n)
 	}
-	w.h.now += 100e6
+	w.h.Clock.Advance(100e6)
 	w.end(hs[0].s, hs[0].r) // the slot goes to the first in line, at once
 	if !admitted(hs[1]) || !waiting(hs[2]) {
 		t.Fatalf("after the first end: second admitted %v, third waiting %v", admitted(hs[1]), waiting(hs[2]))
@@ -47,8 +50,8 @@ func TestSlotWaitFirstComeFirstServed(t *testing.T) {
 		t.Fatal("after the third end: the late request still waits")
 	}
 	w.respond(late.s, late.r, upstream{})
-	if got := headerOf(late.s.added, DelayHeader); got == "" {
-		t.Fatalf("the waited request's response has no %s: %v", DelayHeader, late.s.added)
+	if got := headerOf(late.s.Added, engine.DelayHeader); got == "" {
+		t.Fatalf("the waited request's response has no %s: %v", engine.DelayHeader, late.s.Added)
 	}
 	w.end(late.s, late.r)
 	if d, wt, f := w.count("rule.streams.delayed"), w.count("rule.streams.waiting"), w.count("rule.streams.in_flight"); d != 3 || wt != 0 || f != 0 {
@@ -65,18 +68,18 @@ func TestSlotWaitBound(t *testing.T) {
 	w := newWorld(t, sprintf(patientStreams, ""))
 	first := w.openN(1, "t", "a")[0]
 	second := w.openN(1, "t", "a")[0]
-	t0 := w.h.now
-	for w.h.now < t0+999e6 {
-		w.h.now += 20e6
-		second.s.fire(w.h.now)
-		if w.h.now < t0+1000e6 && !waiting(second) {
-			t.Fatalf("at t0+%dms: no longer waiting", (w.h.now-t0)/1e6)
+	t0 := w.h.Now()
+	for w.h.Now() < t0+999e6 {
+		w.h.Clock.Advance(20e6)
+		second.s.Fire(w.h.Now())
+		if w.h.Now() < t0+1000e6 && !waiting(second) {
+			t.Fatalf("at t0+%dms: no longer waiting", (w.h.Now()-t0)/1e6)
 		}
 	}
-	w.h.now = t0 + 1000e6
-	second.s.fire(w.h.now)
-	if second.s.replied != 429 || headerOf(second.s.replyHeaders, "x-ratelimit-reason") != reasonConcurrency {
-		t.Fatalf("at the bound: replied %d %v, want 429 %s", second.s.replied, second.s.replyHeaders, reasonConcurrency)
+	w.h.Clock.Set(t0 + 1000e6)
+	second.s.Fire(w.h.Now())
+	if second.s.Replied != 429 || headerOf(second.s.ReplyHeaders, "x-ratelimit-reason") != reasonConcurrency {
+		t.Fatalf("at the bound: replied %d %v, want 429 %s", second.s.Replied, second.s.ReplyHeaders, reasonConcurrency)
 	}
 	if r, wt := w.count("rule.streams.delay_refused"), w.count("rule.streams.waiting"); r != 1 || wt != 0 {
 		t.Fatalf("delay_refused %d, waiting %d; want 1, 0", r, wt)
@@ -96,14 +99,14 @@ func TestSlotWaitAbandoned(t *testing.T) {
 	first := w.openN(1, "t", "a")[0]
 	gone, answered := w.openN(1, "t", "a")[0], w.openN(1, "t", "a")[0]
 	full := w.openN(1, "t", "a")[0]
-	if !waiting(gone) || !waiting(answered) || full.s.replied != 429 {
-		t.Fatalf("two waiting, the third refused: %v %v %d", waiting(gone), waiting(answered), full.s.replied)
+	if !waiting(gone) || !waiting(answered) || full.s.Replied != 429 {
+		t.Fatalf("two waiting, the third refused: %v %v %d", waiting(gone), waiting(answered), full.s.Replied)
 	}
 	if n := w.count("rule.streams.waiting_full"); n != 1 {
 		t.Fatalf("waiting_full %d, want 1", n)
 	}
 	w.end(gone.s, gone.r)                                 // the client left
-	answered.s.resp = map[string]string{":status": "504"} // Envoy's own answer
+	answered.s.Resp = map[string]string{":status": "504"} // Envoy's own answer
 	answered.r.OnResponseHeaders(true)
 	w.end(answered.s, answered.r)
 	if a, wt := w.count("rule.streams.delay_abandoned"), w.count("rule.streams.waiting"); a != 2 || wt != 0 {
@@ -119,7 +122,7 @@ func TestSlotWaitAbandoned(t *testing.T) {
 // TestSlotWaitAcrossWorkers: a slot freed by another worker (another
 // Plugin on the same shared data) is found by the waiting request's poll.
 func TestSlotWaitAcrossWorkers(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	w1 := newWorldOn(t, h, sprintf(patientStreams, ""))
 	w2 := newWorldOn(t, h, sprintf(patientStreams, ""))
 	first := w1.openN(1, "t", "a")[0]
@@ -127,13 +130,13 @@ func TestSlotWaitAcrossWorkers(t *testing.T) {
 	if !admitted(first) || !waiting(second) {
 		t.Fatalf("admitted %v, waiting %v", admitted(first), waiting(second))
 	}
-	h.now += 5e6
+	h.Clock.Advance(5e6)
 	w1.end(first.s, first.r)
 	if !waiting(second) {
 		t.Fatal("woken by another worker's end: shared data has no notification")
 	}
-	h.now += 20e6
-	second.s.fire(h.now)
+	h.Clock.Advance(20e6)
+	second.s.Fire(h.Now())
 	if !admitted(second) {
 		t.Fatal("the poll after the other worker's end did not admit it")
 	}
@@ -176,16 +179,16 @@ func TestSlotWaitWokenByRefusal(t *testing.T) {
 	w := newWorld(t, cfg).withLimitd()
 	first := w.openN(1, "t", "a")[0] // its slot taken, its cluster call out
 	second := w.openN(1, "t", "a")[0]
-	if len(first.s.calls) != 1 || !waiting(second) || len(second.s.calls) != 0 {
-		t.Fatalf("first: %d calls; second waiting %v with %d calls", len(first.s.calls), waiting(second), len(second.s.calls))
+	if len(first.s.Calls) != 1 || !waiting(second) || len(second.s.Calls) != 0 {
+		t.Fatalf("first: %d calls; second waiting %v with %d calls", len(first.s.Calls), waiting(second), len(second.s.Calls))
 	}
 	w.limitd.down = true
 	w.limitd.serve(first.s) // the limit service fails: failure_mode deny refuses the first
-	if first.s.replied != 429 {
-		t.Fatalf("first: replied %d, want 429", first.s.replied)
+	if first.s.Replied != 429 {
+		t.Fatalf("first: replied %d, want 429", first.s.Replied)
 	}
-	if len(second.s.calls) != 1 {
-		t.Fatalf("second: %d calls, want its cluster call sent at once (it took the slot given back)", len(second.s.calls))
+	if len(second.s.Calls) != 1 {
+		t.Fatalf("second: %d calls, want its cluster call sent at once (it took the slot given back)", len(second.s.Calls))
 	}
 	w.limitd.down = false
 	w.limitd.serve(second.s)

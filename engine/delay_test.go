@@ -1,9 +1,11 @@
-package engine
+package engine_test
 
 import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
 // Holding requests until their tokens are there (max_delay_ms, delay.go).
@@ -24,8 +26,8 @@ func sprintf(f, a string) string {
 
 // held is one request opened on the world and, when held, its timer.
 type held struct {
-	s *fakeStream
-	r *Request
+	s *stream
+	r *engine.Request
 }
 
 // openN opens n requests with the headers at the world's now.
@@ -42,7 +44,7 @@ func (w *world) openN(n int, headers ...string) []held {
 func (w *world) fireAll(hs []held) int {
 	n := 0
 	for _, h := range hs {
-		n += h.s.fire(w.h.now)
+		n += h.s.Fire(w.h.Now())
 	}
 	return n
 }
@@ -53,45 +55,45 @@ func (w *world) fireAll(hs []held) int {
 // with the Retry-After they would get without holding.
 func TestDelaySpacing(t *testing.T) {
 	w := newWorld(t, smoothCfg(""))
-	t0 := w.h.now
+	t0 := w.h.Now()
 	hs := w.openN(30, "k", "a")
-	if hs[0].s.action != Continue {
+	if hs[0].s.action != engine.Continue {
 		t.Fatalf("first request: %v, want it to go at once", hs[0].s.action)
 	}
 	for i := 1; i <= 10; i++ {
-		if s := hs[i].s; s.action != Pause || s.replied != 0 || len(s.timers) != 1 {
-			t.Fatalf("request %d: action %v, replied %d, timers %d; want held", i, s.action, s.replied, len(s.timers))
+		if s := hs[i].s; s.action != engine.Pause || s.Replied != 0 || len(s.Timers) != 1 {
+			t.Fatalf("request %d: action %v, replied %d, timers %d; want held", i, s.action, s.Replied, len(s.Timers))
 		}
-		if due := hs[i].s.timers[0].due; due != t0+int64(i)*sec/10 {
+		if due := hs[i].s.Timers[0].Due; due != t0+int64(i)*sec/10 {
 			t.Fatalf("request %d held until t0+%v, want t0+%v", i, due-t0, int64(i)*sec/10)
 		}
 	}
 	for i := 11; i < 30; i++ {
 		s := hs[i].s
-		if s.replied != 429 || len(s.timers) != 0 {
-			t.Fatalf("request %d: replied %d, timers %d; want refused at once", i, s.replied, len(s.timers))
+		if s.Replied != 429 || len(s.Timers) != 0 {
+			t.Fatalf("request %d: replied %d, timers %d; want refused at once", i, s.Replied, len(s.Timers))
 		}
 		// Ten tokens owed, one more wanted: 1.1 s, two whole seconds.
-		if ra, _ := strconv.Atoi(headerOf(s.replyHeaders, "retry-after")); ra < 2 || ra > 3 {
+		if ra, _ := strconv.Atoi(headerOf(s.ReplyHeaders, "retry-after")); ra < 2 || ra > 3 {
 			t.Fatalf("request %d: Retry-After %d, want 2 (jittered up to 3)", i, ra)
 		}
 	}
-	if w.count("rule.smooth.delay_refused") != 19 || w.p.rules[0].waiting != 10 {
-		t.Fatalf("delay_refused %d, waiting %d; want 19, 10", w.count("rule.smooth.delay_refused"), w.p.rules[0].waiting)
+	if w.count("rule.smooth.delay_refused") != 19 || w.count("rule.smooth.waiting") != 10 {
+		t.Fatalf("delay_refused %d, waiting %d; want 19, 10", w.count("rule.smooth.delay_refused"), w.count("rule.smooth.waiting"))
 	}
 	// Time passes in steps of 50 ms: each step releases what is due, in
 	// order, never sooner.
 	gone := 0
 	for step := 1; step <= 22; step++ {
-		w.h.now = t0 + int64(step)*sec/20
+		w.h.Clock.Set(t0 + int64(step)*sec/20)
 		for i := 1; i <= 10; i++ {
-			n := hs[i].s.fire(w.h.now)
+			n := hs[i].s.Fire(w.h.Now())
 			if n == 1 {
 				gone++
 				if gone != i {
 					t.Fatalf("request %d went on as number %d: out of order", i, gone)
 				}
-				if hs[i].s.resumed != 1 {
+				if hs[i].s.Resumed != 1 {
 					t.Fatalf("request %d fired but not resumed", i)
 				}
 			}
@@ -103,16 +105,16 @@ func TestDelaySpacing(t *testing.T) {
 	// The response of a held request says how long it was held, and its
 	// RateLimit headers stand as they are when it goes on.
 	s, r := hs[3].s, hs[3].r
-	s.resp = map[string]string{":status": "200"}
+	s.Resp = map[string]string{":status": "200"}
 	r.OnResponseHeaders(true)
-	if got := addedOf(s, DelayHeader); got != "300" {
-		t.Fatalf("%s = %q, want 300 (held 300 ms)", DelayHeader, got)
+	if got := addedOf(s, engine.DelayHeader); got != "300" {
+		t.Fatalf("%s = %q, want 300 (held 300 ms)", engine.DelayHeader, got)
 	}
 	if got := addedOf(s, "ratelimit-remaining"); got != "0" {
 		t.Fatalf("ratelimit-remaining = %q, want 0", got)
 	}
-	if w.count("rule.smooth.delayed") != 10 || w.count("rule.smooth.delay_ms") != 5500 || w.p.rules[0].waiting != 0 {
-		t.Fatalf("delayed %d, delay_ms %d, waiting %d; want 10, 5500, 0", w.count("rule.smooth.delayed"), w.count("rule.smooth.delay_ms"), w.p.rules[0].waiting)
+	if w.count("rule.smooth.delayed") != 10 || w.count("rule.smooth.delay_ms") != 5500 || w.count("rule.smooth.waiting") != 0 {
+		t.Fatalf("delayed %d, delay_ms %d, waiting %d; want 10, 5500, 0", w.count("rule.smooth.delayed"), w.count("rule.smooth.delay_ms"), w.count("rule.smooth.waiting"))
 	}
 }
 
@@ -125,7 +127,7 @@ func headerOf(hs [][2]string, name string) string {
 	return ""
 }
 
-func addedOf(s *fakeStream, name string) string { return headerOf(s.added, name) }
+func addedOf(s *stream, name string) string { return headerOf(s.Added, name) }
 
 // TestDelayAbandoned: a held request whose client goes away (Done) or that
 // Envoy answers itself (a timeout: OnResponseHeaders) gives its tokens
@@ -134,30 +136,30 @@ func TestDelayAbandoned(t *testing.T) {
 	for _, how := range []string{"client gone", "envoy timeout"} {
 		t.Run(how, func(t *testing.T) {
 			w := newWorld(t, smoothCfg(""))
-			t0 := w.h.now
+			t0 := w.h.Now()
 			hs := w.openN(3, "k", "a") // at once, +100ms, +200ms
 			last := hs[2]
 			switch how {
 			case "client gone":
-				last.s.done = true
+				last.s.Done = true
 				last.r.Done()
 				last.r.Done()
 			default:
-				last.s.resp = map[string]string{":status": "504"}
+				last.s.Resp = map[string]string{":status": "504"}
 				last.r.OnResponseHeaders(true)
-				last.s.done = true
+				last.s.Done = true
 				last.r.Done()
 			}
-			if w.count("refunds") != 1 || w.count("rule.smooth.delay_abandoned") != 1 || w.p.rules[0].waiting != 1 {
-				t.Fatalf("refunds %d, abandoned %d, waiting %d; want 1, 1, 1", w.count("refunds"), w.count("rule.smooth.delay_abandoned"), w.p.rules[0].waiting)
+			if w.count("refunds") != 1 || w.count("rule.smooth.delay_abandoned") != 1 || w.count("rule.smooth.waiting") != 1 {
+				t.Fatalf("refunds %d, abandoned %d, waiting %d; want 1, 1, 1", w.count("refunds"), w.count("rule.smooth.delay_abandoned"), w.count("rule.smooth.waiting"))
 			}
-			if last.s.fire(t0+sec) != 0 || last.s.resumed != 0 {
+			if last.s.Fire(t0+sec) != 0 || last.s.Resumed != 0 {
 				t.Fatal("an abandoned request's timer ran")
 			}
 			// Its place is free: the next request waits 200 ms, not 300.
 			next := w.openN(1, "k", "a")[0]
-			if len(next.s.timers) != 1 || next.s.timers[0].due != t0+2*sec/10 {
-				t.Fatalf("next request: timers %v, want one due at t0+200ms", next.s.timers)
+			if len(next.s.Timers) != 1 || next.s.Timers[0].Due != t0+2*sec/10 {
+				t.Fatalf("next request: timers %v, want one due at t0+200ms", next.s.Timers)
 			}
 		})
 	}
@@ -168,13 +170,13 @@ func TestDelayAbandoned(t *testing.T) {
 // and no one goes sooner than the rate allows.
 func TestDelayAbandonedMidQueue(t *testing.T) {
 	w := newWorld(t, smoothCfg(""))
-	t0 := w.h.now
+	t0 := w.h.Now()
 	hs := w.openN(3, "k", "a")
-	hs[1].s.done = true
+	hs[1].s.Done = true
 	hs[1].r.Done()
 	next := w.openN(1, "k", "a")[0]
-	if len(next.s.timers) != 1 || next.s.timers[0].due != t0+3*sec/10 {
-		t.Fatalf("next request: timers %v, want one due at t0+300ms", next.s.timers)
+	if len(next.s.Timers) != 1 || next.s.Timers[0].Due != t0+3*sec/10 {
+		t.Fatalf("next request: timers %v, want one due at t0+300ms", next.s.Timers)
 	}
 }
 
@@ -186,27 +188,27 @@ func TestDelayStacked(t *testing.T) {
   {"name": "fast", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}},
   {"name": "slow", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 2, "burst": 1, "max_delay_ms": 1000}}]}`
 	w := newWorld(t, cfg)
-	t0 := w.h.now
+	t0 := w.h.Now()
 	hs := w.openN(4, "k", "a")
-	if hs[0].s.action != Continue {
+	if hs[0].s.action != engine.Continue {
 		t.Fatal("first request held")
 	}
 	for i, want := range []int64{500, 1000} {
 		s := hs[i+1].s
-		if len(s.timers) != 1 || s.timers[0].due != t0+want*1e6 {
-			t.Fatalf("request %d: timers %v, want one due at t0+%dms (the slower rule's wait)", i+1, s.timers, want)
+		if len(s.Timers) != 1 || s.Timers[0].Due != t0+want*1e6 {
+			t.Fatalf("request %d: timers %v, want one due at t0+%dms (the slower rule's wait)", i+1, s.Timers, want)
 		}
 	}
-	if hs[3].s.replied != 429 || w.count("rule.slow.delay_refused") != 1 {
-		t.Fatalf("fourth request: replied %d, slow.delay_refused %d; want 429, 1", hs[3].s.replied, w.count("rule.slow.delay_refused"))
+	if hs[3].s.Replied != 429 || w.count("rule.slow.delay_refused") != 1 {
+		t.Fatalf("fourth request: replied %d, slow.delay_refused %d; want 429, 1", hs[3].s.Replied, w.count("rule.slow.delay_refused"))
 	}
 	// The refusal took nothing: every bucket is decided before any is
 	// written, so the fast rule's bucket still allows a wait of 300 ms.
 	if w.count("refunds") != 0 {
 		t.Fatalf("refunds %d, want 0", w.count("refunds"))
 	}
-	if again := w.openN(1)[0]; again.s.replied != 429 || w.count("rule.slow.delay_refused") != 2 {
-		t.Fatalf("fifth request: replied %d, want refused by the slow rule again", again.s.replied)
+	if again := w.openN(1)[0]; again.s.Replied != 429 || w.count("rule.slow.delay_refused") != 2 {
+		t.Fatalf("fifth request: replied %d, want refused by the slow rule again", again.s.Replied)
 	}
 }
 
@@ -216,8 +218,8 @@ func TestDelayShadow(t *testing.T) {
 	cfg := `{"rules": [{"name": "s", "mode": "shadow", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}}]}`
 	w := newWorld(t, cfg)
 	for i := range 5 {
-		if got := w.do(); got.status != 200 || len(got.stream.timers) != 0 {
-			t.Fatalf("request %d: status %d, timers %d; want it to go at once", i, got.status, len(got.stream.timers))
+		if got := w.do(); got.status != 200 || len(got.stream.Timers) != 0 {
+			t.Fatalf("request %d: status %d, timers %d; want it to go at once", i, got.status, len(got.stream.Timers))
 		}
 	}
 	if w.count("rule.s.shadow_delayed") != 4 {
@@ -229,19 +231,19 @@ func TestDelayShadow(t *testing.T) {
 // is refused at once and counted; once one goes on, its place is free.
 func TestDelayMaxWaiting(t *testing.T) {
 	w := newWorld(t, smoothCfg(`, "max_waiting": 2`))
-	t0 := w.h.now
+	t0 := w.h.Now()
 	hs := w.openN(4, "k", "a")
-	if len(hs[1].s.timers) != 1 || len(hs[2].s.timers) != 1 {
+	if len(hs[1].s.Timers) != 1 || len(hs[2].s.Timers) != 1 {
 		t.Fatal("the first two short requests were not held")
 	}
-	if hs[3].s.replied != 429 || w.count("rule.smooth.waiting_full") != 1 || w.count("rule.smooth.delay_refused") != 0 {
+	if hs[3].s.Replied != 429 || w.count("rule.smooth.waiting_full") != 1 || w.count("rule.smooth.delay_refused") != 0 {
 		t.Fatalf("third short request: replied %d, waiting_full %d, delay_refused %d; want 429, 1, 0",
-			hs[3].s.replied, w.count("rule.smooth.waiting_full"), w.count("rule.smooth.delay_refused"))
+			hs[3].s.Replied, w.count("rule.smooth.waiting_full"), w.count("rule.smooth.delay_refused"))
 	}
-	w.h.now = t0 + sec/10
+	w.h.Clock.Set(t0 + sec/10)
 	w.fireAll(hs)
-	if more := w.openN(1, "k", "a")[0]; len(more.s.timers) != 1 {
-		t.Fatalf("after one went on: replied %d, want held", more.s.replied)
+	if more := w.openN(1, "k", "a")[0]; len(more.s.Timers) != 1 {
+		t.Fatalf("after one went on: replied %d, want held", more.s.Replied)
 	}
 }
 
@@ -250,13 +252,13 @@ func TestDelayMaxWaiting(t *testing.T) {
 func TestDelayNoTimer(t *testing.T) {
 	w := newWorld(t, smoothCfg(""))
 	w.do("k", "a")
-	s := newFakeStream("k", "a")
-	s.noTimer = true
-	if a := w.p.NewRequest(s).OnRequestHeaders(); a != Continue || s.replied != 0 {
-		t.Fatalf("action %v, replied %d; want it to go on", a, s.replied)
+	s := newStream("k", "a")
+	s.NoTimer = true
+	if a := w.p.NewRequest(s).OnRequestHeaders(); a != engine.Continue || s.Replied != 0 {
+		t.Fatalf("action %v, replied %d; want it to go on", a, s.Replied)
 	}
-	if w.h.warns != 1 || w.count("rule.smooth.failed_open") != 1 {
-		t.Fatalf("warnings %d, failed_open %d; want 1, 1", w.h.warns, w.count("rule.smooth.failed_open"))
+	if w.h.Warns != 1 || w.count("rule.smooth.failed_open") != 1 {
+		t.Fatalf("warnings %d, failed_open %d; want 1, 1", w.h.Warns, w.count("rule.smooth.failed_open"))
 	}
 }
 
@@ -267,27 +269,27 @@ func TestDelayCluster(t *testing.T) {
   "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}}]}`
 	w := newWorld(t, cfg)
 	s, r := w.open()
-	if len(s.calls) != 1 {
-		t.Fatalf("calls %d, want 1", len(s.calls))
+	if len(s.Calls) != 1 {
+		t.Fatalf("calls %d, want 1", len(s.Calls))
 	}
-	if body := string(s.calls[0].call.Body); !containsStr(body, `"max_delay_ms":1000`) {
+	if body := string(s.Calls[0].Call.Body); !containsStr(body, `"max_delay_ms":1000`) {
 		t.Fatalf("decide call %s, want max_delay_ms 1000", body)
 	}
-	t1 := w.h.now + 5e6
-	w.h.now = t1
-	s.calls[0].answer(&Answer{Status: "200", Body: []byte(`{"allowed":true,"retry_after_ms":0,"wait_ms":300,"buckets":[{"allowed":true,"remaining":0,"retry_after_ms":0,"reset_ms":400,"wait_ms":300}]}`)})
-	if s.resumed != 0 || len(s.timers) != 1 || s.timers[0].due != t1+300e6 {
-		t.Fatalf("resumed %d, timers %v; want held until the answer's wait", s.resumed, s.timers)
+	t1 := w.h.Now() + 5e6
+	w.h.Clock.Set(t1)
+	s.Calls[0].Answer(&engine.Answer{Status: "200", Body: []byte(`{"allowed":true,"retry_after_ms":0,"wait_ms":300,"buckets":[{"allowed":true,"remaining":0,"retry_after_ms":0,"reset_ms":400,"wait_ms":300}]}`)})
+	if s.Resumed != 0 || len(s.Timers) != 1 || s.Timers[0].Due != t1+300e6 {
+		t.Fatalf("resumed %d, timers %v; want held until the answer's wait", s.Resumed, s.Timers)
 	}
-	w.h.now = t1 + 300e6
-	s.fire(w.h.now)
-	if s.resumed != 1 {
+	w.h.Clock.Set(t1 + 300e6)
+	s.Fire(w.h.Now())
+	if s.Resumed != 1 {
 		t.Fatal("not resumed after the wait")
 	}
-	s.resp = map[string]string{":status": "200"}
+	s.Resp = map[string]string{":status": "200"}
 	r.OnResponseHeaders(true)
-	if got := addedOf(s, DelayHeader); got != "305" {
-		t.Fatalf("%s = %q, want 305", DelayHeader, got)
+	if got := addedOf(s, engine.DelayHeader); got != "305" {
+		t.Fatalf("%s = %q, want 305", engine.DelayHeader, got)
 	}
 }
 
@@ -343,33 +345,33 @@ func propertyDelay(t *testing.T, cluster bool) {
 			giveUp int64 // when it gives up while held (0: never)
 		}
 		var live []*open
-		now := w.h.now
+		now := w.h.Now()
 		refundsBefore := int64(0)
 		for range 300 {
 			now += r.Int64N(sec / 5)
-			w.h.now = now
+			w.h.Clock.Set(now)
 			// What is due by now: give-ups and timers, in time order.
 			for {
 				var first *open
 				firstAt := now + 1
 				for _, o := range live {
-					if o.h.s.done || o.h.s.resumed > 0 {
+					if o.h.s.Done || o.h.s.Resumed > 0 {
 						continue
 					}
-					if o.giveUp > 0 && o.giveUp < firstAt && o.giveUp < o.h.s.timers[0].due {
+					if o.giveUp > 0 && o.giveUp < firstAt && o.giveUp < o.h.s.Timers[0].Due {
 						first, firstAt = o, o.giveUp
 					}
-					if d := o.h.s.timers[0].due; d < firstAt && (o.giveUp == 0 || d <= o.giveUp) {
+					if d := o.h.s.Timers[0].Due; d < firstAt && (o.giveUp == 0 || d <= o.giveUp) {
 						first, firstAt = o, d
 					}
 				}
 				if first == nil {
 					break
 				}
-				w.h.now = firstAt
+				w.h.Clock.Set(firstAt)
 				if first.giveUp == firstAt {
 					refundsBefore = w.count("refunds")
-					first.h.s.done = true
+					first.h.s.Done = true
 					first.h.r.Done()
 					first.h.r.Done()
 					if cluster {
@@ -380,7 +382,7 @@ func propertyDelay(t *testing.T, cluster bool) {
 					}
 					continue
 				}
-				if first.h.s.fire(firstAt) != 1 {
+				if first.h.s.Fire(firstAt) != 1 {
 					t.Fatalf("seed %d: a due timer did not run", seed)
 				}
 				if held := firstAt - first.at; held > maxDelay*1e6 {
@@ -388,23 +390,23 @@ func propertyDelay(t *testing.T, cluster bool) {
 				}
 				out = append(out, goes{firstAt, first.cost})
 			}
-			w.h.now = now
+			w.h.Clock.Set(now)
 			cost := float64(1 + r.IntN(int(burst)))
 			s, req := w.open("c", strconv.FormatFloat(cost, 'g', -1, 64))
 			if cluster {
 				w.limitd.serve(s)
 			}
 			switch {
-			case s.replied != 0:
-			case s.action == Continue || s.resumed > 0:
+			case s.Replied != 0:
+			case s.action == engine.Continue || s.Resumed > 0:
 				out = append(out, goes{now, cost})
 			default:
 				o := &open{h: held{s, req}, cost: cost, at: now}
-				if len(s.timers) != 1 {
+				if len(s.Timers) != 1 {
 					t.Fatalf("seed %d: paused without a timer", seed)
 				}
 				if r.IntN(4) == 0 {
-					o.giveUp = now + 1 + r.Int64N(s.timers[0].due-now)
+					o.giveUp = now + 1 + r.Int64N(s.Timers[0].Due-now)
 				}
 				live = append(live, o)
 			}
@@ -442,16 +444,16 @@ func TestDelayClusterAbandoned(t *testing.T) {
 	cfg := `{"service": {"cluster": "limitd"}, "rules": [{"name": "fleet", "scope": "cluster", "algorithm": "token_bucket",
   "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}}]}`
 	w := newWorld(t, cfg).withLimitd()
-	t0 := w.h.now
+	t0 := w.h.Now()
 	if got := w.do(); got.status != 200 {
 		t.Fatalf("first request: %d", got.status)
 	}
 	s, r := w.open()
 	w.limitd.serve(s)
-	if len(s.timers) != 1 || s.timers[0].due != t0+sec/10 {
-		t.Fatalf("second request: timers %v, want held until t0+100ms", s.timers)
+	if len(s.Timers) != 1 || s.Timers[0].Due != t0+sec/10 {
+		t.Fatalf("second request: timers %v, want held until t0+100ms", s.Timers)
 	}
-	s.done = true
+	s.Done = true
 	r.Done()
 	r.Done()
 	w.limitd.serve()
@@ -461,8 +463,8 @@ func TestDelayClusterAbandoned(t *testing.T) {
 	}
 	next, _ := w.open()
 	w.limitd.serve(next)
-	if len(next.timers) != 1 || next.timers[0].due != t0+2*sec/10 {
-		t.Fatalf("next request: timers %v, want held until t0+200ms (the abandoned tokens spent)", next.timers)
+	if len(next.Timers) != 1 || next.Timers[0].Due != t0+2*sec/10 {
+		t.Fatalf("next request: timers %v, want held until t0+200ms (the abandoned tokens spent)", next.Timers)
 	}
 }
 
@@ -475,36 +477,36 @@ func TestDelayClusterTimeline(t *testing.T) {
   {"name": "fleet", "scope": "cluster", "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 10, "burst": 1, "max_delay_ms": 1000}},
   {"name": "here", "match": {"header:x-stack": {"present": true}}, "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 2, "burst": 1, "max_delay_ms": 1000}}]}`
 	w := newWorld(t, cfg).withLimitd()
-	t0 := w.h.now
+	t0 := w.h.Now()
 	for i := range 12 {
 		s, _ := w.open()
 		w.limitd.serve(s)
 		switch {
 		case i == 0:
-			if s.resumed != 1 || len(s.timers) != 0 {
-				t.Fatalf("request 0: resumed %d, timers %d; want it to go on with the answer", s.resumed, len(s.timers))
+			if s.Resumed != 1 || len(s.Timers) != 0 {
+				t.Fatalf("request 0: resumed %d, timers %d; want it to go on with the answer", s.Resumed, len(s.Timers))
 			}
 		case i <= 10:
-			if len(s.timers) != 1 || s.timers[0].due != t0+int64(i)*sec/10 {
-				t.Fatalf("request %d: timers %v, want held until t0+%dms", i, s.timers, 100*i)
+			if len(s.Timers) != 1 || s.Timers[0].Due != t0+int64(i)*sec/10 {
+				t.Fatalf("request %d: timers %v, want held until t0+%dms", i, s.Timers, 100*i)
 			}
 		default:
-			if s.replied != 429 || len(s.timers) != 0 {
-				t.Fatalf("request %d: replied %d, timers %d; want refused at once", i, s.replied, len(s.timers))
+			if s.Replied != 429 || len(s.Timers) != 0 {
+				t.Fatalf("request %d: replied %d, timers %d; want refused at once", i, s.Replied, len(s.Timers))
 			}
 		}
 	}
 	// Stacked: the fleet's next wait is 1.1 s, past its bound; a second
 	// later (fleet: 100 ms), the local rule's wait (500 ms) is the longer.
-	w.h.now = t0 + 2*sec
+	w.h.Clock.Set(t0 + 2*sec)
 	first, _ := w.open("x-stack", "1")
 	w.limitd.serve(first)
-	if first.resumed != 1 || len(first.timers) != 0 {
-		t.Fatalf("stacked, first: resumed %d, timers %d; want it to go on with the answer", first.resumed, len(first.timers))
+	if first.Resumed != 1 || len(first.Timers) != 0 {
+		t.Fatalf("stacked, first: resumed %d, timers %d; want it to go on with the answer", first.Resumed, len(first.Timers))
 	}
 	s, _ := w.open("x-stack", "1")
 	w.limitd.serve(s)
-	if len(s.timers) != 1 || s.timers[0].due != w.h.now+sec/2 {
-		t.Fatalf("stacked: timers %v, want held until now+500ms (the local rule's wait, longer than the fleet's 100 ms)", s.timers)
+	if len(s.Timers) != 1 || s.Timers[0].Due != w.h.Now()+sec/2 {
+		t.Fatalf("stacked: timers %v, want held until now+500ms (the local rule's wait, longer than the fleet's 100 ms)", s.Timers)
 	}
 }

@@ -1,10 +1,13 @@
-package engine
+package engine_test
 
 import (
 	"errors"
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // TestConfigurationRefused: a configuration the plugin refuses fails New
@@ -26,17 +29,17 @@ func TestConfigurationRefused(t *testing.T) {
 		{"accepted", perKey, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := New(newFakeHost(), []byte(tc.cfg), "", Options{})
-			check := CheckConfiguration([]byte(tc.cfg))
+			p, err := engine.New(fakehost.New(), []byte(tc.cfg), "", engine.Options{})
+			check := engine.CheckConfiguration([]byte(tc.cfg))
 			if tc.why == "" {
 				if err != nil || check != nil || p.Rules() != 1 || p.MaxKeys() <= 0 {
 					t.Fatalf("New: %v, CheckConfiguration: %v; want it accepted", err, check)
 				}
 				return
 			}
-			var re *RefusalError
+			var re *engine.RefusalError
 			if !errors.As(err, &re) || check == nil || err.Error() != check.Error() || !strings.Contains(err.Error(), tc.why) ||
-				!strings.HasPrefix(err.Error(), Name+": invalid configuration, refusing to start: ") || errors.Unwrap(err) == nil {
+				!strings.HasPrefix(err.Error(), engine.Name+": invalid configuration, refusing to start: ") || errors.Unwrap(err) == nil {
 				t.Fatalf("New: %v, CheckConfiguration: %v; want the same *RefusalError saying %q", err, check, tc.why)
 			}
 		})
@@ -47,12 +50,12 @@ func TestConfigurationRefused(t *testing.T) {
 // figures since the last report to the gauges, and the collections since
 // then to gc_cycles.
 func TestTickReportsMemory(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, perKey)
 	p.Tick(&runtime.MemStats{HeapAlloc: 1000, Sys: 5000, NumGC: 3})
-	heap, sys, gc := h.count("memory.heap_bytes"), h.count("memory.sys_bytes"), h.count("memory.gc_cycles")
+	heap, sys, gc := h.Count("memory.heap_bytes"), h.Count("memory.sys_bytes"), h.Count("memory.gc_cycles")
 	p.Tick(&runtime.MemStats{HeapAlloc: 1500, Sys: 4000, NumGC: 7})
-	if d := [3]int64{h.count("memory.heap_bytes") - heap, h.count("memory.sys_bytes") - sys, h.count("memory.gc_cycles") - gc}; d != [3]int64{500, -1000, 4} {
+	if d := [3]int64{h.Count("memory.heap_bytes") - heap, h.Count("memory.sys_bytes") - sys, h.Count("memory.gc_cycles") - gc}; d != [3]int64{500, -1000, 4} {
 		t.Fatalf("heap, sys, gc changed by %v, want 500, -1000, 4", d)
 	}
 }

@@ -1,9 +1,11 @@
-package engine
+package engine_test
 
 import (
 	"regexp"
 	"strconv"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // sfInteger is an RFC 9651 Integer: what RateLimit-Policy's q and
@@ -25,22 +27,22 @@ func TestWholeQuota(t *testing.T) {
 		{"0.25", "2.999", "2", "12"},
 	} {
 		t.Run("burst "+tc.burst, func(t *testing.T) {
-			h := newFakeHost()
+			h := fakehost.New()
 			p := newPlugin(t, h, `{"rules": [{"name": "r", "algorithm": "token_bucket",
 			  "algorithm_config": {"tokens_per_second": `+tc.rate+`, "burst": `+tc.burst+`}}]}`)
-			s := newFakeStream()
+			s := newStream()
 			r := p.NewRequest(s)
 			r.OnRequestHeaders()
-			s.resp[":status"] = "200"
+			s.Resp[":status"] = "200"
 			r.OnResponseHeaders(true)
-			if got, want := header(s.added, "ratelimit-policy"), `"r";q=`+tc.q+`;w=`+tc.w; got != want {
+			if got, want := header(s.Added, "ratelimit-policy"), `"r";q=`+tc.q+`;w=`+tc.w; got != want {
 				t.Errorf("RateLimit-Policy %q, want %q", got, want)
 			}
-			limit := header(s.added, "ratelimit-limit")
+			limit := header(s.Added, "ratelimit-limit")
 			if limit != tc.q || !sfInteger.MatchString(limit) {
 				t.Errorf("RateLimit-Limit %q, want %q", limit, tc.q)
 			}
-			if _, err := strconv.ParseInt(header(s.added, "ratelimit-remaining"), 10, 64); err != nil {
+			if _, err := strconv.ParseInt(header(s.Added, "ratelimit-remaining"), 10, 64); err != nil {
 				t.Errorf("RateLimit-Remaining: %v", err)
 			}
 		})

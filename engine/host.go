@@ -1,6 +1,10 @@
 package engine
 
-import "github.com/ratelimit-wasm/tokenbucket/engine/slots"
+import (
+	"runtime"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine/slots"
+)
 
 // Host is what the engine needs from the proxy for the whole plugin.
 type Host interface {
@@ -154,4 +158,21 @@ type Handler interface {
 	Done()
 }
 
-var _ Handler = (*Request)(nil)
+// App is what a host runs on a worker: requests, each a Handler, and the
+// once-a-second Tick. PluginApp is a Plugin as an App; in the host-contract
+// suite's builds the suite's driver runs in its place.
+type App interface {
+	NewRequest(Stream) Handler
+	Tick(*runtime.MemStats)
+}
+
+// PluginApp is a Plugin as an App: its NewRequest's Request as a Handler.
+type PluginApp struct{ *Plugin }
+
+// NewRequest is Plugin.NewRequest.
+func (a PluginApp) NewRequest(s Stream) Handler { return a.Plugin.NewRequest(s) }
+
+var (
+	_ Handler = (*Request)(nil)
+	_ App     = PluginApp{}
+)

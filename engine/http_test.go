@@ -1,6 +1,10 @@
-package engine
+package engine_test
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+)
 
 // TestReusedRequestStartsClean: after Done a Request serves the next
 // request of its stream (a host reuses its per-request state), which sees
@@ -12,7 +16,7 @@ func TestReusedRequestStartsClean(t *testing.T) {
 	  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 1}},
 	 {"name": "per-key", "limit_keys": ["header:x-api-key"], "missing_key": "skip",
 	  "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": 1}}]}`)
-	s := newFakeStream()
+	s := newStream()
 	r := w.p.NewRequest(s)
 	for i, tc := range []struct {
 		req       []string
@@ -24,22 +28,22 @@ func TestReusedRequestStartsClean(t *testing.T) {
 		{[]string{"x-api-key", "b"}, 200, "0"}, // its own bucket
 		{[]string{"x-api-key", "a"}, 429, ""},
 	} {
-		fresh := newFakeStream(tc.req...)
+		fresh := newStream(tc.req...)
 		*s = *fresh // the host's same stream, another request
 		a := r.OnRequestHeaders()
 		status := 200
-		if s.replied != 0 {
-			status = s.replied
-		} else if a != Continue {
+		if s.Replied != 0 {
+			status = s.Replied
+		} else if a != engine.Continue {
 			t.Fatalf("request %d: action %v", i, a)
 		}
 		if status == 200 {
-			s.resp = map[string]string{":status": "200"}
+			s.Resp = map[string]string{":status": "200"}
 			r.OnResponseHeaders(true)
 		}
-		got := header(s.added, "ratelimit-remaining")
-		if status != tc.status || status == 200 && got != tc.remaining || status == 200 && tc.remaining == "" && len(s.added) != 0 {
-			t.Fatalf("request %d: %d, remaining %q (added %v); want %d, %q", i, status, got, s.added, tc.status, tc.remaining)
+		got := header(s.Added, "ratelimit-remaining")
+		if status != tc.status || status == 200 && got != tc.remaining || status == 200 && tc.remaining == "" && len(s.Added) != 0 {
+			t.Fatalf("request %d: %d, remaining %q (added %v); want %d, %q", i, status, got, s.Added, tc.status, tc.remaining)
 		}
 		r.Done()
 	}

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"runtime"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
@@ -18,28 +20,28 @@ const leasedFleet = `{"service": {"cluster": "limitd", "failure_mode": "deny"}, 
 // liveCall is a call in flight and who owns it: the plugin (s nil) or a
 // request, whose calls' answers the host drops once it is gone.
 type liveCall struct {
-	*fakeCall
-	s *fakeStream
+	*fakehost.Call
+	s *stream
 }
 
 // deliver answers the call as the host would: not at all when the request
 // that owns it is gone.
-func (c liveCall) deliver(a *Answer) {
-	if c.s != nil && c.s.done {
+func (c liveCall) deliver(a *engine.Answer) {
+	if c.s != nil && c.s.Done {
 		return
 	}
-	c.answer(a)
+	c.Answer(a)
 }
 
 // newCalls returns the calls sent since the host held from of its own and
 // the streams held theirs (from: len of each, in order).
-func newCalls(h *fakeHost, from int, streams ...*fakeStream) []liveCall {
+func newCalls(h *fakehost.Host, from int, streams ...*stream) []liveCall {
 	var out []liveCall
-	for _, c := range h.calls[from:] {
+	for _, c := range h.Calls[from:] {
 		out = append(out, liveCall{c, nil})
 	}
 	for _, s := range streams {
-		for _, c := range s.calls {
+		for _, c := range s.Calls {
 			out = append(out, liveCall{c, s})
 		}
 	}
@@ -47,38 +49,38 @@ func newCalls(h *fakeHost, from int, streams ...*fakeStream) []liveCall {
 }
 
 // grant is a lease answer granting tokens to each bucket of a call.
-func grant(tokens ...float64) *Answer {
+func grant(tokens ...float64) *engine.Answer {
 	a := &wire.LeaseAnswer{Granted: true}
 	for _, n := range tokens {
 		a.Buckets = append(a.Buckets, wire.Grant{Tokens: n, Remaining: 30, ResetMs: 10000})
 	}
-	return &Answer{Status: "200", Body: wire.AppendLeaseAnswer(nil, a)}
+	return &engine.Answer{Status: "200", Body: wire.AppendLeaseAnswer(nil, a)}
 }
 
 // TestLeaseGrantOutlivesItsRequest: a request waits for its lease call and
 // is reset before the answer: the grant goes into the lease all the same,
 // so the next request spends from it without a call.
 func TestLeaseGrantOutlivesItsRequest(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, leasedFleet)
-	s := newFakeStream("k", "a")
+	s := newStream("k", "a")
 	r := p.NewRequest(s)
-	if a := r.OnRequestHeaders(); a != Pause {
+	if a := r.OnRequestHeaders(); a != engine.Pause {
 		t.Fatalf("first request: %v, want a pause on its lease call", a)
 	}
 	calls := newCalls(h, 0, s)
 	if len(calls) != 1 {
 		t.Fatalf("%d calls, want the lease call", len(calls))
 	}
-	s.done = true // reset: the host ends the request
+	s.Done = true // reset: the host ends the request
 	r.Done()
 	calls[0].deliver(grant(2.5))
-	if s.resumed != 0 || s.replied != 0 {
-		t.Fatalf("the reset request was resumed %d times, replied %d", s.resumed, s.replied)
+	if s.Resumed != 0 || s.Replied != 0 {
+		t.Fatalf("the reset request was resumed %d times, replied %d", s.Resumed, s.Replied)
 	}
-	from := len(h.calls)
-	s2 := newFakeStream("k", "a")
-	if a := p.NewRequest(s2).OnRequestHeaders(); a != Continue {
+	from := len(h.Calls)
+	s2 := newStream("k", "a")
+	if a := p.NewRequest(s2).OnRequestHeaders(); a != engine.Continue {
 		t.Fatalf("next request: %v; want it admitted from the grant the reset request's call brought", a)
 	}
 	if n := len(newCalls(h, from, s2)); n != 0 {
@@ -93,12 +95,12 @@ func TestLeaseGrantOutlivesItsRequest(t *testing.T) {
 // the lease the rest.
 func TestLeaseGrantWhileItsRequestGoesOn(t *testing.T) {
 	for _, reset := range []bool{true, false} {
-		h := newFakeHost()
+		h := fakehost.New()
 		p := newPlugin(t, h, leasedFleet)
-		s := newFakeStream("k", "a")
-		s.deferRun = true
+		s := newStream("k", "a")
+		s.DeferRun = true
 		r := p.NewRequest(s)
-		if a := r.OnRequestHeaders(); a != Pause {
+		if a := r.OnRequestHeaders(); a != engine.Pause {
 			t.Fatalf("reset %v: first request: %v, want a pause", reset, a)
 		}
 		calls := newCalls(h, 0, s)
@@ -107,20 +109,20 @@ func TestLeaseGrantWhileItsRequestGoesOn(t *testing.T) {
 		}
 		calls[0].deliver(grant(2.5))
 		if reset {
-			s.done = true
+			s.Done = true
 			r.Done()
 		}
-		s.runDeferred()
+		s.RunDeferred()
 		want := 2 // whole tokens left for later requests: 2.5 − 1
 		if reset {
 			want = 2 // 2.5: the reset request took nothing
-		} else if s.resumed != 1 {
-			t.Fatalf("the waiting request was resumed %d times, want 1", s.resumed)
+		} else if s.Resumed != 1 {
+			t.Fatalf("the waiting request was resumed %d times, want 1", s.Resumed)
 		}
 		admitted := 0
 		for range 3 {
-			si := newFakeStream("k", "a")
-			if p.NewRequest(si).OnRequestHeaders() == Continue {
+			si := newStream("k", "a")
+			if p.NewRequest(si).OnRequestHeaders() == engine.Continue {
 				admitted++
 			}
 		}
@@ -135,30 +137,31 @@ func TestLeaseGrantWhileItsRequestGoesOn(t *testing.T) {
 // call; the first call's answer records its grant and does not resume the
 // second request, whose own answer does.
 func TestReusedRequestIgnoresAnEarlierLeaseAnswer(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, leasedFleet)
-	s := newFakeStream("k", "a")
-	r := p.NewRequest(s)
+	s := newStream("k", "a")
+	rs := &reused{s.Stream}
+	r := p.NewRequest(rs)
 	r.OnRequestHeaders()
 	first := newCalls(h, 0, s)
-	s.done = true
+	s.Done = true
 	r.Done()
-	s2 := newFakeStream("k", "b") // another key: its lease is empty
-	r.stream = s2                 // the host reuses the Request (plugin and native adapters do)
-	if a := r.OnRequestHeaders(); a != Pause {
+	s2 := newStream("k", "b") // another key: its lease is empty
+	rs.Stream = s2.Stream     // the host reuses the Request (plugin and native adapters do)
+	if a := r.OnRequestHeaders(); a != engine.Pause {
 		t.Fatalf("second request: %v, want a pause", a)
 	}
-	second := newCalls(h, len(first)-len(s.calls), s2)
+	second := newCalls(h, len(first)-len(s.Calls), s2)
 	if len(first) != 1 || len(second) != 1 {
 		t.Fatalf("calls %d and %d, want one each", len(first), len(second))
 	}
 	first[0].deliver(grant(2.5))
-	if s2.resumed != 0 || s2.replied != 0 {
-		t.Fatalf("the first request's answer resumed the second (%d) or replied (%d)", s2.resumed, s2.replied)
+	if s2.Resumed != 0 || s2.Replied != 0 {
+		t.Fatalf("the first request's answer resumed the second (%d) or replied (%d)", s2.Resumed, s2.Replied)
 	}
 	second[0].deliver(grant(2.5))
-	if s2.resumed != 1 {
-		t.Fatalf("the second request's own answer resumed it %d times, want 1", s2.resumed)
+	if s2.Resumed != 1 {
+		t.Fatalf("the second request's own answer resumed it %d times, want 1", s2.Resumed)
 	}
 }
 
@@ -166,26 +169,26 @@ func TestReusedRequestIgnoresAnEarlierLeaseAnswer(t *testing.T) {
 // refill) carry lease_timeout_ms, 500 ms by default; a per-request call
 // keeps timeout_ms.
 func TestLeaseCallTimeouts(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, leasedFleet)
-	s := newFakeStream("k", "a")
+	s := newStream("k", "a")
 	p.NewRequest(s).OnRequestHeaders()
 	calls := newCalls(h, 0, s)
-	if len(calls) != 1 || calls[0].call.TimeoutMS != 500 {
-		t.Fatalf("lease call timeouts: %d calls, first %+v; want one of 500 ms", len(calls), calls[0].call)
+	if len(calls) != 1 || calls[0].Call.Call.TimeoutMS != 500 {
+		t.Fatalf("lease call timeouts: %d calls, first %+v; want one of 500 ms", len(calls), calls[0].Call)
 	}
 	calls[0].deliver(grant(2.5))
-	from := len(h.calls)
-	p.NewRequest(newFakeStream("k", "a")).OnRequestHeaders() // 1.5 → 0.5: claims the refill
+	from := len(h.Calls)
+	p.NewRequest(newStream("k", "a")).OnRequestHeaders() // 1.5 → 0.5: claims the refill
 	refill := newCalls(h, from)
-	if len(refill) != 1 || refill[0].call.TimeoutMS != 500 {
+	if len(refill) != 1 || refill[0].Call.Call.TimeoutMS != 500 {
 		t.Fatalf("refill: %d calls; want one of 500 ms", len(refill))
 	}
-	h2 := newFakeHost()
+	h2 := fakehost.New()
 	p2 := newPlugin(t, h2, fleet)
-	s2 := newFakeStream()
+	s2 := newStream()
 	p2.NewRequest(s2).OnRequestHeaders()
-	if c := newCalls(h2, 0, s2); len(c) != 1 || c[0].call.TimeoutMS != 25 {
+	if c := newCalls(h2, 0, s2); len(c) != 1 || c[0].Call.Call.TimeoutMS != 25 {
 		t.Fatalf("per-request call: %d calls; want one of 25 ms", len(c))
 	}
 }
@@ -204,10 +207,10 @@ const stackedLeases = `{"service": {"cluster": "limitd", "failure_mode": "allow"
 // the empty one passes unchecked (failed_open), when the call fails and for
 // the second after it (time passed in), and then the lease asks again.
 func TestLeaseFailureSpendsWhatLeasesHold(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, stackedLeases)
 	// a's lease gets 25 tokens; the request takes 1.
-	s := newFakeStream("k", "x")
+	s := newStream("k", "x")
 	p.NewRequest(s).OnRequestHeaders()
 	c := newCalls(h, 0, s)
 	if len(c) != 1 {
@@ -215,39 +218,39 @@ func TestLeaseFailureSpendsWhatLeasesHold(t *testing.T) {
 	}
 	c[0].deliver(grant(25))
 	// b's lease is empty: the request waits for b's call, which fails.
-	from := len(h.calls)
-	s = newFakeStream("k", "x", "b", "1")
-	if a := p.NewRequest(s).OnRequestHeaders(); a != Pause {
+	from := len(h.Calls)
+	s = newStream("k", "x", "b", "1")
+	if a := p.NewRequest(s).OnRequestHeaders(); a != engine.Pause {
 		t.Fatalf("a request on both rules: %v, want a pause on b's call", a)
 	}
 	c = newCalls(h, from, s)
 	if len(c) != 1 {
 		t.Fatalf("%d calls, want b's lease call", len(c))
 	}
-	c[0].deliver(&Answer{Failed: true})
-	if s.resumed != 1 || s.replied != 0 {
-		t.Fatalf("resumed %d, replied %d: want the request to go on (allow)", s.resumed, s.replied)
+	c[0].deliver(&engine.Answer{Failed: true})
+	if s.Resumed != 1 || s.Replied != 0 {
+		t.Fatalf("resumed %d, replied %d: want the request to go on (allow)", s.Resumed, s.Replied)
 	}
 	check := func(when string, aAllowed, aOpen, bOpen int64) {
 		t.Helper()
-		if got := [3]int64{h.count("rule.a.allowed"), h.count("rule.a.failed_open"), h.count("rule.b.failed_open")}; got != [3]int64{aAllowed, aOpen, bOpen} {
+		if got := [3]int64{h.Count("rule.a.allowed"), h.Count("rule.a.failed_open"), h.Count("rule.b.failed_open")}; got != [3]int64{aAllowed, aOpen, bOpen} {
 			t.Fatalf("%s: a allowed, a failed_open, b failed_open = %v; want %v", when, got, [3]int64{aAllowed, aOpen, bOpen})
 		}
 	}
 	check("b's call failed", 2, 0, 1)
 	// Within the second: b passes unchecked at once, with no call; a's
 	// lease is spent.
-	h.now += 500e6
-	from = len(h.calls)
-	s = newFakeStream("k", "x", "b", "1")
-	if a := p.NewRequest(s).OnRequestHeaders(); a != Continue || len(newCalls(h, from, s)) != 0 {
+	h.Clock.Advance(500e6)
+	from = len(h.Calls)
+	s = newStream("k", "x", "b", "1")
+	if a := p.NewRequest(s).OnRequestHeaders(); a != engine.Continue || len(newCalls(h, from, s)) != 0 {
 		t.Fatalf("within the failure window: %v with %d calls; want the request admitted, no call", a, len(newCalls(h, from, s)))
 	}
 	check("within the window", 3, 0, 2)
 	// a's lease held 25 and three requests spent from it: 22 more pass.
 	admitted := 0
 	for range 30 {
-		if p.NewRequest(newFakeStream("k", "x")).OnRequestHeaders() == Continue {
+		if p.NewRequest(newStream("k", "x")).OnRequestHeaders() == engine.Continue {
 			admitted++
 		}
 	}
@@ -255,10 +258,10 @@ func TestLeaseFailureSpendsWhatLeasesHold(t *testing.T) {
 		t.Fatalf("a alone: %d admitted from what its lease holds, want 22", admitted)
 	}
 	// After the second, b's lease asks again.
-	h.now += 600e6
-	from = len(h.calls)
-	s = newFakeStream("k", "x", "b", "1")
-	if a := p.NewRequest(s).OnRequestHeaders(); a != Pause || len(newCalls(h, from, s)) == 0 {
+	h.Clock.Advance(600e6)
+	from = len(h.Calls)
+	s = newStream("k", "x", "b", "1")
+	if a := p.NewRequest(s).OnRequestHeaders(); a != engine.Pause || len(newCalls(h, from, s)) == 0 {
 		t.Fatalf("after the window: %v, want a pause on a lease call", a)
 	}
 }
@@ -268,27 +271,27 @@ func TestLeaseFailureSpendsWhatLeasesHold(t *testing.T) {
 // second request spends from the lease (failure_mode deny would otherwise
 // refuse it).
 func TestLeaseFailureAfterAGrantLanded(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, leasedFleet)
-	s1, s2 := newFakeStream("k", "a"), newFakeStream("k", "a")
+	s1, s2 := newStream("k", "a"), newStream("k", "a")
 	p.NewRequest(s1).OnRequestHeaders()
 	c1 := newCalls(h, 0, s1)
-	from := len(h.calls)
+	from := len(h.Calls)
 	p.NewRequest(s2).OnRequestHeaders()
 	c2 := newCalls(h, from, s2)
 	if len(c1) != 1 || len(c2) != 1 {
 		t.Fatalf("calls %d and %d, want each request waiting for one", len(c1), len(c2))
 	}
 	c1[0].deliver(grant(2.5))
-	if s1.resumed != 1 {
-		t.Fatalf("first request resumed %d times", s1.resumed)
+	if s1.Resumed != 1 {
+		t.Fatalf("first request resumed %d times", s1.Resumed)
 	}
-	c2[0].deliver(&Answer{Failed: true})
-	if s2.resumed != 1 || s2.replied != 0 {
-		t.Fatalf("second request: resumed %d, replied %d; want it admitted from the lease its call found refilled", s2.resumed, s2.replied)
+	c2[0].deliver(&engine.Answer{Failed: true})
+	if s2.Resumed != 1 || s2.Replied != 0 {
+		t.Fatalf("second request: resumed %d, replied %d; want it admitted from the lease its call found refilled", s2.Resumed, s2.Replied)
 	}
-	if h.count("rule.fleet.allowed") != 2 {
-		t.Fatalf("allowed %d, want 2", h.count("rule.fleet.allowed"))
+	if h.Count("rule.fleet.allowed") != 2 {
+		t.Fatalf("allowed %d, want 2", h.Count("rule.fleet.allowed"))
 	}
 }
 
@@ -299,21 +302,21 @@ func TestLeaseFailureAfterAGrantLanded(t *testing.T) {
 func TestLeaseAnsweredWithinTheCall(t *testing.T) {
 	for _, c := range []struct {
 		name   string
-		answer *Answer
-		want   Action
+		answer *engine.Answer
+		want   engine.Action
 		status int
 	}{
-		{"granted", grant(2.5), Continue, 0},
-		{"failed: deny", &Answer{Failed: true}, Pause, 429},
+		{"granted", grant(2.5), engine.Continue, 0},
+		{"failed: deny", &engine.Answer{Failed: true}, engine.Pause, 429},
 	} {
-		h := newFakeHost()
+		h := fakehost.New()
 		p := newPlugin(t, h, leasedFleet)
-		h.atOnce = c.answer
-		s := newFakeStream("k", "a")
-		if a := p.NewRequest(s).OnRequestHeaders(); a != c.want || s.replied != c.status || s.resumed != 0 {
-			t.Fatalf("%s: action %v, replied %d, resumed %d; want %v and %d", c.name, a, s.replied, s.resumed, c.want, c.status)
+		h.AtOnce = c.answer
+		s := newStream("k", "a")
+		if a := p.NewRequest(s).OnRequestHeaders(); a != c.want || s.Replied != c.status || s.Resumed != 0 {
+			t.Fatalf("%s: action %v, replied %d, resumed %d; want %v and %d", c.name, a, s.Replied, s.Resumed, c.want, c.status)
 		}
-		if n := h.count("lease_calls"); n != 1 {
+		if n := h.Count("lease_calls"); n != 1 {
 			t.Fatalf("%s: %d lease calls, want 1", c.name, n)
 		}
 	}
@@ -394,7 +397,7 @@ func TestLeaseExactAndLocal(t *testing.T) {
 	}
 	// After the ttl, the tick returns what is left; the global bucket has
 	// it again (and has refilled by then).
-	w.h.now += 3 * sec
+	w.h.Clock.Advance(3 * sec)
 	w.tick()
 	before := admitted
 	for range 10 {
@@ -436,7 +439,7 @@ func TestLeaseOutage(t *testing.T) {
 				t.Fatal("a request called the failing service again within a second")
 			}
 			w.limitd.down = false
-			w.h.now += 2 * sec
+			w.h.Clock.Advance(2 * sec)
 			if r := w.do("k", "c"); r.status != 200 || r.calls == 0 {
 				t.Fatalf("service back: %d after %d calls, want 200 after a lease call", r.status, r.calls)
 			}
@@ -513,8 +516,8 @@ func TestLeaseEvictionsCounted(t *testing.T) {
 // leaseCallBuckets counts the plugin's lease calls and the buckets they
 // carry, from call index from on.
 func (w *world) leaseCallBuckets(from int) (calls, buckets, most int) {
-	for _, c := range w.h.calls[from:] {
-		body := string(c.call.Body)
+	for _, c := range w.h.Calls[from:] {
+		body := string(c.Call.Body)
 		if !strings.Contains(body, `"want"`) && !strings.Contains(body, `"return"`) {
 			continue
 		}
@@ -538,7 +541,7 @@ func TestLeaseReturnsBounded(t *testing.T) {
 			}
 		}
 		before := w.count("lease_calls")
-		w.h.now += 3 * sec
+		w.h.Clock.Advance(3 * sec)
 		for range 3 {
 			w.tick()
 		}
@@ -551,8 +554,8 @@ func TestLeaseReturnsBounded(t *testing.T) {
 		for i := range 1000 {
 			w.do("k", "busy-"+strconv.Itoa(i)) // leases 6.25, spends 1: 5.25 to return
 		}
-		w.h.now += 3 * sec
-		from := len(w.h.calls)
+		w.h.Clock.Advance(3 * sec)
+		from := len(w.h.Calls)
 		w.p.Tick(&runtime.MemStats{})
 		calls, buckets, most := w.leaseCallBuckets(from)
 		if calls > 16 || most > 16 || buckets > 256 || buckets == 0 {
@@ -561,7 +564,7 @@ func TestLeaseReturnsBounded(t *testing.T) {
 		total := buckets
 		for range 10 {
 			w.limitd.serve()
-			from = len(w.h.calls)
+			from = len(w.h.Calls)
 			w.p.Tick(&runtime.MemStats{})
 			_, b, _ := w.leaseCallBuckets(from)
 			total += b

@@ -1,9 +1,12 @@
-package engine
+package engine_test
 
 import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // moneyBudget: $50 per team, prices per million tokens for three models and
@@ -51,33 +54,33 @@ func micro(terms ...[2]float64) float64 {
 // of content type ct made of chunks (end: its last chunk ends it; else
 // the client leaves), and returns what the next request of the team sees
 // remaining (in millionths) less its own reservation.
-func spend(t *testing.T, p *Plugin, ct string, chunks []string, end bool, kv ...string) int64 {
+func spend(t *testing.T, p *engine.Plugin, ct string, chunks []string, end bool, kv ...string) int64 {
 	t.Helper()
-	s := newFakeStream(append([]string{"x-team", "a"}, kv...)...)
+	s := newStream(append([]string{"x-team", "a"}, kv...)...)
 	r := p.NewRequest(s)
-	if a := r.OnRequestHeaders(); a != Continue {
+	if a := r.OnRequestHeaders(); a != engine.Continue {
 		t.Fatalf("request: %v", a)
 	}
-	s.resp[":status"], s.resp["content-type"] = "200", ct
+	s.Resp[":status"], s.Resp["content-type"] = "200", ct
 	r.OnResponseHeaders(false)
 	for i, c := range chunks {
-		s.body = []byte(c)
+		s.Body = []byte(c)
 		r.OnResponseBody(len(c), end && i == len(chunks)-1)
 	}
 	r.Done()
 	return remainingAfter(t, p)
 }
 
-func remainingAfter(t *testing.T, p *Plugin) int64 {
+func remainingAfter(t *testing.T, p *engine.Plugin) int64 {
 	t.Helper()
-	s := newFakeStream("x-team", "a", "x-model", "gpt-4o")
+	s := newStream("x-team", "a", "x-model", "gpt-4o")
 	r := p.NewRequest(s)
 	r.OnRequestHeaders()
-	s.resp[":status"] = "200"
+	s.Resp[":status"] = "200"
 	r.OnResponseHeaders(true) // no body: its cost is missing, the reservation stands
-	v, err := strconv.ParseInt(header(s.added, "ratelimit-remaining"), 10, 64)
+	v, err := strconv.ParseInt(header(s.Added, "ratelimit-remaining"), 10, 64)
 	if err != nil {
-		t.Fatalf("ratelimit-remaining %q", header(s.added, "ratelimit-remaining"))
+		t.Fatalf("ratelimit-remaining %q", header(s.Added, "ratelimit-remaining"))
 	}
 	return v + 10000 // its reservation, $0.01
 }
@@ -114,7 +117,7 @@ func TestMoneyCharges(t *testing.T) {
 		{"plain body cut: the reservation", "gpt-4o", "application/json", []string{openAIBody[:30]}, false, 10000, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newFakeHost()
+			h := fakehost.New()
 			p := newPlugin(t, h, moneyBudget("header:x-model", "", threeModels))
 			var kv []string
 			if tc.model != "" {
@@ -124,7 +127,7 @@ func TestMoneyCharges(t *testing.T) {
 			if want := int64(full - tc.want); got != want {
 				t.Errorf("remaining %d, want %d (charged %v)", got, want, tc.want)
 			}
-			if n := h.count("rule.spend.cost_truncated"); n != tc.trunc {
+			if n := h.Count("rule.spend.cost_truncated"); n != tc.trunc {
 				t.Errorf("cost_truncated = %d, want %d", n, tc.trunc)
 			}
 		})
@@ -135,22 +138,22 @@ func TestMoneyCharges(t *testing.T) {
 // price; a request over what is left is refused, one within it admitted,
 // and the response then charges what it used.
 func TestMoneyReserve(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, moneyBudget("header:x-model", `, "reserve": {"source": "header:x-max-tokens", "price": "output"}`, threeModels))
 	// max_tokens 4,000,000 at $10 a million: $40 reserved of $50.
-	s := newFakeStream("x-team", "a", "x-model", "gpt-4o", "x-max-tokens", "4000000")
+	s := newStream("x-team", "a", "x-model", "gpt-4o", "x-max-tokens", "4000000")
 	r := p.NewRequest(s)
-	if a := r.OnRequestHeaders(); a != Continue {
+	if a := r.OnRequestHeaders(); a != engine.Continue {
 		t.Fatalf("first request: %v", a)
 	}
 	// A second request reserving $40 is refused: $10 left.
-	s2 := newFakeStream("x-team", "a", "x-model", "gpt-4o", "x-max-tokens", "4000000")
-	if a := p.NewRequest(s2).OnRequestHeaders(); a != Pause || s2.replied != 429 {
-		t.Fatalf("second request: %v, status %d", a, s2.replied)
+	s2 := newStream("x-team", "a", "x-model", "gpt-4o", "x-max-tokens", "4000000")
+	if a := p.NewRequest(s2).OnRequestHeaders(); a != engine.Pause || s2.Replied != 429 {
+		t.Fatalf("second request: %v, status %d", a, s2.Replied)
 	}
-	s.resp[":status"], s.resp["content-type"] = "200", "application/json"
+	s.Resp[":status"], s.Resp["content-type"] = "200", "application/json"
 	r.OnResponseHeaders(false)
-	s.body = []byte(openAIBody)
+	s.Body = []byte(openAIBody)
 	r.OnResponseBody(len(openAIBody), true)
 	r.Done()
 	want := int64(50e6 - micro([2]float64{1234, 2.5}, [2]float64{567, 10}, [2]float64{200, 1.25}))
@@ -162,31 +165,14 @@ func TestMoneyReserve(t *testing.T) {
 // TestMoneyPriceMissing: with no "*", a model the table does not price
 // keeps its reservation and counts in price_missing.
 func TestMoneyPriceMissing(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, moneyBudget("header:x-model", "", `"gpt-4o": {"input": 2.5, "output": 10, "cached_input": 1.25}`))
 	got := spend(t, p, "application/json", []string{openAIBody}, true, "x-model", "llama")
 	if got != 50e6-10000 {
 		t.Errorf("remaining %d, want %d", got, int64(50e6-10000))
 	}
-	if n := h.count("rule.spend.price_missing"); n != 1 {
+	if n := h.Count("rule.spend.price_missing"); n != 1 {
 		t.Errorf("price_missing = %d, want 1", n)
-	}
-}
-
-func TestMoneyCost(t *testing.T) {
-	for _, tc := range []struct {
-		usage, price []uint64
-		per, want    uint64
-	}{
-		{[]uint64{1}, []uint64{1}, 1000000, 1}, // a millionth of a millionth: rounded up
-		{[]uint64{1000000}, []uint64{2500000}, 1000000, 2500000},
-		{[]uint64{3, 4}, []uint64{1, 1}, 7, 1},
-		{[]uint64{1 << 53}, []uint64{1 << 40}, 1, 1 << 53}, // past 64 bits: capped
-		{[]uint64{1 << 53, 1 << 53}, []uint64{1 << 40, 1 << 40}, 1 << 40, 1 << 53},
-	} {
-		if got := moneyCost(tc.usage, tc.price, tc.per); got != tc.want {
-			t.Errorf("moneyCost(%v, %v, %d) = %d, want %d", tc.usage, tc.price, tc.per, got, tc.want)
-		}
 	}
 }
 
@@ -205,52 +191,52 @@ const dailyMoney = `{"rules": [{"name": "daily", "limit_keys": ["header:x-team"]
 // report millionths and the seconds to Berlin's midnight, and a request
 // over what is left waits for it.
 func TestMoneyQuota(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, dailyMoney)
 	at := time.Date(2026, 3, 29, 20, 0, 0, 0, time.UTC) // 22:00 in Berlin (CEST since 01:00 UTC): 2 h to midnight
-	h.now = at.UnixNano()
-	post := func(body string) (*fakeStream, *Request, []Action) {
-		s := newFakeStream("x-team", "a", ":method", "POST")
+	h.Clock.Set(at.UnixNano())
+	post := func(body string) (*stream, *engine.Request, []engine.Action) {
+		s := newStream("x-team", "a", ":method", "POST")
 		r, acts := sendBody(p, s, body)
 		return s, r, acts
 	}
 	// $40 reserved (4,000,000 tokens at $10 a million).
 	s, r, acts := post(`{"model":"gpt-4o","max_tokens":4000000}`)
-	if acts[1] != Continue {
-		t.Fatalf("first: %v, status %d", acts, s.replied)
+	if acts[1] != engine.Continue {
+		t.Fatalf("first: %v, status %d", acts, s.Replied)
 	}
 	// Another $40 does not fit in the $10 left: refused until midnight.
 	s2, _, acts2 := post(`{"model":"gpt-4o","max_tokens":4000000}`)
-	if acts2[1] != Pause || s2.replied != 429 {
-		t.Fatalf("second: %v, status %d", acts2, s2.replied)
+	if acts2[1] != engine.Pause || s2.Replied != 429 {
+		t.Fatalf("second: %v, status %d", acts2, s2.Replied)
 	}
-	retryWithin(t, headerOf(s2.replyHeaders, "retry-after"), 7200)
-	s.resp[":status"], s.resp["content-type"] = "200", "application/json"
+	retryWithin(t, headerOf(s2.ReplyHeaders, "retry-after"), 7200)
+	s.Resp[":status"], s.Resp["content-type"] = "200", "application/json"
 	r.OnResponseHeaders(false)
-	if got := header(s.added, "ratelimit-policy"); got != `"daily";q=50000000;w=82800` { // 29 March: the day clocks go forward, 23 hours
+	if got := header(s.Added, "ratelimit-policy"); got != `"daily";q=50000000;w=82800` { // 29 March: the day clocks go forward, 23 hours
 		t.Errorf("RateLimit-Policy %q", got)
 	}
-	s.body = []byte(openAIBody)
+	s.Body = []byte(openAIBody)
 	r.OnResponseBody(len(openAIBody), true)
 	r.Done()
 	charged := int64(micro([2]float64{1234, 2.5}, [2]float64{567, 10}, [2]float64{200, 1.25}))
 	// A probe of $0.01 sees the rest.
 	s3, r3, _ := post(`{"model":"gpt-4o","max_tokens":1000}`)
-	s3.resp[":status"] = "200"
+	s3.Resp[":status"] = "200"
 	r3.OnResponseHeaders(true)
 	r3.Done()
-	if got, want := header(s3.added, "ratelimit"), `"daily";r=`+strconv.FormatInt(50e6-charged-10000, 10)+";t=7200"; got != want {
+	if got, want := header(s3.Added, "ratelimit"), `"daily";r=`+strconv.FormatInt(50e6-charged-10000, 10)+";t=7200"; got != want {
 		t.Errorf("RateLimit %q, want %q", got, want)
 	}
 	// At Berlin's midnight the day is full again.
-	h.now = time.Date(2026, 3, 29, 22, 0, 0, 0, time.UTC).UnixNano()
+	h.Clock.Set(time.Date(2026, 3, 29, 22, 0, 0, 0, time.UTC).UnixNano())
 	s4, r4, _ := post(`{"model":"gpt-4o","max_tokens":4000000}`)
-	if s4.replied != 0 {
-		t.Fatalf("after midnight: status %d", s4.replied)
+	if s4.Replied != 0 {
+		t.Fatalf("after midnight: status %d", s4.Replied)
 	}
-	s4.resp[":status"] = "200"
+	s4.Resp[":status"] = "200"
 	r4.OnResponseHeaders(true)
-	if got := header(s4.added, "ratelimit"); got != `"daily";r=10000000;t=86400` {
+	if got := header(s4.Added, "ratelimit"); got != `"daily";r=10000000;t=86400` {
 		t.Errorf("after midnight: RateLimit %q", got)
 	}
 }
@@ -277,27 +263,27 @@ func BenchmarkMoneyRequest(b *testing.B) {
 		  "table": {` + threeModels + `}}, ` + terms + `, "reserve": {"source": "request_json:max_tokens", "price": "output"}}}]}`, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			h := newFakeHost()
+			h := fakehost.New()
 			p := newPlugin(b, h, tc.cfg)
-			s := newFakeStream("x-team", "a", "x-model", "gpt-4o")
-			s.resp[":status"], s.resp["content-type"] = "200", "application/json"
-			s.body = []byte(openAIBody)
-			s.reqChunk = []byte(`{"model":"gpt-4o","max_tokens":1000,"messages":[{"role":"user","content":"hello"}]}`)
+			s := newStream("x-team", "a", "x-model", "gpt-4o")
+			s.Resp[":status"], s.Resp["content-type"] = "200", "application/json"
+			s.Body = []byte(openAIBody)
+			s.ReqBody = []byte(`{"model":"gpt-4o","max_tokens":1000,"messages":[{"role":"user","content":"hello"}]}`)
 			b.ReportAllocs()
 			for b.Loop() {
-				h.now += 1000
-				s.added, s.replied = s.added[:0], 0
+				h.Clock.Advance(1000)
+				s.Added, s.Replied = s.Added[:0], 0
 				r := p.NewRequest(s)
 				if tc.body {
 					r.OnRequestHeadersWithBody()
-					r.OnRequestBody(len(s.reqChunk), true)
+					r.OnRequestBody(len(s.ReqBody), true)
 				} else {
 					r.OnRequestHeaders()
 				}
 				r.OnResponseHeaders(false)
-				r.OnResponseBody(len(s.body), true)
+				r.OnResponseBody(len(s.Body), true)
 				r.Done()
-				if s.replied != 0 {
+				if s.Replied != 0 {
 					b.Fatal("refused")
 				}
 			}

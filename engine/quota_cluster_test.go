@@ -1,10 +1,12 @@
-package engine
+package engine_test
 
 import (
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
 // clusterQuota is an hour quota in Asia/Kathmandu (UTC+5:45) in scope
@@ -22,29 +24,29 @@ func TestQuotaClusterCall(t *testing.T) {
 	w := newWorld(t, clusterQuota)
 	at := time.Date(2026, 6, 1, 10, 20, 0, 0, time.UTC)
 	start := time.Date(2026, 6, 1, 10, 15, 0, 0, time.UTC)
-	w.h.now = at.UnixNano()
+	w.h.Clock.Set(at.UnixNano())
 	s, r := w.open("k", "a")
-	if s.action != Pause || len(s.calls) != 1 {
-		t.Fatalf("action %v, %d calls; want a pause on one call", s.action, len(s.calls))
+	if s.action != engine.Pause || len(s.Calls) != 1 {
+		t.Fatalf("action %v, %d calls; want a pause on one call", s.action, len(s.Calls))
 	}
 	want := `"tokens_per_second":0,"burst":10,"period_start_ms":` + itoa(start.UnixMilli()) + `,"period_end_ms":` + itoa(start.Add(time.Hour).UnixMilli()) + `,"cost":1}`
-	if line := render(s.calls[0].call); !strings.Contains(line, want) {
+	if line := render(s.Calls[0].Call); !strings.Contains(line, want) {
 		t.Fatalf("call %s\nwant %s in it", line, want)
 	}
-	s.calls[0].answer(ok(`{"allowed":false,"retry_after_ms":3300000,"buckets":[{"allowed":false,"remaining":0,"retry_after_ms":3300000,"reset_ms":3300000}]}`))
-	if s.replied != 429 {
-		t.Fatalf("replied %d, want 429", s.replied)
+	s.Calls[0].Answer(ok(`{"allowed":false,"retry_after_ms":3300000,"buckets":[{"allowed":false,"remaining":0,"retry_after_ms":3300000,"reset_ms":3300000}]}`))
+	if s.Replied != 429 {
+		t.Fatalf("replied %d, want 429", s.Replied)
 	}
-	retryWithin(t, headerOf(s.replyHeaders, "retry-after"), 3300)
+	retryWithin(t, headerOf(s.ReplyHeaders, "retry-after"), 3300)
 	w.end(s, r)
 
-	w.h.now = start.Add(time.Hour).UnixNano() // 11:15 UTC: the next period
+	w.h.Clock.Set(start.Add(time.Hour).UnixNano()) // 11:15 UTC: the next period
 	s, r = w.open("k", "a")
 	want = `"period_start_ms":` + itoa(start.Add(time.Hour).UnixMilli()) + `,"period_end_ms":` + itoa(start.Add(2*time.Hour).UnixMilli())
-	if line := render(s.calls[0].call); !strings.Contains(line, want) {
+	if line := render(s.Calls[0].Call); !strings.Contains(line, want) {
 		t.Fatalf("call %s\nwant %s in it", line, want)
 	}
-	s.calls[0].answer(ok(admits))
+	s.Calls[0].Answer(ok(admits))
 	w.end(s, r)
 }
 

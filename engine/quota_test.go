@@ -1,10 +1,13 @@
-package engine
+package engine_test
 
 import (
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // quotaOutcome is one request through a plugin on the fake host at now:
@@ -15,24 +18,26 @@ type quotaOutcome struct {
 	policy, rateLimit, retry string
 }
 
-func quotaRequest(t *testing.T, h *fakeHost, p *Plugin, now time.Time, respStatus string, respHeaders ...string) quotaOutcome {
+// quotaAt runs one request through p at now, the upstream answering
+// respStatus with respHeaders.
+func quotaAt(t *testing.T, h *fakehost.Host, p *engine.Plugin, now time.Time, respStatus string, respHeaders ...string) quotaOutcome {
 	t.Helper()
-	h.now = now.UnixNano()
-	s := newFakeStream("x-tenant", "a")
+	h.Clock.Set(now.UnixNano())
+	s := newStream("x-tenant", "a")
 	r := p.NewRequest(s)
 	r.OnRequestHeaders()
-	if s.replied != 0 {
+	if s.Replied != 0 {
 		r.Done()
-		return quotaOutcome{status: s.replied, policy: headerOf(s.replyHeaders, "ratelimit-policy"),
-			rateLimit: headerOf(s.replyHeaders, "ratelimit"), retry: headerOf(s.replyHeaders, "retry-after")}
+		return quotaOutcome{status: s.Replied, policy: headerOf(s.ReplyHeaders, "ratelimit-policy"),
+			rateLimit: headerOf(s.ReplyHeaders, "ratelimit"), retry: headerOf(s.ReplyHeaders, "retry-after")}
 	}
-	s.resp[":status"] = respStatus
+	s.Resp[":status"] = respStatus
 	for i := 0; i+1 < len(respHeaders); i += 2 {
-		s.resp[respHeaders[i]] = respHeaders[i+1]
+		s.Resp[respHeaders[i]] = respHeaders[i+1]
 	}
 	r.OnResponseHeaders(true)
 	r.Done()
-	return quotaOutcome{policy: header(s.added, "ratelimit-policy"), rateLimit: header(s.added, "ratelimit")}
+	return quotaOutcome{policy: header(s.Added, "ratelimit-policy"), rateLimit: header(s.Added, "ratelimit")}
 }
 
 // retryWithin checks a jittered Retry-After: the wait rounded up to whole
@@ -49,7 +54,7 @@ func retryWithin(t *testing.T, retry string, wait int64) {
 // reports t as the seconds to the next hh:15 UTC and w as 3600, refuses
 // past its limit with Retry-After to that moment, and is full again there.
 func TestQuotaHourInKathmandu(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, `{"rules": [{"name": "q", "limit_keys": ["header:x-tenant"], "algorithm": "quota",
 	  "algorithm_config": {"limit": 3, "period": "hour", "time_zone": "Asia/Kathmandu"}}]}`)
 	at := time.Date(2026, 6, 1, 10, 20, 0, 0, time.UTC) // 55 minutes to 11:15 UTC
@@ -65,7 +70,7 @@ func TestQuotaHourInKathmandu(t *testing.T) {
 		{at.Add(54*time.Minute + 59*time.Second + 500*time.Millisecond), 429, `"q";r=0;t=1`, 1}, // no refill within the period
 		{at.Add(55 * time.Minute), 0, `"q";r=2;t=3600`, 0},                                      // 11:15 UTC: a new period
 	} {
-		got := quotaRequest(t, h, p, tc.at, "200")
+		got := quotaAt(t, h, p, tc.at, "200")
 		if got.status != tc.status || got.rateLimit != tc.rateLimit || got.policy != `"q";q=3;w=3600` {
 			t.Fatalf("step %d at %v: %+v, want status %d, RateLimit %s, RateLimit-Policy \"q\";q=3;w=3600", i, tc.at, got, tc.status, tc.rateLimit)
 		}
@@ -78,14 +83,14 @@ func TestQuotaHourInKathmandu(t *testing.T) {
 // TestQuotaRefusal403AndMonth: a monthly quota whose rule answers 403;
 // RateLimit-Policy's w is the month's length, which changes with the month.
 func TestQuotaRefusal403AndMonth(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, `{"rules": [{"name": "m", "algorithm": "quota", "status": 403,
 	  "algorithm_config": {"limit": 1, "period": "month", "time_zone": "America/New_York", "anchor": "2026-01-31T00:00:00"}}]}`)
 	feb := time.Date(2026, 2, 10, 12, 0, 0, 0, time.UTC) // in [Jan 31, Feb 28) New York
-	if got := quotaRequest(t, h, p, feb, "200"); got.status != 0 || got.policy != `"m";q=1;w=2419200` {
+	if got := quotaAt(t, h, p, feb, "200"); got.status != 0 || got.policy != `"m";q=1;w=2419200` {
 		t.Fatalf("first: %+v, want allowed with w = 28 days", got)
 	}
-	got := quotaRequest(t, h, p, feb, "200")
+	got := quotaAt(t, h, p, feb, "200")
 	boundary := time.Date(2026, 2, 28, 5, 0, 0, 0, time.UTC) // Feb 28 00:00 EST
 	wait := int64(boundary.Sub(feb) / time.Second)
 	if got.status != 403 || got.rateLimit != `"m";r=0;t=`+strconv.FormatInt(wait, 10) {
@@ -93,7 +98,7 @@ func TestQuotaRefusal403AndMonth(t *testing.T) {
 	}
 	retryWithin(t, got.retry, wait)
 	// Feb 28 to Mar 31 00:00 EDT: 31 days less the hour the change skips.
-	if got := quotaRequest(t, h, p, boundary, "200"); got.status != 0 || got.policy != `"m";q=1;w=2674800` {
+	if got := quotaAt(t, h, p, boundary, "200"); got.status != 0 || got.policy != `"m";q=1;w=2674800` {
 		t.Fatalf("next month: %+v, want allowed with w = 31 days - 1 hour", got)
 	}
 }
@@ -102,7 +107,7 @@ func TestQuotaRefusal403AndMonth(t *testing.T) {
 // both or from neither: a request the token bucket refuses leaves the quota
 // as it was, and one the quota refuses leaves the token bucket.
 func TestQuotaStackedAllOrNone(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, `{"rules": [
 	  {"name": "rate", "limit_keys": ["header:x-tenant"], "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 0.001, "burst": 1}},
 	  {"name": "daily", "limit_keys": ["header:x-tenant"], "algorithm": "quota", "algorithm_config": {"limit": 2, "period": "day"}}]}`)
@@ -118,7 +123,7 @@ func TestQuotaStackedAllOrNone(t *testing.T) {
 		{24 * time.Hour, 0},       // a new day, and the token kept since 2000 s
 	}
 	for i, st := range steps {
-		if got := quotaRequest(t, h, p, t0.Add(st.at), "200"); got.status != st.status {
+		if got := quotaAt(t, h, p, t0.Add(st.at), "200"); got.status != st.status {
 			t.Fatalf("step %d at +%v: %+v, want status %d", i, st.at, got, st.status)
 		}
 	}
@@ -128,7 +133,7 @@ func TestQuotaStackedAllOrNone(t *testing.T) {
 // debt, bounded), refunded for a status outside charge_on, and full again
 // at the boundary, its debt forgiven.
 func TestQuotaResponseCosts(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, `{"rules": [{"name": "u", "limit_keys": ["header:x-tenant"], "algorithm": "quota", "charge_on": ["2xx"],
 	  "algorithm_config": {"limit": 10, "period": "minute", "cost_source": "response_header:x-usage", "default_cost": 1}}]}`)
 	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
@@ -145,7 +150,7 @@ func TestQuotaResponseCosts(t *testing.T) {
 		{3 * time.Second, "200", "", 429, `"u";r=0;t=57`},
 		{60 * time.Second, "200", "1", 0, `"u";r=9;t=60`}, // a new minute: the debt forgiven
 	} {
-		got := quotaRequest(t, h, p, t0.Add(st.at), st.status, "x-usage", st.usage)
+		got := quotaAt(t, h, p, t0.Add(st.at), st.status, "x-usage", st.usage)
 		if got.status != st.refused || got.rateLimit != st.rateLimit {
 			t.Fatalf("step %d: %+v, want status %d, RateLimit %s", i, got, st.refused, st.rateLimit)
 		}
@@ -158,7 +163,7 @@ func TestQuotaResponseCosts(t *testing.T) {
 func TestQuotaClusterLeaseLoads(t *testing.T) {
 	cfg := `{"service": {"cluster": "limitd"}, "rules": [{"name": "q", "scope": "cluster", "sync": "lease", "algorithm": "quota",
 	  "algorithm_config": {"limit": 10, "period": "day"}}]}`
-	if err := CheckConfiguration([]byte(cfg)); err != nil {
+	if err := engine.CheckConfiguration([]byte(cfg)); err != nil {
 		t.Fatalf("CheckConfiguration = %v, want a leased cluster quota to load", err)
 	}
 }
@@ -174,20 +179,20 @@ func BenchmarkQuotaRequest(b *testing.B) {
 		  "algorithm_config": {"limit": 1e12, "period": "month", "time_zone": "America/New_York"}}]}`},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			h := newFakeHost()
-			h.now = time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC).UnixNano()
+			h := fakehost.New()
+			h.Clock.Set(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC).UnixNano())
 			p := newPlugin(b, h, tc.cfg)
-			s := newFakeStream("x-tenant", "a")
-			s.resp[":status"] = "200"
+			s := newStream("x-tenant", "a")
+			s.Resp[":status"] = "200"
 			b.ReportAllocs()
 			for b.Loop() {
-				h.now += 1000
-				s.added, s.replied = s.added[:0], 0
+				h.Clock.Advance(1000)
+				s.Added, s.Replied = s.Added[:0], 0
 				r := p.NewRequest(s)
 				r.OnRequestHeaders()
 				r.OnResponseHeaders(true)
 				r.Done()
-				if s.replied != 0 {
+				if s.Replied != 0 {
 					b.Fatal("refused")
 				}
 			}
@@ -200,22 +205,22 @@ func BenchmarkQuotaRequest(b *testing.B) {
 // its limit and never give it anything back: what is left only falls within
 // the period.
 func TestQuotaHostileCosts(t *testing.T) {
-	h := newFakeHost()
+	h := fakehost.New()
 	p := newPlugin(t, h, `{"rules": [{"name": "c", "limit_keys": ["header:x-tenant"], "algorithm": "quota",
 	  "algorithm_config": {"limit": 10, "period": "day", "cost_source": "header:x-cost", "default_cost": 1}}]}`)
-	h.now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixNano()
+	h.Clock.Set(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixNano())
 	left := int64(10)
 	admitted := 0.0
 	for i, v := range []string{"-5", "0", "-0", "1e-300", "NaN", "Infinity", "-Infinity", "1e308", "abc", "", "0x10",
 		"2", "11", "-1e308", "3.5", "4", "1", "1", "1", "1"} {
-		h.now += int64(time.Second)
-		s := newFakeStream("x-tenant", "a", "x-cost", v)
+		h.Clock.Advance(int64(time.Second))
+		s := newStream("x-tenant", "a", "x-cost", v)
 		r := p.NewRequest(s)
 		r.OnRequestHeaders()
-		if s.replied == 0 {
-			s.resp[":status"] = "200"
+		if s.Replied == 0 {
+			s.Resp[":status"] = "200"
 			r.OnResponseHeaders(true)
-			rl := header(s.added, "ratelimit")
+			rl := header(s.Added, "ratelimit")
 			_, rest, _ := strings.Cut(rl, ";r=")
 			n, err := strconv.ParseInt(strings.Split(rest, ";")[0], 10, 64)
 			if err != nil || n > left {

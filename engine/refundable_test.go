@@ -1,8 +1,10 @@
-package engine
+package engine_test
 
 import (
 	"testing"
 
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
@@ -22,17 +24,17 @@ func TestDecideRefundable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := `{"service": {"cluster": "limitd"}, "rules": [
 			  {"name": "fleet", "scope": "cluster", ` + tc.extra + `"algorithm": "token_bucket", "algorithm_config": ` + tc.algo + `}]}`
-			p := newPlugin(t, newFakeHost(), cfg)
-			s := newFakeStream()
-			if a := p.NewRequest(s).OnRequestHeaders(); a != Pause || len(s.calls) != 1 {
-				t.Fatalf("action %v with %d calls; want a pause on one call", a, len(s.calls))
+			p := newPlugin(t, fakehost.New(), cfg)
+			s := newStream()
+			if a := p.NewRequest(s).OnRequestHeaders(); a != engine.Pause || len(s.Calls) != 1 {
+				t.Fatalf("action %v with %d calls; want a pause on one call", a, len(s.Calls))
 			}
-			req, err := wire.DecodeRequest(s.calls[0].call.Body, wire.Limits{})
+			req, err := wire.DecodeRequest(s.Calls[0].Call.Body, wire.Limits{})
 			if err != nil {
 				t.Fatalf("the call's body: %v", err)
 			}
 			if got := req.Buckets[0].Refundable; got != tc.want {
-				t.Fatalf("refundable %v, want %v (body %s)", got, tc.want, s.calls[0].call.Body)
+				t.Fatalf("refundable %v, want %v (body %s)", got, tc.want, s.Calls[0].Call.Body)
 			}
 		})
 	}

@@ -1,9 +1,12 @@
-package engine
+package engine_test
 
 import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // tokens: a budget of 10,000 tokens per key whose cost is the usage an
@@ -53,31 +56,31 @@ func TestStreamCostOnlyWhenFinal(t *testing.T) {
 		{"a count after the end event runs again", []string{usageEvent, doneEvent, partialEvent}, false, truncatedCost, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newFakeHost()
+			h := fakehost.New()
 			p := newPlugin(t, h, tokens)
-			s := newFakeStream("k", "a")
+			s := newStream("k", "a")
 			r := p.NewRequest(s)
-			if a := r.OnRequestHeaders(); a != Continue {
+			if a := r.OnRequestHeaders(); a != engine.Continue {
 				t.Fatalf("request: %v", a)
 			}
-			s.resp[":status"], s.resp["content-type"] = "200", "text/event-stream"
+			s.Resp[":status"], s.Resp["content-type"] = "200", "text/event-stream"
 			r.OnResponseHeaders(false)
 			for i, e := range tc.events {
-				s.body = []byte(e)
+				s.Body = []byte(e)
 				r.OnResponseBody(len(e), tc.end && i == len(tc.events)-1)
 			}
 			r.Done()
-			if got := h.count("rule.tokens.cost_truncated"); got != tc.truncated {
+			if got := h.Count("rule.tokens.cost_truncated"); got != tc.truncated {
 				t.Errorf("cost_truncated = %d, want %d", got, tc.truncated)
 			}
 			// The next request reserves 10 and shows what is left.
-			s2 := newFakeStream("k", "a")
+			s2 := newStream("k", "a")
 			r2 := p.NewRequest(s2)
 			r2.OnRequestHeaders()
-			s2.resp[":status"] = "200"
+			s2.Resp[":status"] = "200"
 			r2.OnResponseHeaders(true)
 			want := strconv.FormatFloat(10000-tc.charged-10, 'f', -1, 64)
-			if got := header(s2.added, "ratelimit-remaining"); got != want {
+			if got := header(s2.Added, "ratelimit-remaining"); got != want {
 				t.Errorf("remaining %q, want %s (charged %v)", got, want, tc.charged)
 			}
 		})

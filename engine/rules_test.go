@@ -1,9 +1,11 @@
-package engine
+package engine_test
 
 import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 )
 
 // TestShadowRules: a shadow rule decides and counts, but never rejects,
@@ -31,7 +33,7 @@ func TestShadowRules(t *testing.T) {
 	// The shadow rejection is logged.
 	w := newWorld(t, rules(`"mode": "shadow", `, limitRule("trial", `, "limit_keys": ["header:k"]`, "1", "1")))
 	w.statuses(2, "k", "a")
-	if len(w.h.logs) == 0 {
+	if len(w.h.Logs) == 0 {
 		t.Fatal("no log line for the shadow rejection")
 	}
 }
@@ -163,8 +165,8 @@ func TestMissingKey(t *testing.T) {
 // TestFailOpen: shared data the host cannot give: every request goes on,
 // counted in failed_open.
 func TestFailOpen(t *testing.T) {
-	h := newFakeHost()
-	h.sd = brokenData{}
+	h := fakehost.New()
+	h.SD = brokenData{}
 	w := newWorldOn(t, h, perKey)
 	for i := range 10 {
 		if r := w.do("x-api-key", "a"); r.status != 200 {

@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"bytes"
@@ -8,10 +8,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ratelimit-wasm/tokenbucket/engine"
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/fakehost"
 	"github.com/ratelimit-wasm/tokenbucket/service"
 )
 
-// The behaviour tests drive a Plugin on the fake host as Envoy drives it: a
+// The behaviour tests drive a Plugin on the fake host (package fakehost,
+// the host the host contract checks) as Envoy drives it: a
 // request's headers, then (when the plugin lets it go on) the upstream's
 // response, its body in chunks, and the end of the request. Each table
 // states requests and what the host sees of them: the status and headers
@@ -19,20 +22,39 @@ import (
 
 const sec = int64(1e9)
 
+// stream is a request on the fake host, and what OnRequestHeaders
+// returned for it (world.open).
+type stream struct {
+	*fakehost.Stream
+	action engine.Action
+}
+
+// newStream is a GET / with the headers (fakehost.NewStream).
+func newStream(kv ...string) *stream { return &stream{Stream: fakehost.NewStream(kv...)} }
+
+func newPlugin(t testing.TB, h *fakehost.Host, cfg string) *engine.Plugin {
+	t.Helper()
+	p, err := engine.New(h, []byte(cfg), "", engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // world is one plugin on the fake host, and optionally a limit service
 // answering its calls.
 type world struct {
 	t      testing.TB
-	h      *fakeHost
-	p      *Plugin
+	h      *fakehost.Host
+	p      *engine.Plugin
 	limitd *limitd
 	props  map[string]string // the properties every request has
 }
 
-func newWorld(t testing.TB, cfg string) *world { t.Helper(); return newWorldOn(t, newFakeHost(), cfg) }
+func newWorld(t testing.TB, cfg string) *world { t.Helper(); return newWorldOn(t, fakehost.New(), cfg) }
 
 // newWorldOn is a world on a host the test prepared (its shared data).
-func newWorldOn(t testing.TB, h *fakeHost, cfg string) *world {
+func newWorldOn(t testing.TB, h *fakehost.Host, cfg string) *world {
 	t.Helper()
 	return &world{t: t, h: h, p: newPlugin(t, h, cfg)}
 }
@@ -53,7 +75,7 @@ type seen struct {
 	headers map[string]string // the local reply's, or those added to the upstream's response
 	body    string            // the local reply's
 	calls   int               // calls answered while the request ran (by the limit service)
-	stream  *fakeStream
+	stream  *stream
 }
 
 // do runs one request with the headers (name/value pairs) through the
@@ -68,26 +90,26 @@ func (w *world) doUpstream(up upstream, headers ...string) seen {
 	if w.limitd != nil {
 		got.calls = w.limitd.serve(s)
 	}
-	if s.replied != 0 {
-		got.status, got.body = s.replied, s.replyBody
-		for _, h := range s.replyHeaders {
+	if s.Replied != 0 {
+		got.status, got.body = s.Replied, string(s.ReplyBody)
+		for _, h := range s.ReplyHeaders {
 			got.headers[h[0]] = h[1]
 		}
 		// The local reply passes the response callbacks: nothing is added.
-		s.resp = got.headers
+		s.Resp = got.headers
 		r.OnResponseHeaders(false)
-		if len(s.added) != 0 {
-			w.t.Fatalf("the local reply's headers were added to: %v", s.added)
+		if len(s.Added) != 0 {
+			w.t.Fatalf("the local reply's headers were added to: %v", s.Added)
 		}
 		w.end(s, r)
 		return got
 	}
 	if s.paused() {
-		w.t.Fatalf("request neither answered nor continued (resumed %d)", s.resumed)
+		w.t.Fatalf("request neither answered nor continued (resumed %d)", s.Resumed)
 	}
 	got.status = 200
 	w.respond(s, r, up)
-	for _, h := range s.added {
+	for _, h := range s.Added {
 		if _, dup := got.headers[h[0]]; dup {
 			w.t.Fatalf("header %s added twice", h[0])
 		}
@@ -98,10 +120,10 @@ func (w *world) doUpstream(up upstream, headers ...string) seen {
 }
 
 // open starts a request: its headers, decided.
-func (w *world) open(headers ...string) (*fakeStream, *Request) {
-	s := newFakeStream(headers...)
-	s.props = w.props
-	s.clock = &w.h.now
+func (w *world) open(headers ...string) (*stream, *engine.Request) {
+	s := newStream(headers...)
+	s.Props = w.props
+	s.Clock = w.h.Clock
 	r := w.p.NewRequest(s)
 	s.action = r.OnRequestHeaders()
 	return s, r
@@ -110,20 +132,20 @@ func (w *world) open(headers ...string) (*fakeStream, *Request) {
 // respond passes the upstream's response to a request that went on: its
 // headers, then its body chunk by chunk (no chunk may be held), then its
 // trailers; the limit service answers what the response calls for.
-func (w *world) respond(s *fakeStream, r *Request, up upstream) {
+func (w *world) respond(s *stream, r *engine.Request, up upstream) {
 	w.t.Helper()
 	if up.status == "" {
 		up.status = "200"
 	}
-	s.resp = map[string]string{":status": up.status}
+	s.Resp = map[string]string{":status": up.status}
 	for _, h := range up.headers {
-		s.resp[h[0]] = h[1]
+		s.Resp[h[0]] = h[1]
 	}
 	r.OnResponseHeaders(len(up.chunks) == 0 && !up.trailers && !up.cut)
 	for i, ch := range up.chunks {
-		s.body = []byte(ch)
+		s.Body = []byte(ch)
 		end := i == len(up.chunks)-1 && !up.trailers && !up.cut
-		if a := r.OnResponseBody(len(ch), end); a != Continue {
+		if a := r.OnResponseBody(len(ch), end); a != engine.Continue {
 			w.t.Fatalf("body chunk %d: action %v, want continue", i, a)
 		}
 	}
@@ -134,8 +156,8 @@ func (w *world) respond(s *fakeStream, r *Request, up upstream) {
 
 // end ends a request (after its response, or cut short): the limit service
 // answers what it sent.
-func (w *world) end(s *fakeStream, r *Request) {
-	s.done = true
+func (w *world) end(s *stream, r *engine.Request) {
+	s.Done = true
 	r.Done()
 	if w.limitd != nil {
 		w.limitd.serve(s)
@@ -161,29 +183,31 @@ func (w *world) tick() {
 	}
 }
 
-func (w *world) count(name string) int64 { return w.h.count(name) }
+func (w *world) count(name string) int64 { return w.h.Count(name) }
 
 // paused: the request waits (it was paused and neither resumed nor
 // answered).
-func (s *fakeStream) paused() bool { return s.action == Pause && s.resumed == 0 && s.replied == 0 }
+func (s *stream) paused() bool {
+	return s.action == engine.Pause && s.Resumed == 0 && s.Replied == 0
+}
 
 // limitd is a real limit service (service.Server on a memory store on the
 // fake host's clock) that answers the plugin's calls.
 type limitd struct {
-	h      *fakeHost
+	h      *fakehost.Host
 	srv    http.Handler
-	served map[*fakeStream]int // calls answered per owner (nil: the plugin)
-	calls  int                 // calls answered in all
-	down   bool                // answer every call with a failure
+	served map[*fakehost.Stream]int // calls answered per owner (nil: the plugin)
+	calls  int                      // calls answered in all
+	down   bool                     // answer every call with a failure
 }
 
 // withLimitd gives the world a limit service.
 func (w *world) withLimitd() *world {
-	srv, err := service.NewServer(service.Config{Store: service.NewMemoryStore(service.MemoryOptions{Now: func() int64 { return w.h.now }})})
+	srv, err := service.NewServer(service.Config{Store: service.NewMemoryStore(service.MemoryOptions{Now: w.h.Now})})
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	w.limitd = &limitd{h: w.h, srv: srv, served: map[*fakeStream]int{}}
+	w.limitd = &limitd{h: w.h, srv: srv, served: map[*fakehost.Stream]int{}}
 	return w
 }
 
@@ -191,19 +215,23 @@ func (w *world) withLimitd() *world {
 // until none is left (an answer may send another call); it returns how
 // many it answered. A stream's calls are answered only while the request
 // lives (the host drops them after).
-func (l *limitd) serve(streams ...*fakeStream) int {
+func (l *limitd) serve(streams ...*stream) int {
+	owners := []*fakehost.Stream{nil} // nil: the plugin
+	for _, s := range streams {
+		owners = append(owners, s.Stream)
+	}
 	n := 0
 	for more := true; more; {
 		more = false
-		for _, s := range append(streams, nil) {
+		for _, s := range owners {
 			for l.served[s] < len(l.callsOf(s)) {
 				c := l.callsOf(s)[l.served[s]]
 				l.served[s]++
 				more = true
-				if s == nil || !s.done { // the host drops a gone request's answers
+				if s == nil || !s.Done { // the host drops a gone request's answers
 					n++
 					l.calls++
-					c.answer(l.answer(c.call))
+					c.Answer(l.answer(c.Call))
 				}
 			}
 		}
@@ -212,16 +240,16 @@ func (l *limitd) serve(streams ...*fakeStream) int {
 }
 
 // callsOf are the calls s sent (nil: the plugin).
-func (l *limitd) callsOf(s *fakeStream) []*fakeCall {
+func (l *limitd) callsOf(s *fakehost.Stream) []*fakehost.Call {
 	if s == nil {
-		return l.h.calls
+		return l.h.Calls
 	}
-	return s.calls
+	return s.Calls
 }
 
-func (l *limitd) answer(c *Call) *Answer {
+func (l *limitd) answer(c *engine.Call) *engine.Answer {
 	if l.down {
-		return &Answer{Failed: true}
+		return &engine.Answer{Failed: true}
 	}
 	hs := map[string]string{}
 	for _, h := range c.Headers {
@@ -230,7 +258,7 @@ func (l *limitd) answer(c *Call) *Answer {
 	r := httptest.NewRequest(hs[":method"], hs[":path"], bytes.NewReader(c.Body))
 	rec := httptest.NewRecorder()
 	l.srv.ServeHTTP(rec, r)
-	return &Answer{Status: "200", Body: rec.Body.Bytes()}
+	return &engine.Answer{Status: "200", Body: rec.Body.Bytes()}
 }
 
 // timeline is a behaviour's case: a configuration, then requests in order,
@@ -270,7 +298,7 @@ func run(t *testing.T, table []timeline) {
 				w.withLimitd().limitd.down = tc.down
 			}
 			for i, st := range tc.steps {
-				w.h.now += st.wait
+				w.h.Clock.Advance(st.wait)
 				for n := range max(st.times, 1) {
 					got := w.doUpstream(st.up, st.req...)
 					if st.status != 0 && got.status != st.status {
@@ -329,3 +357,15 @@ func oneOf(got, want string) bool {
 	}
 	return false
 }
+
+// The reasons a local reply's body gives, as a client reads them.
+const (
+	reasonExceeded    = "token_bucket_exceeded"
+	reasonConcurrency = "concurrency_limit_exceeded"
+	reasonServiceDown = "limit_service_unavailable"
+)
+
+// reused is the Stream an adapter hands a Request it reuses (the plugin's
+// and the native module's do): one value that acts on whichever request
+// the adapter serves now; set Stream to move it to the next.
+type reused struct{ *fakehost.Stream }

@@ -8,13 +8,11 @@ import (
 	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
-// App and Handler are what the adapter runs in place of the engine in the
-// host-contract suite's guest (internal/testing/hostcontract): this file is
-// built only with the tag hostcontract, never into the plugin.
-type (
-	App     = app
-	Handler = handler
-)
+// App is what the adapter runs in place of the engine in the host-contract
+// suite's guest (internal/testing/hostcontract): engine.App and what the
+// start's log line reports. This file is built only with the tag
+// hostcontract, never into the plugin.
+type App = app
 
 // NewContractVMContext is NewVMContext running start's App on the adapter's
 // host instead of the engine.

@@ -127,22 +127,17 @@ func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
 	return &pluginContext{id: contextID, host: host{id: contextID, now: v.now, sd: v.sd}, bodyBudget: v.bodyBudget, memory: &v.memory, start: start}
 }
 
-// app is what a plugin context runs: the engine, or the host-contract
-// suite's driver of the same host (contract.go). handler is one request's
-// part of it.
+// app is what a plugin context runs (engine.App: the engine, or the
+// host-contract suite's driver of the same host, contract.go), with what
+// the start's log line reports.
 type app interface {
-	NewRequest(engine.Stream) handler
-	Tick(*runtime.MemStats)
+	engine.App
 	Rules() int
 	MaxKeys() int
 }
 
-type handler = engine.Handler
-
 // engineApp is the engine as an app.
-type engineApp struct{ *engine.Plugin }
-
-func (a engineApp) NewRequest(s engine.Stream) handler { return a.Plugin.NewRequest(s) }
+type engineApp struct{ engine.PluginApp }
 
 // startEngine builds the engine for a configuration.
 func startEngine(h *host, data []byte, rootID string, opts engine.Options) (app, error) {
@@ -150,7 +145,7 @@ func startEngine(h *host, data []byte, rootID string, opts engine.Options) (app,
 	if err != nil {
 		return nil, err
 	}
-	return engineApp{e}, nil
+	return engineApp{engine.PluginApp{Plugin: e}}, nil
 }
 
 // pluginContext runs one configuration's engine.
@@ -242,7 +237,7 @@ type httpContext struct {
 	plugin *pluginContext
 	id     uint32
 	gen    uint64 // the requests this context has finished
-	r      handler
+	r      engine.Handler
 	// The request body as Envoy hands it: while the engine holds the
 	// request, Envoy buffers the body and each callback's size is the
 	// whole body so far (buffered); reqBase is where this callback's new

@@ -31,31 +31,16 @@ type ConfigFactory struct {
 	metricsFor func(shared.HttpFilterConfigHandle) (sink, error)
 	// start builds a worker's app; nil is the engine (startEngine). The
 	// host-contract suite's module sets its own (contract.go).
-	start func(h *host, conf *engine.Configuration, opts engine.Options) (app, error)
+	start func(h *host, conf *engine.Configuration, opts engine.Options) (engine.App, error)
 }
-
-// app is what a worker runs: the engine, or the host-contract suite's
-// driver of the same host (contract.go). handler is one request's part of
-// it.
-type app interface {
-	NewRequest(engine.Stream) handler
-	Tick(*runtime.MemStats)
-}
-
-type handler = engine.Handler
-
-// engineApp is the engine as an app.
-type engineApp struct{ *engine.Plugin }
-
-func (a engineApp) NewRequest(s engine.Stream) handler { return a.Plugin.NewRequest(s) }
 
 // startEngine builds a worker's engine.
-func startEngine(h *host, conf *engine.Configuration, opts engine.Options) (app, error) {
+func startEngine(h *host, conf *engine.Configuration, opts engine.Options) (engine.App, error) {
 	e, err := engine.NewPlugin(h, conf, "", opts)
 	if err != nil {
 		return nil, err
 	}
-	return engineApp{e}, nil
+	return engine.PluginApp{Plugin: e}, nil
 }
 
 // Create implements shared.HttpFilterConfigFactory. It runs on Envoy's main
@@ -136,7 +121,7 @@ type filterConfig struct {
 	metrics *metrics
 	panics  *metric
 	workers workers
-	start   func(h *host, conf *engine.Configuration, opts engine.Options) (app, error)
+	start   func(h *host, conf *engine.Configuration, opts engine.Options) (engine.App, error)
 	// readsBody: some rule takes its cost from the response body (the
 	// body callbacks are the engine's only then).
 	readsBody bool

@@ -18,8 +18,8 @@ type httpFilter struct {
 	c      *filterConfig
 	w      *worker
 	handle shared.HttpFilterHandle
-	e      app // the app r belongs to
-	r      handler
+	e      engine.App // the app r belongs to
+	r      engine.Handler
 	// body is the body chunk of the OnResponseBody (or OnRequestBody) in
 	// progress, and chunks its slices, read once per callback
 	// (ResponseBody, RequestBody).

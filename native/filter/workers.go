@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ratelimit-wasm/tokenbucket/engine"
 )
 
 // workers is one configuration's engine Plugins, one per Envoy thread that
@@ -76,7 +78,7 @@ type worker struct {
 	owner atomic.Uint32
 	// e is the engine, replaced by a new one after a panic (the buckets
 	// live in the Store, so they survive).
-	e app
+	e engine.App
 	// free holds filters whose stream is done, for reuse.
 	free []*httpFilter
 	// lastYield is when the worker's thread last yielded its P (keepP);

@@ -1,9 +1,13 @@
 // Package fakehost is a host for the engine in process (engine.Host,
 // engine.Stream), for tests: a clock the test sets, Envoy's shared data
-// (package shareddata), counters and logs it keeps, and callouts it holds
-// until the test answers them. Nothing runs unless the test makes it run,
-// so a test states a request and what the host sees, step by step. The
-// host contract (package hostcontract) runs on it.
+// (package shareddata; LossyData and FailingData make its writes fail),
+// counters and logs it keeps, callouts it holds until the test answers
+// them, and the engine's holds (After) and, with DeferRun, its runs (Run),
+// kept until the test fires or runs them. Nothing runs unless the test
+// makes it run, so a test states a request and what the host sees, step by
+// step. The host contract (package hostcontract) runs on it, and so do the
+// engine's behaviour tests: it is the one fake host (internal/lint keeps it
+// so).
 //
 // A Host and its Streams are one worker's: not safe for concurrent use;
 // Clock and the shared data may be shared by several.
@@ -39,6 +43,7 @@ type Host struct {
 	SD       engine.SharedData
 	Counters map[string]*Counter
 	Logs     []string
+	Warns    int // how many of Logs are warnings
 	// Calls are the plugin's calls not yet answered (Answer them).
 	Calls []*Call
 	// AtOnce, when set, answers each of the plugin's calls within Callout
@@ -67,7 +72,27 @@ func (h *Host) Now() int64                         { return h.Clock.Now() }
 func (h *Host) SharedData() engine.SharedData      { return h.SD }
 func (h *Host) Counter(name string) engine.Counter { return h.Metric(name) }
 func (h *Host) Gauge(name string) engine.Gauge     { return h.Metric(name) }
-func (h *Host) Log(_ engine.LogLevel, msg string)  { h.Logs = append(h.Logs, msg) }
+
+// Log keeps msg in Logs, and counts a warning in Warns.
+func (h *Host) Log(level engine.LogLevel, msg string) {
+	h.Logs = append(h.Logs, msg)
+	if level == engine.LogWarn {
+		h.Warns++
+	}
+}
+
+// Count is the value of the engine's metric name (without the
+// engine.Name prefix), 0 when it is not defined.
+func (h *Host) Count(name string) int64 {
+	if c, ok := h.Counters[engine.Name+"."+name]; ok {
+		return c.N
+	}
+	return 0
+}
+
+// Defined reports whether the engine defined its metric name (without the
+// engine.Name prefix): a host shows every metric defined, even at zero.
+func (h *Host) Defined(name string) bool { _, ok := h.Counters[engine.Name+"."+name]; return ok }
 
 // Metric is the counter or gauge name, created at 0.
 func (h *Host) Metric(name string) *Counter {
@@ -100,7 +125,14 @@ func (h *Host) TakeCalls() []*Call {
 // it, and the calls it owns.
 type Stream struct {
 	Req, Resp map[string]string
-	Added     [][2]string // response headers the engine added
+	// More are further request headers, after Req's, whose names may
+	// repeat (a second Cookie header): RequestHeaders lists them,
+	// RequestHeader does not see them.
+	More [][2]string
+	// Props are the host's properties by dotted path (Property), beside
+	// source.address, which is 10.0.0.1:4242 unless Props gives it.
+	Props map[string]string
+	Added [][2]string // response headers the engine added
 	// Replied is the local reply's status, 0 while none; ReplyHeaders and
 	// ReplyBody are what came with it. ReplyErr makes SendReply fail.
 	Replied      int
@@ -111,6 +143,8 @@ type Stream struct {
 	Calls        []*Call // the request's calls not yet answered
 	Body         []byte  // the response body's current chunk
 	ReqBody      []byte  // the request body's current chunk
+	BodyRead     int     // bytes of the response body the engine read
+	ReqBodyRead  int     // bytes of the request body the engine read
 	// Done: the request is gone (reset, or answered): Run refuses, and a
 	// test drops the answers of its calls.
 	Done bool
@@ -120,9 +154,11 @@ type Stream struct {
 	DeferRun bool
 	Deferred []func()
 	// Timers are the engine's holds (After), each run once by Fire at or
-	// after its moment on Clock (nil: moments count from 0).
-	Timers []*Timer
-	Clock  *Clock
+	// after its moment on Clock (nil: moments count from 0). NoTimer
+	// makes After fail, as a host that cannot set a timer.
+	Timers  []*Timer
+	Clock   *Clock
+	NoTimer bool
 }
 
 // Timer is one hold of a Stream.
@@ -134,8 +170,11 @@ type Timer struct {
 
 // After holds f until Fire reaches due.
 func (s *Stream) After(delay int64, f func()) error {
-	if s.Done {
+	switch {
+	case s.Done:
 		return errGone
+	case s.NoTimer:
+		return errNoTimer
 	}
 	now := int64(0)
 	if s.Clock != nil {
@@ -160,10 +199,18 @@ func (s *Stream) Fire(now int64) int {
 }
 
 // NewStream returns a GET / to authority "example" with the headers kv
-// (name, value, ...).
+// (name, value, ...): a pseudo-header given replaces the default (or the
+// one given before), any other name given twice is a repeated header
+// (in More).
 func NewStream(kv ...string) *Stream {
 	s := &Stream{Req: map[string]string{":method": "GET", ":path": "/", ":authority": "example"}, Resp: map[string]string{}}
+	seen := map[string]bool{}
 	for i := 0; i+1 < len(kv); i += 2 {
+		if seen[kv[i]] && !strings.HasPrefix(kv[i], ":") {
+			s.More = append(s.More, [2]string{kv[i], kv[i+1]})
+			continue
+		}
+		seen[kv[i]] = true
 		s.Req[kv[i]] = kv[i+1]
 	}
 	return s
@@ -176,11 +223,15 @@ func (s *Stream) RequestHeaders() [][2]string {
 	for k, v := range s.Req {
 		hs = append(hs, [2]string{k, v})
 	}
-	return hs
+	return append(hs, s.More...)
 }
 
 func (s *Stream) Property(path ...string) ([]byte, bool) {
-	if strings.Join(path, ".") == "source.address" {
+	p := strings.Join(path, ".")
+	if v, ok := s.Props[p]; ok {
+		return []byte(v), true
+	}
+	if p == "source.address" {
 		return []byte("10.0.0.1:4242"), true
 	}
 	return nil, false
@@ -201,6 +252,7 @@ func (s *Stream) ResponseBody(off, size int) ([]byte, error) {
 	if off < 0 || size < 0 || off+size > len(s.Body) {
 		return nil, errNoBody
 	}
+	s.BodyRead += size
 	return s.Body[off : off+size], nil
 }
 
@@ -208,6 +260,7 @@ func (s *Stream) RequestBody(off, size int) ([]byte, error) {
 	if off < 0 || size < 0 || off+size > len(s.ReqBody) {
 		return nil, errNoBody
 	}
+	s.ReqBodyRead += size
 	return s.ReqBody[off : off+size], nil
 }
 
@@ -221,7 +274,10 @@ func (s *Stream) SendReply(status int, headers [][2]string, body []byte) error {
 
 func (s *Stream) Resume() error { s.Resumed++; return nil }
 
-var errGone = errors.New("fakehost: the request is gone")
+var (
+	errGone    = errors.New("fakehost: the request is gone")
+	errNoTimer = errors.New("fakehost: no timer")
+)
 
 func (s *Stream) Run(f func()) error {
 	switch {
@@ -260,7 +316,40 @@ func (s *Stream) TakeCalls() []*Call {
 	return cs
 }
 
+// LossyData is shared data whose every write of a record loses its
+// compare-and-swap; the placement seed and the identity key
+// (engine.SeedKey, engine.IdentityKeyKey) are written as usual.
+type LossyData struct{ engine.SharedData }
+
+func (l LossyData) Set(key string, value []byte, cas uint32) error {
+	if key == engine.SeedKey || key == engine.IdentityKeyKey {
+		return l.SharedData.Set(key, value, cas)
+	}
+	return engine.ErrCASMismatch
+}
+
+// FailingData is shared data whose writes fail with Fail while it is set
+// (a host error, not a lost compare-and-swap); with Once only the next
+// write fails.
+type FailingData struct {
+	engine.SharedData
+	Fail error
+	Once bool
+}
+
+func (f *FailingData) Set(key string, value []byte, cas uint32) error {
+	if err := f.Fail; err != nil {
+		if f.Once {
+			f.Fail = nil
+		}
+		return err
+	}
+	return f.SharedData.Set(key, value, cas)
+}
+
 var (
-	_ engine.Host   = (*Host)(nil)
-	_ engine.Stream = (*Stream)(nil)
+	_ engine.SharedData = LossyData{}
+	_ engine.SharedData = (*FailingData)(nil)
+	_ engine.Host       = (*Host)(nil)
+	_ engine.Stream     = (*Stream)(nil)
 )

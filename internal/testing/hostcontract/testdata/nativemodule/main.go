@@ -21,12 +21,12 @@ func main() {}
 
 func init() {
 	sdk.RegisterHttpFilterConfigFactories(map[string]shared.HttpFilterConfigFactory{
-		filter.Name: filter.ContractFactory(func(h engine.Host) filter.App { return app{hostcontract.New(h)} }),
+		filter.Name: filter.ContractFactory(func(h engine.Host) engine.App { return app{hostcontract.New(h)} }),
 	})
 }
 
 // app is the Driver as the adapter's app.
 type app struct{ d *hostcontract.Driver }
 
-func (a app) NewRequest(s engine.Stream) filter.Handler { return a.d.NewRequest(s) }
+func (a app) NewRequest(s engine.Stream) engine.Handler { return a.d.NewRequest(s) }
 func (app) Tick(*runtime.MemStats)                      {}

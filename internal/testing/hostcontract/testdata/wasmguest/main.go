@@ -23,7 +23,7 @@ func init() {
 // app is the Driver as the adapter's app.
 type app struct{ d *hostcontract.Driver }
 
-func (a app) NewRequest(s engine.Stream) plugin.Handler { return a.d.NewRequest(s) }
+func (a app) NewRequest(s engine.Stream) engine.Handler { return a.d.NewRequest(s) }
 func (app) Tick(*runtime.MemStats)                      {}
 func (app) Rules() int                                  { return 0 }
 func (app) MaxKeys() int                                { return 0 }
