@@ -207,11 +207,11 @@ func TestNoBodyReadWithoutResponseJSON(t *testing.T) {
 // paying), not only logged.
 func TestLostDebitCounted(t *testing.T) {
 	h := fakehost.New()
-	sd := &fakehost.FailingData{SharedData: h.SD}
+	sd := &fakehost.RefusingData{SD: h.SD}
 	h.SD = sd
 	w := newWorldOn(t, h, budget("response_header:x-usage", ""))
 	s, r := w.open(key...)
-	sd.Fail = errors.New("host: shared data unavailable")
+	sd.Refuse, sd.Err = -1, errors.New("host: shared data unavailable")
 	w.respond(s, r, upstream{headers: [][2]string{{"x-usage", "50"}}})
 	w.end(s, r)
 	if n := w.count("rule.tokens.failed_open"); n != 1 {

@@ -233,13 +233,13 @@ func TestLateAnswerAfterEnvoyAnswered(t *testing.T) {
 // then the limit service rejects; the local bucket must not gain a token.
 func TestNoRefundOfWhatWasNotTaken(t *testing.T) {
 	h := fakehost.New()
-	sd := &fakehost.FailingData{SharedData: h.SD}
+	sd := &fakehost.RefusingData{SD: h.SD}
 	h.SD = sd
 	w := newWorldOn(t, h, mixed)
 	s, r := w.open("k", "a") // takes 1 of local's 3
 	s.Calls[0].Answer(ok(admits))
 	w.end(s, r)
-	sd.Fail, sd.Once = errors.New("host: shared data unavailable"), true
+	sd.Refuse, sd.Err = 1, errors.New("host: shared data unavailable")
 	s, r = w.open("k", "a") // local fails open: nothing taken
 	s.Calls[0].Answer(ok(refused))
 	if w.count("rule.local.failed_open") != 1 || w.count("refunds") != 0 {

@@ -231,14 +231,14 @@ func TestConcurrencyShadowAndMatch(t *testing.T) {
 // fails is owed and written by the next tick, never lost nor doubled.
 func TestConcurrencyReleaseOwedWhenSharedDataFails(t *testing.T) {
 	h := fakehost.New()
-	fd := &fakehost.FailingData{SharedData: shareddata.New()}
+	fd := &fakehost.RefusingData{SD: shareddata.New()}
 	h.SD = fd
 	w := newWorldOn(t, h, streamsCfg(""))
 	witness, wr := w.open("t", "a")
 	s, r := w.open("t", "a")
-	fd.Fail = errors.New("shared data: out of memory")
+	fd.Refuse, fd.Err = -1, errors.New("shared data: out of memory")
 	w.end(s, r)
-	fd.Fail = nil
+	fd.Refuse = 0
 	if n := engine.SlotsOwed(w.p); n != 1 {
 		t.Fatalf("owed %d, want 1", n)
 	}

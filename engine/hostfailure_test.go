@@ -58,7 +58,7 @@ func TestReplyThatCannotBeSentResumes(t *testing.T) {
 // bounded retries the request fails open, counted, with nothing written.
 func TestCASStormFailsOpen(t *testing.T) {
 	h := fakehost.New()
-	h.SD = fakehost.LossyData{SharedData: shareddata.New()}
+	h.SD = &fakehost.RefusingData{SD: shareddata.New(), Refuse: -1}
 	p := newPlugin(t, h, oneToken)
 	for range 3 {
 		if a := p.NewRequest(newStream("k", "a")).OnRequestHeaders(); a != engine.Continue {

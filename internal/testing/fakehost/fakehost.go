@@ -1,6 +1,6 @@
 // Package fakehost is a host for the engine in process (engine.Host,
 // engine.Stream), for tests: a clock the test sets, Envoy's shared data
-// (package shareddata; LossyData and FailingData make its writes fail),
+// (package shareddata; RefusingData makes its writes fail),
 // counters and logs it keeps, callouts it holds until the test answers
 // them, and the engine's holds (After) and, with DeferRun, its runs (Run),
 // kept until the test fires or runs them. Nothing runs unless the test
@@ -316,40 +316,7 @@ func (s *Stream) TakeCalls() []*Call {
 	return cs
 }
 
-// LossyData is shared data whose every write of a record loses its
-// compare-and-swap; the placement seed and the identity key
-// (engine.SeedKey, engine.IdentityKeyKey) are written as usual.
-type LossyData struct{ engine.SharedData }
-
-func (l LossyData) Set(key string, value []byte, cas uint32) error {
-	if key == engine.SeedKey || key == engine.IdentityKeyKey {
-		return l.SharedData.Set(key, value, cas)
-	}
-	return engine.ErrCASMismatch
-}
-
-// FailingData is shared data whose writes fail with Fail while it is set
-// (a host error, not a lost compare-and-swap); with Once only the next
-// write fails.
-type FailingData struct {
-	engine.SharedData
-	Fail error
-	Once bool
-}
-
-func (f *FailingData) Set(key string, value []byte, cas uint32) error {
-	if err := f.Fail; err != nil {
-		if f.Once {
-			f.Fail = nil
-		}
-		return err
-	}
-	return f.SharedData.Set(key, value, cas)
-}
-
 var (
-	_ engine.SharedData = LossyData{}
-	_ engine.SharedData = (*FailingData)(nil)
-	_ engine.Host       = (*Host)(nil)
-	_ engine.Stream     = (*Stream)(nil)
+	_ engine.Host   = (*Host)(nil)
+	_ engine.Stream = (*Stream)(nil)
 )
