@@ -20,8 +20,11 @@ import (
 // (docs/budgets.md, docs/concurrency.md, their sections of the
 // configuration, response-cost and limit-service pages): 71.6k, and this
 // budget leaves 400 words for fixes. The goal is under 50k: lower it as pages
-// are split and cut.
-const maxDocWords = 72_000
+// are split and cut. A third pass gave each fact one home and took the
+// hand-written pages from 57.3k to 40,990 words: this is 41,000 plus the
+// generated benchmark pages' 12,922 (docs/benchmarks, bench/footprint.md,
+// bench/profile.md), to be lowered again as those are made terse.
+const maxDocWords = 53_922
 
 // docWords returns the word count of each Markdown file the budget covers.
 func docWords(t *testing.T) map[string]int {
