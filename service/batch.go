@@ -3,6 +3,9 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -36,6 +39,8 @@ var errBatcherClosed = errors.New("service: redis: store closed")
 type batcher struct {
 	client  redisClient
 	script  *redis.Script
+	multi   *redis.Script // the script's many.lua; nil: one run per call
+	cluster bool          // group multi runs by Redis Cluster slot
 	opts    BatchOptions
 	onBatch func(int)
 
@@ -55,7 +60,7 @@ type call struct {
 	done chan struct{}
 }
 
-func newBatcher(client redisClient, script *redis.Script, opts BatchOptions, onBatch func(int)) *batcher {
+func newBatcher(client redisClient, script, multi *redis.Script, cluster bool, opts BatchOptions, onBatch func(int)) *batcher {
 	if opts.Workers <= 0 {
 		opts.Workers = 4
 	}
@@ -65,6 +70,8 @@ func newBatcher(client redisClient, script *redis.Script, opts BatchOptions, onB
 	b := &batcher{
 		client:  client,
 		script:  script,
+		multi:   multi,
+		cluster: cluster,
 		opts:    opts,
 		onBatch: onBatch,
 		in:      make(chan *call),
@@ -144,7 +151,10 @@ func (b *batcher) work() {
 	}
 }
 
-// flush runs batch as one pipeline of EVALSHA; calls answered NOSCRIPT (the
+// flush sends batch in one pipeline. With a multi script, the calls that
+// share a Redis Cluster slot (all of them on a single Redis) go as one run of
+// it (many.lua) when there are two or more, a lone call as its own EVALSHA;
+// without one, each call is its own EVALSHA. Runs answered NOSCRIPT (the
 // script cache was flushed, or Redis restarted) are sent once more as EVAL,
 // which also loads the script again.
 func (b *batcher) flush(batch []*call) {
@@ -153,36 +163,141 @@ func (b *batcher) flush(batch []*call) {
 	if b.onBatch != nil {
 		b.onBatch(len(batch))
 	}
-	sha := b.script.Hash()
-	pipe := b.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(batch))
-	for i, c := range batch {
+	live := make([]*call, 0, len(batch))
+	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			c.err = err // its caller has gone: don't spend tokens on it
 			continue
 		}
-		cmds[i] = pipe.EvalSha(ctx, sha, c.keys, c.args...)
+		live = append(live, c)
+	}
+	runs := b.runsOf(live)
+	pipe := b.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(runs))
+	for i, r := range runs {
+		cmds[i] = pipe.EvalSha(ctx, r.script.Hash(), r.keys, r.args...)
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are per command
 	}
 	var retry redis.Pipeliner
 	for i, cmd := range cmds {
-		if cmd == nil || !isNoScript(cmd.Err()) {
+		if !isNoScript(cmd.Err()) {
 			continue
 		}
 		if retry == nil {
 			retry = b.client.Pipeline()
 		}
-		cmds[i] = b.script.Eval(ctx, retry, batch[i].keys, batch[i].args...) // this batcher's own script
+		cmds[i] = runs[i].script.Eval(ctx, retry, runs[i].keys, runs[i].args...) // this batcher's own script
 	}
 	if retry != nil {
 		_, _ = retry.Exec(ctx)
 	}
-	for i, c := range batch {
-		if cmd := cmds[i]; cmd != nil {
-			c.res, c.err = cmd.Result()
+	for i, r := range runs {
+		res, err := cmds[i].Result()
+		if len(r.calls) == 1 && r.script == b.script {
+			r.calls[0].res, r.calls[0].err = res, err
+			continue
 		}
+		unpackMany(r.calls, res, err)
+	}
+	for _, c := range batch {
 		close(c.done)
+	}
+}
+
+// run is one script run of a pipeline: one call with the batcher's script,
+// or several with its multi script.
+type run struct {
+	script *redis.Script
+	calls  []*call
+	keys   []string
+	args   []any
+}
+
+// runsOf groups calls into script runs: those that share a Redis Cluster
+// slot (every call's keys are in one slot) into one run of the multi script
+// when there are two or more, in the order of their first call; each call
+// alone without a multi script.
+func (b *batcher) runsOf(calls []*call) []run {
+	var runs []run
+	if b.multi == nil || len(calls) < 2 {
+		for _, c := range calls {
+			runs = append(runs, run{script: b.script, calls: []*call{c}, keys: c.keys, args: c.args})
+		}
+		return runs
+	}
+	groups := [][]*call{calls}
+	if b.cluster {
+		groups = nil
+		var slots []int
+		for _, c := range calls {
+			slot := -1
+			if len(c.keys) > 0 {
+				slot = keySlot(c.keys[0])
+			}
+			g := slices.Index(slots, slot)
+			if g < 0 {
+				slots = append(slots, slot)
+				groups = append(groups, nil)
+				g = len(groups) - 1
+			}
+			groups[g] = append(groups[g], c)
+		}
+	}
+	for _, g := range groups {
+		if len(g) == 1 {
+			runs = append(runs, run{script: b.script, calls: g, keys: g[0].keys, args: g[0].args})
+			continue
+		}
+		keys, args := packMany(g)
+		runs = append(runs, run{script: b.multi, calls: g, keys: keys, args: args})
+	}
+	return runs
+}
+
+// packMany returns the keys and arguments of one run of many.lua over
+// calls.
+func packMany(calls []*call) ([]string, []any) {
+	nk, na := 0, 1+2*len(calls)
+	for _, c := range calls {
+		nk += len(c.keys)
+		na += len(c.args)
+	}
+	keys := make([]string, 0, nk)
+	args := make([]any, 0, na)
+	args = append(args, strconv.Itoa(len(calls)))
+	for _, c := range calls {
+		args = append(args, strconv.Itoa(len(c.keys)), strconv.Itoa(len(c.args)))
+	}
+	for _, c := range calls {
+		keys = append(keys, c.keys...)
+		args = append(args, c.args...)
+	}
+	return keys, args
+}
+
+// manyError is one call's error in a reply of many.lua.
+type manyError string
+
+func (e manyError) Error() string { return string(e) }
+
+// unpackMany sets each call's result from many.lua's reply res (or the
+// run's error err, which is every call's).
+func unpackMany(calls []*call, res any, err error) {
+	vals, ok := res.([]any)
+	if err == nil && (!ok || len(vals) != len(calls)) {
+		err = fmt.Errorf("service: redis: batch script reply: want %d replies, got %T of %v", len(calls), res, res)
+	}
+	for i, c := range calls {
+		if err != nil {
+			c.err = err
+			continue
+		}
+		if s, ok := vals[i].(string); ok {
+			c.err = manyError(s)
+			continue
+		}
+		c.res = vals[i]
 	}
 }

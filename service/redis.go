@@ -27,11 +27,32 @@ var (
 	leasePart string
 	//go:embed charge.lua
 	chargePart string
+	//go:embed many.lua
+	manyPart string
 
 	decideLua = bucketLua + decidePart
 	leaseLua  = bucketLua + leasePart
 	chargeLua = bucketLua + chargePart
+
+	// manyDecideLua runs several decisions in one run (many.lua).
+	manyDecideLua = manyOf(bucketLua, decidePart,
+		"caller = ARGV[#ARGV - 1]\nwindow = tonumber(ARGV[#ARGV])\ngen = math.floor(now / window)")
 )
+
+// The scripts of several calls in one run (batch.go).
+var (
+	manyDecideScript = redis.NewScript(manyDecideLua)
+	manyWindowScript = redis.NewScript(manyOf("", windowLua, ""))
+)
+
+// manyOf returns many.lua around one script: its shared part, its own part
+// as the function one, and prepare (what the shared part reads from a
+// call's arguments, set again before each call).
+func manyOf(shared, own, prepare string) string {
+	return "local KEYS, ARGV = KEYS, ARGV\n" + shared +
+		"\nlocal function one()\n" + own + "\nend\n" +
+		"local function prepare()\n" + prepare + "\nend\n" + manyPart
+}
 
 // DecideScript is the Lua source run for every decision (bucket.lua, then
 // decide.lua).
@@ -127,8 +148,8 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore
 			}
 			onBatch = func(n int) { h.Observe(float64(n)) }
 		}
-		s.batch = newBatcher(client, s.script, opts.Batch, onBatch)
-		s.windows = newBatcher(client, windowScript, opts.Batch, nil)
+		s.batch = newBatcher(client, s.script, manyDecideScript, cluster, opts.Batch, onBatch)
+		s.windows = newBatcher(client, windowScript, manyWindowScript, cluster, opts.Batch, nil)
 	}
 	return s, nil
 }
@@ -144,6 +165,13 @@ func (s *RedisStore) Load(ctx context.Context) (string, error) {
 	}
 	if err := s.windowScript().Load(ctx, s.client).Err(); err != nil {
 		return "", fmt.Errorf("service: redis: script load: %w", err)
+	}
+	if s.batch != nil {
+		for _, m := range []*redis.Script{s.batch.multi, s.windows.multi} {
+			if err := m.Load(ctx, s.client).Err(); err != nil {
+				return "", fmt.Errorf("service: redis: script load: %w", err)
+			}
+		}
 	}
 	sha, err := s.script.Load(ctx, s.client).Result()
 	if err != nil {
@@ -176,18 +204,10 @@ func (s *RedisStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer
 	admitted := make([]bool, len(groups))
 	for g, idx := range groups {
 		gkeys := make([]string, len(idx))
-		args := make([]any, 0, 5*len(idx)+2)
 		for j, i := range idx {
-			b := &req.Buckets[i]
 			gkeys[j] = keys[i]
-			refundable := "0"
-			if b.Refundable {
-				refundable = "1"
-			}
-			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost), refundable, strconv.FormatInt(b.MaxDelayMs, 10))
 		}
-		args = appendPeriods(args, idx, func(i int) wire.Period { return req.Buckets[i].Period })
-		args = append(args, caller, s.window)
+		args := decideArgs(req, idx, caller, s.window)
 		var res any
 		var err error
 		if s.batch != nil {
@@ -211,6 +231,21 @@ func (s *RedisStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer
 		}
 	}
 	return d, nil
+}
+
+// decideArgs returns decide.lua's arguments for the buckets idx of req.
+func decideArgs(req *wire.Request, idx []int, caller, window string) []any {
+	args := make([]any, 0, 7*len(idx)+2)
+	for _, i := range idx {
+		b := &req.Buckets[i]
+		refundable := "0"
+		if b.Refundable {
+			refundable = "1"
+		}
+		args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost), refundable, strconv.FormatInt(b.MaxDelayMs, 10))
+	}
+	args = appendPeriods(args, idx, func(i int) wire.Period { return req.Buckets[i].Period })
+	return append(args, caller, window)
 }
 
 // giveBack gives back, with charge.lua in mode "undo", the costs the
