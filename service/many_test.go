@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -298,5 +299,100 @@ func TestManyRealRedis(t *testing.T) {
 	got, errs = runMany(ctx, c, manyWindowScript, wcalls)
 	if errs[0] != nil || errs[2] != nil || errs[1] == nil || !reflect.DeepEqual(got[0], []any{int64(3)}) || !reflect.DeepEqual(got[2], []any{int64(6)}) {
 		t.Fatalf("Count batch: %v, %v; want [3], an error, [6]", got, errs)
+	}
+}
+
+// redisCPU is Redis's own CPU time so far (INFO cpu: user + system).
+func redisCPU(b *testing.B, c *redis.Client) time.Duration {
+	b.Helper()
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sum += f
+		}
+	}
+	return time.Duration(sum * float64(time.Second))
+}
+
+// redisScriptTime is the time Redis spent running scripts so far (INFO
+// commandstats: EVALSHA's and EVAL's usec), and the runs.
+func redisScriptTime(b *testing.B, c *redis.Client) (time.Duration, int64) {
+	b.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var us, calls int64
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "cmdstat_evalsha" && k != "cmdstat_eval") {
+			continue
+		}
+		for _, f := range strings.Split(v, ",") {
+			name, val, _ := strings.Cut(f, "=")
+			n, _ := strconv.ParseInt(val, 10, 64)
+			switch name {
+			case "usec":
+				us += n
+			case "calls":
+				calls += n
+			}
+		}
+	}
+	return time.Duration(us) * time.Microsecond, calls
+}
+
+// BenchmarkRedisManyCPU: Redis's CPU per decision (redis-µs/op, from INFO
+// cpu), the time its scripts ran per decision (script-µs/op, INFO
+// commandstats), the decisions per pipeline (per-batch) and per script run
+// (per-run) with concurrent decisions
+// batched, each call its own EVALSHA (one) or a slot's calls one run of
+// many.lua (many).
+func BenchmarkRedisManyCPU(b *testing.B) {
+	srv := redistest.Start(b)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, PoolSize: 64})
+	defer c.Close()
+	for _, multi := range []bool{false, true} {
+		b.Run(map[bool]string{false: "one", true: "many"}[multi], func(b *testing.B) {
+			var batches, calls atomic.Int64
+			s, err := NewRedisStore(c, RedisOptions{Batch: BatchOptions{MaxSize: 64}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			s.batch.onBatch = func(n int) { batches.Add(1); calls.Add(int64(n)) }
+			if !multi {
+				s.batch.multi = nil
+			}
+			b.SetParallelism(16)
+			var next atomic.Int64
+			cpu0 := redisCPU(b, c)
+			script0, runs0 := redisScriptTime(b, c)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				req := one("bench-"+strconv.FormatInt(next.Add(1)%32, 10), 1e6, 1e6, 1)
+				for pb.Next() {
+					if _, err := s.Decide(context.Background(), req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(redisCPU(b, c)-cpu0)/float64(time.Microsecond)/float64(b.N), "redis-µs/op")
+			b.ReportMetric(float64(calls.Load())/float64(max(batches.Load(), 1)), "per-batch")
+			script1, runs1 := redisScriptTime(b, c)
+			b.ReportMetric(float64(script1-script0)/float64(time.Microsecond)/float64(b.N), "script-µs/op")
+			b.ReportMetric(float64(b.N)/float64(max(runs1-runs0, 1)), "per-run")
+		})
 	}
 }

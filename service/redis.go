@@ -90,8 +90,10 @@ type RedisOptions struct {
 // run by SHA (EVALSHA, falling back to EVAL once when Redis answers NOSCRIPT,
 // which also loads it again). The script reads Redis's TIME, so the clocks of
 // the service and the gateways never matter. With batching enabled,
-// concurrent decisions share a pipeline; each is still its own script call,
-// atomic on its own.
+// concurrent decisions share a pipeline, those of one Redis Cluster slot
+// one script run (batch.go); each is still atomic on its own and decided as
+// it would be alone. The records are the same either way, so limitd
+// versions with and without it share a Redis during a rolling upgrade.
 type RedisStore struct {
 	client  redisClient
 	script  *redis.Script
