@@ -3,9 +3,6 @@ package service
 import (
 	"context"
 	"errors"
-	"fmt"
-	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -34,19 +31,11 @@ var errBatcherClosed = errors.New("service: redis: store closed")
 // batcher sends concurrent script calls as pipelines of EVALSHA. Calls are
 // handed to workers over an unbuffered channel: a worker takes one, then every
 // call whose sender is already waiting (up to MaxSize, for up to Window), and
-// sends them in one pipeline. With a multi script (many.lua around the
-// script), the calls of a pipeline that share a Redis Cluster slot (all of
-// them on a single Redis) are one run of it: Redis starts one script, reads
-// TIME and defines the helpers once for them all. Each call is still decided
-// as alone, in pipeline order, after the writes of those before it, at one
-// instant of Redis's clock; one call's error is its own. A Cluster client
-// splits a pipeline by node, so runs for different slots still go out in one
-// round trip per node.
+// sends them in one pipeline. A Cluster client splits a pipeline by node, so
+// calls for different slots still go out in one round trip per node.
 type batcher struct {
 	client  redisClient
 	script  *redis.Script
-	multi   *redis.Script // the script's many.lua; nil: one run per call
-	cluster bool          // group multi runs by Redis Cluster slot
 	opts    BatchOptions
 	onBatch func(int)
 
@@ -66,7 +55,7 @@ type call struct {
 	done chan struct{}
 }
 
-func newBatcher(client redisClient, script, multi *redis.Script, cluster bool, opts BatchOptions, onBatch func(int)) *batcher {
+func newBatcher(client redisClient, script *redis.Script, opts BatchOptions, onBatch func(int)) *batcher {
 	if opts.Workers <= 0 {
 		opts.Workers = 4
 	}
@@ -76,8 +65,6 @@ func newBatcher(client redisClient, script, multi *redis.Script, cluster bool, o
 	b := &batcher{
 		client:  client,
 		script:  script,
-		multi:   multi,
-		cluster: cluster,
 		opts:    opts,
 		onBatch: onBatch,
 		in:      make(chan *call),
@@ -157,10 +144,7 @@ func (b *batcher) work() {
 	}
 }
 
-// flush sends batch in one pipeline. With a multi script, the calls that
-// share a Redis Cluster slot (all of them on a single Redis) go as one run of
-// it (many.lua) when there are two or more, a lone call as its own EVALSHA;
-// without one, each call is its own EVALSHA. Runs answered NOSCRIPT (the
+// flush runs batch as one pipeline of EVALSHA; calls answered NOSCRIPT (the
 // script cache was flushed, or Redis restarted) are sent once more as EVAL,
 // which also loads the script again.
 func (b *batcher) flush(batch []*call) {
@@ -169,149 +153,36 @@ func (b *batcher) flush(batch []*call) {
 	if b.onBatch != nil {
 		b.onBatch(len(batch))
 	}
-	live := make([]*call, 0, len(batch))
-	for _, c := range batch {
+	sha := b.script.Hash()
+	pipe := b.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(batch))
+	for i, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			c.err = err // its caller has gone: don't spend tokens on it
 			continue
 		}
-		live = append(live, c)
-	}
-	runs := b.runsOf(live)
-	pipe := b.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(runs))
-	for i, r := range runs {
-		cmds[i] = pipe.EvalSha(ctx, r.script.Hash(), r.keys, r.args...)
+		cmds[i] = pipe.EvalSha(ctx, sha, c.keys, c.args...)
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are per command
 	}
 	var retry redis.Pipeliner
 	for i, cmd := range cmds {
-		if !isNoScript(cmd.Err()) {
+		if cmd == nil || !isNoScript(cmd.Err()) {
 			continue
 		}
 		if retry == nil {
 			retry = b.client.Pipeline()
 		}
-		cmds[i] = runs[i].script.Eval(ctx, retry, runs[i].keys, runs[i].args...) // this batcher's own script
+		cmds[i] = b.script.Eval(ctx, retry, batch[i].keys, batch[i].args...) // this batcher's own script
 	}
 	if retry != nil {
 		_, _ = retry.Exec(ctx)
 	}
-	for i, r := range runs {
-		res, err := cmds[i].Result()
-		if len(r.calls) == 1 && r.script == b.script {
-			r.calls[0].res, r.calls[0].err = res, err
-			continue
+	for i, c := range batch {
+		if cmd := cmds[i]; cmd != nil {
+			c.res, c.err = cmd.Result()
 		}
-		unpackMany(r.calls, res, err)
-	}
-	for _, c := range batch {
 		close(c.done)
-	}
-}
-
-// run is one script run of a pipeline: one call with the batcher's script,
-// or several with its multi script.
-type run struct {
-	script *redis.Script
-	calls  []*call
-	keys   []string
-	args   []any
-}
-
-// runsOf groups calls into script runs: those that share a Redis Cluster
-// slot (every call's keys are in one slot) into one run of the multi script
-// when there are two or more, in the order of their first call; each call
-// alone without a multi script.
-func (b *batcher) runsOf(calls []*call) []run {
-	var runs []run
-	if b.multi == nil || len(calls) < 2 {
-		for _, c := range calls {
-			runs = append(runs, run{script: b.script, calls: []*call{c}, keys: c.keys, args: c.args})
-		}
-		return runs
-	}
-	groups := [][]*call{calls}
-	if b.cluster {
-		groups = nil
-		var slots []int
-		for _, c := range calls {
-			slot := -1
-			if len(c.keys) > 0 {
-				slot = keySlot(c.keys[0])
-			}
-			g := slices.Index(slots, slot)
-			if g < 0 {
-				slots = append(slots, slot)
-				groups = append(groups, nil)
-				g = len(groups) - 1
-			}
-			groups[g] = append(groups[g], c)
-		}
-	}
-	for _, g := range groups {
-		if len(g) < manyMin {
-			for _, c := range g {
-				runs = append(runs, run{script: b.script, calls: []*call{c}, keys: c.keys, args: c.args})
-			}
-			continue
-		}
-		keys, args := packMany(g)
-		runs = append(runs, run{script: b.multi, calls: g, keys: keys, args: args})
-	}
-	return runs
-}
-
-// manyMin is the fewest calls sent as one run of the multi script: Redis
-// spends more instructions a decision on a run of 2 than on 2 runs alone,
-// about as many on 4, 14% fewer on 16 (callgrind, BenchmarkRedisManyCPU's
-// workload).
-const manyMin = 8
-
-// packMany returns the keys and arguments of one run of many.lua over
-// calls.
-func packMany(calls []*call) ([]string, []any) {
-	nk, na := 0, 1+2*len(calls)
-	for _, c := range calls {
-		nk += len(c.keys)
-		na += len(c.args)
-	}
-	keys := make([]string, 0, nk)
-	args := make([]any, 0, na)
-	args = append(args, strconv.Itoa(len(calls)))
-	for _, c := range calls {
-		args = append(args, strconv.Itoa(len(c.keys)), strconv.Itoa(len(c.args)))
-	}
-	for _, c := range calls {
-		keys = append(keys, c.keys...)
-		args = append(args, c.args...)
-	}
-	return keys, args
-}
-
-// manyError is one call's error in a reply of many.lua.
-type manyError string
-
-func (e manyError) Error() string { return string(e) }
-
-// unpackMany sets each call's result from many.lua's reply res (or the
-// run's error err, which is every call's).
-func unpackMany(calls []*call, res any, err error) {
-	vals, ok := res.([]any)
-	if err == nil && (!ok || len(vals) != len(calls)) {
-		err = fmt.Errorf("service: redis: batch script reply: want %d replies, got %T of %v", len(calls), res, res)
-	}
-	for i, c := range calls {
-		if err != nil {
-			c.err = err
-			continue
-		}
-		if s, ok := vals[i].(string); ok {
-			c.err = manyError(s)
-			continue
-		}
-		c.res = vals[i]
 	}
 }

@@ -27,32 +27,11 @@ var (
 	leasePart string
 	//go:embed charge.lua
 	chargePart string
-	//go:embed many.lua
-	manyPart string
 
 	decideLua = bucketLua + decidePart
 	leaseLua  = bucketLua + leasePart
 	chargeLua = bucketLua + chargePart
-
-	// manyDecideLua runs several decisions in one run (many.lua).
-	manyDecideLua = manyOf(bucketLua, decidePart,
-		"caller = ARGV[#ARGV - 1]\nwindow = tonumber(ARGV[#ARGV])\ngen = math.floor(now / window)")
 )
-
-// The scripts of several calls in one run (batch.go).
-var (
-	manyDecideScript = redis.NewScript(manyDecideLua)
-	manyWindowScript = redis.NewScript(manyOf("", windowLua, ""))
-)
-
-// manyOf returns many.lua around one script: its shared part, its own part
-// as the function one, and prepare (what the shared part reads from a
-// call's arguments, set again before each call).
-func manyOf(shared, own, prepare string) string {
-	return "local KEYS, ARGV = KEYS, ARGV\n" + shared +
-		"\nlocal function one()\n" + own + "\nend\n" +
-		"local function prepare()\n" + prepare + "\nend\n" + manyPart
-}
 
 // DecideScript is the Lua source run for every decision (bucket.lua, then
 // decide.lua).
@@ -90,10 +69,8 @@ type RedisOptions struct {
 // run by SHA (EVALSHA, falling back to EVAL once when Redis answers NOSCRIPT,
 // which also loads it again). The script reads Redis's TIME, so the clocks of
 // the service and the gateways never matter. With batching enabled,
-// concurrent decisions share a pipeline, those of one Redis Cluster slot
-// one script run (batch.go); each is still atomic on its own and decided as
-// it would be alone. The records are the same either way, so limitd
-// versions with and without it share a Redis during a rolling upgrade.
+// concurrent decisions share a pipeline; each is still its own script call,
+// atomic on its own.
 type RedisStore struct {
 	client  redisClient
 	script  *redis.Script
@@ -150,8 +127,8 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) (*RedisStore
 			}
 			onBatch = func(n int) { h.Observe(float64(n)) }
 		}
-		s.batch = newBatcher(client, s.script, manyDecideScript, cluster, opts.Batch, onBatch)
-		s.windows = newBatcher(client, windowScript, manyWindowScript, cluster, opts.Batch, nil)
+		s.batch = newBatcher(client, s.script, opts.Batch, onBatch)
+		s.windows = newBatcher(client, windowScript, opts.Batch, nil)
 	}
 	return s, nil
 }
@@ -167,13 +144,6 @@ func (s *RedisStore) Load(ctx context.Context) (string, error) {
 	}
 	if err := s.windowScript().Load(ctx, s.client).Err(); err != nil {
 		return "", fmt.Errorf("service: redis: script load: %w", err)
-	}
-	if s.batch != nil {
-		for _, m := range []*redis.Script{s.batch.multi, s.windows.multi} {
-			if err := m.Load(ctx, s.client).Err(); err != nil {
-				return "", fmt.Errorf("service: redis: script load: %w", err)
-			}
-		}
 	}
 	sha, err := s.script.Load(ctx, s.client).Result()
 	if err != nil {
@@ -206,10 +176,18 @@ func (s *RedisStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer
 	admitted := make([]bool, len(groups))
 	for g, idx := range groups {
 		gkeys := make([]string, len(idx))
+		args := make([]any, 0, 5*len(idx)+2)
 		for j, i := range idx {
+			b := &req.Buckets[i]
 			gkeys[j] = keys[i]
+			refundable := "0"
+			if b.Refundable {
+				refundable = "1"
+			}
+			args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost), refundable, strconv.FormatInt(b.MaxDelayMs, 10))
 		}
-		args := decideArgs(req, idx, caller, s.window)
+		args = appendPeriods(args, idx, func(i int) wire.Period { return req.Buckets[i].Period })
+		args = append(args, caller, s.window)
 		var res any
 		var err error
 		if s.batch != nil {
@@ -233,21 +211,6 @@ func (s *RedisStore) Decide(ctx context.Context, req *wire.Request) (wire.Answer
 		}
 	}
 	return d, nil
-}
-
-// decideArgs returns decide.lua's arguments for the buckets idx of req.
-func decideArgs(req *wire.Request, idx []int, caller, window string) []any {
-	args := make([]any, 0, 7*len(idx)+2)
-	for _, i := range idx {
-		b := &req.Buckets[i]
-		refundable := "0"
-		if b.Refundable {
-			refundable = "1"
-		}
-		args = append(args, formatFloat(b.Rate), formatFloat(b.Burst), formatFloat(b.Cost), refundable, strconv.FormatInt(b.MaxDelayMs, 10))
-	}
-	args = appendPeriods(args, idx, func(i int) wire.Period { return req.Buckets[i].Period })
-	return append(args, caller, window)
 }
 
 // giveBack gives back, with charge.lua in mode "undo", the costs the
