@@ -184,6 +184,7 @@ func (b *bench) rlsRun() error {
 	for r := range p.rounds {
 		for _, t := range roundOrder(targets, r) {
 			pr := b.rlsProbe(t)
+			pr.counters = b.rlsBatchCounters(t)
 			s, err := saturate(b.rlsAddr(t), pr, b.reqs, p.conns, p.warmup, p.satWindow)
 			if err != nil {
 				return err
@@ -193,8 +194,8 @@ func (b *bench) rlsRun() error {
 				return err
 			}
 			t.sat, t.lat = append(t.sat, s), append(t.lat, l)
-			b.logf("rls round %d (%d) %-50s %7.0f req/s, CPU µs/req: Envoy %5.1f service %5.1f redis %5.1f | at %.0f/s p50 %5.0f p99 %6.0f µs",
-				r+1, t.c.ID, t.c.Label, s.Throughput, s.CPUPerReqUS, perReq(s, 0), perReq(s, 1), l.Achieved, l.P50US, l.P99US)
+			b.logf("rls round %d (%d) %-50s %7.0f req/s, CPU µs/req: Envoy %5.1f service %5.1f redis %5.1f | at %.0f/s p50 %5.0f p99 %6.0f µs%s",
+				r+1, t.c.ID, t.c.Label, s.Throughput, s.CPUPerReqUS, perReq(s, 0), perReq(s, 1), l.Achieved, l.P50US, l.P99US, perPipeline(s.Counters, l.Counters))
 		}
 	}
 	// The stats before the bursts, which are refused on purpose.
@@ -546,6 +547,32 @@ func (b *bench) rlsProbe(t *rlsTarget) probe {
 		pr.watch = []int{t.svcPID, t.rdsPID}
 	}
 	return pr
+}
+
+// rlsBatchCounters reads, for a target whose service is limitd, how many
+// decisions its Redis pipelines carried and how many pipelines there were
+// (limitd_redis_batch_size's sum and count); nil for the others.
+func (b *bench) rlsBatchCounters(t *rlsTarget) func() ([]float64, error) {
+	if (t.c.Kind != rlsLimitd && t.c.Kind != rlsPlugin) || t.svcHTTP == 0 {
+		return nil
+	}
+	return func() ([]float64, error) {
+		m, err := b.limitdMetrics(t)
+		if err != nil {
+			return nil, err
+		}
+		return []float64{m["limitd_redis_batch_size_sum"], m["limitd_redis_batch_size_count"]}, nil
+	}
+}
+
+// perPipeline says how many decisions limitd's Redis pipelines carried on
+// average in a saturation run and a fixed-rate one, from the growth of
+// rlsBatchCounters; empty without them.
+func perPipeline(sat, lat []float64) string {
+	if len(sat) != 2 || len(lat) != 2 || sat[1] == 0 || lat[1] == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" | decisions a pipeline: saturated %.2f, fixed rate %.2f", sat[0]/sat[1], lat[0]/lat[1])
 }
 
 // perReq is watched process i's CPU microseconds per request of run s.

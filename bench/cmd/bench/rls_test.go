@@ -164,3 +164,21 @@ func TestPerfGroups(t *testing.T) {
 		t.Errorf("by function: %v, %v", byFunc, err)
 	}
 }
+
+// perPipeline reads the growth of limitd_redis_batch_size's sum and count
+// as decisions a pipeline, and says nothing without both runs' counters or
+// with no pipeline in one of them.
+func TestPerPipeline(t *testing.T) {
+	for _, tt := range []struct {
+		sat, lat []float64
+		want     string
+	}{
+		{[]float64{300, 100}, []float64{50, 50}, " | decisions a pipeline: saturated 3.00, fixed rate 1.00"},
+		{nil, []float64{50, 50}, ""},
+		{[]float64{300, 100}, []float64{0, 0}, ""},
+	} {
+		if got := perPipeline(tt.sat, tt.lat); got != tt.want {
+			t.Errorf("perPipeline(%v, %v) = %q, want %q", tt.sat, tt.lat, got, tt.want)
+		}
+	}
+}
