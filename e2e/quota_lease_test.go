@@ -42,7 +42,10 @@ func quotaLeaseConfig() string {
 func TestQuotaClusterLease(t *testing.T) {
 	t.Parallel()
 	redis := redistest.Start(t)
-	svc := startLimitd(t, redis.Addr())
+	// limitd's bound on a decision matches the lease calls' 5 s: on a
+	// loaded machine Redis may take over a second to answer the minute's
+	// first calls, all at once, and a refused call would only test the load.
+	svc := startLimitd(t, redis.Addr(), "--timeout", "5s")
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	var envoys [2]*envoytest.Envoy
 	var boot sync.WaitGroup
