@@ -133,6 +133,10 @@ E2E_DEPS := setup setup-redis build build-native build-service build-ratelimit $
 # E2E_SERIAL is the Serial tests' names, "TestA|TestB|...", read from their
 # doc comments by internal/lint's rule (TestEndToEndTestsRunInParallel).
 E2E_SERIAL := $(shell awk '/^\/\/.*Serial: /{s=1;next} /^\/\//{next} /^func Test/{if(s){split($$2, a, /[^A-Za-z0-9_]/); printf "%s%s", sep, a[1]; sep="|"}} {s=0}' e2e/*_test.go)
+# internal/lint's TestMakefileSerialListIsTheDocs checks E2E_SERIAL.
+e2e-serial-list:
+	@echo '$(E2E_SERIAL)'
+
 e2e: $(E2E_DEPS)
 	@rm -f $(TEST_DIR)/e2e.*
 	set -o pipefail; $(GO) test -json -count=1 -parallel $(E2E_PARALLEL) -timeout 45m ./e2e/... 2>&1 | $(TESTLOG) -part e2e -log $(BUILD)/e2e.log
