@@ -549,17 +549,9 @@ func testDelayRouteTimeout(t *testing.T, build envoytest.Build) {
 		t.Fatal(err)
 	}
 	upPort, _ := strconv.Atoi(port)
-	const route = "route: {cluster: upstream, timeout: 15s}"
-	if !strings.Contains(envoytest.DemoConfigYAML, route) {
-		t.Fatalf("the bootstrap has no %q to shorten", route)
-	}
-	var wasm string // a template of our own: the plugin's path is not filled in from $PLUGIN_WASM
-	if build == envoytest.Wasm {
-		wasm = envoytest.PluginWasm(t)
-	}
-	e := envoytest.Start(t, envoytest.Options{Build: build, PluginWasm: wasm, UpstreamPort: upPort, Concurrency: 1,
-		Config: strings.Replace(envoytest.DemoConfigYAML, route, "route: {cluster: upstream, timeout: 1s}", 1),
-		HCM:    "stream_idle_timeout: 3s",
+	e := envoytest.Start(t, envoytest.Options{Build: build, UpstreamPort: upPort, Concurrency: 1,
+		Config: envoytest.DemoConfigYAML, RouteTimeout: "1s",
+		HCM: "stream_idle_timeout: 3s",
 		PluginConfig: `{"rules": [{"name": "patient", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
   "algorithm_config": {"tokens_per_second": 0.2, "burst": 1, "max_delay_ms": 10000}}]}`})
 	c := e.Client()

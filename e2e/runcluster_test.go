@@ -39,7 +39,7 @@ import (
 
 // runClusterPorts are the loopback ports run.sh and envoy.yaml fix: Redis,
 // limitd, Envoy's listener, the demo upstream and Envoy's admin.
-var runClusterPorts = []int{6380, 8081, 10000, 10001, 9901}
+var runClusterPorts = []int{6380, 8429, 10000, 10001, 9901}
 
 var runClusterBlockRE = regexp.MustCompile("(?m)^```console run-cluster[ \t]*$")
 
@@ -91,13 +91,13 @@ func TestRunCluster(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { stopScript(t, cmd.Process.Pid, exited, logPath, mp) })
 
-	awaitReady(t, exited, logPath, mp, mp.url("http://127.0.0.1:8081/readyz"), "ready")
+	awaitReady(t, exited, logPath, mp, mp.url("http://127.0.0.1:8429/readyz"), "ready")
 	runSession(t, mp.route, cmds, 0)
 
 	if b, err := os.ReadFile(redisLog); err != nil || !strings.Contains(string(b), "Ready to accept connections") {
 		t.Errorf("Redis log %s: %v\n%s", redisLog, err, b)
 	}
-	if code, body := httpGet(t, mp.url("http://127.0.0.1:8081/metrics")); code != 200 || !strings.Contains(body, "limitd_decisions_total") {
+	if code, body := httpGet(t, mp.url("http://127.0.0.1:8429/metrics")); code != 200 || !strings.Contains(body, "limitd_decisions_total") {
 		t.Errorf("limitd /metrics: %d, no limitd_decisions_total", code)
 	}
 	if log := readFile(logPath); !strings.Contains(log, `"store":"redis"`) {
@@ -120,7 +120,7 @@ func needFile(t *testing.T, path, hint string) {
 // movedPorts are the ports a run script fixes, each moved by offset: the
 // scripts take PORT_OFFSET and add it to every port they and their Envoy
 // configuration use. The tests run them at an offset from portOffsets, so
-// that they never meet the demo's ports (10000, 9901, 8081, ...) of a `make
+// that they never meet the demo's ports (10000, 9901, 8429, ...) of a `make
 // run` or `make run-cluster` running beside `make test`.
 type movedPorts struct {
 	offset int

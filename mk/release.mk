@@ -50,7 +50,7 @@ release:
 		-layout $(RELEASE_DIR)/tokenbucket-$(RELEASE_VERSION)-oci -archive $(RELEASE_DIR)/tokenbucket-$(RELEASE_VERSION)-oci.tar \
 		-summary $(RELEASE_DIR)/tokenbucket-$(RELEASE_VERSION)-oci.json -render examples/istio -render-out $(RELEASE_DIR)/istio
 	cp $(LIMITD_OCI_BIN) $(RELEASE_DIR)/limitd-$(RELEASE_VERSION)-linux-$(LIMITD_OCI_ARCH)
-	$(GO) run ./cmd/ociimage -exe $(LIMITD_OCI_BIN) -exe-name limitd -exe-alias /bin/ratelimit -exe-port 8081 -exe-cmd '--listen=:8081' \
+	$(GO) run ./cmd/ociimage -exe $(LIMITD_OCI_BIN) -exe-name limitd -exe-alias /bin/ratelimit -exe-port 8429 -exe-cmd '--listen=:8429' \
 		-ref $(RELEASE_REPO)/limitd:$(RELEASE_VERSION) \
 		-layout $(RELEASE_DIR)/limitd-$(RELEASE_VERSION)-oci -archive $(RELEASE_DIR)/limitd-$(RELEASE_VERSION)-oci.tar \
 		-summary $(RELEASE_DIR)/limitd-$(RELEASE_VERSION)-oci.json

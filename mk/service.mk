@@ -13,7 +13,7 @@
 #   make fuzz-service         fuzz the request decoder (package wire) for FUZZTIME
 #   make oci-limitd           limitd as a container image, no Docker daemon (cmd/ociimage -exe):
 #                             a static linux binary FROM scratch, /etc/passwd with user nonroot
-#                             (65532), run as 65532:65532, port 8081, /bin/ratelimit a link
+#                             (65532), run as 65532:65532, port 8429, /bin/ratelimit a link
 #                             to it (Envoy Gateway's command); written as build/limitd-oci/
 #                             (OCI layout) and build/limitd-oci.tar, both read back and verified,
 #                             digests in build/limitd-oci.json. Same binary, same digest.
@@ -72,5 +72,5 @@ $(LIMITD_OCI_BIN): $(LIMITD_SRC) go.mod go.sum $(VERSION_STAMP)
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(LIMITD_OCI_ARCH) $(GO) build -trimpath -buildvcs=false -ldflags='-s -w $(VERSION_LDFLAG)' -o $@ ./cmd/limitd
 
 oci-limitd: $(LIMITD_OCI_BIN)
-	$(GO) run ./cmd/ociimage -exe $(LIMITD_OCI_BIN) -exe-name limitd -exe-alias /bin/ratelimit -exe-port 8081 -exe-cmd '--listen=:8081' \
+	$(GO) run ./cmd/ociimage -exe $(LIMITD_OCI_BIN) -exe-name limitd -exe-alias /bin/ratelimit -exe-port 8429 -exe-cmd '--listen=:8429' \
 		-layout $(BUILD)/limitd-oci -archive $(BUILD)/limitd-oci.tar -summary $(BUILD)/limitd-oci.json -ref $(OCI_LIMITD_REF)

@@ -6,7 +6,7 @@
 // 100 ms doubling up to 5 s; /readyz answers 503 until Redis has answered
 // (and loaded the decision script) once, then whenever Redis does not answer.
 //
-//	limitd --listen 127.0.0.1:8081 --redis redis://127.0.0.1:6379/0
+//	limitd --listen 127.0.0.1:8429 --redis redis://127.0.0.1:6379/0
 //	limitd --redis 10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379      (Redis Cluster)
 //	limitd --redis 10.0.0.1:26379,10.0.0.2:26379 --redis-master mymaster   (Sentinel)
 //	limitd --version   (prints "limitd <version>": package internal/version)
@@ -137,7 +137,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("limitd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o.rls.register(fs)
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "address to serve HTTP on; a non-loopback address requires a token")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8429", "address to serve HTTP on; a non-loopback address requires a token")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address to serve /metrics on, alone and to whoever reaches it (bind it where only the scraper does); empty = on --listen, where a non-loopback address asks for a caller's bearer token")
 	fs.StringVar(&o.redis, "redis", "", "Redis: a URL (redis://[user:pass@]host:port/db, rediss://...), or host:port[,host:port...] (several = Redis Cluster, or Sentinels with --redis-master); empty = in-memory store")
 	fs.StringVar(&o.redisMaster, "redis-master", "", "Sentinel master name: --redis lists the Sentinels")

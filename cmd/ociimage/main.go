@@ -14,7 +14,7 @@
 // non-root user (oci.BuildExecutable), written, read back and verified the
 // same way:
 //
-//	go run ./cmd/ociimage -exe build/limitd -exe-port 8081 -exe-cmd '--listen=:8081' \
+//	go run ./cmd/ociimage -exe build/limitd -exe-port 8429 -exe-cmd '--listen=:8429' \
 //	    -layout build/limitd-oci -archive build/limitd-oci.tar -ref localhost/ratelimit-wasm/limitd:dev
 //
 // With -module it packages the native module (build/libtokenbucket.so: `make

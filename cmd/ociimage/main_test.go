@@ -292,7 +292,7 @@ func TestRunExecutable(t *testing.T) {
 		}
 		layout, archive, summary := filepath.Join(dir, "limitd-oci"), filepath.Join(dir, "limitd-oci.tar"), filepath.Join(dir, "limitd-oci.json")
 		var out bytes.Buffer
-		err := run([]string{"-exe", exe, "-exe-port", "8081", "-exe-cmd", "--listen=:8081", "-layout", layout,
+		err := run([]string{"-exe", exe, "-exe-port", "8429", "-exe-cmd", "--listen=:8429", "-layout", layout,
 			"-archive", archive, "-summary", summary, "-ref", "localhost/ratelimit-wasm/limitd:dev"}, &out)
 		if err != nil {
 			t.Fatal(err)
@@ -312,7 +312,7 @@ func TestRunExecutable(t *testing.T) {
 			t.Fatal(err)
 		}
 		cf, err := img.ConfigFile()
-		if err != nil || strings.Join(cf.Config.Cmd, " ") != "--listen=:8081" {
+		if err != nil || strings.Join(cf.Config.Cmd, " ") != "--listen=:8429" {
 			t.Errorf("config %+v, %v", cf, err)
 		}
 		digests = append(digests, s.ImageDigest)

@@ -94,7 +94,7 @@ func TestInvalidManifestsFail(t *testing.T) {
 		{"timeout_ms: 50", "timeout_ms: 0", "timeout_ms"},
 		{"url: oci://ghcr.io/ratelimit-wasm/tokenbucket:0.1.0", "url: ghcr.io/ratelimit-wasm/tokenbucket:0.1.0", "spec.url"},
 		{`sha256: "0000000000000000000000000000000000000000000000000000000000000000"`, `sha256: "sha256:00"`, "spec.sha256"},
-		{"cluster: outbound|8081||limitd.ratelimit.svc.cluster.local", "cluster: limitd", "not a cluster Istio builds"},
+		{"cluster: outbound|8429||limitd.ratelimit.svc.cluster.local", "cluster: limitd", "not a cluster Istio builds"},
 	} {
 		code, out := runValidate(edited(t, e.old, e.new))
 		if code != 1 || !strings.Contains(out, e.want) {

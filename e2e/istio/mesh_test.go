@@ -191,7 +191,7 @@ spec:
   location: MESH_EXTERNAL
   resolution: STATIC
   ports:
-  - number: 8081
+  - number: 8429
     name: http
     protocol: HTTP
     targetPort: %[3]d

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make run-cluster: Redis (when installed) on 127.0.0.1:6380, the limit service
-# on 127.0.0.1:8081, and Envoy on localhost:10000 with examples/cluster-wide.
+# on 127.0.0.1:8429, and Envoy on localhost:10000 with examples/cluster-wide.
 # Without redis-server the service runs on its in-memory store and says so.
 # The limit service waits for Redis (its /readyz answers 503 until then).
 # Everything stops on Ctrl-C. PORT_OFFSET (default 0) moves every port by
@@ -44,11 +44,11 @@ if command -v redis-server >/dev/null; then
 else
   echo "redis-server not installed: the limit service uses its in-memory store (apt-get install redis-server)"
 fi
-build/limitd --listen 127.0.0.1:$((8081 + off)) "${redis_flag[@]}" &
+build/limitd --listen 127.0.0.1:$((8429 + off)) "${redis_flag[@]}" &
 pids+=($!)
 # --disable-hot-restart: no shared memory or domain socket, so it runs beside another Envoy
 "${FUNC_E:-build/bin/func-e}" run -c "$config" --concurrency 2 --log-level info --disable-hot-restart &
 pids+=($!)
-echo "Envoy on http://localhost:$((10000 + off)) (admin :$((9901 + off))), limit service on :$((8081 + off)). Try:"
+echo "Envoy on http://localhost:$((10000 + off)) (admin :$((9901 + off))), limit service on :$((8429 + off)). Try:"
 echo "  for i in 1 2 3 4 5 6 7; do curl -s -o /dev/null -w '%{http_code} ' localhost:$((10000 + off))/ -H 'x-api-key: a'; done"
 wait -n "${pids[@]}"

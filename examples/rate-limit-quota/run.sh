@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # examples/rate-limit-quota/run.sh: Redis on 127.0.0.1:6380, limitd on
-# 127.0.0.1:8081 (HTTP: health, metrics) and 127.0.0.1:8082 (gRPC: the rate
+# 127.0.0.1:8429 (HTTP: health, metrics) and 127.0.0.1:8082 (gRPC: the rate
 # limit quota service, with examples/rate-limit-quota/limits.yaml), and stock
 # Envoy on localhost:10000 with examples/rate-limit-quota/envoy.yaml. Needs
 # redis-server, build/limitd (`make build-service`) and Envoy (`make setup`).
@@ -26,13 +26,13 @@ mkdir -p "$run_dir"
 redis-server --bind 127.0.0.1 --port 6380 --save '' --appendonly no --dir "$run_dir" \
   --logfile "$run_dir/redis.log" &
 pids+=($!)
-build/limitd --listen 127.0.0.1:8081 --grpc-listen 127.0.0.1:8082 \
+build/limitd --listen 127.0.0.1:8429 --grpc-listen 127.0.0.1:8082 \
   --rls-config examples/rate-limit-quota/limits.yaml --redis 127.0.0.1:6380 &
 pids+=($!)
 # --disable-hot-restart: no shared memory or domain socket, so it runs beside another Envoy
 "${FUNC_E:-build/bin/func-e}" run -c examples/rate-limit-quota/envoy.yaml --concurrency 2 --log-level info \
   --disable-hot-restart &
 pids+=($!)
-echo "Envoy on http://localhost:10000 (admin :9901), limitd on :8081 (HTTP) and :8082 (RLQS). Try:"
+echo "Envoy on http://localhost:10000 (admin :9901), limitd on :8429 (HTTP) and :8082 (RLQS). Try:"
 echo "  for i in 1 2 3 4 5 6 7; do curl -s -o /dev/null -w '%{http_code} ' localhost:10000/ -H 'x-api-key: a'; done"
 wait -n "${pids[@]}"

@@ -66,12 +66,8 @@ func isTest(fn *ast.FuncDecl) bool {
 
 // parallelProblem is what is wrong with fn's start, or "".
 func parallelProblem(fn *ast.FuncDecl) string {
-	if fn.Doc != nil {
-		for _, c := range fn.Doc.List {
-			if _, why, ok := strings.Cut(c.Text, "Serial: "); ok && strings.TrimSpace(why) != "" {
-				return ""
-			}
-		}
+	if isSerial(fn) {
+		return ""
 	}
 	if fn.Body == nil || len(fn.Body.List) == 0 {
 		return "is empty"

@@ -20,7 +20,7 @@ spec:
   url: %s
   failStrategy: FAIL_CLOSE
   pluginConfig:
-    service: {cluster: "outbound|8081||limitd.ratelimit.svc.cluster.local", authority: %s}
+    service: {cluster: "outbound|8429||limitd.ratelimit.svc.cluster.local", authority: %s}
     rules:
     - name: fleet
       scope: cluster
@@ -34,7 +34,7 @@ kind: Service
 metadata: {name: limitd, namespace: ratelimit}
 spec:
   selector: {app: limitd}
-  ports: [{name: http, port: 8081}]
+  ports: [{name: http, port: 8429}]
 `
 
 func plugin(name, url, authority string) string { return fmt.Sprintf(wasmPlugin, name, url, authority) }
@@ -123,7 +123,7 @@ spec:
           filter_name: tokenbucket
           filter_config:
             "@type": type.googleapis.com/google.protobuf.StringValue
-            value: '{"service": {"cluster": "outbound|8081||limitd.ratelimit.svc.cluster.local", "authority": "limitd.ratelimit.svc.cluster.local"},
+            value: '{"service": {"cluster": "outbound|8429||limitd.ratelimit.svc.cluster.local", "authority": "limitd.ratelimit.svc.cluster.local"},
               "rules": [{"name": "fleet", "scope": "cluster", "limit_keys": ["header:x-api-key"],
               "algorithm": "token_bucket", "algorithm_config": {"tokens_per_second": 1, "burst": %s}}]}'
 `

@@ -16,7 +16,7 @@ import (
 )
 
 func limitdExe(payload string) oci.Executable {
-	return oci.Executable{Name: "limitd", Binary: elftest.Fake(elf.EM_X86_64, false, payload), Cmd: []string{"--listen=:8081"}, Ports: []int{8081}}
+	return oci.Executable{Name: "limitd", Binary: elftest.Fake(elf.EM_X86_64, false, payload), Cmd: []string{"--listen=:8429"}, Ports: []int{8429}}
 }
 
 // TestBuildExecutable checks the image of a static executable: platform,
@@ -40,8 +40,8 @@ func TestBuildExecutable(t *testing.T) {
 		cf.Config.Entrypoint[0] != "/usr/local/bin/limitd" || !cf.Created.Equal(t0) {
 		t.Errorf("config: %+v", cf)
 	}
-	if _, ok := cf.Config.ExposedPorts["8081/tcp"]; !ok {
-		t.Errorf("ExposedPorts %v lack 8081/tcp", cf.Config.ExposedPorts)
+	if _, ok := cf.Config.ExposedPorts["8429/tcp"]; !ok {
+		t.Errorf("ExposedPorts %v lack 8429/tcp", cf.Config.ExposedPorts)
 	}
 	seen := map[string]*tar.Header{}
 	for _, en := range layerEntries(t, img) {
@@ -129,7 +129,7 @@ func TestRealLimitd(t *testing.T) {
 	if err != nil {
 		t.Skipf("no build/limitd (make build-service): %v", err)
 	}
-	e := oci.Executable{Name: "limitd", Binary: bin, Ports: []int{8081}}
+	e := oci.Executable{Name: "limitd", Binary: bin, Ports: []int{8429}}
 	im, err := oci.BuildExecutable(e, t0)
 	if err != nil {
 		t.Fatal(err)

@@ -120,6 +120,9 @@ type Listener struct {
 	// Filters are HTTP filters (a YAML list) before the plugin; HCM are
 	// extra HttpConnectionManager fields (YAML).
 	Filters, HCM string
+	// RouteTimeout is the route's timeout ("" = 15s): the whole answer must
+	// be through by then.
+	RouteTimeout string
 	// RateLimit puts Envoy's own rate limit filter after Filters, before
 	// the plugin; nil leaves it out. See RateLimit.
 	RateLimit *RateLimit
@@ -143,10 +146,10 @@ type Options struct {
 	NativeModule string
 	// NoWasm leaves the plugin (either build) out of the main listener.
 	NoWasm bool
-	// Filters, HCM, RateLimit and RateLimitQuota: see Listener.
-	Filters, HCM   string
-	RateLimit      *RateLimit
-	RateLimitQuota *RateLimitQuota
+	// Filters, HCM, RouteTimeout, RateLimit and RateLimitQuota: see Listener.
+	Filters, HCM, RouteTimeout string
+	RateLimit                  *RateLimit
+	RateLimitQuota             *RateLimitQuota
 	// UpstreamPort is the cluster "upstream" (0: Envoy answers directly);
 	// ServicePort the cluster "limit_service" (0: none); RLSPort the
 	// cluster "rls" (HTTP/2: a rate limit service's gRPC port) that
@@ -316,7 +319,7 @@ func Data(opts Options) (TemplateData, error) {
 	custom := opts.Config != "" && opts.Config != Bootstrap
 	ls := opts.Listeners
 	if len(ls) == 0 {
-		ls = []Listener{{Port: opts.ListenerPort, PluginConfig: opts.PluginConfig, Filters: opts.Filters, HCM: opts.HCM,
+		ls = []Listener{{Port: opts.ListenerPort, PluginConfig: opts.PluginConfig, Filters: opts.Filters, HCM: opts.HCM, RouteTimeout: opts.RouteTimeout,
 			RateLimit: opts.RateLimit, RateLimitQuota: opts.RateLimitQuota}}
 	}
 	needPlugin := (custom && strings.Contains(opts.Config, ".PluginWasm")) ||

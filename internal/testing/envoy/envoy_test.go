@@ -378,3 +378,24 @@ func TestBootstrapUpstreamTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestBootstrapRouteTimeout: the route's timeout is 15 s unless the
+// listener (or Options, for the default one) sets RouteTimeout: a test that
+// streams gigabytes through one worker sets a longer one, so a loaded
+// machine makes it slower, not cut short (e2e's
+// TestResponseBodiesInBoundedMemory saw its answers end at 15 s under load).
+func TestBootstrapRouteTimeout(t *testing.T) {
+	for _, tc := range []struct{ set, want string }{{"", "timeout: 15s"}, {"300s", "timeout: 300s"}} {
+		d, err := Data(Options{NoWasm: true, UpstreamPort: 7, RouteTimeout: tc.set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Render(Bootstrap, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(got, "route: {cluster: upstream, "+tc.want+"}") {
+			t.Errorf("RouteTimeout %q: the route lacks %q:\n%s", tc.set, tc.want, got)
+		}
+	}
+}

@@ -6,4 +6,6 @@
 // license is the one the source files name, the changelog keeps its form,
 // and the `make lint` command README.md gives passes on the bootstrap it
 // gives and refuses what the plugin would. It has no code of its own.
+// Its tests that run make run side by side (t.Parallel): each in a copy of
+// the checkout or a build folder of its own, sharing the Go build cache.
 package repotest

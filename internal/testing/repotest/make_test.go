@@ -18,6 +18,7 @@ import (
 // reference, so the manifests applied next named an image nobody pushed:
 // the pull failed and FAIL_OPEN let every request through.)
 func TestValidateIstioKeepsTheReference(t *testing.T) {
+	t.Parallel() // a make of its own, in a copy or a build folder of its own: see the package doc
 	dir := t.TempDir()
 	copyCheckout(t, dir)
 	const ref = "registry.example.com/acme/tokenbucket:1.2.3"
@@ -165,6 +166,7 @@ func readManifests(t *testing.T, dir string) map[string]string {
 // cmd/limitd and one of the four Lua scripts, so an edited script left a
 // stale binary.)
 func TestLimitdRebuildsOnEverySource(t *testing.T) {
+	t.Parallel() // a make of its own, in a copy or a build folder of its own: see the package doc
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)

@@ -35,6 +35,7 @@ import (
 // refused (so is an untracked file: it could be built in), unless RELEASE_DIRTY=1 (the version then ends in -dirty);
 // VERSION names a release without a tag.
 func TestRelease(t *testing.T) {
+	t.Parallel() // a make of its own, in a copy or a build folder of its own: see the package doc
 	dir := t.TempDir()
 	copyCheckout(t, dir)
 	git := func(args ...string) {

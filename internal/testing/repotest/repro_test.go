@@ -21,6 +21,7 @@ import (
 // libtokenbucket.so files, none of which names its checkout's path, and the
 // same image digests for the plugin, for limitd and for the native module.
 func TestPluginWasmIsReproducible(t *testing.T) {
+	t.Parallel() // a make of its own, in a copy or a build folder of its own: see the package doc
 	tmp := t.TempDir()
 	dirs := []string{filepath.Join(tmp, "a"), filepath.Join(tmp, "another", "checkout", "of-this-repository")}
 	copyCheckout(t, dirs...)

@@ -21,6 +21,7 @@ import (
 // read from make's own database (make -p), so a rule added later is held
 // to it too.
 func TestVersionedRulesDependOnTheStamp(t *testing.T) {
+	t.Parallel() // a make of its own, in a copy or a build folder of its own: see the package doc
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)

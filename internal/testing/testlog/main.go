@@ -22,8 +22,9 @@
 //
 // prints each part's outcome and time (from <dir>/parts, a line
 // "<part> <ok|failed> <seconds>" each, which the Makefile writes), the
-// tests that failed and those that skipped with their reasons, and exits 1
-// when a part failed.
+// run's wall time (from <dir>/wall, its seconds, when parts ran side by
+// side), the tests that failed and those that skipped with their reasons,
+// and exits 1 when a part failed.
 package main
 
 import (
@@ -297,7 +298,18 @@ func summarize(w io.Writer, dir string) (failed bool, err error) {
 		failed = failed || f[1] != "ok"
 	}
 	var fails, skips []Record
-	fmt.Fprintf(w, "\n== make test: %d parts in %v\n", len(parts), total)
+	// <dir>/wall, when the Makefile wrote it, is the run's wall time: with
+	// parts side by side it is less than their sum.
+	if b, err := os.ReadFile(filepath.Join(dir, "wall")); err == nil {
+		s, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			return failed, fmt.Errorf("%s: %v", filepath.Join(dir, "wall"), err)
+		}
+		fmt.Fprintf(w, "\n== make test: %d parts in %v (the parts' times add up to %v: some ran side by side)\n",
+			len(parts), time.Duration(s)*time.Second, total)
+	} else {
+		fmt.Fprintf(w, "\n== make test: %d parts in %v\n", len(parts), total)
+	}
 	for _, p := range parts {
 		var c Counts
 		if b, err := os.ReadFile(filepath.Join(dir, p.name+".counts")); err == nil {

@@ -102,3 +102,30 @@ func TestPackagesOutput(t *testing.T) {
 		t.Errorf("-print packages:\n%s", s)
 	}
 }
+
+// TestSummaryWallTime: when parts run side by side, the summary's time is
+// the run's wall time (<dir>/wall), with the parts' sum beside it, not the
+// sum alone (which overstates a run whose parts overlap).
+func TestSummaryWallTime(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "parts"), []byte("test-build ok 5\nunit ok 300\ne2e-parallel ok 250\ne2e-serial ok 100\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "wall"), []byte("405\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var sum bytes.Buffer
+	failed, err := summarize(&sum, dir)
+	if err != nil || failed {
+		t.Fatalf("summarize: failed %v, err %v", failed, err)
+	}
+	if want := "== make test: 4 parts in 6m45s (the parts' times add up to 10m55s: some ran side by side)"; !strings.Contains(sum.String(), want) {
+		t.Errorf("summary lacks %q:\n%s", want, sum.String())
+	}
+	if err := os.WriteFile(filepath.Join(dir, "wall"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := summarize(&sum, dir); err == nil {
+		t.Error("summarize took a malformed wall file")
+	}
+}
