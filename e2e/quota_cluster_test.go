@@ -31,23 +31,10 @@ func TestQuotaCluster(t *testing.T) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	// Envoy A runs the Wasm build, Envoy B the native module, booted side
-	// by side (V8 compiles the plugin for seconds).
-	var envoys [2]*envoytest.Envoy
-	var boot sync.WaitGroup
-	for i, build := range []envoytest.Build{envoytest.Wasm, envoytest.Native} {
-		boot.Go(func() {
-			envoys[i] = envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
-				PluginConfig: quotaClusterConfig(), UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 2})
-		})
-	}
-	boot.Wait()
-	if t.Failed() || t.Skipped() {
+	envoys, a, b := startBothBuilds(t, quotaClusterConfig(), up.Port(), svc)
+	if envoys[0] == nil {
 		return
 	}
-	a, b := envoys[0].Client(), envoys[1].Client()
-	t.Cleanup(a.Close)
-	t.Cleanup(b.Close)
 	const kathmandu = 15 * time.Minute
 	awayFromBoundary(time.Hour, kathmandu, 30*time.Second)
 	before := secondsTo(time.Now(), time.Hour, kathmandu)
@@ -101,4 +88,29 @@ func TestQuotaCluster(t *testing.T) {
 		t.Fatalf("PTTL %s ms, want the boundary (%d s away) plus a minute", pttl, left)
 	}
 	t.Logf("two Envoys: %v; t and Retry-After to the boundary %d s away", st, after)
+}
+
+// startBothBuilds starts Envoy A (the Wasm build) and Envoy B (the native
+// module) with two workers each, the plugin configuration cfg, the upstream
+// and limitd on their ports, booted side by side (V8 compiles the plugin
+// for seconds), and returns them with a client of each; nil Envoys when a
+// start failed or was skipped.
+func startBothBuilds(t *testing.T, cfg string, upstream, service int) ([2]*envoytest.Envoy, *envoytest.Client, *envoytest.Client) {
+	t.Helper()
+	var envoys [2]*envoytest.Envoy
+	var boot sync.WaitGroup
+	for i, build := range []envoytest.Build{envoytest.Wasm, envoytest.Native} {
+		boot.Go(func() {
+			envoys[i] = envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
+				PluginConfig: cfg, UpstreamPort: upstream, ServicePort: service, Concurrency: 2})
+		})
+	}
+	boot.Wait()
+	if t.Failed() || t.Skipped() {
+		return [2]*envoytest.Envoy{}, nil, nil
+	}
+	a, b := envoys[0].Client(), envoys[1].Client()
+	t.Cleanup(a.Close)
+	t.Cleanup(b.Close)
+	return envoys, a, b
 }

@@ -47,21 +47,10 @@ func TestQuotaClusterLease(t *testing.T) {
 	// first calls, all at once, and a refused call would only test the load.
 	svc := startLimitd(t, redis.Addr(), "--timeout", "5s")
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
-	var envoys [2]*envoytest.Envoy
-	var boot sync.WaitGroup
-	for i, build := range []envoytest.Build{envoytest.Wasm, envoytest.Native} {
-		boot.Go(func() {
-			envoys[i] = envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
-				PluginConfig: quotaLeaseConfig(), UpstreamPort: up.Port(), ServicePort: svc, Concurrency: 2})
-		})
-	}
-	boot.Wait()
-	if t.Failed() || t.Skipped() {
+	envoys, a, b := startBothBuilds(t, quotaLeaseConfig(), up.Port(), svc)
+	if envoys[0] == nil {
 		return
 	}
-	a, b := envoys[0].Client(), envoys[1].Client()
-	t.Cleanup(a.Close)
-	t.Cleanup(b.Close)
 	// burst waits for the next minute (polling the clock, at most a
 	// minute), sends 100 concurrent requests to each Envoy and returns the
 	// statuses, once all came back within that minute.

@@ -40,12 +40,8 @@ func (p Policy) Want(r *Record, lo float64) float64 {
 // lease's replaces what the lease held (worthless now); one of an earlier
 // period is dropped, and only ends the call.
 func (p Policy) Granted(r *Record, now int64, period int64, tokens, remaining float64, reset time.Duration, claim int64) {
-	switch {
-	case period < r.Period:
-		Release(r, claim)
+	if !enterPeriod(r, period, claim) {
 		return
-	case period > r.Period:
-		r.Tokens, r.Period = 0, period
 	}
 	r.Tokens += tokens
 	if tokens > 0 {
@@ -81,12 +77,8 @@ const askAgain = int64(time.Second)
 // remaining. A refusal of an earlier period than the lease's only ends the
 // call; one of a later period drops what the lease held of its own.
 func (p Policy) Refused(r *Record, now int64, period int64, remaining float64, retry, reset time.Duration, claim int64) {
-	switch {
-	case period < r.Period:
-		Release(r, claim)
+	if !enterPeriod(r, period, claim) {
 		return
-	case period > r.Period:
-		r.Tokens, r.Period = 0, period
 	}
 	r.Remaining, r.ResetAt, r.RetryAt, r.Answered = remaining, now+int64(reset), now+int64(retry), now
 	r.AskAt = now + min(int64(retry), askAgain)
@@ -179,4 +171,18 @@ func (p Policy) Claim(r Record, now int64) (Record, bool) {
 	}
 	r.Pending = max(now, 1)
 	return r, true
+}
+
+// enterPeriod moves r to the period an answer was given for: an answer of a
+// later period drops what r held of its own (worthless now); one of an
+// earlier period only ends the call (its claim released) and reports false.
+func enterPeriod(r *Record, period, claim int64) bool {
+	switch {
+	case period < r.Period:
+		Release(r, claim)
+		return false
+	case period > r.Period:
+		r.Tokens, r.Period = 0, period
+	}
+	return true
 }
