@@ -34,8 +34,15 @@ import (
 //
 // Failure: a failed or malformed acquire follows the rule's failure_mode
 // ("allow": the request goes on without slots, counted in failed_open;
-// "deny": refused with limit_service_unavailable). Shadow cluster
-// concurrency rules are refused at configuration (not supported yet).
+// "deny": refused with limit_service_unavailable).
+//
+// Shadow: the shadow cluster concurrency rules take their slots in an
+// acquire of their own, after the enforced one (so a shadow rule never
+// makes an enforced rule's acquire fail), which the request waits for too.
+// A refusal counts shadow_rejected (against the rules at their limit) and
+// holds nothing; a failed call counts in service_errors only (no
+// failure_mode); granted slots are held, renewed and released as enforced
+// ones are, and show no headers.
 //
 // Bound: the service never has more than max_in_flight slots out per key;
 // a Plugin that vanishes leaves its slots out until their lease ends (at
@@ -104,11 +111,21 @@ func slotsPath(s *config.Service, op string) string {
 	return dir + "/slots/" + op
 }
 
-// acquireSlots sends the acquire call of the request's cluster
-// concurrency rules; the request waits for its answer.
-func (c *Request) acquireSlots() (*rejection, bool) {
+// slotsOf are the request's enforced or shadow cluster concurrency rules,
+// and where the id of their slots is kept.
+func (c *Request) slotsOf(shadow bool) ([]take, *string) {
+	if shadow {
+		return c.plan.shadowSlotsC, &c.plan.shadowSlotID
+	}
+	return c.plan.slotsC, &c.plan.slotID
+}
+
+// acquireSlots sends the acquire call of the request's enforced (or, in a
+// call of their own, shadow) cluster concurrency rules; the request waits
+// for its answer.
+func (c *Request) acquireSlots(shadow bool) (*rejection, bool) {
 	p := c.plugin
-	takes := c.plan.slotsC
+	takes, slotID := c.slotsOf(shadow)
 	if p.cslots.open == nil {
 		p.cslots.open = map[string]*openSlots{}
 	}
@@ -124,24 +141,26 @@ func (c *Request) acquireSlots() (*rejection, bool) {
 		}
 	}
 	req.TTLMs = int64(os.ttlMS)
-	c.plan.slotID = id
+	*slotID = id
 	p.cslots.open[id] = os
 	p.cslots.calls.Increment(1)
 	s := os.service
 	err := postWithin(c.stream, s, slotsPath(s, "acquire"), wire.AppendAcquireRequest(nil, req), s.TimeoutMS,
-		func(a *Answer) { c.onSlots(req, a) })
+		func(a *Answer) { c.onSlots(req, a, shadow) })
 	if err != nil {
 		delete(p.cslots.open, id)
-		c.plan.slotID = ""
-		return c.slotsFailed("dispatching the slot call: " + err.Error()), false
+		*slotID = ""
+		return c.slotsFailed(takes, "dispatching the slot call: "+err.Error()), false
 	}
 	return nil, true
 }
 
 // onSlots applies the acquire's answer to the paused request and goes on
-// with its decision.
-func (c *Request) onSlots(req *wire.AcquireRequest, a *Answer) {
+// with its decision. A shadow acquire's refusal is counted in
+// shadow_rejected, and the request goes on holding nothing.
+func (c *Request) onSlots(req *wire.AcquireRequest, a *Answer, shadow bool) {
 	p := c.plugin
+	takes, slotID := c.slotsOf(shadow)
 	raw, why := answerBody(a)
 	var ans *wire.AcquireAnswer
 	if why == "" {
@@ -150,20 +169,33 @@ func (c *Request) onSlots(req *wire.AcquireRequest, a *Answer) {
 			why = "malformed response body: " + err.Error()
 		}
 	}
-	if !c.waiting() || c.plan.slotID != req.ID {
+	if !c.waiting() || *slotID != req.ID {
 		if why != "" {
-			p.serviceFailed(c.plan.slotsC, why)
+			p.serviceFailed(takes, why)
 		}
 		return // Done releases the slots (or did)
 	}
 	if why != "" {
-		c.next(c.slotsFailed(why))
+		c.next(c.slotsFailed(takes, why))
 		return
 	}
-	takes := c.plan.slotsC
 	if !ans.Acquired {
 		delete(p.cslots.open, req.ID) // nothing taken
-		c.plan.slotID = ""
+		*slotID = ""
+		if shadow { // counted against the rules at their limit (or the first)
+			n := 0
+			for i, t := range takes {
+				if ans.InFlight[i] >= req.Keys[i].MaxInFlight {
+					p.shadowRejected(t.rule)
+					n++
+				}
+			}
+			if n == 0 {
+				p.shadowRejected(takes[0].rule)
+			}
+			c.next(nil)
+			return
+		}
 		for i, t := range takes {
 			if ans.InFlight[i] >= req.Keys[i].MaxInFlight {
 				c.next(&rejection{rule: t.rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})})
@@ -184,16 +216,21 @@ func (c *Request) onSlots(req *wire.AcquireRequest, a *Answer) {
 		t.rule.inFlight.Add(1)
 		d := slotDecision(bucket.Decision{Allowed: true, Remaining: req.Keys[i].MaxInFlight - ans.InFlight[i]})
 		t.d = d
-		c.show(t.rule, d)
+		if !shadow { // a shadow rule shows nothing to the client
+			c.show(t.rule, d)
+		}
 	}
 	c.next(nil)
 }
 
 // slotsFailed counts and logs a failed acquire and applies the first
 // rule's failure_mode: "allow" lets the request through without slots.
-func (c *Request) slotsFailed(why string) *rejection {
-	takes := c.plan.slotsC
+// Shadow rules apply none: the request goes on.
+func (c *Request) slotsFailed(takes []take, why string) *rejection {
 	c.plugin.serviceFailed(takes, why)
+	if takes[0].rule.Mode == config.ModeShadow {
+		return nil
+	}
 	return failureMode(takes[0].rule, func() {
 		for _, t := range takes {
 			t.rule.failedOpen.Increment(1)
@@ -201,19 +238,26 @@ func (c *Request) slotsFailed(why string) *rejection {
 	})
 }
 
-// releaseClusterSlots gives back the request's cluster slots, once: the
-// id is forgotten as its release goes out. Done and a refusal call it.
+// releaseClusterSlots gives back the request's cluster slots, enforced
+// and shadow, once: an id is forgotten as its release goes out. Done and a
+// refusal call it.
 func (c *Request) releaseClusterSlots() {
-	id := c.plan.slotID
+	c.releaseSlotsOf(false)
+	c.releaseSlotsOf(true)
+}
+
+func (c *Request) releaseSlotsOf(shadow bool) {
+	takes, slotID := c.slotsOf(shadow)
+	id := *slotID
 	if id == "" {
 		return
 	}
-	c.plan.slotID = ""
+	*slotID = ""
 	p := c.plugin
 	os := p.cslots.open[id]
 	delete(p.cslots.open, id)
-	for i := range c.plan.slotsC {
-		if t := &c.plan.slotsC[i]; t.held {
+	for i := range takes {
+		if t := &takes[i]; t.held {
 			t.held = false
 			t.rule.inFlight.Add(-1)
 		}
@@ -297,19 +341,15 @@ func (p *Plugin) renewSlots() {
 }
 
 // checkClusterSlots refuses what the cluster path does not support: a
-// shadow concurrency rule of scope "cluster", and a max_in_flight above
-// what the limit service holds (wire.MaxInFlight).
+// max_in_flight above what the limit service holds (wire.MaxInFlight).
 func checkClusterSlots(cfg *config.Config) error {
 	for i := range cfg.Rules {
 		r := &cfg.Rules[i]
 		if r.Algorithm != config.AlgorithmConcurrency || r.Scope != config.ScopeCluster {
 			continue
 		}
-		at := "rules[" + strconv.Itoa(i) + "]"
-		switch {
-		case r.Mode == config.ModeShadow:
-			return &config.Error{Path: at + ".mode", Err: errShadowClusterSlots}
-		case r.Concurrency.MaxInFlight > wire.MaxInFlight:
+		if r.Concurrency.MaxInFlight > wire.MaxInFlight {
+			at := "rules[" + strconv.Itoa(i) + "]"
 			return &config.Error{Path: at + ".algorithm_config.max_in_flight", Err: errClusterMaxInFlight}
 		}
 	}
@@ -317,7 +357,6 @@ func checkClusterSlots(cfg *config.Config) error {
 }
 
 var (
-	errShadowClusterSlots = errorString(`"shadow" is not supported yet with algorithm "concurrency" and scope "cluster"`)
 	errClusterMaxInFlight = errorString("must be <= " + strconv.Itoa(wire.MaxInFlight) + " with scope \"cluster\" (the limit service's bound)")
 )
 

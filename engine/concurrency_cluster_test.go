@@ -176,13 +176,10 @@ func TestClusterSlotsStackWithBuckets(t *testing.T) {
 	}
 }
 
-// TestClusterSlotsConfiguration: a shadow cluster concurrency rule, and a
-// max_in_flight above the limit service's bound, are refused with their
-// path.
+// TestClusterSlotsConfiguration: a max_in_flight above the limit
+// service's bound is refused with its path.
 func TestClusterSlotsConfiguration(t *testing.T) {
 	for _, tt := range []struct{ cfg, want string }{
-		{`{"service": {"cluster": "limitd"}, "rules": [{"name": "s", "scope": "cluster", "mode": "shadow", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 2}}]}`,
-			`rules[0].mode: "shadow" is not supported yet`},
 		{`{"service": {"cluster": "limitd"}, "rules": [{"name": "s", "scope": "cluster", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 20000}}]}`,
 			`rules[0].algorithm_config.max_in_flight: must be <= 10000`},
 	} {
@@ -215,5 +212,86 @@ func TestClusterSlotIDsDiffer(t *testing.T) {
 	}
 	if a, b := slotID(p1), slotID(p2); a == b {
 		t.Fatalf("both Plugins drew %s", a)
+	}
+}
+
+const shadowStreams = `,
+  {"name": "watch", "mode": "shadow", "scope": "cluster", "limit_keys": ["header:t"], "algorithm": "concurrency",
+   "algorithm_config": {"max_in_flight": 1, "ttl_ms": 3000}}`
+
+// TestClusterSlotsShadow: a shadow cluster rule (one in flight) takes its
+// slot from limitd but never refuses: of three requests held at once all
+// go on (the enforced rule beside it has room for two, then refuses the
+// third for itself), the shadow refusal is counted in shadow_rejected and
+// holds nothing; the granted slot is renewed like an enforced one and
+// released at Done, so the key admits again.
+func TestClusterSlotsShadow(t *testing.T) {
+	w := newWorld(t, fleetStreamsCfg("deny", shadowStreams)).withLimitd()
+	a1, r1 := w.openServed("t", "a")
+	a2, r2 := w.openServed("t", "a")
+	if !a1.wentOn() || !a2.wentOn() {
+		t.Fatalf("first two: %d, %d; want both to go on (the shadow rule never refuses)", a1.Replied, a2.Replied)
+	}
+	if n := w.count("rule.watch.shadow_rejected"); n != 1 {
+		t.Fatalf("shadow_rejected %d, want 1 (the second request)", n)
+	}
+	if g := w.count("rule.watch.in_flight"); g != 1 {
+		t.Fatalf("watch in_flight %d, want 1 (a refused shadow slot holds nothing)", g)
+	}
+	a3, r3 := w.openServed("t", "a")
+	if a3.Replied != 429 || !strings.Contains(string(a3.ReplyBody), `"streams"`) {
+		t.Fatalf("third: %d %s; want the enforced rule's 429", a3.Replied, string(a3.ReplyBody))
+	}
+	// The shadow slot outlives its ttl while the plugin ticks.
+	for range 10 {
+		w.h.Clock.Advance(sec)
+		w.tick()
+	}
+	w.limitd.serve()
+	if lost := w.count("cluster_slots_lost"); lost != 0 {
+		t.Fatalf("cluster_slots_lost %d, want 0", lost)
+	}
+	w.end(a2, r2)
+	w.end(a3, r3)
+	w.limitd.serve()
+	before := w.count("rule.watch.shadow_rejected")
+	if b, _ := w.openServed("t", "a"); !b.wentOn() || w.count("rule.watch.shadow_rejected") != before+1 {
+		t.Fatalf("a1's shadow slot still held: %d, shadow_rejected %d, want %d", b.Replied, w.count("rule.watch.shadow_rejected"), before+1)
+	}
+	w.end(a1, r1)
+	w.limitd.serve()
+	if b, _ := w.openServed("t", "b"); !b.wentOn() {
+		t.Fatalf("tenant b: %d", b.Replied)
+	}
+	if c, _ := w.openServed("t", "c"); !c.wentOn() || w.count("rule.watch.shadow_rejected") != before+1 {
+		t.Fatalf("after a1 ended: shadow_rejected %d, want %d (its slot released)", w.count("rule.watch.shadow_rejected"), before+1)
+	}
+}
+
+// TestClusterSlotsShadowAlone: a shadow rule on its own, limitd up then
+// down with failure_mode deny: every request goes on; a failed acquire
+// counts in service_errors, never refuses, and its slot id is released.
+func TestClusterSlotsShadowAlone(t *testing.T) {
+	cfg := `{"service": {"cluster": "limitd", "failure_mode": "deny"}, "rules": [` + shadowStreams[1:] + `]}`
+	w := newWorld(t, cfg).withLimitd()
+	for i := range 3 {
+		if s, _ := w.openServed("t", "a"); !s.wentOn() {
+			t.Fatalf("request %d: %d, want it to go on", i, s.Replied)
+		}
+	}
+	if n := w.count("rule.watch.shadow_rejected"); n != 2 {
+		t.Fatalf("shadow_rejected %d, want 2", n)
+	}
+	w.limitd.down = true
+	s, r := w.openServed("t", "b")
+	if !s.wentOn() {
+		t.Fatalf("limitd down: %d %s, want the request to go on", s.Replied, string(s.ReplyBody))
+	}
+	w.end(s, r)
+	if e := w.count("service_errors"); e != 2 {
+		t.Fatalf("service_errors %d, want 2 (the acquire and its release)", e)
+	}
+	if n := w.count("rule.watch.failed_open"); n != 0 {
+		t.Fatalf("failed_open %d, want 0 (a shadow rule applies no failure_mode)", n)
 	}
 }

@@ -115,6 +115,7 @@ type step uint8
 const (
 	stepLeases step = iota
 	stepSlots
+	stepShadowSlots
 	stepCluster
 	stepDone
 )
@@ -248,9 +249,14 @@ func (c *Request) next(rej *rejection) Action {
 				rej, wait = c.spendLeases()
 			}
 		case stepSlots:
-			c.step = stepCluster
+			c.step = stepShadowSlots
 			if len(c.plan.slotsC) > 0 {
-				rej, wait = c.acquireSlots()
+				rej, wait = c.acquireSlots(false)
+			}
+		case stepShadowSlots:
+			c.step = stepCluster
+			if len(c.plan.shadowSlotsC) > 0 {
+				rej, wait = c.acquireSlots(true)
 			}
 		case stepCluster:
 			c.step = stepDone
