@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -43,6 +44,11 @@ import (
 // holds nothing; a failed call counts in service_errors only (no
 // failure_mode); granted slots are held, renewed and released as enforced
 // ones are, and show no headers.
+//
+// Waiting: an enforced rule with max_delay_ms whose acquire is refused
+// tries the whole acquire again 50 to 100 ms later until its bound
+// (retryClusterSlots), within max_waiting requests per rule and worker
+// (claimed in planRules); there is no order across the fleet.
 //
 // Bound: the service never has more than max_in_flight slots out per key;
 // a Plugin that vanishes leaves its slots out until their lease ends (at
@@ -196,15 +202,30 @@ func (c *Request) onSlots(req *wire.AcquireRequest, a *Answer, shadow bool) {
 			c.next(nil)
 			return
 		}
-		for i, t := range takes {
+		refusing := &takes[0] // refused with room everywhere: a table filled meanwhile
+		for i := range takes {
 			if ans.InFlight[i] >= req.Keys[i].MaxInFlight {
-				c.next(&rejection{rule: t.rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})})
-				return
+				refusing = &takes[i]
+				break
 			}
 		}
-		// Refused with room everywhere: a table filled meanwhile.
-		c.next(&rejection{rule: takes[0].rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})})
+		if c.retryClusterSlots(refusing) {
+			return // paused until the retry
+		}
+		if c.cslotWaited && refusing.rule.delayRefused != nil {
+			refusing.rule.delayRefused.Increment(1)
+		}
+		c.next(&rejection{rule: refusing.rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})})
 		return
+	}
+	if c.cslotWaited && !shadow {
+		c.heldFor = max(p.now()-c.plan.now, 1)
+		for i := range takes {
+			if t := &takes[i]; t.maxWait > 0 {
+				t.rule.delayed.Increment(1)
+				t.rule.delayMs.Increment(uint64((c.heldFor + 999_999) / 1e6))
+			}
+		}
 	}
 	if os := p.cslots.open[req.ID]; os != nil {
 		os.state = slotsAcquired
@@ -221,6 +242,43 @@ func (c *Request) onSlots(req *wire.AcquireRequest, a *Answer, shadow bool) {
 		}
 	}
 	c.next(nil)
+}
+
+// clusterSlotRetry is the least time between a waiting request's acquire
+// calls; each retry comes after it plus a jitter of up to as much again.
+const clusterSlotRetry = 50 * int64(time.Millisecond)
+
+// retryClusterSlots reports whether the request refused by take t waits
+// for a cluster slot instead (and then it stays paused): t's rule has
+// max_delay_ms and the request claimed one of its max_waiting places
+// (planRules). It sends the whole acquire again 50 to 100 ms later (the
+// jitter spreads the fleet's waiters), the last try at its bound. There is
+// no line across the fleet: whichever waiter's acquire reaches the limit
+// service first after a slot frees takes it.
+func (c *Request) retryClusterSlots(t *take) bool {
+	if t.maxWait == 0 || !t.claim {
+		if t.full {
+			t.rule.waitingFull.Increment(1)
+		}
+		return false
+	}
+	left := c.plan.now + t.maxWait - c.plugin.now()
+	if left <= 0 {
+		return false
+	}
+	delay := min(clusterSlotRetry+rand.Int64N(clusterSlotRetry+1), left)
+	gen := c.gen
+	err := c.stream.After(delay, func() {
+		if c.gen == gen && c.waiting() && c.step == stepShadowSlots {
+			c.step = stepSlots
+			c.next(nil)
+		}
+	})
+	if err != nil {
+		return false // no timer: refused now
+	}
+	c.cslotWaited = true
+	return true
 }
 
 // slotsFailed counts and logs a failed acquire and applies the first

@@ -295,3 +295,84 @@ func TestClusterSlotsShadowAlone(t *testing.T) {
 		t.Fatalf("failed_open %d, want 0 (a shadow rule applies no failure_mode)", n)
 	}
 }
+
+const patientFleet = `{"service": {"cluster": "limitd", "failure_mode": "deny"}, "rules": [
+  {"name": "streams", "scope": "cluster", "limit_keys": ["header:t"], "algorithm": "concurrency",
+   "algorithm_config": {"max_in_flight": 1, "ttl_ms": 3000, "max_delay_ms": 1000, "max_waiting": 1}}]}`
+
+// retryDue is the moment of the request's one unfired retry, and whether
+// it has one.
+func retryDue(s *stream) (int64, bool) {
+	var due int64
+	n := 0
+	for _, tm := range s.Timers {
+		if !tm.Fired {
+			due, n = tm.Due, n+1
+		}
+	}
+	return due, n == 1
+}
+
+// TestClusterSlotsWait: max_delay_ms on a cluster rule: a request refused
+// its slot waits, trying the acquire again 50 to 100 ms apart, and is
+// admitted once a slot frees (with the delay header); a request past
+// max_waiting is refused at once (waiting_full); one that finds no slot
+// within its bound is refused there (delay_refused), after a bounded
+// number of calls.
+func TestClusterSlotsWait(t *testing.T) {
+	w := newWorld(t, patientFleet).withLimitd()
+	a1, r1 := w.openServed("t", "a")
+	a2, r2 := w.openServed("t", "a")
+	if !a1.wentOn() || !a2.paused() {
+		t.Fatalf("first went on %v, second waits %v (%d %s); want both", a1.wentOn(), a2.paused(), a2.Replied, a2.ReplyBody)
+	}
+	if a3, _ := w.openServed("t", "a"); a3.Replied != 429 || w.count("rule.streams.waiting_full") != 1 {
+		t.Fatalf("a third past max_waiting 1: %d, waiting_full %d; want 429 at once, 1", a3.Replied, w.count("rule.streams.waiting_full"))
+	}
+	for i := range 3 { // refused again: each retry 50 to 100 ms after the last
+		due, ok := retryDue(a2)
+		if now := w.h.Now(); !ok || due < now+50e6 || due > now+100e6 {
+			t.Fatalf("retry %d due at now+%d ms (one pending: %v), want 50 to 100 ms", i, (due-now)/1e6, ok)
+		}
+		w.h.Clock.Set(due)
+		a2.Fire(due)
+		w.limitd.serve(a2)
+		if !a2.paused() {
+			t.Fatalf("retry %d: %d, want it to wait on", i, a2.Replied)
+		}
+	}
+	w.end(a1, r1)
+	w.limitd.serve()
+	due, _ := retryDue(a2)
+	w.h.Clock.Set(due)
+	a2.Fire(due)
+	w.limitd.serve(a2)
+	if !a2.wentOn() || w.count("rule.streams.delayed") != 1 {
+		t.Fatalf("after the end: %d, delayed %d; want admitted, 1", a2.Replied, w.count("rule.streams.delayed"))
+	}
+	w.respond(a2, r2, upstream{})
+	if got := headerOf(a2.Added, engine.DelayHeader); got == "" {
+		t.Fatalf("the waited request's response has no %s: %v", engine.DelayHeader, a2.Added)
+	}
+	// a2 holds the slot past a4's bound: a4 is refused there.
+	a4, _ := w.openServed("t", "a")
+	t0, calls := w.h.Now(), len(a4.Calls)
+	for range 100 {
+		due, ok := retryDue(a4)
+		if !ok {
+			break
+		}
+		w.h.Clock.Set(due)
+		a4.Fire(due)
+		w.limitd.serve(a4)
+	}
+	if a4.Replied != 429 || w.count("rule.streams.delay_refused") != 1 {
+		t.Fatalf("no slot within the bound: %d, delay_refused %d; want 429, 1", a4.Replied, w.count("rule.streams.delay_refused"))
+	}
+	if waited := w.h.Now() - t0; waited != 1000e6 {
+		t.Fatalf("refused after %d ms, want at its bound (1000 ms)", waited/1e6)
+	}
+	if n := len(a4.Calls) - calls; n < 10 || n > 20 {
+		t.Fatalf("%d retries within 1 s, want 10 to 20 (every 50 to 100 ms)", n)
+	}
+}

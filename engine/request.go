@@ -56,6 +56,7 @@ type Request struct {
 	// line of the slot slotID since waitFrom, until slotUntil (Unix ns).
 	// slotTicket is its ticket in the key's line (0: none).
 	slotWaiting         bool
+	cslotWaited         bool // refused a cluster slot, it waited to try again
 	slotID, slotTicket  uint64
 	waitFrom, slotUntil int64
 	// Backing for the request's values (request.values): a request reads
