@@ -265,3 +265,58 @@ func limitdSeries(t *testing.T, port int, name, label string) float64 {
 	}
 	return 0
 }
+
+// patientClusterConfig is one slot per tenant across the fleet, a refused
+// request waiting up to 5 s for it.
+var patientClusterConfig = `{"service": {"cluster": "limit_service", "timeout_ms": ` + strconv.Itoa(int(clusterTimeout.Milliseconds())) + `, "failure_mode": "deny"},
+ "rules": [{"name": "patient", "scope": "cluster", "limit_keys": ["header:x-tenant"], "algorithm": "concurrency",
+  "algorithm_config": {"max_in_flight": 1, "max_delay_ms": 5000, "ttl_ms": ` + strconv.Itoa(int(clusterSlotTTL.Milliseconds())) + `}}]}`
+
+// TestConcurrencyClusterWait: max_delay_ms on a cluster concurrency rule
+// through limitd and a real redis-server: a request refused the one slot
+// retries its acquire and goes on once the first (held 1 s) ends, with the
+// delay header; limitd ends with every granted slot released.
+func TestConcurrencyClusterWait(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testConcurrencyClusterWait)
+}
+
+func testConcurrencyClusterWait(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
+		PluginConfig: patientClusterConfig, UpstreamPort: holdingUpstream(t), ServicePort: svc, Concurrency: 2})
+	if t.Failed() || t.Skipped() {
+		return
+	}
+	c := e.Client()
+	t.Cleanup(c.Close)
+	first := make(chan envoytest.Result, 1)
+	go func() { first <- c.Get("/", map[string]string{"x-tenant": "w", "x-hold-ms": "1000"}) }()
+	waitFor(t, "the first in flight", func() bool { return e.PluginStat("tokenbucket.rule.patient.in_flight") == 1 })
+	r := c.Get("/", map[string]string{"x-tenant": "w"})
+	held, _ := strconv.Atoi(r.Header.Get("X-Ratelimit-Delayed-Ms"))
+	if r.Status != 200 || held == 0 {
+		t.Fatalf("second: %v, delayed %q ms; want 200 once the first ended", r, r.Header.Get("X-Ratelimit-Delayed-Ms"))
+	}
+	if f := <-first; f.Status != 200 {
+		t.Fatalf("first: %v", f)
+	}
+	if n := e.PluginStat("tokenbucket.rule.patient.delayed"); n != 1 {
+		t.Fatalf("rule.patient.delayed %d, want 1", n)
+	}
+	e.WaitPluginStat("tokenbucket.rule.patient.in_flight", 0, 10*time.Second)
+	var acquired, released float64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		acquired = limitdSeries(t, svc, "limitd_slot_acquires_total", `result="acquired"`)
+		released = limitdSeries(t, svc, "limitd_slot_releases_total", `state="held"`)
+		if released == 2 || time.Now().After(deadline) {
+			break
+		}
+	}
+	refused := limitdSeries(t, svc, "limitd_slot_acquires_total", `result="refused"`)
+	if acquired != 2 || released != 2 || refused < 1 {
+		t.Fatalf("limitd: %v acquired, %v released held, %v refused; want 2, 2, at least 1", acquired, released, refused)
+	}
+	t.Logf("held %d ms behind a request of 1000 ms; %v acquires refused meanwhile", held, refused)
+}
