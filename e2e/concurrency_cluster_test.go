@@ -267,15 +267,17 @@ func limitdSeries(t *testing.T, port int, name, label string) float64 {
 }
 
 // patientClusterConfig is one slot per tenant across the fleet, a refused
-// request waiting up to 5 s for it.
+// request waiting up to 5 s for it, four waiting per worker at most.
 var patientClusterConfig = `{"service": {"cluster": "limit_service", "timeout_ms": ` + strconv.Itoa(int(clusterTimeout.Milliseconds())) + `, "failure_mode": "deny"},
  "rules": [{"name": "patient", "scope": "cluster", "limit_keys": ["header:x-tenant"], "algorithm": "concurrency",
-  "algorithm_config": {"max_in_flight": 1, "max_delay_ms": 5000, "ttl_ms": ` + strconv.Itoa(int(clusterSlotTTL.Milliseconds())) + `}}]}`
+  "algorithm_config": {"max_in_flight": 1, "max_delay_ms": 5000, "max_waiting": 4, "ttl_ms": ` + strconv.Itoa(int(clusterSlotTTL.Milliseconds())) + `}}]}`
 
 // TestConcurrencyClusterWait: max_delay_ms on a cluster concurrency rule
 // through limitd and a real redis-server: a request refused the one slot
 // retries its acquire and goes on once the first (held 1 s) ends, with the
-// delay header; limitd ends with every granted slot released.
+// delay header; then a flood of 40 at once on one tenant: each is admitted
+// or refused, past max_waiting (waiting_full) or at its bound
+// (delay_refused), and limitd ends with every granted slot released.
 func TestConcurrencyClusterWait(t *testing.T) {
 	t.Parallel()
 	forEachBuild(t, testConcurrencyClusterWait)
@@ -306,17 +308,32 @@ func testConcurrencyClusterWait(t *testing.T, build envoytest.Build) {
 		t.Fatalf("rule.patient.delayed %d, want 1", n)
 	}
 	e.WaitPluginStat("tokenbucket.rule.patient.in_flight", 0, 10*time.Second)
+	refused := limitdSeries(t, svc, "limitd_slot_acquires_total", `result="refused"`)
+	t.Logf("held %d ms behind a request of 1000 ms; %v acquires refused meanwhile", held, refused)
+
+	res := c.Burst(40, func(int) *http.Request {
+		return c.NewRequest("GET", "/", map[string]string{"x-tenant": "f", "x-hold-ms": "100"})
+	})
+	st := envoytest.Statuses(res)
+	if st[200] < 1 || st[200]+st[429] != 40 {
+		t.Fatalf("flood: %v, want each admitted or refused, at least one admitted", st)
+	}
+	// Every refusal is one past max_waiting (at once) or at its bound.
+	wf, dr := e.PluginStat("tokenbucket.rule.patient.waiting_full"), e.PluginStat("tokenbucket.rule.patient.delay_refused")
+	if int(wf+dr) != st[429] {
+		t.Fatalf("flood: %d refused, waiting_full %d + delay_refused %d", st[429], wf, dr)
+	}
+	e.WaitPluginStat("tokenbucket.rule.patient.in_flight", 0, 10*time.Second)
 	var acquired, released float64
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		acquired = limitdSeries(t, svc, "limitd_slot_acquires_total", `result="acquired"`)
 		released = limitdSeries(t, svc, "limitd_slot_releases_total", `state="held"`)
-		if released == 2 || time.Now().After(deadline) {
+		if released == acquired || time.Now().After(deadline) {
 			break
 		}
 	}
-	refused := limitdSeries(t, svc, "limitd_slot_acquires_total", `result="refused"`)
-	if acquired != 2 || released != 2 || refused < 1 {
-		t.Fatalf("limitd: %v acquired, %v released held, %v refused; want 2, 2, at least 1", acquired, released, refused)
+	if want := float64(2 + st[200]); acquired != want || released != want {
+		t.Fatalf("limitd: %v acquired, %v released held; want %v each", acquired, released, want)
 	}
-	t.Logf("held %d ms behind a request of 1000 ms; %v acquires refused meanwhile", held, refused)
+	t.Logf("flood of 40: %v, waiting_full %d, delay_refused %d", st, wf, dr)
 }
