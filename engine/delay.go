@@ -108,7 +108,7 @@ func (c *Request) abandon() {
 // eachWaiting calls f with each held take whose rule holds the request (a
 // wait of its own).
 func (c *Request) eachWaiting(f func(*take)) {
-	for _, takes := range [...][]take{c.plan.local, c.plan.cluster, c.plan.leased, c.plan.slotsC} {
+	for _, takes := range [...][]take{c.plan.local, c.plan.cluster, c.plan.leased} {
 		for i := range takes {
 			if t := &takes[i]; t.d.Wait > 0 && t.rule.maxWait > 0 {
 				f(t)
