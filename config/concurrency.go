@@ -109,9 +109,6 @@ func checkConcurrency(path string, o object, cv gjson.Result, r *Rule) error {
 	if _, ok := co.get("ttl_ms"); ok && r.Scope != ScopeCluster {
 		return errorf(path+".algorithm_config.ttl_ms", "only allowed with scope \"cluster\"")
 	}
-	if r.Limit.MaxDelayMS > 0 && r.Scope == ScopeCluster {
-		return errorf(path+".algorithm_config.max_delay_ms", "only with scope \"local\" (a request waits for a slot of this Envoy; a cluster slot is acquired from the limit service, or refused)")
-	}
 	if r.Scope == ScopeCluster {
 		if r.Concurrency.TTLMS, err = co.integer("ttl_ms", DefaultSlotTTLMS, MinSlotTTLMS, MaxSlotTTLMS); err != nil {
 			return err

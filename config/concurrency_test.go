@@ -52,7 +52,6 @@ func TestParseConcurrencyErrors(t *testing.T) {
 		{name: "cost_source", in: doc("", conc("", `"max_in_flight":2,"cost_source":"header:x"`)), want: `config: rules[0].algorithm_config.cost_source: not allowed with algorithm "concurrency" (a request takes one slot; max_in_flight is the limit)`},
 		{name: "unknown", in: doc("", conc("", `"max_in_flight":2,"slots":2`)), want: `config: rules[0].algorithm_config.slots: unknown field`},
 		{name: "max_waiting without max_delay_ms", in: doc("", conc("", `"max_in_flight":2,"max_waiting":100`)), want: `config: rules[0].algorithm_config.max_waiting: only with max_delay_ms > 0 (a rule that never holds a request has nothing waiting)`, gap: gapRelation},
-		{name: "max_delay_ms cluster", in: doc(concSvc, conc(`"scope":"cluster"`, `"max_in_flight":2,"max_delay_ms":100`)), want: `config: rules[0].algorithm_config.max_delay_ms: only with scope "local" (a request waits for a slot of this Envoy; a cluster slot is acquired from the limit service, or refused)`},
 		{name: "max_delay_ms too long", in: doc("", conc("", `"max_in_flight":2,"max_delay_ms":60001`)), want: `config: rules[0].algorithm_config.max_delay_ms: must be between 0 and 60000, got 60001`},
 		{name: "ttl_ms local", in: doc("", conc("", `"max_in_flight":2,"ttl_ms":5000`)), want: `config: rules[0].algorithm_config.ttl_ms: only allowed with scope "cluster"`},
 		{name: "ttl_ms low", in: doc(concSvc, conc(`"scope":"cluster"`, `"max_in_flight":2,"ttl_ms":999`)), want: `config: rules[0].algorithm_config.ttl_ms: must be between 1000 and 600000, got 999`},

@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"bufio"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -188,4 +190,150 @@ func (l *restartableLimitd) kill() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	}
+}
+
+// shadowSlotsConfig is a shadow cluster concurrency rule: three in flight
+// per tenant across the fleet, never refusing.
+var shadowSlotsConfig = `{"service": {"cluster": "limit_service", "timeout_ms": ` + strconv.Itoa(int(clusterTimeout.Milliseconds())) + `, "failure_mode": "deny"},
+ "rules": [{"name": "watch", "mode": "shadow", "scope": "cluster", "limit_keys": ["header:x-tenant"], "algorithm": "concurrency",
+  "algorithm_config": {"max_in_flight": 3, "ttl_ms": ` + strconv.Itoa(int(clusterSlotTTL.Milliseconds())) + `}}]}`
+
+// TestConcurrencyClusterShadow: a shadow cluster concurrency rule through
+// limitd and a real redis-server: five requests held at once against
+// three slots all pass, shadow_rejected counts the two limitd refused, and
+// once they end limitd has released every slot it granted (its counters:
+// three acquired, two refused, three released held).
+func TestConcurrencyClusterShadow(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testConcurrencyClusterShadow)
+}
+
+func testConcurrencyClusterShadow(t *testing.T, build envoytest.Build) {
+	const slots, extra = 3, 2
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
+		PluginConfig: shadowSlotsConfig, UpstreamPort: holdingUpstream(t), ServicePort: svc, Concurrency: 2})
+	if t.Failed() || t.Skipped() {
+		return
+	}
+	c := e.Client()
+	t.Cleanup(c.Close)
+	// Held 4 s each: all five are in flight together even on a loaded
+	// machine (each acquire is answered within the 1 s callout bound).
+	res := c.Burst(slots+extra, func(int) *http.Request {
+		return c.NewRequest("GET", "/", map[string]string{"x-tenant": "s", "x-hold-ms": "4000"})
+	})
+	if st := envoytest.Statuses(res); st[200] != slots+extra {
+		t.Fatalf("statuses %v, want all %d to pass (a shadow rule never refuses)", st, slots+extra)
+	}
+	if n := e.PluginStat("tokenbucket.rule.watch.shadow_rejected"); n != extra {
+		t.Fatalf("shadow_rejected %d, want %d", n, extra)
+	}
+	e.WaitPluginStat("tokenbucket.rule.watch.in_flight", 0, 10*time.Second)
+	// Every granted slot released (bounded poll: the releases are the
+	// plugin's own calls, sent as the requests end).
+	var acquired, refused, released float64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		acquired = limitdSeries(t, svc, "limitd_slot_acquires_total", `result="acquired"`)
+		refused = limitdSeries(t, svc, "limitd_slot_acquires_total", `result="refused"`)
+		released = limitdSeries(t, svc, "limitd_slot_releases_total", `state="held"`)
+		if released == slots || time.Now().After(deadline) {
+			break
+		}
+	}
+	if acquired != slots || refused != extra || released != slots {
+		t.Fatalf("limitd: %v acquired, %v refused, %v released held; want %d, %d, %d", acquired, refused, released, slots, extra, slots)
+	}
+}
+
+// limitdSeries reads the value of one series of limitd's /metrics: the
+// first line of name whose labels contain label.
+func limitdSeries(t *testing.T, port int, name, label string) float64 {
+	t.Helper()
+	r, err := http.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	sc := bufio.NewScanner(r.Body)
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, name+"{") && strings.Contains(line, label) {
+			f, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			return f
+		}
+	}
+	return 0
+}
+
+// patientClusterConfig is one slot per tenant across the fleet, a refused
+// request waiting up to 5 s for it, four waiting per worker at most.
+var patientClusterConfig = `{"service": {"cluster": "limit_service", "timeout_ms": ` + strconv.Itoa(int(clusterTimeout.Milliseconds())) + `, "failure_mode": "deny"},
+ "rules": [{"name": "patient", "scope": "cluster", "limit_keys": ["header:x-tenant"], "algorithm": "concurrency",
+  "algorithm_config": {"max_in_flight": 1, "max_delay_ms": 5000, "max_waiting": 4, "ttl_ms": ` + strconv.Itoa(int(clusterSlotTTL.Milliseconds())) + `}}]}`
+
+// TestConcurrencyClusterWait: max_delay_ms on a cluster concurrency rule
+// through limitd and a real redis-server: a request refused the one slot
+// retries its acquire and goes on once the first (held 1 s) ends, with the
+// delay header; then a flood of 40 at once on one tenant: each is admitted
+// or refused, past max_waiting (waiting_full) or at its bound
+// (delay_refused), and limitd ends with every granted slot released.
+func TestConcurrencyClusterWait(t *testing.T) {
+	t.Parallel()
+	forEachBuild(t, testConcurrencyClusterWait)
+}
+
+func testConcurrencyClusterWait(t *testing.T, build envoytest.Build) {
+	redis := redistest.Start(t)
+	svc := startLimitd(t, redis.Addr())
+	e := envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
+		PluginConfig: patientClusterConfig, UpstreamPort: holdingUpstream(t), ServicePort: svc, Concurrency: 2})
+	if t.Failed() || t.Skipped() {
+		return
+	}
+	c := e.Client()
+	t.Cleanup(c.Close)
+	first := make(chan envoytest.Result, 1)
+	go func() { first <- c.Get("/", map[string]string{"x-tenant": "w", "x-hold-ms": "1000"}) }()
+	waitFor(t, "the first in flight", func() bool { return e.PluginStat("tokenbucket.rule.patient.in_flight") == 1 })
+	r := c.Get("/", map[string]string{"x-tenant": "w"})
+	held, _ := strconv.Atoi(r.Header.Get("X-Ratelimit-Delayed-Ms"))
+	if r.Status != 200 || held == 0 {
+		t.Fatalf("second: %v, delayed %q ms; want 200 once the first ended", r, r.Header.Get("X-Ratelimit-Delayed-Ms"))
+	}
+	if f := <-first; f.Status != 200 {
+		t.Fatalf("first: %v", f)
+	}
+	if n := e.PluginStat("tokenbucket.rule.patient.delayed"); n != 1 {
+		t.Fatalf("rule.patient.delayed %d, want 1", n)
+	}
+	e.WaitPluginStat("tokenbucket.rule.patient.in_flight", 0, 10*time.Second)
+	refused := limitdSeries(t, svc, "limitd_slot_acquires_total", `result="refused"`)
+	t.Logf("held %d ms behind a request of 1000 ms; %v acquires refused meanwhile", held, refused)
+
+	res := c.Burst(40, func(int) *http.Request {
+		return c.NewRequest("GET", "/", map[string]string{"x-tenant": "f", "x-hold-ms": "100"})
+	})
+	st := envoytest.Statuses(res)
+	if st[200] < 1 || st[200]+st[429] != 40 {
+		t.Fatalf("flood: %v, want each admitted or refused, at least one admitted", st)
+	}
+	// Every refusal is one past max_waiting (at once) or at its bound.
+	wf, dr := e.PluginStat("tokenbucket.rule.patient.waiting_full"), e.PluginStat("tokenbucket.rule.patient.delay_refused")
+	if int(wf+dr) != st[429] {
+		t.Fatalf("flood: %d refused, waiting_full %d + delay_refused %d", st[429], wf, dr)
+	}
+	e.WaitPluginStat("tokenbucket.rule.patient.in_flight", 0, 10*time.Second)
+	var acquired, released float64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		acquired = limitdSeries(t, svc, "limitd_slot_acquires_total", `result="acquired"`)
+		released = limitdSeries(t, svc, "limitd_slot_releases_total", `state="held"`)
+		if released == acquired || time.Now().After(deadline) {
+			break
+		}
+	}
+	if want := float64(2 + st[200]); acquired != want || released != want {
+		t.Fatalf("limitd: %v acquired, %v released held; want %v each", acquired, released, want)
+	}
+	t.Logf("flood of 40: %v, waiting_full %d, delay_refused %d", st, wf, dr)
 }

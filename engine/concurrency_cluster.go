@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ratelimit-wasm/tokenbucket/bucket"
 	"github.com/ratelimit-wasm/tokenbucket/config"
@@ -34,8 +35,20 @@ import (
 //
 // Failure: a failed or malformed acquire follows the rule's failure_mode
 // ("allow": the request goes on without slots, counted in failed_open;
-// "deny": refused with limit_service_unavailable). Shadow cluster
-// concurrency rules are refused at configuration (not supported yet).
+// "deny": refused with limit_service_unavailable).
+//
+// Shadow: the shadow cluster concurrency rules take their slots in an
+// acquire of their own, after the enforced one (so a shadow rule never
+// makes an enforced rule's acquire fail), which the request waits for too.
+// A refusal counts shadow_rejected (against the rules at their limit) and
+// holds nothing; a failed call counts in service_errors only (no
+// failure_mode); granted slots are held, renewed and released as enforced
+// ones are, and show no headers.
+//
+// Waiting: an enforced rule with max_delay_ms whose acquire is refused
+// tries the whole acquire again 50 to 100 ms later until its bound
+// (retryClusterSlots), within max_waiting requests per rule and worker
+// (claimed in planRules); there is no order across the fleet.
 //
 // Bound: the service never has more than max_in_flight slots out per key;
 // a Plugin that vanishes leaves its slots out until their lease ends (at
@@ -104,11 +117,21 @@ func slotsPath(s *config.Service, op string) string {
 	return dir + "/slots/" + op
 }
 
-// acquireSlots sends the acquire call of the request's cluster
-// concurrency rules; the request waits for its answer.
-func (c *Request) acquireSlots() (*rejection, bool) {
+// slotsOf are the request's enforced or shadow cluster concurrency rules,
+// and where the id of their slots is kept.
+func (c *Request) slotsOf(shadow bool) ([]take, *string) {
+	if shadow {
+		return c.plan.shadowSlotsC, &c.plan.shadowSlotID
+	}
+	return c.plan.slotsC, &c.plan.slotID
+}
+
+// acquireSlots sends the acquire call of the request's enforced (or, in a
+// call of their own, shadow) cluster concurrency rules; the request waits
+// for its answer.
+func (c *Request) acquireSlots(shadow bool) (*rejection, bool) {
 	p := c.plugin
-	takes := c.plan.slotsC
+	takes, slotID := c.slotsOf(shadow)
 	if p.cslots.open == nil {
 		p.cslots.open = map[string]*openSlots{}
 	}
@@ -124,24 +147,26 @@ func (c *Request) acquireSlots() (*rejection, bool) {
 		}
 	}
 	req.TTLMs = int64(os.ttlMS)
-	c.plan.slotID = id
+	*slotID = id
 	p.cslots.open[id] = os
 	p.cslots.calls.Increment(1)
 	s := os.service
 	err := postWithin(c.stream, s, slotsPath(s, "acquire"), wire.AppendAcquireRequest(nil, req), s.TimeoutMS,
-		func(a *Answer) { c.onSlots(req, a) })
+		func(a *Answer) { c.onSlots(req, a, shadow) })
 	if err != nil {
 		delete(p.cslots.open, id)
-		c.plan.slotID = ""
-		return c.slotsFailed("dispatching the slot call: " + err.Error()), false
+		*slotID = ""
+		return c.slotsFailed(takes, "dispatching the slot call: "+err.Error()), false
 	}
 	return nil, true
 }
 
 // onSlots applies the acquire's answer to the paused request and goes on
-// with its decision.
-func (c *Request) onSlots(req *wire.AcquireRequest, a *Answer) {
+// with its decision. A shadow acquire's refusal is counted in
+// shadow_rejected, and the request goes on holding nothing.
+func (c *Request) onSlots(req *wire.AcquireRequest, a *Answer, shadow bool) {
 	p := c.plugin
+	takes, slotID := c.slotsOf(shadow)
 	raw, why := answerBody(a)
 	var ans *wire.AcquireAnswer
 	if why == "" {
@@ -150,29 +175,57 @@ func (c *Request) onSlots(req *wire.AcquireRequest, a *Answer) {
 			why = "malformed response body: " + err.Error()
 		}
 	}
-	if !c.waiting() || c.plan.slotID != req.ID {
+	if !c.waiting() || *slotID != req.ID {
 		if why != "" {
-			p.serviceFailed(c.plan.slotsC, why)
+			p.serviceFailed(takes, why)
 		}
 		return // Done releases the slots (or did)
 	}
 	if why != "" {
-		c.next(c.slotsFailed(why))
+		c.next(c.slotsFailed(takes, why))
 		return
 	}
-	takes := c.plan.slotsC
 	if !ans.Acquired {
 		delete(p.cslots.open, req.ID) // nothing taken
-		c.plan.slotID = ""
-		for i, t := range takes {
+		*slotID = ""
+		if shadow { // counted against the rules at their limit (or the first)
+			n := 0
+			for i, t := range takes {
+				if ans.InFlight[i] >= req.Keys[i].MaxInFlight {
+					p.shadowRejected(t.rule)
+					n++
+				}
+			}
+			if n == 0 {
+				p.shadowRejected(takes[0].rule)
+			}
+			c.next(nil)
+			return
+		}
+		refusing := &takes[0] // refused with room everywhere: a table filled meanwhile
+		for i := range takes {
 			if ans.InFlight[i] >= req.Keys[i].MaxInFlight {
-				c.next(&rejection{rule: t.rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})})
-				return
+				refusing = &takes[i]
+				break
 			}
 		}
-		// Refused with room everywhere: a table filled meanwhile.
-		c.next(&rejection{rule: takes[0].rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})})
+		if c.retryClusterSlots(refusing) {
+			return // paused until the retry
+		}
+		if c.cslotWaited && refusing.rule.delayRefused != nil {
+			refusing.rule.delayRefused.Increment(1)
+		}
+		c.next(&rejection{rule: refusing.rule, reason: reasonConcurrency, d: slotDecision(bucket.Decision{})})
 		return
+	}
+	if c.cslotWaited && !shadow {
+		c.heldFor = max(p.now()-c.plan.now, 1)
+		for i := range takes {
+			if t := &takes[i]; t.maxWait > 0 {
+				t.rule.delayed.Increment(1)
+				t.rule.delayMs.Increment(uint64((c.heldFor + 999_999) / 1e6))
+			}
+		}
 	}
 	if os := p.cslots.open[req.ID]; os != nil {
 		os.state = slotsAcquired
@@ -184,16 +237,58 @@ func (c *Request) onSlots(req *wire.AcquireRequest, a *Answer) {
 		t.rule.inFlight.Add(1)
 		d := slotDecision(bucket.Decision{Allowed: true, Remaining: req.Keys[i].MaxInFlight - ans.InFlight[i]})
 		t.d = d
-		c.show(t.rule, d)
+		if !shadow { // a shadow rule shows nothing to the client
+			c.show(t.rule, d)
+		}
 	}
 	c.next(nil)
 }
 
+// clusterSlotRetry is the least time between a waiting request's acquire
+// calls; each retry comes after it plus a jitter of up to as much again.
+const clusterSlotRetry = 50 * int64(time.Millisecond)
+
+// retryClusterSlots reports whether the request refused by take t waits
+// for a cluster slot instead (and then it stays paused): t's rule has
+// max_delay_ms and the request claimed one of its max_waiting places
+// (planRules). It sends the whole acquire again 50 to 100 ms later (the
+// jitter spreads the fleet's waiters), the last try at its bound. There is
+// no line across the fleet: whichever waiter's acquire reaches the limit
+// service first after a slot frees takes it.
+func (c *Request) retryClusterSlots(t *take) bool {
+	if t.maxWait == 0 || !t.claim {
+		if t.full {
+			t.rule.waitingFull.Increment(1)
+		}
+		return false
+	}
+	left := c.plan.now + t.maxWait - c.plugin.now()
+	if left <= 0 {
+		return false
+	}
+	delay := min(clusterSlotRetry+rand.Int64N(clusterSlotRetry+1), left)
+	gen := c.gen
+	err := c.stream.After(delay, func() {
+		if c.gen == gen && c.waiting() && c.step == stepShadowSlots {
+			c.step = stepSlots
+			c.next(nil)
+		}
+	})
+	if err != nil {
+		return false // no timer: refused now
+	}
+	c.cslotWaited = true
+	return true
+}
+
 // slotsFailed counts and logs a failed acquire and applies the first
 // rule's failure_mode: "allow" lets the request through without slots.
-func (c *Request) slotsFailed(why string) *rejection {
-	takes := c.plan.slotsC
+// Shadow rules apply none: the request goes on.
+func (c *Request) slotsFailed(takes []take, why string) *rejection {
 	c.plugin.serviceFailed(takes, why)
+	if takes[0].rule.Mode == config.ModeShadow {
+		return nil
+	}
 	return failureMode(takes[0].rule, func() {
 		for _, t := range takes {
 			t.rule.failedOpen.Increment(1)
@@ -201,19 +296,26 @@ func (c *Request) slotsFailed(why string) *rejection {
 	})
 }
 
-// releaseClusterSlots gives back the request's cluster slots, once: the
-// id is forgotten as its release goes out. Done and a refusal call it.
+// releaseClusterSlots gives back the request's cluster slots, enforced
+// and shadow, once: an id is forgotten as its release goes out. Done and a
+// refusal call it.
 func (c *Request) releaseClusterSlots() {
-	id := c.plan.slotID
+	c.releaseSlotsOf(false)
+	c.releaseSlotsOf(true)
+}
+
+func (c *Request) releaseSlotsOf(shadow bool) {
+	takes, slotID := c.slotsOf(shadow)
+	id := *slotID
 	if id == "" {
 		return
 	}
-	c.plan.slotID = ""
+	*slotID = ""
 	p := c.plugin
 	os := p.cslots.open[id]
 	delete(p.cslots.open, id)
-	for i := range c.plan.slotsC {
-		if t := &c.plan.slotsC[i]; t.held {
+	for i := range takes {
+		if t := &takes[i]; t.held {
 			t.held = false
 			t.rule.inFlight.Add(-1)
 		}
@@ -297,19 +399,15 @@ func (p *Plugin) renewSlots() {
 }
 
 // checkClusterSlots refuses what the cluster path does not support: a
-// shadow concurrency rule of scope "cluster", and a max_in_flight above
-// what the limit service holds (wire.MaxInFlight).
+// max_in_flight above what the limit service holds (wire.MaxInFlight).
 func checkClusterSlots(cfg *config.Config) error {
 	for i := range cfg.Rules {
 		r := &cfg.Rules[i]
 		if r.Algorithm != config.AlgorithmConcurrency || r.Scope != config.ScopeCluster {
 			continue
 		}
-		at := "rules[" + strconv.Itoa(i) + "]"
-		switch {
-		case r.Mode == config.ModeShadow:
-			return &config.Error{Path: at + ".mode", Err: errShadowClusterSlots}
-		case r.Concurrency.MaxInFlight > wire.MaxInFlight:
+		if r.Concurrency.MaxInFlight > wire.MaxInFlight {
+			at := "rules[" + strconv.Itoa(i) + "]"
 			return &config.Error{Path: at + ".algorithm_config.max_in_flight", Err: errClusterMaxInFlight}
 		}
 	}
@@ -317,7 +415,6 @@ func checkClusterSlots(cfg *config.Config) error {
 }
 
 var (
-	errShadowClusterSlots = errorString(`"shadow" is not supported yet with algorithm "concurrency" and scope "cluster"`)
 	errClusterMaxInFlight = errorString("must be <= " + strconv.Itoa(wire.MaxInFlight) + " with scope \"cluster\" (the limit service's bound)")
 )
 

@@ -176,13 +176,10 @@ func TestClusterSlotsStackWithBuckets(t *testing.T) {
 	}
 }
 
-// TestClusterSlotsConfiguration: a shadow cluster concurrency rule, and a
-// max_in_flight above the limit service's bound, are refused with their
-// path.
+// TestClusterSlotsConfiguration: a max_in_flight above the limit
+// service's bound is refused with its path.
 func TestClusterSlotsConfiguration(t *testing.T) {
 	for _, tt := range []struct{ cfg, want string }{
-		{`{"service": {"cluster": "limitd"}, "rules": [{"name": "s", "scope": "cluster", "mode": "shadow", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 2}}]}`,
-			`rules[0].mode: "shadow" is not supported yet`},
 		{`{"service": {"cluster": "limitd"}, "rules": [{"name": "s", "scope": "cluster", "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 20000}}]}`,
 			`rules[0].algorithm_config.max_in_flight: must be <= 10000`},
 	} {
@@ -215,5 +212,167 @@ func TestClusterSlotIDsDiffer(t *testing.T) {
 	}
 	if a, b := slotID(p1), slotID(p2); a == b {
 		t.Fatalf("both Plugins drew %s", a)
+	}
+}
+
+const shadowStreams = `,
+  {"name": "watch", "mode": "shadow", "scope": "cluster", "limit_keys": ["header:t"], "algorithm": "concurrency",
+   "algorithm_config": {"max_in_flight": 1, "ttl_ms": 3000}}`
+
+// TestClusterSlotsShadow: a shadow cluster rule (one in flight) takes its
+// slot from limitd but never refuses: of three requests held at once all
+// go on (the enforced rule beside it has room for two, then refuses the
+// third for itself), the shadow refusal is counted in shadow_rejected and
+// holds nothing; the granted slot is renewed like an enforced one and
+// released at Done, so the key admits again.
+func TestClusterSlotsShadow(t *testing.T) {
+	w := newWorld(t, fleetStreamsCfg("deny", shadowStreams)).withLimitd()
+	a1, r1 := w.openServed("t", "a")
+	a2, r2 := w.openServed("t", "a")
+	if !a1.wentOn() || !a2.wentOn() {
+		t.Fatalf("first two: %d, %d; want both to go on (the shadow rule never refuses)", a1.Replied, a2.Replied)
+	}
+	if n := w.count("rule.watch.shadow_rejected"); n != 1 {
+		t.Fatalf("shadow_rejected %d, want 1 (the second request)", n)
+	}
+	if g := w.count("rule.watch.in_flight"); g != 1 {
+		t.Fatalf("watch in_flight %d, want 1 (a refused shadow slot holds nothing)", g)
+	}
+	a3, r3 := w.openServed("t", "a")
+	if a3.Replied != 429 || !strings.Contains(string(a3.ReplyBody), `"streams"`) {
+		t.Fatalf("third: %d %s; want the enforced rule's 429", a3.Replied, string(a3.ReplyBody))
+	}
+	// The shadow slot outlives its ttl while the plugin ticks.
+	for range 10 {
+		w.h.Clock.Advance(sec)
+		w.tick()
+	}
+	w.limitd.serve()
+	if lost := w.count("cluster_slots_lost"); lost != 0 {
+		t.Fatalf("cluster_slots_lost %d, want 0", lost)
+	}
+	w.end(a2, r2)
+	w.end(a3, r3)
+	w.limitd.serve()
+	before := w.count("rule.watch.shadow_rejected")
+	if b, _ := w.openServed("t", "a"); !b.wentOn() || w.count("rule.watch.shadow_rejected") != before+1 {
+		t.Fatalf("a1's shadow slot still held: %d, shadow_rejected %d, want %d", b.Replied, w.count("rule.watch.shadow_rejected"), before+1)
+	}
+	w.end(a1, r1)
+	w.limitd.serve()
+	if b, _ := w.openServed("t", "b"); !b.wentOn() {
+		t.Fatalf("tenant b: %d", b.Replied)
+	}
+	if c, _ := w.openServed("t", "c"); !c.wentOn() || w.count("rule.watch.shadow_rejected") != before+1 {
+		t.Fatalf("after a1 ended: shadow_rejected %d, want %d (its slot released)", w.count("rule.watch.shadow_rejected"), before+1)
+	}
+}
+
+// TestClusterSlotsShadowAlone: a shadow rule on its own, limitd up then
+// down with failure_mode deny: every request goes on; a failed acquire
+// counts in service_errors, never refuses, and its slot id is released.
+func TestClusterSlotsShadowAlone(t *testing.T) {
+	cfg := `{"service": {"cluster": "limitd", "failure_mode": "deny"}, "rules": [` + shadowStreams[1:] + `]}`
+	w := newWorld(t, cfg).withLimitd()
+	for i := range 3 {
+		if s, _ := w.openServed("t", "a"); !s.wentOn() {
+			t.Fatalf("request %d: %d, want it to go on", i, s.Replied)
+		}
+	}
+	if n := w.count("rule.watch.shadow_rejected"); n != 2 {
+		t.Fatalf("shadow_rejected %d, want 2", n)
+	}
+	w.limitd.down = true
+	s, r := w.openServed("t", "b")
+	if !s.wentOn() {
+		t.Fatalf("limitd down: %d %s, want the request to go on", s.Replied, string(s.ReplyBody))
+	}
+	w.end(s, r)
+	if e := w.count("service_errors"); e != 2 {
+		t.Fatalf("service_errors %d, want 2 (the acquire and its release)", e)
+	}
+	if n := w.count("rule.watch.failed_open"); n != 0 {
+		t.Fatalf("failed_open %d, want 0 (a shadow rule applies no failure_mode)", n)
+	}
+}
+
+const patientFleet = `{"service": {"cluster": "limitd", "failure_mode": "deny"}, "rules": [
+  {"name": "streams", "scope": "cluster", "limit_keys": ["header:t"], "algorithm": "concurrency",
+   "algorithm_config": {"max_in_flight": 1, "ttl_ms": 3000, "max_delay_ms": 1000, "max_waiting": 1}}]}`
+
+// retryDue is the moment of the request's one unfired retry, and whether
+// it has one.
+func retryDue(s *stream) (int64, bool) {
+	var due int64
+	n := 0
+	for _, tm := range s.Timers {
+		if !tm.Fired {
+			due, n = tm.Due, n+1
+		}
+	}
+	return due, n == 1
+}
+
+// TestClusterSlotsWait: max_delay_ms on a cluster rule: a request refused
+// its slot waits, trying the acquire again 50 to 100 ms apart, and is
+// admitted once a slot frees (with the delay header); a request past
+// max_waiting is refused at once (waiting_full); one that finds no slot
+// within its bound is refused there (delay_refused), after a bounded
+// number of calls.
+func TestClusterSlotsWait(t *testing.T) {
+	w := newWorld(t, patientFleet).withLimitd()
+	a1, r1 := w.openServed("t", "a")
+	a2, r2 := w.openServed("t", "a")
+	if !a1.wentOn() || !a2.paused() {
+		t.Fatalf("first went on %v, second waits %v (%d %s); want both", a1.wentOn(), a2.paused(), a2.Replied, a2.ReplyBody)
+	}
+	if a3, _ := w.openServed("t", "a"); a3.Replied != 429 || w.count("rule.streams.waiting_full") != 1 {
+		t.Fatalf("a third past max_waiting 1: %d, waiting_full %d; want 429 at once, 1", a3.Replied, w.count("rule.streams.waiting_full"))
+	}
+	for i := range 3 { // refused again: each retry 50 to 100 ms after the last
+		due, ok := retryDue(a2)
+		if now := w.h.Now(); !ok || due < now+50e6 || due > now+100e6 {
+			t.Fatalf("retry %d due at now+%d ms (one pending: %v), want 50 to 100 ms", i, (due-now)/1e6, ok)
+		}
+		w.h.Clock.Set(due)
+		a2.Fire(due)
+		w.limitd.serve(a2)
+		if !a2.paused() {
+			t.Fatalf("retry %d: %d, want it to wait on", i, a2.Replied)
+		}
+	}
+	w.end(a1, r1)
+	w.limitd.serve()
+	due, _ := retryDue(a2)
+	w.h.Clock.Set(due)
+	a2.Fire(due)
+	w.limitd.serve(a2)
+	if !a2.wentOn() || w.count("rule.streams.delayed") != 1 {
+		t.Fatalf("after the end: %d, delayed %d; want admitted, 1", a2.Replied, w.count("rule.streams.delayed"))
+	}
+	w.respond(a2, r2, upstream{})
+	if got := headerOf(a2.Added, engine.DelayHeader); got == "" {
+		t.Fatalf("the waited request's response has no %s: %v", engine.DelayHeader, a2.Added)
+	}
+	// a2 holds the slot past a4's bound: a4 is refused there.
+	a4, _ := w.openServed("t", "a")
+	t0, calls := w.h.Now(), len(a4.Calls)
+	for range 100 {
+		due, ok := retryDue(a4)
+		if !ok {
+			break
+		}
+		w.h.Clock.Set(due)
+		a4.Fire(due)
+		w.limitd.serve(a4)
+	}
+	if a4.Replied != 429 || w.count("rule.streams.delay_refused") != 1 {
+		t.Fatalf("no slot within the bound: %d, delay_refused %d; want 429, 1", a4.Replied, w.count("rule.streams.delay_refused"))
+	}
+	if waited := w.h.Now() - t0; waited != 1000e6 {
+		t.Fatalf("refused after %d ms, want at its bound (1000 ms)", waited/1e6)
+	}
+	if n := len(a4.Calls) - calls; n < 10 || n > 20 {
+		t.Fatalf("%d retries within 1 s, want 10 to 20 (every 50 to 100 ms)", n)
 	}
 }

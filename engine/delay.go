@@ -121,7 +121,7 @@ func (c *Request) eachWaiting(f func(*take)) {
 // claimed (planRules); with held, it keeps those of the takes that hold
 // the request (eachWaiting), given back when the hold ends.
 func (c *Request) releaseClaims(held bool) {
-	for _, takes := range [...][]take{c.plan.local, c.plan.cluster, c.plan.leased} {
+	for _, takes := range [...][]take{c.plan.local, c.plan.cluster, c.plan.leased, c.plan.slotsC} {
 		for i := range takes {
 			t := &takes[i]
 			if t.claim && !(held && t.d.Wait > 0) {

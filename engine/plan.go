@@ -53,10 +53,12 @@ type plan struct {
 	// slots: a take is a concurrency rule's slot, which Done gives back.
 	slots bool
 	// slotsC are the enforced cluster concurrency rules, and slotID the
-	// id of their slots in the limit service (concurrency_cluster.go).
-	slotsC []take
-	slotID string
-	buf    [4]take // backing for the usual handful of takes
+	// id of their slots in the limit service (concurrency_cluster.go);
+	// shadowSlotsC and shadowSlotID the same of the shadow ones, acquired
+	// in a call of their own.
+	slotsC, shadowSlotsC []take
+	slotID, shadowSlotID string
+	buf                  [4]take // backing for the usual handful of takes
 }
 
 // planRules walks the rules once and fills c.plan with the buckets the
@@ -136,6 +138,8 @@ func (c *Request) planRules(r *requestValues) *rejection {
 		pl.charges = pl.charges || ru.charges
 		pl.slots = pl.slots || ru.slots
 		switch cluster := ru.Scope == config.ScopeCluster; {
+		case ru.Mode == config.ModeShadow && cluster && ru.slots:
+			pl.shadowSlotsC = append(pl.shadowSlotsC, t)
 		case ru.Mode == config.ModeShadow && cluster:
 			pl.shadowC = append(pl.shadowC, t)
 		case ru.Mode == config.ModeShadow:

@@ -56,6 +56,7 @@ type Request struct {
 	// line of the slot slotID since waitFrom, until slotUntil (Unix ns).
 	// slotTicket is its ticket in the key's line (0: none).
 	slotWaiting         bool
+	cslotWaited         bool // refused a cluster slot, it waited to try again
 	slotID, slotTicket  uint64
 	waitFrom, slotUntil int64
 	// Backing for the request's values (request.values): a request reads
@@ -115,6 +116,7 @@ type step uint8
 const (
 	stepLeases step = iota
 	stepSlots
+	stepShadowSlots
 	stepCluster
 	stepDone
 )
@@ -248,9 +250,14 @@ func (c *Request) next(rej *rejection) Action {
 				rej, wait = c.spendLeases()
 			}
 		case stepSlots:
-			c.step = stepCluster
+			c.step = stepShadowSlots
 			if len(c.plan.slotsC) > 0 {
-				rej, wait = c.acquireSlots()
+				rej, wait = c.acquireSlots(false)
+			}
+		case stepShadowSlots:
+			c.step = stepCluster
+			if len(c.plan.shadowSlotsC) > 0 {
+				rej, wait = c.acquireSlots(true)
 			}
 		case stepCluster:
 			c.step = stepDone

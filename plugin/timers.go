@@ -112,10 +112,14 @@ func (hs *holds) runDue(now int64, pluginID uint32) int {
 		if err := proxywasm.SetEffectiveContext(x.c.id); err != nil {
 			continue
 		}
-		active = x.c.id
+		// Lent, as in stream.Run: a call f sends (a cluster slot's retry)
+		// is filed under the plugin context, its answer made the
+		// request's again.
+		active, lent = x.c.id, true
 		x.f()
 		n++
 	}
+	lent = false
 	if n > 0 {
 		active = pluginID
 		if err := proxywasm.SetEffectiveContext(pluginID); err != nil {
