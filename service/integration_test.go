@@ -383,35 +383,6 @@ func TestIntegrationHTTP(t *testing.T) {
 	resp.Body.Close()
 }
 
-// BenchmarkRedisDecide measures RedisStore against a real redis-server,
-// one decision per op from parallel goroutines, with and without batching.
-func BenchmarkRedisDecide(b *testing.B) {
-	srv := redistest.Start(b)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, PoolSize: 64})
-	defer c.Close()
-	for _, batch := range []int{0, 64} {
-		b.Run("batch"+strconv.Itoa(batch), func(b *testing.B) {
-			s, err := NewRedisStore(c, RedisOptions{Batch: BatchOptions{MaxSize: batch}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer s.Close()
-			b.SetParallelism(16)
-			b.ReportAllocs()
-			var next atomic.Int64
-			b.RunParallel(func(pb *testing.PB) {
-				req := one("bench-"+strconv.FormatInt(next.Add(1), 10), 1e6, 1e6, 1)
-				for pb.Next() {
-					if _, err := s.Decide(context.Background(), req); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		})
-	}
-}
-
 // TestIntegrationLedger: on a real redis-server and a real Redis Cluster,
 // the ledger is changed atomically with its bucket: 200 concurrent returns
 // of 5 after one grant of 40 give back exactly 40, and 200 concurrent

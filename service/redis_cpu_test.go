@@ -58,7 +58,8 @@ func redisCost(b *testing.B, c *redis.Client) (cpu, scripts time.Duration) {
 // redis-server, from 16 goroutines over 32 buckets, unbatched and batched
 // (--batch-max 64): Redis's CPU per decision (redis-µs/op, INFO cpu), the
 // time its scripts ran per decision (script-µs/op, INFO commandstats), and
-// the decisions per pipeline (per-batch). On a loaded machine only the
+// the decisions per pipeline (per-batch), beside its time and allocations
+// per decision. On a loaded machine only the
 // ratio of two sub-benchmarks of one run means anything.
 func BenchmarkRedisDecideCPU(b *testing.B) {
 	srv := redistest.Start(b)
@@ -76,6 +77,7 @@ func BenchmarkRedisDecideCPU(b *testing.B) {
 				s.batch.onBatch = func(n int) { pipelines.Add(1); calls.Add(int64(n)) }
 			}
 			b.SetParallelism(16)
+			b.ReportAllocs()
 			var next atomic.Int64
 			cpu0, scripts0 := redisCost(b, c)
 			b.ResetTimer()
