@@ -216,11 +216,11 @@ func idle(t *testing.T, b envoytest.Build) string {
 	})
 	c.Close()
 	time.Sleep(3 * time.Second)
-	cpu0, t0 := [2]time.Duration{envs[0].CPUTime(), envs[1].CPUTime()}, time.Now()
+	cpu0, t0 := [2]time.Duration{envs[0].CPU(), envs[1].CPU()}, time.Now()
 	time.Sleep(idleWindow)
 	var share [2]float64
 	for i, what := range [2]string{"after holding 10 requests, nothing held", "a rule that never holds"} {
-		used := envs[i].CPUTime() - cpu0[i]
+		used := envs[i].CPU() - cpu0[i]
 		share[i] = 100 * float64(used) / float64(time.Since(t0))
 		t.Logf("%s: idle Envoy (4 workers), %s: %v of CPU over %v, %.3f%% of a CPU",
 			b, what, used, time.Since(t0).Round(time.Second), share[i])

@@ -88,12 +88,12 @@ func TestIdleCPUAfterListenerUpdates(t *testing.T) {
 	time.Sleep(idleSettle) // lets the updates' work end: nothing is measured yet
 	cpu0, t0 := map[envoytest.Build]time.Duration{}, time.Now()
 	for _, b := range envoytest.Builds {
-		cpu0[b] = envs[b].CPUTime()
+		cpu0[b] = envs[b].CPU()
 	}
 	time.Sleep(idleWindow) // the measuring window: both Envoys idle
 	share := map[envoytest.Build]float64{}
 	for _, b := range envoytest.Builds {
-		used := envs[b].CPUTime() - cpu0[b]
+		used := envs[b].CPU() - cpu0[b]
 		share[b] = float64(used) / float64(time.Since(t0))
 		t.Logf("%s: idle Envoy's CPU over %v with %d replaced configurations kept: %v, %.2f%% of a CPU",
 			b, time.Since(t0).Round(time.Second), draining(b), used, 100*share[b])

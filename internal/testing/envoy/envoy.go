@@ -49,9 +49,9 @@ import (
 )
 
 const (
-	// DefaultStartTimeout bounds the wait for /ready. V8 takes 2-6 s to
-	// compile the Go plugin on an idle machine and was seen taking 64 s on an
-	// overloaded 2-core one. An Envoy that exits is noticed at once.
+	// DefaultStartTimeout bounds Envoy's idle time in the wait for /ready
+	// (see idleClock). V8 takes 2-6 s to compile the Go plugin on an idle
+	// machine, busy all along; an Envoy that exits is noticed at once.
 	DefaultStartTimeout = 120 * time.Second
 	// StopGrace is how long Stop waits after SIGTERM before SIGKILL.
 	StopGrace = 10 * time.Second
@@ -170,7 +170,8 @@ type Options struct {
 	LogLevel    string
 	// ExtraArgs are appended to Envoy's command line.
 	ExtraArgs []string
-	// StartTimeout bounds the wait for /ready; 0 means DefaultStartTimeout.
+	// StartTimeout bounds Envoy's idle time in the wait for /ready (see
+	// WaitReady); 0 means DefaultStartTimeout.
 	StartTimeout time.Duration
 	// Dir holds the configuration and logs; "" means a new temporary
 	// directory, removed by Stop.
@@ -636,9 +637,12 @@ func (p *Process) WriteLDS(version string, pluginConfig *string) error {
 }
 
 // WaitReady waits until /ready says LIVE and, when the bootstrap has one,
-// the listener accepts connections. An exit is an error wrapping ErrExited.
+// the listener accepts connections. timeout bounds Envoy's idle time in the
+// wait, not the time it spends working or waiting for a processor (see
+// idleClock). An exit is an error wrapping ErrExited.
 func (p *Process) WaitReady(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+	clock := newIdleClock(time.Now()).watch(p.cmd.Process.Pid)
+	defer clock.Close()
 	last := "no answer"
 	for {
 		if err := p.exited(); err != nil {
@@ -652,20 +656,14 @@ func (p *Process) WaitReady(timeout time.Duration) error {
 		} else {
 			last = fmt.Sprintf("%d %.100s", code, body)
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w after %v: last /ready: %s", ErrNotLive, timeout, last)
+		if now := time.Now(); clock.over(now, timeout) {
+			return fmt.Errorf("%w: %v, bound %v: last /ready: %s", ErrNotLive, clock, timeout, last)
 		}
 		time.Sleep(pollInterval)
 	}
 	if !p.listens {
 		return nil
 	}
-	return p.WaitListener(time.Until(deadline))
-}
-
-// WaitListener dials the (first) listener until it accepts a connection.
-func (p *Process) WaitListener(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p.data.ListenerPort))
 	for {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
@@ -676,8 +674,8 @@ func (p *Process) WaitListener(timeout time.Duration) error {
 		if err := p.exited(); err != nil {
 			return err
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("listener %s: %w", addr, err)
+		if now := time.Now(); clock.over(now, timeout) {
+			return fmt.Errorf("listener %s: %w (%v, bound %v)", addr, err, clock, timeout)
 		}
 		time.Sleep(pollInterval)
 	}
@@ -914,36 +912,6 @@ func (p *Process) RSS() (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("envoy: rss: pid %d has no VmRSS", pid)
-}
-
-// CPUTime is the CPU time Envoy has used so far, user and system, of all
-// its threads (utime + stime of /proc/<pid>/stat, in the kernel's 10 ms
-// ticks: USER_HZ is 100 on Linux).
-func (p *Process) CPUTime() (time.Duration, error) {
-	pid, err := p.PID()
-	if err != nil {
-		return 0, err
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, fmt.Errorf("envoy: cpu time: %w", err)
-	}
-	// The command name (field 2) is in parentheses and may hold spaces:
-	// the fields after its closing one start with field 3 (state).
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, fmt.Errorf("envoy: cpu time: unexpected /proc/%d/stat %q", pid, b)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("envoy: cpu time: unexpected /proc/%d/stat %q", pid, b)
-	}
-	utime, err1 := strconv.ParseUint(f[11], 10, 64) // field 14
-	stime, err2 := strconv.ParseUint(f[12], 10, 64) // field 15
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("envoy: cpu time: unexpected /proc/%d/stat %q", pid, b)
-	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
 // Log is Envoy's log so far, then what Envoy wrote to stdout and stderr.

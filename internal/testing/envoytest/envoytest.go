@@ -285,17 +285,6 @@ func (e *Envoy) RSS() uint64 {
 	return v
 }
 
-// CPUTime is the CPU time Envoy has used so far (user and system, every
-// thread).
-func (e *Envoy) CPUTime() time.Duration {
-	e.t.Helper()
-	d, err := e.Process.CPUTime()
-	if err != nil {
-		e.t.Fatalf("envoytest: %v", err)
-	}
-	return d
-}
-
 // WriteLDS replaces the listener file (Options.LDS) with version and pluginConfig.
 func (e *Envoy) WriteLDS(version, pluginConfig string) {
 	e.t.Helper()
@@ -313,7 +302,8 @@ const (
 	Exited Outcome = iota + 1
 	// ListenerRefused: Envoy became LIVE but its listener refused connections.
 	ListenerRefused
-	// NeverReady: Envoy neither exited nor became LIVE within the timeout.
+	// NeverReady: Envoy neither exited nor became LIVE, idle longer than the
+	// timeout (see envoy.Process.WaitReady).
 	NeverReady
 )
 

@@ -3,14 +3,20 @@
 package envoytest
 
 import (
+	"errors"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 )
 
 // --- without Envoy ---
@@ -193,7 +199,10 @@ func TestExpectStartFailure(t *testing.T) {
 		{"unknown field", Options{NoWasm: true, HCM: "no_such_field: 1"}, Exited, "no_such_field"},
 		{"bad enum", Options{PluginWasm: "/nonexistent.wasm", FailurePolicy: "FAIL_SOMETIMES"}, Exited, "FAIL_SOMETIMES"},
 		{"listener port taken", Options{NoWasm: true, ListenerPort: heldPort}, Exited, "Address already in use"},
-		{"not ready in time", Options{NoWasm: true, StartTimeout: time.Nanosecond}, NeverReady, ""},
+		// An EDS cluster whose xDS server (the held port: connections are
+		// taken but never read) never answers keeps Envoy initializing, idle.
+		{"not ready in time", Options{NoWasm: true, StartTimeout: 500 * time.Millisecond,
+			ExtraArgs: []string{"--config-yaml", neverWarm(heldPort)}}, NeverReady, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -205,6 +214,22 @@ func TestExpectStartFailure(t *testing.T) {
 			}
 		})
 	}
+}
+
+// neverWarm is a bootstrap fragment (for --config-yaml) with an EDS
+// cluster served by the xDS server at port, with no bound on its first
+// answer: Envoy is not ready until that server answers.
+func neverWarm(port int) string {
+	return `{"node": {"id": "test", "cluster": "test"}, "static_resources": {"clusters": [
+	{"name": "never_warm", "type": "EDS", "eds_cluster_config": {"eds_config": {"resource_api_version": "V3",
+		"initial_fetch_timeout": "0s", "api_config_source": {"api_type": "GRPC", "transport_api_version": "V3",
+			"grpc_services": [{"envoy_grpc": {"cluster_name": "xds_held"}}]}}}},
+	{"name": "xds_held", "type": "STATIC",
+		"typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+			"@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+			"explicit_http_config": {"http2_protocol_options": {}}}},
+		"load_assignment": {"cluster_name": "xds_held", "endpoints": [{"lb_endpoints": [{"endpoint": {"address":
+			{"socket_address": {"address": "127.0.0.1", "port_value": ` + strconv.Itoa(port) + `}}}}]}]}}]}}`
 }
 
 // TestDemoConfigWasm proves the bootstrap against the real plugin: the
@@ -271,4 +296,76 @@ func TestDemoConfigNative(t *testing.T) {
 	if got := e.Stat("wasm.envoy.wasm.runtime.v8.active"); got != 0 {
 		t.Errorf("%d active V8 Wasm VMs, want none", got)
 	}
+}
+
+// TestStartCountsIdleTime: the wait for a start is bounded by Envoy's
+// idle time, not by the time it works or waits for a processor. A CI run
+// failed so: a Wasm Envoy started at nice 10 (make test's unit lane)
+// beside busy Envoys did not say LIVE within the 120 s bound, working all
+// along. Here an Envoy starts at nice 19 pinned to one CPU beside a busy
+// thread pinned there too, which makes its start take seconds: a bound of
+// 1 s of idle time lets it start (a bound of 1 s of wall time did not). A
+// stopped Envoy is idle: the same bound ends its wait in about 1 s.
+func TestStartCountsIdleTime(t *testing.T) {
+	const rules = `{"rules":[{"name":"r","algorithm":"token_bucket","algorithm_config":{"tokens_per_second":1,"burst":1}}]}`
+	t.Run("starved start", func(t *testing.T) {
+		p, err := envoy.Spawn(Options{Build: Native, NativeModule: NativeModule(t), PluginConfig: rules,
+			UpstreamPort: 9, Concurrency: 2, Dir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Stop()
+		pid, _ := p.PID()
+		// Envoy's later threads inherit its main thread's nice and CPU.
+		var cpu unix.CPUSet
+		cpu.Set(0)
+		if err := unix.SchedSetaffinity(pid, &cpu); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, pid, 19); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		defer close(done)
+		go func() { // the busy neighbour, until the wait ends
+			runtime.LockOSThread() // the thread ends with the goroutine
+			if err := unix.SchedSetaffinity(0, &cpu); err != nil {
+				return
+			}
+			for n := 0; ; n++ {
+				if n%1_000_000 == 0 {
+					select {
+					case <-done:
+						return
+					default:
+					}
+				}
+			}
+		}()
+		start := time.Now()
+		if err := p.WaitReady(time.Second); err != nil {
+			t.Fatalf("WaitReady(1s) of a starved Envoy = %v after %v, want nil", err, time.Since(start))
+		}
+		t.Logf("started in %v with an idle bound of 1 s", time.Since(start).Round(time.Millisecond))
+	})
+	t.Run("stopped Envoy", func(t *testing.T) {
+		p, err := envoy.Spawn(Options{Build: Native, NativeModule: NativeModule(t), PluginConfig: rules,
+			UpstreamPort: 9, Concurrency: 1, Dir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Stop()
+		pid, _ := p.PID()
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		err = p.WaitReady(time.Second)
+		took := time.Since(start)
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		if !errors.Is(err, envoy.ErrNotLive) || took < time.Second || took > 30*time.Second {
+			t.Fatalf("WaitReady(1s) of a stopped Envoy = %v after %v, want ErrNotLive after 1 s", err, took)
+		}
+		t.Logf("%v (after %v)", err, took.Round(time.Millisecond))
+	})
 }
