@@ -876,11 +876,8 @@ func (p *Process) CPU() (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("envoy: cpu: %w", err)
 	}
-	// The command name, in parentheses, may hold spaces: fields count
-	// from its closing parenthesis (state is field 3, utime 14, stime 15).
-	_, rest, ok := strings.Cut(string(b), ") ")
-	f := strings.Fields(rest)
-	if !ok || len(f) < 13 {
+	f, err := statFields(b) // f[0] is field 3, state; utime is 14, stime 15
+	if err != nil || len(f) < 13 {
 		return 0, fmt.Errorf("envoy: cpu: unexpected /proc/%d/stat %q", pid, b)
 	}
 	utime, err1 := strconv.ParseUint(f[11], 10, 64)

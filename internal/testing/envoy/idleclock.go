@@ -3,6 +3,7 @@
 package envoy
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -113,13 +114,26 @@ func runnable(pid int) bool {
 	return false
 }
 
-// threadState is the state field (3) of a /proc stat line. The command
-// name (field 2) is in parentheses and may hold spaces and parentheses:
-// the state follows the last closing one.
+// threadState is the state field (3) of a /proc stat line.
 func threadState(stat []byte) (byte, error) {
-	i := strings.LastIndexByte(string(stat), ')')
-	if i < 0 || i+2 >= len(stat) || stat[i+1] != ' ' {
+	f, err := statFields(stat)
+	if err != nil || len(f[0]) != 1 {
 		return 0, errors.New("envoy: unexpected stat line")
 	}
-	return stat[i+2], nil
+	return f[0][0], nil
+}
+
+// statFields are the fields of a /proc stat line from the third (state)
+// on. The command name (field 2) is in parentheses and may hold spaces and
+// parentheses: the fields follow the last closing one, after a space.
+func statFields(stat []byte) ([]string, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 || i+1 >= len(stat) || stat[i+1] != ' ' {
+		return nil, errors.New("envoy: unexpected stat line")
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) == 0 {
+		return nil, errors.New("envoy: unexpected stat line")
+	}
+	return f, nil
 }

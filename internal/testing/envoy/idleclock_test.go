@@ -64,7 +64,7 @@ func TestThreadState(t *testing.T) {
 			t.Errorf("threadState(%q) = %q, %v; want %q", stat, got, err, want)
 		}
 	}
-	for _, stat := range []string{"", "1844 envoy S", "1844 (envoy)", "1844 (envoy) ", "1844 (envoy)S 1"} {
+	for _, stat := range []string{"", "1844 envoy S", "1844 (envoy)", "1844 (envoy) ", "1844 (envoy)S 1", "7 (x) SS 1"} {
 		if got, err := threadState([]byte(stat)); err == nil {
 			t.Errorf("threadState(%q) = %q, want an error", stat, got)
 		}
