@@ -475,7 +475,7 @@ func (b *bench) ordinaryPerf() (string, error) {
 			}
 		}
 		sort.Slice(c.top, func(i, j int) bool { return c.top[i].pct > c.top[j].pct })
-		c.top = c.top[:min(len(c.top), 16)]
+		c.top = c.top[:min(len(c.top), 6)]
 		b.logf("perf (%d): %d samples at %.0f req/s, %.1f µs/req", t.s.ID, n, lat.Achieved, lat.CPUPerReqUS)
 		cols = append(cols, c)
 	}

@@ -17,9 +17,11 @@ import (
 // from another page, or raises this figure in a change that says why. The
 // documentation was 84.4k words; giving each fact one home took the
 // hand-written pages to 41.1k and the generated benchmark pages (rendered
-// from their saved results) from 12.9k to 6.5k: 48.1k, and this leaves 400
-// words for fixes, under the goal of 50k.
-const maxDocWords = 48_500
+// from their saved results) from 12.9k to 6.5k: 48.1k. The ordinary-load
+// page then gained back its profile's attribution (1.2k words of tables,
+// which the cost issue asks to publish): 49.6k, and this leaves 200 words
+// for fixes, under the goal of 50k.
+const maxDocWords = 49_800
 
 // docWords returns the word count of each Markdown file the budget covers.
 func docWords(t *testing.T) map[string]int {
