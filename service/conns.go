@@ -336,7 +336,11 @@ func (gc *guardedConn) mark(mark ConnMark) (authenticated bool) {
 	gc.seen = true
 	switch mark {
 	case ConnAuthenticated:
+		// A gateway's, whatever was refused on it before: no longer
+		// closed as refused (an HTTP/1.1 connection refused after this is
+		// marked again, and closes).
 		gc.authed = true
+		gc.refused = time.Time{}
 	case ConnRefused:
 		if gc.refused.IsZero() {
 			gc.refused = g.now()

@@ -51,3 +51,25 @@ func TestConnGuardMark(t *testing.T) {
 		t.Error("an authenticated connection reported not authenticated")
 	}
 }
+
+// TestConnGuardRefusedThenAuthenticated: a connection that carried an
+// authenticated call is a gateway's and never closed by the guard, even
+// when a call on it was refused before (the gRPC door closed such a
+// connection at the next sweep, cutting the calls in flight on it: a loaded
+// CI run saw its authorized call end in EOF).
+func TestConnGuardRefusedThenAuthenticated(t *testing.T) {
+	const ms = time.Millisecond
+	runGuard(t, ConnOptions{MaxConns: 2, Grace: time.Second, UnauthenticatedIdle: 5 * time.Second, UnauthenticatedBusy: 10 * time.Second}, []guardStep{
+		{0, "admit", "a", "", ""},
+		{0, "admit", "b", "", ""},
+		{0, "request", "a", "", "a without a token"},
+		{0, "refuse", "a", "", "a refused"},
+		{0, "request", "b", "", "b without a token"},
+		{0, "refuse", "b", "", "b refused"},
+		{100 * ms, "auth", "a", "", "then a authenticated"},
+		{time.Second, "sweep", "", "b", "b refused and never authenticated: closed"},
+		{time.Hour, "sweep", "", "", "a authenticated: never"},
+		{time.Hour, "admit", "c", "", ""},
+		{time.Hour, "admit", "d", "cap", "at the cap, a (a gateway's) and c (fresh) stay: d is closed"},
+	})
+}

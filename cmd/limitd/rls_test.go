@@ -86,6 +86,18 @@ func grpcAddr(t *testing.T, logs *syncBuffer) string {
 	return ""
 }
 
+// dialGRPC is a plaintext client of the gRPC door at addr, closed with the
+// test.
+func dialGRPC(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
 // limitd on a real Redis, bound to loopback with a token file: the rate
 // limit service needs a token, reports its health, decides on Redis, and
 // counts on /metrics; a graceful shutdown ends run with nil.
@@ -97,11 +109,7 @@ func TestRunRLSRedis(t *testing.T) {
 	}
 	addr, logs, cancel, done := start(t, []string{"--listen", "127.0.0.1:0", "--redis", srv.Addr(), "--token-file", tokens,
 		"--grpc-listen", "127.0.0.1:0", "--rls-config", writeConfig(t, rlsYAML)}, env())
-	conn, err := grpc.NewClient(grpcAddr(t, logs), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialGRPC(t, grpcAddr(t, logs))
 	ctx, stop := context.WithTimeout(context.Background(), 20*time.Second)
 	defer stop()
 	h := healthpb.NewHealthClient(conn)
@@ -117,7 +125,10 @@ func TestRunRLSRedis(t *testing.T) {
 	}
 	c := pb.NewRateLimitServiceClient(conn)
 	req := &pb.RateLimitRequest{Domain: "apis", Descriptors: []*rlpb.RateLimitDescriptor{{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: "generic_key", Value: "slow"}}}}}
-	if _, err := c.ShouldRateLimit(ctx, req); status.Code(err) != codes.Unauthenticated {
+	// On a connection of its own: the door closes a connection refused
+	// for its credentials within a second, calls in flight and all.
+	anon := pb.NewRateLimitServiceClient(dialGRPC(t, grpcAddr(t, logs)))
+	if _, err := anon.ShouldRateLimit(ctx, req); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("without a token: %v", err)
 	}
 	actx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer tok1")

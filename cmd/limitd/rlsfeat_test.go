@@ -15,8 +15,6 @@ import (
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // logAddr is the addr of the first log line whose msg is msg.
@@ -41,11 +39,7 @@ func logAddr(t *testing.T, logs *syncBuffer, msg string) string {
 func TestRunPrometheusListen(t *testing.T) {
 	_, logs, _, _ := start(t, []string{"--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--rls-config", writeConfig(t, rlsYAML),
 		"--prometheus-listen", "127.0.0.1:0", "--prometheus-path", "/stats/prometheus"}, env())
-	conn, err := grpc.NewClient(grpcAddr(t, logs), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialGRPC(t, grpcAddr(t, logs))
 	ctx, stop := context.WithTimeout(context.Background(), 20*time.Second)
 	defer stop()
 	c := pb.NewRateLimitServiceClient(conn)
