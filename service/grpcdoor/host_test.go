@@ -130,6 +130,19 @@ func echo(cc *grpc.ClientConn, md ...string) (string, error) {
 	return out.GetValue(), err
 }
 
+// waitCounter waits, at most 10 s, for the counter name to reach want, for
+// a count the door makes after its client has seen the outcome (a refused
+// TLS handshake: the alert goes out before the handshake returns), and
+// returns its value.
+func (d *door) waitCounter(name string, want float64) float64 {
+	d.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if got := d.counter(name); got >= want || time.Now().After(deadline) {
+			return got
+		}
+	}
+}
+
 func (d *door) counter(name string) float64 {
 	d.t.Helper()
 	mfs, err := d.reg.Gather()

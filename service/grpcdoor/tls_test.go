@@ -137,7 +137,7 @@ func TestTLSClientCertificates(t *testing.T) {
 			t.Errorf("%s: the handshake succeeded", name)
 		}
 	}
-	if got := d.counter("limitd_grpc_tls_handshake_failures_total"); got != 5 {
+	if got := d.waitCounter("limitd_grpc_tls_handshake_failures_total", 5); got != 5 {
 		t.Errorf("handshake failures %v, want 5", got)
 	}
 	if _, err := echo(d.client()); err == nil {
