@@ -28,7 +28,7 @@ func TestQuotaAttacker(t *testing.T) {
 	srv := redistest.Start(t)
 	c := realClient(t, srv.Addr())
 	s := realStore(t, c, 16)
-	api, err := NewServer(Config{Store: s, StoreName: "redis", Token: "tok", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	api, err := NewServer(Config{Store: s, StoreName: "redis", Token: "tok", Timeout: floodTimeout, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registry: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)

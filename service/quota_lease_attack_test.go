@@ -28,7 +28,7 @@ import (
 func TestQuotaLeaseReturnAttacker(t *testing.T) {
 	srv := redistest.Start(t)
 	s := realStore(t, realClient(t, srv.Addr()), 0)
-	api, err := NewServer(Config{Store: s, StoreName: "redis", Token: "tok", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	api, err := NewServer(Config{Store: s, StoreName: "redis", Token: "tok", Timeout: floodTimeout, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registry: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
