@@ -26,7 +26,7 @@ func TestFrontProxyNeedsIdentity(t *testing.T) {
 	report := &rlqspb.RateLimitQuotaUsageReports{Domain: "quota", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
 		usage(map[string]string{"api_key": "k"}, 1, 0, time.Second)}}
 	first := func(md ...string) error {
-		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), md...), 60*time.Second)
+		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), md...), streamBound)
 		defer cancel()
 		s, err := rlqspb.NewRateLimitQuotaServiceClient(f.conn).StreamRateLimitQuotas(ctx)
 		if err != nil {

@@ -191,10 +191,16 @@ func start(t *testing.T, yaml string, o fixtureOpts) *fixture {
 	return f
 }
 
+// streamBound bounds a test's stream: a hang, not a slow run. A stream
+// lives as long as its test, which under -race on a loaded machine took
+// over a minute (the bound was 60 s: TestChurningGateway's honest stream
+// ended in the middle of its run).
+const streamBound = 10 * time.Minute
+
 // open opens a stream as Envoy's filter does, with token (none: "").
 func (f *fixture) open(token string) (rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient, context.CancelFunc) {
 	f.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), streamBound)
 	if token != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 	}
