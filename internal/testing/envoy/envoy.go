@@ -656,7 +656,7 @@ func (p *Process) WaitReady(timeout time.Duration) error {
 		} else {
 			last = fmt.Sprintf("%d %.100s", code, body)
 		}
-		if now := time.Now(); clock.over(now, timeout) {
+		if clock.over(time.Now(), timeout) {
 			return fmt.Errorf("%w: %v, bound %v: last /ready: %s", ErrNotLive, clock, timeout, last)
 		}
 		time.Sleep(pollInterval)
@@ -674,7 +674,7 @@ func (p *Process) WaitReady(timeout time.Duration) error {
 		if err := p.exited(); err != nil {
 			return err
 		}
-		if now := time.Now(); clock.over(now, timeout) {
+		if clock.over(time.Now(), timeout) {
 			return fmt.Errorf("listener %s: %w (%v, bound %v)", addr, err, clock, timeout)
 		}
 		time.Sleep(pollInterval)
