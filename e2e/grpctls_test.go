@@ -108,8 +108,9 @@ func (l *rlqsLimitd) metric(t *testing.T, series string) float64 {
 // Envoy 1.40's rate limit filter calls limitd over mutual TLS, its cluster
 // configured as Envoy Gateway configures it (an UpstreamTlsContext with the
 // CA and a client certificate, no token): limitd's answers reach the
-// client (40 of 45 requests of a key limited to 40 a minute admitted, the
-// rest 429; failure_mode_deny would make a failed call a 500), counted
+// client (40 of 45 requests of a key limited to 40 a minute admitted, with
+// what refilled meanwhile, the rest 429; failure_mode_deny would make a
+// failed call a 500), counted
 // under the caller the certificate names.
 func TestGRPCDoorMutualTLSEnvoy(t *testing.T) {
 	t.Parallel()
@@ -124,14 +125,18 @@ func TestGRPCDoorMutualTLSEnvoy(t *testing.T) {
 	c := e.Client()
 	defer c.Close()
 	statuses := map[int]int{}
+	start := time.Now()
 	for range 45 {
 		statuses[c.Get("/", map[string]string{"x-api-key": "k-tls"}).Status]++
 	}
+	// 40 a minute refills a token every 1.5 s: a loaded machine may take
+	// that long over the 45 requests.
+	refill := int(time.Since(start).Seconds() / 1.5)
 	authorized := l.metric(t, `limitd_rls_authorized_calls_total{caller="`+p.envoyCaller+`"}`)
 	t.Logf("Envoy over mutual TLS: answers %v; limitd counted %v calls of %s, %v failed handshakes (the start's port probes)",
 		statuses, authorized, p.envoyCaller, l.metric(t, "limitd_grpc_tls_handshake_failures_total"))
-	if statuses[200] != 40 || statuses[429] != 5 {
-		t.Errorf("Envoy answered %v, want 40 200s and 5 429s", statuses)
+	if statuses[200] < 40 || statuses[200] > 40+refill || statuses[200]+statuses[429] != 45 {
+		t.Errorf("Envoy answered %v, want 40 200s (+ at most %d refilled), the rest 429s", statuses, refill)
 		for _, k := range []string{"cluster.rls.upstream_cx_total", "cluster.rls.ssl.handshake", "cluster.rls.ssl.connection_error", "cluster.upstream.ratelimit.error"} {
 			t.Logf("Envoy's %s: %d", k, e.Stat(k))
 		}
