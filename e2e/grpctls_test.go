@@ -110,8 +110,7 @@ func (l *rlqsLimitd) metric(t *testing.T, series string) float64 {
 // CA and a client certificate, no token): limitd's answers reach the
 // client (40 of 45 requests of a key limited to 40 a minute admitted, with
 // what refilled meanwhile, the rest 429; failure_mode_deny would make a
-// failed call a 500), counted
-// under the caller the certificate names.
+// failed call a 500), counted under the caller the certificate names.
 func TestGRPCDoorMutualTLSEnvoy(t *testing.T) {
 	t.Parallel()
 	envoytest.Needs(t, false)
