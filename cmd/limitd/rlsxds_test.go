@@ -80,9 +80,13 @@ var xdsConfig = &rlsconf.RateLimitConfig{Name: "default/policy", Domain: "apis",
 	{Key: "generic_key", Value: "slow", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: 2}},
 }}
 
+// rlsCall makes one rate limit call on a connection of its own, closed on
+// return, not with the test: TestRunRLSXDSStartWithoutConfig polls with
+// up to 3,000 of them.
 func rlsCall(t *testing.T, addr string) (*pb.RateLimitResponse, error) {
 	t.Helper()
 	conn := dialGRPC(t, addr)
+	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return pb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "apis",
