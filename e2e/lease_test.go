@@ -435,7 +435,8 @@ func TestLeaseGrantOutlivesAResetRequest(t *testing.T) {
 func testLeaseGrantOutlivesAResetRequest(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
-	slow := startSlowProxy(t, svc, 300*time.Millisecond)
+	release := make(chan struct{})
+	slow := startGatedProxy(t, svc, release)
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 5000, "failure_mode": "deny"},
 	 "rules": [{"name": "fleet", "scope": "cluster", "sync": "lease", "limit_keys": ["header:x-api-key"],
@@ -462,18 +463,29 @@ func testLeaseGrantOutlivesAResetRequest(t *testing.T, build envoytest.Build) {
 		}
 	}
 	conn.Close() // the client goes away while its request waits
-	// The answer comes 300 ms later; Envoy counts the call complete in the
-	// event that hands it to the plugin, and /stats is read after that event.
+	// The answer is let go only once Envoy has seen the client leave (it
+	// counts that in the event that ends the request in the plugin): on a
+	// loaded machine a fixed delay let Envoy read the answer and the close in
+	// one pass, answer first, so the request took its grant while still
+	// waiting. Envoy counts the call complete in the event that hands the
+	// answer to the plugin, and /stats is read after that event.
+	for deadline := time.Now().Add(10 * time.Second); e.Stat("http.ingress.downstream_cx_destroy_remote_active_rq") == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Envoy did not see the client leave within 10 s")
+		}
+	}
+	close(release)
 	for deadline := time.Now().Add(10 * time.Second); e.Stat("cluster.limit_service.upstream_rq_completed") == 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the lease call's answer did not reach Envoy within 10 s")
 		}
 	}
+	answered := time.Now()
 	c := e.Client()
 	t.Cleanup(c.Close)
 	r := c.Get("/", map[string]string{"x-api-key": "reset"})
 	calls := e.PluginStat("tokenbucket.lease_calls")
-	t.Logf("after the reset request's grant: %d, %d lease calls in all", r.Status, calls)
+	t.Logf("after the reset request's grant: %d, %d lease calls in all; the next request sent %v after the answer was counted", r.Status, calls, time.Since(answered))
 	if r.Status != 200 || calls != 1 {
 		t.Fatalf("next request: %d with %d lease calls in all; want 200 from the reset request's grant, no second call", r.Status, calls)
 	}
@@ -517,10 +529,25 @@ type slowProxy struct {
 	arrived atomic.Int64 // calls that reached the proxy
 	mu      sync.Mutex
 	times   []time.Duration
+	// release, when not nil, holds every answer until it is closed
+	// (startGatedProxy), instead of for delay.
+	release chan struct{}
 }
 
 // startSlowProxy starts a slowProxy in front of limitd's port.
 func startSlowProxy(t *testing.T, limitdPort int, delay time.Duration) *slowProxy {
+	t.Helper()
+	return startProxy(t, limitdPort, delay, nil)
+}
+
+// startGatedProxy starts a slowProxy whose answers wait until release is
+// closed: the test, not the clock, orders the answer after its own events.
+func startGatedProxy(t *testing.T, limitdPort int, release chan struct{}) *slowProxy {
+	t.Helper()
+	return startProxy(t, limitdPort, 0, release)
+}
+
+func startProxy(t *testing.T, limitdPort int, delay time.Duration, release chan struct{}) *slowProxy {
 	t.Helper()
 	target, err := url.Parse("http://127.0.0.1:" + strconv.Itoa(limitdPort))
 	if err != nil {
@@ -528,9 +555,16 @@ func startSlowProxy(t *testing.T, limitdPort int, delay time.Duration) *slowProx
 	}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256}
-	p := &slowProxy{}
+	p := &slowProxy{release: release}
 	rp.ModifyResponse = func(*http.Response) error {
-		time.Sleep(delay) // hold limitd's answer: the service is slow by delay
+		if release == nil {
+			time.Sleep(delay) // hold limitd's answer: the service is slow by delay
+			return nil
+		}
+		select { // held until the test lets it go (bounded: a test that never does fails by its own checks)
+		case <-release:
+		case <-time.After(time.Minute):
+		}
 		return nil
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -79,7 +79,16 @@ var rlsConfigs = []rlsConfig{
 	{43, "rls-limitd", "ratelimit filter → limitd, token buckets", rlsLimitd, "token_bucket"},
 	{44, "rls-plugin", "plugin, cluster rule per request → limitd", rlsPlugin, "token_bucket"},
 	{45, "rls-plugin-lease", "plugin, cluster rule with leases → limitd (one hot key)", rlsLease, "token_bucket"},
+	{rlsMemoryID, "rls-limitd-memory", "ratelimit filter → limitd, token buckets in memory (no Redis)", rlsLimitd, "token_bucket"},
 }
+
+// rlsMemoryID is limitd's gRPC door with no --redis: the same decisions in
+// its in-memory store, so its CPU per decision is what the door, gRPC and
+// the Go runtime cost before any store. Beside the token buckets on Redis
+// it splits limitd's figure into the door's floor and what Redis adds (the
+// client's round trip and the script), which no change to the scripts can
+// take below the door's.
+const rlsMemoryID = 47
 
 // The descriptors every RLS service is given (envoyproxy/ratelimit's YAML):
 // api_key, one bucket per x-api-key value that no load reaches, and edge,
@@ -464,9 +473,13 @@ func (b *bench) startService(t *rlsTarget, tools rlsTools, dir string, redisPort
 		if t.c.ID == rlsBeforeConfig.ID {
 			bin = tools.before
 		}
-		cmd = exec.Command(bin, "--listen", "127.0.0.1:"+strconv.Itoa(httpPort),
-			"--grpc-listen", "127.0.0.1:"+strconv.Itoa(grpcPort), "--rls-config", config,
-			"--rls-algorithm", t.c.Algorithm, "--redis", redis, "--log-level", "warn")
+		args := []string{"--listen", "127.0.0.1:" + strconv.Itoa(httpPort),
+			"--grpc-listen", "127.0.0.1:" + strconv.Itoa(grpcPort), "--rls-config", config,
+			"--rls-algorithm", t.c.Algorithm, "--log-level", "warn"}
+		if t.c.ID != rlsMemoryID { // its redis-server idles, watched as the others'
+			args = append(args, "--redis", redis)
+		}
+		cmd = exec.Command(bin, args...)
 	default:
 		cmd = exec.Command(tools.limitd, "--listen", "127.0.0.1:"+strconv.Itoa(httpPort), "--redis", redis, "--log-level", "warn")
 		port = httpPort
@@ -748,7 +761,7 @@ func (b *bench) rlsProfiles(targets []*rlsTarget) error {
 	}
 	defer os.RemoveAll(dir)
 	for _, t := range targets {
-		if t.c.ID != 41 && t.c.ID != 43 {
+		if t.c.ID != 41 && t.c.ID != 43 && t.c.ID != rlsMemoryID {
 			continue
 		}
 		name := "envoyproxy/ratelimit"
@@ -760,6 +773,10 @@ func (b *bench) rlsProfiles(targets []*rlsTarget) error {
 			pid    int
 			byFunc bool
 		}{{name, t.svcPID, false}, {"the Redis of " + name, t.rdsPID, true}}
+		if t.c.ID == rlsMemoryID { // its Redis idles
+			procs = procs[:1]
+			procs[0].label = "limitd (token buckets in memory)"
+		}
 		outs := make([]string, len(procs))
 		done := make(chan error, 1)
 		var sat satResult

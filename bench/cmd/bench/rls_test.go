@@ -71,6 +71,7 @@ func rlsFixture(limitdCPU, limitdP99 float64, tokenAdmitted int) *rlsReport {
 	add(41, 100, 20, 1000, fixed)
 	add(42, limitdCPU, 0, limitdP99, fixed)
 	add(43, limitdCPU, 0, limitdP99, []edgeTrial{{Before: 20, After: tokenAdmitted - 20, SpanMS: 320, Clean: true, Attempts: 2}})
+	add(rlsMemoryID, limitdCPU*0.75, 0, limitdP99, nil)
 	return r
 }
 
@@ -94,6 +95,7 @@ func TestRLSSectionVerdicts(t *testing.T) {
 		"| ratelimit filter → limitd, token buckets − peer, p99 µs | -100 | ≤ 0 | met |",
 		"| ratelimit filter → limitd, token buckets: admitted across a window edge, the trial nearest its bound | 26 (bound 26) | ≤ the bound | met |",
 		"| ratelimit filter → limitd, fixed_window: admitted across a window edge | 40 | as the peer: 40 | met |",
+		"| the door's floor: limitd in memory ÷ peer, saturated | 0.37 | ≤ 0.50 | below: the target is reachable by the store's cost |",
 	} {
 		if !strings.Contains(good, want) {
 			t.Errorf("page lacks %q:\n%s", want, good)
@@ -105,6 +107,7 @@ func TestRLSSectionVerdicts(t *testing.T) {
 		"÷ peer, fixed rate | 1.00 | ≤ 0.50 | **not met** |",
 		"p99 µs | 100 | ≤ 0 | **not met** |",
 		"| 30 (bound 26) | ≤ the bound | **not met** |",
+		"| the door's floor: limitd in memory ÷ peer, fixed rate | 0.75 | ≤ 0.50 | **above: out of reach of any store under this door** |",
 	} {
 		if !strings.Contains(bad, want) {
 			t.Errorf("page lacks %q:\n%s", want, bad)

@@ -303,6 +303,13 @@ func (r *rlsReport) section(w func(string, ...any)) {
 		d := r.perRound(p99, difference, id, 41)
 		rw(fmt.Sprintf("%s − peer, p99 µs", lim.Label), d, 0, "≤ 0", verdict(d, 0))
 	}
+	if r.result(rlsMemoryID) != nil && r.result(41) != nil {
+		// Not a target: the floor under limitd's token buckets, with no
+		// store to cut (the memory store's work is a few map reads).
+		sat, fix := r.perRound(decisionCPU, ratio, rlsMemoryID, 41), r.perRound(fixedCPU, ratio, rlsMemoryID, 41)
+		rw("the door's floor: limitd in memory ÷ peer, saturated", sat, 2, fmt.Sprintf("≤ %.2f", targetRLSCPU), floorVerdict(sat))
+		rw("the door's floor: limitd in memory ÷ peer, fixed rate", fix, 2, fmt.Sprintf("≤ %.2f", targetRLSCPU), floorVerdict(fix))
+	}
 	if lim := r.result(43); lim != nil && len(lim.Edges) > 0 {
 		most, bound, clean := 0, 0, 0
 		for _, e := range lim.Edges {
@@ -417,4 +424,17 @@ func sameVerdict(a, b []edgeTrial) string {
 		}
 	}
 	return "met"
+}
+
+// floorVerdict says what the door's floor (v, a ratio to the peer) leaves
+// of the target: above it, no store under this door can meet it.
+func floorVerdict(v spread) string {
+	switch {
+	case v.N == 0:
+		return "not measured"
+	case v.Median <= targetRLSCPU:
+		return "below: the target is reachable by the store's cost"
+	default:
+		return "**above: out of reach of any store under this door**"
+	}
 }
