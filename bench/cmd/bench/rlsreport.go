@@ -429,12 +429,11 @@ func sameVerdict(a, b []edgeTrial) string {
 // floorVerdict says what the door's floor (v, a ratio to the peer) leaves
 // of the target: above it, no store under this door can meet it.
 func floorVerdict(v spread) string {
-	switch {
-	case v.N == 0:
-		return "not measured"
-	case v.Median <= targetRLSCPU:
+	switch verdict(v, targetRLSCPU) {
+	case "met":
 		return "below: the target is reachable by the store's cost"
-	default:
+	case "**not met**":
 		return "**above: out of reach of any store under this door**"
 	}
+	return "not measured"
 }
