@@ -424,9 +424,10 @@ func testLeaseSlowService(t *testing.T, build envoytest.Build) {
 }
 
 // TestLeaseGrantOutlivesAResetRequest: a request waits for its lease call
-// (limitd answers 300 ms late) and its client goes away before the answer;
-// the grant goes into the lease all the same, so the next request on the
-// key is admitted from it without a call. Both builds.
+// and its client goes away before the answer (held by a proxy until Envoy
+// has seen the client go); the grant goes into the lease all the same, so
+// the next request on the key is admitted from it without a call. Both
+// builds.
 func TestLeaseGrantOutlivesAResetRequest(t *testing.T) {
 	t.Parallel()
 	forEachBuild(t, testLeaseGrantOutlivesAResetRequest)
@@ -529,9 +530,6 @@ type slowProxy struct {
 	arrived atomic.Int64 // calls that reached the proxy
 	mu      sync.Mutex
 	times   []time.Duration
-	// release, when not nil, holds every answer until it is closed
-	// (startGatedProxy), instead of for delay.
-	release chan struct{}
 }
 
 // startSlowProxy starts a slowProxy in front of limitd's port.
@@ -547,6 +545,8 @@ func startGatedProxy(t *testing.T, limitdPort int, release chan struct{}) *slowP
 	return startProxy(t, limitdPort, 0, release)
 }
 
+// startProxy starts a slowProxy that holds each answer for delay, or, when
+// release is not nil, until release is closed.
 func startProxy(t *testing.T, limitdPort int, delay time.Duration, release chan struct{}) *slowProxy {
 	t.Helper()
 	target, err := url.Parse("http://127.0.0.1:" + strconv.Itoa(limitdPort))
@@ -555,7 +555,7 @@ func startProxy(t *testing.T, limitdPort int, delay time.Duration, release chan 
 	}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256}
-	p := &slowProxy{release: release}
+	p := &slowProxy{}
 	rp.ModifyResponse = func(*http.Response) error {
 		if release == nil {
 			time.Sleep(delay) // hold limitd's answer: the service is slow by delay
