@@ -186,7 +186,6 @@ e2e-serial: $(E2E_DEPS)
 test-build: $(E2E_DEPS)
 
 TEST_LANES := unit | e2e-parallel test-ratelimit test-gateway e2e-serial
-TEST_LAST :=
 TEST_NICE := unit
 test: $(TESTLOG_BIN)
 	@rm -rf $(TEST_DIR); mkdir -p $(TEST_DIR); t0=$$(date +%s); \
@@ -196,7 +195,6 @@ test: $(TESTLOG_BIN)
 	part test-build; \
 	IFS='|' read -ra lanes <<< "$(TEST_LANES)"; \
 	for lane in "$${lanes[@]}"; do ( for p in $$lane; do part $$p; done ) & done; wait; \
-	for p in $(TEST_LAST); do part $$p; done; \
 	echo $$(( $$(date +%s) - t0 )) > $(TEST_DIR)/wall; \
 	$(TESTLOG_BIN) -summary $(TEST_DIR)
 

@@ -90,11 +90,19 @@ func grpcAddr(t *testing.T, logs *syncBuffer) string {
 // test.
 func dialGRPC(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
+	conn := newGRPC(t, addr)
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// newGRPC is a plaintext client of the gRPC door at addr that its caller
+// closes.
+func newGRPC(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
 	return conn
 }
 

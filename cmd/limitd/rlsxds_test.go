@@ -85,7 +85,7 @@ var xdsConfig = &rlsconf.RateLimitConfig{Name: "default/policy", Domain: "apis",
 // up to 3,000 of them.
 func rlsCall(t *testing.T, addr string) (*pb.RateLimitResponse, error) {
 	t.Helper()
-	conn := dialGRPC(t, addr)
+	conn := newGRPC(t, addr)
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
