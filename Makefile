@@ -139,8 +139,8 @@ unit: setup build build-native build-service setup-redis build-ratelimit $(TESTL
 # reports, so E2E_PARALLEL of them at once overlap their waits on 2 cores.
 # The few whose doc comment has a line "Serial: <why>" (they measure time or
 # memory that other tests' Envoys would disturb) run alone first, as go test
-# runs them. `make e2e` runs both; `make test` runs them as two parts,
-# e2e-parallel (the others) then e2e-serial, beside the unit tests.
+# runs them. `make e2e` runs both; `make test` runs them as two parts:
+# e2e-parallel (the others) beside the unit tests, e2e-serial alone.
 E2E_PARALLEL ?= 4
 E2E_DEPS := setup setup-redis build build-native build-service build-ratelimit $(TESTLOG_BIN)
 # E2E_SERIAL is the Serial tests' names, "TestA|TestB|...", read from their
@@ -172,20 +172,19 @@ e2e-serial: $(E2E_DEPS)
 # needs (test-build, so no two parts build the same file):
 #   - unit (CPU: builds, -race) beside a lane of the parts that mostly
 #     wait on Envoy, Redis and windows: e2e-parallel, test-ratelimit,
-#     test-gateway, then e2e-serial, one after another. unit runs at a
-#     lower priority (TEST_NICE: nice 10), so a waiting test that wakes gets
-#     a CPU at once and unit has the rest: the end-to-end tests' windows are
-#     not made late by the compiler. e2e-serial's tests (they measure time
-#     and memory) run one at a time, beside nothing but the end of unit at
-#     nice 10; they pass beside a second whole build at nice 0.
+#     test-gateway, one after another. unit runs at a lower priority
+#     (TEST_NICE: nice 10), so a waiting test that wakes gets a CPU at once
+#     and unit has the rest: the end-to-end tests' windows are not made late
+#     by the compiler;
+#   - then e2e-serial alone: its tests measure time and memory, which the
+#     other parts' CPU would disturb.
 # Before, the four parts ran one after another: 32m16s at a load of 5 to 12
 # (unit 645 s, e2e 1216 s of which 636 s its serial tests, test-ratelimit
-# 67 s, test-gateway 8 s); then e2e-serial ran alone after both lanes:
-# 20m31s on a quiet fresh clone (unit 14m49s, the other lane 11m24s, serial
-# 5m35s).
+# 67 s, test-gateway 8 s).
 test-build: $(E2E_DEPS)
 
-TEST_LANES := unit | e2e-parallel test-ratelimit test-gateway e2e-serial
+TEST_LANES := unit | e2e-parallel test-ratelimit test-gateway
+TEST_LAST := e2e-serial
 TEST_NICE := unit
 test: $(TESTLOG_BIN)
 	@rm -rf $(TEST_DIR); mkdir -p $(TEST_DIR); t0=$$(date +%s); \
@@ -195,6 +194,7 @@ test: $(TESTLOG_BIN)
 	part test-build; \
 	IFS='|' read -ra lanes <<< "$(TEST_LANES)"; \
 	for lane in "$${lanes[@]}"; do ( for p in $$lane; do part $$p; done ) & done; wait; \
+	for p in $(TEST_LAST); do part $$p; done; \
 	echo $$(( $$(date +%s) - t0 )) > $(TEST_DIR)/wall; \
 	$(TESTLOG_BIN) -summary $(TEST_DIR)
 
