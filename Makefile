@@ -20,7 +20,7 @@ export PLUGIN_WASM ?= $(abspath $(BUILD)/plugin.wasm)
 # The native module (make build-native): the e2e table runs every case on both builds.
 export NATIVE_MODULE ?= $(abspath $(BUILD)/libtokenbucket.so)
 
-.PHONY: all build setup setup-redis run run-cluster run-envoy-ratelimit test test-build unit e2e e2e-parallel e2e-serial e2e-serial-list unit-norace-list check fuzz request-path clean
+.PHONY: all build setup setup-redis run run-cluster run-envoy-ratelimit test test-build unit e2e e2e-parallel e2e-serial e2e-alone e2e-serial-list e2e-alone-list unit-norace-list check fuzz request-path clean
 
 all: build
 
@@ -137,18 +137,27 @@ unit: setup build build-native build-service setup-redis build-ratelimit $(TESTL
 # The end-to-end tests run side by side (each calls t.Parallel(), checked by
 # internal/lint): most of their time is waiting on Envoy, windows and
 # reports, so E2E_PARALLEL of them at once overlap their waits on 2 cores.
-# The few whose doc comment has a line "Serial: <why>" (they measure time or
-# memory that other tests' Envoys would disturb) run alone first, as go test
-# runs them. `make e2e` runs both; `make test` runs them as two parts:
-# e2e-parallel (the others) beside the unit tests, e2e-serial alone.
+# Those whose doc comment says why they may not run one of two ways
+# instead, as go test runs them one after another:
+#   - "Serial: <why>": they measure time (held requests, admissions over
+#     wall-clock time), which other end-to-end tests' Envoys at the same
+#     priority would make late; a process at a lower priority does not;
+#   - "Alone: <why>": they measure Envoy's CPU a byte or its memory, which
+#     any other process on the machine disturbs (two vCPUs share a core).
+# `make e2e` runs them all; `make test` runs them as three parts:
+# e2e-parallel (the others), e2e-serial and e2e-alone.
 E2E_PARALLEL ?= 4
 E2E_DEPS := setup setup-redis build build-native build-service build-ratelimit $(TESTLOG_BIN)
-# E2E_SERIAL is the Serial tests' names, "TestA|TestB|...", read from their
-# doc comments by internal/lint's rule (TestEndToEndTestsRunInParallel).
-E2E_SERIAL := $(shell awk '/^\/\/.*Serial: /{s=1;next} /^\/\//{next} /^func Test/{if(s){split($$2, a, /[^A-Za-z0-9_]/); printf "%s%s", sep, a[1]; sep="|"}} {s=0}' e2e/*_test.go)
-# internal/lint's TestMakefileSerialListIsTheDocs checks E2E_SERIAL.
+# The names of the tests whose doc comment has a line "$(1): <why>",
+# "TestA|TestB|...".
+e2e_marked = $(shell awk '/^\/\/.*$(1): /{s=1;next} /^\/\//{next} /^func Test/{if(s){split($$2, a, /[^A-Za-z0-9_]/); printf "%s%s", sep, a[1]; sep="|"}} {s=0}' e2e/*_test.go)
+E2E_SERIAL := $(call e2e_marked,Serial)
+E2E_ALONE := $(call e2e_marked,Alone)
+# internal/lint's TestMakefileListsAreTheDocs checks both lists.
 e2e-serial-list:
 	@echo '$(E2E_SERIAL)'
+e2e-alone-list:
+	@echo '$(E2E_ALONE)'
 
 e2e: $(E2E_DEPS)
 	@rm -f $(TEST_DIR)/e2e.*
@@ -156,13 +165,18 @@ e2e: $(E2E_DEPS)
 
 e2e-parallel: $(E2E_DEPS)
 	@rm -f $(TEST_DIR)/e2e-parallel.*
-	set -o pipefail; $(GO) test -json -count=1 -parallel $(E2E_PARALLEL) -timeout 45m -skip '^($(E2E_SERIAL))$$' ./e2e/... 2>&1 | \
+	set -o pipefail; $(GO) test -json -count=1 -parallel $(E2E_PARALLEL) -timeout 45m -skip '^($(E2E_SERIAL)|$(E2E_ALONE))$$' ./e2e/... 2>&1 | \
 		$(TESTLOG) -part e2e-parallel -log $(BUILD)/e2e.log
 
 e2e-serial: $(E2E_DEPS)
 	@rm -f $(TEST_DIR)/e2e-serial.*
 	set -o pipefail; $(GO) test -json -count=1 -timeout 30m -run '^($(E2E_SERIAL))$$' ./e2e/... 2>&1 | \
 		$(TESTLOG) -part e2e-serial -log $(BUILD)/e2e-serial.log
+
+e2e-alone: $(E2E_DEPS)
+	@rm -f $(TEST_DIR)/e2e-alone.*
+	set -o pipefail; $(GO) test -json -count=1 -timeout 30m -run '^($(E2E_ALONE))$$' ./e2e/... 2>&1 | \
+		$(TESTLOG) -part e2e-alone -log $(BUILD)/e2e-alone.log
 
 # The README's test command: every test, e2e included. Every part runs even
 # when one before it failed; the summary at the end names each part's
@@ -172,19 +186,21 @@ e2e-serial: $(E2E_DEPS)
 # needs (test-build, so no two parts build the same file):
 #   - unit (CPU: builds, -race) beside a lane of the parts that mostly
 #     wait on Envoy, Redis and windows: e2e-parallel, test-ratelimit,
-#     test-gateway, one after another. unit runs at a lower priority
-#     (TEST_NICE: nice 10), so a waiting test that wakes gets a CPU at once
-#     and unit has the rest: the end-to-end tests' windows are not made late
-#     by the compiler;
-#   - then e2e-serial alone: its tests measure time and memory, which the
-#     other parts' CPU would disturb.
+#     test-gateway, e2e-serial, one after another. unit runs at a lower
+#     priority (TEST_NICE: nice 10), so a waiting test that wakes gets a
+#     CPU at once and unit has the rest: the end-to-end tests' windows are
+#     not made late by the compiler;
+#   - then e2e-alone, alone: its tests measure CPU a byte and memory, which
+#     any other part's work would disturb.
 # Before, the four parts ran one after another: 32m16s at a load of 5 to 12
 # (unit 645 s, e2e 1216 s of which 636 s its serial tests, test-ratelimit
-# 67 s, test-gateway 8 s).
+# 67 s, test-gateway 8 s); then, with every serial test after both lanes,
+# 20m31s on a quiet fresh clone (unit 14m49s, the lane beside it 11m24s,
+# the serial tests 5m35s).
 test-build: $(E2E_DEPS)
 
-TEST_LANES := unit | e2e-parallel test-ratelimit test-gateway
-TEST_LAST := e2e-serial
+TEST_LANES := unit | e2e-parallel test-ratelimit test-gateway e2e-serial
+TEST_LAST := e2e-alone
 TEST_NICE := unit
 test: $(TESTLOG_BIN)
 	@rm -rf $(TEST_DIR); mkdir -p $(TEST_DIR); t0=$$(date +%s); \

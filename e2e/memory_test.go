@@ -88,8 +88,8 @@ const (
 // when the table is full of buckets that are not full, and then never a
 // steady client's.
 //
-// Serial: it measures Envoy's resident memory under a key flood, which other
-// tests' load would disturb.
+// Alone: it measures Envoy's resident memory under a key flood, which any
+// other process's load would disturb.
 func TestMemoryBound(t *testing.T) {
 	forEachBuild(t, testMemoryBound)
 }

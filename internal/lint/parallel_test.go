@@ -11,7 +11,8 @@ import (
 
 // TestEndToEndTestsRunInParallel checks every top-level test of the
 // end-to-end packages (e2e/ and the rate limit service's, e2e/ratelimit/): one of its own statements (not a subtest's) is
-// t.Parallel(), or its doc comment has a line "Serial: <why>" saying why it must run alone.
+// t.Parallel(), or its doc comment has a line "Serial: <why>" or "Alone: <why>" saying why it may not
+// (see the Makefile's E2E_SERIAL and E2E_ALONE).
 // Nearly all of an end-to-end test's time is waiting (Envoy starting, a
 // window passing, a report every few seconds), so run one after another
 // they took more than 20 minutes of `make test`; run side by side (go
@@ -66,7 +67,7 @@ func isTest(fn *ast.FuncDecl) bool {
 
 // parallelProblem is what is wrong with fn's start, or "".
 func parallelProblem(fn *ast.FuncDecl) string {
-	if isSerial(fn) {
+	if hasMark(fn, "Serial") || hasMark(fn, "Alone") {
 		return ""
 	}
 	if fn.Body == nil || len(fn.Body.List) == 0 {
@@ -77,7 +78,7 @@ func parallelProblem(fn *ast.FuncDecl) string {
 			return ""
 		}
 	}
-	return "calls no t.Parallel() and its doc comment has no line \"Serial: <why>\""
+	return "calls no t.Parallel() and its doc comment has no line \"Serial: <why>\" or \"Alone: <why>\""
 }
 
 func isParallelCall(s ast.Stmt, names []*ast.Ident) bool {
