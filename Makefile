@@ -195,8 +195,9 @@ e2e-alone: $(E2E_DEPS)
 # Before, the four parts ran one after another: 32m16s at a load of 5 to 12
 # (unit 645 s, e2e 1216 s of which 636 s its serial tests, test-ratelimit
 # 67 s, test-gateway 8 s); then, with every serial test after both lanes,
-# 20m31s on a quiet fresh clone (unit 14m49s, the lane beside it 11m24s,
-# the serial tests 5m35s).
+# 19m17s on a quiet fresh clone (unit 13m51s, the lane beside it 10m17s,
+# the serial tests 5m19s); now 16m28s on the same machine that morning
+# (unit 14m10s, the lane with e2e-serial 13m14s, e2e-alone 2m12s).
 test-build: $(E2E_DEPS)
 
 TEST_LANES := unit | e2e-parallel test-ratelimit test-gateway e2e-serial
