@@ -87,7 +87,7 @@ type rlqsLimitd struct {
 }
 
 // startRLQSLimitd runs build/limitd against redis with the limits of
-// rlqsLimits and waits until its gRPC port accepts connections; it stops
+// rlqsLimits and waits until its gRPC and HTTP ports accept connections; it stops
 // when t ends.
 func startRLQSLimitd(t *testing.T, redisAddr string, extra ...string) *rlqsLimitd {
 	t.Helper()
@@ -142,10 +142,20 @@ func (l *rlqsLimitd) start() {
 	l.mu.Lock()
 	l.cmd, l.exited = cmd, exited
 	l.mu.Unlock()
-	addr := "127.0.0.1:" + strconv.Itoa(l.grpcPort)
+	// Every port this helper hands out: limitd opens its gRPC port a few
+	// milliseconds before its HTTP port.
+	ports := map[string]int{"gRPC": l.grpcPort, "HTTP": l.httpPort}
 	for deadline := time.Now().Add(rlqsWait); ; time.Sleep(50 * time.Millisecond) { // polling with a deadline
-		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		closed := ""
+		for _, name := range []string{"gRPC", "HTTP"} {
+			c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(ports[name]), time.Second)
+			if err != nil {
+				closed = name
+				break
+			}
 			c.Close()
+		}
+		if closed == "" {
 			return
 		}
 		select {
@@ -154,9 +164,55 @@ func (l *rlqsLimitd) start() {
 		default:
 		}
 		if time.Now().After(deadline) {
-			l.t.Fatalf("limitd's gRPC port %s did not open within %v:\n%s", addr, rlqsWait, logtext.Tail(readFile(l.logPath), 30))
+			l.t.Fatalf("limitd's %s port %d did not open within %v:\n%s", closed, ports[closed], rlqsWait, logtext.Tail(readFile(l.logPath), 30))
 		}
 	}
+}
+
+// TestLimitdStartWaitsForEveryPort: the helper above returns only once both
+// ports it hands out accept connections. When it waited for the gRPC port
+// alone, TestGRPCDoorTLSRefusesCleartext read /metrics a few milliseconds
+// too early, on a machine running a second build: "connection refused".
+// A stand-in (testdata/twoports) opens its HTTP port only when the test
+// says so, which the test does once the helper has dialled the gRPC port a
+// second time, so it is still waiting, whatever the machine's load.
+func TestLimitdStartWaitsForEveryPort(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "twoports")
+	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/twoports").CombinedOutput(); err != nil {
+		t.Fatalf("go build ./testdata/twoports: %v\n%s", err, out)
+	}
+	gate, accepts := filepath.Join(dir, "gate"), filepath.Join(dir, "accepts")
+	l := &rlqsLimitd{t: t, httpPort: envoytest.FreePort(t), grpcPort: envoytest.FreePort(t), logPath: filepath.Join(dir, "log")}
+	l.args = []string{bin, "--listen", "127.0.0.1:" + strconv.Itoa(l.httpPort), "--grpc-listen", "127.0.0.1:" + strconv.Itoa(l.grpcPort),
+		"--gate", gate, "--accepts", accepts}
+	t.Cleanup(func() { l.stop(syscall.SIGKILL) })
+	returned := make(chan struct{})
+	go func() { defer close(returned); l.start() }()
+	for deadline := time.Now().Add(rlqsWait); strings.Count(readFile(accepts), "\n") < 2; time.Sleep(10 * time.Millisecond) { // polling with a deadline
+		select {
+		case <-returned:
+			t.Fatalf("start returned after %d dial(s) of the gRPC port, with the HTTP port still closed", strings.Count(readFile(accepts), "\n"))
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stand-in's gRPC port saw %d dials in %v", strings.Count(readFile(accepts), "\n"), rlqsWait)
+		}
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-returned:
+	case <-time.After(rlqsWait):
+		t.Fatalf("start did not return within %v of the HTTP port's opening", rlqsWait)
+	}
+	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(l.httpPort), 5*time.Second)
+	if err != nil {
+		t.Fatalf("the HTTP port after start: %v", err)
+	}
+	c.Close()
 }
 
 // stop sends sig (SIGKILL: a crash) and waits for the exit, SIGKILL after
