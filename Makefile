@@ -168,15 +168,13 @@ e2e-parallel: $(E2E_DEPS)
 	set -o pipefail; $(GO) test -json -count=1 -parallel $(E2E_PARALLEL) -timeout 45m -skip '^($(E2E_SERIAL)|$(E2E_ALONE))$$' ./e2e/... 2>&1 | \
 		$(TESTLOG) -part e2e-parallel -log $(BUILD)/e2e.log
 
-e2e-serial: $(E2E_DEPS)
-	@rm -f $(TEST_DIR)/e2e-serial.*
-	set -o pipefail; $(GO) test -json -count=1 -timeout 30m -run '^($(E2E_SERIAL))$$' ./e2e/... 2>&1 | \
-		$(TESTLOG) -part e2e-serial -log $(BUILD)/e2e-serial.log
-
-e2e-alone: $(E2E_DEPS)
-	@rm -f $(TEST_DIR)/e2e-alone.*
-	set -o pipefail; $(GO) test -json -count=1 -timeout 30m -run '^($(E2E_ALONE))$$' ./e2e/... 2>&1 | \
-		$(TESTLOG) -part e2e-alone -log $(BUILD)/e2e-alone.log
+# e2e-serial and e2e-alone: the tests of their list, one after another.
+e2e-serial: E2E_RUN = $(E2E_SERIAL)
+e2e-alone: E2E_RUN = $(E2E_ALONE)
+e2e-serial e2e-alone: $(E2E_DEPS)
+	@rm -f $(TEST_DIR)/$@.*
+	set -o pipefail; $(GO) test -json -count=1 -timeout 30m -run '^($(E2E_RUN))$$' ./e2e/... 2>&1 | \
+		$(TESTLOG) -part $@ -log $(BUILD)/$@.log
 
 # The README's test command: every test, e2e included. Every part runs even
 # when one before it failed; the summary at the end names each part's

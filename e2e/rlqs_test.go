@@ -144,18 +144,22 @@ func (l *rlqsLimitd) start() {
 	l.mu.Unlock()
 	// Every port this helper hands out: limitd opens its gRPC port a few
 	// milliseconds before its HTTP port.
-	ports := map[string]int{"gRPC": l.grpcPort, "HTTP": l.httpPort}
+	type port struct {
+		name string
+		n    int
+	}
+	ports := []port{{"gRPC", l.grpcPort}, {"HTTP", l.httpPort}}
 	for deadline := time.Now().Add(rlqsWait); ; time.Sleep(50 * time.Millisecond) { // polling with a deadline
-		closed := ""
-		for _, name := range []string{"gRPC", "HTTP"} {
-			c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(ports[name]), time.Second)
+		var closed *port
+		for i, p := range ports {
+			c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(p.n), time.Second)
 			if err != nil {
-				closed = name
+				closed = &ports[i]
 				break
 			}
 			c.Close()
 		}
-		if closed == "" {
+		if closed == nil {
 			return
 		}
 		select {
@@ -164,7 +168,7 @@ func (l *rlqsLimitd) start() {
 		default:
 		}
 		if time.Now().After(deadline) {
-			l.t.Fatalf("limitd's %s port %d did not open within %v:\n%s", closed, ports[closed], rlqsWait, logtext.Tail(readFile(l.logPath), 30))
+			l.t.Fatalf("limitd's %s port %d did not open within %v:\n%s", closed.name, closed.n, rlqsWait, logtext.Tail(readFile(l.logPath), 30))
 		}
 	}
 }

@@ -23,20 +23,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	go func() {
-		for {
-			c, err := grpc.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-			f, err := os.OpenFile(flags["--accepts"], os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-			if err == nil {
-				fmt.Fprintln(f, "accepted")
-				f.Close()
-			}
+	go acceptAll(grpc, func() {
+		f, err := os.OpenFile(flags["--accepts"], os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err == nil {
+			fmt.Fprintln(f, "accepted")
+			f.Close()
 		}
-	}()
+	})
 	for {
 		if _, err := os.Stat(flags["--gate"]); err == nil {
 			break
@@ -48,11 +41,17 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	acceptAll(http, func() {})
+}
+
+// acceptAll closes every connection l accepts, calling accepted after each.
+func acceptAll(l net.Listener, accepted func()) {
 	for {
-		c, err := http.Accept()
+		c, err := l.Accept()
 		if err != nil {
 			return
 		}
 		c.Close()
+		accepted()
 	}
 }
