@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +26,89 @@ const clusterSlotTTL = 6 * time.Second
 var clusterConcurrencyConfig = `{"service": {"cluster": "limit_service", "timeout_ms": ` + strconv.Itoa(int(clusterTimeout.Milliseconds())) + `, "failure_mode": "deny"},
  "rules": [{"name": "streams", "scope": "cluster", "limit_keys": ["header:x-tenant"], "algorithm": "concurrency",
   "algorithm_config": {"max_in_flight": 4, "ttl_ms": ` + strconv.Itoa(int(clusterSlotTTL.Milliseconds())) + `}}]}`
+
+// waitReleasesAnswered waits until e's cluster rule rule holds no slot and
+// every call e sent to limit_service was answered: a request's client has
+// its answer before the plugin's release call of its slots (sent when the
+// stream ends) reaches limitd, so another Envoy's request that follows at
+// once may find them still held. The count of calls in flight must read 0
+// twice, 40 ms apart: the rule's in_flight drops a moment before the
+// release call goes out, in the same event.
+func waitReleasesAnswered(e *envoytest.Envoy, rule string) {
+	e.WaitPluginStat("tokenbucket.rule."+rule+".in_flight", 0, 10*time.Second)
+	for range 2 {
+		e.WaitStat("cluster.limit_service.upstream_rq_active", 0, 10*time.Second)
+		time.Sleep(40 * time.Millisecond)
+	}
+}
+
+// TestWaitReleasesAnswered: Envoy A's calls to limitd go through a proxy
+// that holds release calls until the test lets them go. Once A's four
+// requests of a tenant have ended, Envoy B's request for that tenant is
+// refused (A's slots are still held at limitd: what TestConcurrencyCluster's
+// check raced with on a loaded machine). waitReleasesAnswered(A) returns
+// only after the releases went, and B is then admitted.
+func TestWaitReleasesAnswered(t *testing.T) {
+	t.Parallel()
+	build := envoytest.Builds[len(envoytest.Builds)-1] // one build: the engine and the helper are the same on both
+	redis := redistest.Start(t)
+	ld := &restartableLimitd{t: t, port: envoytest.FreePort(t), redis: redis.Addr()}
+	ld.start()
+	t.Cleanup(ld.kill)
+	var held atomic.Int64
+	gate := make(chan struct{})
+	proxy := startProxy(t, ld.port, 0, nil, func(r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/release") {
+			held.Add(1)
+			select { // bounded: a test that never lets go fails by its own checks
+			case <-gate:
+			case <-time.After(time.Minute):
+			}
+		}
+	})
+	upstream := holdingUpstream(t)
+	var envoys [2]*envoytest.Envoy
+	var wg sync.WaitGroup
+	for i, port := range []int{proxy.port, ld.port} {
+		wg.Go(func() {
+			envoys[i] = envoytest.Start(t, envoytest.Options{Build: build, Config: envoytest.DemoConfigYAML,
+				PluginConfig: clusterConcurrencyConfig, UpstreamPort: upstream, ServicePort: port, Concurrency: 2})
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	a, b := envoys[0].Client(), envoys[1].Client()
+	t.Cleanup(a.Close)
+	t.Cleanup(b.Close)
+	tenant := map[string]string{"x-tenant": "w", "x-hold-ms": "200"}
+	if st := envoytest.Statuses(a.Burst(4, func(int) *http.Request { return a.NewRequest("GET", "/", tenant) })); st[200] != 4 {
+		t.Fatalf("A's four requests: %v, want four 200", st)
+	}
+	tenant["x-hold-ms"] = "0"
+	if r := b.Do("GET", "/", tenant); r.Status != 429 {
+		t.Fatalf("B after A's requests ended, A's releases held: %d, want 429", r.Status)
+	}
+	// The releases go 300 ms from now; the helper must not return before:
+	// one that did not wait for them would return at once.
+	var opened atomic.Bool
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		opened.Store(true)
+		close(gate)
+	}()
+	waitReleasesAnswered(envoys[0], "streams")
+	if !opened.Load() {
+		t.Fatal("waitReleasesAnswered returned while A's release calls were held")
+	}
+	if n := held.Load(); n == 0 {
+		t.Fatal("no release call reached the proxy")
+	}
+	if r := b.Do("GET", "/", tenant); r.Status != 200 {
+		t.Fatalf("B after waitReleasesAnswered(A): %d, want 200", r.Status)
+	}
+}
 
 // TestConcurrencyCluster: two Envoys (two workers each) through one limitd
 // and a real redis-server share four slots per tenant exactly; limitd
@@ -112,8 +196,9 @@ func testConcurrencyCluster(t *testing.T, build envoytest.Build) {
 		if lost := envoys[0].PluginStat("tokenbucket.cluster_slots_lost"); lost != 0 {
 			t.Fatalf("cluster_slots_lost %d, want 0 (Redis keeps the slots)", lost)
 		}
+		waitReleasesAnswered(envoys[0], "streams")
 		if r := b.Do("GET", "/", held("r", 0)); r.Status != 200 {
-			t.Fatalf("B once A's requests ended: %d, want 200", r.Status)
+			t.Fatalf("B once A's releases were answered: %d, want 200", r.Status)
 		}
 		t.Logf("B's answers across the restart: %v", statuses)
 	})

@@ -535,19 +535,20 @@ type slowProxy struct {
 // startSlowProxy starts a slowProxy in front of limitd's port.
 func startSlowProxy(t *testing.T, limitdPort int, delay time.Duration) *slowProxy {
 	t.Helper()
-	return startProxy(t, limitdPort, delay, nil)
+	return startProxy(t, limitdPort, delay, nil, nil)
 }
 
 // startGatedProxy starts a slowProxy whose answers wait until release is
 // closed: the test, not the clock, orders the answer after its own events.
 func startGatedProxy(t *testing.T, limitdPort int, release chan struct{}) *slowProxy {
 	t.Helper()
-	return startProxy(t, limitdPort, 0, release)
+	return startProxy(t, limitdPort, 0, release, nil)
 }
 
 // startProxy starts a slowProxy that holds each answer for delay, or, when
-// release is not nil, until release is closed.
-func startProxy(t *testing.T, limitdPort int, delay time.Duration, release chan struct{}) *slowProxy {
+// release is not nil, until release is closed; before, when not nil, sees
+// each call before it is forwarded (and may hold it).
+func startProxy(t *testing.T, limitdPort int, delay time.Duration, release chan struct{}, before func(*http.Request)) *slowProxy {
 	t.Helper()
 	target, err := url.Parse("http://127.0.0.1:" + strconv.Itoa(limitdPort))
 	if err != nil {
@@ -578,8 +579,11 @@ func startProxy(t *testing.T, limitdPort int, delay time.Duration, release chan 
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Protocols: &protos, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		at := time.Now()
 		p.arrived.Add(1)
+		if before != nil {
+			before(r)
+		}
+		at := time.Now() // limitd's time starts when the call is forwarded
 		rec := &timedWriter{ResponseWriter: w, at: at, p: p, delay: delay}
 		rp.ServeHTTP(rec, r)
 	})}
