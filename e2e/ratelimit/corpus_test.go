@@ -261,7 +261,7 @@ func decideDomain(t *testing.T, domain string, paths []entries, ref, window, buc
 	var problems []string
 	straddled := false
 	for r, ds := range rounds {
-		alignWindow(t, time.Second, 300*time.Millisecond)
+		alignSecond(t, 300*time.Millisecond)
 		before := time.Now()
 		a, errA := ref.call(domain, 1, ds...)
 		b, errB := window.call(domain, 1, ds...)

@@ -144,38 +144,25 @@ func TestDifferentialFixedWindow(t *testing.T) {
 		files map[string]string
 		rl    envoy.RateLimit
 		steps []step
-		// unit and need: the play is aligned so that need is left of the
-		// unit's window (0: an hour's scripts, replayed when an edge fell
-		// inside).
-		unit, need time.Duration
+		// unit: the play's window, played again when an edge of it fell
+		// inside.
+		unit time.Duration
 	}{
 		{name: "kinds", files: map[string]string{"kinds.yaml": kindsYAML},
-			rl: envoy.RateLimit{Domain: "kinds", FailureModeDeny: true, RouteRateLimits: kindsRateLimits}, steps: kindsScript},
+			rl: envoy.RateLimit{Domain: "kinds", FailureModeDeny: true, RouteRateLimits: kindsRateLimits}, steps: kindsScript, unit: time.Hour},
 		{name: "windows", files: map[string]string{"windows.yaml": windowsYAML},
 			rl:    envoy.RateLimit{Domain: "windows", FailureModeDeny: true, RouteRateLimits: windowsRateLimits},
-			steps: minuteScript(), unit: time.Minute, need: 20 * time.Second},
+			steps: minuteScript(), unit: time.Minute},
 	}
 	for _, sc := range scripts {
 		t.Run(sc.name, func(t *testing.T) {
 			sides := startSides(t, sc.files, sc.rl, pair...)
 			var got [][][]seen
-			if sc.unit == 0 {
-				inOneWindow(t, redisesOf(sides), func() { got, _ = lockstep(sides, sc.steps) })
-			} else {
-				for attempt := 1; ; attempt++ {
-					for _, r := range redisesOf(sides) {
-						if _, err := redistest.Do(r.Addr(), "FLUSHALL"); err != nil {
-							t.Fatal(err)
-						}
-					}
-					alignWindow(t, sc.unit, sc.need)
-					var oneSecond bool
-					if got, oneSecond = lockstep(sides, sc.steps); oneSecond || attempt == 3 {
-						break
-					}
-					t.Logf("attempt %d: the per-second steps took more than a second (machine busy): again", attempt)
-				}
-			}
+			inWindowOf(t, redisesOf(sides), sc.unit, func() bool {
+				var oneSecond bool // the per-second steps took at most a second
+				got, oneSecond = lockstep(sides, sc.steps)
+				return oneSecond
+			})
 			for i := range sides {
 				checkStatuses(t, sides[i].f, sc.steps, got[i])
 			}

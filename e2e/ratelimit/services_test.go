@@ -336,15 +336,17 @@ func untilEdge(now time.Time, unit time.Duration) time.Duration {
 	return now.Truncate(unit).Add(unit).Sub(now)
 }
 
-// alignWindow makes sure that at least need is left of the current window
-// of length unit, waiting for the next window when less is: a scripted
-// exchange then sees one window on every service.
-func alignWindow(t *testing.T, unit, need time.Duration) {
+// alignSecond makes sure that at least need (under half a second) is left
+// of the current second, waiting for the next second when less is: a few
+// calls then see one second's window on every service. It waits less than
+// a second; a play in a minute's or an hour's window uses inWindowOf,
+// which waits for no edge.
+func alignSecond(t *testing.T, need time.Duration) {
 	t.Helper()
-	if need >= unit {
-		t.Fatalf("alignWindow: need %v of a %v window", need, unit)
+	if need > 500*time.Millisecond {
+		t.Fatalf("alignSecond: need %v of a second (at most 500ms)", need)
 	}
-	if left := untilEdge(time.Now(), unit); left < need {
+	if left := untilEdge(time.Now(), time.Second); left < need {
 		time.Sleep(left + 50*time.Millisecond)
 	}
 }

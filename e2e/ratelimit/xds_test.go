@@ -497,7 +497,7 @@ func decideGolden(t *testing.T, c goldenCase, ref, lim *service) (calls int) {
 		for _, d := range c.calls[domain] {
 			for attempt := 1; ; attempt++ {
 				flush(t, ref, lim)
-				alignWindow(t, time.Second, 500*time.Millisecond)
+				alignSecond(t, 500*time.Millisecond)
 				before := time.Now()
 				var problems []string
 				for i := range 6 {
