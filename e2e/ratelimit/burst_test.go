@@ -11,7 +11,6 @@ import (
 
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoy"
 	"github.com/ratelimit-wasm/tokenbucket/internal/testing/envoytest"
-	"github.com/ratelimit-wasm/tokenbucket/internal/testing/redistest"
 )
 
 // flavour is one way of deciding: envoyproxy/ratelimit, or limitd with its
@@ -70,11 +69,7 @@ func TestBurstTwoEnvoys(t *testing.T) {
 				elapsed = time.Since(start)
 				return true
 			}
-			if f.window { // one window for the whole burst
-				inWindowOf(t, []*redistest.Server{s.redis}, time.Minute, burst)
-			} else {
-				burst()
-			}
+			playFor(t, f, s, time.Minute, burst) // one window for the whole burst
 			var all []envoytest.Result
 			for _, r := range results {
 				all = append(all, r...)

@@ -48,11 +48,7 @@ func TestInvalidUTF8Value(t *testing.T) {
 				other = c.Get("/", map[string]string{"x-api-key": "\xfe\xff"}).Status
 				return true
 			}
-			if f.window {
-				inWindowOf(t, []*redistest.Server{s.redis}, time.Hour, play)
-			} else {
-				play()
-			}
+			playFor(t, f, s, time.Hour, play)
 			if want := []int{200, 200, 200, 429, 429, 429}; !equalInts(got, want) {
 				t.Errorf("a key not UTF-8: %v, want %v", got, want)
 			}
@@ -90,11 +86,7 @@ func TestHostileValues(t *testing.T) {
 				}
 				return true
 			}
-			if f.window {
-				inWindowOf(t, []*redistest.Server{s.redis}, time.Hour, play)
-			} else {
-				play()
-			}
+			playFor(t, f, s, time.Hour, play)
 			if len(problems) > 0 {
 				t.Fatal(strings.Join(problems, "\n"))
 			}

@@ -87,6 +87,18 @@ func inOneWindow(t *testing.T, redises []*redistest.Server, play func()) {
 	inWindowOf(t, redises, time.Hour, func() bool { play(); return true })
 }
 
+// playFor runs play for flavour f against s: within one window of unit
+// (inWindowOf) when f counts fixed windows, once otherwise (a token bucket
+// has no edge to fall inside).
+func playFor(t *testing.T, f flavour, s *service, unit time.Duration, play func() bool) {
+	t.Helper()
+	if !f.window {
+		play()
+		return
+	}
+	inWindowOf(t, []*redistest.Server{s.redis}, unit, play)
+}
+
 // windowPlays is how many times inWindowOf plays at most.
 const windowPlays = 3
 
