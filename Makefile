@@ -194,12 +194,9 @@ e2e-serial e2e-alone: $(E2E_DEPS)
 # (unit 645 s, e2e 1216 s of which 636 s its serial tests, test-ratelimit
 # 67 s, test-gateway 8 s); then, with every serial test after both lanes,
 # 19m17s on a quiet fresh clone (unit 13m51s, the lane beside it 10m17s,
-# the serial tests 5m19s); now 16m28s on the same machine that morning
-# (unit 14m10s, the lane with e2e-serial 13m14s, e2e-alone 2m12s), and
-# 12m1s later that day on a faster host of the same size (unit 8m48s, the
-# lane 10m17s, e2e-alone 1m38s); 11m30s on 2026-11-30 once e2e-alone's
-# body test no longer waited for a client's idle connection (unit 9m22s,
-# the lane 10m27s, e2e-alone 47s).
+# the serial tests 5m19s); 16m28s with this layout on the same machine
+# (unit 14m10s, the lane with e2e-serial 13m14s, e2e-alone 2m12s). Its
+# time today is the README's (Quick start).
 test-build: $(E2E_DEPS)
 
 TEST_LANES := unit | e2e-parallel test-ratelimit test-gateway e2e-serial
