@@ -42,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratelimit-wasm/tokenbucket/internal/gcheadroom"
 	"github.com/ratelimit-wasm/tokenbucket/internal/version"
 	"github.com/ratelimit-wasm/tokenbucket/service"
 	"github.com/ratelimit-wasm/tokenbucket/service/grpcdoor"
@@ -93,6 +94,7 @@ type options struct {
 	logFormat           string
 	grpcMaxConnAge      time.Duration
 	grpcMaxConnAgeGrace time.Duration
+	gcHeadroomMiB       int
 	version             bool
 	// mode is set when limitd runs as envoyproxy/ratelimit (ratelimit.go):
 	// what its environment asks beyond the flags.
@@ -164,6 +166,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.grpcMaxConnAge, "grpc-max-connection-age", 0, "end a gRPC connection this old with a GOAWAY (±10% jitter); 0 = never")
 	fs.DurationVar(&o.grpcMaxConnAgeGrace, "grpc-max-connection-age-grace", 0, "close a gRPC connection this long after --grpc-max-connection-age's GOAWAY; 0 = never")
 	fs.DurationVar(&o.connGrace, "conn-grace", service.DefaultConnGrace, "how long a new connection with no request read yet is kept from eviction at --max-conns (and --grpc-max-conns)")
+	fs.IntVar(&o.gcHeadroomMiB, "gc-headroom-mib", gcheadroom.DefaultHeadroom>>20, "MiB the heap may grow past what is live between collections, when that is more than Go's default allows (a small live heap, as over Redis); 0 = Go's default; not applied when GOGC is set")
 	fs.BoolVar(&o.version, "version", false, "print limitd's version (\"dev\" unless the build stamped one: make release) and exit")
 	return fs
 }
@@ -206,6 +209,14 @@ func serve(ctx context.Context, o *options, getenv func(string) string, stderr i
 	log, err := newLogger(o, stderr)
 	if err != nil {
 		return err
+	}
+	if o.gcHeadroomMiB < 0 {
+		return fmt.Errorf("%s: want 0 or more MiB, got %d", o.name("gc-headroom-mib"), o.gcHeadroomMiB)
+	}
+	if getenv("GOGC") == "" { // the operator's GOGC wins
+		gcCtx, stopGC := context.WithCancel(ctx)
+		defer stopGC()
+		gcheadroom.Start(gcCtx, uint64(o.gcHeadroomMiB)<<20)
 	}
 	tokens, identities, err := loadTokens(o.tokenFile, getenv)
 	if err != nil {

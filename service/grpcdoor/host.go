@@ -76,6 +76,14 @@ const (
 	DefaultMaxStreams = 256
 	// DefaultMaxConns bounds the connections open at once.
 	DefaultMaxConns = 1024
+	// StreamWorkers is how many goroutines the server keeps to serve calls
+	// on. A call served on a fresh goroutine grows its stack on the way in
+	// (to decode its message, and again to wait for the store), which was
+	// limitd's largest cost in the runtime at saturation; a worker's stack
+	// has grown already. Beyond this many calls at once, each further call
+	// gets a goroutine of its own, as without workers; idle workers hold a
+	// few KiB of stack each.
+	StreamWorkers = 64
 	// MaxHeaderBytes bounds a call's metadata.
 	MaxHeaderBytes = 16 << 10
 	// MaxUnauthenticatedStreams bounds the streams open at once on a
@@ -274,6 +282,7 @@ func New(opts Options) (*Host, error) {
 			MaxConnectionAge: opts.MaxConnectionAge, MaxConnectionAgeGrace: opts.MaxConnectionAgeGrace}),
 		grpc.UnaryInterceptor(unary),
 		grpc.StreamInterceptor(stream),
+		grpc.NumStreamWorkers(StreamWorkers),
 	)...)
 	h.health = health.NewServer()
 	h.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -51,20 +52,30 @@ const echoMethod = "/test.Echo/Caller"
 var echoDesc = grpc.ServiceDesc{
 	ServiceName: "test.Echo",
 	HandlerType: (*any)(nil),
-	Methods: []grpc.MethodDesc{{MethodName: "Caller", Handler: func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
+	Methods: []grpc.MethodDesc{
+		echoMethodDesc("Caller", func(ctx context.Context) string { c, _ := service.CallerFrom(ctx); return c }),
+		echoMethodDesc("Goroutine", func(context.Context) string { // the id of the goroutine serving the call
+			buf := make([]byte, 64)
+			id, _, _ := bytes.Cut(bytes.TrimPrefix(buf[:runtime.Stack(buf, false)], []byte("goroutine ")), []byte(" "))
+			return string(id)
+		}),
+	},
+}
+
+// echoMethodDesc is the echo service's method name, answering what answer
+// returns for the call's context, through the door's interceptor.
+func echoMethodDesc(name string, answer func(context.Context) string) grpc.MethodDesc {
+	return grpc.MethodDesc{MethodName: name, Handler: func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
 		req := new(wrapperspb.StringValue)
 		if err := dec(req); err != nil {
 			return nil, err
 		}
-		h := func(ctx context.Context, _ any) (any, error) {
-			c, _ := service.CallerFrom(ctx)
-			return wrapperspb.String(c), nil
-		}
+		h := func(ctx context.Context, _ any) (any, error) { return wrapperspb.String(answer(ctx)), nil }
 		if in == nil {
 			return h(ctx, req)
 		}
-		return in(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: echoMethod}, h)
-	}}},
+		return in(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/test.Echo/" + name}, h)
+	}}
 }
 
 // door is a Host serving the echo service on a loopback port.
@@ -493,5 +504,25 @@ func TestRapidResetCloses(t *testing.T) {
 	_ = calm.fr.WriteData(check, true, []byte{0, 0, 0, 0, 0})
 	if got := calm.status(check); got != "0" {
 		t.Errorf("the connection within its budget: Check grpc-status %s, want 0", got)
+	}
+}
+
+// TestCallsServedByWorkers: calls one after another are served on the
+// door's StreamWorkers goroutines, whose stacks have grown already, not on
+// a fresh goroutine each (which grows its stack on every call).
+func TestCallsServedByWorkers(t *testing.T) {
+	d := startDoor(t, Options{})
+	cc := d.client()
+	const calls = 4 * StreamWorkers
+	ids := map[string]bool{}
+	for range calls {
+		out := new(wrapperspb.StringValue)
+		if err := cc.Invoke(t.Context(), "/test.Echo/Goroutine", wrapperspb.String(""), out); err != nil {
+			t.Fatal(err)
+		}
+		ids[out.GetValue()] = true
+	}
+	if len(ids) > StreamWorkers {
+		t.Fatalf("%d calls were served on %d goroutines, want at most the %d workers", calls, len(ids), StreamWorkers)
 	}
 }
