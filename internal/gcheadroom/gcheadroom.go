@@ -4,9 +4,9 @@
 // At the runtime's default (GOGC=100) a collection starts when the heap has
 // grown by as much as the collector scans: the live heap, the goroutine
 // stacks and the globals, W. With a few MiB live, that is a collection every
-// few MiB allocated: limitd over Redis, 2 MiB live, collected about 60 times
-// a second at 18,000 decisions a second, and each collection also shrank the
-// stacks of the goroutines that serve calls, which the next calls grew again.
+// few MiB allocated: limitd over Redis at saturation collected dozens of
+// times a second, and each collection also shrank the stacks of the
+// goroutines that serve calls, which the next calls grew again.
 //
 // The model: the collector's percent p is raised so that the heap may grow
 // by up to a headroom H between collections, and never by less than at the
