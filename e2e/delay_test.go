@@ -418,11 +418,17 @@ const (
 )
 
 // TestDelayManyHeld: one worker holds 10,000 requests (one per key, each
-// waiting 50 s for its key's second token): nothing fails, the rule counts
-// them all as waiting, and the plugin's Go heap (tokenbucket.memory.
+// waiting up to 50 s for its key's second token): nothing fails, the rule
+// counts them all as waiting, and the plugin's Go heap (tokenbucket.memory.
 // heap_bytes: the allocated heap its runtime reports, not an RSS sample)
 // grows by at most maxHeldBytes per held request. Then every client hangs
 // up: each held request gives its tokens back, none goes upstream.
+//
+// A second request is answered at once instead when its key's bucket was
+// evicted (the table's groups are placed by a per-process seed, so a few of
+// 10,000 keys may share a full group: engine/store), or its token came
+// back: the test counts those apart, and no more of them than evictions and
+// requests that went on.
 //
 // Serial: it measures how long Envoy holds requests against max_delay_ms,
 // which a CPU shared with other tests' Envoys would make late.
@@ -481,30 +487,56 @@ func testDelayManyHeld(t *testing.T, build envoytest.Build) {
 		}()
 	}
 	defer cancel()
+	// answered counts the second requests answered rather than held; each
+	// must be explained by an eviction or a token that came back.
+	answered := 0
+	take := func(status int) {
+		if status != 200 {
+			t.Fatalf("a second request was answered %d, want held (or 200)", status)
+		}
+		answered++
+	}
+	explained := func() {
+		if evicted, wentOn := stat("evictions"), stat("rule.many.delayed"); uint64(answered) > evicted+wentOn {
+			t.Fatalf("%d second requests answered at once, more than the %d buckets evicted and %d held requests that went on", answered, evicted, wentOn)
+		}
+	}
 	deadline := time.Now().Add(40 * time.Second)
-	for heldNow(e, "many") < manyHeld {
+	for heldNow(e, "many")+uint64(answered) < manyHeld {
+		select {
+		case st := <-done:
+			take(st)
+			continue
+		default:
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 40 s %d held (allowed %d, evictions %d, abandoned %d, delayed %d, refused %d, full %d)", heldNow(e, "many"), stat("rule.many.allowed"), stat("evictions"), stat("rule.many.delay_abandoned"), stat("rule.many.delayed"),
+			t.Fatalf("after 40 s %d held, %d answered (allowed %d, evictions %d, abandoned %d, delayed %d, refused %d, full %d)", heldNow(e, "many"), answered, stat("rule.many.allowed"), stat("evictions"), stat("rule.many.delay_abandoned"), stat("rule.many.delayed"),
 				stat("rule.many.delay_refused"), stat("rule.many.waiting_full"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	explained()
+	nHeld := manyHeld - answered
+	if answered > manyHeld/100 {
+		t.Fatalf("%d of %d second requests answered at once: too few held to measure", answered, manyHeld)
+	}
 	time.Sleep(2500 * time.Millisecond) // two ticks: the heap with every request held
 	held := stat("memory.heap_bytes")
-	perHeld := (float64(held) - float64(before)) / manyHeld
-	t.Logf("%d held on one worker: plugin heap %d -> %d bytes, %.0f bytes per held request (load %s)", manyHeld, before, held, perHeld, loadAvg())
+	perHeld := (float64(held) - float64(before)) / float64(nHeld)
+	t.Logf("%d held on one worker (%d answered at once, %d evictions): plugin heap %d -> %d bytes, %.0f bytes per held request (load %s)", nHeld, answered, stat("evictions"), before, held, perHeld, loadAvg())
 	if perHeld > maxHeldBytes {
 		t.Fatalf("%.0f bytes per held request, more than the %d the docs state", perHeld, maxHeldBytes)
 	}
 	cancel()
-	for range manyHeld {
+	for range nHeld {
 		if st := <-done; st != 0 {
-			t.Fatalf("a held request was answered %d before its client left", st)
+			take(st) // its token came back before its client left
 		}
 	}
-	waitFor(t, "every hang-up seen", func() bool { return stat("rule.many.delay_abandoned") == manyHeld })
-	if n := stat("rule.many.delayed"); n != 0 {
-		t.Fatalf("%d held requests went on, want none (their clients left first)", n)
+	explained()
+	waitFor(t, "every hang-up seen", func() bool { return stat("rule.many.delay_abandoned") == uint64(manyHeld-answered) })
+	if n := stat("rule.many.delayed"); n > uint64(answered) {
+		t.Fatalf("%d held requests went on, more than the %d answered", n, answered)
 	}
 }
 
