@@ -2,6 +2,7 @@ package gcheadroom
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"runtime/debug"
@@ -138,4 +139,23 @@ func gogc() int {
 	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
 	metrics.Read(s)
 	return int(s[0].Value.Uint64())
+}
+
+// TestWorkFigures: the figures Work reads exist in this Go's runtime/metrics
+// (a later Go renaming one fails here, not silently as the default's
+// pacing), and a test's heap reads as some, not all, of memory.
+func TestWorkFigures(t *testing.T) {
+	known := map[string]bool{}
+	for _, d := range metrics.All() {
+		known[d.Name] = d.Kind == metrics.KindUint64
+	}
+	for _, name := range workSamples {
+		if !known[name] {
+			t.Errorf("runtime/metrics has no uint64 %s", name)
+		}
+	}
+	runtime.GC()
+	if w := Work(); w == 0 || w == math.MaxUint64 {
+		t.Errorf("Work() = %d, want a test's heap", w)
+	}
 }
