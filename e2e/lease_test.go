@@ -426,8 +426,9 @@ func testLeaseSlowService(t *testing.T, build envoytest.Build) {
 // TestLeaseGrantOutlivesAResetRequest: a request waits for its lease call
 // and its client goes away before the answer (held by a proxy until Envoy
 // has seen the client go); the grant goes into the lease all the same, so
-// the next request on the key is admitted from it without a call. Both
-// builds.
+// the next request on the key is admitted from it without waiting for a
+// call: every call after the first is held until the test ends, so a
+// request that waited for one would time out and be denied. Both builds.
 func TestLeaseGrantOutlivesAResetRequest(t *testing.T) {
 	t.Parallel()
 	forEachBuild(t, testLeaseGrantOutlivesAResetRequest)
@@ -436,8 +437,14 @@ func TestLeaseGrantOutlivesAResetRequest(t *testing.T) {
 func testLeaseGrantOutlivesAResetRequest(t *testing.T, build envoytest.Build) {
 	redis := redistest.Start(t)
 	svc := startLimitd(t, redis.Addr())
-	release := make(chan struct{})
-	slow := startGatedProxy(t, svc, release)
+	release, later := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(later) })
+	var calls atomic.Int64
+	slow := startProxy(t, svc, 0, release, func(*http.Request) {
+		if calls.Add(1) > 1 {
+			<-later // a second call: a refill no request waits for, or a request's that would time out
+		}
+	})
 	up := envoytest.StartUpstream(t, envoytest.UpstreamOptions{})
 	cfg := `{"service": {"cluster": "limit_service", "timeout_ms": 5000, "failure_mode": "deny"},
 	 "rules": [{"name": "fleet", "scope": "cluster", "sync": "lease", "limit_keys": ["header:x-api-key"],
@@ -484,11 +491,18 @@ func testLeaseGrantOutlivesAResetRequest(t *testing.T, build envoytest.Build) {
 	answered := time.Now()
 	c := e.Client()
 	t.Cleanup(c.Close)
+	sent := time.Now()
 	r := c.Get("/", map[string]string{"x-api-key": "reset"})
-	calls := e.PluginStat("tokenbucket.lease_calls")
-	t.Logf("after the reset request's grant: %d, %d lease calls in all; the next request sent %v after the answer was counted", r.Status, calls, time.Since(answered))
-	if r.Status != 200 || calls != 1 {
-		t.Fatalf("next request: %d with %d lease calls in all; want 200 from the reset request's grant, no second call", r.Status, calls)
+	n := e.PluginStat("tokenbucket.lease_calls")
+	t.Logf("after the reset request's grant: %d in %v, %d lease calls in all; the next request sent %v after the answer was counted",
+		r.Status, time.Since(sent), n, sent.Sub(answered))
+	// A second call is a refill when the plugin took the answer for the
+	// reset request before it saw the request end (a CI rehearsal of the
+	// Wasm build, loaded, did: 200 with 2 calls): the request took its cost
+	// of the grant (2.5 tokens, a quarter of max_share × burst), the rest
+	// went to the lease, and the next request took that below half.
+	if r.Status != 200 || n > 2 {
+		t.Fatalf("next request: %d with %d lease calls in all; want 200 from the reset request's grant, at most a refill beside", r.Status, n)
 	}
 }
 
