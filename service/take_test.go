@@ -12,6 +12,9 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimit-wasm/tokenbucket/bucket"
+	"github.com/ratelimit-wasm/tokenbucket/wire"
 )
 
 // TestTakeMatchesDecide holds take.lua, the plain decision's cheap path, to
@@ -24,8 +27,10 @@ import (
 //     period) whose record is missing or one the scripts wrote without a
 //     ledger, and declines every other decision;
 //   - records nobody should find there (debts past the floor, times ahead,
-//     NaN, infinities, ledgers of both layouts, malformed text) are in the
-//     draw too: it answers for them only as the general part does.
+//     NaN, infinities, ledgers of both layouts, malformed text), records at
+//     an edge (within the forgiven shortfall of the cost, a hair short of
+//     full), and limits and costs at the wire's bounds are in the draw too:
+//     it answers for them only as the general part does.
 //
 // TestRedisDifferential holds the whole script, take.lua first, to package
 // bucket.
@@ -45,9 +50,15 @@ func TestTakeMatchesDecide(t *testing.T) {
 	}
 	for step := range steps {
 		l := randomLimit(r)
+		if r.IntN(8) == 0 {
+			l = edgeLimit(r)
+		}
 		nowUs += randomStep(r, l, 1, true)
 		m.SetTime(time.UnixMicro(nowUs))
 		cost := randomCost(r, l)
+		if r.IntN(10) == 0 {
+			cost = []float64{0, 1e-9, l.Burst, l.Burst * (1 + 1e-15), wire.MaxAmount}[r.IntN(5)]
+		}
 		switch p := r.IntN(10); {
 		case p == 0:
 			m.Del(key)
@@ -153,6 +164,21 @@ func fieldCount(v string) int {
 		}
 	}
 	return n
+}
+
+// edgeLimit draws a limit at the wire's bounds (wire.MaxAmount, and
+// wire.MaxFill between burst and rate).
+func edgeLimit(r *rand.Rand) bucket.Limit {
+	fill := wire.MaxFill.Seconds()
+	switch r.IntN(4) {
+	case 0:
+		return bucket.Limit{Rate: wire.MaxAmount, Burst: wire.MaxAmount}
+	case 1:
+		return bucket.Limit{Rate: wire.MaxAmount / fill, Burst: wire.MaxAmount}
+	case 2:
+		return bucket.Limit{Rate: 1e-6, Burst: 1e-6 * fill}
+	}
+	return bucket.Limit{Rate: wire.MaxAmount, Burst: 1e-3}
 }
 
 // hostileRecord draws a record nobody should find at a bucket's key.
