@@ -440,6 +440,8 @@ func testLeaseGrantOutlivesAResetRequest(t *testing.T, build envoytest.Build) {
 	release, later := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() { close(later) })
 	var calls atomic.Int64
+	// The first call's answer waits for release: the test, not the
+	// clock, orders it after Envoy has seen the client go.
 	slow := startProxy(t, svc, 0, release, func(*http.Request) {
 		if calls.Add(1) > 1 {
 			<-later // a second call: a refill no request waits for, or a request's that would time out
@@ -498,7 +500,7 @@ func testLeaseGrantOutlivesAResetRequest(t *testing.T, build envoytest.Build) {
 		r.Status, time.Since(sent), n, sent.Sub(answered))
 	// A second call is a refill when the plugin took the answer for the
 	// reset request before it saw the request end (a CI rehearsal of the
-	// Wasm build, loaded, did: 200 with 2 calls): the request took its cost
+	// Wasm build did: 200 with 2 calls): the request took its cost
 	// of the grant (2.5 tokens, a quarter of max_share × burst), the rest
 	// went to the lease, and the next request took that below half.
 	if r.Status != 200 || n > 2 {
@@ -550,13 +552,6 @@ type slowProxy struct {
 func startSlowProxy(t *testing.T, limitdPort int, delay time.Duration) *slowProxy {
 	t.Helper()
 	return startProxy(t, limitdPort, delay, nil, nil)
-}
-
-// startGatedProxy starts a slowProxy whose answers wait until release is
-// closed: the test, not the clock, orders the answer after its own events.
-func startGatedProxy(t *testing.T, limitdPort int, release chan struct{}) *slowProxy {
-	t.Helper()
-	return startProxy(t, limitdPort, 0, release, nil)
 }
 
 // startProxy starts a slowProxy that holds each answer for delay, or, when
