@@ -26,6 +26,14 @@ if #KEYS == 1 and ARGV[4] == '0' and ARGV[5] == '0' and ARGV[6] == '0' and ARGV[
     if cost < 0 then
       cost = 0
     end
+    -- full_in: bucket.lua's, for this bucket's rate and burst.
+    local function full_in(tok)
+      local x = burst - tok - 1e-12 * burst
+      if not (x > 0) then
+        return 0
+      end
+      return math.ceil(x / rate * 1000000000)
+    end
     local tok, at = burst, now
     if v then -- load
       tok = stored
@@ -45,18 +53,12 @@ if #KEYS == 1 and ARGV[4] == '0' and ARGV[5] == '0' and ARGV[6] == '0' and ARGV[
         local refilled = tok + rate * elapsed / 1000000000
         if refilled < burst * 0.999999999998 then
           tok = refilled
+        elseif elapsed >= full_in(tok) then
+          tok = burst
+        elseif refilled < burst then
+          tok = refilled
         else
-          local x, full = burst - tok - 1e-12 * burst, 0 -- full_in
-          if x > 0 then
-            full = math.ceil(x / rate * 1000000000)
-          end
-          if elapsed >= full then
-            tok = burst
-          elseif refilled < burst then
-            tok = refilled
-          else
-            tok = burst
-          end
+          tok = burst
         end
       end
     end
@@ -67,10 +69,7 @@ if #KEYS == 1 and ARGV[4] == '0' and ARGV[5] == '0' and ARGV[6] == '0' and ARGV[
       if tok < 0 then
         tok = 0
       end
-      local x, fill = burst - tok - 1e-12 * burst, 0 -- store, with no ledger
-      if x > 0 then
-        fill = math.ceil(x / rate * 1000000000)
-      end
+      local fill = full_in(tok) -- store, with no ledger
       ts = string.format('%.17g', tok)
       if fill == 0 and at <= now then
         redis.call('DEL', key)
