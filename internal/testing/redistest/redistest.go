@@ -36,6 +36,12 @@ import (
 // StartTimeout bounds the wait for a server (or a cluster) to answer.
 const StartTimeout = 10 * time.Second
 
+// JoinTimeout bounds each wait on the cluster bus's gossip, which a loaded
+// machine slows: redis-cli --cluster create's last step (it polls once a
+// second until the nodes agree; a CI rehearsal at load about 7 was still
+// waiting after StartTimeout) and WaitOK.
+const JoinTimeout = 60 * time.Second
+
 // Server is one redis-server process listening on 127.0.0.1.
 type Server struct {
 	port    int
@@ -249,9 +255,9 @@ func (c *Cluster) Stop() {
 }
 
 // WaitOK waits until every running node reports cluster_state:ok and knows
-// all nodes, or StartTimeout passes.
+// all nodes, or JoinTimeout passes.
 func (c *Cluster) WaitOK() error {
-	deadline := time.Now().Add(StartTimeout)
+	deadline := time.Now().Add(JoinTimeout)
 	for {
 		var notOK []string
 		for _, s := range c.Servers {
@@ -268,7 +274,7 @@ func (c *Cluster) WaitOK() error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("redistest: cluster: %v not ok within %v", notOK, StartTimeout)
+			return fmt.Errorf("redistest: cluster: %v not ok within %v", notOK, JoinTimeout)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -294,7 +300,7 @@ func StartClusterServers() (*Cluster, error) {
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
 	cmd := exec.Command("redis-cli", args...)
-	out, err := runBounded(cmd, StartTimeout)
+	out, err := runBounded(cmd, JoinTimeout)
 	if err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("redistest: redis-cli --cluster create: %w\n%s", err, out)
