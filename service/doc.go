@@ -60,7 +60,8 @@
 // and writing one bucket and its ledger); decide.lua (a decision: Decide),
 // after take.lua, which answers a plain decision (one token bucket with no
 // ledger, refund, delay or period) exactly as the general part would, for
-// less of Redis's CPU, and leaves any other to it (TestTakeMatchesDecide);
+// less of Redis's CPU, and leaves any other to it (TestTakeMatchesDecide;
+// the benchmark's benchfloor build puts take_floor.lua in its place);
 // lease.lua (a lease call: Lease), charge.lua (costs known from the
 // response, refunds, and the undo of a request split over slots: Charge);
 // window.lua (fixed-window counters: Count); and slots.lua (concurrency

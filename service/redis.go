@@ -20,8 +20,6 @@ import (
 // bucket) runs before each script's own part; take.lua (decide.lua's plain
 // decision, cheaper) before both in decisions.
 var (
-	//go:embed take.lua
-	takeLua string
 	//go:embed bucket.lua
 	bucketLua string
 	//go:embed decide.lua

@@ -127,8 +127,8 @@ $(BENCH_BIN): $(BENCH_SRC) bench/go.mod bench/go.sum go.mod
 	@mkdir -p $(BUILD)
 	$(BENCH_GO) build -o $(abspath $@) ./cmd/bench
 
-bench: build build-native setup build-service build-ratelimit $(BUILD)/limitd-symbols $(BENCH_BIN)
-	$(BENCH_BIN) -out docs/benchmarks -limitd $(BUILD)/limitd -ratelimit $(RATELIMIT_BIN) -rls-limitd $(BUILD)/limitd-symbols -module $(NATIVE_SO) $(BENCH_FLAGS)
+bench: build build-native setup build-service build-ratelimit $(BUILD)/limitd-symbols $(BUILD)/limitd-floor $(BENCH_BIN)
+	$(BENCH_BIN) -out docs/benchmarks -limitd $(BUILD)/limitd -ratelimit $(RATELIMIT_BIN) -rls-limitd $(BUILD)/limitd-symbols -rls-limitd-floor $(BUILD)/limitd-floor -module $(NATIVE_SO) $(BENCH_FLAGS)
 
 bench-smoke: build build-native setup build-service build-ratelimit $(BENCH_BIN)
 	$(BENCH_BIN) -smoke -out $(BUILD)/bench-smoke -limitd $(BUILD)/limitd -ratelimit $(RATELIMIT_BIN) -module $(NATIVE_SO) $(BENCH_FLAGS)
@@ -138,6 +138,13 @@ bench-smoke: build build-native setup build-service build-ratelimit $(BENCH_BIN)
 $(BUILD)/limitd-symbols: $(LIMITD_SRC) go.mod go.sum
 	@mkdir -p $(BUILD)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./cmd/limitd
+
+# limitd whose plain decisions run service/take_floor.lua (the benchfloor
+# tag): the RLS section's floor of one script call per decision. It admits
+# every plain decision, so nothing but the benchmark runs it.
+$(BUILD)/limitd-floor: $(LIMITD_SRC) service/take_floor.go service/take_floor.lua go.mod go.sum
+	@mkdir -p $(BUILD)
+	CGO_ENABLED=0 $(GO) build -tags benchfloor -trimpath -o $@ ./cmd/limitd
 
 # The module as build-native builds it, with its symbol table, so that the
 # attribution names the module's functions (the code is the same).
@@ -153,9 +160,9 @@ bench-ordinary: build setup $(BUILD)/libtokenbucket-symbols.so $(BENCH_BIN)
 	@uptime
 
 BENCH_RLS_FLAGS ?=
-bench-rls: build setup build-service build-ratelimit $(BUILD)/limitd-symbols $(BENCH_BIN)
+bench-rls: build setup build-service build-ratelimit $(BUILD)/limitd-symbols $(BUILD)/limitd-floor $(BENCH_BIN)
 	uptime
-	$(BENCH_BIN) -rls-only -out docs/benchmarks -limitd $(BUILD)/limitd -ratelimit $(RATELIMIT_BIN) -rls-limitd $(BUILD)/limitd-symbols $(BENCH_RLS_FLAGS)
+	$(BENCH_BIN) -rls-only -out docs/benchmarks -limitd $(BUILD)/limitd -ratelimit $(RATELIMIT_BIN) -rls-limitd $(BUILD)/limitd-symbols -rls-limitd-floor $(BUILD)/limitd-floor $(BENCH_RLS_FLAGS)
 	uptime
 
 BENCH_RLQS_FLAGS ?=

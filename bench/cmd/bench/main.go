@@ -101,6 +101,7 @@ type params struct {
 	rlsOnly      bool
 	rlsLimitd    string
 	rlsBefore    string
+	rlsFloor     string
 	rlqs         bool
 	rlqsOnly     bool
 	rlqsRatio    bool
@@ -144,6 +145,7 @@ func parseParams(args []string) (*params, error) {
 	fs.StringVar(&p.ratelimit, "ratelimit", envOr("RATELIMIT_BIN", "build/envoy-ratelimit/service_cmd"), "envoyproxy/ratelimit's server (make build-ratelimit) for the RLS section (a gap when absent)")
 	fs.BoolVar(&p.rls, "rls", true, "also run the RLS section: Envoy's ratelimit filter against envoyproxy/ratelimit and limitd, and the plugin's cluster rule, each with a redis-server of its own (rls.go)")
 	fs.StringVar(&p.rlsBefore, "rls-limitd-before", "", "a second limitd (an earlier build) the RLS section also runs, token buckets beside the others in the same rounds (empty: none)")
+	fs.StringVar(&p.rlsFloor, "rls-limitd-floor", "", "limitd built with -tags benchfloor (make bench: build/limitd-floor), run beside the others as the floor under one script call per decision (empty: none)")
 	fs.StringVar(&p.rlsLimitd, "rls-limitd", "", "limitd for the RLS section, built with its symbols so that its profile names functions (make bench-rls: build/limitd-symbols; default -limitd)")
 	fs.BoolVar(&p.rlsOnly, "rls-only", false, "run only the RLS section and put it into -out's results.json (kept otherwise), then rewrite -out's README.md (make bench-rls)")
 	fs.BoolVar(&p.rlqs, "rlqs", true, "also run the RLQS section: Envoy's rate_limit_quota filter against limitd's RLQS beside no filter, local_ratelimit and the plugin's and the native module's leases, each limitd with a redis-server of its own (rlqs.go)")

@@ -320,7 +320,7 @@ func (r *report) markdown() string {
 			gen, genAt = s.Core1Busy.Median, label(s)
 		}
 		if s.Late.Median > 0.05 || s.Dropped.Median >= 0.005 {
-			missed = append(missed, fmt.Sprintf("*%s* (%s of sends late by more than 1 ms, %s dropped)", label(s), pct(s.Late), pct(s.Dropped)))
+			missed = append(missed, fmt.Sprintf("*%s* (%s, %s)", label(s), pct(s.Late), pct(s.Dropped)))
 		}
 		if st, ok := setupByID(s.ID); ok && (st.isDiag() || st.Free) {
 			elsewhere = true
@@ -335,7 +335,7 @@ func (r *report) markdown() string {
 	}
 	w("\nOther processes and interrupts took at most %.0f%% of Envoy's CPU and %.0f%% of the generator's (medians across rounds); at the fixed rate the generator's CPU was at most %.0f%% busy in all (*%s*; near 100%% the generator adds latency).", 100*other0, 100*other1, 100*gen, genAt)
 	if len(missed) > 0 {
-		w(" The fixed rate was not met, so the percentiles understate the wait, for %s.", strings.Join(missed, ", "))
+		w(" The fixed rate was not met, so the percentiles understate the wait, for (sends late by more than 1 ms, dropped): %s.", strings.Join(missed, ", "))
 	}
 	if len(in.Starved) > 0 {
 		w(" Runs that got no answer at all, left out: %s.", named(strings.Join(in.Starved, "; ")))

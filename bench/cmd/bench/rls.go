@@ -69,6 +69,14 @@ type rlsConfig struct {
 // buckets, beside this build's, when the flag is set.
 var rlsBeforeConfig = rlsConfig{46, "rls-limitd-before", "ratelimit filter → limitd before (-rls-limitd-before), token buckets", rlsLimitd, "token_bucket"}
 
+// rlsFloorConfig runs the limitd of -rls-limitd-floor (built with the
+// benchfloor tag: its plain decisions run take_floor.lua, which reads the
+// record and the clock, writes the record and admits). Beside the token
+// buckets it splits what Redis adds into the floor of one script call per
+// decision (the round trip, the client, Redis running a script that
+// touches the record) and the script's own arithmetic.
+var rlsFloorConfig = rlsConfig{48, "rls-limitd-floor", "ratelimit filter → limitd, a script's floor (read, clock, write)", rlsLimitd, "token_bucket"}
+
 // configID is c's ID, for byID.
 func (c rlsConfig) configID() int { return c.ID }
 
@@ -147,6 +155,7 @@ type rlsTarget struct {
 type rlsTools struct {
 	ratelimit, limitd, redis string
 	before                   string // rlsBeforeConfig's limitd
+	floor                    string // rlsFloorConfig's limitd
 	grpc                     bool   // limitd has --grpc-listen
 	rlqs                     bool   // limitd serves RLQS (--rlqs-ttl)
 	module                   string
@@ -159,9 +168,12 @@ func (b *bench) rlsRun() error {
 	b.rls = &rlsReport{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), LoadStart: loadAvg(),
 		Rounds: p.rounds, Keys: p.keys, Conns: p.conns, OpenConns: p.openConns, Warmup: p.warmup.String(),
 		SatWindow: p.satWindow.String(), LatWindow: p.latWindow.String(), Smoke: p.smoke, EdgeLimit: rlsEdgeLimit, Pinning: b.info.Pinning}
-	tools := rlsTools{ratelimit: p.ratelimit, limitd: cmp.Or(p.rlsLimitd, p.limitd), before: p.rlsBefore}
+	tools := rlsTools{ratelimit: p.ratelimit, limitd: cmp.Or(p.rlsLimitd, p.limitd), before: p.rlsBefore, floor: p.rlsFloor}
 	b.rls.Ratelimit = moduleVersion(tools.ratelimit)
 	configs := rlsConfigs
+	if tools.floor != "" {
+		configs = append(slices.Clip(configs), rlsFloorConfig)
+	}
 	if tools.before != "" {
 		configs = append(slices.Clip(configs), rlsBeforeConfig)
 	}
@@ -219,7 +231,7 @@ func (b *bench) rlsRun() error {
 	}
 	for i := range trials {
 		for _, t := range targets {
-			if t.c.Kind != rlsRatelimit && t.c.Kind != rlsLimitd {
+			if t.c.Kind != rlsRatelimit && t.c.Kind != rlsLimitd || t.c.ID == rlsFloorConfig.ID { // the floor admits all
 				continue
 			}
 			e, err := b.edgeTrial(t, i)
@@ -470,8 +482,11 @@ func (b *bench) startService(t *rlsTarget, tools rlsTools, dir string, redisPort
 		return srv.GRPCPort(), nil
 	case rlsLimitd, rlsQuota:
 		bin := tools.limitd
-		if t.c.ID == rlsBeforeConfig.ID {
+		switch t.c.ID {
+		case rlsBeforeConfig.ID:
 			bin = tools.before
+		case rlsFloorConfig.ID:
+			bin = tools.floor
 		}
 		args := []string{"--listen", "127.0.0.1:" + strconv.Itoa(httpPort),
 			"--grpc-listen", "127.0.0.1:" + strconv.Itoa(grpcPort), "--rls-config", config,

@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -57,7 +58,7 @@ func rlsFixture(limitdCPU, limitdP99 float64, tokenAdmitted int) *rlsReport {
 	r := &rlsReport{EdgeLimit: rlsEdgeLimit, Rounds: 2}
 	add := func(id int, svc, redis, p99 float64, edges []edgeTrial) {
 		c := rlsConfigs[0]
-		for _, x := range rlsConfigs {
+		for _, x := range append(slices.Clip(rlsConfigs), rlsFloorConfig, rlsBeforeConfig) {
 			if x.ID == id {
 				c = x
 			}
@@ -72,6 +73,7 @@ func rlsFixture(limitdCPU, limitdP99 float64, tokenAdmitted int) *rlsReport {
 	add(42, limitdCPU, 0, limitdP99, fixed)
 	add(43, limitdCPU, 0, limitdP99, []edgeTrial{{Before: 20, After: tokenAdmitted - 20, SpanMS: 320, Clean: true, Attempts: 2}})
 	add(rlsMemoryID, limitdCPU*0.75, 0, limitdP99, nil)
+	add(rlsFloorConfig.ID, limitdCPU*0.9, 0, limitdP99, nil)
 	return r
 }
 
@@ -96,6 +98,7 @@ func TestRLSSectionVerdicts(t *testing.T) {
 		"| ratelimit filter → limitd, token buckets: admitted across a window edge, the trial nearest its bound | 26 (bound 26) | ≤ the bound | met |",
 		"| ratelimit filter → limitd, fixed_window: admitted across a window edge | 40 | as the peer: 40 | met |",
 		"| the door's floor: limitd in memory ÷ peer, saturated | 0.37 | ≤ 0.50 | below: the target is reachable by the store's cost |",
+		"| a script's floor: read, clock, write ÷ peer, saturated | 0.45 | ≤ 0.50 | below: the target is reachable by the script's arithmetic |",
 	} {
 		if !strings.Contains(good, want) {
 			t.Errorf("page lacks %q:\n%s", want, good)
@@ -108,6 +111,7 @@ func TestRLSSectionVerdicts(t *testing.T) {
 		"p99 µs | 100 | ≤ 0 | **not met** |",
 		"| 30 (bound 26) | ≤ the bound | **not met** |",
 		"| the door's floor: limitd in memory ÷ peer, fixed rate | 0.75 | ≤ 0.50 | **above: out of reach of any store under this door** |",
+		"| a script's floor: read, clock, write ÷ peer, saturated | 0.90 | ≤ 0.50 | **above: out of reach of one script call per decision** |",
 	} {
 		if !strings.Contains(bad, want) {
 			t.Errorf("page lacks %q:\n%s", want, bad)
