@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 
 	"github.com/shirou/gopsutil/v4/cpu"
 	"github.com/shirou/gopsutil/v4/host"
@@ -41,6 +42,34 @@ func setAffinity(pid int, s *unix.CPUSet) error {
 		}
 	}
 	return nil
+}
+
+// preemptions returns how often the threads of process pid were switched
+// out while they could still run (the sum of nonvoluntary_ctxt_switches in
+// /proc/<pid>/task/*/status): the scheduler preferred another task, such
+// as a process on the same CPU that a write to it had woken.
+func preemptions(pid int) (float64, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, fmt.Errorf("bench: preemptions of pid %d: no threads (%v)", pid, err)
+	}
+	total := 0.0
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread that exited since the glob
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "nonvoluntary_ctxt_switches:"); ok {
+				n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				if err != nil {
+					return 0, fmt.Errorf("bench: %s: %w", f, err)
+				}
+				total += n
+			}
+		}
+	}
+	return total, nil
 }
 
 // cpuSeconds returns the user + system time of process pid (all its

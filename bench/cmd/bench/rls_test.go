@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -50,7 +51,8 @@ func rlsFixture(limitdCPU, limitdP99 float64, tokenAdmitted int) *rlsReport {
 		var sat []satResult
 		var lat []latResult
 		for range 2 {
-			sat = append(sat, satResult{Requests: 1000, Throughput: 1000, Watched: []float64{svc * 1000 / 1e6, redis * 1000 / 1e6}})
+			sat = append(sat, satResult{Requests: 1000, Throughput: 1000, Watched: []float64{svc * 1000 / 1e6, redis * 1000 / 1e6},
+				Preempted: []float64{svc * 10, 0}})
 			lat = append(lat, latResult{Samples: 100, P50US: p99 / 2, P99US: p99, Watched: []float64{svc * 100 / 1e6, redis * 100 / 1e6}})
 		}
 		return sat, lat
@@ -99,6 +101,7 @@ func TestRLSSectionVerdicts(t *testing.T) {
 		"| ratelimit filter → limitd, fixed_window: admitted across a window edge | 40 | as the peer: 40 | met |",
 		"| the door's floor: limitd in memory ÷ peer, saturated | 0.37 | ≤ 0.50 | below: the target is reachable by the store's cost |",
 		"| a script's floor: read, clock, write ÷ peer, saturated | 0.45 | ≤ 0.50 | below: the target is reachable by the script's arithmetic |",
+		"per decision, saturated (the service's `nonvoluntary_ctxt_switches`): the peer 1.00, token buckets 0.60, a script's floor 0.54, in memory 0.45.",
 	} {
 		if !strings.Contains(good, want) {
 			t.Errorf("page lacks %q:\n%s", want, good)
@@ -187,5 +190,21 @@ func TestPerPipeline(t *testing.T) {
 		if got := perPipeline(tt.sat, tt.lat); got != tt.want {
 			t.Errorf("perPipeline(%v, %v) = %q, want %q", tt.sat, tt.lat, got, tt.want)
 		}
+	}
+}
+
+// TestPreemptions reads this process's preemptions: a count, and one that
+// does not fall.
+func TestPreemptions(t *testing.T) {
+	a, err := preemptions(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := preemptions(os.Getpid())
+	if err != nil || a < 0 || b < a {
+		t.Fatalf("preemptions %v then %v (%v)", a, b, err)
+	}
+	if _, err := preemptions(-1); err == nil {
+		t.Error("no error for a process that does not exist")
 	}
 }

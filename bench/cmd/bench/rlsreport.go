@@ -253,6 +253,15 @@ func perAnswer(l latResult, i int) float64 {
 	return l.Watched[i] / float64(l.Samples) * 1e6
 }
 
+// preempted is round i's preemptions of the service per decision,
+// saturated (NaN, left out, for a run that did not read them).
+func preempted(s *rlsSummary, i int) float64 {
+	if len(s.Sat[i].Preempted) == 0 {
+		return math.NaN()
+	}
+	return s.Sat[i].Preempted[0] / float64(s.Sat[i].Requests)
+}
+
 // p99 is round i's p99 at the fixed rate.
 func p99(s *rlsSummary, i int) float64 { return s.Lat[i].P99US }
 
@@ -276,8 +285,20 @@ func (r *rlsReport) section(w func(string, ...any)) {
 		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s.Label, fm(s.Throughput, 0), fm(s.EnvoyCPU, 1),
 			fm(s.ServiceCPU, 1), fm(s.RedisCPU, 1), dec, fixed, fm(r.perRound(p99, first, s.ID), 0), fsm(s.AddP99, 0))
 	}
+	var pre []string
+	for _, c := range []struct {
+		id   int
+		name string
+	}{{41, "the peer"}, {43, "token buckets"}, {rlsFloorConfig.ID, "a script's floor"}, {rlsMemoryID, "in memory"}} {
+		if v := r.perRound(preempted, first, c.id); v.N > 0 {
+			pre = append(pre, fmt.Sprintf("%s %s", c.name, f(v, 2)))
+		}
+	}
+	if len(pre) > 0 {
+		w("\n*Preempted* per decision, saturated (the service's `nonvoluntary_ctxt_switches`): %s.\n", strings.Join(pre, ", "))
+	}
 	if r.result(rlsFloorConfig.ID) != nil {
-		w("\n*A script's floor*: limitd built with `-tags benchfloor` (`service/take_floor.lua`, never deployed): each decision is one script call that reads the record and the clock, writes it and admits, with no arithmetic.\n")
+		w("\n*A script's floor*: limitd's `-tags benchfloor` build, never deployed: each decision is one script call (`service/take_floor.lua`) that reads the record and clock, writes it and admits.\n")
 	}
 	for _, s := range r.Results {
 		if s.Note != "" {

@@ -23,6 +23,9 @@ type satResult struct {
 	// Watched are the CPU seconds of the probe's watched processes over
 	// the window, in their order (the RLS section: the service and Redis).
 	Watched []float64 `json:"watched_cpu_seconds,omitempty"`
+	// Preempted are the watched processes' preemptions over the window
+	// (preemptions), in the same order.
+	Preempted []float64 `json:"watched_preempted,omitempty"`
 	// Counters are how much the probe's counters grew over the window, in
 	// their order (the RLQS section: limitd's stream messages, the plugin's
 	// lease calls).
@@ -73,6 +76,7 @@ type snapshot struct {
 	envoyCore coreTimes
 	loadCore  coreTimes
 	watched   []float64
+	preempted []float64
 	counters  []float64
 }
 
@@ -93,6 +97,11 @@ func take(pr probe, cs []loadgen.Counts) (snapshot, error) {
 			return s, err
 		}
 		s.watched = append(s.watched, c)
+		n, err := preemptions(pid)
+		if err != nil {
+			return s, err
+		}
+		s.preempted = append(s.preempted, n)
 	}
 	if pr.counters != nil {
 		if s.counters, err = pr.counters(); err != nil {
@@ -137,6 +146,7 @@ func saturate(addr string, pr probe, reqs [][]byte, conns int, warmup, window ti
 		Core1Other: otherLoad(a.loadCore, b.loadCore, b.oursCPU-a.oursCPU),
 		Core1Busy:  otherLoad(a.loadCore, b.loadCore, 0),
 		Watched:    watchedDiff(a, b),
+		Preempted:  diff(a.preempted, b.preempted),
 		Counters:   diff(a.counters, b.counters),
 	}
 	if d.Total() > 0 {
