@@ -48,7 +48,8 @@
 #                        (bench/cmd/bench/rls.go): envoyproxy/ratelimit
 #                        (make build-ratelimit) against limitd's gRPC front
 #                        door, each with a redis-server of its own, beside the
-#                        plugin's cluster rule; put into docs/benchmarks/
+#                        plugin's cluster rule and build/limitd-floor (a
+#                        script's floor); put into docs/benchmarks/
 #                        results.json and its page (make bench and
 #                        bench-smoke run it too). BENCH_RLS_FLAGS='-smoke
 #                        -out build/bench-rls' for a quick look elsewhere
